@@ -1,0 +1,170 @@
+"""`shardcheck run | list | report`.  Exit codes: 0 all pass, 1 a check failed, 2 bad usage."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import secrets
+import sys
+from pathlib import Path
+
+from harness.topology import Topology, UsageError, default_topologies
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage dump
+        raise UsageError(message)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _str_list(values: list[str] | None) -> list[str]:
+    return [x.strip() for v in (values or []) for x in v.split(",") if x.strip()]
+
+
+def _impl_map(values: list[str] | None) -> dict[str, str]:
+    out = {}
+    for v in values or []:
+        family, sep, module = v.partition("=")
+        if not sep or not family or not module:
+            raise UsageError(f"--impl expects FAMILY=MODULE, got {v!r}")
+        out[family.strip()] = module.strip()
+    return out
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="shardcheck", description="Correctness and benchmark harness for sharded PyTorch ops.")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    run = sub.add_parser("run", help="run suites (default: everything, default matrix, then the report)")
+    run.add_argument("--suite", action="append", help="suite name (repeatable, or comma-separated)")
+    run.add_argument("--op", action="append", help="op id family.Name (repeatable, or comma-separated)")
+    run.add_argument("--case", action="append", help="case id glob, e.g. 'b4s6*' (repeatable)")
+    run.add_argument("--world-sizes", type=_int_list, help="world sizes to launch, e.g. 1,2,4")
+    run.add_argument("--topology", action="append", help="dp=1,cp=1,tp=2 (repeatable)")
+    run.add_argument("--dtype", action="append", help="float64,float32,bfloat16,float16")
+    run.add_argument("--impl", action="append", help="FAMILY=MODULE or FAMILY=path/to/file.py")
+    run.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    run.add_argument("--out", type=Path, help="run directory (default shardcheck-runs/<run-id>)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--timeout", type=float, default=60.0, help="seconds one case may take on any rank")
+    run.add_argument("--quick", action="store_true", help="fewer, smaller cases")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    lst = sub.add_parser("list", help="ops, suites and default topologies")
+    lst.add_argument("--quick", action="store_true")
+    rep = sub.add_parser("report", help="(re)build the report of run directories")
+    rep.add_argument("dirs", nargs="+", type=Path)
+    return p
+
+
+def cmd_run(args) -> int:
+    import torch
+
+    from harness.launch import run_plan
+    from harness.plan import DEFAULT_DTYPES, build_plan
+    from harness.records import RecordWriter, run_metadata, write_json
+    from reports.report import build
+
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available")
+    topologies = [Topology.parse(t) for t in args.topology or []]
+    world_sizes = args.world_sizes
+    max_world = max([t.size for t in topologies] + (world_sizes or [4]))
+    # nccl needs a GPU per rank; otherwise gloo (with CUDA tensors on a shared GPU).
+    backend = "nccl" if device == "cuda" and torch.cuda.device_count() >= max_world else "gloo"
+    run_id = dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+    run_dir = args.out or Path("shardcheck-runs") / run_id
+    if (run_dir / "results.jsonl").exists():
+        raise UsageError(f"--out {run_dir}: already holds a run; choose another directory")
+    plan, _ = build_plan(run_id=run_id, suites_wanted=_str_list(args.suite), ops=_str_list(args.op), case_patterns=_str_list(args.case),
+                         world_sizes=world_sizes, topologies=topologies, dtypes=_str_list(args.dtype) or list(DEFAULT_DTYPES),
+                         impl=_impl_map(args.impl), quick=args.quick, seed=args.seed, timeout=args.timeout,
+                         device=device, backend=backend)
+    writer = RecordWriter(run_dir)
+    meta = run_metadata(run_id, sys.argv, device, backend)
+    meta["start"] = dt.datetime.now().isoformat(timespec="seconds")
+    meta["impl"] = plan.impl
+    write_json(run_dir / "run.json", meta)
+    worlds = sorted({i.world_size for i in plan.items})
+    print(f"shardcheck: {len(plan.items)} cases on world size(s) {', '.join(map(str, worlds))} "
+          f"({device}, {backend}) -> {run_dir}", file=sys.stderr)
+    try:
+        run_plan(plan, run_dir, writer, show_progress=not args.no_progress and sys.stderr.isatty())
+    finally:
+        writer.close()
+        meta["end"] = dt.datetime.now().isoformat(timespec="seconds")
+        meta["summary"] = writer.counts
+        write_json(run_dir / "run.json", meta)
+    build(run_dir)
+    counts = writer.counts
+    print(f"shardcheck: {counts['pass']} passed, {counts['fail']} failed, {counts['error']} errors "
+          f"-> {run_dir / 'report.html'}")
+    if counts["fail"] or counts["error"]:
+        _print_failures(run_dir)
+        return EXIT_FAIL
+    return EXIT_OK
+
+
+def _print_failures(run_dir: Path, limit: int = 20) -> None:
+    from harness.records import load
+
+    df = load(run_dir)
+    bad = df[df["status"].isin(["fail", "error"])]
+    for _, r in bad.head(limit).iterrows():
+        print(f"  {r['status'].upper()} {r['op']} [{r['case_id']}] dp{r['dp']}-cp{r['cp']}-tp{r['tp']} {r['dtype']} "
+              f"{r['check']}: {r['message']}")
+    if len(bad) > limit:
+        print(f"  ... and {len(bad) - limit} more (see report.md)")
+
+
+def cmd_list(args) -> int:
+    from harness.plan import DEFAULT_DTYPES, DEFAULT_WORLD_SIZES, suite_cases, suite_names
+
+    for name in suite_names():
+        cases = suite_cases(name, args.quick)
+        print(f"suite {name}:")
+        for op in dict.fromkeys(c.op for c in cases):
+            n = sum(c.op == op for c in cases)
+            print(f"  {op}  ({n} case{'s' if n != 1 else ''})")
+    print("default topologies: " + " ".join(str(t) for t in default_topologies(list(DEFAULT_WORLD_SIZES))))
+    print("default dtypes: " + ",".join(DEFAULT_DTYPES))
+    return EXIT_OK
+
+
+def cmd_report(args) -> int:
+    from reports.report import build
+
+    for d in args.dirs:
+        if not (d / "results.jsonl").is_file():
+            raise UsageError(f"{d}: no results.jsonl (not a shardcheck run directory)")
+    for d in args.dirs:
+        for path in build(d):
+            print(path)
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = make_parser().parse_args(argv)
+        if args.command is None:
+            raise UsageError("missing command: run, list or report (see shardcheck --help)")
+        return {"run": cmd_run, "list": cmd_list, "report": cmd_report}[args.command](args)
+    except UsageError as exc:
+        print(f"shardcheck: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("shardcheck: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

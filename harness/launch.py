@@ -1,0 +1,125 @@
+"""Driver: one torchrun launch per world size, workers kept up for all its items.
+
+A launch that ends early (a peer stuck past --timeout, a rank that crashed) turns the
+item in flight into error rows naming the ranks, and the remaining items get a new launch.
+A watchdog kills a launch that reports nothing for --timeout + WATCHDOG_GRACE seconds,
+so no run ever hangs, whatever the backend does.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from itertools import groupby
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from harness.collect import Collector
+from harness.plan import Item, Plan
+from harness.records import RecordWriter
+from harness.worker import EXIT_PEER_STUCK
+
+WATCHDOG_GRACE = 60.0  # start-up of a launch (imports, rendezvous) counts against the watchdog too
+POLL_SECONDS = 0.05
+
+
+def _worker_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores; one thread each avoids thrashing
+    env["PYTHONUNBUFFERED"] = "1"
+    # The source tree must be importable by the workers whether or not it is installed.
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def _crashed_ranks(log_text: str) -> dict[int, int]:
+    """Ranks that died by themselves, from torchrun's failure summary
+    ('rank: 1 (local_rank: 1) exitcode: 13 (pid: ...)'); our own exit after a stuck peer
+    and the teardown's SIGTERM/SIGKILL are not crashes."""
+    not_crashes = {str(EXIT_PEER_STUCK), "-15", "-9"}
+    found = re.findall(r"rank\s*:\s*(\d+) \(local_rank.*?exitcode\s*:\s*(-?\d+)", log_text, flags=re.S)
+    return {int(r): int(c) for r, c in dict(found).items() if c not in not_crashes}
+
+
+def _error_lines(log_text: str) -> str:
+    lines = [ln for ln in log_text.splitlines() if re.search(r"Error|error:|Exception|Killed", ln)]
+    return lines[-1].strip()[:300] if lines else ""
+
+
+def run_plan(plan: Plan, run_dir: Path, writer: RecordWriter, show_progress: bool) -> None:
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        transient=False, disable=not show_progress)
+    with progress:
+        task = progress.add_task("checks", total=len(plan.items))
+        by_world = groupby(sorted(plan.items, key=lambda i: (i.world_size, i.id)), key=lambda i: i.world_size)
+        for world_size, items in by_world:
+            _run_world(plan, list(items), world_size, run_dir, writer, progress, task)
+
+
+def _run_world(plan: Plan, items: list[Item], world_size: int, run_dir: Path, writer: RecordWriter,
+               progress: Progress, task) -> None:
+    remaining = items
+    attempt = 0
+    while remaining:
+        launch_dir = run_dir / "workers" / f"w{world_size}-launch{attempt}"
+        launch_dir.mkdir(parents=True, exist_ok=True)
+        sub_plan = Plan(**{**plan.__dict__, "items": remaining})
+        (launch_dir / "plan.json").write_text(sub_plan.to_json())
+        log_path = launch_dir / "torchrun.log"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
+               "--max-restarts=0", "-m", "harness.worker", "--plan", str(launch_dir / "plan.json"),
+               "--events", str(launch_dir)]
+        collector = Collector(plan, remaining, launch_dir, writer, world_size)
+        started = time.time()
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_worker_env(), start_new_session=True)
+        watchdog_reason = ""
+        try:
+            while proc.poll() is None:
+                for item in collector.poll():
+                    progress.update(task, advance=1, description=f"{item.op.split('.', 1)[1]} {item.dtype} "
+                                                                 f"dp{item.topology[0]}cp{item.topology[1]}tp{item.topology[2]}")
+                quiet = time.time() - max(collector.last_event, started)
+                if quiet > plan.timeout + WATCHDOG_GRACE:
+                    watchdog_reason = f"no progress for {quiet:.0f}s: workers killed by the watchdog"
+                    _kill(proc)
+                    break
+                time.sleep(POLL_SECONDS)
+        except BaseException:
+            _kill(proc)
+            raise
+        proc.wait()
+        for item in collector.poll():
+            progress.update(task, advance=1)
+        unfinished = collector.unfinished()
+        if not unfinished:
+            return
+        log_text = log_path.read_text(errors="replace")
+        failed = collector.in_flight() or unfinished[0]
+        reasons = [watchdog_reason] if watchdog_reason else []
+        dead = _crashed_ranks(log_text)
+        if not collector.state[failed.id].started:
+            # The launch died before running anything: every remaining item is an error.
+            why = _error_lines(log_text) or f"torchrun exited with code {proc.returncode}"
+            for item in unfinished:
+                collector.abort(item, f"worker launch failed: {why} (log: {log_path})")
+                progress.update(task, advance=1)
+            return
+        collector.abort(failed, "; ".join(reasons), dead=dead)
+        progress.update(task, advance=1)
+        remaining = [i for i in unfinished if i.id != failed.id]
+        attempt += 1
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

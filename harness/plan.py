@@ -1,0 +1,181 @@
+"""Which (op, case, topology, dtype) items to run: suite discovery, --impl resolution, the plan."""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import importlib.util
+import json
+import pkgutil
+import sys
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+import suites
+from harness.case import Case
+from harness.topology import Topology, UsageError, default_topologies
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_DTYPES = ("float64", "float32", "bfloat16")
+DEFAULT_WORLD_SIZES = (1, 2, 4)
+
+
+def suite_names() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith("_"))
+
+
+def load_suite(name: str) -> ModuleType:
+    if name not in suite_names():
+        raise UsageError(f"unknown suite {name!r}; known: {', '.join(suite_names())}")
+    return importlib.import_module(f"suites.{name}")
+
+
+def suite_cases(name: str, quick: bool) -> list[Case]:
+    cases = load_suite(name).cases(quick=quick)
+    seen = set()
+    for case in cases:
+        key = (case.op, case.case_id)
+        if key in seen:
+            raise UsageError(f"suite {name}: duplicate case id {case.case_id!r} for {case.op}")
+        seen.add(key)
+    return cases
+
+
+def resolve_impl(family: str, spec: str) -> ModuleType:
+    """Import the module under test: a dotted module name or a path to a .py file."""
+    try:
+        if spec.endswith(".py") or "/" in spec:
+            path = Path(spec).resolve()
+            if not path.is_file():
+                raise UsageError(f"--impl {family}={spec}: no such file")
+            mod_name = f"shardcheck_impl_{family}_{zlib.crc32(str(path).encode()):08x}"
+            if mod_name in sys.modules:
+                return sys.modules[mod_name]
+            module_spec = importlib.util.spec_from_file_location(mod_name, path)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[mod_name] = module
+            module_spec.loader.exec_module(module)
+            return module
+        return importlib.import_module(spec)
+    except UsageError:
+        raise
+    except BaseException as exc:  # an import can raise anything, SystemExit included
+        raise UsageError(f"--impl {family}={spec}: cannot import: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+
+
+def item_seed(seed: int, op: str, case_id: str, dtype: str) -> int:
+    """Fresh, reproducible inputs per case and dtype, the same on every rank."""
+    return zlib.crc32(f"{seed}/{op}/{case_id}/{dtype}".encode())
+
+
+@dataclass
+class Item:
+    id: int
+    suite: str
+    op: str
+    case_id: str
+    dtype: str
+    topology: tuple[int, int, int]
+    world_size: int
+    seed: int
+    checks: list[str]  # checks every participating rank must report
+    params: dict = field(default_factory=dict)  # the case's parameters, recorded in each row
+
+
+@dataclass
+class Plan:
+    run_id: str
+    quick: bool
+    seed: int
+    timeout: float
+    device: str
+    backend: str
+    impl: dict[str, str]
+    items: list[Item] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        raw = json.loads(text)
+        raw["items"] = [Item(**{**i, "topology": tuple(i["topology"])}) for i in raw["items"]]
+        return cls(**raw)
+
+
+def expected_checks(case: Case) -> list[str]:
+    if case.raises is not None:
+        return ["property:raises"]
+    outs = ["forward"] if len(case.output_names) == 1 else [f"forward:{n}" for n in case.output_names]
+    return outs + [f"grad:{n}" for n in case.grad_inputs]
+
+
+def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_patterns: list[str],
+               world_sizes: list[int] | None,
+               topologies: list[Topology], dtypes: list[str], impl: dict[str, str], quick: bool, seed: int,
+               timeout: float, device: str, backend: str) -> tuple[Plan, dict[tuple[str, str], Case]]:
+    for d in dtypes:
+        if d not in DTYPES:
+            raise UsageError(f"unknown dtype {d!r}; known: {', '.join(DTYPES)}")
+    if world_sizes is not None and any(w <= 0 for w in world_sizes):
+        raise UsageError(f"world sizes must be positive, got {world_sizes}")
+    names = suites_wanted or suite_names()
+    families = {load_suite(n).FAMILY: n for n in suite_names()}
+    for family in impl:
+        if family not in families:
+            raise UsageError(f"--impl: unknown family {family!r}; known: {', '.join(sorted(families))}")
+    cases = [(n, c) for n in names for c in suite_cases(n, quick)]
+    known_ops = sorted({c.op for _, c in cases})
+    for op in ops:
+        if op not in known_ops:
+            raise UsageError(f"unknown op {op!r}; known: {', '.join(known_ops)}")
+    if ops:
+        cases = [(n, c) for n, c in cases if c.op in ops]
+    if case_patterns:
+        cases = [(n, c) for n, c in cases if any(fnmatch.fnmatchcase(c.case_id, p) for p in case_patterns)]
+    if not cases:
+        raise UsageError("nothing to run: no case matches the selected suites, ops and cases")
+
+    if topologies:
+        world_sizes = sorted(set(world_sizes or []) | {t.size for t in topologies})
+    else:
+        world_sizes = sorted(world_sizes or DEFAULT_WORLD_SIZES)
+        topologies = default_topologies(world_sizes)
+
+    def world_for(t: Topology) -> int:
+        fits = [w for w in world_sizes if w % t.size == 0]
+        if not fits:
+            raise UsageError(f"topology {t} (size {t.size}) divides none of the world sizes {world_sizes}")
+        return max(fits)  # fewer launches: each launch runs every topology that divides it
+
+    # Every module under test must import and name every op its selected cases call.
+    modules = {}
+    for family in sorted({c.family for _, c in cases}):
+        spec = impl.get(family, f"distributed_impl.{family}")
+        modules[family] = resolve_impl(family, spec)
+        impl[family] = spec
+    for _, case in cases:
+        if not hasattr(modules[case.family], case.name):
+            raise UsageError(f"--impl {case.family}={impl[case.family]}: module has no {case.name!r} (needed by {case.op})")
+
+    plan = Plan(run_id=run_id, quick=quick, seed=seed, timeout=timeout, device=device, backend=backend, impl=impl)
+    for suite_name, case in cases:
+        for dtype in dtypes:
+            if dtype not in case.dtypes:
+                continue
+            for topo in topologies:
+                if not case.supports(topo):
+                    continue
+                plan.items.append(Item(
+                    id=len(plan.items), suite=suite_name, op=case.op, case_id=case.case_id, dtype=dtype,
+                    topology=(topo.dp, topo.cp, topo.tp), world_size=world_for(topo),
+                    seed=item_seed(seed, case.op, case.case_id, dtype), checks=expected_checks(case),
+                    params=case.params))
+    if not plan.items:
+        raise UsageError("nothing to run: no case supports the selected topologies and dtypes")
+    by_key = {(c.op, c.case_id): c for _, c in cases}
+    return plan, by_key

@@ -1,0 +1,69 @@
+"""(dp, cp, tp) topologies and the DeviceMesh each rank runs them on."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+MESH_DIMS = ("dp", "cp", "tp")
+
+
+class UsageError(Exception):
+    """Bad usage or configuration: the CLI prints one line and exits 2."""
+
+
+@dataclass(frozen=True, order=True)
+class Topology:
+    dp: int = 1
+    cp: int = 1
+    tp: int = 1
+
+    @property
+    def size(self) -> int:
+        return self.dp * self.cp * self.tp
+
+    def __str__(self) -> str:
+        return f"dp{self.dp}-cp{self.cp}-tp{self.tp}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Topology":
+        """`dp=1,cp=1,tp=2` (missing dims are 1)."""
+        sizes = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            name, sep, value = part.partition("=")
+            if not sep or name not in MESH_DIMS:
+                raise UsageError(f"bad topology {text!r}: expected e.g. dp=1,cp=1,tp=2")
+            try:
+                sizes[name] = int(value)
+            except ValueError:
+                raise UsageError(f"bad topology {text!r}: {name} must be an integer") from None
+            if sizes[name] <= 0:
+                raise UsageError(f"bad topology {text!r}: {name} must be positive, got {sizes[name]}")
+        return cls(**sizes)
+
+
+def default_topologies(world_sizes: list[int], with_cp: bool = False) -> list[Topology]:
+    """Every (dp, cp, tp) whose size is one of `world_sizes` (cp fixed to 1 unless asked)."""
+    out = []
+    for w in world_sizes:
+        for dp, cp, tp in itertools.product(range(1, w + 1), repeat=3):
+            if dp * cp * tp == w and (with_cp or cp == 1):
+                out.append(Topology(dp, cp, tp))
+    return sorted(set(out), key=lambda t: (t.size, t.tp, t.cp, t.dp))
+
+
+def build_mesh(topology: Topology, world_size: int, device_type: str) -> DeviceMesh:
+    """The ("dp", "cp", "tp") sub-mesh of this rank.
+
+    Collective: every rank of the world calls it.  The world is split into
+    world_size // size replicas of the topology; replica 0 runs the case, the
+    others wait (on a 2-core machine idle ranks leave the cores to the busy ones).
+    """
+    if world_size % topology.size:
+        raise UsageError(f"topology {topology} (size {topology.size}) does not divide world size {world_size}")
+    ranks = torch.arange(world_size).view(world_size // topology.size, topology.dp, topology.cp, topology.tp)
+    full = DeviceMesh(device_type, ranks, mesh_dim_names=("replica",) + MESH_DIMS)
+    return full[MESH_DIMS]

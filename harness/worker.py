@@ -1,0 +1,311 @@
+"""Worker: one process per rank, started by torchrun, runs every item of a plan.
+
+    torchrun --nproc-per-node 4 -m harness.worker --plan PLAN.json --events DIR
+    torchrun --nnodes 2 ... -m harness.worker --suite model_utils --out shardcheck-runs/x   # by hand
+
+Each rank appends its own events (start, phase, check, error, done) to DIR/rank<R>.jsonl.
+The driver (harness.launch) merges them into result rows; when started by hand, rank 0
+does the merging itself (the out dir must then be on a filesystem all nodes share).
+
+Never hang: after each item every rank checks in at a store barrier.  If a peer does not
+arrive within the plan's timeout (it skipped a collective, or is blocked in one, or died)
+the ranks that did arrive record who is missing and exit; torchrun tears the rest down
+and the driver relaunches for the remaining items.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from harness.case import REPLICATED, Case, RankContext
+from harness.compare import budget, compare, judge
+from harness.plan import DTYPES, Item, Plan, resolve_impl, suite_cases
+from harness.topology import Topology, build_mesh
+
+EXIT_PEER_STUCK = 3
+PEER_FAILURE = re.compile(r"closed by peer|reset by peer|Broken pipe|Connection refused|timed out|Timeout|aborted", re.I)
+
+
+class Events:
+    """This rank's event log: one JSON object per line, flushed at once (a crash loses nothing)."""
+
+    def __init__(self, path: Path, rank: int):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(path, "a", buffering=1)
+        self.rank = rank
+
+    def emit(self, kind: str, item: int, **fields) -> None:
+        self.file.write(json.dumps({"t": kind, "item": item, "rank": self.rank, "time": time.time(), **fields}) + "\n")
+
+
+def _as_tuple(out) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _float(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
+class Golden:
+    """Full inputs in the item's dtype, the float64 golden outputs and gradients, and the
+    reference run in the item's dtype (for the low-precision budget).  Same on every rank."""
+
+    def __init__(self, case: Case, dtype: torch.dtype, seed: int, n_summands: int):
+        gen = torch.Generator().manual_seed(seed)
+        raw = case.make_inputs(gen)
+        # Low-precision inputs are the float64 ones rounded; the golden sees the rounded values,
+        # so input rounding is not counted as error.
+        self.inputs = {k: v.to(dtype) if _float(v) else v for k, v in raw.items()}
+        self.upstream: list[torch.Tensor | None] = []
+        if case.raises is not None:  # the op must raise: nothing to compare against
+            self.outputs = self.naive_outputs = ()
+            self.grads = self.naive_grads = {}
+            return
+        self.outputs, self.grads = self._reference(case, {k: v.double() if _float(v) else v for k, v in self.inputs.items()}, gen, n_summands)
+        if dtype == torch.float64:
+            self.naive_outputs, self.naive_grads = self.outputs, self.grads
+        else:
+            self.naive_outputs, self.naive_grads = self._reference(case, self.inputs, None, n_summands)
+
+    def _reference(self, case: Case, inputs: dict, gen, n_summands: int):
+        inputs = {k: v.clone().requires_grad_(k in case.grad_inputs) for k, v in inputs.items()}
+        with torch.enable_grad():
+            outs = _as_tuple(case.reference(inputs))
+        if not case.grad_inputs:
+            return tuple(o.detach() for o in outs), {}
+        if gen is not None:  # first (float64) pass draws the upstream gradients; never all ones
+            for o in outs:
+                if _float(o) and o.requires_grad:
+                    g = torch.randn((n_summands, *o.shape), generator=gen, dtype=torch.float64)
+                    g[:, ~torch.isfinite(o.detach())] = 0.0  # no gradient flows from -inf/NaN outputs
+                    self.upstream.append(g)
+                else:
+                    self.upstream.append(None)
+        pairs = [(o, g.sum(0).to(o.dtype)) for o, g in zip(outs, self.upstream) if g is not None]
+        xs = [inputs[n] for n in case.grad_inputs]
+        grads = torch.autograd.grad([o for o, _ in pairs], xs, [g for _, g in pairs], allow_unused=True)
+        grads = {n: (g if g is not None else torch.zeros_like(x)).detach() for n, x, g in zip(case.grad_inputs, xs, grads)}
+        return tuple(o.detach() for o in outs), grads
+
+
+class Worker:
+    def __init__(self, plan: Plan, events_dir: Path):
+        self.plan = plan
+        self.device = torch.device(plan.device)
+        self.backend = plan.backend
+        if self.device.type == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        dist.init_process_group(self.backend, timeout=timedelta(seconds=plan.timeout + 120))
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.store = dist.PrefixStore("shardcheck-items", dist.distributed_c10d._get_default_store())
+        self.events = Events(events_dir / f"rank{self.rank}.jsonl", self.rank)
+        self.meshes = {}
+        self.cases: dict[tuple[str, str], Case] = {}
+        for suite in sorted({i.suite for i in plan.items}):
+            self.cases.update({(c.op, c.case_id): c for c in suite_cases(suite, plan.quick)})
+        self.impls = {fam: resolve_impl(fam, spec) for fam, spec in plan.impl.items()}
+        self._golden_key, self._golden = None, None
+
+    def mesh(self, topo: Topology):
+        if topo not in self.meshes:
+            self.meshes[topo] = build_mesh(topo, self.world, self.device.type)
+        return self.meshes[topo]
+
+    def golden(self, case: Case, item: Item, n_summands: int) -> Golden:
+        key = (case.op, case.case_id, item.dtype, item.seed, n_summands)
+        if key != self._golden_key:  # items come grouped by case and dtype
+            self._golden_key, self._golden = key, Golden(case, DTYPES[item.dtype], item.seed, n_summands)
+        return self._golden
+
+    def run(self, on_item_done=None, on_stuck=None) -> None:
+        for item in self.plan.items:
+            if item.world_size != self.world:
+                continue
+            started = time.time()
+            self.events.emit("start", item.id)
+            topo = Topology(*item.topology)
+            mesh = self.mesh(topo)
+            if self.rank < topo.size:  # replica 0 runs the case; other replicas wait
+                self.run_item(item, topo, mesh)
+            missing = self.barrier(item, started + self.plan.timeout)
+            if missing:
+                self.events.emit("stuck", item.id, missing=missing, waited=round(time.time() - started, 1))
+                self.events.file.flush()
+                if on_stuck:
+                    on_stuck(item)
+                os._exit(EXIT_PEER_STUCK)  # a peer is blocked or dead: let torchrun tear the group down
+            self.events.emit("done", item.id, seconds=time.time() - started)
+            if on_item_done:
+                on_item_done(item)
+
+    def barrier(self, item: Item, deadline: float) -> list[int]:
+        """Store-based check-in (does not touch the process groups a stuck peer may hold)."""
+        self.store.set(f"{item.id}/{self.rank}", "1")
+        keys = [f"{item.id}/{r}" for r in range(self.world)]
+        try:
+            self.store.wait(keys, timedelta(seconds=max(deadline - time.time(), 0.01)))
+            return []
+        except Exception:  # DistStoreError on timeout
+            return [r for r, k in enumerate(keys) if not self.store.check([k])]
+
+    def run_item(self, item: Item, topo: Topology, mesh) -> None:
+        case = self.cases[(item.op, item.case_id)]
+        impl = self.impls[case.family]
+        dtype = DTYPES[item.dtype]
+        n_summands = 1
+        for d in case.summed_over:
+            n_summands *= mesh[d].size()
+        coords = {d: mesh[d].get_local_rank() for d in ("dp", "cp", "tp")}
+
+        def emit_check(check: str, status: str, **fields):
+            self.events.emit("check", item.id, check=check, status=status, coords=coords, **fields)
+
+        self.events.emit("phase", item.id, phase="forward")
+        try:
+            golden = self.golden(case, item, n_summands)
+        except Exception as exc:
+            for check in item.checks:
+                emit_check(check, "error", message=f"reference failed: {type(exc).__name__}: {exc}")
+            return
+        ctx = RankContext(mesh=mesh, topology=topo, device=self.device, dtype=dtype,
+                          full_shapes={k: tuple(v.shape) for k, v in golden.inputs.items()},
+                          input_layouts=case.input_layouts)
+        local = {}
+        for name, full in golden.inputs.items():
+            piece = case.input_layouts.get(name, REPLICATED).local(full, mesh).clone().to(self.device)
+            local[name] = piece.requires_grad_(name in case.grad_inputs)
+
+        try:
+            outs = case.run(impl, ctx, local)
+        except Exception as exc:
+            if case.raises is not None and isinstance(exc, case.raises):
+                emit_check("property:raises", "pass", message=f"{type(exc).__name__}: {exc}")
+            else:
+                self._emit_error(emit_check, item.checks, exc)
+            return
+        if case.raises is not None:
+            emit_check("property:raises", "fail", message=f"expected {case.raises.__name__}, nothing was raised")
+            return
+        if not case.output_names:  # a properties-only case: they get the raw result
+            self._emit_properties(case, ctx, golden, local, (outs,), emit_check)
+            return
+        outs = _as_tuple(outs)
+        if len(outs) != len(case.output_names):
+            for check in item.checks:
+                emit_check(check, "error", message=f"op returned {len(outs)} outputs, expected {len(case.output_names)}")
+            return
+
+        fwd_names = [c for c in item.checks if c.startswith("forward")]
+        for name, check, got, gold, naive, lay in zip(case.output_names, fwd_names, outs, golden.outputs,
+                                                      golden.naive_outputs, case.output_layouts):
+            expected = lay.local(gold, mesh)
+            if name in case.output_checks:
+                try:
+                    ok, msg = case.output_checks[name](got, expected, golden.inputs, local, ctx)
+                except Exception as exc:
+                    ok, msg = False, f"{type(exc).__name__}: {exc}"
+                emit_check(check, "pass" if ok else "fail", message=msg)
+                continue
+            if isinstance(got, torch.Tensor):
+                got = lay.reduce_partial(got, mesh)
+            self._emit_compare(emit_check, check, got, expected, gold, naive, lay, mesh, expect_dtype=naive.dtype)
+
+        if case.grad_inputs:
+            self.events.emit("phase", item.id, phase="backward")
+            pairs = []
+            for got, up, lay in zip(outs, golden.upstream, case.output_layouts):
+                if up is None:
+                    continue
+                summand = self._summand_index(case, mesh)
+                pairs.append((got, lay.local(up[summand], mesh).to(got.dtype).to(self.device)))
+            grad_checks = [f"grad:{n}" for n in case.grad_inputs]
+            try:
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            except Exception as exc:
+                self._emit_error(emit_check, grad_checks, exc)
+                return
+            for name, check in zip(case.grad_inputs, grad_checks):
+                x = local[name]
+                if x.grad is None:
+                    emit_check(check, "fail", message=f"no gradient reached input {name!r}")
+                    continue
+                lay = case.input_layouts.get(name, REPLICATED)
+                expected = lay.local(golden.grads[name], mesh)
+                self._emit_compare(emit_check, check, x.grad, expected, golden.grads[name],
+                                   golden.naive_grads[name], lay, mesh, expect_dtype=x.dtype)
+
+        self._emit_properties(case, ctx, golden, local, outs, emit_check)
+
+    def _emit_properties(self, case: Case, ctx, golden: Golden, local, outs: tuple, emit_check) -> None:
+        if case.properties is None:
+            return
+        try:
+            props = case.properties(ctx, golden.inputs, local, outs)
+        except Exception as exc:
+            self._emit_error(emit_check, ["property:properties"], exc)
+            return
+        for p in props:
+            emit_check(f"property:{p.name}", "pass" if p.passed else "fail", message=p.message,
+                       max_abs_err=p.value, max_rel_err=None, budget=None, err_ratio=None)
+
+    @staticmethod
+    def _summand_index(case: Case, mesh) -> int:
+        index = 0
+        for d in case.summed_over:
+            index = index * mesh[d].size() + mesh[d].get_local_rank()
+        return index
+
+    def _emit_compare(self, emit_check, check, got, expected, gold_full, naive_full, lay, mesh, expect_dtype):
+        if not isinstance(got, torch.Tensor):
+            emit_check(check, "fail", message=f"got {type(got).__name__}, expected a tensor")
+            return
+        b = budget(gold_full, naive_full, expect_dtype)
+        stats = compare(got, expected)
+        status, ratio = judge(stats, b)
+        msg = ""
+        if got.dtype != expect_dtype:
+            status, msg = "fail", f"dtype {str(got.dtype)[6:]}, expected {str(expect_dtype)[6:]}"
+        for key in ("worst", "nonfinite"):
+            if stats.get(key):
+                stats[key]["global_index"] = list(lay.global_index(stats[key]["local_index"], gold_full.shape, mesh))
+        emit_check(check, status, budget=b, err_ratio=ratio if ratio != float("inf") else None, message=msg, **stats)
+
+    def _emit_error(self, emit_check, checks, exc: BaseException) -> None:
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        text = str(exc).splitlines()[0][:200] if str(exc) else ""
+        msg = f"{type(exc).__name__}: {text} ({Path(where.filename).name}:{where.lineno})"
+        # A collective failing because a peer died or left is a consequence, not the cause.
+        secondary = bool(PEER_FAILURE.search(text))
+        for check in checks:
+            emit_check(check, "error", message=msg, secondary=secondary)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.worker")
+    parser.add_argument("--plan", type=Path, help="plan written by `shardcheck run` (driver mode)")
+    parser.add_argument("--events", type=Path, help="directory for per-rank event files (driver mode)")
+    args, rest = parser.parse_known_args(argv)
+    if args.plan:
+        plan = Plan.from_json(args.plan.read_text())
+        Worker(plan, args.events).run()
+        dist.destroy_process_group()
+        return 0
+    from harness.standalone import run_standalone  # started by a hand-written torchrun command
+
+    return run_standalone(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

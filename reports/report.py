@@ -1,0 +1,102 @@
+"""report.md, a self-contained report.html and the agreement heatmap, from a run's records."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: CI and laptops without a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from harness.records import RUN_META, load  # noqa: E402
+
+STATUS_RANK = {"pass": 0, "skip": 1, "fail": 2, "error": 3}
+HEATMAP = "agreement_heatmap.png"
+
+
+def _topology(df: pd.DataFrame) -> pd.Series:
+    return "dp" + df["dp"].astype(str) + "-cp" + df["cp"].astype(str) + "-tp" + df["tp"].astype(str)
+
+
+def _worst(statuses: pd.Series) -> str:
+    return max(statuses, key=STATUS_RANK.__getitem__)
+
+
+def status_table(df: pd.DataFrame) -> pd.DataFrame:
+    """op × dtype rows, topology columns; each cell the worst status over cases and checks."""
+    df = df.assign(topology=_topology(df))
+    table = df.pivot_table(index=["op", "dtype"], columns="topology", values="status", aggfunc=_worst, fill_value="")
+    table.columns.name = None
+    return table.reset_index()
+
+
+def failures(df: pd.DataFrame) -> pd.DataFrame:
+    bad = df[df["status"].isin(["fail", "error"])].assign(topology=lambda d: _topology(d))
+    return bad[["op", "case_id", "topology", "dtype", "check", "status", "message"]].reset_index(drop=True)
+
+
+def heatmap(df: pd.DataFrame, path: Path) -> None:
+    """op × topology coloured by the worst err/budget over dtypes, cases and checks (errors at the top)."""
+    df = df.assign(topology=_topology(df))
+    ratio = df["err_ratio"].fillna(0.0).where(df["status"] == "pass", np.inf)
+    df = df.assign(ratio=ratio.where(df["status"] != "error", np.nan))
+    grid = df.pivot_table(index="op", columns="topology", values="ratio", aggfunc="max")
+    errors = df[df["status"] == "error"].assign(one=1).pivot_table(index="op", columns="topology", values="one", aggfunc="max")
+    errors = errors.reindex(index=grid.index, columns=grid.columns)
+    values = grid.to_numpy(dtype=float)
+    shown = np.clip(np.nan_to_num(values, nan=0.0, posinf=10.0), 1e-6, 10.0)
+    fig, ax = plt.subplots(figsize=(3.5 + 1.1 * len(grid.columns), 1.2 + 0.45 * len(grid.index)), layout="constrained")
+    im = ax.imshow(np.log10(shown), cmap="RdYlGn_r", vmin=-6, vmax=1, aspect="auto")
+    for (i, j), v in np.ndenumerate(values):
+        err = errors.to_numpy(dtype=float)[i, j] == 1 if errors.size else False
+        label = "ERROR" if err else ("FAIL" if v == np.inf else ("" if np.isnan(v) else f"{v:.2g}"))
+        ax.text(j, i, label, ha="center", va="center", fontsize=7, color="black")
+    ax.set_xticks(range(len(grid.columns)), grid.columns, rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(range(len(grid.index)), grid.index, fontsize=8)
+    ax.set_title("worst err / budget (≤ 1 passes)", fontsize=9)
+    fig.colorbar(im, ax=ax, label="log10(err / budget)")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def build(run_dir: str | Path) -> list[Path]:
+    """(Re)build the report files of one run directory from its records."""
+    run_dir = Path(run_dir)
+    df = load(run_dir)
+    meta = json.loads((run_dir / RUN_META).read_text()) if (run_dir / RUN_META).is_file() else {}
+    counts = df["status"].value_counts().reindex(["pass", "fail", "error", "skip"], fill_value=0)
+    table = status_table(df)
+    bad = failures(df)
+    heatmap(df, run_dir / HEATMAP)
+
+    header = [f"# shardcheck run {meta.get('run_id', run_dir.name)}", ""]
+    for key in ("git_commit", "git_dirty", "torch_version", "device", "device_name", "backend", "host", "start", "end"):
+        if key in meta:
+            header.append(f"- {key}: {meta[key]}")
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
+    md = header + ["", f"**{len(df)} checks: {summary}**", "", "## Status: op × dtype × topology", "",
+                   table.to_markdown(index=False), "", f"![agreement heatmap]({HEATMAP})", "", "## Failures", ""]
+    md.append(bad.to_markdown(index=False) if len(bad) else "None.")
+    (run_dir / "report.md").write_text("\n".join(md) + "\n")
+
+    png = base64.b64encode((run_dir / HEATMAP).read_bytes()).decode()
+    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
+             "td,th{border:1px solid #ccc;padding:3px 6px}td.pass{background:#dfd}td.fail{background:#fbb}"
+             "td.error{background:#f88;font-weight:bold}td.skip{background:#eee}")
+    cells = table.to_html(index=False, escape=True)
+    for status in STATUS_RANK:
+        cells = cells.replace(f"<td>{status}</td>", f'<td class="{status}">{status}</td>')
+    page = [f"<!doctype html><html><head><meta charset='utf-8'><title>shardcheck {html.escape(meta.get('run_id', ''))}</title>",
+            f"<style>{style}</style></head><body>", f"<h1>shardcheck run {html.escape(meta.get('run_id', run_dir.name))}</h1>",
+            "<ul>" + "".join(f"<li>{html.escape(line[2:])}</li>" for line in header[2:]) + "</ul>",
+            f"<p><b>{len(df)} checks: {html.escape(summary)}</b></p>", "<h2>Status: op × dtype × topology</h2>", cells,
+            f"<h2>Agreement</h2><img alt='agreement heatmap' src='data:image/png;base64,{png}'>",
+            "<h2>Failures</h2>", bad.to_html(index=False, escape=True) if len(bad) else "<p>None.</p>", "</body></html>"]
+    (run_dir / "report.html").write_text("\n".join(page))
+    return [run_dir / "report.md", run_dir / "report.html", run_dir / HEATMAP]

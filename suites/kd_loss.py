@@ -1,0 +1,357 @@
+"""Suite for nemo_automodel.components.loss.kd_loss: forward-KL distillation loss, plain and TP.
+
+Layouts: logits [B, S, V] are sharded on the batch over DP and on the vocab over TP
+(torch.chunk sizes, so V=37 gives uneven shards), or replicated over TP for the plain
+(non-TP) path; labels [B, S] are sharded over DP and replicated over TP. The scalar loss is
+`Partial` over DP: with `num_batch_labels` = the global count of valid tokens, the sum of
+the DP ranks' losses is the single-device loss on the full batch (checked by the harness,
+values and gradients, and once more by the explicit `property:dp_sum`). Cases without
+`num_batch_labels` (a per-rank mean) run at dp == 1 only.
+
+TP modes: `dtensor` (logits wrapped as DTensors sharded on the last dim, so the group is
+inferred), `group` (local vocab shards + explicit tp_group), `plain` (full-vocab tensors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+from harness.case import Case, Layout, Property
+from harness.compare import budget
+from reference import kd_loss as ref
+
+FAMILY = "kd_loss"
+OP = FAMILY + "."
+
+VOCAB_SHARDED = Layout(dp=Shard(0), tp=Shard(-1))  # [B, S, V]: batch over DP, vocab over TP
+BATCH = Layout(dp=Shard(0))  # [B, S] labels, or full-vocab logits: batch over DP, replicated over TP
+LOSS = Layout(dp=Partial())  # scalar: the full loss is the sum of the DP ranks' losses
+
+
+# ---- inputs -------------------------------------------------------------------------------
+
+def make_logits(gen: torch.Generator, shape, scale: float = 3.0, neg_inf: float = 0.0) -> torch.Tensor:
+    logits = torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+    if neg_inf:
+        mask = torch.rand(shape, generator=gen, dtype=torch.float64) < neg_inf
+        mask[..., 0] = False  # every row keeps some teacher mass
+        logits = logits.masked_fill(mask, float("-inf"))
+    return logits
+
+
+def make_labels(gen: torch.Generator, b: int, s: int, v: int, valid: list[int], ignore_index: int,
+                m100: float = 0.0) -> torch.Tensor:
+    """Token ids with exactly `valid[row]` valid positions per row (random places), the rest
+    `ignore_index`; `m100` of the valid ones become -100 (valid when ignore_index != -100)."""
+    labels = torch.randint(0, v, (b, s), generator=gen)
+    labels = torch.where(labels == ignore_index, (labels + 1) % v, labels)
+    for row, n in enumerate(valid):
+        keep = torch.randperm(s, generator=gen)[:n]
+        mask = torch.ones(s, dtype=torch.bool)
+        mask[keep] = False
+        labels[row][mask] = ignore_index
+    if m100:
+        flip = (torch.rand((b, s), generator=gen) < m100) & (labels != ignore_index)
+        labels = torch.where(flip, -100, labels)
+    return labels
+
+
+@dataclass(frozen=True)
+class Spec:
+    mode: str  # "dtensor" | "group" | "plain"
+    b: int = 4
+    s: int = 6
+    v: int = 37
+    valid: tuple[int, ...] | None = None  # valid tokens per row (None: all valid)
+    temperature: float = 1.0
+    fp32_upcast: bool = True
+    ignore_index: int = -100
+    m100: float = 0.0  # fraction of valid labels set to -100 (only meaningful with a custom ignore_index)
+    nbl: str = "tensor"  # num_batch_labels: "tensor" | "int" | "none" (per-rank mean)
+    nbl_extra: int = 0  # valid tokens of other micro-batches added to the global count
+    chunk: int = 0
+    scale: float = 3.0
+    neg_inf: float = 0.0  # teacher logits masked to -inf
+    tag: str = ""
+
+    @property
+    def case_id(self) -> str:
+        parts = [self.mode, f"b{self.b}s{self.s}v{self.v}", f"T{self.temperature:g}"]
+        if not self.fp32_upcast:
+            parts.append("noupcast")
+        if self.ignore_index != -100:
+            parts.append(f"ign{self.ignore_index}")
+        parts.append("mean" if self.nbl == "none" else f"nbl{self.nbl}")
+        parts.append(f"chunk{self.chunk}")
+        if self.valid is not None and any(self.valid) and min(self.valid) < self.s:
+            parts.append("masked")
+        if self.scale != 3.0:
+            parts.append(f"scale{self.scale:g}")
+        if self.neg_inf:
+            parts.append("teacher-inf")
+        if self.tag:
+            parts.append(self.tag)
+        return "-".join(parts)
+
+    @property
+    def params(self) -> dict:
+        return {"mode": self.mode, "B": self.b, "S": self.s, "V": self.v,
+                "valid_per_row": list(self.valid) if self.valid is not None else None,
+                "temperature": self.temperature, "fp32_upcast": self.fp32_upcast, "ignore_index": self.ignore_index,
+                "num_batch_labels": self.nbl, "chunk_size": self.chunk, "scale": self.scale,
+                "teacher_neg_inf": self.neg_inf}
+
+
+def _inputs(spec: Spec):
+    def make(gen: torch.Generator) -> dict[str, torch.Tensor]:
+        b, s, v = spec.b, spec.s, spec.v
+        valid = list(spec.valid) if spec.valid is not None else [s] * b
+        x = {"student_logits": make_logits(gen, (b, s, v), spec.scale),
+             "teacher_logits": make_logits(gen, (b, s, v), spec.scale, spec.neg_inf),
+             "labels": make_labels(gen, b, s, v, valid, spec.ignore_index, spec.m100)}
+        if spec.nbl != "none":  # the GLOBAL count of valid tokens, replicated on every rank
+            x["num_batch_labels"] = (x["labels"] != spec.ignore_index).sum() + spec.nbl_extra
+        return x
+    return make
+
+
+def _reference(spec: Spec):
+    def reference(x):
+        return ref.kd_loss(x["student_logits"], x["teacher_logits"], x["labels"], ignore_index=spec.ignore_index,
+                           temperature=spec.temperature, fp32_upcast=spec.fp32_upcast,
+                           num_batch_labels=x.get("num_batch_labels"))
+    return reference
+
+
+def _dtensor(ctx, local: torch.Tensor, full_shape) -> DTensor:
+    """A vocab-sharded DTensor over the case's mesh (uneven shards: global shape given)."""
+    ndim = local.ndim
+    stride = torch.empty(full_shape, device="meta").stride()
+    return DTensor.from_local(local, ctx.mesh, [Shard(0), Replicate(), Shard(ndim - 1)], run_check=False,
+                              shape=torch.Size(full_shape), stride=stride)
+
+
+def _run(spec: Spec):
+    def run(impl, ctx, x):
+        student, teacher = x["student_logits"], x["teacher_logits"]
+        tp_group = None
+        if spec.mode == "dtensor":
+            student = _dtensor(ctx, student, ctx.full_shapes["student_logits"])
+            teacher = _dtensor(ctx, teacher, ctx.full_shapes["teacher_logits"])
+        elif spec.mode == "group":
+            tp_group = ctx.group("tp")
+        loss_fn = impl.KDLoss(ignore_index=spec.ignore_index, temperature=spec.temperature,
+                              fp32_upcast=spec.fp32_upcast, tp_group=tp_group, chunk_size=spec.chunk)
+        nbl = x.get("num_batch_labels")
+        if spec.nbl == "int":
+            nbl = int(nbl)
+        return loss_fn(student, teacher, x["labels"], num_batch_labels=nbl)
+    return run
+
+
+def _loss_budget(spec: Spec, full: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(golden, naive, budget) of the scalar loss on the full (dtype-rounded) inputs.
+
+    The harness budget κ·err_naive + eps·|loss|, widened for fp32_upcast=False in a 16-bit
+    dtype: the whole loss is then computed in that dtype, and any composition of ops
+    (chunks, TP partial sums) rounds log P, log Q and P at least once each, i.e. up to
+    eps·T²·Σ_v P_v(|log P_v| + |log Q_v| + |log P_v − log Q_v|) per token. A scalar's
+    err_naive is a single rounding sample (sometimes ~0 by luck) and does not cover that.
+    """
+    reference = _reference(spec)
+    golden = reference({k: v.double() if v.is_floating_point() else v for k, v in full.items()})
+    naive = reference(full)
+    b = budget(golden, naive, naive.dtype)
+    if not spec.fp32_upcast and dtype in (torch.bfloat16, torch.float16):
+        v = full["student_logits"].shape[-1]
+        valid = (full["labels"] != spec.ignore_index).reshape(-1)
+        t = full["teacher_logits"].double().reshape(-1, v)[valid] / spec.temperature
+        q = full["student_logits"].double().reshape(-1, v)[valid] / spec.temperature
+        log_p, log_q = t.log_softmax(-1), q.log_softmax(-1)
+        p = log_p.exp()
+        terms = torch.where(p > 0, p * (log_p.abs() + log_q.abs() + (log_p - log_q).abs()), torch.zeros_like(p))
+        denom = full.get("num_batch_labels", max(int(valid.sum()), 1))
+        composed = torch.finfo(dtype).eps * spec.temperature ** 2 * float(terms.sum()) / float(denom)
+        b = max(b, composed)
+    return golden, naive, b
+
+
+def _loss_check(spec: Spec):
+    """Forward check of the loss for fp32_upcast=False: dtype of the reference, error within _loss_budget."""
+    def check(got, expected, full, local, ctx):
+        golden, naive, b = _loss_budget(spec, full, ctx.dtype)
+        if not isinstance(got, torch.Tensor) or got.shape != golden.shape:
+            return False, f"got {type(got).__name__} {tuple(getattr(got, 'shape', ()))}, expected a scalar tensor"
+        if got.dtype != naive.dtype:
+            return False, f"dtype {str(got.dtype)[6:]}, expected {str(naive.dtype)[6:]} (fp32_upcast=False)"
+        total = LOSS.reduce_partial(got, ctx.mesh).double().cpu()
+        err = float((total - golden).abs()) if torch.isfinite(total) else float("inf")
+        return err <= b, f"|err| {err:.3g}, budget {b:.3g}: got {float(total):.10g}, expected {float(golden):.10g}"
+    return check
+
+
+def _dp_sum_property(spec: Spec):
+    """all_reduce over DP of the per-rank losses == the reference loss on the full batch."""
+    def properties(ctx, full, local, outs):
+        if ctx.size("dp") == 1:
+            return []
+        got = outs[0].detach().to(torch.float64).clone()
+        dist.all_reduce(got, group=ctx.group("dp"))
+        golden, _, b = _loss_budget(spec, full, ctx.dtype)
+        err = float((got.cpu() - golden).abs())
+        ok = err <= b  # False for NaN
+        return [Property("dp_sum", ok, err, f"sum over {ctx.size('dp')} DP ranks {float(got):.10g}, "
+                                            f"full-batch reference {float(golden):.10g}, |err| {err:.3g}, budget {b:.3g}")]
+    return properties
+
+
+def kd_case(spec: Spec, teacher_grad: bool = False) -> Case:
+    """The loss on one spec. `teacher_grad`: a float64-only twin that also checks d loss / d teacher.
+
+    The teacher gradient T·P_v·(log P_v − log Q_v − KL) cancels when P is peaked, so its
+    low-precision error is set by that cancellation, not by the op: the κ·err_naive budget
+    does not cover it (and with huge logits not even the float64 golden is accurate to
+    1e-10 of its max), so it is checked in float64 on well-conditioned inputs only.
+    """
+    logits = BATCH if spec.mode == "plain" else VOCAB_SHARDED
+    if spec.nbl == "none":
+        supports = lambda t: t.dp == 1  # per-rank mean: only the full batch on one rank is the reference
+    else:
+        supports = lambda t, b=spec.b: b % t.dp == 0
+    extra = dict(case_id=spec.case_id + "-tgrad", grad_inputs=("student_logits", "teacher_logits"), dtypes=("float64",),
+                 params={**spec.params, "teacher_grad": True}) if teacher_grad else \
+        dict(case_id=spec.case_id, grad_inputs=("student_logits",), params=spec.params,
+             properties=_dp_sum_property(spec) if spec.nbl != "none" else None)
+    return Case(
+        op=OP + "KDLoss", make_inputs=_inputs(spec), reference=_reference(spec), run=_run(spec),
+        input_layouts={"student_logits": logits, "teacher_logits": logits, "labels": BATCH},
+        output_layouts=(LOSS,), output_names=("loss",), supports=supports,
+        output_checks={} if spec.fp32_upcast else {"loss": _loss_check(spec)}, **extra)
+
+
+def _well_conditioned(spec: Spec) -> bool:
+    return spec.scale < 100
+
+
+# ---- the case matrix ----------------------------------------------------------------------
+
+MODES = ("dtensor", "group", "plain")
+MASKED = (4, 4, 4, 4)  # 2 of 6 positions ignored per row
+UNEVEN = (3, 3, 4, 4)  # 6 valid on DP rank 0 of 2, 8 on rank 1: chunk 3 divides one, not the other
+
+
+def full_specs() -> list[Spec]:
+    specs = []
+    for mode in MODES:
+        specs += [
+            Spec(mode, valid=MASKED),  # T = 1, chunk 0
+            Spec(mode, valid=MASKED, temperature=2.0, chunk=4),  # T^2 scaling; chunk divides 4 per row
+            Spec(mode, b=2, s=8, v=32, valid=(5, 5), temperature=0.5, fp32_upcast=False, nbl="none", chunk=3),
+            Spec(mode, valid=UNEVEN, chunk=3, neg_inf=0.3),  # chunk divides on some DP ranks only
+            Spec(mode, b=2, s=5, v=37, valid=(0, 0), nbl="none", tag="all-ignored"),
+            Spec(mode, b=2, s=5, v=33, valid=(4, 3), temperature=2.0, scale=300.0),  # logits x100
+        ]
+    specs += [
+        Spec("group", b=4, s=7, v=32, valid=(5, 6, 7, 4), ignore_index=0, m100=0.3, nbl="int", chunk=1),
+        Spec("dtensor", b=2, s=8, v=37, valid=(6, 7), ignore_index=7, m100=0.3, nbl="none", chunk=64),
+        Spec("group", valid=(0, 0, 0, 0), nbl_extra=5, tag="all-ignored"),  # 0 / (tokens of other micro-batches)
+        Spec("dtensor", valid=(0, 0, 5, 6), chunk=2, tag="dp-rank-empty"),  # DP rank 0 of 2 has no valid token
+        Spec("plain", b=2, s=3, v=37, temperature=3.0, fp32_upcast=False, nbl="none", neg_inf=0.5),
+        Spec("dtensor", b=4, s=8, v=32, valid=(8, 2, 5, 1), temperature=0.7, chunk=5),
+        Spec("group", b=2, s=4, v=37, valid=(4, 3), fp32_upcast=False, neg_inf=0.3, scale=300.0),
+    ]
+    return specs
+
+
+def quick_specs() -> list[Spec]:
+    return [
+        Spec("dtensor", valid=MASKED, temperature=2.0),
+        Spec("group", valid=UNEVEN, ignore_index=0, m100=0.3, chunk=3, neg_inf=0.3),
+        Spec("plain", b=2, s=8, v=32, valid=(4, 4), temperature=0.5, fp32_upcast=False, nbl="none", chunk=4),
+        Spec("group", b=2, s=5, v=37, valid=(0, 0), nbl="none", tag="all-ignored"),
+        Spec("dtensor", valid=(0, 0, 5, 6), chunk=2, tag="dp-rank-empty"),
+    ]
+
+
+def raises_cases() -> list[Case]:
+    def bad(student_shape, teacher_shape, labels_shape):
+        def make(gen):
+            return {"student_logits": make_logits(gen, student_shape), "teacher_logits": make_logits(gen, teacher_shape),
+                    "labels": torch.randint(0, student_shape[-1], labels_shape, generator=gen)}
+        return make
+
+    cases = []
+    for case_id, shapes in (("student-teacher-mismatch", ((2, 4, 16), (2, 3, 16), (2, 4))),
+                            ("labels-mismatch", ((2, 4, 16), (2, 4, 16), (2, 3)))):
+        for mode in ("group", "plain"):
+            spec = Spec(mode, nbl="none")
+            cases.append(Case(
+                op=OP + "KDLoss", case_id=f"{case_id}-{mode}",
+                params={"mode": mode, "student": list(shapes[0]), "teacher": list(shapes[1]), "labels": list(shapes[2])},
+                make_inputs=bad(*shapes), reference=lambda x: (), run=_run(spec),
+                input_layouts={"student_logits": BATCH if mode == "plain" else VOCAB_SHARDED,
+                               "teacher_logits": BATCH if mode == "plain" else VOCAB_SHARDED, "labels": BATCH},
+                raises=ValueError, dtypes=("float64",), supports=lambda t: 2 % t.dp == 0))
+    return cases
+
+
+# ---- _infer_tp_group_from_dtensor ---------------------------------------------------------
+
+def _infer_run(impl, ctx, x):
+    local = x["logits"]
+    full = ctx.full_shapes["logits"]
+    stride = torch.empty(full, device="meta").stride()
+
+    def dt(placements):
+        # Local shape is irrelevant to the inference; the global shape is given.
+        return DTensor.from_local(local, ctx.mesh, placements, run_check=False, shape=torch.Size(full), stride=stride)
+
+    infer = impl._infer_tp_group_from_dtensor
+    return {
+        "plain": (infer(local), None),
+        "vocab-on-tp": (infer(dt([Shard(0), Replicate(), Shard(2)])), ctx.group("tp")),
+        "vocab-on-tp-only": (infer(dt([Replicate(), Replicate(), Shard(2)])), ctx.group("tp")),
+        "vocab-on-dp": (infer(dt([Shard(2), Replicate(), Replicate()])), ctx.group("dp")),
+        "seq-on-tp": (infer(dt([Shard(0), Replicate(), Shard(1)])), None),
+        "batch-on-tp": (infer(dt([Replicate(), Replicate(), Shard(0)])), None),
+        "replicated": (infer(dt([Replicate(), Replicate(), Replicate()])), None),
+    }
+
+
+def _describe_group(g) -> str:
+    if g is None:
+        return "None"
+    if not isinstance(g, dist.ProcessGroup):
+        return f"{type(g).__name__} (not a ProcessGroup)"
+    return f"group of ranks {dist.get_process_group_ranks(g)}"
+
+
+def _infer_properties(ctx, full, local, outs):
+    props = []
+    for name, (got, want) in outs[0].items():
+        if want is None:
+            ok = got is None
+        else:
+            ok = isinstance(got, dist.ProcessGroup) and dist.get_process_group_ranks(got) == dist.get_process_group_ranks(want)
+        props.append(Property(f"infer_group:{name}", ok, None,
+                              f"got {_describe_group(got)}, expected {_describe_group(want)}"))
+    return props
+
+
+def infer_cases() -> list[Case]:
+    return [Case(
+        op=OP + "_infer_tp_group_from_dtensor", case_id="placements", params={"shape": [4, 3, 8]},
+        make_inputs=lambda gen: {"logits": make_logits(gen, (4, 3, 8))}, reference=lambda x: (), run=_infer_run,
+        output_layouts=(), output_names=(), properties=_infer_properties, dtypes=("float64",))]
+
+
+def cases(quick: bool = False) -> list[Case]:
+    specs = quick_specs() if quick else full_specs()
+    out = [kd_case(s) for s in specs]
+    out += [kd_case(s, teacher_grad=True) for s in (specs[1:2] if quick else specs) if _well_conditioned(s)]
+    out += raises_cases()[:1] if quick else raises_cases()
+    return out + infer_cases()

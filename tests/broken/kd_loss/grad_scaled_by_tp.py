@@ -1,0 +1,26 @@
+"""Bug: on the TP path the gradients are multiplied by the TP size (the loss values stay correct)."""
+
+import torch
+import torch.distributed as dist
+
+from distributed_impl.kd_loss import KDLoss as _KDLoss, _infer_tp_group_from_dtensor  # noqa: F401
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, k):
+        ctx.k = k
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.k, None
+
+
+class KDLoss(_KDLoss):
+    def forward(self, student_logits, teacher_logits, labels, num_batch_labels=None):
+        group = self.tp_group or _infer_tp_group_from_dtensor(student_logits)
+        if group is not None:
+            k = dist.get_world_size(group)
+            student_logits, teacher_logits = _ScaleGrad.apply(student_logits, k), _ScaleGrad.apply(teacher_logits, k)
+        return super().forward(student_logits, teacher_logits, labels, num_batch_labels)

@@ -1,0 +1,79 @@
+"""Bad input: exit 2 and one clear line on stderr, never a traceback.  list and report work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import BROKEN, ROOT, cli
+from harness.cli import main
+
+
+@pytest.mark.parametrize("args, words", [
+    (["run", "--op", "model_utils.NoSuchOp"], "unknown op 'model_utils.NoSuchOp'"),
+    (["run", "--suite", "nosuite"], "unknown suite 'nosuite'"),
+    (["run", "--topology", "dp=1,cp=1,tp=0"], "tp must be positive, got 0"),
+    (["run", "--topology", "dp=-2"], "dp must be positive, got -2"),
+    (["run", "--topology", "tp=two"], "tp must be an integer"),
+    (["run", "--dtype", "float8"], "unknown dtype 'float8'"),
+    (["run", "--impl", "model_utils=no.such.module"], "cannot import: ModuleNotFoundError"),
+    (["run", "--impl", "model_utils=tests/broken/does_not_exist.py"], "no such file"),
+    (["run", "--impl", "nofamily=x"], "unknown family 'nofamily'"),
+    (["run", "--impl", "model_utils"], "--impl expects FAMILY=MODULE"),
+    (["run", "--world-sizes", "0"], "world sizes must be positive"),
+    (["run", "--world-sizes", "a,b"], "expected comma-separated integers"),
+    (["run", "--timeout", "0"], "--timeout must be positive"),
+    (["run", "--case", "no-such-case*"], "nothing to run"),
+    (["run", "--bogus"], "unrecognized arguments: --bogus"),
+    (["report", "/nonexistent/dir"], "no results.jsonl"),
+    ([], "missing command"),
+])
+def test_bad_usage_is_one_line_and_exit_2(args, words, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # in-process (fast); an escaping exception would fail the test
+    code = main(args + (["--out", str(tmp_path / "run")] if args[:1] == ["run"] else []))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("shardcheck: error: ")
+    assert words in lines[0]
+
+
+def test_console_script_usage_error_has_no_traceback():
+    proc = cli("run", "--topology", "dp=0")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "shardcheck: error: bad topology 'dp=0': dp must be positive, got 0"
+
+
+def test_impl_that_raises_at_import_is_usage_error(tmp_path):
+    bad = tmp_path / "bad_impl.py"
+    bad.write_text("raise RuntimeError('boom at import')\n")
+    proc = cli("run", "--impl", f"model_utils={bad}")
+    assert proc.returncode == 2
+    assert "cannot import: RuntimeError: boom at import" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_impl_lacking_a_needed_name_is_usage_error():
+    # this broken module defines only _compute_distributed_log_softmax
+    path = BROKEN / "model_utils" / "missing_max_allreduce.py"
+    proc = cli("run", "--impl", f"model_utils={path}", "--op", "model_utils.DistributedLogprob")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "module has no 'DistributedLogprob' (needed by model_utils.DistributedLogprob)" in proc.stderr
+
+
+def test_list_names_every_op_and_default_topologies():
+    proc = cli("list")
+    assert proc.returncode == 0, proc.stderr
+    for op in ("_compute_distributed_log_softmax", "_compute_distributed_softmax", "DistributedLogprob",
+               "ChunkedDistributedLogprob", "DistributedCrossEntropy", "from_parallel_logits_to_logprobs",
+               "all_to_all_vp2sq", "all_to_all_sq2vp"):
+        assert f"model_utils.{op} " in proc.stdout
+    assert "dp1-cp1-tp1 dp2-cp1-tp1 dp1-cp1-tp2 dp4-cp1-tp1 dp2-cp1-tp2 dp1-cp1-tp4" in proc.stdout
+
+
+def test_out_dir_holding_a_run_is_refused(tmp_path):
+    (tmp_path / "results.jsonl").write_text(json.dumps({"status": "pass"}) + "\n")
+    proc = cli("run", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "already holds a run" in proc.stderr
