@@ -134,6 +134,9 @@ class Case:
     output_checks: dict[str, OutputCheck] = field(default_factory=dict)  # replaces the numeric forward check
     properties: PropertiesFn | None = None
     raises: type[BaseException] | None = None  # the op must raise this on every rank
+    # Communication contract: ctx -> {"forward"|"backward": {"<kind>@<mesh dim>": (max calls, max bytes)}}
+    # per rank; doing more (or a kind/dim not listed) fails `property:comm`.
+    comm: Callable[[RankContext], dict] | None = None
     dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")
     supports: Callable[[Topology], bool] = lambda topology: True
 

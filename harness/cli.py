@@ -1,4 +1,5 @@
-"""`shardcheck run | list | report`.  Exit codes: 0 all pass, 1 a check failed, 2 bad usage."""
+"""`shardcheck run | list | report | compare`.  Exit codes: 0 all pass (no regression), 1 a check
+failed (a regression), 2 bad usage."""
 
 from __future__ import annotations
 
@@ -55,22 +56,56 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--timeout", type=float, default=60.0, help="seconds one case may take on any rank")
     run.add_argument("--quick", action="store_true", help="fewer, smaller cases")
+    run.add_argument("--bench", action="store_true", help="measure time, memory and collectives (benchmark cases)")
+    run.add_argument("--bench-iters", type=int, default=10, help="timed iterations per benchmark (all ranks)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     lst = sub.add_parser("list", help="ops, suites and default topologies")
     lst.add_argument("--quick", action="store_true")
     rep = sub.add_parser("report", help="(re)build the report of run directories")
     rep.add_argument("dirs", nargs="+", type=Path)
+    cmp = sub.add_parser("compare", help="regression gate between two runs (Markdown table; exit 1 on regression)")
+    cmp.add_argument("base", type=Path)
+    cmp.add_argument("new", type=Path)
+    cmp.add_argument("--max-slowdown", type=float, default=10.0, metavar="PCT")
+    cmp.add_argument("--max-memory-growth", type=float, default=5.0, metavar="PCT")
     return p
+
+
+def cmd_compare(args) -> int:
+    from reports.compare import compare_runs
+
+    for d in (args.base, args.new):
+        if not (d / "results.jsonl").is_file():
+            raise UsageError(f"{d}: no results.jsonl (not a shardcheck run directory)")
+    try:
+        table, regressions = compare_runs(args.base, args.new, args.max_slowdown, args.max_memory_growth)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read runs: {exc}") from None
+    print(f"## shardcheck compare: {args.base} -> {args.new}\n")
+    print(table.to_markdown(index=False) if len(table) else "No changes beyond the thresholds.")
+    print(f"\n**{regressions} regression(s)** (max slowdown {args.max_slowdown:g}% beyond the spread, "
+          f"max memory growth {args.max_memory_growth:g}%)")
+    return EXIT_FAIL if regressions else EXIT_OK
+
+
+def _default_dtypes(bench: bool, device: str) -> list[str]:
+    from harness.plan import DEFAULT_DTYPES
+
+    if bench:  # what training runs in on a GPU; float32 on CPU, where bf16 math is emulated and slow
+        return ["bfloat16"] if device == "cuda" else ["float32"]
+    return list(DEFAULT_DTYPES)
 
 
 def cmd_run(args) -> int:
     import torch
 
     from harness.launch import run_plan
-    from harness.plan import DEFAULT_DTYPES, build_plan
+    from harness.plan import build_plan
     from harness.records import RecordWriter, run_metadata, write_json
     from reports.report import build
 
+    if args.bench_iters <= 0:
+        raise UsageError(f"--bench-iters must be positive, got {args.bench_iters}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -86,9 +121,9 @@ def cmd_run(args) -> int:
     if (run_dir / "results.jsonl").exists():
         raise UsageError(f"--out {run_dir}: already holds a run; choose another directory")
     plan, _ = build_plan(run_id=run_id, suites_wanted=_str_list(args.suite), ops=_str_list(args.op), case_patterns=_str_list(args.case),
-                         world_sizes=world_sizes, topologies=topologies, dtypes=_str_list(args.dtype) or list(DEFAULT_DTYPES),
+                         world_sizes=world_sizes, topologies=topologies, dtypes=_str_list(args.dtype) or _default_dtypes(args.bench, device),
                          impl=_impl_map(args.impl), quick=args.quick, seed=args.seed, timeout=args.timeout,
-                         device=device, backend=backend)
+                         device=device, backend=backend, bench=args.bench, bench_iters=args.bench_iters)
     writer = RecordWriter(run_dir)
     meta = run_metadata(run_id, sys.argv, device, backend)
     meta["start"] = dt.datetime.now().isoformat(timespec="seconds")
@@ -157,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         args = make_parser().parse_args(argv)
         if args.command is None:
             raise UsageError("missing command: run, list or report (see shardcheck --help)")
-        return {"run": cmd_run, "list": cmd_list, "report": cmd_report}[args.command](args)
+        return {"run": cmd_run, "list": cmd_list, "report": cmd_report, "compare": cmd_compare}[args.command](args)
     except UsageError as exc:
         print(f"shardcheck: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

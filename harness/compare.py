@@ -26,14 +26,14 @@ def _finite_max_abs(t: torch.Tensor) -> float:
     return float(t.abs().max()) if t.numel() else 0.0
 
 
-def budget(golden: torch.Tensor, naive: torch.Tensor | None, out_dtype: torch.dtype) -> float:
-    """Largest acceptable max-abs error for a tensor whose golden is `golden` (float64)."""
+def budget(golden: torch.Tensor, naive: torch.Tensor | None, out_dtype: torch.dtype) -> tuple[float, float | None]:
+    """(largest acceptable max-abs error, err_naive) for a tensor whose golden is `golden` (float64)."""
     scale = _finite_max_abs(golden)
     if out_dtype == torch.float64 or naive is None:
-        return RTOL_FLOAT64 * max(scale, 1e-30)
+        return RTOL_FLOAT64 * max(scale, 1e-30), None
     both = torch.isfinite(golden) & torch.isfinite(naive.double())
     err_naive = float((naive.double() - golden)[both].abs().max()) if both.any() else 0.0
-    return KAPPA * err_naive + torch.finfo(out_dtype).eps * max(scale, 1e-30)
+    return KAPPA * err_naive + torch.finfo(out_dtype).eps * max(scale, 1e-30), err_naive
 
 
 def compare(got: torch.Tensor, expected: torch.Tensor) -> dict:
@@ -116,9 +116,10 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
 
     row = {
         "status": status,
-        **{key: worst(key) for key in ("max_abs_err", "max_rel_err", "budget", "err_ratio")},
+        **{key: worst(key) for key in ("max_abs_err", "max_rel_err", "budget", "err_ratio", "err_naive")},
         "mismatch": None,
         "message": "",
+        **merge_measurements(per_rank),
         "per_rank": [
             {k: r.get(k) for k in ("rank", "coords", "status", "max_abs_err", "err_ratio")} for r in sorted(per_rank, key=lambda r: r["rank"])
         ],
@@ -146,3 +147,30 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
         parts.append(f"no result from rank(s) {', '.join(map(str, missing))}")
     row["message"] = "; ".join(parts)
     return row
+
+
+MEASURED_MAX = ("time_ms", "time_ms_iqr", "time_fwd_ms", "time_bwd_ms", "peak_bytes", "peak_bytes_fwd",
+                "ref_time_ms", "ref_time_ms_iqr", "ref_peak_bytes")
+
+
+def merge_measurements(per_rank: list[dict]) -> dict:
+    """Measured fields: the max over ranks (times are already per-iteration maxima; memory is
+    the worst rank's); collectives the elementwise max over ranks."""
+    out = {}
+    for key in MEASURED_MAX:
+        values = [r[key] for r in per_rank if r.get(key) is not None]
+        if values:
+            out[key] = max(values)
+    for key in ("comm_calls", "comm_bytes"):
+        merged: dict = {}
+        for r in per_rank:
+            for phase, kinds in (r.get(key) or {}).items():
+                for kind, n in kinds.items():
+                    merged.setdefault(phase, {})[kind] = max(n, merged.get(phase, {}).get(kind, 0))
+        if any(r.get(key) is not None for r in per_rank):
+            out[key] = merged
+    for key in ("times_ms", "ref_times_ms", "iters", "warmup"):  # identical on every rank
+        values = [r[key] for r in per_rank if r.get(key) is not None]
+        if values:
+            out[key] = values[0]
+    return out

@@ -34,8 +34,13 @@ def load_suite(name: str) -> ModuleType:
     return importlib.import_module(f"suites.{name}")
 
 
-def suite_cases(name: str, quick: bool) -> list[Case]:
-    cases = load_suite(name).cases(quick=quick)
+def suite_cases(name: str, quick: bool, bench: bool = False) -> list[Case]:
+    """The suite's correctness cases, or its benchmark cases (`bench_cases()`, realistic sizes)."""
+    suite = load_suite(name)
+    if bench:
+        cases = suite.bench_cases(quick=quick) if hasattr(suite, "bench_cases") else []
+    else:
+        cases = suite.cases(quick=quick)
     seen = set()
     for case in cases:
         key = (case.op, case.case_id)
@@ -96,6 +101,9 @@ class Plan:
     backend: str
     impl: dict[str, str]
     items: list[Item] = field(default_factory=list)
+    bench: bool = False  # measure time, memory and collectives instead of checking values
+    bench_iters: int = 10  # timed iterations, the same on every rank
+    bench_warmup: int = 2
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -107,17 +115,20 @@ class Plan:
         return cls(**raw)
 
 
-def expected_checks(case: Case) -> list[str]:
+def expected_checks(case: Case, bench: bool = False) -> list[str]:
+    if bench:
+        return ["bench"] + (["property:comm"] if case.comm else [])
     if case.raises is not None:
         return ["property:raises"]
     outs = ["forward"] if len(case.output_names) == 1 else [f"forward:{n}" for n in case.output_names]
-    return outs + [f"grad:{n}" for n in case.grad_inputs]
+    return outs + [f"grad:{n}" for n in case.grad_inputs] + (["property:comm"] if case.comm else [])
 
 
 def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_patterns: list[str],
                world_sizes: list[int] | None,
                topologies: list[Topology], dtypes: list[str], impl: dict[str, str], quick: bool, seed: int,
-               timeout: float, device: str, backend: str) -> tuple[Plan, dict[tuple[str, str], Case]]:
+               timeout: float, device: str, backend: str, bench: bool = False, bench_iters: int = 10,
+               bench_warmup: int = 2) -> tuple[Plan, dict[tuple[str, str], Case]]:
     for d in dtypes:
         if d not in DTYPES:
             raise UsageError(f"unknown dtype {d!r}; known: {', '.join(DTYPES)}")
@@ -128,7 +139,7 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
     for family in impl:
         if family not in families:
             raise UsageError(f"--impl: unknown family {family!r}; known: {', '.join(sorted(families))}")
-    cases = [(n, c) for n in names for c in suite_cases(n, quick)]
+    cases = [(n, c) for n in names for c in suite_cases(n, quick, bench)]
     known_ops = sorted({c.op for _, c in cases})
     for op in ops:
         if op not in known_ops:
@@ -162,7 +173,8 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
         if not hasattr(modules[case.family], case.name):
             raise UsageError(f"--impl {case.family}={impl[case.family]}: module has no {case.name!r} (needed by {case.op})")
 
-    plan = Plan(run_id=run_id, quick=quick, seed=seed, timeout=timeout, device=device, backend=backend, impl=impl)
+    plan = Plan(run_id=run_id, quick=quick, seed=seed, timeout=timeout, device=device, backend=backend, impl=impl,
+                bench=bench, bench_iters=bench_iters, bench_warmup=bench_warmup)
     for suite_name, case in cases:
         for dtype in dtypes:
             if dtype not in case.dtypes:
@@ -173,7 +185,7 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
                 plan.items.append(Item(
                     id=len(plan.items), suite=suite_name, op=case.op, case_id=case.case_id, dtype=dtype,
                     topology=(topo.dp, topo.cp, topo.tp), world_size=world_for(topo),
-                    seed=item_seed(seed, case.op, case.case_id, dtype), checks=expected_checks(case),
+                    seed=item_seed(seed, case.op, case.case_id, dtype), checks=expected_checks(case, bench),
                     params=case.params))
     if not plan.items:
         raise UsageError("nothing to run: no case supports the selected topologies and dtypes")

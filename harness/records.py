@@ -94,7 +94,7 @@ def load(*paths: str | Path) -> pd.DataFrame:
         with open(f) as fh:
             rows.extend(json.loads(line) for line in fh if line.strip())
     df = pd.DataFrame(rows)
-    for col in ("max_abs_err", "max_rel_err", "budget", "err_ratio"):
+    for col in ("max_abs_err", "max_rel_err", "budget", "err_ratio", "err_naive"):
         if col in df:
             df[col] = pd.to_numeric(df[col], errors="coerce")
     return df

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from harness.case import REPLICATED, Case, RankContext
 from harness.compare import budget, compare, judge
+from harness.measure import CommCounter, Timer, comm_violations, group_dims, peak_memory, split_comm
 from harness.plan import DTYPES, Item, Plan, resolve_impl, suite_cases
 from harness.topology import Topology, build_mesh
 
@@ -114,7 +115,7 @@ class Worker:
         self.meshes = {}
         self.cases: dict[tuple[str, str], Case] = {}
         for suite in sorted({i.suite for i in plan.items}):
-            self.cases.update({(c.op, c.case_id): c for c in suite_cases(suite, plan.quick)})
+            self.cases.update({(c.op, c.case_id): c for c in suite_cases(suite, plan.quick, plan.bench)})
         self.impls = {fam: resolve_impl(fam, spec) for fam, spec in plan.impl.items()}
         self._golden_key, self._golden = None, None
 
@@ -138,7 +139,7 @@ class Worker:
             topo = Topology(*item.topology)
             mesh = self.mesh(topo)
             if self.rank < topo.size:  # replica 0 runs the case; other replicas wait
-                self.run_item(item, topo, mesh)
+                (self.run_bench_item if self.plan.bench else self.run_item)(item, topo, mesh)
             missing = self.barrier(item, started + self.plan.timeout)
             if missing:
                 self.events.emit("stuck", item.id, missing=missing, waited=round(time.time() - started, 1))
@@ -187,8 +188,10 @@ class Worker:
             piece = case.input_layouts.get(name, REPLICATED).local(full, mesh).clone().to(self.device)
             local[name] = piece.requires_grad_(name in case.grad_inputs)
 
+        counter = CommCounter(group_dims(mesh))
         try:
-            outs = case.run(impl, ctx, local)
+            with counter:
+                outs = case.run(impl, ctx, local)
         except Exception as exc:
             if case.raises is not None and isinstance(exc, case.raises):
                 emit_check("property:raises", "pass", message=f"{type(exc).__name__}: {exc}")
@@ -232,7 +235,9 @@ class Worker:
                 pairs.append((got, lay.local(up[summand], mesh).to(got.dtype).to(self.device)))
             grad_checks = [f"grad:{n}" for n in case.grad_inputs]
             try:
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+                counter.phase = "backward"
+                with counter:
+                    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
             except Exception as exc:
                 self._emit_error(emit_check, grad_checks, exc)
                 return
@@ -246,6 +251,15 @@ class Worker:
                 self._emit_compare(emit_check, check, x.grad, expected, golden.grads[name],
                                    golden.naive_grads[name], lay, mesh, expect_dtype=x.dtype)
 
+        if case.comm is not None:
+            observed = counter.as_dict()
+            calls, nbytes = split_comm(observed)
+            try:
+                too_much = comm_violations(observed, case.comm(ctx))
+            except Exception as exc:
+                too_much = [f"contract failed: {type(exc).__name__}: {exc}"]
+            emit_check("property:comm", "fail" if too_much else "pass", message="; ".join(too_much),
+                       comm_calls=calls, comm_bytes=nbytes)
         self._emit_properties(case, ctx, golden, local, outs, emit_check)
 
     def _emit_properties(self, case: Case, ctx, golden: Golden, local, outs: tuple, emit_check) -> None:
@@ -260,6 +274,107 @@ class Worker:
             emit_check(f"property:{p.name}", "pass" if p.passed else "fail", message=p.message,
                        max_abs_err=p.value, max_rel_err=None, budget=None, err_ratio=None)
 
+    def run_bench_item(self, item: Item, topo: Topology, mesh) -> None:
+        """Time, peak memory and collectives of forward (+ backward) on this rank's inputs.
+
+        Iteration count is the plan's (the same on every rank); each iteration starts after a
+        barrier over the sub-mesh; the recorded time of an iteration is the max over ranks."""
+        case = self.cases[(item.op, item.case_id)]
+        impl = self.impls[case.family]
+        dtype = DTYPES[item.dtype]
+        coords = {d: mesh[d].get_local_rank() for d in ("dp", "cp", "tp")}
+
+        def emit_check(check: str, status: str, **fields):
+            self.events.emit("check", item.id, check=check, status=status, coords=coords, **fields)
+
+        self.events.emit("phase", item.id, phase="forward")
+        gen = torch.Generator().manual_seed(item.seed)
+        full = {k: v.to(dtype) if _float(v) else v for k, v in case.make_inputs(gen).items()}
+        ctx = RankContext(mesh=mesh, topology=topo, device=self.device, dtype=dtype,
+                          full_shapes={k: tuple(v.shape) for k, v in full.items()}, input_layouts=case.input_layouts)
+        local = {k: case.input_layouts.get(k, REPLICATED).local(v, mesh).clone().to(self.device) for k, v in full.items()}
+        del full
+        grad_gen = torch.Generator(device=self.device).manual_seed(item.seed + self.rank)
+        upstream: list = []
+        timer = Timer(self.device)
+
+        def step(counter=None, fwd_times=None, bwd_times=None, backward=True):
+            xs = {k: v.detach().requires_grad_(k in case.grad_inputs) for k, v in local.items()}
+            with timer(fwd_times if fwd_times is not None else []):
+                outs = _as_tuple(case.run(impl, ctx, xs))
+            if not case.grad_inputs or not backward:
+                return
+            diff = [o for o in outs if _float(o) and o.requires_grad]
+            if not upstream:  # drawn once, never all ones
+                upstream.extend(torch.randn(o.shape, generator=grad_gen, device=o.device, dtype=o.dtype) for o in diff)
+            if counter is not None:
+                counter.phase = "backward"
+            with timer(bwd_times if bwd_times is not None else []):
+                torch.autograd.backward(diff, upstream)
+
+        try:
+            for _ in range(self.plan.bench_warmup):
+                step()
+            counter = CommCounter(group_dims(mesh))
+            with counter:
+                step(counter)
+            with peak_memory(self.device) as mem_fwd:
+                step(backward=False)
+            with peak_memory(self.device) as mem:
+                step()
+            fwd, bwd = [], []
+            for _ in range(self.plan.bench_iters):
+                self._sync(mesh)
+                step(fwd_times=fwd, bwd_times=bwd)
+            times = torch.tensor([fwd, bwd or [0.0] * len(fwd)], dtype=torch.float64).T  # [iters, 2]
+            for d in ("dp", "cp", "tp"):  # per-iteration max over the sub-mesh
+                torch.distributed.all_reduce(times, op=torch.distributed.ReduceOp.MAX, group=mesh[d].get_group())
+        except Exception as exc:
+            self._emit_error(emit_check, item.checks, exc)
+            return
+        total = times.sum(1)
+        q1, median, q3 = (float(v) for v in torch.quantile(total, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)))
+        observed = counter.as_dict()
+        calls, nbytes = split_comm(observed)
+        fields = dict(time_ms=median, time_ms_iqr=q3 - q1, time_fwd_ms=float(times[:, 0].median()),
+                      time_bwd_ms=float(times[:, 1].median()), times_ms=[round(float(t), 4) for t in total],
+                      peak_bytes=mem["peak_bytes"], peak_bytes_fwd=mem_fwd["peak_bytes"], comm_calls=calls, comm_bytes=nbytes,
+                      iters=self.plan.bench_iters, warmup=self.plan.bench_warmup)
+        if topo.size == 1:  # the single-device reference on the same inputs, for the TP=1 overhead ratio
+            fields.update(self._bench_reference(case, local, timer))
+        emit_check("bench", "pass", **fields)
+        if case.comm is not None:
+            try:
+                too_much = comm_violations(observed, case.comm(ctx))
+            except Exception as exc:
+                too_much = [f"contract failed: {type(exc).__name__}: {exc}"]
+            emit_check("property:comm", "fail" if too_much else "pass", message="; ".join(too_much),
+                       comm_calls=calls, comm_bytes=nbytes)
+
+    def _bench_reference(self, case: Case, local: dict, timer: Timer) -> dict:
+        def step(times=None):
+            xs = {k: v.detach().requires_grad_(k in case.grad_inputs) for k, v in local.items()}
+            with timer(times if times is not None else []):
+                outs = [o for o in _as_tuple(case.reference(xs)) if _float(o) and o.requires_grad]
+                if case.grad_inputs and outs:
+                    torch.autograd.backward(outs, [torch.randn_like(o) for o in outs])
+        for _ in range(self.plan.bench_warmup):
+            step()
+        with peak_memory(self.device) as mem:
+            step()
+        times: list[float] = []
+        for _ in range(self.plan.bench_iters):
+            step(times)
+        t = torch.tensor(times, dtype=torch.float64)
+        q1, median, q3 = (float(v) for v in torch.quantile(t, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)))
+        return {"ref_time_ms": median, "ref_time_ms_iqr": q3 - q1, "ref_peak_bytes": mem["peak_bytes"]}
+
+    @staticmethod
+    def _sync(mesh) -> None:
+        """Barrier over the whole sub-mesh (dim by dim: afterwards every rank has entered)."""
+        for d in ("dp", "cp", "tp"):
+            torch.distributed.barrier(group=mesh[d].get_group())
+
     @staticmethod
     def _summand_index(case: Case, mesh) -> int:
         index = 0
@@ -271,7 +386,7 @@ class Worker:
         if not isinstance(got, torch.Tensor):
             emit_check(check, "fail", message=f"got {type(got).__name__}, expected a tensor")
             return
-        b = budget(gold_full, naive_full, expect_dtype)
+        b, err_naive = budget(gold_full, naive_full, expect_dtype)
         stats = compare(got, expected)
         status, ratio = judge(stats, b)
         msg = ""
@@ -280,7 +395,8 @@ class Worker:
         for key in ("worst", "nonfinite"):
             if stats.get(key):
                 stats[key]["global_index"] = list(lay.global_index(stats[key]["local_index"], gold_full.shape, mesh))
-        emit_check(check, status, budget=b, err_ratio=ratio if ratio != float("inf") else None, message=msg, **stats)
+        emit_check(check, status, budget=b, err_naive=err_naive, err_ratio=ratio if ratio != float("inf") else None,
+                   message=msg, **stats)
 
     def _emit_error(self, emit_check, checks, exc: BaseException) -> None:
         where = traceback.extract_tb(exc.__traceback__)[-1]

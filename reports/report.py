@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.records import RUN_META, load  # noqa: E402
+from reports import benchmark_json  # noqa: E402
 
 STATUS_RANK = {"pass": 0, "skip": 1, "fail": 2, "error": 3}
 HEATMAP = "agreement_heatmap.png"
@@ -65,38 +66,101 @@ def heatmap(df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def bench_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per benchmark: time (median ± IQR of the per-iteration max over ranks), memory, collectives."""
+    b = df[df["check"] == "bench"].assign(topology=lambda d: _topology(d))
+    mib = 2 ** 20
+    table = pd.DataFrame({
+        "op": b["op"], "case": b["case_id"], "topology": b["topology"], "dtype": b["dtype"],
+        "time ms": b["time_ms"].map("{:.3f}".format) + " ± " + b["time_ms_iqr"].map("{:.2f}".format),
+        "fwd ms": b["time_fwd_ms"].map("{:.3f}".format), "bwd ms": b["time_bwd_ms"].map("{:.3f}".format),
+        "peak MiB": (b["peak_bytes"] / mib).map("{:.2f}".format), "fwd peak MiB": (b["peak_bytes_fwd"] / mib).map("{:.2f}".format),
+        "ref ms": b.get("ref_time_ms", pd.Series(index=b.index, dtype=float)).map(lambda v: "" if pd.isna(v) else f"{v:.3f}"),
+        "vs ref": (b["time_ms"] / b.get("ref_time_ms", pd.Series(index=b.index, dtype=float))).map(
+            lambda v: "" if pd.isna(v) else f"{v:.2f}x"),
+        "collectives fwd / bwd": b["comm_calls"].map(_comm_text),
+    })
+    return table.reset_index(drop=True)
+
+
+def _comm_text(calls) -> str:
+    if not isinstance(calls, dict):
+        return ""
+    return " / ".join(", ".join(f"{n}×{k}" for k, n in calls.get(p, {}).items()) or "-" for p in ("forward", "backward"))
+
+
+def sweep_plots(df: pd.DataFrame, run_dir: Path) -> list[Path]:
+    """Time and peak memory against each swept parameter (params['sweep']), one line per op and topology."""
+    b = df[(df["check"] == "bench") & df["params"].map(lambda p: isinstance(p, dict) and "sweep" in p)]
+    paths = []
+    for axis, rows in b.groupby(b["params"].map(lambda p: p["sweep"])):
+        x = rows["tp"] if axis == "tp" else rows["params"].map(lambda p: p[axis])
+        rows = rows.assign(x=x.astype(float), line=rows["op"].str.split(".").str[-1] + " " + (
+            "" if axis == "tp" else _topology(rows)) + " " + rows["dtype"])
+        fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+        for line, g in rows.sort_values("x").groupby("line"):
+            ax_t.errorbar(g["x"], g["time_ms"], yerr=g["time_ms_iqr"] / 2, marker="o", capsize=3, label=line)
+            ax_m.plot(g["x"], g["peak_bytes"] / 2 ** 20, marker="o", label=line)
+        for ax, ylabel in ((ax_t, "time ms (median, IQR bars)"), (ax_m, "peak MiB (fwd+bwd, max over ranks)")):
+            ax.set_xlabel(axis)
+            ax.set_ylabel(ylabel)
+            ax.set_xscale("log", base=2)
+            ax.grid(alpha=0.3)
+        ax_m.legend(fontsize=7)
+        fig.suptitle(f"scaling with {axis}", fontsize=10)
+        path = run_dir / f"sweep_{axis}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
 def build(run_dir: str | Path) -> list[Path]:
     """(Re)build the report files of one run directory from its records."""
     run_dir = Path(run_dir)
     df = load(run_dir)
     meta = json.loads((run_dir / RUN_META).read_text()) if (run_dir / RUN_META).is_file() else {}
     counts = df["status"].value_counts().reindex(["pass", "fail", "error", "skip"], fill_value=0)
-    table = status_table(df)
     bad = failures(df)
-    heatmap(df, run_dir / HEATMAP)
+    checks = df[df["check"] != "bench"]
+    table = status_table(checks) if len(checks) else pd.DataFrame()
+    images = []
+    if len(checks):
+        heatmap(checks, run_dir / HEATMAP)
+        images.append(("Agreement", run_dir / HEATMAP))
+    bench = bench_table(df) if (df["check"] == "bench").any() else pd.DataFrame()
+    images += [(p.stem.replace("_", " "), p) for p in sweep_plots(df, run_dir)] if len(bench) else []
+    if len(bench):
+        benchmark_json.write(run_dir, df, meta)
 
     header = [f"# shardcheck run {meta.get('run_id', run_dir.name)}", ""]
     for key in ("git_commit", "git_dirty", "torch_version", "device", "device_name", "backend", "host", "start", "end"):
         if key in meta:
             header.append(f"- {key}: {meta[key]}")
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
-    md = header + ["", f"**{len(df)} checks: {summary}**", "", "## Status: op × dtype × topology", "",
-                   table.to_markdown(index=False), "", f"![agreement heatmap]({HEATMAP})", "", "## Failures", ""]
-    md.append(bad.to_markdown(index=False) if len(bad) else "None.")
+    md = header + ["", f"**{len(df)} checks: {summary}**", ""]
+    if len(table):
+        md += ["## Status: op × dtype × topology", "", table.to_markdown(index=False), ""]
+    if len(bench):
+        md += ["## Benchmarks", "", bench.to_markdown(index=False), ""]
+    md += [f"![{title}]({path.name})" for title, path in images]
+    md += ["", "## Failures", "", bad.to_markdown(index=False) if len(bad) else "None."]
     (run_dir / "report.md").write_text("\n".join(md) + "\n")
 
-    png = base64.b64encode((run_dir / HEATMAP).read_bytes()).decode()
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 6px}td.pass{background:#dfd}td.fail{background:#fbb}"
              "td.error{background:#f88;font-weight:bold}td.skip{background:#eee}")
-    cells = table.to_html(index=False, escape=True)
+    cells = table.to_html(index=False, escape=True) if len(table) else ""
     for status in STATUS_RANK:
         cells = cells.replace(f"<td>{status}</td>", f'<td class="{status}">{status}</td>')
+    pictures = "".join(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
+                       f"src='data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}'>" for title, path in images)
     page = [f"<!doctype html><html><head><meta charset='utf-8'><title>shardcheck {html.escape(meta.get('run_id', ''))}</title>",
             f"<style>{style}</style></head><body>", f"<h1>shardcheck run {html.escape(meta.get('run_id', run_dir.name))}</h1>",
             "<ul>" + "".join(f"<li>{html.escape(line[2:])}</li>" for line in header[2:]) + "</ul>",
-            f"<p><b>{len(df)} checks: {html.escape(summary)}</b></p>", "<h2>Status: op × dtype × topology</h2>", cells,
-            f"<h2>Agreement</h2><img alt='agreement heatmap' src='data:image/png;base64,{png}'>",
+            f"<p><b>{len(df)} checks: {html.escape(summary)}</b></p>",
+            "<h2>Status: op × dtype × topology</h2>" + cells if cells else "",
+            "<h2>Benchmarks</h2>" + bench.to_html(index=False, escape=True) if len(bench) else "", pictures,
             "<h2>Failures</h2>", bad.to_html(index=False, escape=True) if len(bad) else "<p>None.</p>", "</body></html>"]
     (run_dir / "report.html").write_text("\n".join(page))
-    return [run_dir / "report.md", run_dir / "report.html", run_dir / HEATMAP]
+    return [run_dir / "report.md", run_dir / "report.html"] + [p for _, p in images]

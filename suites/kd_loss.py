@@ -153,6 +153,12 @@ def _run(spec: Spec):
     return run
 
 
+def _budget(golden: torch.Tensor, naive: torch.Tensor, dtype: torch.dtype) -> float:
+    """The harness's budget for one tensor (κ·err_naive + eps·scale; float64: relative 1e-10)."""
+    b = budget(golden, naive, dtype)
+    return float(b[0] if isinstance(b, tuple) else b)  # newer harness: (budget, err_naive)
+
+
 def _loss_budget(spec: Spec, full: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(golden, naive, budget) of the scalar loss on the full (dtype-rounded) inputs.
 
@@ -165,7 +171,7 @@ def _loss_budget(spec: Spec, full: dict[str, torch.Tensor], dtype: torch.dtype) 
     reference = _reference(spec)
     golden = reference({k: v.double() if v.is_floating_point() else v for k, v in full.items()})
     naive = reference(full)
-    b = budget(golden, naive, naive.dtype)
+    b = _budget(golden, naive, naive.dtype)
     if not spec.fp32_upcast and dtype in (torch.bfloat16, torch.float16):
         v = full["student_logits"].shape[-1]
         valid = (full["labels"] != spec.ignore_index).reshape(-1)

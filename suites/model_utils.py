@@ -8,11 +8,14 @@ sharded over DP and replicated over TP; TP-all-reduced outputs are replicated ov
 from __future__ import annotations
 
 from functools import partial
+from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
-from torch.distributed.tensor import Shard
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from harness.case import Case, Layout
+from harness.case import REPLICATED, Case, Layout, Property
 from reference import model_utils as ref
 
 FAMILY = "model_utils"
@@ -195,6 +198,673 @@ def all_to_all_cases(quick: bool) -> list[Case]:
     return cases
 
 
+
+# ---- phase 2: the rest of model_utils on the TP axis (cp_group None everywhere) ----------
+#
+# Sampling (top-k/top-p) ops move [B*S, V_local] to [B*S/TP, V] with an all-to-all: they run only
+# where the local B*S splits over TP and the vocab shards are even (`supports`).  Ops that take a
+# `vocab_parallel_rank` (range rank*V_local) need even shards too; the others run on uneven ones.
+# Sequence-parallel hidden states [S, B, H] are sharded on S over TP and on B over DP; the output
+# weight [V, H] on V over TP and replicated over DP.
+
+SEQ_HIDDEN = Layout(dp=Shard(1), tp=Shard(0))  # hidden states [S, B, H]: batch over DP, sequence over TP
+WEIGHT = Layout(tp=Shard(0))  # output weight [V, H]: vocab over TP, replicated over DP
+
+# PropertiesFn gets no module under test: run() leaves it in the local inputs for the properties
+# that call the op again (the same dict reaches both).
+_IMPL = "_impl_under_test"
+
+
+class Sampling(NamedTuple):
+    top_k: int | None = None
+    top_p: float = 1.0
+    temperature: float = 1.0
+
+    @property
+    def filtering(self) -> bool:
+        return (self.top_k is not None and self.top_k > 0) or self.top_p < 1.0
+
+    def tag(self) -> str:
+        parts = [] if self.top_k is None else [f"k{self.top_k}"]
+        parts += [f"p{self.top_p:g}"] if self.top_p < 1.0 else []
+        parts += [f"T{self.temperature:g}"] if self.temperature != 1.0 else []
+        return "-".join(parts) or "nofilter"
+
+    def params(self) -> dict:
+        return {"top_k": self.top_k, "top_p": self.top_p, "temperature": self.temperature}
+
+
+def _sampling_params(impl, s: Sampling):
+    """The module's TrainingSamplingParams when it has one, else any object with the three attributes."""
+    cls = getattr(impl, "TrainingSamplingParams", None)
+    if cls is not None:
+        try:
+            return cls(top_k=s.top_k, top_p=s.top_p, temperature=s.temperature)
+        except TypeError:
+            pass
+    return SimpleNamespace(top_k=s.top_k, top_p=s.top_p, temperature=s.temperature)
+
+
+def _with_impl(run):
+    def wrapped(impl, ctx, x):
+        x[_IMPL] = impl
+        return run(impl, ctx, x)
+    return wrapped
+
+
+def _all_to_all_fits(b: int, s: int, v: int):
+    """Sampling layout: B divides over DP, the local B*S rows over TP, and the vocab evenly."""
+    return lambda t: b % t.dp == 0 and (b // t.dp * s) % t.tp == 0 and v % t.tp == 0
+
+
+def _even_vocab(b: int, v: int):
+    return lambda t: b % t.dp == 0 and v % t.tp == 0
+
+
+def _dtensor(ctx, local: torch.Tensor, name: str, layout: Layout) -> DTensor:
+    """The DTensor whose local piece on this rank is `local` (uneven shards included)."""
+    shape = torch.Size(ctx.full_shapes[name])
+    placements = [Shard(p.dim % len(shape)) if isinstance(p, Shard) else p for p in layout.placements]
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(local, ctx.mesh, placements, run_check=False, shape=shape, stride=stride)
+
+
+# -- inputs
+
+TOP_P_MARGIN = 1e-3  # cumulative probabilities stay this far from 1 - top_p: float32 vs float64 cannot flip a decision
+
+
+def _bf16_exact(x: torch.Tensor) -> torch.Tensor:
+    """Values every dtype under test holds exactly, so rounding the inputs cannot make or break a tie."""
+    return x.to(torch.bfloat16).to(torch.float64)
+
+
+def _top_p_margin(x: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
+    """Per row: distance of the (top-k renormalised, ascending) cumulative probabilities to 1 - top_p."""
+    probs = torch.softmax(ref.filter_logits(x, top_k, 1.0), dim=-1)
+    cum = torch.sort(probs, dim=-1, stable=True).values.cumsum(-1)[..., :-1]  # the largest is always kept
+    return (cum - (1.0 - top_p)).abs().amin(-1)
+
+
+def _sampling_logits(gen, shape, sampling: Sampling, scale: float = 3.0, ties: bool = False) -> torch.Tensor:
+    """bf16-exact logits whose top-p decisions are not on a knife edge (rows too close are redrawn)."""
+    logits = _bf16_exact(make_logits(gen, shape, scale, ties))
+    if sampling.top_p >= 1.0:
+        return logits
+    for _ in range(200):
+        bad = _top_p_margin(logits / sampling.temperature, sampling.top_k, sampling.top_p) < TOP_P_MARGIN
+        if not bad.any():
+            return logits
+        logits[bad] = _bf16_exact(make_logits(gen, (int(bad.sum()), shape[-1]), scale, ties))
+    raise RuntimeError(f"could not draw logits {shape} away from the top_p={sampling.top_p} edges")
+
+
+def _mask_ids(gen, ids: torch.Tensor, vocab: int, masked: float) -> torch.Tensor:
+    """`masked` of the ids -100 and a quarter as many V+3: both outside [0, V) (0, no gradient)."""
+    if not masked:
+        return ids
+    r = torch.rand(ids.shape, generator=gen)
+    ids = torch.where(r < masked, -100, ids)
+    return torch.where((r >= masked) & (r < masked * 1.25), vocab + 3, ids)
+
+
+def _sampling_inputs(gen, b, s, v, sampling: Sampling, scale=3.0, ties=False, masked=0.0, shift=False):
+    """Logits and targets: a third of the targets on their row's argmax (the last of tied maxima: the
+    one top-p keeps), a third among the row's 3 largest logits, a third uniform (often filtered out:
+    logprob -inf)."""
+    logits = _sampling_logits(gen, (b, s, v), sampling, scale, ties)
+    target = torch.randint(0, v, (b, s), generator=gen)
+    top3 = logits.topk(3, dim=-1).indices.gather(-1, torch.randint(0, 3, (b, s, 1), generator=gen)).squeeze(-1)
+    last_argmax = v - 1 - logits.flip(-1).argmax(-1)
+    r = torch.rand((b, s), generator=gen)
+    target = torch.where(r < 1 / 3, last_argmax, torch.where(r < 2 / 3, top3, target))
+    target = _mask_ids(gen, target, v, masked)
+    if shift:  # next-token ops score target[t+1] with logits[t]
+        target = target.roll(1, dims=1)
+    return {"logits": logits, "target": target}
+
+
+def _make_indices(gen, b, s, k, v, dup: bool = True, masked: float = 0.0) -> torch.Tensor:
+    """[B,S,K] global ids; `dup`: the last id repeats the first (and a third of positions repeat one id K times)."""
+    idx = torch.randint(0, v, (b, s, k), generator=gen)
+    if dup:
+        idx[..., -1] = idx[..., 0]
+        same = torch.rand((b, s), generator=gen) < 1 / 3
+        idx = torch.where(same[..., None], idx[..., :1].expand(b, s, k), idx)
+    return _mask_ids(gen, idx, v, masked)
+
+
+# -- properties
+
+def _props(*fns):
+    fns = [f for f in fns if f is not None]
+    if not fns:
+        return None
+    return lambda ctx, full, local, outs: [p for f in fns for p in f(ctx, full, local, outs)]
+
+
+def _finite_scale(t: torch.Tensor) -> float:
+    t = t[torch.isfinite(t)]
+    return float(t.abs().max()) if t.numel() else 0.0
+
+
+def _close(name: str, got: torch.Tensor, want: torch.Tensor, rtol: float) -> Property:
+    """got == want up to rtol * max(1, |want|max); -inf/NaN positions exactly the same."""
+    if got.shape != want.shape:
+        return Property(name, False, None, f"shape {tuple(got.shape)} vs {tuple(want.shape)}")
+    g, w = got.detach().double(), want.detach().double()
+    fin = torch.isfinite(g) & torch.isfinite(w)
+    same_nonfinite = (~torch.isfinite(g) & ~torch.isfinite(w) & ((g == w) | (g.isnan() & w.isnan()))) | fin
+    if not same_nonfinite.all():
+        i = tuple(int(j) for j in (~same_nonfinite).nonzero()[0])
+        return Property(name, False, None, f"non-finite mismatch at {i}: {float(g[i])} vs {float(w[i])}")
+    err = float((g - w)[fin].abs().max()) if fin.any() else 0.0
+    tol = rtol * max(1.0, _finite_scale(w))
+    return Property(name, err <= tol, err, f"max |chunked - unchunked| {err:.3g} (tolerance {tol:.3g})")
+
+
+def _chunked_equals_unchunked(unchunked, eps_of=None, factor: float = 16.0):
+    """property chunked_equals_unchunked: the op's first output equals the unchunked op's on the same
+    rank's inputs.  `unchunked(impl, ctx, detached_inputs)`; tolerance factor * eps of the output
+    dtype (or of `eps_of(ctx)`)."""
+    def prop(ctx, full, local, outs):
+        inputs = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in local.items()}
+        with torch.no_grad():
+            want = unchunked(local[_IMPL], ctx, inputs)
+        eps = torch.finfo(eps_of(ctx) if eps_of else outs[0].dtype).eps
+        return [_close("chunked_equals_unchunked", outs[0], want, factor * eps)]
+    return prop
+
+
+def _survivors_sum_to_1(call, v: int):
+    """property survivors_sum_to_1: per position, the op's probabilities of all V ids sum to 1 (filtered
+    ids contribute exp(-inf) = 0).  One call on the batch repeated V times, target v in copy v.
+    `call(impl, ctx, logits, target)`."""
+    def prop(ctx, full, local, outs):
+        logits, target = local["logits"].detach(), local["target"]
+        b, s = target.shape
+        ids = torch.arange(v, device=target.device).view(v, 1, 1).expand(v, b, s).reshape(v * b, s)
+        with torch.no_grad():
+            lp = call(local[_IMPL], ctx, logits.repeat(v, 1, 1), ids)
+        total = lp.double().exp().view(v, b, -1).sum(0)
+        err = float((total - 1).abs().max())
+        tol = 4 * v * torch.finfo(lp.dtype).eps
+        return [Property("survivors_sum_to_1", err <= tol, err,
+                         f"max |sum_v p_v - 1| {err:.3g} over survivors (tolerance {tol:.3g})")]
+    return prop
+
+
+def _entropy_nonpositive(ctx, full, local, outs):
+    h = outs[0].detach()
+    bad = ~(h <= 0)  # NaN counts as bad
+    worst = float(h[torch.isfinite(h)].max()) if torch.isfinite(h).any() else float("nan")
+    msg = f"max H_all {worst:.3g}" + (f"; {int(bad.sum())} position(s) > 0 or NaN, first at "
+                                      f"{tuple(int(i) for i in bad.nonzero()[0])}" if bad.any() else "")
+    return [Property("entropy_nonpositive", not bool(bad.any()), worst, msg)]
+
+
+# -- DistributedLogprobWithSampling / ChunkedDistributedLogprobWithSampling
+
+# (B, S, V, extra, sampling): every shape splits B*S over TP 8 and has V divisible by 8.
+SAMPLING_SPECS = [
+    (4, 6, 32, {}, Sampling(top_k=5)),  # top-k only
+    (4, 6, 32, {"masked": 0.2}, Sampling(top_p=0.8)),  # top-p only
+    (2, 8, 48, {"ties": True, "masked": 0.2}, Sampling(top_k=5, top_p=0.9)),  # both; ties at the k-th logit
+    (2, 8, 48, {}, Sampling(top_k=0)),  # neither (top_k <= 0 disables)
+    (2, 4, 16, {"scale": 300.0}, Sampling(top_k=3, top_p=0.7)),  # huge logits
+    (2, 8, 48, {"ties": True}, Sampling(top_p=1e-6)),  # only the argmax (the last of tied maxima) survives
+]
+QUICK_SAMPLING = [SAMPLING_SPECS[2], SAMPLING_SPECS[5]]
+
+
+def sampling_cases(quick: bool) -> list[Case]:
+    cases = []
+    specs = QUICK_SAMPLING if quick else SAMPLING_SPECS
+    for n, (b, s, v, extra, smp) in enumerate(specs):
+        params = {"B": b, "S": s, "V": v, **extra, **smp.params()}
+        inputs = partial(lambda gen, b, s, v, smp, extra: _sampling_inputs(gen, b, s, v, smp, **extra),
+                         b=b, s=s, v=v, smp=smp, extra=extra)
+        reference = partial(lambda x, smp: ref.sampling_logprob(x["logits"], x["target"], smp.top_k, smp.top_p), smp=smp)
+
+        def plain(impl, ctx, logits, target, smp=smp, inference_only=False):
+            return impl.DistributedLogprobWithSampling.apply(logits, target, ctx.group("tp"), smp.top_k, smp.top_p,
+                                                             inference_only)
+
+        def chunked(impl, ctx, logits, target, chunk, smp=smp, inference_only=False):
+            return impl.ChunkedDistributedLogprobWithSampling.apply(logits, target, ctx.group("tp"), smp.top_k,
+                                                                    smp.top_p, chunk, inference_only)
+
+        common = dict(make_inputs=inputs, reference=reference, input_layouts={"logits": LOGITS, "target": BATCH},
+                      output_layouts=(BATCH,), grad_inputs=("logits",), supports=_all_to_all_fits(b, s, v))
+        cid = f"{_case_id(b, s, v, extra)}-{smp.tag()}"
+        cases.append(Case(
+            op=OP + "DistributedLogprobWithSampling", case_id=cid, params=params,
+            run=_with_impl(lambda impl, ctx, x, plain=plain: plain(impl, ctx, x["logits"], x["target"])),
+            properties=_survivors_sum_to_1(lambda impl, ctx, l, t, plain=plain: plain(impl, ctx, l, t, inference_only=True), v),
+            **common))
+        # 3 does not divide S; 1 and 64 (a single chunk) on the first spec only
+        for chunk in ([3] if quick or n else [3, 1, 64]):
+            cases.append(Case(
+                op=OP + "ChunkedDistributedLogprobWithSampling", case_id=f"{cid}-chunk{chunk}",
+                params={**params, "chunk_size": chunk},
+                run=_with_impl(lambda impl, ctx, x, chunked=chunked, chunk=chunk: chunked(impl, ctx, x["logits"], x["target"], chunk)),
+                properties=_props(
+                    _survivors_sum_to_1(lambda impl, ctx, l, t, chunked=chunked, chunk=chunk:
+                                        chunked(impl, ctx, l, t, chunk, inference_only=True), v),
+                    _chunked_equals_unchunked(lambda impl, ctx, x, plain=plain:
+                                              plain(impl, ctx, x["logits"], x["target"], inference_only=True))),
+                **common))
+    # B*S = 3 rows do not split over TP 2, 4, 8: ValueError on every rank.
+    for op, extra_args in (("DistributedLogprobWithSampling", ()), ("ChunkedDistributedLogprobWithSampling", (2,))):
+        cases.append(Case(
+            op=OP + op, case_id="b1s3v16-bs-not-divisible", params={"B": 1, "S": 3, "V": 16, "top_k": 4},
+            make_inputs=lambda gen: _logits_and_target(gen, 1, 3, 16), reference=lambda x: None,
+            run=lambda impl, ctx, x, op=op, extra_args=extra_args: getattr(impl, op).apply(
+                x["logits"], x["target"], ctx.group("tp"), 4, 1.0, *extra_args),
+            input_layouts={"logits": LOGITS, "target": BATCH}, raises=ValueError, dtypes=("float64",),
+            supports=lambda t: t.dp == 1 and 3 % t.tp != 0))
+    return cases
+
+
+# -- ChunkedDistributedGatherLogprob, gather_logits_at_global_indices, distributed_vocab_topk
+
+# (B, S, V, K, extra, chunk): V=37/33 uneven shards; V=20 leaves TP rank 7 of 8 an empty shard.
+GATHER_SPECS = [
+    (4, 6, 37, 4, {"masked": 0.2}, 4),  # chunk 4 does not divide S
+    (2, 8, 48, 6, {}, 3),
+    (2, 5, 33, 3, {"scale": 300.0}, 2),  # huge logits
+    (4, 4, 24, 5, {"ties": True, "neg_inf": 0.2}, 1),  # ids on -inf logits: logprob -inf
+    (2, 8, 20, 5, {}, 64),  # a single chunk
+]
+QUICK_GATHER = [GATHER_SPECS[0], GATHER_SPECS[4]]
+
+
+def _gather_inputs(gen, b, s, v, k, extra):
+    logits = make_logits(gen, (b, s, v), **{key: x for key, x in extra.items() if key != "masked"})
+    return {"logits": logits, "indices": _make_indices(gen, b, s, k, v, dup=True, masked=extra.get("masked", 0.0))}
+
+
+def gather_logprob_cases(quick: bool) -> list[Case]:
+    cases = []
+    for b, s, v, k, extra, chunk in QUICK_GATHER if quick else GATHER_SPECS:
+        def call(impl, ctx, x, chunk, inference_only=False):
+            return impl.ChunkedDistributedGatherLogprob.apply(x["logits"], x["indices"], *_vocab_range(ctx), chunk,
+                                                              ctx.group("tp"), inference_only)
+        cases.append(Case(
+            op=OP + "ChunkedDistributedGatherLogprob", case_id=f"{_case_id(b, s, v, extra)}-k{k}-dup-chunk{chunk}",
+            params={"B": b, "S": s, "V": v, "K": k, "duplicates": True, "chunk_size": chunk, **extra},
+            make_inputs=partial(_gather_inputs, b=b, s=s, v=v, k=k, extra=extra),
+            reference=lambda x: ref.gather_logprob(x["logits"], x["indices"]),
+            run=_with_impl(lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x, chunk)),
+            input_layouts={"logits": LOGITS, "indices": BATCH}, output_layouts=(BATCH,), grad_inputs=("logits",),
+            properties=_chunked_equals_unchunked(lambda impl, ctx, x, call=call, s=s: call(impl, ctx, x, s, True)),
+            supports=_batch_divides(b)))
+    return cases
+
+
+def gather_logits_cases(quick: bool) -> list[Case]:
+    """TP-sharded logits, and tp_group=None: every rank holds the full vocab (logits replicated over TP)."""
+    specs = [(4, 6, 37, 5, {"masked": 0.2}, "tp", None), (2, 8, 48, 4, {"scale": 300.0}, "tp", 3),
+             (4, 6, 32, 5, {"masked": 0.2}, "none", None)]
+    cases = []
+    for b, s, v, k, extra, group, chunk in [specs[0], specs[2]] if quick else specs:
+        if group == "tp":
+            run = lambda impl, ctx, x, chunk=chunk: impl.gather_logits_at_global_indices(
+                x["logits"], x["indices"], ctx.group("tp"), None, vocab_start_index=_vocab_range(ctx)[0],
+                vocab_end_index=_vocab_range(ctx)[1], chunk_size=chunk)
+        else:
+            run = lambda impl, ctx, x, v=v: impl.gather_logits_at_global_indices(
+                x["logits"], x["indices"], None, None, vocab_start_index=0, vocab_end_index=v)
+        cases.append(Case(
+            op=OP + "gather_logits_at_global_indices",
+            case_id=f"{_case_id(b, s, v, extra)}-k{k}-dup-tp_group_{group}" + (f"-chunk{chunk}" if chunk else ""),
+            params={"B": b, "S": s, "V": v, "K": k, "duplicates": True, "tp_group": group, "chunk_size": chunk, **extra},
+            make_inputs=partial(_gather_inputs, b=b, s=s, v=v, k=k, extra=extra),
+            reference=lambda x: ref.gather_logits(x["logits"], x["indices"]), run=run,
+            input_layouts={"logits": LOGITS if group == "tp" else BATCH, "indices": BATCH}, output_layouts=(BATCH,),
+            grad_inputs=("logits",), supports=_batch_divides(b)))
+    return cases
+
+
+def _topk_values_exact(got, expected, full, local, ctx):
+    """Values: exactly torch.topk of the full logits, in the compute dtype."""
+    want_dtype = torch.promote_types(ctx.dtype, torch.float32)
+    if not isinstance(got, torch.Tensor) or got.dtype != want_dtype or got.shape != expected.shape:
+        what = f"{got.dtype} {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
+        return False, f"got {what}, expected {want_dtype} {tuple(expected.shape)}"
+    diff = got.double() != expected
+    if diff.any():
+        i = tuple(int(j) for j in diff.nonzero()[0])
+        return False, f"{int(diff.sum())} value(s) differ from torch.topk, first at local {i}: expected {float(expected[i])}, got {float(got[i])}"
+    return True, "values equal torch.topk exactly"
+
+
+def _topk_ids_valid(got, expected, full, local, ctx):
+    """Ids: any ids are right whose logits equal the top-k values (ties), distinct and in [0, V)."""
+    logits = BATCH.local(full["logits"], ctx.mesh).double()  # this rank's batch rows, full vocab
+    V = logits.shape[-1]
+    values = torch.topk(logits, expected.shape[-1], dim=-1).values
+    if not isinstance(got, torch.Tensor) or got.dtype != torch.int64 or got.shape != expected.shape:
+        what = f"{got.dtype} {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
+        return False, f"got {what}, expected int64 {tuple(expected.shape)}"
+    got = got.cpu()
+    if ((got < 0) | (got >= V)).any():
+        i = tuple(int(j) for j in ((got < 0) | (got >= V)).nonzero()[0])
+        return False, f"id {int(got[i])} outside [0, {V}) at local {i}"
+    dup = (got.sort(-1).values.diff(dim=-1) == 0).any(-1)
+    if dup.any():
+        i = tuple(int(j) for j in dup.nonzero()[0])
+        return False, f"{int(dup.sum())} position(s) with a repeated id, first at local {i}: {got[i].tolist()}"
+    picked = logits.gather(-1, got)
+    bad = picked != values
+    if bad.any():
+        i = tuple(int(j) for j in bad.nonzero()[0])
+        return False, (f"{int(bad.sum())} id(s) whose logit is not the top-k value, first at local {i}: "
+                       f"id {int(got[i])} has logit {float(picked[i])}, expected value {float(values[i])}")
+    return True, "every id's logit equals its top-k value"
+
+
+# (B, S, V, k, extra, chunk)
+TOPK_SPECS = [
+    (4, 6, 16, 10, {"ties": True}, None),  # k > V_local from TP 2 on; ties at the boundary
+    (2, 8, 16, 16, {}, 3),  # k = V; chunk 3 does not divide S
+    (2, 8, 48, 5, {"ties": True}, 3),  # ties at the k-th value
+    (2, 5, 37, 4, {"scale": 300.0}, None),  # uneven shards, huge logits
+    (2, 4, 6, 6, {"ties": True}, None),  # k = V with empty shards at TP 4 and 8
+    (2, 4, 20, 20, {"neg_inf": 0.3}, 2),  # -inf among the top k (ties of -inf); TP 8: an empty shard
+]
+QUICK_TOPK = [TOPK_SPECS[0], TOPK_SPECS[4]]
+
+
+def topk_cases(quick: bool) -> list[Case]:
+    cases = []
+    for b, s, v, k, extra, chunk in QUICK_TOPK if quick else TOPK_SPECS:
+        cases.append(Case(
+            op=OP + "distributed_vocab_topk", case_id=f"{_case_id(b, s, v, extra)}-k{k}" + (f"-chunk{chunk}" if chunk else ""),
+            params={"B": b, "S": s, "V": v, "k": k, "chunk_size": chunk, **extra},
+            make_inputs=lambda gen, b=b, s=s, v=v, extra=extra: {"logits": make_logits(gen, (b, s, v), **extra)},
+            reference=lambda x, k=k: ref.vocab_topk(x["logits"], k),
+            run=lambda impl, ctx, x, k=k, chunk=chunk: impl.distributed_vocab_topk(
+                x["logits"], k, ctx.group("tp"), vocab_start_index=_vocab_range(ctx)[0],
+                vocab_end_index=_vocab_range(ctx)[1], chunk_size=chunk),
+            input_layouts={"logits": LOGITS}, output_layouts=(BATCH, BATCH), output_names=("values", "ids"),
+            output_checks={"values": _topk_values_exact, "ids": _topk_ids_valid}, supports=_batch_divides(b)))
+    return cases
+
+
+# -- get_distillation_topk_logprobs_from_logits, ChunkedDistributedEntropy
+
+def _expect_none(got, expected, full, local, ctx):
+    return got is None, ("None, as the reference" if got is None else f"expected None (calculate_entropy=False), got {type(got).__name__}")
+
+
+def _distill_inputs(gen, b, s, v, k, extra):
+    teacher = make_logits(gen, (b, s, k)).sort(dim=-1, descending=True).values  # a teacher's top-k logits
+    ids = torch.rand((b, s, v), generator=gen).argsort(dim=-1)[..., :k]  # distinct ids, as top-k gives
+    return {"student_logits": make_logits(gen, (b, s, v), **extra), "teacher_topk_logits": teacher,
+            "teacher_topk_indices": ids}
+
+
+def distillation_cases(quick: bool) -> list[Case]:
+    # (B, S, V, K, extra, zero_outside_topk, calculate_entropy, path)
+    specs = [(2, 8, 32, 4, {}, z, e, "group") for z in (False, True) for e in (False, True)]
+    specs += [(2, 8, 32, 4, {"scale": 300.0}, False, True, "group"),  # huge logits
+              (4, 6, 37, 5, {}, True, True, "dtensor"),  # uneven shards through the DTensor
+              (4, 6, 24, 5, {"ties": True}, False, True, "plain")]  # full vocab on every rank
+    if quick:
+        specs = [specs[1], specs[3]]
+    cases = []
+    for b, s, v, k, extra, zero, ent, path in specs:
+        def run(impl, ctx, x, zero=zero, ent=ent, path=path):
+            student, kw = x["student_logits"], {}
+            if path == "group":
+                kw = dict(vocab_parallel_rank=ctx.rank("tp"), vocab_parallel_group=ctx.group("tp"))
+            elif path == "dtensor":
+                student = _dtensor(ctx, student, "student_logits", LOGITS)
+            return impl.get_distillation_topk_logprobs_from_logits(
+                student, x["teacher_topk_logits"], x["teacher_topk_indices"], zero, ent, **kw)
+
+        def reference(x, zero=zero, ent=ent):
+            st, te, h = ref.distillation_topk_logprobs(x["student_logits"], x["teacher_topk_logits"],
+                                                       x["teacher_topk_indices"], zero, ent)
+            return st, te, (h if h is not None else torch.zeros(()))  # the harness needs a tensor; H_all is checked to be None
+
+        cases.append(Case(
+            op=OP + "get_distillation_topk_logprobs_from_logits",
+            case_id=f"{_case_id(b, s, v, extra)}-k{k}-zero_outside_{zero}-entropy_{ent}-{path}",
+            params={"B": b, "S": s, "V": v, "K": k, "zero_outside_topk": zero, "calculate_entropy": ent, "path": path, **extra},
+            make_inputs=partial(_distill_inputs, b=b, s=s, v=v, k=k, extra=extra), reference=reference, run=run,
+            input_layouts={"student_logits": BATCH if path == "plain" else LOGITS, "teacher_topk_logits": BATCH,
+                           "teacher_topk_indices": BATCH},
+            output_layouts=(BATCH, BATCH, BATCH if ent else REPLICATED), output_names=("student", "teacher", "H_all"),
+            output_checks={} if ent else {"H_all": _expect_none},
+            grad_inputs=("student_logits", "teacher_topk_logits"),
+            supports=_even_vocab(b, v) if path == "group" else _batch_divides(b)))
+    return cases
+
+
+# (B, S, V, extra, chunk)
+ENTROPY_SPECS = [
+    (4, 6, 37, {}, 4),  # uneven shards; chunk 4 does not divide S
+    (2, 8, 48, {}, 1),
+    (2, 5, 33, {"scale": 300.0}, 2),  # huge logits
+    (4, 7, 40, {"neg_inf": 0.2}, 64),  # p = 0 terms; a single chunk
+    (2, 4, 20, {"ties": True}, 3),  # TP 8: an empty shard
+]
+QUICK_ENTROPY = [ENTROPY_SPECS[0], ENTROPY_SPECS[2]]
+
+
+def entropy_cases(quick: bool) -> list[Case]:
+    cases = []
+    for b, s, v, extra, chunk in QUICK_ENTROPY if quick else ENTROPY_SPECS:
+        cases.append(Case(
+            op=OP + "ChunkedDistributedEntropy", case_id=f"{_case_id(b, s, v, extra)}-chunk{chunk}",
+            params={"B": b, "S": s, "V": v, "chunk_size": chunk, **extra},
+            make_inputs=lambda gen, b=b, s=s, v=v, extra=extra: {"logits": make_logits(gen, (b, s, v), **extra)},
+            reference=lambda x: ref.entropy(x["logits"]),
+            run=_with_impl(lambda impl, ctx, x, chunk=chunk: impl.ChunkedDistributedEntropy.apply(
+                x["logits"], chunk, ctx.group("tp"))),
+            input_layouts={"logits": LOGITS}, output_layouts=(BATCH,), grad_inputs=("logits",),
+            properties=_props(_entropy_nonpositive, _chunked_equals_unchunked(
+                lambda impl, ctx, x, s=s: impl.ChunkedDistributedEntropy.apply(x["logits"], s, ctx.group("tp"), True))),
+            supports=_batch_divides(b)))
+    return cases
+
+
+# -- hidden states -> logprobs
+
+class _DataParallelGradSum(torch.autograd.Function):
+    """Identity; the backward sums the gradient over the DP group, as DDP does for a parameter replicated
+    over DP: each DP rank's weight gradient covers its own batch rows only (a partial sum)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        if dist.get_world_size(ctx.group) == 1:
+            return g, None
+        total = g.to(torch.promote_types(g.dtype, torch.float32))  # fp32 reduction: no rounding of our own
+        dist.all_reduce(total, group=ctx.group)
+        return total.to(g.dtype), None
+
+
+def _hidden_inputs(gen, s, b, h, v, scale=1.0, masked=0.0):
+    """hidden [S,B,H], weight [V,H] (logits ~ N(0, H) * scale^2) and target ids [B,S]."""
+    return {"hidden": torch.randn((s, b, h), generator=gen, dtype=torch.float64) * scale,
+            "weight": torch.randn((v, h), generator=gen, dtype=torch.float64) * scale,
+            "target": make_targets(gen, (b, s), v, masked)}
+
+
+def _hidden_logits(x):
+    """The reference's LM-head projection: [S,B,H] x [V,H] -> [B,S,V] in the input dtype."""
+    return torch.matmul(x["hidden"].transpose(0, 1), x["weight"].t())
+
+
+def hidden_states_cases(quick: bool) -> list[Case]:
+    # (S, B, H, V, extra, chunk, weight passed as): S divisible by 8 runs on TP 8; V=37 uneven weight shards.
+    chunked_specs = [(8, 2, 8, 32, {}, 3), (4, 4, 6, 37, {"masked": 0.2}, 64), (8, 2, 8, 24, {"scale": 10.0}, 2)]
+    fp_specs = [(8, 2, 8, 32, {}, None, "output_weight"), (8, 2, 8, 32, {}, 3, "layer_module"),
+                (4, 4, 6, 37, {"masked": 0.2}, 3, "layer_tensor")]
+    if quick:
+        chunked_specs, fp_specs = chunked_specs[:1], fp_specs[1:2]
+    common = dict(input_layouts={"hidden": SEQ_HIDDEN, "weight": WEIGHT, "target": BATCH}, output_layouts=(BATCH,),
+                  grad_inputs=("hidden", "weight"))
+    input_dtype_eps = lambda ctx: ctx.dtype  # the projection runs in the input dtype: chunking may round it differently
+    cases = []
+    for s, b, h, v, extra, chunk in chunked_specs:
+        def call(impl, ctx, x, chunk, inference_only=False):
+            weight = _DataParallelGradSum.apply(x["weight"], ctx.group("dp"))
+            return impl.ChunkedDistributedHiddenStatesToLogprobs.apply(
+                x["hidden"], x["target"], weight, *ctx.local_range("weight", 0), chunk, ctx.group("tp"), inference_only)
+        cases.append(Case(
+            op=OP + "ChunkedDistributedHiddenStatesToLogprobs", case_id=f"s{s}b{b}h{h}v{v}" + _extra_tag(extra) + f"-chunk{chunk}",
+            params={"S": s, "B": b, "H": h, "V": v, "chunk_size": chunk, **extra},
+            make_inputs=partial(_hidden_inputs, s=s, b=b, h=h, v=v, **extra),
+            reference=lambda x: ref.logprob(_hidden_logits(x), x["target"]),  # target already shifted
+            run=_with_impl(lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x, chunk)),
+            properties=_chunked_equals_unchunked(lambda impl, ctx, x, call=call, s=s: call(impl, ctx, x, s, True),
+                                                 eps_of=input_dtype_eps),
+            supports=lambda t, s=s, b=b: s % t.tp == 0 and b % t.dp == 0, **common))
+    for s, b, h, v, extra, chunk, via in fp_specs:
+        def call(impl, ctx, x, chunk, via=via, inference_only=False):
+            weight = _DataParallelGradSum.apply(x["weight"], ctx.group("dp"))
+            layer, out_weight = {"output_weight": (None, weight), "layer_module": (SimpleNamespace(weight=weight), None),
+                                 "layer_tensor": (weight, None)}[via]
+            return impl.from_parallel_hidden_states_to_logprobs(
+                x["hidden"], layer, out_weight, False, x["target"], *ctx.local_range("weight", 0), ctx.group("tp"),
+                inference_only=inference_only, cp_group=None, chunk_size=chunk)
+        cases.append(Case(
+            op=OP + "from_parallel_hidden_states_to_logprobs",
+            case_id=f"s{s}b{b}h{h}v{v}" + _extra_tag(extra) + f"-chunk{chunk}-{via}",
+            params={"S": s, "B": b, "H": h, "V": v, "chunk_size": chunk, "weight_via": via, **extra},
+            make_inputs=partial(_hidden_inputs, s=s, b=b, h=h, v=v, **extra),
+            reference=lambda x: ref.hidden_states_to_logprobs(x["hidden"], x["weight"], x["target"]),
+            run=_with_impl(lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x, chunk)),
+            properties=None if chunk is None else _chunked_equals_unchunked(
+                lambda impl, ctx, x, call=call: call(impl, ctx, x, None, inference_only=True), eps_of=input_dtype_eps),
+            supports=lambda t, s=s, b=b: s % t.tp == 0 and b % t.dp == 0, **common))
+    return cases
+
+
+def _extra_tag(extra: dict) -> str:
+    return "".join(f"-{k}{'' if x is True else x}" for k, x in extra.items())
+
+
+# -- from_parallel_logits_to_logprobs with sampling_params and the front ends over it
+
+def _next_token_reference(smp: Sampling):
+    if smp == Sampling():
+        return lambda x: ref.next_token_logprobs(x["logits"], x["target"])
+    return lambda x: ref.next_token_sampling_logprobs(x["logits"], x["target"], smp.top_k, smp.top_p, smp.temperature)
+
+
+def _next_token_supports(b, s, v, smp: Sampling, even: bool = False):
+    if smp.filtering:
+        return _all_to_all_fits(b, s, v)
+    return _even_vocab(b, v) if even else _batch_divides(b)
+
+
+# (B, S, V, extra, sampling, chunk)
+FP_SAMPLING_SPECS = [
+    (4, 6, 32, {}, Sampling(top_k=5, temperature=0.7), None),
+    (2, 8, 48, {"ties": True, "masked": 0.2}, Sampling(top_k=5, top_p=0.9, temperature=1.5), 3),
+    (2, 8, 48, {}, Sampling(top_p=1e-6, temperature=0.5), None),  # argmax only
+    (4, 6, 37, {"masked": 0.2}, Sampling(temperature=2.0), None),  # temperature only: no all-to-all, uneven shards
+    (4, 6, 37, {}, Sampling(temperature=0.6), 4),
+    (2, 4, 16, {"scale": 300.0}, Sampling(top_k=3, top_p=0.7, temperature=0.8), 2),  # huge logits
+]
+QUICK_FP_SAMPLING = [FP_SAMPLING_SPECS[1], FP_SAMPLING_SPECS[3]]
+
+
+def from_parallel_sampling_cases(quick: bool) -> list[Case]:
+    cases = []
+    for b, s, v, extra, smp, chunk in QUICK_FP_SAMPLING if quick else FP_SAMPLING_SPECS:
+        def call(impl, ctx, logits, target, chunk, smp=smp, inference_only=False):
+            return impl.from_parallel_logits_to_logprobs(
+                logits, target, *_vocab_range(ctx), ctx.group("tp"), inference_only=inference_only, cp_group=None,
+                chunk_size=chunk, sampling_params=_sampling_params(impl, smp))
+        props = [_survivors_sum_to_1(lambda impl, ctx, l, t, call=call, chunk=chunk: call(impl, ctx, l, t, chunk, inference_only=True), v)
+                 if smp.filtering else None]
+        if chunk is not None:
+            props.append(_chunked_equals_unchunked(
+                lambda impl, ctx, x, call=call: call(impl, ctx, x["logits"], x["target"], None, inference_only=True)))
+        cases.append(Case(
+            op=OP + "from_parallel_logits_to_logprobs", case_id=f"{_case_id(b, s, v, extra)}-{smp.tag()}-chunk{chunk}",
+            params={"B": b, "S": s, "V": v, "chunk_size": chunk, **extra, **smp.params()},
+            make_inputs=partial(lambda gen, b, s, v, smp, extra: _sampling_inputs(gen, b, s, v, smp, shift=True, **extra),
+                                b=b, s=s, v=v, smp=smp, extra=extra),
+            reference=_next_token_reference(smp),
+            run=_with_impl(lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x["logits"], x["target"], chunk)),
+            input_layouts={"logits": LOGITS, "target": BATCH}, output_layouts=(BATCH,), grad_inputs=("logits",),
+            properties=_props(*props), supports=_next_token_supports(b, s, v, smp)))
+    return cases
+
+
+def front_end_cases(quick: bool) -> list[Case]:
+    """get_logprobs_from_vocab_parallel_logits (DTensor logits), get_next_token_logprobs_from_logits (its three
+    dispatch cases) and dtensor_from_parallel_logits_to_logprobs, all without CP."""
+    ids_layout = BATCH
+    # (op, variant, B, S, V, extra, sampling, chunk)
+    specs = [
+        ("get_logprobs_from_vocab_parallel_logits", "dtensor_ids", 4, 6, 37, {"masked": 0.2}, Sampling(), None),
+        ("get_logprobs_from_vocab_parallel_logits", "tp_sharded", 2, 8, 48, {}, Sampling(top_k=5, top_p=0.9, temperature=0.7), 3),
+        ("get_logprobs_from_vocab_parallel_logits", "vocab_replicated", 4, 6, 32, {}, Sampling(top_k=4, temperature=1.3), None),
+        ("get_next_token_logprobs_from_logits", "vocab_parallel_group", 4, 6, 32, {"masked": 0.2}, Sampling(), None),
+        ("get_next_token_logprobs_from_logits", "vocab_parallel_group", 2, 8, 48, {"ties": True}, Sampling(top_k=5, top_p=0.9, temperature=0.7), None),
+        ("get_next_token_logprobs_from_logits", "dtensor", 4, 6, 37, {}, Sampling(temperature=1.5), None),
+        ("get_next_token_logprobs_from_logits", "plain", 4, 6, 32, {}, Sampling(top_k=5, top_p=0.8, temperature=1.5), None),
+        ("dtensor_from_parallel_logits_to_logprobs", "plain_target", 4, 6, 37, {"masked": 0.2}, Sampling(), None),
+        ("dtensor_from_parallel_logits_to_logprobs", "dtensor_target", 2, 8, 48, {}, Sampling(top_k=5, temperature=0.7), 3),
+    ]
+    if quick:
+        specs = [specs[1], specs[4], specs[6], specs[8]]
+    cases = []
+    for op, variant, b, s, v, extra, smp, chunk in specs:
+        replicated = variant in ("vocab_replicated", "plain")
+        logits_layout = BATCH if replicated else LOGITS
+
+        def run(impl, ctx, x, op=op, variant=variant, smp=smp, chunk=chunk, logits_layout=logits_layout):
+            sp = _sampling_params(impl, smp) if smp != Sampling() else None
+            logits, ids = x["logits"], x["target"]
+            if op == "get_logprobs_from_vocab_parallel_logits":
+                if variant == "dtensor_ids":
+                    ids = _dtensor(ctx, ids, "target", ids_layout)
+                return impl.get_logprobs_from_vocab_parallel_logits(
+                    _dtensor(ctx, logits, "logits", logits_layout), ids, seq_index=None, chunk_size=chunk, sampling_params=sp)
+            if op == "get_next_token_logprobs_from_logits":
+                kw = {}
+                if variant == "vocab_parallel_group":
+                    kw = dict(vocab_parallel_rank=ctx.rank("tp"), vocab_parallel_group=ctx.group("tp"))
+                elif variant == "dtensor":
+                    logits = _dtensor(ctx, logits, "logits", logits_layout)
+                return impl.get_next_token_logprobs_from_logits(ids, logits, seq_index=None, context_parallel_group=None,
+                                                                sampling_params=sp, **kw)
+            if variant == "dtensor_target":
+                ids = _dtensor(ctx, ids, "target", ids_layout)
+            return impl.dtensor_from_parallel_logits_to_logprobs(
+                logits, ids, *_vocab_range(ctx), ctx.group("tp"), inference_only=False, seq_index=None,
+                chunk_size=chunk, sampling_params=sp)
+
+        even = variant == "vocab_parallel_group"
+        supports = _batch_divides(b) if replicated else _next_token_supports(b, s, v, smp, even=even)
+        cases.append(Case(
+            op=OP + op, case_id=f"{variant}-{_case_id(b, s, v, extra)}-{smp.tag()}" + (f"-chunk{chunk}" if chunk else ""),
+            params={"variant": variant, "B": b, "S": s, "V": v, "chunk_size": chunk, **extra, **smp.params()},
+            make_inputs=partial(lambda gen, b, s, v, smp, extra: _sampling_inputs(gen, b, s, v, smp, shift=True, **extra),
+                                b=b, s=s, v=v, smp=smp, extra=extra),
+            reference=_next_token_reference(smp), run=run,
+            input_layouts={"logits": logits_layout, "target": BATCH}, output_layouts=(BATCH,), grad_inputs=("logits",),
+            supports=supports))
+    return cases
+
+
 def cases(quick: bool = False) -> list[Case]:
     shapes = QUICK_SHAPES if quick else SHAPES
-    return softmax_cases(shapes) + logprob_cases(shapes, quick) + cross_entropy_cases(shapes) + all_to_all_cases(quick)
+    phase1 = softmax_cases(shapes) + logprob_cases(shapes, quick) + cross_entropy_cases(shapes) + all_to_all_cases(quick)
+    phase2 = (sampling_cases(quick) + gather_logprob_cases(quick) + gather_logits_cases(quick) + topk_cases(quick)
+              + distillation_cases(quick) + entropy_cases(quick) + hidden_states_cases(quick)
+              + from_parallel_sampling_cases(quick) + front_end_cases(quick))
+    return phase1 + phase2

@@ -1,0 +1,168 @@
+"""What an op costs on one rank: time, peak memory, collectives.
+
+- Communication: a TorchDispatchMode sees every c10d / functional collective (torch routes
+  them through the dispatcher); torch's own CollectiveOp helpers give the process group and
+  the bytes.  Counted per collective kind and mesh dim.
+- Memory on CPU: peak *live tensor bytes* above what existed before, tracked by storage
+  (allocation and release through weak references), so the same code on the same shapes
+  gives the same number on every run.  On CUDA: the allocator's peak above the baseline.
+- Time: the caller brackets iterations with barriers; CUDA events on GPU.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+from torch.distributed._tools.fake_collectives import CollectiveOp, collective_ops
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+_NOT_COUNTED = {"wait_tensor", "barrier", "monitored_barrier"}
+_KIND = {  # dispatcher op name -> collective kind
+    "allreduce": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "all_reduce_coalesced": "all_reduce", "_allgather_base": "all_gather", "allgather": "all_gather",
+    "all_gather_into_tensor": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather", "allgather_coalesced": "all_gather",
+    "_reduce_scatter_base": "reduce_scatter", "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "alltoall_base": "all_to_all", "alltoall": "all_to_all", "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+    "send": "send", "recv": "recv", "recv_any_source": "recv",
+}
+
+
+def collective_kind(func) -> str | None:
+    name = func._overloadpacket.__name__.rstrip("_")  # c10d's in-place ops end in "_"
+    return None if name in _NOT_COUNTED else _KIND.get(name, name)
+
+
+class CommCounter(TorchDispatchMode):
+    """Counts collectives: {phase: {"<kind>@<mesh dim>": {"calls": n, "bytes": b}}}.
+
+    bytes = the tensor bytes this rank hands to the collective (its contribution)."""
+
+    def __init__(self, group_dims: dict[str, str]):
+        super().__init__()
+        self.group_dims = group_dims  # process group name -> mesh dim
+        self.phase = "forward"
+        self.counts: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"calls": 0, "bytes": 0}))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in collective_ops:
+            kind = collective_kind(func)
+            if kind is not None:
+                try:
+                    group = CollectiveOp.get_process_group(func, args)
+                    dim = self.group_dims.get(group.group_name, "other")
+                except Exception:  # an op torch's helper does not know: still count it
+                    dim = "other"
+                try:
+                    nbytes = CollectiveOp.get_comm_tensor_size(func, out, args, kwargs)
+                except Exception:
+                    nbytes = sum(t.untyped_storage().nbytes() for t in tree_leaves(args) if isinstance(t, torch.Tensor))
+                entry = self.counts[self.phase][f"{kind}@{dim}"]
+                entry["calls"] += 1
+                entry["bytes"] += int(nbytes)
+        return out
+
+    def as_dict(self) -> dict:
+        return {phase: {k: dict(v) for k, v in sorted(kinds.items())} for phase, kinds in self.counts.items()}
+
+
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of tensor storages allocated inside the mode and still alive (CPU memory)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._alive: dict[int, weakref.ref] = {}
+
+    def _free(self, key: int, nbytes: int, _ref) -> None:
+        if self._alive.pop(key, None) is not None:
+            self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        # Views, in-place ops and detach() hand back an input's storage: not an allocation.
+        shared = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                storage = t.untyped_storage()
+                key = storage._cdata
+                if key not in self._alive and key not in shared:
+                    nbytes = storage.nbytes()
+                    self._alive[key] = weakref.ref(storage, lambda ref, k=key, n=nbytes: self._free(k, n, ref))
+                    self.live += nbytes
+                    self.peak = max(self.peak, self.live)
+        return out
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+
+@contextmanager
+def peak_memory(device: torch.device):
+    """Yields a dict that holds 'peak_bytes' above the baseline once the block ends."""
+    result = {}
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        yield result
+        torch.cuda.synchronize(device)
+        result["peak_bytes"] = torch.cuda.max_memory_allocated(device) - base
+    else:
+        with LiveBytes() as tracker:
+            yield result
+        result["peak_bytes"] = tracker.peak
+
+
+class Timer:
+    """Wall time of a block in milliseconds: CUDA events on GPU, perf_counter on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    @contextmanager
+    def __call__(self, into: list):
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            end.synchronize()
+            into.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            yield
+            into.append((time.perf_counter() - t0) * 1e3)
+
+
+def group_dims(mesh) -> dict[str, str]:
+    """Process group name -> mesh dim name, to attribute each collective to a mesh dim."""
+    return {mesh[d].get_group().group_name: d for d in mesh.mesh_dim_names}
+
+
+def comm_violations(observed: dict, allowed: dict) -> list[str]:
+    """Where the observed collectives exceed the contract (calls or bytes, per phase, kind and dim)."""
+    out = []
+    for phase, kinds in observed.items():
+        for key, seen in kinds.items():
+            max_calls, max_bytes = allowed.get(phase, {}).get(key, (0, 0))
+            if seen["calls"] > max_calls or seen["bytes"] > max_bytes:
+                out.append(f"{phase} {key}: {seen['calls']} call(s), {seen['bytes']} B > allowed {max_calls} call(s), {max_bytes} B")
+    return out
+
+
+def split_comm(observed: dict) -> tuple[dict, dict]:
+    """(comm_calls, comm_bytes) as {phase: {"<kind>@<dim>": n}} for the records."""
+    calls = {p: {k: v["calls"] for k, v in kinds.items()} for p, kinds in observed.items()}
+    nbytes = {p: {k: v["bytes"] for k, v in kinds.items()} for p, kinds in observed.items()}
+    return calls, nbytes

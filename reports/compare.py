@@ -1,0 +1,71 @@
+"""`shardcheck compare BASE NEW`: the regression gate between two runs.
+
+Rows are matched by op, case, topology, dtype, device and check.  A regression is:
+- a check that passed in BASE and fails or errors in NEW;
+- a slowdown beyond --max-slowdown percent that is also larger than the measured spread
+  (the IQR of either run), so noise alone never trips it;
+- peak memory growth beyond --max-memory-growth percent (memory is deterministic).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from harness.records import load
+
+KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "device", "check"]
+
+
+def _with_defaults(df: pd.DataFrame) -> pd.DataFrame:
+    for col in ("time_ms", "time_ms_iqr", "peak_bytes"):
+        if col not in df:
+            df[col] = float("nan")
+    return df
+
+
+def compare_runs(base_dir, new_dir, max_slowdown: float, max_memory_growth: float) -> tuple[pd.DataFrame, int]:
+    """(table of changed rows, number of regressions)."""
+    base = _with_defaults(load(base_dir))
+    new = _with_defaults(load(new_dir))
+    cols = KEY + ["status", "time_ms", "time_ms_iqr", "peak_bytes"]
+    both = base[cols].merge(new[cols], on=KEY, how="outer", suffixes=("_base", "_new"), indicator=True)
+    rows = []
+    regressions = 0
+    for _, r in both.iterrows():
+        notes = []
+        if r["_merge"] == "left_only":
+            notes.append("missing in NEW")
+        elif r["_merge"] == "right_only":
+            notes.append("new check")
+        else:
+            if r["status_base"] == "pass" and r["status_new"] in ("fail", "error"):
+                notes.append(f"REGRESSION: {r['status_base']} -> {r['status_new']}")
+            tb, tn = r["time_ms_base"], r["time_ms_new"]
+            if pd.notna(tb) and pd.notna(tn) and tb > 0:
+                change = (tn / tb - 1) * 100
+                spread = max(r["time_ms_iqr_base"] or 0, r["time_ms_iqr_new"] or 0)
+                if change > max_slowdown and tn - tb > spread:
+                    notes.append(f"REGRESSION: time +{change:.0f}% ({tb:.3g} -> {tn:.3g} ms, spread {spread:.2g} ms)")
+                elif abs(change) > max_slowdown:
+                    notes.append(f"time {change:+.0f}%" + (" (within spread)" if change > 0 else ""))
+            mb, mn = r["peak_bytes_base"], r["peak_bytes_new"]
+            if pd.notna(mb) and pd.notna(mn) and mb > 0:
+                growth = (mn / mb - 1) * 100
+                if growth > max_memory_growth:
+                    notes.append(f"REGRESSION: memory +{growth:.0f}% ({mb:.0f} -> {mn:.0f} B)")
+                elif growth != 0:
+                    notes.append(f"memory {growth:+.0f}%")
+        if notes:
+            regressions += sum(n.startswith("REGRESSION") for n in notes)
+            rows.append({**{k: r[k] for k in KEY}, "base": r.get("status_base"), "new": r.get("status_new"),
+                         "time_ms": _pair(r["time_ms_base"], r["time_ms_new"]),
+                         "peak_bytes": _pair(r["peak_bytes_base"], r["peak_bytes_new"]), "change": "; ".join(notes)})
+    table = pd.DataFrame(rows, columns=KEY + ["base", "new", "time_ms", "peak_bytes", "change"])
+    return table, regressions
+
+
+def _pair(a, b) -> str:
+    if pd.isna(a) and pd.isna(b):
+        return ""
+    fmt = lambda v: "" if pd.isna(v) else f"{v:.4g}"  # noqa: E731
+    return f"{fmt(a)} -> {fmt(b)}"

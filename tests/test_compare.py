@@ -1,0 +1,89 @@
+"""The comparison engine on its own: budgets, worst element, NaN/Inf matching, merging ranks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from harness.compare import KAPPA, RTOL_FLOAT64, budget, compare, judge, merge_ranks
+
+
+def _gen():
+    return torch.Generator().manual_seed(1234)
+
+
+def test_compare_finds_worst_element_and_its_values():
+    expected = torch.randn(3, 4, 5, generator=_gen(), dtype=torch.float64)
+    got = expected.clone()
+    got[2, 1, 3] += 0.25
+    got[0, 0, 0] -= 0.125
+    stats = compare(got, expected)
+    assert stats["worst"]["local_index"] == [2, 1, 3]
+    assert stats["max_abs_err"] == pytest.approx(0.25)
+    assert stats["worst"]["expected"] == pytest.approx(float(expected[2, 1, 3]))
+    assert stats["worst"]["got"] == pytest.approx(float(expected[2, 1, 3]) + 0.25)
+    assert stats["nonfinite"] is None
+
+
+def test_nonfinite_positions_and_signs_must_match():
+    expected = torch.tensor([0.5, -math.inf, math.nan, 1.0], dtype=torch.float64)
+    assert compare(expected.clone(), expected)["nonfinite"] is None  # same -inf, same NaN: fine
+    flipped = torch.tensor([0.5, math.inf, math.nan, 1.0], dtype=torch.float64)
+    nf = compare(flipped, expected)["nonfinite"]
+    assert nf["count"] == 1 and nf["local_index"] == [1] and nf["expected"] == "-inf" and nf["got"] == "inf"
+    finite_where_nan = torch.tensor([0.5, -math.inf, 0.0, 1.0], dtype=torch.float64)
+    assert compare(finite_where_nan, expected)["nonfinite"]["local_index"] == [2]
+    status, ratio = judge(compare(flipped, expected), budget_value=1.0)
+    assert status == "fail" and ratio == math.inf
+
+
+def test_shape_mismatch_fails():
+    stats = compare(torch.zeros(2, 3), torch.zeros(3, 2, dtype=torch.float64))
+    assert stats["shape_mismatch"] == [[2, 3], [3, 2]]
+    assert judge(stats, 1.0)[0] == "fail"
+
+
+def test_float64_budget_is_relative_to_scale():
+    golden = torch.tensor([-300.0, 2.0, -math.inf], dtype=torch.float64)
+    b, naive = budget(golden, None, torch.float64)
+    assert b == pytest.approx(RTOL_FLOAT64 * 300.0) and naive is None
+
+
+def test_low_precision_budget_follows_the_reference_error():
+    golden = torch.randn(1000, generator=_gen(), dtype=torch.float64)
+    naive = golden.to(torch.bfloat16)  # the reference's own rounding in bf16
+    b, err_naive = budget(golden, naive, torch.bfloat16)
+    assert err_naive == pytest.approx(float((naive.double() - golden).abs().max()))
+    assert b == pytest.approx(KAPPA * err_naive + torch.finfo(torch.bfloat16).eps * float(golden.abs().max()))
+    # a correct sharded op rounding the other way passes; a real error does not
+    other_rounding = (golden * (1 + 2 ** -9)).to(torch.bfloat16)
+    assert judge(compare(other_rounding, golden), b)[0] == "pass"
+    wrong = naive.clone()
+    wrong[17] += 0.1
+    assert judge(compare(wrong, golden), b)[0] == "fail"
+
+
+def _rank(rank, status, ratio=0.5, **extra):
+    return {"rank": rank, "coords": {"dp": 0, "cp": 0, "tp": rank}, "status": status, "max_abs_err": ratio * 1e-9,
+            "max_rel_err": 0.0, "budget": 1e-9, "err_ratio": ratio, **extra}
+
+
+def test_merge_names_the_worst_rank_and_location():
+    worst = {"local_index": [0, 3], "global_index": [0, 19], "expected": -2.0, "got": -2.5}
+    row = merge_ranks([_rank(0, "pass"), _rank(1, "fail", 5e8, worst=worst)], expected_ranks=[0, 1])
+    assert row["status"] == "fail"
+    assert row["mismatch"] == {"rank": 1, "coords": {"dp": 0, "cp": 0, "tp": 1}, "global_index": [0, 19],
+                               "local_index": [0, 3], "expected": -2.0, "got": -2.5, "kind": "value"}
+    assert row["message"].startswith("rank 1 (dp=0, cp=0, tp=1): |err| 0.5 > budget 1e-09 at global (0, 19)")
+    assert [r["status"] for r in row["per_rank"]] == ["pass", "fail"]
+
+
+def test_merge_puts_the_cause_before_consequences_and_flags_missing_ranks():
+    cause = _rank(1, "error", message="RuntimeError: boom")
+    consequence = _rank(0, "error", message="RuntimeError: Connection closed by peer", secondary=True)
+    row = merge_ranks([consequence, cause], expected_ranks=[0, 1])
+    assert row["mismatch"]["rank"] == 1 and "boom" in row["message"]
+    row = merge_ranks([_rank(0, "pass")], expected_ranks=[0, 1])
+    assert row["status"] == "error" and "no result from rank(s) 1" in row["message"]
