@@ -53,10 +53,14 @@ def _row_max(x: torch.Tensor) -> torch.Tensor:
     return x.amax(dim=-1)
 
 
-def _global_logsumexp(
+def _global_max_and_log_norm(
     t: torch.Tensor, s: torch.Tensor, tp_group: Optional[dist.ProcessGroup]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Full-vocab log-sum-exp per row of teacher and student chunks (stable: max shift)."""
+    """Per-row full-vocab max ``m`` and ``log Σ exp(x − m)`` of teacher and student chunks, each ``[2, n]``.
+
+    Kept apart (not summed into a log-sum-exp) so that ``log_softmax = (x − m) − log_norm`` rounds
+    at the scale of log V, not of the largest logit.
+    """
     # Teacher and student share each collective: one MAX and one SUM on a [2, n] tensor.
     m = torch.stack([_row_max(t), _row_max(s)])
     if tp_group is not None:
@@ -64,8 +68,11 @@ def _global_logsumexp(
     se = torch.stack([(t - m[0, :, None]).exp().sum(dim=-1), (s - m[1, :, None]).exp().sum(dim=-1)])
     if tp_group is not None:
         dist.all_reduce(se, op=dist.ReduceOp.SUM, group=tp_group)
-    lse = m + se.log()
-    return lse[0], lse[1]
+    return m, se.log()
+
+
+def _log_softmaxes(t, s, m, log_norm):
+    return (t - m[0, :, None]) - log_norm[0, :, None], (s - m[1, :, None]) - log_norm[1, :, None]
 
 
 def _safe_log_ratio(p: torch.Tensor, log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
@@ -94,21 +101,20 @@ class _ForwardKL(torch.autograd.Function):
         n = s_logits.shape[0]
         step = chunk_size if chunk_size > 0 else max(n, 1)
         kl = s_logits.new_empty(n, dtype=compute_dtype)
-        lse_t = torch.empty_like(kl)
-        lse_s = torch.empty_like(kl)
+        m = s_logits.new_empty((2, n), dtype=compute_dtype)
+        log_norm = torch.empty_like(m)
         for a in range(0, n, step):  # range covers the last partial chunk
             b = min(a + step, n)
             t = t_logits[a:b].to(compute_dtype) / temperature
             s = s_logits[a:b].to(compute_dtype) / temperature
-            lse_t[a:b], lse_s[a:b] = _global_logsumexp(t, s, tp_group)
-            log_p = t - lse_t[a:b, None]
-            log_q = s - lse_s[a:b, None]
+            m[:, a:b], log_norm[:, a:b] = _global_max_and_log_norm(t, s, tp_group)
+            log_p, log_q = _log_softmaxes(t, s, m[:, a:b], log_norm[:, a:b])
             p = log_p.exp()
             kl[a:b] = (p * _safe_log_ratio(p, log_p, log_q)).sum(dim=-1)
         if tp_group is not None:
             # Local vocab partial sums -> full-vocab KL, replicated on every TP rank.
             dist.all_reduce(kl, op=dist.ReduceOp.SUM, group=tp_group)
-        ctx.save_for_backward(t_logits, s_logits, lse_t, lse_s, kl)
+        ctx.save_for_backward(t_logits, s_logits, m, log_norm, kl)
         ctx.step = step
         ctx.temperature = temperature
         ctx.compute_dtype = compute_dtype
@@ -116,7 +122,7 @@ class _ForwardKL(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_kl: torch.Tensor):
-        t_logits, s_logits, lse_t, lse_s, kl = ctx.saved_tensors
+        t_logits, s_logits, m, log_norm, kl = ctx.saved_tensors
         temperature, compute_dtype, step = ctx.temperature, ctx.compute_dtype, ctx.step
         want_t, want_s = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_t = torch.empty_like(t_logits) if want_t else None
@@ -126,8 +132,7 @@ class _ForwardKL(torch.autograd.Function):
             b = min(a + step, n)
             t = t_logits[a:b].to(compute_dtype) / temperature
             s = s_logits[a:b].to(compute_dtype) / temperature
-            log_p = t - lse_t[a:b, None]
-            log_q = s - lse_s[a:b, None]
+            log_p, log_q = _log_softmaxes(t, s, m[:, a:b], log_norm[:, a:b])
             p = log_p.exp()
             # 1/T from the chain rule through the logit scaling.
             g = grad_kl[a:b, None].to(compute_dtype) / temperature

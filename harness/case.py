@@ -43,11 +43,12 @@ class Layout:
                 for p in self.placements]
 
     def reduce_partial(self, local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-        """Sum the local values over the Partial dims (a no-op without any)."""
+        """Sum the local values over the Partial dims (a no-op without any), in float64 so the
+        harness's own sum adds no rounding to what is judged."""
         if not any(isinstance(p, Partial) for p in self.placements):
             return local
         placements = [Shard(p.dim % local.ndim) if isinstance(p, Shard) else p for p in self.placements]
-        dtensor = DTensor.from_local(local.detach(), mesh, placements, run_check=False)
+        dtensor = DTensor.from_local(local.detach().double(), mesh, placements, run_check=False)
         return dtensor.redistribute(mesh, self._normalized(local.ndim)).to_local()
 
     def local(self, full: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:

@@ -221,9 +221,11 @@ class Worker:
                     ok, msg = False, f"{type(exc).__name__}: {exc}"
                 emit_check(check, "pass" if ok else "fail", message=msg)
                 continue
+            got_dtype = got.dtype if isinstance(got, torch.Tensor) else None
             if isinstance(got, torch.Tensor):
                 got = lay.reduce_partial(got, mesh)
-            self._emit_compare(emit_check, check, got, expected, gold, naive, lay, mesh, expect_dtype=naive.dtype)
+            self._emit_compare(emit_check, check, got, expected, gold, naive, lay, mesh, expect_dtype=naive.dtype,
+                               got_dtype=got_dtype)
 
         if case.grad_inputs:
             self.events.emit("phase", item.id, phase="backward")
@@ -382,7 +384,8 @@ class Worker:
             index = index * mesh[d].size() + mesh[d].get_local_rank()
         return index
 
-    def _emit_compare(self, emit_check, check, got, expected, gold_full, naive_full, lay, mesh, expect_dtype):
+    def _emit_compare(self, emit_check, check, got, expected, gold_full, naive_full, lay, mesh, expect_dtype,
+                      got_dtype=None):
         if not isinstance(got, torch.Tensor):
             emit_check(check, "fail", message=f"got {type(got).__name__}, expected a tensor")
             return
@@ -390,8 +393,9 @@ class Worker:
         stats = compare(got, expected)
         status, ratio = judge(stats, b)
         msg = ""
-        if got.dtype != expect_dtype:
-            status, msg = "fail", f"dtype {str(got.dtype)[6:]}, expected {str(expect_dtype)[6:]}"
+        got_dtype = got_dtype or got.dtype
+        if got_dtype != expect_dtype:
+            status, msg = "fail", f"dtype {str(got_dtype)[6:]}, expected {str(expect_dtype)[6:]}"
         for key in ("worst", "nonfinite"):
             if stats.get(key):
                 stats[key]["global_index"] = list(lay.global_index(stats[key]["local_index"], gold_full.shape, mesh))

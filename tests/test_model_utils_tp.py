@@ -1,0 +1,93 @@
+"""The rest of model_utils on the TP axis: the suite passes the real implementation (TP 2, 4 and 8) and
+fails each module under tests/broken/model_utils_tp/ (one deliberate bug each) on the right check,
+naming a rank that really is wrong.  Small runs: --quick, float64 (the sharp check) for the bugs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from conftest import BROKEN
+
+NEW_OPS = [
+    "DistributedLogprobWithSampling", "ChunkedDistributedLogprobWithSampling", "ChunkedDistributedGatherLogprob",
+    "distributed_vocab_topk", "gather_logits_at_global_indices", "get_distillation_topk_logprobs_from_logits",
+    "ChunkedDistributedEntropy", "from_parallel_hidden_states_to_logprobs", "ChunkedDistributedHiddenStatesToLogprobs",
+    "from_parallel_logits_to_logprobs", "get_logprobs_from_vocab_parallel_logits",
+    "get_next_token_logprobs_from_logits", "dtensor_from_parallel_logits_to_logprobs",
+]
+
+
+def _ops(names) -> tuple[str, str]:
+    return ("--op", ",".join(f"model_utils.{n}" for n in names))
+
+
+def _topology(tp: int) -> tuple[str, str]:
+    return ("--topology", f"dp=1,cp=1,tp={tp}")
+
+
+@pytest.mark.parametrize("module, op, checks, numeric", [
+    # top-p on the full distribution, then top-k: the "both" case differs in values and gradients
+    ("top_p_before_top_k", "DistributedLogprobWithSampling", ["forward", "grad:logits"], True),
+    # ids of TP rank 1's candidates in local numbering: repeated / wrong ids (the values stay right)
+    ("topk_local_ids", "distributed_vocab_topk", ["forward:ids"], False),
+    # duplicate gather indices: only the last one's g_k lands in the gradient
+    ("gather_dup_no_accumulate", "ChunkedDistributedGatherLogprob", ["grad:logits"], True),
+    # Shannon entropy instead of sum p log p: values, gradient and the H <= 0 property
+    ("entropy_wrong_sign", "ChunkedDistributedEntropy", ["forward", "grad:logits", "property:entropy_nonpositive"], True),
+    # weight gradient times TP: only grad:weight is wrong
+    ("hidden_weight_grad_scaled", "ChunkedDistributedHiddenStatesToLogprobs", ["grad:weight"], True),
+])
+def test_broken_tp_modules_fail_on_the_right_check(run_shardcheck, module, op, checks, numeric):
+    impl = BROKEN / "model_utils_tp" / f"{module}.py"
+    run = run_shardcheck("run", "--impl", f"model_utils={impl}", "--op", f"model_utils.{op}", "--quick",
+                         "--dtype", "float64", *_topology(2))
+    assert run.returncode == 1, run.stdout + run.stderr
+    bad = run.failed()
+    assert set(bad["op"]) == {f"model_utils.{op}"}
+    assert set(bad["check"]) == set(checks), bad[["case_id", "check", "message"]].to_string()
+    assert (bad["status"] == "fail").all(), bad[["case_id", "check", "message"]].to_string()
+    for _, row in bad.iterrows():
+        rank = row["mismatch"]["rank"]
+        failing = {r["rank"] for r in row["per_rank"] if r["status"] == "fail"}
+        # every bug here reaches both TP ranks (replicated outputs, or each rank's own shard)
+        assert rank in failing and failing == {0, 1}, row["message"]
+        assert row["message"].startswith(f"rank {rank} (dp=0, cp=0, tp={rank})"), row["message"]
+        if numeric and not row["check"].startswith("property:"):
+            assert row["mismatch"]["global_index"] is not None
+            assert row["err_ratio"] > 100  # a sharding bug, not rounding
+    assert "FAIL" in run.stdout
+
+
+def test_new_ops_pass_at_tp2_and_tp4(run_shardcheck):
+    run = run_shardcheck("run", *_ops(NEW_OPS), "--quick", *_topology(2), *_topology(4))
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = run.rows
+    assert (rows["status"] == "pass").all()
+    for op in NEW_OPS:  # every op really ran on both layouts, in every default dtype
+        mine = rows[rows["op"] == f"model_utils.{op}"]
+        assert set(mine["tp"]) == {2, 4}, op
+        assert set(mine["dtype"]) == {"float64", "float32", "bfloat16"}, op
+    checks = set(rows["check"])
+    for prop in ("survivors_sum_to_1", "chunked_equals_unchunked", "entropy_nonpositive", "raises"):
+        assert f"property:{prop}" in checks
+    # filtered-out targets are -inf and matched exactly; H_all=None is checked as None
+    assert {"forward:ids", "forward:values", "forward:H_all", "grad:weight", "grad:hidden"} <= checks
+
+
+TP8_OPS = ["DistributedLogprobWithSampling", "distributed_vocab_topk", "ChunkedDistributedEntropy",
+           "ChunkedDistributedHiddenStatesToLogprobs", "get_distillation_topk_logprobs_from_logits"]
+
+
+@pytest.mark.skipif(os.environ.get("SHARDCHECK_SLOW") != "1" and os.cpu_count() < 4,
+                    reason="world size 8 on fewer than 4 cores: set SHARDCHECK_SLOW=1 to run")
+def test_tp8(run_shardcheck):
+    started = time.time()
+    run = run_shardcheck("run", *_ops(TP8_OPS), "--quick", "--dtype", "float64", *_topology(8))
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = run.rows
+    assert set(rows["tp"]) == {8} and set(rows["op"]) == {f"model_utils.{op}" for op in TP8_OPS}
+    assert time.time() - started < 120
