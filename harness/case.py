@@ -90,6 +90,7 @@ class RankContext:
     dtype: torch.dtype
     full_shapes: dict[str, tuple[int, ...]]
     input_layouts: dict[str, Layout]
+    impl: ModuleType | None = None  # the module under test, for properties that call the op again
 
     def group(self, dim: str) -> torch.distributed.ProcessGroup:
         return self.mesh[dim].get_group()

@@ -214,6 +214,49 @@ def _dp_sum_property(spec: Spec):
     return properties
 
 
+def _compute_dtype(spec: Spec, dtype: torch.dtype) -> torch.dtype:
+    # KDLoss's softmax math: at least float32 with fp32_upcast, else the logits' dtype.
+    return torch.promote_types(dtype, torch.float32) if spec.fp32_upcast else dtype
+
+
+def _n_valid(spec: Spec, ctx) -> int:
+    """Valid tokens on this rank: make_labels gives row r exactly valid[r] of them (an m100 label
+    is valid when ignore_index != -100); labels are sharded over DP by rows, replicated over TP."""
+    valid = list(spec.valid) if spec.valid is not None else [spec.s] * spec.b
+    start, end = ctx.local_range("labels", 0)
+    return sum(valid[start:end])
+
+
+def kd_comm(spec: Spec):
+    """Communication contract of KDLoss on one rank (property:comm): exactly what the
+    correct implementation needs, so any extra collective, call or byte fails.
+
+    TP paths ("group", "dtensor"), n = valid tokens of this DP rank, c = chunks = ceil(n / chunk)
+    (one chunk when chunk_size is 0), e = bytes of the compute dtype:
+      forward  all_reduce@tp: 2·c + 1 calls, 5·n·e bytes
+               (per chunk one MAX of the [2, chunk] teacher/student row maxima and one SUM of
+               the [2, chunk] normalisers; then one SUM of the [n] per-token partial KL);
+      backward nothing: the per-token KL is replicated over TP and every rank gets the same
+               upstream gradient, so each rank's vocab-shard gradient is local.
+    Lower bound: a vocab-parallel KL needs per-token scalars only (the global log-sum-exp of
+    teacher and student, and the full-vocab KL): O(n) bytes independent of V, never an [N, V]
+    gather, and no backward communication. No valid token: no collective at all (every TP
+    rank sees the same labels and skips together). At tp == 1 the same calls go to a
+    1-rank group (free; the contract is the implementation's, per rank).
+    The DTensor path adds nothing of DTensor's own: to_local() / from_local() of vocab-sharded
+    logits and their backward are local (labels are plain tensors), measured at dp/tp 1, 2, 4.
+    Plain (non-TP) path: no collectives at all.
+    """
+    def comm(ctx) -> dict:
+        n = _n_valid(spec, ctx)
+        if spec.mode == "plain" or n == 0:
+            return {"forward": {}, "backward": {}}
+        chunks = -(-n // spec.chunk) if spec.chunk > 0 else 1
+        e = _compute_dtype(spec, ctx.dtype).itemsize
+        return {"forward": {"all_reduce@tp": (2 * chunks + 1, 5 * n * e)}, "backward": {}}
+    return comm
+
+
 def kd_case(spec: Spec, teacher_grad: bool = False) -> Case:
     """The loss on one spec. `teacher_grad`: a float64-only twin that also checks d loss / d teacher.
 
@@ -235,7 +278,7 @@ def kd_case(spec: Spec, teacher_grad: bool = False) -> Case:
         op=OP + "KDLoss", make_inputs=_inputs(spec), reference=_reference(spec), run=_run(spec),
         input_layouts={"student_logits": logits, "teacher_logits": logits, "labels": BATCH},
         output_layouts=(LOSS,), output_names=("loss",), supports=supports,
-        output_checks={} if spec.fp32_upcast else {"loss": _loss_check(spec)}, **extra)
+        output_checks={} if spec.fp32_upcast else {"loss": _loss_check(spec)}, comm=kd_comm(spec), **extra)
 
 
 def _well_conditioned(spec: Spec) -> bool:
@@ -360,3 +403,41 @@ def cases(quick: bool = False) -> list[Case]:
     out += [kd_case(s, teacher_grad=True) for s in (specs[1:2] if quick else specs) if _well_conditioned(s)]
     out += raises_cases()[:1] if quick else raises_cases()
     return out + infer_cases()
+
+
+# ---- benchmarks ---------------------------------------------------------------------------
+# `shardcheck run --bench`: realistic CPU sizes, all tokens valid (N = B·S), the "group" TP path
+# (local vocab shards + explicit tp_group; tp = 1 is the single-device cost of the same code, next
+# to the reference's). Every sweep but "tp" runs at dp = cp = tp = 1 only; the "tp" sweep runs the
+# same case ids at tp 1, 2, 4 (V is the total vocab: V_local = V / tp). The dtype is the CLI's
+# (float32 on CPU by default). Sizes are chosen to keep the whole suite's bench near 2 minutes on
+# a 2-core machine (each case runs ~15 fwd+bwd steps, plus ~13 reference steps at size 1).
+
+def _tp_only(topo) -> bool:
+    return topo.dp == 1 and topo.cp == 1
+
+
+def _single(topo) -> bool:
+    return topo.size == 1
+
+
+def bench_case(sweep: str, b: int, s: int, v: int, chunk: int = 0, temperature: float = 1.0) -> Case:
+    """One benchmark case of KDLoss; `sweep` names the parameter its sweep plot varies."""
+    spec = Spec("group", b=b, s=s, v=v, temperature=temperature, chunk=chunk)
+    return Case(
+        op=OP + "KDLoss", case_id=f"bench-{sweep}-b{b}s{s}v{v}-chunk{chunk}",
+        params={**spec.params, "N": b * s, "sweep": sweep},
+        make_inputs=_inputs(spec), reference=_reference(spec), run=_run(spec),
+        input_layouts={"student_logits": VOCAB_SHARDED, "teacher_logits": VOCAB_SHARDED, "labels": BATCH},
+        output_layouts=(LOSS,), output_names=("loss",), grad_inputs=("student_logits",), comm=kd_comm(spec),
+        supports=_tp_only if sweep == "tp" else _single)
+
+
+def bench_cases(quick: bool = False) -> list[Case]:
+    if quick:  # tiny: two points per sweep axis that the report plots, a few seconds in all
+        return ([bench_case("S", 1, s, 1024) for s in (64, 256)]
+                + [bench_case("tp", 1, 256, 1024)])
+    return ([bench_case("S", 1, s, 1024) for s in (512, 1024, 2048, 4096)]  # N up to 4096
+            + [bench_case("V", 1, 256, v) for v in (4096, 8192, 16384, 32768)]  # V up to 32k
+            + [bench_case("chunk_size", 1, 2048, 2048, chunk) for chunk in (128, 512, 2048)]  # 2048: one chunk
+            + [bench_case("tp", 1, 1024, 4096)])  # V_local 4096, 2048, 1024 at tp 1, 2, 4

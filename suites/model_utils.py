@@ -3,6 +3,9 @@
 Layouts: logits [B, S, V] are sharded on the batch over DP and on the vocab over TP
 (contiguous, torch.chunk sizes, so V not divisible by TP gives uneven shards); targets are
 sharded over DP and replicated over TP; TP-all-reduced outputs are replicated over TP.
+Sequence-parallel hidden states [S, B, H] are sharded on S over TP and on B over DP; the output
+weight [V, H] on V over TP, replicated over DP: its gradient is summed over DP in the case (as DDP
+does), so every topology checks it.  No context parallelism here (cp_group None everywhere).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Shard
 
 from harness.case import REPLICATED, Case, Layout, Property
 from reference import model_utils as ref
@@ -210,9 +213,6 @@ def all_to_all_cases(quick: bool) -> list[Case]:
 SEQ_HIDDEN = Layout(dp=Shard(1), tp=Shard(0))  # hidden states [S, B, H]: batch over DP, sequence over TP
 WEIGHT = Layout(tp=Shard(0))  # output weight [V, H]: vocab over TP, replicated over DP
 
-# PropertiesFn gets no module under test: run() leaves it in the local inputs for the properties
-# that call the op again (the same dict reaches both).
-_IMPL = "_impl_under_test"
 
 
 class Sampling(NamedTuple):
@@ -243,13 +243,6 @@ def _sampling_params(impl, s: Sampling):
         except TypeError:
             pass
     return SimpleNamespace(top_k=s.top_k, top_p=s.top_p, temperature=s.temperature)
-
-
-def _with_impl(run):
-    def wrapped(impl, ctx, x):
-        x[_IMPL] = impl
-        return run(impl, ctx, x)
-    return wrapped
 
 
 def _all_to_all_fits(b: int, s: int, v: int):
@@ -370,7 +363,7 @@ def _chunked_equals_unchunked(unchunked, eps_of=None, factor: float = 16.0):
     def prop(ctx, full, local, outs):
         inputs = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in local.items()}
         with torch.no_grad():
-            want = unchunked(local[_IMPL], ctx, inputs)
+            want = unchunked(ctx.impl, ctx, inputs)
         eps = torch.finfo(eps_of(ctx) if eps_of else outs[0].dtype).eps
         return [_close("chunked_equals_unchunked", outs[0], want, factor * eps)]
     return prop
@@ -385,7 +378,7 @@ def _survivors_sum_to_1(call, v: int):
         b, s = target.shape
         ids = torch.arange(v, device=target.device).view(v, 1, 1).expand(v, b, s).reshape(v * b, s)
         with torch.no_grad():
-            lp = call(local[_IMPL], ctx, logits.repeat(v, 1, 1), ids)
+            lp = call(ctx.impl, ctx, logits.repeat(v, 1, 1), ids)
         total = lp.double().exp().view(v, b, -1).sum(0)
         err = float((total - 1).abs().max())
         tol = 4 * v * torch.finfo(lp.dtype).eps
@@ -439,7 +432,7 @@ def sampling_cases(quick: bool) -> list[Case]:
         cid = f"{_case_id(b, s, v, extra)}-{smp.tag()}"
         cases.append(Case(
             op=OP + "DistributedLogprobWithSampling", case_id=cid, params=params,
-            run=_with_impl(lambda impl, ctx, x, plain=plain: plain(impl, ctx, x["logits"], x["target"])),
+            run=lambda impl, ctx, x, plain=plain: plain(impl, ctx, x["logits"], x["target"]),
             properties=_survivors_sum_to_1(lambda impl, ctx, l, t, plain=plain: plain(impl, ctx, l, t, inference_only=True), v),
             **common))
         # 3 does not divide S; 1 and 64 (a single chunk) on the first spec only
@@ -447,7 +440,7 @@ def sampling_cases(quick: bool) -> list[Case]:
             cases.append(Case(
                 op=OP + "ChunkedDistributedLogprobWithSampling", case_id=f"{cid}-chunk{chunk}",
                 params={**params, "chunk_size": chunk},
-                run=_with_impl(lambda impl, ctx, x, chunked=chunked, chunk=chunk: chunked(impl, ctx, x["logits"], x["target"], chunk)),
+                run=lambda impl, ctx, x, chunked=chunked, chunk=chunk: chunked(impl, ctx, x["logits"], x["target"], chunk),
                 properties=_props(
                     _survivors_sum_to_1(lambda impl, ctx, l, t, chunked=chunked, chunk=chunk:
                                         chunked(impl, ctx, l, t, chunk, inference_only=True), v),
@@ -495,7 +488,7 @@ def gather_logprob_cases(quick: bool) -> list[Case]:
             params={"B": b, "S": s, "V": v, "K": k, "duplicates": True, "chunk_size": chunk, **extra},
             make_inputs=partial(_gather_inputs, b=b, s=s, v=v, k=k, extra=extra),
             reference=lambda x: ref.gather_logprob(x["logits"], x["indices"]),
-            run=_with_impl(lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x, chunk)),
+            run=lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x, chunk),
             input_layouts={"logits": LOGITS, "indices": BATCH}, output_layouts=(BATCH,), grad_inputs=("logits",),
             properties=_chunked_equals_unchunked(lambda impl, ctx, x, call=call, s=s: call(impl, ctx, x, s, True)),
             supports=_batch_divides(b)))
@@ -594,10 +587,6 @@ def topk_cases(quick: bool) -> list[Case]:
 
 # -- get_distillation_topk_logprobs_from_logits, ChunkedDistributedEntropy
 
-def _expect_none(got, expected, full, local, ctx):
-    return got is None, ("None, as the reference" if got is None else f"expected None (calculate_entropy=False), got {type(got).__name__}")
-
-
 def _distill_inputs(gen, b, s, v, k, extra):
     teacher = make_logits(gen, (b, s, k)).sort(dim=-1, descending=True).values  # a teacher's top-k logits
     ids = torch.rand((b, s, v), generator=gen).argsort(dim=-1)[..., :k]  # distinct ids, as top-k gives
@@ -627,7 +616,7 @@ def distillation_cases(quick: bool) -> list[Case]:
         def reference(x, zero=zero, ent=ent):
             st, te, h = ref.distillation_topk_logprobs(x["student_logits"], x["teacher_topk_logits"],
                                                        x["teacher_topk_indices"], zero, ent)
-            return st, te, (h if h is not None else torch.zeros(()))  # the harness needs a tensor; H_all is checked to be None
+            return st, te, h  # H_all None without calculate_entropy: the op must return None too
 
         cases.append(Case(
             op=OP + "get_distillation_topk_logprobs_from_logits",
@@ -637,21 +626,37 @@ def distillation_cases(quick: bool) -> list[Case]:
             input_layouts={"student_logits": BATCH if path == "plain" else LOGITS, "teacher_topk_logits": BATCH,
                            "teacher_topk_indices": BATCH},
             output_layouts=(BATCH, BATCH, BATCH if ent else REPLICATED), output_names=("student", "teacher", "H_all"),
-            output_checks={} if ent else {"H_all": _expect_none},
             grad_inputs=("student_logits", "teacher_topk_logits"),
             supports=_even_vocab(b, v) if path == "group" else _batch_divides(b)))
     return cases
+
+
+def _huge_logits_close_top(gen, shape, scale: float = 300.0) -> torch.Tensor:
+    """Huge logits (x100) with ~15% of each row's ids moved to within 6 of the row's max: the max
+    subtraction is stressed, yet the softmax is not one-hot everywhere.  (When every row is one-hot
+    the entropy gradient is ~1e-17 and the float64 golden, differentiated by autograd through
+    p log p, is off by ~eps * p in absolute terms: see the report of this issue.)"""
+    logits = torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+    close = torch.rand(shape, generator=gen) < 0.15
+    runner_up = logits.amax(-1, keepdim=True) - 6 * torch.rand(shape, generator=gen, dtype=torch.float64)
+    return torch.where(close, runner_up, logits)
 
 
 # (B, S, V, extra, chunk)
 ENTROPY_SPECS = [
     (4, 6, 37, {}, 4),  # uneven shards; chunk 4 does not divide S
     (2, 8, 48, {}, 1),
-    (2, 5, 33, {"scale": 300.0}, 2),  # huge logits
+    (2, 5, 33, {"huge_close_top": True}, 2),  # huge logits
     (4, 7, 40, {"neg_inf": 0.2}, 64),  # p = 0 terms; a single chunk
-    (2, 4, 20, {"ties": True}, 3),  # TP 8: an empty shard
+    (4, 8, 20, {"ties": True}, 3),  # TP 8: an empty shard
 ]
 QUICK_ENTROPY = [ENTROPY_SPECS[0], ENTROPY_SPECS[2]]
+
+
+def _entropy_logits(gen, b, s, v, extra):
+    if extra.get("huge_close_top"):
+        return _huge_logits_close_top(gen, (b, s, v))
+    return make_logits(gen, (b, s, v), **extra)
 
 
 def entropy_cases(quick: bool) -> list[Case]:
@@ -660,10 +665,10 @@ def entropy_cases(quick: bool) -> list[Case]:
         cases.append(Case(
             op=OP + "ChunkedDistributedEntropy", case_id=f"{_case_id(b, s, v, extra)}-chunk{chunk}",
             params={"B": b, "S": s, "V": v, "chunk_size": chunk, **extra},
-            make_inputs=lambda gen, b=b, s=s, v=v, extra=extra: {"logits": make_logits(gen, (b, s, v), **extra)},
+            make_inputs=lambda gen, b=b, s=s, v=v, extra=extra: {"logits": _entropy_logits(gen, b, s, v, extra)},
             reference=lambda x: ref.entropy(x["logits"]),
-            run=_with_impl(lambda impl, ctx, x, chunk=chunk: impl.ChunkedDistributedEntropy.apply(
-                x["logits"], chunk, ctx.group("tp"))),
+            run=lambda impl, ctx, x, chunk=chunk: impl.ChunkedDistributedEntropy.apply(
+                x["logits"], chunk, ctx.group("tp")),
             input_layouts={"logits": LOGITS}, output_layouts=(BATCH,), grad_inputs=("logits",),
             properties=_props(_entropy_nonpositive, _chunked_equals_unchunked(
                 lambda impl, ctx, x, s=s: impl.ChunkedDistributedEntropy.apply(x["logits"], s, ctx.group("tp"), True))),
@@ -724,7 +729,7 @@ def hidden_states_cases(quick: bool) -> list[Case]:
             params={"S": s, "B": b, "H": h, "V": v, "chunk_size": chunk, **extra},
             make_inputs=partial(_hidden_inputs, s=s, b=b, h=h, v=v, **extra),
             reference=lambda x: ref.logprob(_hidden_logits(x), x["target"]),  # target already shifted
-            run=_with_impl(lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x, chunk)),
+            run=lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x, chunk),
             properties=_chunked_equals_unchunked(lambda impl, ctx, x, call=call, s=s: call(impl, ctx, x, s, True),
                                                  eps_of=input_dtype_eps),
             supports=lambda t, s=s, b=b: s % t.tp == 0 and b % t.dp == 0, **common))
@@ -742,7 +747,7 @@ def hidden_states_cases(quick: bool) -> list[Case]:
             params={"S": s, "B": b, "H": h, "V": v, "chunk_size": chunk, "weight_via": via, **extra},
             make_inputs=partial(_hidden_inputs, s=s, b=b, h=h, v=v, **extra),
             reference=lambda x: ref.hidden_states_to_logprobs(x["hidden"], x["weight"], x["target"]),
-            run=_with_impl(lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x, chunk)),
+            run=lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x, chunk),
             properties=None if chunk is None else _chunked_equals_unchunked(
                 lambda impl, ctx, x, call=call: call(impl, ctx, x, None, inference_only=True), eps_of=input_dtype_eps),
             supports=lambda t, s=s, b=b: s % t.tp == 0 and b % t.dp == 0, **common))
@@ -797,7 +802,7 @@ def from_parallel_sampling_cases(quick: bool) -> list[Case]:
             make_inputs=partial(lambda gen, b, s, v, smp, extra: _sampling_inputs(gen, b, s, v, smp, shift=True, **extra),
                                 b=b, s=s, v=v, smp=smp, extra=extra),
             reference=_next_token_reference(smp),
-            run=_with_impl(lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x["logits"], x["target"], chunk)),
+            run=lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x["logits"], x["target"], chunk),
             input_layouts={"logits": LOGITS, "target": BATCH}, output_layouts=(BATCH,), grad_inputs=("logits",),
             properties=_props(*props), supports=_next_token_supports(b, s, v, smp)))
     return cases

@@ -46,34 +46,39 @@ def test_console_script_usage_error_has_no_traceback():
     assert proc.stderr.strip() == "shardcheck: error: bad topology 'dp=0': dp must be positive, got 0"
 
 
-def test_impl_that_raises_at_import_is_usage_error(tmp_path):
+def _usage_error(capsys, *args) -> str:
+    code = main(list(args))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_impl_that_raises_at_import_is_usage_error(tmp_path, capsys):
     bad = tmp_path / "bad_impl.py"
     bad.write_text("raise RuntimeError('boom at import')\n")
-    proc = cli("run", "--impl", f"model_utils={bad}")
-    assert proc.returncode == 2
-    assert "cannot import: RuntimeError: boom at import" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+    err = _usage_error(capsys, "run", "--impl", f"model_utils={bad}", "--out", str(tmp_path / "run"))
+    assert "cannot import: RuntimeError: boom at import" in err
 
 
-def test_impl_lacking_a_needed_name_is_usage_error():
+def test_impl_lacking_a_needed_name_is_usage_error(capsys, tmp_path):
     # this broken module defines only _compute_distributed_log_softmax
     path = BROKEN / "model_utils" / "missing_max_allreduce.py"
-    proc = cli("run", "--impl", f"model_utils={path}", "--op", "model_utils.DistributedLogprob")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "module has no 'DistributedLogprob' (needed by model_utils.DistributedLogprob)" in proc.stderr
+    err = _usage_error(capsys, "run", "--impl", f"model_utils={path}", "--op", "model_utils.DistributedLogprob",
+                       "--out", str(tmp_path / "run"))
+    assert "module has no 'DistributedLogprob' (needed by model_utils.DistributedLogprob)" in err
 
 
-def test_list_names_every_op_and_default_topologies():
-    proc = cli("list")
-    assert proc.returncode == 0, proc.stderr
+def test_list_names_every_op_and_default_topologies(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
     for op in ("_compute_distributed_log_softmax", "_compute_distributed_softmax", "DistributedLogprob",
                "ChunkedDistributedLogprob", "DistributedCrossEntropy", "from_parallel_logits_to_logprobs",
                "all_to_all_vp2sq", "all_to_all_sq2vp"):
-        assert f"model_utils.{op} " in proc.stdout
-    assert "dp1-cp1-tp1 dp2-cp1-tp1 dp1-cp1-tp2 dp4-cp1-tp1 dp2-cp1-tp2 dp1-cp1-tp4" in proc.stdout
+        assert f"model_utils.{op} " in out
+    assert "dp1-cp1-tp1 dp2-cp1-tp1 dp1-cp1-tp2 dp4-cp1-tp1 dp2-cp1-tp2 dp1-cp1-tp4" in out
 
 
-def test_out_dir_holding_a_run_is_refused(tmp_path):
+def test_out_dir_holding_a_run_is_refused(tmp_path, capsys):
     (tmp_path / "results.jsonl").write_text(json.dumps({"status": "pass"}) + "\n")
-    proc = cli("run", "--out", str(tmp_path))
-    assert proc.returncode == 2 and "already holds a run" in proc.stderr
+    assert "already holds a run" in _usage_error(capsys, "run", "--out", str(tmp_path))

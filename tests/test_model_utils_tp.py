@@ -5,9 +5,6 @@ naming a rank that really is wrong.  Small runs: --quick, float64 (the sharp che
 
 from __future__ import annotations
 
-import os
-import time
-
 import pytest
 
 from conftest import BROKEN
@@ -78,16 +75,11 @@ def test_new_ops_pass_at_tp2_and_tp4(run_shardcheck):
     assert {"forward:ids", "forward:values", "forward:H_all", "grad:weight", "grad:hidden"} <= checks
 
 
-TP8_OPS = ["DistributedLogprobWithSampling", "distributed_vocab_topk", "ChunkedDistributedEntropy",
-           "ChunkedDistributedHiddenStatesToLogprobs", "get_distillation_topk_logprobs_from_logits"]
-
-
-@pytest.mark.skipif(os.environ.get("SHARDCHECK_SLOW") != "1" and os.cpu_count() < 4,
-                    reason="world size 8 on fewer than 4 cores: set SHARDCHECK_SLOW=1 to run")
-def test_tp8(run_shardcheck):
-    started = time.time()
-    run = run_shardcheck("run", *_ops(TP8_OPS), "--quick", "--dtype", "float64", *_topology(8))
+def test_every_new_op_runs_at_tp8(run_shardcheck):
+    """World size 8 oversubscribes a 2-core machine: --quick, float64 only (about 22 s there)."""
+    run = run_shardcheck("run", *_ops(NEW_OPS), "--quick", "--dtype", "float64", *_topology(8))
     assert run.returncode == 0, run.stdout + run.stderr
     rows = run.rows
-    assert set(rows["tp"]) == {8} and set(rows["op"]) == {f"model_utils.{op}" for op in TP8_OPS}
-    assert time.time() - started < 120
+    assert set(rows["tp"]) == {8}
+    assert set(rows["op"]) == {f"model_utils.{op}" for op in NEW_OPS}  # every op has a case that fits TP 8
+    assert (rows["status"] == "pass").all()

@@ -7,12 +7,21 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+import pytest
+
+from conftest import ROOT, shardcheck
 from harness.records import load
 
 
-def test_quick_matrix_passes_with_records_and_report(run_shardcheck):
-    run = run_shardcheck("run", "--suite", "model_utils", "--quick", "--world-sizes", "1,2,4")
+@pytest.fixture(scope="module")
+def quick_matrix(tmp_path_factory):
+    """The model_utils quick matrix (world sizes 1, 2, 4), run once for this module."""
+    return shardcheck("run", "--suite", "model_utils", "--quick", "--world-sizes", "1,2,4",
+                      out=tmp_path_factory.mktemp("e2e") / "quick")
+
+
+def test_quick_matrix_passes_with_records_and_report(quick_matrix):
+    run = quick_matrix
     assert run.returncode == 0, run.stdout + run.stderr
     rows = run.rows
     assert (rows["status"] == "pass").all()
@@ -53,18 +62,17 @@ def test_quick_matrix_passes_with_records_and_report(run_shardcheck):
     assert sorted(p.name for p in (run.out / "workers").iterdir()) == ["w4-launch0"]
 
 
-def test_report_rebuilds_from_records_and_load_reads_many_runs(run_shardcheck):
-    a = run_shardcheck("run", "--op", "model_utils.all_to_all_vp2sq", "--quick", "--topology", "tp=2")
+def test_report_rebuilds_from_records_and_load_reads_many_runs(quick_matrix, run_shardcheck):
+    a = quick_matrix
     b = run_shardcheck("run", "--op", "model_utils.all_to_all_sq2vp", "--quick", "--topology", "tp=2")
-    assert a.returncode == 0 and b.returncode == 0
+    assert b.returncode == 0
     (a.out / "report.md").unlink()
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "report", str(a.out)], cwd=ROOT, capture_output=True,
                           text=True)
-    assert proc.returncode == 0 and (a.out / "report.md").exists()
+    assert proc.returncode == 0 and "report.md" in proc.stdout and (a.out / "report.md").exists()
     both = load(a.out, b.out)
-    assert set(both["op"]) == {"model_utils.all_to_all_vp2sq", "model_utils.all_to_all_sq2vp"}
-    assert both["run_id"].nunique() == 2
-    assert len(load(a.out.parent)) == len(both)  # a directory of runs
+    assert len(both) == len(a.rows) + len(b.rows) and both["run_id"].nunique() == 2
+    assert len(load(b.out.parent)) == len(b.rows)  # a directory of runs
 
 
 def test_worker_runs_under_a_hand_written_torchrun(tmp_path):
