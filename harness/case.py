@@ -70,6 +70,15 @@ class Layout:
 REPLICATED = Layout()
 
 
+def as_tuple(out) -> tuple:
+    """An op's result as a tuple of outputs."""
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def is_float(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
 @dataclass
 class Property:
     """Result of a `property:<name>` check on one rank."""

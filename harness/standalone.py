@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from harness.cli import _impl_map, _int_list, _str_list
+from harness.cli import _impl_map, _str_list
 from harness.collect import Collector
 from harness.plan import DEFAULT_DTYPES, build_plan
 from harness.records import RecordWriter, run_metadata, write_json

@@ -28,9 +28,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from harness.case import REPLICATED, Case, RankContext
+from harness.case import REPLICATED, Case, RankContext, as_tuple, is_float
 from harness.compare import budget, compare, judge
-from harness.measure import CommCounter, Timer, comm_violations, group_dims, peak_memory, split_comm
+from harness.bench import run_bench_item
+from harness.measure import CommCounter, comm_violations, group_dims, split_comm
 from harness.plan import DTYPES, Item, Plan, resolve_impl, suite_cases
 from harness.topology import Topology, build_mesh
 
@@ -50,16 +51,8 @@ class Events:
         self.file.write(json.dumps({"t": kind, "item": item, "rank": self.rank, "time": time.time(), **fields}) + "\n")
 
 
-def _as_tuple(out) -> tuple:
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-
-
 def _detach(t):
     return t.detach() if isinstance(t, torch.Tensor) else t  # an output may legitimately be None
-
-
-def _float(t) -> bool:
-    return isinstance(t, torch.Tensor) and t.is_floating_point()
 
 
 class Golden:
@@ -71,13 +64,13 @@ class Golden:
         raw = case.make_inputs(gen)
         # Low-precision inputs are the float64 ones rounded; the golden sees the rounded values,
         # so input rounding is not counted as error.
-        self.inputs = {k: v.to(dtype) if _float(v) else v for k, v in raw.items()}
+        self.inputs = {k: v.to(dtype) if is_float(v) else v for k, v in raw.items()}
         self.upstream: list[torch.Tensor | None] = []
         if case.raises is not None:  # the op must raise: nothing to compare against
             self.outputs = self.naive_outputs = ()
             self.grads = self.naive_grads = {}
             return
-        self.outputs, self.grads = self._reference(case, {k: v.double() if _float(v) else v for k, v in self.inputs.items()}, gen, n_summands)
+        self.outputs, self.grads = self._reference(case, {k: v.double() if is_float(v) else v for k, v in self.inputs.items()}, gen, n_summands)
         if dtype == torch.float64:
             self.naive_outputs, self.naive_grads = self.outputs, self.grads
         else:
@@ -86,12 +79,12 @@ class Golden:
     def _reference(self, case: Case, inputs: dict, gen, n_summands: int):
         inputs = {k: v.clone().requires_grad_(k in case.grad_inputs) for k, v in inputs.items()}
         with torch.enable_grad():
-            outs = _as_tuple(case.reference(inputs))
+            outs = as_tuple(case.reference(inputs))
         if not case.grad_inputs:
             return tuple(_detach(o) for o in outs), {}
         if gen is not None:  # first (float64) pass draws the upstream gradients; never all ones
             for o in outs:
-                if _float(o) and o.requires_grad:
+                if is_float(o) and o.requires_grad:
                     g = torch.randn((n_summands, *o.shape), generator=gen, dtype=torch.float64)
                     g[:, ~torch.isfinite(o.detach())] = 0.0  # no gradient flows from -inf/NaN outputs
                     self.upstream.append(g)
@@ -143,7 +136,10 @@ class Worker:
             topo = Topology(*item.topology)
             mesh = self.mesh(topo)
             if self.rank < topo.size:  # replica 0 runs the case; other replicas wait
-                (self.run_bench_item if self.plan.bench else self.run_item)(item, topo, mesh)
+                if self.plan.bench:
+                    run_bench_item(self, item, topo, mesh)
+                else:
+                    self.run_item(item, topo, mesh)
             missing = self.barrier(item, started + self.plan.timeout)
             if missing:
                 self.events.emit("stuck", item.id, missing=missing, waited=round(time.time() - started, 1))
@@ -172,11 +168,7 @@ class Worker:
         n_summands = 1
         for d in case.summed_over:
             n_summands *= mesh[d].size()
-        coords = {d: mesh[d].get_local_rank() for d in ("dp", "cp", "tp")}
-
-        def emit_check(check: str, status: str, **fields):
-            self.events.emit("check", item.id, check=check, status=status, coords=coords, **fields)
-
+        emit_check = self.check_emitter(item, mesh)
         self.events.emit("phase", item.id, phase="forward")
         try:
             golden = self.golden(case, item, n_summands)
@@ -208,7 +200,7 @@ class Worker:
         if not case.output_names:  # a properties-only case: they get the raw result
             self._emit_properties(case, ctx, golden, local, (outs,), emit_check)
             return
-        outs = _as_tuple(outs)
+        outs = as_tuple(outs)
         if len(outs) != len(case.output_names):
             for check in item.checks:
                 emit_check(check, "error", message=f"op returned {len(outs)} outputs, expected {len(case.output_names)}")
@@ -261,16 +253,31 @@ class Worker:
                 self._emit_compare(emit_check, check, x.grad, expected, golden.grads[name],
                                    golden.naive_grads[name], lay, mesh, expect_dtype=x.dtype)
 
-        if case.comm is not None:
-            observed = counter.as_dict()
-            calls, nbytes = split_comm(observed)
-            try:
-                too_much = comm_violations(observed, case.comm(ctx))
-            except Exception as exc:
-                too_much = [f"contract failed: {type(exc).__name__}: {exc}"]
-            emit_check("property:comm", "fail" if too_much else "pass", message="; ".join(too_much),
-                       comm_calls=calls, comm_bytes=nbytes)
+        self.emit_comm(case, ctx, counter, emit_check)
         self._emit_properties(case, ctx, golden, local, outs, emit_check)
+
+    def check_emitter(self, item: Item, mesh):
+        """emit_check(check, status, **fields) for this rank and item."""
+        coords = {d: mesh[d].get_local_rank() for d in ("dp", "cp", "tp")}
+
+        def emit_check(check: str, status: str, **fields):
+            self.events.emit("check", item.id, check=check, status=status, coords=coords, **fields)
+
+        return emit_check
+
+    @staticmethod
+    def emit_comm(case: Case, ctx: RankContext, counter: CommCounter, emit_check) -> None:
+        """property:comm: the collectives seen against the case's contract."""
+        if case.comm is None:
+            return
+        observed = counter.as_dict()
+        calls, nbytes = split_comm(observed)
+        try:
+            too_much = comm_violations(observed, case.comm(ctx))
+        except Exception as exc:
+            too_much = [f"contract failed: {type(exc).__name__}: {exc}"]
+        emit_check("property:comm", "fail" if too_much else "pass", message="; ".join(too_much),
+                   comm_calls=calls, comm_bytes=nbytes)
 
     def _emit_properties(self, case: Case, ctx, golden: Golden, local, outs: tuple, emit_check) -> None:
         if case.properties is None:
@@ -283,108 +290,6 @@ class Worker:
         for p in props:
             emit_check(f"property:{p.name}", "pass" if p.passed else "fail", message=p.message,
                        max_abs_err=p.value, max_rel_err=None, budget=None, err_ratio=None)
-
-    def run_bench_item(self, item: Item, topo: Topology, mesh) -> None:
-        """Time, peak memory and collectives of forward (+ backward) on this rank's inputs.
-
-        Iteration count is the plan's (the same on every rank); each iteration starts after a
-        barrier over the sub-mesh; the recorded time of an iteration is the max over ranks."""
-        case = self.cases[(item.op, item.case_id)]
-        impl = self.impls[case.family]
-        dtype = DTYPES[item.dtype]
-        coords = {d: mesh[d].get_local_rank() for d in ("dp", "cp", "tp")}
-
-        def emit_check(check: str, status: str, **fields):
-            self.events.emit("check", item.id, check=check, status=status, coords=coords, **fields)
-
-        self.events.emit("phase", item.id, phase="forward")
-        gen = torch.Generator().manual_seed(item.seed)
-        full = {k: v.to(dtype) if _float(v) else v for k, v in case.make_inputs(gen).items()}
-        ctx = RankContext(mesh=mesh, topology=topo, device=self.device, dtype=dtype,
-                          full_shapes={k: tuple(v.shape) for k, v in full.items()}, input_layouts=case.input_layouts,
-                          impl=impl)
-        local = {k: case.input_layouts.get(k, REPLICATED).local(v, mesh).clone().to(self.device) for k, v in full.items()}
-        del full
-        grad_gen = torch.Generator(device=self.device).manual_seed(item.seed + self.rank)
-        upstream: list = []
-        timer = Timer(self.device)
-
-        def step(counter=None, fwd_times=None, bwd_times=None, backward=True):
-            xs = {k: v.detach().requires_grad_(k in case.grad_inputs) for k, v in local.items()}
-            with timer(fwd_times if fwd_times is not None else []):
-                outs = _as_tuple(case.run(impl, ctx, xs))
-            if not case.grad_inputs or not backward:
-                return
-            diff = [o for o in outs if _float(o) and o.requires_grad]
-            if not upstream:  # drawn once, never all ones
-                upstream.extend(torch.randn(o.shape, generator=grad_gen, device=o.device, dtype=o.dtype) for o in diff)
-            if counter is not None:
-                counter.phase = "backward"
-            with timer(bwd_times if bwd_times is not None else []):
-                torch.autograd.backward(diff, upstream)
-
-        try:
-            for _ in range(self.plan.bench_warmup):
-                step()
-            counter = CommCounter(group_dims(mesh))
-            with counter:
-                step(counter)
-            with peak_memory(self.device) as mem_fwd:
-                step(backward=False)
-            with peak_memory(self.device) as mem:
-                step()
-            fwd, bwd = [], []
-            for _ in range(self.plan.bench_iters):
-                self._sync(mesh)
-                step(fwd_times=fwd, bwd_times=bwd)
-            times = torch.tensor([fwd, bwd or [0.0] * len(fwd)], dtype=torch.float64).T  # [iters, 2]
-            for d in ("dp", "cp", "tp"):  # per-iteration max over the sub-mesh
-                torch.distributed.all_reduce(times, op=torch.distributed.ReduceOp.MAX, group=mesh[d].get_group())
-        except Exception as exc:
-            self._emit_error(emit_check, item.checks, exc)
-            return
-        total = times.sum(1)
-        q1, median, q3 = (float(v) for v in torch.quantile(total, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)))
-        observed = counter.as_dict()
-        calls, nbytes = split_comm(observed)
-        fields = dict(time_ms=median, time_ms_iqr=q3 - q1, time_fwd_ms=float(times[:, 0].median()),
-                      time_bwd_ms=float(times[:, 1].median()), times_ms=[round(float(t), 4) for t in total],
-                      peak_bytes=mem["peak_bytes"], peak_bytes_fwd=mem_fwd["peak_bytes"], comm_calls=calls, comm_bytes=nbytes,
-                      iters=self.plan.bench_iters, warmup=self.plan.bench_warmup)
-        if topo.size == 1:  # the single-device reference on the same inputs, for the TP=1 overhead ratio
-            fields.update(self._bench_reference(case, local, timer))
-        emit_check("bench", "pass", **fields)
-        if case.comm is not None:
-            try:
-                too_much = comm_violations(observed, case.comm(ctx))
-            except Exception as exc:
-                too_much = [f"contract failed: {type(exc).__name__}: {exc}"]
-            emit_check("property:comm", "fail" if too_much else "pass", message="; ".join(too_much),
-                       comm_calls=calls, comm_bytes=nbytes)
-
-    def _bench_reference(self, case: Case, local: dict, timer: Timer) -> dict:
-        def step(times=None):
-            xs = {k: v.detach().requires_grad_(k in case.grad_inputs) for k, v in local.items()}
-            with timer(times if times is not None else []):
-                outs = [o for o in _as_tuple(case.reference(xs)) if _float(o) and o.requires_grad]
-                if case.grad_inputs and outs:
-                    torch.autograd.backward(outs, [torch.randn_like(o) for o in outs])
-        for _ in range(self.plan.bench_warmup):
-            step()
-        with peak_memory(self.device) as mem:
-            step()
-        times: list[float] = []
-        for _ in range(self.plan.bench_iters):
-            step(times)
-        t = torch.tensor(times, dtype=torch.float64)
-        q1, median, q3 = (float(v) for v in torch.quantile(t, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)))
-        return {"ref_time_ms": median, "ref_time_ms_iqr": q3 - q1, "ref_peak_bytes": mem["peak_bytes"]}
-
-    @staticmethod
-    def _sync(mesh) -> None:
-        """Barrier over the whole sub-mesh (dim by dim: afterwards every rank has entered)."""
-        for d in ("dp", "cp", "tp"):
-            torch.distributed.barrier(group=mesh[d].get_group())
 
     @staticmethod
     def _summand_index(case: Case, mesh) -> int:

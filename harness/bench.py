@@ -1,0 +1,121 @@
+"""`shardcheck run --bench`: time, peak memory and collectives of one case on one rank.
+
+Iteration count is the plan's (the same on every rank); each timed iteration starts after a
+barrier over the sub-mesh, and the time recorded for it is the max over ranks.  Memory and
+collectives come from separate, untimed iterations (their trackers cost time).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.case import REPLICATED, Case, RankContext, as_tuple, is_float
+from harness.measure import CommCounter, Timer, group_dims, peak_memory, split_comm
+from harness.plan import DTYPES, Item
+from harness.topology import Topology
+
+
+def median_iqr(values) -> tuple[float, float]:
+    t = torch.as_tensor(values, dtype=torch.float64)
+    q1, median, q3 = (float(v) for v in torch.quantile(t, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)))
+    return median, q3 - q1
+
+
+def run_bench_item(w, item: Item, topo: Topology, mesh) -> None:
+    """Time, peak memory and collectives of forward (+ backward) on this rank's inputs.
+
+    Iteration count is the plan's (the same on every rank); each iteration starts after a
+    barrier over the sub-mesh; the recorded time of an iteration is the max over ranks."""
+    case = w.cases[(item.op, item.case_id)]
+    impl = w.impls[case.family]
+    dtype = DTYPES[item.dtype]
+    emit_check = w.check_emitter(item, mesh)
+    w.events.emit("phase", item.id, phase="forward")
+    gen = torch.Generator().manual_seed(item.seed)
+    full = {k: v.to(dtype) if is_float(v) else v for k, v in case.make_inputs(gen).items()}
+    ctx = RankContext(mesh=mesh, topology=topo, device=w.device, dtype=dtype,
+                      full_shapes={k: tuple(v.shape) for k, v in full.items()}, input_layouts=case.input_layouts,
+                      impl=impl)
+    local = {k: case.input_layouts.get(k, REPLICATED).local(v, mesh).clone().to(w.device) for k, v in full.items()}
+    del full
+    grad_gen = torch.Generator(device=w.device).manual_seed(item.seed + w.rank)
+    upstream: list = []
+    timer = Timer(w.device)
+
+    def step(counter=None, fwd_times=None, bwd_times=None, backward=True):
+        xs = {k: v.detach().requires_grad_(k in case.grad_inputs) for k, v in local.items()}
+        with timer(fwd_times if fwd_times is not None else []):
+            outs = as_tuple(case.run(impl, ctx, xs))
+        if not case.grad_inputs or not backward:
+            return
+        diff = [o for o in outs if is_float(o) and o.requires_grad]
+        if not upstream:  # drawn once, never all ones
+            upstream.extend(torch.randn(o.shape, generator=grad_gen, device=o.device, dtype=o.dtype) for o in diff)
+        if counter is not None:
+            counter.phase = "backward"
+        with timer(bwd_times if bwd_times is not None else []):
+            torch.autograd.backward(diff, upstream)
+
+    try:
+        for _ in range(w.plan.bench_warmup):
+            step()
+        counter = CommCounter(group_dims(mesh))
+        with counter:
+            step(counter)
+        with peak_memory(w.device) as mem_fwd:
+            step(backward=False)
+        with peak_memory(w.device) as mem:
+            step()
+        fwd, bwd = [], []
+        for _ in range(w.plan.bench_iters):
+            _sync(mesh)
+            step(fwd_times=fwd, bwd_times=bwd)
+        times = torch.tensor([fwd, bwd or [0.0] * len(fwd)], dtype=torch.float64).T  # [iters, 2]
+        for d in ("dp", "cp", "tp"):  # per-iteration max over the sub-mesh
+            torch.distributed.all_reduce(times, op=torch.distributed.ReduceOp.MAX, group=mesh[d].get_group())
+    except Exception as exc:
+        w._emit_error(emit_check, item.checks, exc)
+        return
+    total = times.sum(1)
+    median, iqr = median_iqr(total)
+    observed = counter.as_dict()
+    calls, nbytes = split_comm(observed)
+    fields = dict(time_ms=median, time_ms_iqr=iqr, time_fwd_ms=float(times[:, 0].median()),
+                  time_bwd_ms=float(times[:, 1].median()), times_ms=[round(float(t), 4) for t in total],
+                  peak_bytes=mem["peak_bytes"], peak_bytes_fwd=mem_fwd["peak_bytes"], comm_calls=calls, comm_bytes=nbytes,
+                  iters=w.plan.bench_iters, warmup=w.plan.bench_warmup)
+    if topo.size == 1:  # the single-device reference on the same inputs, for the TP=1 overhead ratio
+        fields.update(_bench_reference(w, case, local, timer))
+    emit_check("bench", "pass", **fields)
+    w.emit_comm(case, ctx, counter, emit_check)
+
+
+def _bench_reference(w, case: Case, local: dict, timer: Timer) -> dict:
+    """The single-device reference, forward and backward, on the same (full, TP=1) inputs."""
+    upstream: list = []
+
+    def step(times=None):
+        xs = {k: v.detach().requires_grad_(k in case.grad_inputs) for k, v in local.items()}
+        with timer(times if times is not None else []):
+            outs = [o for o in as_tuple(case.reference(xs)) if is_float(o) and o.requires_grad]
+            if case.grad_inputs and outs:
+                if not upstream:
+                    upstream.extend(torch.randn_like(o) for o in outs)
+                torch.autograd.backward(outs, upstream)
+
+    for _ in range(w.plan.bench_warmup):
+        step()
+    with peak_memory(w.device) as mem:
+        step()
+    times: list[float] = []
+    for _ in range(w.plan.bench_iters):
+        step(times)
+    median, iqr = median_iqr(times)
+    return {"ref_time_ms": median, "ref_time_ms_iqr": iqr, "ref_peak_bytes": mem["peak_bytes"]}
+
+
+def _sync(mesh) -> None:
+    """Barrier over the whole sub-mesh (dim by dim: afterwards every rank has entered)."""
+    for d in ("dp", "cp", "tp"):
+        torch.distributed.barrier(group=mesh[d].get_group())
+
