@@ -1,6 +1,6 @@
 """Calibrate the low-precision budget factor KAPPA on data.
 
-    python -m harness.calibrate --seeds 8 [--suite S]... [shardcheck run options]
+    python -m harness.calibrate --seeds 8 [--out DIR] [--suite S]... [shardcheck run options]
 
 Runs the matrix once per seed with the *correct* implementations and reports, over every
 low-precision check, the ratio err_sharded / err_naive (how much worse the sharded op is
@@ -24,23 +24,34 @@ from harness.records import load
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.calibrate")
     p.add_argument("--seeds", type=int, default=8)
+    p.add_argument("--out", type=Path, help="keep the runs here (default: a temporary directory)")
     args, run_args = p.parse_known_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
+        root = args.out or Path(tmp)
         outs = []
         for seed in range(args.seeds):
-            out = Path(tmp) / f"seed{seed}"
-            subprocess.run([sys.executable, "-m", "harness.cli", "run", "--seed", str(seed), "--dtype", "float32,bfloat16",
-                            "--out", str(out), "--no-progress", *run_args], check=False)
+            out = root / f"seed{seed}"
+            if not (out / "results.jsonl").exists():
+                subprocess.run([sys.executable, "-m", "harness.cli", "run", "--seed", str(seed), "--dtype",
+                                "float32,bfloat16", "--out", str(out), "--no-progress", *run_args], check=False)
             outs.append(out)
         rows = load(*outs)
-    rows = rows[rows["err_naive"].notna() & (rows["err_naive"] > 0)]
-    ratio = (rows["max_abs_err"] / rows["err_naive"]).rename("err/err_naive")
-    table = rows.assign(ratio=ratio).groupby("dtype")["ratio"].describe(percentiles=[0.5, 0.99])
-    print(table.to_markdown())
-    worst = rows.assign(ratio=ratio).sort_values("ratio", ascending=False).head(5)
-    print(worst[["op", "case_id", "dp", "tp", "dtype", "check", "ratio"]].to_markdown(index=False))
-    print(f"\nchecks: {len(rows)}; largest err/err_naive: {ratio.max():.3f}; KAPPA in use: {KAPPA}")
-    return 0 if ratio.max() <= KAPPA / 2 else 1
+    rows = rows[rows["err_naive"].notna()]
+    floor = rows["budget"] - KAPPA * rows["err_naive"]
+    # Where the reference's own error dominates the budget, the ratio says how much worse the
+    # sharded op is than the single-device one; elsewhere the one-ulp floor decides.
+    naive_led = rows[KAPPA * rows["err_naive"] > floor]
+    ratio = (naive_led["max_abs_err"] / naive_led["err_naive"]).rename("err/err_naive")
+    print("err / err_naive where KAPPA*err_naive dominates the budget:")
+    print(naive_led.assign(r=ratio).groupby("dtype")["r"].describe(percentiles=[0.5, 0.99]).to_markdown())
+    print("\nerr / budget, every low-precision check:")
+    print(rows.groupby("dtype")["err_ratio"].describe(percentiles=[0.5, 0.99]).to_markdown())
+    worst = rows.sort_values("err_ratio", ascending=False).head(5)
+    print(worst[["op", "case_id", "dp", "tp", "dtype", "check", "err_ratio"]].to_markdown(index=False))
+    failed = int((rows["status"] != "pass").sum())
+    print(f"\nchecks: {len(rows)} ({failed} not passing); largest err/err_naive {ratio.max():.3f} "
+          f"(KAPPA {KAPPA}); largest err/budget {rows['err_ratio'].max():.3f}")
+    return 0 if failed == 0 and ratio.max() <= KAPPA / 2 else 1
 
 
 if __name__ == "__main__":

@@ -103,7 +103,8 @@ class Worker:
         self.device = torch.device(plan.device)
         self.backend = plan.backend
         if self.device.type == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            # nccl: one GPU per rank; gloo on a shared GPU: ranks share device 0 (or wrap around)
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
         dist.init_process_group(self.backend, timeout=timedelta(seconds=plan.timeout + 120))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
