@@ -10,6 +10,8 @@ values and gradients, and once more by the explicit `property:dp_sum`). Cases wi
 
 TP modes: `dtensor` (logits wrapped as DTensors sharded on the last dim, so the group is
 inferred), `group` (local vocab shards + explicit tp_group), `plain` (full-vocab tensors).
+Every KDLoss case declares its exact per-rank collectives (`kd_comm`, checked as `property:comm`);
+`bench_cases()` at the end are the benchmarks.
 """
 
 from __future__ import annotations

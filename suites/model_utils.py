@@ -6,6 +6,9 @@ sharded over DP and replicated over TP; TP-all-reduced outputs are replicated ov
 Sequence-parallel hidden states [S, B, H] are sharded on S over TP and on B over DP; the output
 weight [V, H] on V over TP, replicated over DP: its gradient is summed over DP in the case (as DDP
 does), so every topology checks it.  No context parallelism here (cp_group None everywhere).
+
+Every case that communicates declares its exact per-rank collectives (`comm`, checked as
+`property:comm`; see "communication contracts"); `bench_cases()` at the end are the benchmarks.
 """
 
 from __future__ import annotations
@@ -96,7 +99,8 @@ def softmax_cases(shapes) -> list[Case]:
                 make_inputs=lambda gen, b=b, s=s, v=v, extra=extra: {"logits": make_logits(gen, (b, s, v), **extra)},
                 reference=lambda x, reference=reference: reference(x["logits"]),
                 run=lambda impl, ctx, x, name=name: getattr(impl, name)(x["logits"], ctx.group("tp")),
-                input_layouts={"logits": LOGITS}, output_layouts=(LOGITS,), supports=_batch_divides(b)))
+                input_layouts={"logits": LOGITS}, output_layouts=(LOGITS,), supports=_batch_divides(b),
+                comm=_contract(lambda ctx: (softmax_comm(ctx), {}))))
     return cases
 
 
@@ -117,7 +121,7 @@ def logprob_cases(shapes, quick: bool) -> list[Case]:
             op=OP + "DistributedLogprob", case_id=_case_id(b, s, v, extra), params=params, make_inputs=inputs,
             reference=lambda x: ref.logprob(x["logits"], x["target"]),
             run=lambda impl, ctx, x: impl.DistributedLogprob.apply(x["logits"], x["target"], *_vocab_range(ctx), ctx.group("tp")),
-            **common))
+            comm=_contract(lambda ctx, s=s: logprob_comm(ctx, s)), **common))
         for chunk in chunk_sizes:
             cases.append(Case(
                 op=OP + "ChunkedDistributedLogprob", case_id=f"{_case_id(b, s, v, extra)}-chunk{chunk}",
@@ -125,7 +129,7 @@ def logprob_cases(shapes, quick: bool) -> list[Case]:
                 reference=lambda x: ref.logprob(x["logits"], x["target"]),
                 run=lambda impl, ctx, x, chunk=chunk: impl.ChunkedDistributedLogprob.apply(
                     x["logits"], x["target"], *_vocab_range(ctx), chunk, ctx.group("tp")),
-                **common))
+                comm=_contract(lambda ctx, s=s, chunk=chunk: logprob_comm(ctx, s, chunk)), **common))
         for chunk in [None] + chunk_sizes[:1]:
             cases.append(Case(
                 op=OP + "from_parallel_logits_to_logprobs", case_id=f"{_case_id(b, s, v, extra)}-chunk{chunk}",
@@ -133,7 +137,7 @@ def logprob_cases(shapes, quick: bool) -> list[Case]:
                 reference=lambda x: ref.next_token_logprobs(x["logits"], x["target"]),
                 run=lambda impl, ctx, x, chunk=chunk: impl.from_parallel_logits_to_logprobs(
                     x["logits"], x["target"], *_vocab_range(ctx), ctx.group("tp"), chunk_size=chunk),
-                **common))
+                comm=_contract(lambda ctx, s=s, chunk=chunk: logprob_comm(ctx, s, chunk)), **common))
     # inference_only: same values, forward only.
     b, s, v, extra = shapes[0]
     inputs = partial(lambda gen, b, s, v, extra: _logits_and_target(gen, b, s, v, **extra), b=b, s=s, v=v, extra=extra)
@@ -144,6 +148,8 @@ def logprob_cases(shapes, quick: bool) -> list[Case]:
         cases.append(Case(op=OP + op, case_id=f"{_case_id(b, s, v, extra)}-inference_only", params={"B": b, "S": s, "V": v,
                           "inference_only": True, **extra}, make_inputs=inputs,
                           reference=lambda x: ref.logprob(x["logits"], x["target"]), run=call,
+                          comm=_contract(lambda ctx, s=s, op=op: logprob_comm(
+                              ctx, s, None if op == "DistributedLogprob" else 2, grad=False)),
                           input_layouts={"logits": LOGITS, "target": BATCH}, output_layouts=(BATCH,), supports=_batch_divides(b)))
     return cases
 
@@ -162,7 +168,7 @@ def cross_entropy_cases(shapes) -> list[Case]:
             make_inputs=inputs, reference=lambda x: ref.cross_entropy(x["student_logits"], x["target_logits"]),
             run=lambda impl, ctx, x: impl.DistributedCrossEntropy.apply(x["student_logits"], x["target_logits"], ctx.group("tp")),
             input_layouts={"student_logits": LOGITS, "target_logits": LOGITS}, output_layouts=(BATCH,),
-            grad_inputs=("student_logits",), supports=_batch_divides(b)))
+            grad_inputs=("student_logits",), supports=_batch_divides(b), comm=_contract(cross_entropy_comm)))
     cases.append(Case(
         op=OP + "DistributedCrossEntropy", case_id="shape-mismatch", params={"student": [2, 4, 16], "target": [2, 3, 16]},
         make_inputs=lambda gen: {"student_logits": make_logits(gen, (2, 4, 16)), "target_logits": make_logits(gen, (2, 3, 16))},
@@ -183,7 +189,7 @@ def all_to_all_cases(quick: bool) -> list[Case]:
                 make_inputs=lambda gen, rows=rows, v=v: {"logits": make_logits(gen, (rows, v))},
                 reference=lambda x: x["logits"].clone(),  # a pure layout change: values are untouched
                 run=lambda impl, ctx, x, op=op: getattr(impl, op)(x["logits"], ctx.group("tp")),
-                input_layouts={"logits": layouts[0]}, output_layouts=(layouts[1],),
+                input_layouts={"logits": layouts[0]}, output_layouts=(layouts[1],), comm=_contract(all_to_all_comm),
                 supports=lambda t, rows=rows, v=v: (rows // t.dp) % t.tp == 0 and v % t.tp == 0))
     # Not divisible / not 2-D: ValueError on every rank.
     # vp2sq splits the rows over TP, sq2vp the vocab: each must refuse a size TP does not divide.
@@ -434,12 +440,13 @@ def sampling_cases(quick: bool) -> list[Case]:
             op=OP + "DistributedLogprobWithSampling", case_id=cid, params=params,
             run=lambda impl, ctx, x, plain=plain: plain(impl, ctx, x["logits"], x["target"]),
             properties=_survivors_sum_to_1(lambda impl, ctx, l, t, plain=plain: plain(impl, ctx, l, t, inference_only=True), v),
-            **common))
+            comm=_contract(lambda ctx: sampling_comm(ctx, None, ctx.dtype.itemsize)), **common))
         # 3 does not divide S; 1 and 64 (a single chunk) on the first spec only
         for chunk in ([3] if quick or n else [3, 1, 64]):
             cases.append(Case(
                 op=OP + "ChunkedDistributedLogprobWithSampling", case_id=f"{cid}-chunk{chunk}",
                 params={**params, "chunk_size": chunk},
+                comm=_contract(lambda ctx, chunk=chunk: sampling_comm(ctx, chunk, ctx.dtype.itemsize)),
                 run=lambda impl, ctx, x, chunked=chunked, chunk=chunk: chunked(impl, ctx, x["logits"], x["target"], chunk),
                 properties=_props(
                     _survivors_sum_to_1(lambda impl, ctx, l, t, chunked=chunked, chunk=chunk:
@@ -490,6 +497,7 @@ def gather_logprob_cases(quick: bool) -> list[Case]:
             reference=lambda x: ref.gather_logprob(x["logits"], x["indices"]),
             run=lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x, chunk),
             input_layouts={"logits": LOGITS, "indices": BATCH}, output_layouts=(BATCH,), grad_inputs=("logits",),
+            comm=_contract(lambda ctx, s=s, chunk=chunk, k=k: logprob_comm(ctx, s, chunk, k=k)),
             properties=_chunked_equals_unchunked(lambda impl, ctx, x, call=call, s=s: call(impl, ctx, x, s, True)),
             supports=_batch_divides(b)))
     return cases
@@ -514,6 +522,7 @@ def gather_logits_cases(quick: bool) -> list[Case]:
             params={"B": b, "S": s, "V": v, "K": k, "duplicates": True, "tp_group": group, "chunk_size": chunk, **extra},
             make_inputs=partial(_gather_inputs, b=b, s=s, v=v, k=k, extra=extra),
             reference=lambda x: ref.gather_logits(x["logits"], x["indices"]), run=run,
+            comm=_contract(lambda ctx, k=k: gather_logits_comm(ctx, k)) if group == "tp" else NO_COMM,
             input_layouts={"logits": LOGITS if group == "tp" else BATCH, "indices": BATCH}, output_layouts=(BATCH,),
             grad_inputs=("logits",), supports=_batch_divides(b)))
     return cases
@@ -581,7 +590,8 @@ def topk_cases(quick: bool) -> list[Case]:
                 x["logits"], k, ctx.group("tp"), vocab_start_index=_vocab_range(ctx)[0],
                 vocab_end_index=_vocab_range(ctx)[1], chunk_size=chunk),
             input_layouts={"logits": LOGITS}, output_layouts=(BATCH, BATCH), output_names=("values", "ids"),
-            output_checks={"values": _topk_values_exact, "ids": _topk_ids_valid}, supports=_batch_divides(b)))
+            output_checks={"values": _topk_values_exact, "ids": _topk_ids_valid}, supports=_batch_divides(b),
+            comm=_contract(lambda ctx, s=s, k=k, chunk=chunk: topk_comm(ctx, s, k, chunk))))
     return cases
 
 
@@ -627,6 +637,8 @@ def distillation_cases(quick: bool) -> list[Case]:
                            "teacher_topk_indices": BATCH},
             output_layouts=(BATCH, BATCH, BATCH if ent else REPLICATED), output_names=("student", "teacher", "H_all"),
             grad_inputs=("student_logits", "teacher_topk_logits"),
+            comm=NO_COMM if path == "plain" else _contract(
+                lambda ctx, s=s, k=k, zero=zero, ent=ent: distillation_comm(ctx, s, k, zero, ent)),
             supports=_even_vocab(b, v) if path == "group" else _batch_divides(b)))
     return cases
 
@@ -670,6 +682,7 @@ def entropy_cases(quick: bool) -> list[Case]:
             run=lambda impl, ctx, x, chunk=chunk: impl.ChunkedDistributedEntropy.apply(
                 x["logits"], chunk, ctx.group("tp")),
             input_layouts={"logits": LOGITS}, output_layouts=(BATCH,), grad_inputs=("logits",),
+            comm=_contract(lambda ctx, s=s, chunk=chunk: entropy_comm(ctx, s, chunk)),
             properties=_props(_entropy_nonpositive, _chunked_equals_unchunked(
                 lambda impl, ctx, x, s=s: impl.ChunkedDistributedEntropy.apply(x["logits"], s, ctx.group("tp"), True))),
             supports=_batch_divides(b)))
@@ -732,6 +745,7 @@ def hidden_states_cases(quick: bool) -> list[Case]:
             run=lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x, chunk),
             properties=_chunked_equals_unchunked(lambda impl, ctx, x, call=call, s=s: call(impl, ctx, x, s, True),
                                                  eps_of=input_dtype_eps),
+            comm=_contract(lambda ctx, s=s, chunk=chunk: hidden_comm(ctx, s, chunk)),
             supports=lambda t, s=s, b=b: s % t.tp == 0 and b % t.dp == 0, **common))
     for s, b, h, v, extra, chunk, via in fp_specs:
         def call(impl, ctx, x, chunk, via=via, inference_only=False):
@@ -750,6 +764,7 @@ def hidden_states_cases(quick: bool) -> list[Case]:
             run=lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x, chunk),
             properties=None if chunk is None else _chunked_equals_unchunked(
                 lambda impl, ctx, x, call=call: call(impl, ctx, x, None, inference_only=True), eps_of=input_dtype_eps),
+            comm=_contract(lambda ctx, s=s, chunk=chunk: hidden_comm(ctx, s, chunk)),
             supports=lambda t, s=s, b=b: s % t.tp == 0 and b % t.dp == 0, **common))
     return cases
 
@@ -804,7 +819,8 @@ def from_parallel_sampling_cases(quick: bool) -> list[Case]:
             reference=_next_token_reference(smp),
             run=lambda impl, ctx, x, call=call, chunk=chunk: call(impl, ctx, x["logits"], x["target"], chunk),
             input_layouts={"logits": LOGITS, "target": BATCH}, output_layouts=(BATCH,), grad_inputs=("logits",),
-            properties=_props(*props), supports=_next_token_supports(b, s, v, smp)))
+            properties=_props(*props), supports=_next_token_supports(b, s, v, smp),
+            comm=_contract(lambda ctx, s=s, smp=smp, chunk=chunk: next_token_comm(ctx, s, smp, chunk))))
     return cases
 
 
@@ -862,8 +878,197 @@ def front_end_cases(quick: bool) -> list[Case]:
                                 b=b, s=s, v=v, smp=smp, extra=extra),
             reference=_next_token_reference(smp), run=run,
             input_layouts={"logits": logits_layout, "target": BATCH}, output_layouts=(BATCH,), grad_inputs=("logits",),
+            comm=NO_COMM if replicated else _contract(
+                lambda ctx, s=s, smp=smp, chunk=chunk: next_token_comm(ctx, s, smp, chunk)),
             supports=supports))
     return cases
+
+
+# ---- communication contracts (property:comm) ----------------------------------------------
+#
+# Per rank and phase, {"<kind>@<mesh dim>": (calls, bytes)}: exactly what the correct implementation
+# (distributed_impl/model_utils.py) does, so one more collective, call or byte fails the case.
+# Notation: n = this rank's rows B_local·S (S the full sequence, also for next-token ops, which
+# score S positions and drop the last), V_local = this rank's vocab shard, K = ids per position,
+# c = number of chunks, e = bytes of the compute dtype (promote(dtype, float32)), e_in = bytes of
+# the dtype the logits reach the op in.
+# Bytes are counted as harness.measure.CommCounter counts them (torch's CollectiveOp helper):
+# all_reduce: the reduced tensor; all_gather: the *gathered output* (TP × this rank's piece);
+# all_to_all: max(send, receive); and always the whole storage of the tensor handed over, so a view
+# (a chunk of the logits) counts its base tensor. The contracts below follow that measure; each
+# comment gives the true traffic and the lower bound.
+# At tp = 1 the ops still call the collectives on a 1-rank group (free, but counted): same formulas.
+
+AR, AG, A2A = "all_reduce@tp", "all_gather@tp", "all_to_all@tp"
+
+
+def _e(ctx) -> int:
+    return torch.promote_types(ctx.dtype, torch.float32).itemsize
+
+
+def _local_shape(ctx, name: str) -> tuple[int, ...]:
+    return tuple(b - a for a, b in (ctx.local_range(name, d) for d in range(len(ctx.full_shapes[name]))))
+
+
+def _rows(ctx, name: str = "logits") -> int:
+    """n = B_local·S of a [B, S, ...] input."""
+    b, s = _local_shape(ctx, name)[:2]
+    return b * s
+
+
+def _n_chunks(length: int, chunk: int | None) -> int:
+    return 1 if chunk is None else -(-length // chunk)
+
+
+def _merge(*phases: dict) -> dict:
+    out: dict = {}
+    for phase in phases:
+        for key, (calls, nbytes) in phase.items():
+            c0, b0 = out.get(key, (0, 0))
+            out[key] = (c0 + calls, b0 + nbytes)
+    return out
+
+
+def _contract(fn):
+    """fn(ctx) -> (forward, backward) dicts  ->  a Case.comm."""
+    def comm(ctx) -> dict:
+        fwd, bwd = fn(ctx)
+        return {"forward": fwd, "backward": bwd}
+    return comm
+
+
+NO_COMM = _contract(lambda ctx: ({}, {}))  # full-vocab (non-TP) paths: no collective at all
+
+
+def softmax_comm(ctx, name: str = "logits") -> dict:
+    """Distributed (log-)softmax: one MAX and one SUM all-reduce of a per-row scalar, 2 calls, 2·n·e.
+    Lower bound: the full-vocab normaliser needs per-row scalars only, O(n) bytes, never a [n, V] gather."""
+    return {AR: (2, 2 * _rows(ctx, name) * _e(ctx))}
+
+
+def logprob_comm(ctx, s: int, chunk: int | None = None, k: int = 1, grad: bool = True, name: str = "logits"):
+    """Vocab-parallel log-probs at K ids per position (DistributedLogprob: chunk None, K 1;
+    ChunkedDistributedLogprob / ChunkedDistributedGatherLogprob: chunk over S).
+    forward: a log-softmax per chunk (2 calls, 2·n·e in all) + one SUM of [picked, owner count]
+             (2·n·K·e): 2c + 1 calls, (2 + 2K)·n·e;
+    backward: unchunked none (the saved softmax is local); chunked recomputes each chunk's softmax:
+             2c calls, 2·n·e.
+    Lower bound: per-row scalars and the K picked values only: O(n·K) bytes, never a [n, V] gather;
+    no backward communication (the chunked backward's recompute trades 2·n·e for O(chunk·V_local) memory)."""
+    n, e = _rows(ctx, name), _e(ctx)
+    c = _n_chunks(s, chunk)
+    fwd = {AR: (2 * c + 1, (2 + 2 * k) * n * e)}
+    bwd = {AR: (2 * c, 2 * n * e)} if grad and chunk is not None else {}
+    return fwd, bwd
+
+
+def cross_entropy_comm(ctx):
+    """DistributedCrossEntropy: softmax(target) and log_softmax(student) (2 calls each) + one SUM of the
+    per-row partial H(p, q): 5 calls, 5·n·e; backward none ((q - p)·g is local).
+    Lower bound: per-row scalars only, O(n), never a [n, V] gather."""
+    return {AR: (5, 5 * _rows(ctx, "student_logits") * _e(ctx))}, {}
+
+
+def entropy_comm(ctx, s: int, chunk: int, name: str = "logits"):
+    """ChunkedDistributedEntropy: a log-softmax per chunk (2 calls, 2·n·e in all) + one SUM of the
+    per-row partial Σ p log p (n·e): 2c + 1 calls, 3·n·e; backward recomputes the softmax per chunk:
+    2c calls, 2·n·e. Lower bound: per-row scalars only, O(n), never a [n, V] gather."""
+    n, e = _rows(ctx, name), _e(ctx)
+    c = _n_chunks(s, chunk)
+    return {AR: (2 * c + 1, 3 * n * e)}, {AR: (2 * c, 2 * n * e)}
+
+
+def gather_logits_comm(ctx, k: int, name: str = "logits"):
+    """gather_logits_at_global_indices over TP: each id's owner contributes its logit, one SUM of
+    [n, K]: 1 call, n·K·e; backward none. Lower bound: the K picked values, O(n·K)."""
+    return {AR: (1, _rows(ctx, name) * k * _e(ctx))}, {}
+
+
+def topk_comm(ctx, s: int, k: int, chunk: int | None):
+    """distributed_vocab_topk: per chunk one all-gather of every rank's k candidate values (e) and one
+    of their int64 ids: 2c calls; measured as the gathered output, TP·n·k·(e + 8) bytes (this rank
+    sends n·k·(e + 8)). No backward. Lower bound: O(n·k) candidates per rank, never the [n, V_local] shard."""
+    tp = ctx.size("tp")
+    return {AG: (2 * _n_chunks(s, chunk), tp * _rows(ctx) * k * (_e(ctx) + 8))}, {}
+
+
+def sampling_comm(ctx, chunk: int | None, e_in: int, grad: bool = True):
+    """Top-k/top-p log-probs (DistributedLogprobWithSampling, the chunked one, and the filtering paths of
+    from_parallel_logits_to_logprobs): the [n, V_local] rows move to [n/TP, V] with an all-to-all.
+    forward: one all-gather of (B, S, V_local) for the layout check (TP·3·8 B measured) and one of the
+             per-row log-probs (n·e measured): 2 calls; c all-to-alls of the rows in the logits' dtype:
+             n·V_local·e_in in all (each chunk is a view: measured as the whole local logits, c·n·V_local·e_in);
+    backward: unchunked one all-to-all of the gradient back, n·V_local·e_in; chunked recomputes each
+             chunk's all-to-all then sends its gradient: 2c calls, measured (c + 1)·n·V_local·e_in.
+    Chunk rows: chunk·B_local rounded up to a multiple of TP. Lower bound for exact filtering in this
+    layout: every rank's shard crosses once per direction, Θ(n·V_local) bytes (vs an all-gather of the
+    full vocab to every rank: TP× more); the chunked backward's recompute doubles it to save memory."""
+    n, tp = _rows(ctx), ctx.size("tp")
+    b_local = _local_shape(ctx, "logits")[0]
+    v_local = _local_shape(ctx, "logits")[-1]
+    rows_per_chunk = n if chunk is None else min(n, -(-chunk * b_local // tp) * tp)
+    c = -(-n // rows_per_chunk)
+    shard = n * v_local * e_in
+    fwd = {AG: (2, tp * 3 * 8 + n * _e(ctx)), A2A: (c, c * shard)}
+    if not grad:
+        return fwd, {}
+    return fwd, ({A2A: (1, shard)} if chunk is None else {A2A: (2 * c, (c + 1) * shard)})
+
+
+def hidden_comm(ctx, s: int, chunk: int | None):
+    """Hidden states -> log-probs (ChunkedDistributedHiddenStatesToLogprobs, from_parallel_hidden_states_to_logprobs):
+    forward: all-gather of the sequence shards [S/TP, B, H] (measured as the gathered [S, B, H], e_in)
+             + vocab-parallel log-probs of the projected chunks: 2c + 1 all-reduces, 4·B·S·e;
+    backward: the same all-gather again (the forward keeps only the local shard), the softmax per chunk
+             (2c calls, 2·B·S·e) and the hidden-state gradient reduce-scattered as one all-to-all of the
+             [S, B, H] partial sums (compute dtype); the weight gradient is local.
+    Plus the suite's own DDP stand-in (_DataParallelGradSum): one all_reduce@dp of the [V_local, H]
+    weight gradient (compute dtype) in the backward when dp > 1.
+    Lower bound: sequence-parallel input needs the [S, B, H] gather (O(S·B·H), independent of V) and a
+    reduce-scatter of its gradient; the vocab side per-row scalars only, never [B, S, V] logits."""
+    s_local, b, h = _local_shape(ctx, "hidden")
+    v_local = _local_shape(ctx, "weight")[0]
+    e, e_in, tp = _e(ctx), ctx.dtype.itemsize, ctx.size("tp")
+    c = _n_chunks(s, chunk)
+    gathered = s_local * tp * b * h * e_in
+    fwd = {AG: (1, gathered), AR: (2 * c + 1, 4 * b * s * e)}
+    bwd = {AG: (1, gathered), AR: (2 * c, 2 * b * s * e), A2A: (1, s * b * h * e)}
+    if ctx.size("dp") > 1:
+        bwd["all_reduce@dp"] = (1, v_local * h * e)
+    return fwd, bwd
+
+
+def all_to_all_comm(ctx):
+    """all_to_all_vp2sq / sq2vp: one all-gather of the two sizes for the equal-shards check (TP·2·8 B
+    measured) and one all-to-all of this rank's shard, e_in; no backward here (no gradient checked).
+    Lower bound: the layout change itself, this rank's shard once."""
+    numel = 1
+    for d in _local_shape(ctx, "logits"):
+        numel *= d
+    return {AG: (1, ctx.size("tp") * 2 * 8), A2A: (1, numel * ctx.dtype.itemsize)}, {}
+
+
+def next_token_comm(ctx, s: int, smp: "Sampling", chunk: int | None, grad: bool = True):
+    """from_parallel_logits_to_logprobs (and the front ends over it): the plain, chunked or sampling path.
+    Unchunked with a temperature, the logits are upcast (and scaled) before the op: e_in = e."""
+    if smp.filtering:
+        e_in = _e(ctx) if chunk is None and smp.temperature != 1.0 else ctx.dtype.itemsize
+        return sampling_comm(ctx, chunk, e_in, grad)
+    return logprob_comm(ctx, s, chunk, grad=grad)
+
+
+def distillation_comm(ctx, s: int, k: int, zero: bool, entropy: bool):
+    """get_distillation_topk_logprobs_from_logits on the TP (group or DTensor) path, chunk = min(S, 1024):
+    zero_outside_topk: ChunkedDistributedGatherLogprob at the K ids (logprob_comm with K), else
+    gather_logits_at_global_indices (one SUM of [n, K]); calculate_entropy adds ChunkedDistributedEntropy.
+    The teacher side is local. DTensor student logits add nothing (to_local / from_local are local)."""
+    chunk = max(1, min(s, 1024))
+    fwd, bwd = logprob_comm(ctx, s, chunk, k=k, name="student_logits") if zero else \
+        gather_logits_comm(ctx, k, name="student_logits")
+    if entropy:
+        f2, b2 = entropy_comm(ctx, s, chunk, name="student_logits")
+        fwd, bwd = _merge(fwd, f2), _merge(bwd, b2)
+    return fwd, bwd
 
 
 def cases(quick: bool = False) -> list[Case]:
@@ -873,3 +1078,131 @@ def cases(quick: bool = False) -> list[Case]:
               + distillation_cases(quick) + entropy_cases(quick) + hidden_states_cases(quick)
               + from_parallel_sampling_cases(quick) + front_end_cases(quick))
     return phase1 + phase2
+
+
+# ---- benchmarks (`shardcheck run --bench`) -------------------------------------------------
+#
+# Realistic CPU sizes, float32 by default (the CLI's bench dtype): B·S up to 4096 tokens, V_local up
+# to 32k. Each sweep names the parameter its plot varies (params["sweep"]); every sweep but "tp" runs
+# at dp = cp = tp = 1 only, where the worker also times the single-device reference on the same
+# inputs; the "tp" sweep runs the same case ids at tp 1, 2, 4 with the total V fixed (V_local = V/TP).
+# The issue's targets: ChunkedDistributedLogprob (chunk S/16) vs DistributedLogprob at S = 4096,
+# V_local = 8192, B = 1, TP = 1 (peak memory fwd and fwd+bwd), and the hidden-states op vs its
+# reference, which materialises the full [B, S, V] logits. Sizes keep the whole `shardcheck run
+# --bench` (both suites) within ~5 minutes on a 2-core machine: each case runs ~15 fwd+bwd steps,
+# plus ~13 reference steps at size 1.
+
+BENCH_TOP_K, BENCH_TOP_P = 50, 0.9
+
+
+def _bench_supports(sweep: str):
+    if sweep == "tp":
+        return lambda t: t.dp == 1 and t.cp == 1
+    return lambda t: t.size == 1
+
+
+def _bench_logits_inputs(b: int, s: int, v: int, two: bool = False):
+    """Logits [B, S, V] (N(0, 3²)) and in-range targets; `two`: student and target logits instead."""
+    def make(gen):
+        if two:
+            return {"student_logits": make_logits(gen, (b, s, v)), "target_logits": make_logits(gen, (b, s, v))}
+        return {"logits": make_logits(gen, (b, s, v)), "target": torch.randint(0, v, (b, s), generator=gen)}
+    return make
+
+
+def _bench_hidden_inputs(s: int, b: int, h: int, v: int):
+    """hidden [S, B, H] ~ N(0, 1), weight [V, H] ~ N(0, 9/H): logits ~ N(0, 3²), as the logits benches."""
+    def make(gen):
+        return {"hidden": torch.randn((s, b, h), generator=gen, dtype=torch.float64),
+                "weight": torch.randn((v, h), generator=gen, dtype=torch.float64) * (3.0 / h ** 0.5),
+                "target": torch.randint(0, v, (b, s), generator=gen)}
+    return make
+
+
+def bench_case(op: str, sweep: str, b: int, s: int, v: int, chunk: int | None = None, h: int | None = None) -> Case:
+    """One benchmark case of `op` (B, S, total V; chunk_size; H for the hidden-states op)."""
+    params = {"B": b, "S": s, "V": v, "tokens": b * s, "chunk_size": chunk, "sweep": sweep}
+    case_id = f"bench-{sweep}-b{b}s{s}v{v}" + (f"-h{h}" if h else "") + (f"-chunk{chunk}" if chunk else "")
+    logits_io = dict(make_inputs=_bench_logits_inputs(b, s, v), input_layouts={"logits": LOGITS, "target": BATCH},
+                     grad_inputs=("logits",))
+    smp = Sampling(top_k=BENCH_TOP_K, top_p=BENCH_TOP_P)
+    if op == "DistributedLogprob":
+        spec = dict(run=lambda impl, ctx, x: impl.DistributedLogprob.apply(
+                        x["logits"], x["target"], *_vocab_range(ctx), ctx.group("tp")),
+                    reference=lambda x: ref.logprob(x["logits"], x["target"]),
+                    comm=_contract(lambda ctx: logprob_comm(ctx, s)), **logits_io)
+    elif op == "ChunkedDistributedLogprob":
+        spec = dict(run=lambda impl, ctx, x: impl.ChunkedDistributedLogprob.apply(
+                        x["logits"], x["target"], *_vocab_range(ctx), chunk, ctx.group("tp")),
+                    reference=lambda x: ref.logprob(x["logits"], x["target"]),
+                    comm=_contract(lambda ctx: logprob_comm(ctx, s, chunk)), **logits_io)
+    elif op == "from_parallel_logits_to_logprobs":
+        spec = dict(run=lambda impl, ctx, x: impl.from_parallel_logits_to_logprobs(
+                        x["logits"], x["target"], *_vocab_range(ctx), ctx.group("tp"), chunk_size=chunk),
+                    reference=lambda x: ref.next_token_logprobs(x["logits"], x["target"]),
+                    comm=_contract(lambda ctx: logprob_comm(ctx, s, chunk)), **logits_io)
+    elif op == "DistributedCrossEntropy":
+        spec = dict(make_inputs=_bench_logits_inputs(b, s, v, two=True),
+                    run=lambda impl, ctx, x: impl.DistributedCrossEntropy.apply(
+                        x["student_logits"], x["target_logits"], ctx.group("tp")),
+                    reference=lambda x: ref.cross_entropy(x["student_logits"], x["target_logits"]),
+                    input_layouts={"student_logits": LOGITS, "target_logits": LOGITS}, grad_inputs=("student_logits",),
+                    comm=_contract(cross_entropy_comm))
+    elif op == "DistributedLogprobWithSampling":
+        params.update(smp.params())
+        spec = dict(run=lambda impl, ctx, x: impl.DistributedLogprobWithSampling.apply(
+                        x["logits"], x["target"], ctx.group("tp"), smp.top_k, smp.top_p),
+                    reference=lambda x: ref.sampling_logprob(x["logits"], x["target"], smp.top_k, smp.top_p),
+                    comm=_contract(lambda ctx: sampling_comm(ctx, None, ctx.dtype.itemsize)), **logits_io)
+    elif op == "ChunkedDistributedEntropy":
+        spec = dict(make_inputs=_bench_logits_inputs(b, s, v), input_layouts={"logits": LOGITS}, grad_inputs=("logits",),
+                    run=lambda impl, ctx, x: impl.ChunkedDistributedEntropy.apply(x["logits"], chunk, ctx.group("tp")),
+                    reference=lambda x: ref.entropy(x["logits"]),
+                    comm=_contract(lambda ctx: entropy_comm(ctx, s, chunk)))
+    elif op == "from_parallel_hidden_states_to_logprobs":
+        params["H"] = h
+        spec = dict(make_inputs=_bench_hidden_inputs(s, b, h, v),
+                    input_layouts={"hidden": SEQ_HIDDEN, "weight": WEIGHT, "target": BATCH}, grad_inputs=("hidden", "weight"),
+                    run=lambda impl, ctx, x: impl.from_parallel_hidden_states_to_logprobs(
+                        x["hidden"], None, x["weight"], False, x["target"], *ctx.local_range("weight", 0), ctx.group("tp"),
+                        chunk_size=chunk),
+                    reference=lambda x: ref.hidden_states_to_logprobs(x["hidden"], x["weight"], x["target"]),
+                    comm=_contract(lambda ctx: hidden_comm(ctx, s, chunk)))
+    else:
+        raise ValueError(f"no benchmark for {op}")
+    return Case(op=OP + op, case_id=case_id, params=params, output_layouts=(BATCH,),
+                supports=_bench_supports(sweep), **spec)
+
+
+LOGPROB_BENCH_OPS = ("DistributedLogprob", "ChunkedDistributedLogprob")
+
+
+def bench_cases(quick: bool = False) -> list[Case]:
+    if quick:  # tiny: a 2-point S sweep of the two logprob ops and one op over tp, a few seconds
+        return ([bench_case(op, "S", 1, s, 1024, s // 16 if op.startswith("Chunked") else None)
+                 for s in (64, 256) for op in LOGPROB_BENCH_OPS]
+                + [bench_case("DistributedLogprob", "tp", 1, 128, 1024)])
+    v = 8192
+    cases = []
+    # S: chunked (S/16) vs unchunked log-probs, B = 1, V_local = 8192; S = 4096 is the issue's target pair.
+    for s in (1024, 2048, 4096):
+        cases += [bench_case("DistributedLogprob", "S", 1, s, v),
+                  bench_case("ChunkedDistributedLogprob", "S", 1, s, v, s // 16)]
+    # The hidden-states op (chunk S/16) vs its reference (full [B, S, V] logits), H = 256.
+    for s in (1024, 4096):
+        cases.append(bench_case("from_parallel_hidden_states_to_logprobs", "S", 1, s, v, s // 16, h=256))
+    # V: 512 tokens, V_local from 8k to 32k.
+    for vv in (8192, 32768):
+        cases += [bench_case("DistributedLogprob", "V", 1, 512, vv), bench_case("ChunkedDistributedLogprob", "V", 1, 512, vv, 32)]
+    # chunk_size: ChunkedDistributedLogprob at S = 1024 (1024: a single chunk).
+    cases += [bench_case("ChunkedDistributedLogprob", "chunk_size", 1, 1024, v, c) for c in (64, 256, 1024)]
+    # tp: 512 tokens, total V = 8192 (V_local 8192, 4096, 2048), chunk S/16 where there is one.
+    s = 512
+    cases += [bench_case("DistributedLogprob", "tp", 1, s, v),
+              bench_case("ChunkedDistributedLogprob", "tp", 1, s, v, s // 16),
+              bench_case("from_parallel_logits_to_logprobs", "tp", 1, s, v),
+              bench_case("DistributedCrossEntropy", "tp", 1, s, v),
+              bench_case("ChunkedDistributedEntropy", "tp", 1, s, v, s // 16),
+              bench_case("DistributedLogprobWithSampling", "tp", 1, s, v),
+              bench_case("from_parallel_hidden_states_to_logprobs", "tp", 1, s, v, s // 16, h=256)]
+    return cases

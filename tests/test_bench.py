@@ -82,22 +82,21 @@ def _comm_total(comm_bytes, phases) -> int:
 
 
 def test_memory_and_communication_are_deterministic(quick_runs):
-    """Collectives exactly; peak live bytes exactly on one rank. On several ranks gloo's worker thread may
-    drop its reference to a tensor handed to a collective a moment after the call returns (see the
-    report of this issue: harness.measure.LiveBytes then sees it alive at the next allocation now and
-    then), so there two runs may differ by at most the bytes handed to collectives in that phase."""
+    """Collectives exactly; peak live bytes up to the tensors handed to collectives. gloo's worker thread
+    may drop its reference to a collective's tensor a moment after the call returns (see this issue's
+    report: harness.measure.LiveBytes then now and then still counts it at the next allocation, even on
+    a 1-rank sub-group), so two runs may differ by at most the bytes handed to collectives in that phase."""
     a, b = (_bench_rows(r) for r in quick_runs)
     assert quick_runs[1].returncode == 0, quick_runs[1].stdout + quick_runs[1].stderr
     assert list(a.index) == list(b.index)
     for key in a.index:
         for col in ("comm_calls", "comm_bytes", "ref_peak_bytes"):
             x, y = a.at[key, col], b.at[key, col]
-            assert (pd.isna(x) and pd.isna(y)) if not isinstance(x, dict) and pd.isna(x) else x == y, \
-                f"{col} differs between two runs at {key}: {x} vs {y}"
-        single = key[2] * key[3] * key[4] == 1
+            same = x == y if isinstance(x, dict) else (pd.isna(x) and pd.isna(y)) or x == y
+            assert same, f"{col} differs between two runs at {key}: {x} vs {y}"
         for col, phases in (("peak_bytes_fwd", ("forward",)), ("peak_bytes", ("forward", "backward"))):
             x, y = a.at[key, col], b.at[key, col]
-            slack = 0 if single else _comm_total(a.at[key, "comm_bytes"], phases)
+            slack = _comm_total(a.at[key, "comm_bytes"], phases)
             assert abs(x - y) <= slack, f"{col} differs between two runs at {key}: {x} vs {y} (slack {slack})"
 
 
