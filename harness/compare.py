@@ -169,7 +169,7 @@ def merge_measurements(per_rank: list[dict]) -> dict:
                     merged.setdefault(phase, {})[kind] = max(n, merged.get(phase, {}).get(kind, 0))
         if any(r.get(key) is not None for r in per_rank):
             out[key] = merged
-    for key in ("times_ms", "ref_times_ms", "iters", "warmup"):  # identical on every rank
+    for key in ("times_ms", "ref_times_ms", "iters", "warmup", "comm_allowed"):  # identical on every rank
         values = [r[key] for r in per_rank if r.get(key) is not None]
         if values:
             out[key] = values[0]

@@ -1,11 +1,16 @@
 """What an op costs on one rank: time, peak memory, collectives.
 
 - Communication: a TorchDispatchMode sees every c10d / functional collective (torch routes
-  them through the dispatcher); torch's own CollectiveOp helpers give the process group and
-  the bytes.  Counted per collective kind and mesh dim.
+  them through the dispatcher); torch's CollectiveOp helper gives the process group.  Counted
+  per collective kind and mesh dim; bytes are those this rank *sends*: the elements of the
+  tensors it hands over (a view counts its own elements, not its base's; an all-gather its
+  own piece, not the gathered output).
 - Memory on CPU: peak *live tensor bytes* above what existed before, tracked by storage
   (allocation and release through weak references), so the same code on the same shapes
-  gives the same number on every run.  On CUDA: the allocator's peak above the baseline.
+  gives the same number on every run.  A tensor handed to a collective stops counting at
+  that call: the backend's worker thread drops its reference at a moment no program controls,
+  which would make the peak vary from run to run.  On CUDA: the allocator's peak above the
+  baseline.
 - Time: the caller brackets iterations with barriers; CUDA events on GPU.
 """
 
@@ -18,6 +23,17 @@ from contextlib import contextmanager
 
 import torch
 from torch.distributed._tools.fake_collectives import CollectiveOp, collective_ops
+
+# c10d ops whose first argument is the output buffer: what this rank sends is the second.
+_SENDS_ARG1 = {"_allgather_base_", "allgather_", "allgather_coalesced_", "allgather_into_tensor_coalesced_",
+               "alltoall_base_", "alltoall_", "_reduce_scatter_base_", "reduce_scatter_",
+               "reduce_scatter_tensor_coalesced_", "gather_", "scatter_"}
+
+
+def sent_bytes(func, args) -> int:
+    """Bytes of the tensors this rank hands to the collective `func`."""
+    sent = args[1] if func.namespace == "c10d" and func._overloadpacket.__name__ in _SENDS_ARG1 else args[0]
+    return sum(t.numel() * t.element_size() for t in tree_leaves(sent) if isinstance(t, torch.Tensor))
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -62,10 +78,7 @@ class CommCounter(TorchDispatchMode):
                     dim = self.group_dims.get(group.group_name, "other")
                 except Exception:  # an op torch's helper does not know: still count it
                     dim = "other"
-                try:
-                    nbytes = CollectiveOp.get_comm_tensor_size(func, out, args, kwargs)
-                except Exception:
-                    nbytes = sum(t.untyped_storage().nbytes() for t in tree_leaves(args) if isinstance(t, torch.Tensor))
+                nbytes = sent_bytes(func, args)
                 entry = self.counts[self.phase][f"{kind}@{dim}"]
                 entry["calls"] += 1
                 entry["bytes"] += int(nbytes)
@@ -90,6 +103,11 @@ class LiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if func in collective_ops:  # the backend owns these buffers from here on (see module doc)
+            for t in tree_leaves((args, out)):
+                if isinstance(t, torch.Tensor):
+                    self._forget(t.untyped_storage())
+            return out
         # Views, in-place ops and detach() hand back an input's storage: not an allocation.
         shared = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
         for t in tree_leaves(out):
@@ -103,8 +121,9 @@ class LiveBytes(TorchDispatchMode):
                     self.peak = max(self.peak, self.live)
         return out
 
-    def reset_peak(self) -> None:
-        self.peak = self.live
+    def _forget(self, storage) -> None:
+        if self._alive.pop(storage._cdata, None) is not None:
+            self.live -= storage.nbytes()
 
 
 @contextmanager

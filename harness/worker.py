@@ -274,11 +274,12 @@ class Worker:
         observed = counter.as_dict()
         calls, nbytes = split_comm(observed)
         try:
-            too_much = comm_violations(observed, case.comm(ctx))
+            allowed = case.comm(ctx)
+            too_much = comm_violations(observed, allowed)
         except Exception as exc:
-            too_much = [f"contract failed: {type(exc).__name__}: {exc}"]
+            allowed, too_much = None, [f"contract failed: {type(exc).__name__}: {exc}"]
         emit_check("property:comm", "fail" if too_much else "pass", message="; ".join(too_much),
-                   comm_calls=calls, comm_bytes=nbytes)
+                   comm_calls=calls, comm_bytes=nbytes, comm_allowed=allowed)
 
     def _emit_properties(self, case: Case, ctx, golden: Golden, local, outs: tuple, emit_check) -> None:
         if case.properties is None:

@@ -892,11 +892,9 @@ def front_end_cases(quick: bool) -> list[Case]:
 # score S positions and drop the last), V_local = this rank's vocab shard, K = ids per position,
 # c = number of chunks, e = bytes of the compute dtype (promote(dtype, float32)), e_in = bytes of
 # the dtype the logits reach the op in.
-# Bytes are counted as harness.measure.CommCounter counts them (torch's CollectiveOp helper):
-# all_reduce: the reduced tensor; all_gather: the *gathered output* (TP × this rank's piece);
-# all_to_all: max(send, receive); and always the whole storage of the tensor handed over, so a view
-# (a chunk of the logits) counts its base tensor. The contracts below follow that measure; each
-# comment gives the true traffic and the lower bound.
+# Bytes are what this rank sends (harness.measure.CommCounter): the elements it hands to the
+# collective; an all-gather counts its own piece, an all-to-all its whole send buffer. Each
+# contract is exactly what the reference implementation needs; its comment gives the lower bound.
 # At tp = 1 the ops still call the collectives on a 1-rank group (free, but counted): same formulas.
 
 AR, AG, A2A = "all_reduce@tp", "all_gather@tp", "all_to_all@tp"
@@ -985,21 +983,20 @@ def gather_logits_comm(ctx, k: int, name: str = "logits"):
 
 
 def topk_comm(ctx, s: int, k: int, chunk: int | None):
-    """distributed_vocab_topk: per chunk one all-gather of every rank's k candidate values (e) and one
-    of their int64 ids: 2c calls; measured as the gathered output, TP·n·k·(e + 8) bytes (this rank
-    sends n·k·(e + 8)). No backward. Lower bound: O(n·k) candidates per rank, never the [n, V_local] shard."""
-    tp = ctx.size("tp")
-    return {AG: (2 * _n_chunks(s, chunk), tp * _rows(ctx) * k * (_e(ctx) + 8))}, {}
+    """distributed_vocab_topk: per chunk one all-gather of this rank's k candidate values (e) and one
+    of their int64 ids: 2c calls, n·k·(e + 8) bytes sent. No backward.
+    Lower bound: O(n·k) candidates per rank, never the [n, V_local] shard."""
+    return {AG: (2 * _n_chunks(s, chunk), _rows(ctx) * k * (_e(ctx) + 8))}, {}
 
 
 def sampling_comm(ctx, chunk: int | None, e_in: int, grad: bool = True):
     """Top-k/top-p log-probs (DistributedLogprobWithSampling, the chunked one, and the filtering paths of
     from_parallel_logits_to_logprobs): the [n, V_local] rows move to [n/TP, V] with an all-to-all.
-    forward: one all-gather of (B, S, V_local) for the layout check (TP·3·8 B measured) and one of the
-             per-row log-probs (n·e measured): 2 calls; c all-to-alls of the rows in the logits' dtype:
-             n·V_local·e_in in all (each chunk is a view: measured as the whole local logits, c·n·V_local·e_in);
+    forward: one all-gather of (B, S, V_local) for the layout check (3·8 B) and one of this rank's
+             n/TP per-row log-probs (n/TP·e): 2 calls; c all-to-alls of the rows in the logits' dtype:
+             n·V_local·e_in in all;
     backward: unchunked one all-to-all of the gradient back, n·V_local·e_in; chunked recomputes each
-             chunk's all-to-all then sends its gradient: 2c calls, measured (c + 1)·n·V_local·e_in.
+             chunk's all-to-all then sends its gradient: 2c calls, 2·n·V_local·e_in.
     Chunk rows: chunk·B_local rounded up to a multiple of TP. Lower bound for exact filtering in this
     layout: every rank's shard crosses once per direction, Θ(n·V_local) bytes (vs an all-gather of the
     full vocab to every rank: TP× more); the chunked backward's recompute doubles it to save memory."""
@@ -1009,15 +1006,15 @@ def sampling_comm(ctx, chunk: int | None, e_in: int, grad: bool = True):
     rows_per_chunk = n if chunk is None else min(n, -(-chunk * b_local // tp) * tp)
     c = -(-n // rows_per_chunk)
     shard = n * v_local * e_in
-    fwd = {AG: (2, tp * 3 * 8 + n * _e(ctx)), A2A: (c, c * shard)}
+    fwd = {AG: (2, 3 * 8 + n // tp * _e(ctx)), A2A: (c, shard)}
     if not grad:
         return fwd, {}
-    return fwd, ({A2A: (1, shard)} if chunk is None else {A2A: (2 * c, (c + 1) * shard)})
+    return fwd, ({A2A: (1, shard)} if chunk is None else {A2A: (2 * c, 2 * shard)})
 
 
 def hidden_comm(ctx, s: int, chunk: int | None):
     """Hidden states -> log-probs (ChunkedDistributedHiddenStatesToLogprobs, from_parallel_hidden_states_to_logprobs):
-    forward: all-gather of the sequence shards [S/TP, B, H] (measured as the gathered [S, B, H], e_in)
+    forward: all-gather of the sequence shards [S/TP, B, H] (this rank sends its shard, e_in)
              + vocab-parallel log-probs of the projected chunks: 2c + 1 all-reduces, 4·B·S·e;
     backward: the same all-gather again (the forward keeps only the local shard), the softmax per chunk
              (2c calls, 2·B·S·e) and the hidden-state gradient reduce-scattered as one all-to-all of the
@@ -1028,24 +1025,24 @@ def hidden_comm(ctx, s: int, chunk: int | None):
     reduce-scatter of its gradient; the vocab side per-row scalars only, never [B, S, V] logits."""
     s_local, b, h = _local_shape(ctx, "hidden")
     v_local = _local_shape(ctx, "weight")[0]
-    e, e_in, tp = _e(ctx), ctx.dtype.itemsize, ctx.size("tp")
+    e, e_in = _e(ctx), ctx.dtype.itemsize
     c = _n_chunks(s, chunk)
-    gathered = s_local * tp * b * h * e_in
-    fwd = {AG: (1, gathered), AR: (2 * c + 1, 4 * b * s * e)}
-    bwd = {AG: (1, gathered), AR: (2 * c, 2 * b * s * e), A2A: (1, s * b * h * e)}
+    shard = s_local * b * h * e_in
+    fwd = {AG: (1, shard), AR: (2 * c + 1, 4 * b * s * e)}
+    bwd = {AG: (1, shard), AR: (2 * c, 2 * b * s * e), A2A: (1, s * b * h * e)}
     if ctx.size("dp") > 1:
         bwd["all_reduce@dp"] = (1, v_local * h * e)
     return fwd, bwd
 
 
 def all_to_all_comm(ctx):
-    """all_to_all_vp2sq / sq2vp: one all-gather of the two sizes for the equal-shards check (TP·2·8 B
-    measured) and one all-to-all of this rank's shard, e_in; no backward here (no gradient checked).
+    """all_to_all_vp2sq / sq2vp: one all-gather of the two sizes for the equal-shards check (2·8 B)
+    and one all-to-all of this rank's shard, e_in; no backward here (no gradient checked).
     Lower bound: the layout change itself, this rank's shard once."""
     numel = 1
     for d in _local_shape(ctx, "logits"):
         numel *= d
-    return {AG: (1, ctx.size("tp") * 2 * 8), A2A: (1, numel * ctx.dtype.itemsize)}, {}
+    return {AG: (1, 2 * 8), A2A: (1, numel * ctx.dtype.itemsize)}, {}
 
 
 def next_token_comm(ctx, s: int, smp: "Sampling", chunk: int | None, grad: bool = True):
