@@ -5,8 +5,9 @@
 Runs the matrix once per seed with the *correct* implementations and reports, over every
 low-precision check, the ratio err_sharded / err_naive (how much worse the sharded op is
 than the single-device reference in the same dtype).  KAPPA must sit well above the
-largest ratio ever seen, so that correct code never flakes; the floor term (one ulp of
-the output dtype at the golden's scale) covers checks whose err_naive is 0.
+largest ratio ever seen, so that correct code never flakes; the floor term (FLOOR_ULPS ulps
+of the output dtype at the golden's scale) covers checks whose err_naive is small by luck.
+Exit 0 when every check passed with err/budget <= 0.5 (a 2x margin).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness.compare import KAPPA
+from harness.compare import FLOOR_ULPS, KAPPA
 from harness.records import load
 
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
             outs.append(out)
         rows = load(*outs)
     rows = rows[rows["err_naive"].notna()]
-    floor = rows["budget"] - KAPPA * rows["err_naive"]
+    floor = rows["budget"] - KAPPA * rows["err_naive"]  # FLOOR_ULPS ulps at the golden's scale
     # Where the reference's own error dominates the budget, the ratio says how much worse the
     # sharded op is than the single-device one; elsewhere the one-ulp floor decides.
     naive_led = rows[KAPPA * rows["err_naive"] > floor]
@@ -50,8 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     print(worst[["op", "case_id", "dp", "tp", "dtype", "check", "err_ratio"]].to_markdown(index=False))
     failed = int((rows["status"] != "pass").sum())
     print(f"\nchecks: {len(rows)} ({failed} not passing); largest err/err_naive {ratio.max():.3f} "
-          f"(KAPPA {KAPPA}); largest err/budget {rows['err_ratio'].max():.3f}")
-    return 0 if failed == 0 and ratio.max() <= KAPPA / 2 else 1
+          f"(KAPPA {KAPPA}, FLOOR_ULPS {FLOOR_ULPS}); largest err/budget {rows['err_ratio'].max():.3f}")
+    return 0 if failed == 0 and rows["err_ratio"].max() <= 0.5 else 1
 
 
 if __name__ == "__main__":

@@ -3,11 +3,13 @@
 float64: the sharded op must match the float64 golden to RTOL_FLOAT64 of the tensor's
 largest magnitude: any indexing, offset, reduction or layout bug lands far above that.
 
-Low precision: budget = KAPPA * err_naive + eps(out dtype) * scale, where err_naive is the
-max error of the *reference* run in the same dtype on one device (inputs rounded the
-same way) and scale the golden's largest finite magnitude.  KAPPA was calibrated with
-`python -m harness.calibrate` (see README): the largest err/err_naive seen on correct
-implementations was well under KAPPA / 2.
+Low precision: budget = KAPPA * err_naive + FLOOR_ULPS * eps(out dtype) * scale, where
+err_naive is the max error of the *reference* run in the same dtype on one device (inputs
+rounded the same way) and scale the golden's largest finite magnitude.  The floor matters
+where err_naive is small by luck (a scalar loss: one rounding).  Calibrated with
+`python -m harness.calibrate` (see README): over 4 seeds x 11,696 low-precision checks of
+correct implementations, err/budget reached 0.26 at most (99th percentile 0.16); with the
+first guess (KAPPA 4, one ulp) it reached 0.94, too close to flaking.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import math
 import torch
 
 RTOL_FLOAT64 = 1e-10
-KAPPA = 4.0
+KAPPA = 8.0
+FLOOR_ULPS = 4.0
 STATUS_ORDER = {"pass": 0, "skip": 1, "fail": 2, "error": 3}
 
 
@@ -33,7 +36,7 @@ def budget(golden: torch.Tensor, naive: torch.Tensor | None, out_dtype: torch.dt
         return RTOL_FLOAT64 * max(scale, 1e-30), None
     both = torch.isfinite(golden) & torch.isfinite(naive.double())
     err_naive = float((naive.double() - golden)[both].abs().max()) if both.any() else 0.0
-    return KAPPA * err_naive + torch.finfo(out_dtype).eps * max(scale, 1e-30), err_naive
+    return KAPPA * err_naive + FLOOR_ULPS * torch.finfo(out_dtype).eps * max(scale, 1e-30), err_naive
 
 
 def compare(got: torch.Tensor, expected: torch.Tensor) -> dict:

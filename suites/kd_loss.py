@@ -156,14 +156,14 @@ def _run(spec: Spec):
 
 
 def _budget(golden: torch.Tensor, naive: torch.Tensor, dtype: torch.dtype) -> float:
-    """The harness's budget for one tensor (κ·err_naive + eps·scale; float64: relative 1e-10)."""
+    """The harness's budget for one tensor (κ·err_naive + floor; float64: relative 1e-10)."""
     return budget(golden, naive, dtype)[0]
 
 
 def _loss_budget(spec: Spec, full: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(golden, naive, budget) of the scalar loss on the full (dtype-rounded) inputs.
 
-    The harness budget κ·err_naive + eps·|loss|, widened for fp32_upcast=False in a 16-bit
+    The harness budget κ·err_naive + floor, widened for fp32_upcast=False in a 16-bit
     dtype: the whole loss is then computed in that dtype, and any composition of ops
     (chunks, TP partial sums) rounds log P, log Q and P at least once each, i.e. up to
     eps·T²·Σ_v P_v(|log P_v| + |log Q_v| + |log P_v − log Q_v|) per token. A scalar's
