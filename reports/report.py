@@ -53,7 +53,9 @@ def heatmap(df: pd.DataFrame, path: Path) -> None:
     values = grid.to_numpy(dtype=float)
     shown = np.clip(np.nan_to_num(values, nan=0.0, posinf=10.0), 1e-6, 10.0)
     fig, ax = plt.subplots(figsize=(3.5 + 1.1 * len(grid.columns), 1.2 + 0.45 * len(grid.index)), layout="constrained")
-    im = ax.imshow(np.log10(shown), cmap="RdYlGn_r", vmin=-6, vmax=1, aspect="auto")
+    # Passing cells (ratio <= 1, log <= 0) span green to yellow; failing ones are red.
+    norm = matplotlib.colors.TwoSlopeNorm(vmin=-6, vcenter=0, vmax=1)
+    im = ax.imshow(np.log10(shown), cmap="RdYlGn_r", norm=norm, aspect="auto")
     for (i, j), v in np.ndenumerate(values):
         err = errors.to_numpy(dtype=float)[i, j] == 1 if errors.size else False
         label = "ERROR" if err else ("FAIL" if v == np.inf else ("" if np.isnan(v) else f"{v:.2g}"))
