@@ -34,13 +34,21 @@ def load_suite(name: str) -> ModuleType:
     return importlib.import_module(f"suites.{name}")
 
 
+BENCH_FALLBACK_CASES = 2  # per op without benchmark cases
+
+
 def suite_cases(name: str, quick: bool, bench: bool = False) -> list[Case]:
-    """The suite's correctness cases, or its benchmark cases (`bench_cases()`, realistic sizes)."""
+    """The suite's correctness cases, or its benchmark cases: `bench_cases()` (realistic sizes),
+    plus, for every op that has none, its first correctness cases, so that every op present
+    (and every op added later) is measured without further work."""
     suite = load_suite(name)
+    cases = suite.cases(quick=quick)
     if bench:
-        cases = suite.bench_cases(quick=quick) if hasattr(suite, "bench_cases") else []
-    else:
-        cases = suite.cases(quick=quick)
+        sized = suite.bench_cases(quick=quick) if hasattr(suite, "bench_cases") else []
+        covered = {c.op for c in sized}
+        fallback = [c for c in cases if c.op not in covered and c.raises is None]
+        cases = sized + [c for i, c in enumerate(fallback)
+                         if sum(f.op == c.op for f in fallback[:i]) < BENCH_FALLBACK_CASES]
     seen = set()
     for case in cases:
         key = (case.op, case.case_id)
