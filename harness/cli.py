@@ -120,10 +120,11 @@ def cmd_run(args) -> int:
     run_dir = args.out or Path("shardcheck-runs") / run_id
     if (run_dir / "results.jsonl").exists():
         raise UsageError(f"--out {run_dir}: already holds a run; choose another directory")
-    plan, _ = build_plan(run_id=run_id, suites_wanted=_str_list(args.suite), ops=_str_list(args.op), case_patterns=_str_list(args.case),
-                         world_sizes=world_sizes, topologies=topologies, dtypes=_str_list(args.dtype) or _default_dtypes(args.bench, device),
-                         impl=_impl_map(args.impl), quick=args.quick, seed=args.seed, timeout=args.timeout,
-                         device=device, backend=backend, bench=args.bench, bench_iters=args.bench_iters)
+    plan = build_plan(run_id=run_id, suites_wanted=_str_list(args.suite), ops=_str_list(args.op),
+                      case_patterns=_str_list(args.case), world_sizes=world_sizes, topologies=topologies,
+                      dtypes=_str_list(args.dtype) or _default_dtypes(args.bench, device), impl=_impl_map(args.impl),
+                      quick=args.quick, seed=args.seed, timeout=args.timeout, device=device, backend=backend,
+                      bench=args.bench, bench_iters=args.bench_iters)
     writer = RecordWriter(run_dir)
     meta = run_metadata(run_id, sys.argv, device, backend)
     meta["start"] = dt.datetime.now().isoformat(timespec="seconds")

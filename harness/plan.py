@@ -136,7 +136,7 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
                world_sizes: list[int] | None,
                topologies: list[Topology], dtypes: list[str], impl: dict[str, str], quick: bool, seed: int,
                timeout: float, device: str, backend: str, bench: bool = False, bench_iters: int = 10,
-               bench_warmup: int = 2) -> tuple[Plan, dict[tuple[str, str], Case]]:
+               bench_warmup: int = 2) -> Plan:
     for d in dtypes:
         if d not in DTYPES:
             raise UsageError(f"unknown dtype {d!r}; known: {', '.join(DTYPES)}")
@@ -197,5 +197,4 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
                     params=case.params))
     if not plan.items:
         raise UsageError("nothing to run: no case supports the selected topologies and dtypes")
-    by_key = {(c.op, c.case_id): c for _, c in cases}
-    return plan, by_key
+    return plan

@@ -47,10 +47,11 @@ def run_standalone(argv: list[str]) -> int:
     backend = "nccl" if args.device == "cuda" else "gloo"
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "standalone") + "-" + str(world)
     try:
-        plan, _ = build_plan(run_id=run_id, suites_wanted=_str_list(args.suite), ops=_str_list(args.op), case_patterns=_str_list(args.case),
-                             world_sizes=[world], topologies=[t for t in topologies if world % t.size == 0],
-                             dtypes=_str_list(args.dtype) or list(DEFAULT_DTYPES), impl=_impl_map(args.impl),
-                             quick=args.quick, seed=args.seed, timeout=args.timeout, device=args.device, backend=backend)
+        plan = build_plan(run_id=run_id, suites_wanted=_str_list(args.suite), ops=_str_list(args.op),
+                          case_patterns=_str_list(args.case), world_sizes=[world],
+                          topologies=[t for t in topologies if world % t.size == 0],
+                          dtypes=_str_list(args.dtype) or list(DEFAULT_DTYPES), impl=_impl_map(args.impl),
+                          quick=args.quick, seed=args.seed, timeout=args.timeout, device=args.device, backend=backend)
     except UsageError as exc:
         print(f"shardcheck worker: error: {exc}", file=sys.stderr)
         return 2
