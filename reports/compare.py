@@ -3,7 +3,7 @@
 Rows are matched by op, case, topology, dtype, device and check.  A regression is:
 - a check that passed in BASE and fails or errors in NEW;
 - a slowdown beyond --max-slowdown percent that is also larger than the measured spread
-  (the IQR of either run), so noise alone never trips it;
+  (the IQRs of both runs added), so noise alone does not trip it;
 - peak memory growth beyond --max-memory-growth percent (memory is deterministic).
 """
 
@@ -43,7 +43,7 @@ def compare_runs(base_dir, new_dir, max_slowdown: float, max_memory_growth: floa
             tb, tn = r["time_ms_base"], r["time_ms_new"]
             if pd.notna(tb) and pd.notna(tn) and tb > 0:
                 change = (tn / tb - 1) * 100
-                spread = max(r["time_ms_iqr_base"] or 0, r["time_ms_iqr_new"] or 0)
+                spread = (r["time_ms_iqr_base"] or 0) + (r["time_ms_iqr_new"] or 0)
                 if change > max_slowdown and tn - tb > spread:
                     notes.append(f"REGRESSION: time +{change:.0f}% ({tb:.3g} -> {tn:.3g} ms, spread {spread:.2g} ms)")
                 elif abs(change) > max_slowdown:
