@@ -53,31 +53,39 @@ def _row_max(x: torch.Tensor) -> torch.Tensor:
     return x.amax(dim=-1)
 
 
-def _global_max_and_log_norm(
+def _global_log_softmaxes(
     t: torch.Tensor, s: torch.Tensor, tp_group: Optional[dist.ProcessGroup]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row full-vocab max ``m`` and ``log Σ exp(x − m)`` of teacher and student chunks, each ``[2, n]``.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Full-vocab log-softmax of teacher and student chunks (local shards), plus the per-row
+    max ``m`` and ``log Σ exp(x − m)``, each ``[2, n]``, to recompute them in backward.
 
-    Kept apart (not summed into a log-sum-exp) so that ``log_softmax = (x − m) − log_norm`` rounds
-    at the scale of log V, not of the largest logit.
+    ``(x − m) − log_norm``, not ``x − (m + log_norm)``: it rounds at the scale of log V, not of
+    the largest logit.  Teacher and student share each collective (MAX, then SUM, on ``[2, n]``).
     """
-    # Teacher and student share each collective: one MAX and one SUM on a [2, n] tensor.
     m = torch.stack([_row_max(t), _row_max(s)])
     if tp_group is not None:
         dist.all_reduce(m, op=dist.ReduceOp.MAX, group=tp_group)
-    se = torch.stack([(t - m[0, :, None]).exp().sum(dim=-1), (s - m[1, :, None]).exp().sum(dim=-1)])
+    log_p, log_q = t - m[0, :, None], s - m[1, :, None]
+    se = torch.stack([log_p.exp().sum(dim=-1), log_q.exp().sum(dim=-1)])
     if tp_group is not None:
         dist.all_reduce(se, op=dist.ReduceOp.SUM, group=tp_group)
-    return m, se.log()
+    log_norm = se.log()
+    return log_p.sub_(log_norm[0, :, None]), log_q.sub_(log_norm[1, :, None]), m, log_norm
 
 
 def _log_softmaxes(t, s, m, log_norm):
-    return (t - m[0, :, None]) - log_norm[0, :, None], (s - m[1, :, None]) - log_norm[1, :, None]
+    """The log-softmaxes again from the saved max and normaliser (no communication)."""
+    return (t - m[0, :, None]).sub_(log_norm[0, :, None]), (s - m[1, :, None]).sub_(log_norm[1, :, None])
+
+
+def _scaled(x: torch.Tensor, dtype: torch.dtype, temperature: float) -> torch.Tensor:
+    x = x.to(dtype)
+    return x / temperature if temperature != 1.0 else x  # no copy for T = 1
 
 
 def _safe_log_ratio(p: torch.Tensor, log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
     # Terms with P == 0 count as 0: zero the ratio itself so a teacher -inf gives no NaN.
-    return torch.where(p > 0, log_p - log_q, torch.zeros_like(log_p))
+    return torch.where(p > 0, log_p - log_q, 0.0)
 
 
 class _ForwardKL(torch.autograd.Function):
@@ -105,10 +113,9 @@ class _ForwardKL(torch.autograd.Function):
         log_norm = torch.empty_like(m)
         for a in range(0, n, step):  # range covers the last partial chunk
             b = min(a + step, n)
-            t = t_logits[a:b].to(compute_dtype) / temperature
-            s = s_logits[a:b].to(compute_dtype) / temperature
-            m[:, a:b], log_norm[:, a:b] = _global_max_and_log_norm(t, s, tp_group)
-            log_p, log_q = _log_softmaxes(t, s, m[:, a:b], log_norm[:, a:b])
+            t = _scaled(t_logits[a:b], compute_dtype, temperature)
+            s = _scaled(s_logits[a:b], compute_dtype, temperature)
+            log_p, log_q, m[:, a:b], log_norm[:, a:b] = _global_log_softmaxes(t, s, tp_group)
             p = log_p.exp()
             kl[a:b] = (p * _safe_log_ratio(p, log_p, log_q)).sum(dim=-1)
         if tp_group is not None:
@@ -130,8 +137,8 @@ class _ForwardKL(torch.autograd.Function):
         n = s_logits.shape[0]
         for a in range(0, n, step):
             b = min(a + step, n)
-            t = t_logits[a:b].to(compute_dtype) / temperature
-            s = s_logits[a:b].to(compute_dtype) / temperature
+            t = _scaled(t_logits[a:b], compute_dtype, temperature)
+            s = _scaled(s_logits[a:b], compute_dtype, temperature)
             log_p, log_q = _log_softmaxes(t, s, m[:, a:b], log_norm[:, a:b])
             p = log_p.exp()
             # 1/T from the chain rule through the logit scaling.
