@@ -40,22 +40,27 @@ def _impl_map(values: list[str] | None) -> dict[str, str]:
     return out
 
 
+def add_selection_args(p: argparse.ArgumentParser) -> None:
+    """What to run and how: shared by `shardcheck run` and the hand-launched worker."""
+    p.add_argument("--suite", action="append", help="suite name (repeatable, or comma-separated)")
+    p.add_argument("--op", action="append", help="op id family.Name (repeatable, or comma-separated)")
+    p.add_argument("--case", action="append", help="case id glob, e.g. 'b4s6*' (repeatable)")
+    p.add_argument("--topology", action="append", help="dp=1,cp=1,tp=2 (repeatable)")
+    p.add_argument("--dtype", action="append", help="float64,float32,bfloat16,float16")
+    p.add_argument("--impl", action="append", help="FAMILY=MODULE or FAMILY=path/to/file.py")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds one case may take on any rank")
+    p.add_argument("--quick", action="store_true", help="fewer, smaller cases")
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="shardcheck", description="Correctness and benchmark harness for sharded PyTorch ops.")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
     run = sub.add_parser("run", help="run suites (default: everything, default matrix, then the report)")
-    run.add_argument("--suite", action="append", help="suite name (repeatable, or comma-separated)")
-    run.add_argument("--op", action="append", help="op id family.Name (repeatable, or comma-separated)")
-    run.add_argument("--case", action="append", help="case id glob, e.g. 'b4s6*' (repeatable)")
+    add_selection_args(run)
     run.add_argument("--world-sizes", type=_int_list, help="world sizes to launch, e.g. 1,2,4")
-    run.add_argument("--topology", action="append", help="dp=1,cp=1,tp=2 (repeatable)")
-    run.add_argument("--dtype", action="append", help="float64,float32,bfloat16,float16")
-    run.add_argument("--impl", action="append", help="FAMILY=MODULE or FAMILY=path/to/file.py")
-    run.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     run.add_argument("--out", type=Path, help="run directory (default shardcheck-runs/<run-id>)")
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--timeout", type=float, default=60.0, help="seconds one case may take on any rank")
-    run.add_argument("--quick", action="store_true", help="fewer, smaller cases")
     run.add_argument("--bench", action="store_true", help="measure time, memory and collectives (benchmark cases)")
     run.add_argument("--bench-iters", type=int, default=10, help="timed iterations per benchmark (all ranks)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")

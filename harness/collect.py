@@ -79,7 +79,7 @@ class Collector:
         `dead` maps ranks whose process died by itself to their exit codes."""
         dead = dead or {}
         st = self.state[item.id]
-        participants = range(item.topology[0] * item.topology[1] * item.topology[2])
+        participants = _participants(item)
         stuck_ranks = sorted({r for ev in st.stuck for r in ev["missing"]})
         notes = []
         if stuck_ranks:
@@ -104,8 +104,7 @@ class Collector:
 
     def _finish(self, item: Item, extra_message: str = "") -> None:
         st = self.state[item.id]
-        dp, cp, tp = item.topology
-        participants = list(range(dp * cp * tp))
+        participants = _participants(item)
         for check, per_rank in st.checks.items():
             for r in per_rank:
                 r.setdefault("coords", None)
@@ -126,6 +125,12 @@ class Collector:
             "world_size": item.world_size, "dtype": item.dtype, "device": self.plan.device, "backend": self.plan.backend,
             "seed": item.seed, "check": check, **merged,
         }
+
+
+def _participants(item: Item) -> list[int]:
+    """Ranks that run `item` (replica 0 of its topology)."""
+    dp, cp, tp = item.topology
+    return list(range(dp * cp * tp))
 
 
 def _coords_of(rank: int, topology) -> dict:

@@ -102,8 +102,6 @@ def _run_world(plan: Plan, items: list[Item], world_size: int, run_dir: Path, wr
             return
         log_text = log_path.read_text(errors="replace")
         failed = collector.in_flight() or unfinished[0]
-        reasons = [watchdog_reason] if watchdog_reason else []
-        dead = _crashed_ranks(log_text)
         if not collector.state[failed.id].started:
             # The launch died before running anything: every remaining item is an error.
             why = _error_lines(log_text) or f"torchrun exited with code {proc.returncode}"
@@ -111,7 +109,7 @@ def _run_world(plan: Plan, items: list[Item], world_size: int, run_dir: Path, wr
                 collector.abort(item, f"worker launch failed: {why} (log: {log_path})")
                 progress.update(task, advance=1)
             return
-        collector.abort(failed, "; ".join(reasons), dead=dead)
+        collector.abort(failed, watchdog_reason, dead=_crashed_ranks(log_text))
         progress.update(task, advance=1)
         remaining = [i for i in unfinished if i.id != failed.id]
         attempt += 1

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from harness.cli import _impl_map, _str_list
+from harness.cli import _impl_map, _str_list, add_selection_args
 from harness.collect import Collector
 from harness.plan import DEFAULT_DTYPES, build_plan
 from harness.records import RecordWriter, run_metadata, write_json
@@ -28,35 +28,25 @@ from harness.topology import Topology, UsageError, default_topologies
 
 def run_standalone(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.worker")
-    p.add_argument("--suite", action="append")
-    p.add_argument("--op", action="append")
-    p.add_argument("--case", action="append")
-    p.add_argument("--topology", action="append")
-    p.add_argument("--dtype", action="append")
-    p.add_argument("--impl", action="append")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    add_selection_args(p)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
-    divisors = [w for w in range(1, world + 1) if world % w == 0]
-    topologies = [Topology.parse(t) for t in args.topology or []] or default_topologies(divisors)
-    backend = "nccl" if args.device == "cuda" else "gloo"
+    device = args.device or "cpu"
+    backend = "nccl" if device == "cuda" else "gloo"
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "standalone") + "-" + str(world)
     try:
+        divisors = [w for w in range(1, world + 1) if world % w == 0]
+        topologies = [Topology.parse(t) for t in args.topology or []] or default_topologies(divisors)
         plan = build_plan(run_id=run_id, suites_wanted=_str_list(args.suite), ops=_str_list(args.op),
                           case_patterns=_str_list(args.case), world_sizes=[world],
                           topologies=[t for t in topologies if world % t.size == 0],
                           dtypes=_str_list(args.dtype) or list(DEFAULT_DTYPES), impl=_impl_map(args.impl),
-                          quick=args.quick, seed=args.seed, timeout=args.timeout, device=args.device, backend=backend)
+                          quick=args.quick, seed=args.seed, timeout=args.timeout, device=device, backend=backend)
     except UsageError as exc:
         print(f"shardcheck worker: error: {exc}", file=sys.stderr)
         return 2
-    for item in plan.items:
-        item.world_size = world
     from harness.worker import Worker
 
     events_dir = args.out / "workers" / "standalone"
@@ -67,7 +57,7 @@ def run_standalone(argv: list[str]) -> int:
         dist.destroy_process_group()
         return 0
     writer = RecordWriter(args.out)
-    meta = {**run_metadata(run_id, sys.argv, args.device, backend), "start": dt.datetime.now().isoformat(timespec="seconds")}
+    meta = {**run_metadata(run_id, sys.argv, device, backend), "start": dt.datetime.now().isoformat(timespec="seconds")}
     collector = Collector(plan, plan.items, events_dir, writer, world)
     worker.run(on_item_done=lambda item: collector.poll(),
                on_stuck=lambda item: (collector.poll(), collector.abort(item, "")))

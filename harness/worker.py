@@ -231,10 +231,10 @@ class Worker:
         if case.grad_inputs:
             self.events.emit("phase", item.id, phase="backward")
             pairs = []
+            summand = self._summand_index(case, mesh)
             for got, up, lay in zip(outs, golden.upstream, case.output_layouts):
                 if up is None:
                     continue
-                summand = self._summand_index(case, mesh)
                 pairs.append((got, lay.local(up[summand], mesh).to(got.dtype).to(self.device)))
             grad_checks = [f"grad:{n}" for n in case.grad_inputs]
             try:

@@ -14,10 +14,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from harness.compare import STATUS_ORDER  # noqa: E402
 from harness.records import RUN_META, load  # noqa: E402
 from reports import benchmark_json  # noqa: E402
 
-STATUS_RANK = {"pass": 0, "skip": 1, "fail": 2, "error": 3}
 HEATMAP = "agreement_heatmap.png"
 
 
@@ -26,7 +26,7 @@ def _topology(df: pd.DataFrame) -> pd.Series:
 
 
 def _worst(statuses: pd.Series) -> str:
-    return max(statuses, key=STATUS_RANK.__getitem__)
+    return max(statuses, key=STATUS_ORDER.__getitem__)
 
 
 def status_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -153,7 +153,7 @@ def build(run_dir: str | Path) -> list[Path]:
              "td,th{border:1px solid #ccc;padding:3px 6px}td.pass{background:#dfd}td.fail{background:#fbb}"
              "td.error{background:#f88;font-weight:bold}td.skip{background:#eee}")
     cells = table.to_html(index=False, escape=True) if len(table) else ""
-    for status in STATUS_RANK:
+    for status in STATUS_ORDER:
         cells = cells.replace(f"<td>{status}</td>", f'<td class="{status}">{status}</td>')
     pictures = "".join(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
                        f"src='data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}'>" for title, path in images)
