@@ -150,6 +150,24 @@ class Case:
     comm: Callable[[RankContext], dict] | None = None
     dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")
     supports: Callable[[Topology], bool] = lambda topology: True
+    # Whether the case exercises the CP axis.  None: derived from the layouts (something is
+    # sharded over "cp", or the outputs are summands over it).  A case that does not would run
+    # the same computation on every CP rank, so topologies with cp > 1 skip it.  Ops that shard
+    # over CP by themselves (full inputs in, e.g. cp_utils' context) say True.
+    context_parallel: bool | None = None
+
+    def runs_on(self, topology: Topology) -> bool:
+        """Whether the plan gives this case `topology`."""
+        if topology.cp > 1 and not self.uses_cp:
+            return False
+        return self.supports(topology)
+
+    @property
+    def uses_cp(self) -> bool:
+        if self.context_parallel is not None:
+            return self.context_parallel
+        layouts = [*self.input_layouts.values(), *self.output_layouts]
+        return "cp" in self.summed_over or any(not isinstance(lay.placements[1], Replicate) for lay in layouts)
 
     @property
     def family(self) -> str:

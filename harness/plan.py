@@ -188,7 +188,7 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
             if dtype not in case.dtypes:
                 continue
             for topo in topologies:
-                if not case.supports(topo):
+                if not case.runs_on(topo):
                     continue
                 plan.items.append(Item(
                     id=len(plan.items), suite=suite_name, op=case.op, case_id=case.case_id, dtype=dtype,

@@ -45,12 +45,12 @@ class Topology:
         return cls(**sizes)
 
 
-def default_topologies(world_sizes: list[int], with_cp: bool = False) -> list[Topology]:
-    """Every (dp, cp, tp) whose size is one of `world_sizes` (cp fixed to 1 unless asked)."""
+def default_topologies(world_sizes: list[int]) -> list[Topology]:
+    """Every (dp, cp, tp) whose size is one of `world_sizes`."""
     out = []
     for w in world_sizes:
         for dp, cp, tp in itertools.product(range(1, w + 1), repeat=3):
-            if dp * cp * tp == w and (with_cp or cp == 1):
+            if dp * cp * tp == w:
                 out.append(Topology(dp, cp, tp))
     return sorted(set(out), key=lambda t: (t.size, t.tp, t.cp, t.dp))
 
