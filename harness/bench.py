@@ -36,7 +36,7 @@ def run_bench_item(w, item: Item, topo: Topology, mesh) -> None:
     ctx = RankContext(mesh=mesh, topology=topo, device=w.device, dtype=dtype,
                       full_shapes={k: tuple(v.shape) for k, v in full.items()}, input_layouts=case.input_layouts,
                       impl=impl)
-    local = {k: case.input_layouts.get(k, REPLICATED).local(v, mesh).clone().to(w.device) for k, v in full.items()}
+    local = {k: case.input_layouts.get(k, REPLICATED).local(v, mesh, full).clone().to(w.device) for k, v in full.items()}
     del full
     grad_gen = torch.Generator(device=w.device).manual_seed(item.seed + w.rank)
     upstream: list = []

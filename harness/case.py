@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from harness.topology import MESH_DIMS, Topology
@@ -23,48 +23,147 @@ from harness.topology import MESH_DIMS, Topology
 Tensors = dict[str, torch.Tensor]
 
 
+@dataclass(frozen=True)
+class HeadTail:
+    """Load-balanced ("head-tail") CP layout of tensor dim `dim`: the positions are split into
+    2·n equal chunks and rank r of n holds chunk r followed by chunk 2·n−1−r (cp=2, 16
+    positions: rank 0 holds 0–3 and 12–15, rank 1 holds 4–11)."""
+
+    dim: int
+
+    def positions(self, length: int, n: int, r: int, inputs: Tensors) -> torch.Tensor:
+        return head_tail_positions(length, n, r)
+
+
+@dataclass(frozen=True)
+class PackedHeadTail:
+    """The head-tail layout applied to each packed sequence on its own: the sequences' padded
+    boundaries are the full offsets in input `boundaries` ([B+1], e.g. cu_seqlens_padded); rank r
+    holds its two chunks of every sequence, sequences in order."""
+
+    dim: int
+    boundaries: str = "cu_seqlens_padded"
+
+    def positions(self, length: int, n: int, r: int, inputs: Tensors) -> torch.Tensor:
+        bounds = [int(b) for b in inputs[self.boundaries]]
+        if bounds[0] != 0 or bounds[-1] != length:
+            raise ValueError(f"{self.boundaries} {bounds} does not span the {length} positions of dim {self.dim}")
+        return torch.cat([a + head_tail_positions(b - a, n, r) for a, b in zip(bounds[:-1], bounds[1:])])
+
+
+@dataclass(frozen=True)
+class Permuted:
+    """An explicit CP layout: input `index` ([L], a permutation of the positions) lists the positions
+    in the order the ranks hold them; rank r of n holds the r-th contiguous 1/n of that list."""
+
+    dim: int
+    index: str = "seq_index"
+
+    def positions(self, length: int, n: int, r: int, inputs: Tensors) -> torch.Tensor:
+        order = inputs[self.index].long()
+        if sorted(order.tolist()) != list(range(length)) or length % n:
+            raise ValueError(f"{self.index} must be a permutation of {length} positions divisible by {n}")
+        return order.view(n, length // n)[r]
+
+
+IndexRule = HeadTail | PackedHeadTail | Permuted
+
+
+def head_tail_positions(length: int, n: int, r: int) -> torch.Tensor:
+    """Positions rank r of n holds in the head-tail layout of `length` positions."""
+    if length % (2 * n):
+        raise ValueError(f"head-tail layout needs a length divisible by 2·CP = {2 * n}, got {length}")
+    chunk = length // (2 * n)
+    return torch.cat([torch.arange(r * chunk, (r + 1) * chunk), torch.arange((2 * n - 1 - r) * chunk, (2 * n - r) * chunk)])
+
+
 class Layout:
-    """How a full tensor maps to each rank's local tensor: one DTensor placement per mesh dim.
+    """How a full tensor maps to each rank's local tensor: one placement per mesh dim.
+
+    A placement is a DTensor placement (`Shard(d)`, `Replicate()`, `Partial()`) or an index rule
+    (`HeadTail(d)`, `PackedHeadTail(d)`, `Permuted(d)`: CP layouts that are not DTensor
+    placements).  Either way a rank's piece is, per tensor dim, a list of global positions (mesh
+    dims apply in order dp, cp, tp, each splitting what the previous left): `indices` gives them,
+    and slicing, rebuilding and the mismatch's global index all go through it.
 
     `Partial()` on a dim means the full value is the *sum* of the ranks' local values
     there (e.g. per-DP-rank losses normalised by the global token count): the harness
     sums them before comparing, and every rank gets the full upstream gradient.
     """
 
-    def __init__(self, dp: Placement | None = None, cp: Placement | None = None, tp: Placement | None = None):
+    def __init__(self, dp: Placement | IndexRule | None = None, cp: Placement | IndexRule | None = None,
+                 tp: Placement | IndexRule | None = None):
         self.placements = tuple(p if p is not None else Replicate() for p in (dp, cp, tp))
 
     def __repr__(self) -> str:
         return "Layout(" + ", ".join(f"{d}={p}" for d, p in zip(MESH_DIMS, self.placements)) + ")"
 
-    def _normalized(self, ndim: int) -> list[Placement]:
-        # DTensor wants non-negative shard dims; a Partial sum's pieces each see the full upstream gradient.
-        return [Shard(p.dim % ndim) if isinstance(p, Shard) else Replicate() if isinstance(p, Partial) else p
-                for p in self.placements]
+    @property
+    def has_rules(self) -> bool:
+        return any(isinstance(p, IndexRule) for p in self.placements)
+
+    def indices(self, full_shape: Sequence[int], coords: dict[str, int], sizes: dict[str, int],
+                inputs: Tensors | None = None) -> list[torch.Tensor]:
+        """Per tensor dim, the global positions held by the rank at mesh `coords` (mesh dim sizes
+        `sizes`), in local order.  Pure: the driver can map any rank's piece without a mesh."""
+        ndim = len(full_shape)
+        idx = [torch.arange(int(n)) for n in full_shape]
+        for d, p in zip(MESH_DIMS, self.placements):
+            n, r = sizes.get(d, 1), coords.get(d, 0)
+            if isinstance(p, Shard):
+                dim = p.dim % ndim
+                size, offset = Shard.local_shard_size_and_offset(len(idx[dim]), n, r)
+                idx[dim] = idx[dim][offset:offset + size]
+            elif isinstance(p, IndexRule) and n > 1:
+                dim = p.dim % ndim
+                idx[dim] = idx[dim][p.positions(len(idx[dim]), n, r, inputs or {})]
+        return idx
+
+    def mesh_indices(self, full_shape: Sequence[int], mesh: DeviceMesh, inputs: Tensors | None = None) -> list[torch.Tensor]:
+        coords = {d: mesh[d].get_local_rank() for d in MESH_DIMS}
+        sizes = {d: mesh[d].size() for d in MESH_DIMS}
+        return self.indices(full_shape, coords, sizes, inputs)
 
     def reduce_partial(self, local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
         """Sum the local values over the Partial dims (a no-op without any), in float64 so the
         harness's own sum adds no rounding to what is judged."""
         if not any(isinstance(p, Partial) for p in self.placements):
             return local
-        placements = [Shard(p.dim % local.ndim) if isinstance(p, Shard) else p for p in self.placements]
-        dtensor = DTensor.from_local(local.detach().double(), mesh, placements, run_check=False)
-        return dtensor.redistribute(mesh, self._normalized(local.ndim)).to_local()
+        group_dims = [d for d, p in zip(MESH_DIMS, self.placements) if isinstance(p, Partial) and mesh[d].size() > 1]
+        total = local.detach().double()
+        for d in group_dims:
+            torch.distributed.all_reduce(total, group=mesh[d].get_group())
+        return total
 
-    def local(self, full: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    def local(self, full: torch.Tensor, mesh: DeviceMesh, inputs: Tensors | None = None) -> torch.Tensor:
         """This rank's piece of `full` (no communication: every rank holds the same full tensor)."""
-        dtensor = distribute_tensor(full, mesh, self._normalized(full.ndim), src_data_rank=None)
-        return dtensor.to_local()
+        return take(full, self.mesh_indices(full.shape, mesh, inputs))
 
-    def global_index(self, local_index: Sequence[int], full_shape: Sequence[int], mesh: DeviceMesh) -> tuple[int, ...]:
-        _, offset = compute_local_shape_and_global_offset(torch.Size(full_shape), mesh, self._normalized(len(full_shape)))
-        return tuple(int(i) + int(o) for i, o in zip(local_index, offset))
+    def global_index(self, local_index: Sequence[int], full_shape: Sequence[int], mesh: DeviceMesh,
+                     inputs: Tensors | None = None) -> tuple[int, ...]:
+        idx = self.mesh_indices(full_shape, mesh, inputs)
+        return tuple(int(ix[i]) for ix, i in zip(idx, local_index))
 
     def local_range(self, full_shape: Sequence[int], dim: int, mesh: DeviceMesh) -> tuple[int, int]:
-        """[start, end) of this rank's piece along `dim` in global coordinates."""
-        shape, offset = compute_local_shape_and_global_offset(torch.Size(full_shape), mesh, self._normalized(len(full_shape)))
+        """[start, end) of this rank's piece along `dim` in global coordinates (a contiguous piece)."""
         dim %= len(full_shape)
+        placements = [Shard(p.dim % len(full_shape)) if isinstance(p, Shard) else Replicate() for p in self.placements]
+        if any(isinstance(p, IndexRule) and p.dim % len(full_shape) == dim for p in self.placements):
+            ix = self.mesh_indices(full_shape, mesh)[dim]
+            if len(ix) and not torch.equal(ix, torch.arange(int(ix[0]), int(ix[0]) + len(ix))):
+                raise ValueError(f"dim {dim} of {self} is not a contiguous range on this rank")
+            return (int(ix[0]), int(ix[0]) + len(ix)) if len(ix) else (0, 0)
+        shape, offset = compute_local_shape_and_global_offset(torch.Size(full_shape), mesh, placements)
         return int(offset[dim]), int(offset[dim]) + int(shape[dim])
+
+
+def take(full: torch.Tensor, indices: Sequence[torch.Tensor]) -> torch.Tensor:
+    """full restricted to the given positions per dim (a copy only where a dim is not whole)."""
+    out = full
+    for d, ix in enumerate(indices):
+        if len(ix) != full.shape[d] or not torch.equal(ix, torch.arange(full.shape[d])):
+            out = out.index_select(d, ix.to(out.device))
+    return out
 
 
 REPLICATED = Layout()

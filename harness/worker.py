@@ -182,7 +182,7 @@ class Worker:
                           input_layouts=case.input_layouts, impl=impl)
         local = {}
         for name, full in golden.inputs.items():
-            piece = case.input_layouts.get(name, REPLICATED).local(full, mesh).clone().to(self.device)
+            piece = case.input_layouts.get(name, REPLICATED).local(full, mesh, golden.inputs).clone().to(self.device)
             local[name] = piece.requires_grad_(name in case.grad_inputs)
 
         counter = CommCounter(group_dims(mesh))
@@ -214,7 +214,7 @@ class Worker:
                 emit_check(check, "pass" if got is None else "fail",
                            message="" if got is None else f"expected None, got {type(got).__name__}")
                 continue
-            expected = lay.local(gold, mesh)
+            expected = lay.local(gold, mesh, golden.inputs)
             if name in case.output_checks:
                 try:
                     ok, msg = case.output_checks[name](got, expected, golden.inputs, local, ctx)
@@ -225,8 +225,8 @@ class Worker:
             got_dtype = got.dtype if isinstance(got, torch.Tensor) else None
             if isinstance(got, torch.Tensor):
                 got = lay.reduce_partial(got, mesh)
-            self._emit_compare(emit_check, check, got, expected, gold, naive, lay, mesh, expect_dtype=naive.dtype,
-                               got_dtype=got_dtype)
+            self._emit_compare(emit_check, check, got, expected, gold, naive, lay, mesh, golden.inputs,
+                               expect_dtype=naive.dtype, got_dtype=got_dtype)
 
         if case.grad_inputs:
             self.events.emit("phase", item.id, phase="backward")
@@ -235,7 +235,7 @@ class Worker:
             for got, up, lay in zip(outs, golden.upstream, case.output_layouts):
                 if up is None:
                     continue
-                pairs.append((got, lay.local(up[summand], mesh).to(got.dtype).to(self.device)))
+                pairs.append((got, lay.local(up[summand], mesh, golden.inputs).to(got.dtype).to(self.device)))
             grad_checks = [f"grad:{n}" for n in case.grad_inputs]
             try:
                 counter.phase = "backward"
@@ -250,9 +250,9 @@ class Worker:
                     emit_check(check, "fail", message=f"no gradient reached input {name!r}")
                     continue
                 lay = case.input_layouts.get(name, REPLICATED)
-                expected = lay.local(golden.grads[name], mesh)
+                expected = lay.local(golden.grads[name], mesh, golden.inputs)
                 self._emit_compare(emit_check, check, x.grad, expected, golden.grads[name],
-                                   golden.naive_grads[name], lay, mesh, expect_dtype=x.dtype)
+                                   golden.naive_grads[name], lay, mesh, golden.inputs, expect_dtype=x.dtype)
 
         self.emit_comm(case, ctx, counter, emit_check)
         self._emit_properties(case, ctx, golden, local, outs, emit_check)
@@ -300,7 +300,7 @@ class Worker:
             index = index * mesh[d].size() + mesh[d].get_local_rank()
         return index
 
-    def _emit_compare(self, emit_check, check, got, expected, gold_full, naive_full, lay, mesh, expect_dtype,
+    def _emit_compare(self, emit_check, check, got, expected, gold_full, naive_full, lay, mesh, inputs, expect_dtype,
                       got_dtype=None):
         if not isinstance(got, torch.Tensor):
             emit_check(check, "fail", message=f"got {type(got).__name__}, expected a tensor")
@@ -314,7 +314,7 @@ class Worker:
             status, msg = "fail", f"dtype {str(got_dtype)[6:]}, expected {str(expect_dtype)[6:]}"
         for key in ("worst", "nonfinite"):
             if stats.get(key):
-                stats[key]["global_index"] = list(lay.global_index(stats[key]["local_index"], gold_full.shape, mesh))
+                stats[key]["global_index"] = list(lay.global_index(stats[key]["local_index"], gold_full.shape, mesh, inputs))
         emit_check(check, status, budget=b, err_naive=err_naive, err_ratio=ratio if ratio != float("inf") else None,
                    message=msg, **stats)
 
