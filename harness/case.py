@@ -254,6 +254,11 @@ class Case:
     # the same computation on every CP rank, so topologies with cp > 1 skip it.  Ops that shard
     # over CP by themselves (full inputs in, e.g. cp_utils' context) say True.
     context_parallel: bool | None = None
+    # The op communicates over the default (world) process group rather than the mesh's groups (e.g.
+    # inbatch_neg_utils' gathers): each topology then runs only in a launch whose world size equals
+    # its size, so no spare rank is missing from the op's collectives; a topology whose size is not
+    # one of the launched world sizes is skipped for this case.
+    world_group: bool = False
 
     def runs_on(self, topology: Topology) -> bool:
         """Whether the plan gives this case `topology`."""

@@ -190,9 +190,11 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
             for topo in topologies:
                 if not case.runs_on(topo):
                     continue
+                if case.world_group and topo.size not in world_sizes:
+                    continue  # its default-group collectives need a launch of exactly this size
                 plan.items.append(Item(
                     id=len(plan.items), suite=suite_name, op=case.op, case_id=case.case_id, dtype=dtype,
-                    topology=(topo.dp, topo.cp, topo.tp), world_size=world_for(topo),
+                    topology=(topo.dp, topo.cp, topo.tp), world_size=topo.size if case.world_group else world_for(topo),
                     seed=item_seed(seed, case.op, case.case_id, dtype), checks=expected_checks(case, bench),
                     params=case.params))
     if not plan.items:
