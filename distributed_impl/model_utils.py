@@ -6,6 +6,11 @@ Vocab is sharded contiguously over the TP group: rank r owns global ids
 input's dtype. Outputs of a TP all-reduce are replicated, so their backward is the identity:
 each rank returns the gradient of its own shard and no gradient is all-reduced again.
 Ids outside ``[0, V)`` (e.g. -100) give 0 and a zero gradient.
+
+Context parallelism: sequence-sharded inputs are [B, S/CP, ...] in the load-balanced head-tail
+layout (see "context parallelism" below) unless a ``seq_index`` permutation says otherwise;
+per-token results are all-gathered over CP, so every CP rank returns the full sequence, and each
+CP rank's result is a separate summand for the backward.
 """
 
 from dataclasses import dataclass
@@ -67,12 +72,6 @@ def _check_chunk_size(chunk_size: Any) -> int:
     return chunk_size
 
 
-def _require_no_cp(cp_group: Optional[dist.ProcessGroup]) -> None:
-    # A size-1 CP group is no context parallelism at all, so it is accepted.
-    if cp_group is not None and dist.get_world_size(cp_group) > 1:
-        raise NotImplementedError("context-parallel path not implemented yet")
-
-
 def _chunks(S: int, chunk_size: int) -> list[tuple[int, int]]:
     return [(s0, min(S, s0 + chunk_size)) for s0 in range(0, S, chunk_size)]
 
@@ -128,6 +127,165 @@ def _check_same_across(group: dist.ProcessGroup, device: torch.device, what: str
     if (table != table[0]).any():
         per_rank = ", ".join(f"{name}={table[:, i].tolist()}" for i, name in enumerate(sizes))
         raise ValueError(f"{what} needs equal sizes on every TP rank, got per rank: {per_rank}")
+
+
+# ----------------------------------------------------------------------------- context parallelism
+#
+# The load-balanced ("head-tail") CP layout: a sequence of L positions is split into 2·CP equal
+# chunks and CP rank r holds chunk r followed by chunk 2·CP−1−r (it balances causal attention).
+# Every CP op below describes a layout by `positions`: a [CP, L/CP] table whose row r lists the
+# global sequence positions CP rank r holds, in its local order (head-tail, head-tail per packed
+# sequence, or an explicit permutation `seq_index`).  Per-token results are all-gathered over CP
+# through that table; each CP rank's use of the gathered tensor is a separate summand of the loss,
+# so the backward sums the upstream gradients over CP and keeps this rank's positions.
+
+
+def _cp_size_rank(cp_group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
+    if cp_group is None:
+        return 1, 0
+    return dist.get_world_size(cp_group), dist.get_rank(cp_group)
+
+
+def _head_tail_positions(length: int, cp_size: int) -> torch.Tensor:
+    """[CP, L/CP] head-tail table: row r = chunks r and 2·CP−1−r of 2·CP."""
+    if length % (2 * cp_size):
+        raise ValueError(
+            f"sequence length {length} is not divisible by 2·CP = {2 * cp_size} (CP = {cp_size}): pad it first"
+        )
+    chunks = torch.arange(length).view(2 * cp_size, length // (2 * cp_size))
+    return torch.cat([chunks[:cp_size], chunks[cp_size:].flip(0)], dim=1)
+
+
+def _packed_head_tail_positions(cu_seqlens_padded: torch.Tensor, cp_size: int) -> torch.Tensor:
+    """[CP, T/CP] table of the head-tail layout applied to each packed sequence on its own."""
+    bounds = [int(b) for b in cu_seqlens_padded.tolist()]
+    if len(bounds) < 2 or bounds[0] != 0 or any(b > a for a, b in zip(bounds[1:], bounds[:-1])):
+        raise ValueError(f"cu_seqlens_padded must start at 0 and be non-decreasing, got {bounds}")
+    pieces = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        if (end - start) % (2 * cp_size):
+            raise ValueError(
+                f"packed sequence [{start}, {end}) has padded length {end - start}, not divisible by 2·CP = {2 * cp_size}"
+            )
+        pieces.append(start + _head_tail_positions(end - start, cp_size))
+    return torch.cat(pieces, dim=1)
+
+
+def _permutation_positions(seq_index: torch.Tensor, cp_size: int) -> torch.Tensor:
+    """[CP, L/CP] table of an explicit layout: rank r holds seq_index[r·L/CP : (r+1)·L/CP]."""
+    order = seq_index.detach().long().cpu().reshape(-1)
+    L = order.numel()
+    if L % cp_size or not torch.equal(order.sort().values, torch.arange(L)):
+        raise ValueError(f"seq_index must be a permutation of the {L} positions, divisible by CP = {cp_size}")
+    return order.view(cp_size, L // cp_size)
+
+
+def _gather_positions(local: torch.Tensor, group: dist.ProcessGroup, seq_dim: int, positions: torch.Tensor) -> torch.Tensor:
+    """Every rank's local piece along ``seq_dim`` put at its global positions: the full tensor."""
+    cp_size = positions.shape[0]
+    x = local.movedim(seq_dim, 0).contiguous()
+    pieces = torch.empty((cp_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(pieces, x, group=group)
+    full = torch.empty_like(pieces)
+    full[positions.reshape(-1).to(x.device)] = pieces
+    return full.movedim(0, seq_dim)
+
+
+def _sum_grads_at_positions(grad: torch.Tensor, group: dist.ProcessGroup, seq_dim: int, positions: torch.Tensor) -> torch.Tensor:
+    """Backward of ``_gather_positions``: the sum over ranks of their upstream gradients, at this
+    rank's positions (a reduce-scatter, done as all-to-all + local sum, which gloo supports).
+    The incoming gradient may be expanded or non-contiguous and is never modified."""
+    cp_size = positions.shape[0]
+    g = grad.movedim(seq_dim, 0)
+    send = g[positions.reshape(-1).to(g.device)].contiguous()  # row block r: rank r's positions
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    recv = recv.view(cp_size, send.shape[0] // cp_size, *send.shape[1:])
+    total = recv.to(_compute_dtype(recv.dtype)).sum(0) if recv.is_floating_point() else recv.sum(0)
+    return total.to(grad.dtype).movedim(0, seq_dim)
+
+
+class _GatherCPPositions(torch.autograd.Function):
+    """All-gather over CP through a positions table; each rank's output is a separate summand."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, cp_group: dist.ProcessGroup, seq_dim: int, positions: torch.Tensor):
+        ctx.cp_group, ctx.seq_dim, ctx.positions = cp_group, seq_dim, positions
+        return _gather_positions(tensor, cp_group, seq_dim, positions)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return _sum_grads_at_positions(grad, ctx.cp_group, ctx.seq_dim, ctx.positions), None, None, None
+
+
+def _gather_cp(tensor: torch.Tensor, cp_group: Optional[dist.ProcessGroup], seq_dim: int, positions: torch.Tensor) -> torch.Tensor:
+    if positions.shape[0] == 1:
+        return tensor
+    return _GatherCPPositions.apply(tensor, cp_group, seq_dim % tensor.ndim, positions)
+
+
+def _get_tokens_on_this_cp_rank(
+    input_ids: torch.Tensor, cp_rank: int, cp_size: int, seq_dim: int = 1
+) -> torch.Tensor:
+    """This CP rank's tokens in the head-tail layout: chunks ``cp_rank`` and ``2·cp_size−1−cp_rank``
+    of 2·cp_size along ``seq_dim``, in that order.  Any dtype; ``cp_size == 1`` returns the input."""
+    if cp_size == 1:
+        return input_ids
+    if not 0 <= cp_rank < cp_size:
+        raise ValueError(f"cp_rank {cp_rank} is outside [0, {cp_size})")
+    L = input_ids.shape[seq_dim]
+    if L % (2 * cp_size):
+        raise ValueError(f"sequence length {L} is not divisible by 2·CP = {2 * cp_size} (CP = {cp_size}): pad it first")
+    chunks = input_ids.chunk(2 * cp_size, dim=seq_dim)
+    return torch.cat([chunks[cp_rank], chunks[2 * cp_size - 1 - cp_rank]], dim=seq_dim)
+
+
+class AllGatherCPTensor(torch.autograd.Function):
+    """Inverse of the head-tail layout across the CP group: every rank gets the full sequence.
+
+    Backward: each rank's use of the full tensor is a separate summand of the loss, so the
+    gradient is the sum over CP ranks of their upstream gradients, restricted to this rank's
+    two chunks.  The incoming gradient may be expanded or non-contiguous; it is not modified.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, cp_group: dist.ProcessGroup, seq_dim: int = 1) -> torch.Tensor:
+        cp_size = dist.get_world_size(cp_group)
+        seq_dim %= tensor.ndim
+        positions = _head_tail_positions(tensor.shape[seq_dim] * cp_size, cp_size)
+        ctx.cp_group, ctx.seq_dim, ctx.positions = cp_group, seq_dim, positions
+        return _gather_positions(tensor, cp_group, seq_dim, positions)
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple:
+        return _sum_grads_at_positions(grad_outputs[0], ctx.cp_group, ctx.seq_dim, ctx.positions), None, None
+
+
+def allgather_cp_sharded_tensor(tensor: torch.Tensor, cp_group: dist.ProcessGroup, seq_dim: int = 1) -> torch.Tensor:
+    """Full sequence in natural order on every CP rank from head-tail pieces (``AllGatherCPTensor``)."""
+    return AllGatherCPTensor.apply(tensor, cp_group, seq_dim)
+
+
+def _check_target(name: str, target: torch.Tensor, batch: int, seq_len: int) -> None:
+    """An unshifted [B, L] target with L ≤ the logits' full (possibly padded) sequence length."""
+    if torch.is_floating_point(target) or target.is_complex() or target.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor, got dtype {target.dtype}")
+    if target.ndim != 2 or target.shape[0] != batch or not 2 <= target.shape[1] <= seq_len:
+        raise ValueError(
+            f"{name} must have shape [{batch}, L] with 2 ≤ L ≤ {seq_len} (the full sequence length of the logits), "
+            f"got {tuple(target.shape)}"
+        )
+
+
+def _shift_pad_and_take(target: torch.Tensor, seq_len: int, positions: torch.Tensor, cp_rank: int) -> torch.Tensor:
+    """This rank's next-token targets: position t scores token t+1 (the last position's wrapped-around
+    id is dropped later), padded with 0 to ``seq_len``, at this rank's positions."""
+    shifted = target.roll(shifts=-1, dims=-1)
+    if shifted.shape[1] < seq_len:
+        shifted = torch.nn.functional.pad(shifted, (0, seq_len - shifted.shape[1]), value=0)
+    if positions.shape[0] == 1:
+        return shifted
+    return shifted[:, positions[cp_rank].to(shifted.device)]
 
 
 # ----------------------------------------------------------------------------- distributed softmax
@@ -349,7 +507,10 @@ def _vocab_parallel_logprobs(
     chunk_size: Optional[int],
     sampling_params: Any,
 ) -> torch.Tensor:
-    """[B,S] log-probs of an already shifted target: picks the plain / chunked / sampling op."""
+    """[B,S] log-probs of an already shifted target: picks the plain / chunked / sampling op
+    (``tp_group=None``: the logits hold the full vocab, no communication)."""
+    if tp_group is None:
+        return _full_vocab_logprobs(logits, target, sampling_params)
     top_k, top_p, temperature = _sampling_tuple(sampling_params)
     filtering = _need_filtering(top_k, top_p)
     if chunk_size is None:
@@ -380,18 +541,89 @@ def from_parallel_logits_to_logprobs(
     chunk_size: Optional[int] = None,
     sampling_params: Optional[TrainingSamplingParams] = None,
 ) -> torch.Tensor:
-    """[B,S-1] log-probs of the next token from vocab-parallel logits [B,S,V_local]; ``target`` is
-    the unshifted [B,S] input ids (position t scores token t+1)."""
-    _require_no_cp(cp_group)
+    """[B,L-1] log-probs of the next token from vocab-parallel logits [B,S/CP,V_local] in the head-tail
+    CP layout; ``target`` is the unshifted full [B,L] input ids (position t scores token t+1), L ≤ S:
+    a target shorter than the (padded) sequence is padded with 0 and the padding stripped from the
+    result.  The result is the full sequence on every CP and TP rank."""
     _check_logits("vocab_parallel_logits", vocab_parallel_logits)
-    _check_ids("target", target, vocab_parallel_logits.shape[:2])
-    # Position t scores token t+1; the last position (wrapped-around id) is dropped below.
-    shifted = target.roll(shifts=-1, dims=-1)
-    logprobs = _vocab_parallel_logprobs(
-        vocab_parallel_logits, shifted, vocab_start_index, vocab_end_index, tp_group, inference_only,
-        chunk_size, sampling_params,
+    cp_size, cp_rank = _cp_size_rank(cp_group)
+    B, S_local, _ = vocab_parallel_logits.shape
+    positions = _head_tail_positions(S_local * cp_size, cp_size)
+    return _next_token_logprobs(
+        vocab_parallel_logits, target, positions, cp_group, cp_rank, vocab_start_index, vocab_end_index, tp_group,
+        inference_only, chunk_size, sampling_params,
     )
-    return logprobs[:, :-1].contiguous()
+
+
+def _next_token_logprobs(
+    logits: torch.Tensor, target: torch.Tensor, positions: torch.Tensor, cp_group: Optional[dist.ProcessGroup],
+    cp_rank: int, vocab_start_index: int, vocab_end_index: int, tp_group: dist.ProcessGroup, inference_only: bool,
+    chunk_size: Optional[int], sampling_params: Any,
+) -> torch.Tensor:
+    """Shared body of the next-token fronts: ``logits`` hold the sequence positions ``positions[cp_rank]``."""
+    _check_logits("vocab_parallel_logits", logits)
+    seq_len = positions.numel()
+    _check_target("target", target, logits.shape[0], seq_len)
+    local_target = _shift_pad_and_take(target, seq_len, positions, cp_rank)
+    logprobs = _vocab_parallel_logprobs(
+        logits, local_target, vocab_start_index, vocab_end_index, tp_group, inference_only, chunk_size, sampling_params
+    )
+    logprobs = _gather_cp(logprobs, cp_group, 1, positions)
+    return logprobs[:, : target.shape[1] - 1].contiguous()
+
+
+def from_parallel_logits_to_logprobs_packed_sequences(
+    vocab_parallel_logits: torch.Tensor,
+    target: torch.Tensor,
+    cu_seqlens_padded: torch.Tensor,
+    unpacked_seqlen: int,
+    vocab_start_index: int,
+    vocab_end_index: int,
+    group: dist.ProcessGroup,
+    inference_only: bool = False,
+    cp_group: Optional[dist.ProcessGroup] = None,
+    chunk_size: Optional[int] = None,
+    sampling_params: Optional[TrainingSamplingParams] = None,
+    target_is_pre_rolled: bool = False,
+) -> torch.Tensor:
+    """[B, unpacked_seqlen-1] next-token log-probs of packed sequences.
+
+    Logits [1, T/CP, V_local]: sequence i occupies [cu_seqlens_padded[i], cu_seqlens_padded[i+1]) of
+    the packed T positions (padded lengths divisible by 2·CP) and is laid out head-tail over CP on
+    its own.  Each sequence is shifted inside its own segment.  ``target``: the unshifted packed ids
+    [1, T], or with ``target_is_pre_rolled`` already shifted per sequence and CP-sharded [1, T/CP].
+    Row i holds the first padded_len_i − 1 log-probs of sequence i, zeros after; compute dtype.
+    """
+    _check_logits("vocab_parallel_logits", vocab_parallel_logits)
+    cp_size, cp_rank = _cp_size_rank(cp_group)
+    if vocab_parallel_logits.shape[0] != 1:
+        raise ValueError(f"packed logits must be [1, T/CP, V_local], got {tuple(vocab_parallel_logits.shape)}")
+    if isinstance(unpacked_seqlen, bool) or not isinstance(unpacked_seqlen, int) or unpacked_seqlen < 2:
+        raise ValueError(f"unpacked_seqlen must be an int ≥ 2, got {unpacked_seqlen!r}")
+    T_local = vocab_parallel_logits.shape[1]
+    positions = _packed_head_tail_positions(cu_seqlens_padded, cp_size)
+    bounds = [int(b) for b in cu_seqlens_padded.tolist()]
+    if bounds[-1] != T_local * cp_size:
+        raise ValueError(f"cu_seqlens_padded ends at {bounds[-1]}, but the logits hold {T_local}·{cp_size} positions")
+    if target_is_pre_rolled:
+        _check_ids("target", target, (1, T_local))
+        local_target = target.long()
+    else:
+        _check_ids("target", target, (1, bounds[-1]))
+        rolled = torch.cat([target[:, a:b].roll(shifts=-1, dims=1) for a, b in zip(bounds[:-1], bounds[1:])], dim=1)
+        local_target = rolled[:, positions[cp_rank].to(rolled.device)].long()
+    logprobs = _vocab_parallel_logprobs(
+        vocab_parallel_logits, local_target, vocab_start_index, vocab_end_index, group, inference_only, chunk_size,
+        sampling_params,
+    )
+    logprobs = _gather_cp(logprobs, cp_group, 1, positions)[0]  # [T], natural order
+    # Unpack: row i, column j is packed position start_i + j while j < padded_len_i − 1, else 0.
+    starts = torch.tensor(bounds[:-1], device=logprobs.device)
+    lengths = torch.tensor([b - a for a, b in zip(bounds[:-1], bounds[1:])], device=logprobs.device)
+    j = torch.arange(unpacked_seqlen - 1, device=logprobs.device)
+    inside = j[None, :] < (lengths[:, None] - 1)
+    index = torch.where(inside, starts[:, None] + j[None, :], 0)
+    return torch.where(inside, logprobs[index], torch.zeros((), dtype=logprobs.dtype, device=logprobs.device))
 
 
 # ----------------------------------------------------------------------------- all-to-all layouts
@@ -840,20 +1072,25 @@ def gather_logits_at_global_indices(
 ) -> torch.Tensor:
     """[B,S,K] raw logits (compute dtype) at global ids; differentiable w.r.t. the logits.
 
-    ``tp_group=None``: the local tensor holds the full vocab. ``chunk_size`` is accepted but changes
-    nothing: the K picked logits are upcast after the gather, so no V-sized fp32 buffer exists.
+    Logits [B,S/CP,V_local] in the head-tail CP layout; ``global_indices`` [B,S,K] for the full
+    sequence; the result is the full sequence on every rank.  ``tp_group=None``: the local tensor
+    holds the full vocab.  ``chunk_size`` is accepted but changes nothing: the K picked logits are
+    upcast after the gather, so no V-sized fp32 buffer exists.
     """
-    _require_no_cp(cp_group)
     _check_logits("vocab_parallel_logits", vocab_parallel_logits)
-    _check_ids("global_indices", global_indices, (*vocab_parallel_logits.shape[:2], global_indices.shape[-1]))
-    _check_vocab_range(vocab_parallel_logits.shape[-1], vocab_start_index, vocab_end_index)
+    cp_size, cp_rank = _cp_size_rank(cp_group)
+    B, S_local, V_local = vocab_parallel_logits.shape
+    positions = _head_tail_positions(S_local * cp_size, cp_size)
+    _check_ids("global_indices", global_indices, (B, S_local * cp_size, global_indices.shape[-1]))
+    _check_vocab_range(V_local, vocab_start_index, vocab_end_index)
     if chunk_size is not None:
         _check_chunk_size(chunk_size)
-    picked, _ = _gather_owned(vocab_parallel_logits, global_indices.long(), vocab_start_index)
+    local_indices = _get_tokens_on_this_cp_rank(global_indices, cp_rank, cp_size, seq_dim=1).long()
+    picked, _ = _gather_owned(vocab_parallel_logits, local_indices, vocab_start_index)
     picked = _upcast(picked)
-    if tp_group is None:
-        return picked
-    return _AllReduceSum.apply(picked, tp_group)
+    if tp_group is not None:
+        picked = _AllReduceSum.apply(picked, tp_group)
+    return _gather_cp(picked, cp_group, 1, positions)
 
 
 def _local_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -877,11 +1114,12 @@ def get_distillation_topk_logprobs_from_logits(
 
     Teacher: log-softmax over its K logits. Student: full-vocab log-probs at the K ids
     (``zero_outside_topk``) or log-softmax within the K ids. H_all: student entropy sum p log p.
-    Student logits: vocab-parallel (with group and rank, even shards), a DTensor, or a full tensor.
+    Student logits: vocab-parallel (with group and rank, even shards), a DTensor, or a full tensor;
+    with ``context_parallel_group`` they are [B,S/CP,·] in the head-tail layout, while the teacher's
+    logits and ids are the full [B,S,K]; every result is the full sequence on every rank.
     """
     if teacher_topk_indices.shape[-1] <= 0:
         raise ValueError(f"top-k width must be positive, got teacher_topk_indices of shape {tuple(teacher_topk_indices.shape)}")
-    _require_no_cp(context_parallel_group)
     if vocab_parallel_group is not None:
         if vocab_parallel_rank is None:
             raise ValueError("vocab_parallel_rank must be given with vocab_parallel_group")
@@ -893,23 +1131,28 @@ def get_distillation_topk_logprobs_from_logits(
     else:
         local, group, start, end = student_logits, None, 0, student_logits.shape[-1]
     _check_logits("student_logits", local)
+    cp_size, cp_rank = _cp_size_rank(context_parallel_group)
+    positions = _head_tail_positions(local.shape[1] * cp_size, cp_size)
     indices = teacher_topk_indices.to(local.device).long()
+    _check_ids("teacher_topk_indices", indices, (local.shape[0], positions.numel(), indices.shape[-1]))
+    local_indices = _get_tokens_on_this_cp_rank(indices, cp_rank, cp_size, seq_dim=1)
     chunk_size = max(1, min(local.shape[1], 1024))
 
     if zero_outside_topk:
         if group is not None:
-            student = ChunkedDistributedGatherLogprob.apply(local, indices, start, end, chunk_size, group, False)
+            student = ChunkedDistributedGatherLogprob.apply(local, local_indices, start, end, chunk_size, group, False)
         else:
-            student, _ = _gather_owned(torch.log_softmax(_upcast(local), dim=-1), indices, 0)
+            student, _ = _gather_owned(torch.log_softmax(_upcast(local), dim=-1), local_indices, 0)
+        student = _gather_cp(student, context_parallel_group, 1, positions)
     else:
         picked = gather_logits_at_global_indices(
-            local, indices, group, None, vocab_start_index=start, vocab_end_index=end
+            local, indices, group, context_parallel_group, vocab_start_index=start, vocab_end_index=end
         )
         student = torch.log_softmax(picked, dim=-1)
     h_all = None
     if calculate_entropy:
         h_all = ChunkedDistributedEntropy.apply(local, chunk_size, group, False) if group is not None else _local_entropy(local)
-        h_all = h_all[:, :-1]
+        h_all = _gather_cp(h_all, context_parallel_group, 1, positions)[:, :-1]
     teacher = torch.log_softmax(_upcast(teacher_topk_logits.to(local.device)), dim=-1)
     return student[:, :-1], teacher[:, :-1], h_all
 
@@ -1030,23 +1273,30 @@ def from_parallel_hidden_states_to_logprobs(
     cp_group: Optional[dist.ProcessGroup] = None,
     chunk_size: Optional[int] = None,
 ) -> torch.Tensor:
-    """[B,S-1] next-token log-probs from sequence-parallel hidden states [S/TP,B,H].
+    """[B,L-1] next-token log-probs from sequence-parallel hidden states [S/(CP·TP),B,H].
 
-    The weight [V_local,H] is ``output_weight``, else ``output_weight_layer`` (a tensor or a module
-    with ``.weight``). ``target`` is the unshifted [B,S] input ids. ``runtime_gather_output`` is a
-    Megatron flag with no effect here. ``chunk_size=None`` processes the whole sequence at once.
+    With CP the sequence is laid out head-tail over CP first, then each CP rank's part is split
+    contiguously over TP (sequence parallelism).  The weight [V_local,H] is ``output_weight``, else
+    ``output_weight_layer`` (a tensor or a module with ``.weight``).  ``target`` is the unshifted
+    full [B,L] input ids, L ≤ S (padded with 0, the padding stripped from the result).
+    ``runtime_gather_output`` is a Megatron flag with no effect here.  ``chunk_size=None``
+    processes this rank's whole sequence at once.  The result is the full sequence on every rank.
     """
-    _require_no_cp(cp_group)
     weight = output_weight if output_weight is not None else getattr(output_weight_layer, "weight", output_weight_layer)
     if weight is None:
         raise ValueError("no output weight: output_weight and output_weight_layer are both None")
-    S = tensor_parallel_hidden_states.shape[0] * dist.get_world_size(tp_group)
-    shifted = target.roll(shifts=-1, dims=-1)
+    _check_logits("tensor_parallel_hidden_states", tensor_parallel_hidden_states)
+    cp_size, cp_rank = _cp_size_rank(cp_group)
+    S_cp = tensor_parallel_hidden_states.shape[0] * dist.get_world_size(tp_group)  # this CP rank's positions
+    positions = _head_tail_positions(S_cp * cp_size, cp_size)
+    _check_target("target", target, tensor_parallel_hidden_states.shape[1], positions.numel())
+    local_target = _shift_pad_and_take(target, positions.numel(), positions, cp_rank)
     logprobs = ChunkedDistributedHiddenStatesToLogprobs.apply(
-        tensor_parallel_hidden_states, shifted, weight, vocab_start_index, vocab_end_index,
-        S if chunk_size is None else chunk_size, tp_group, inference_only,
+        tensor_parallel_hidden_states, local_target, weight, vocab_start_index, vocab_end_index,
+        S_cp if chunk_size is None else chunk_size, tp_group, inference_only,
     )
-    return logprobs[:, :-1].contiguous()
+    logprobs = _gather_cp(logprobs, cp_group, 1, positions)
+    return logprobs[:, : target.shape[1] - 1].contiguous()
 
 
 # ----------------------------------------------------------------------------- DTensor / dispatch front ends
@@ -1069,9 +1319,6 @@ def _dtensor_vocab_shard(x: Any) -> tuple[torch.Tensor, Optional[dist.ProcessGro
 
     mesh, placements, ndim = x.device_mesh, x.placements, x.ndim
     vocab_dims = [i for i, p in enumerate(placements) if isinstance(p, Shard) and p.dim % ndim == ndim - 1]
-    for i, p in enumerate(placements):
-        if isinstance(p, Shard) and p.dim % ndim == 1 and mesh.size(i) > 1:
-            raise NotImplementedError("context-parallel path not implemented yet")
     if len(vocab_dims) > 1:
         raise ValueError(f"vocab dim sharded over several mesh dims {vocab_dims}: placements {placements}")
     local = x.to_local()
@@ -1081,27 +1328,56 @@ def _dtensor_vocab_shard(x: Any) -> tuple[torch.Tensor, Optional[dist.ProcessGro
     return local, mesh.get_group(vocab_dims[0]), offset[-1], offset[-1] + local_shape[-1]
 
 
-def _local_ids(ids: Any) -> torch.Tensor:
-    """Input ids as a local tensor (a DTensor's local shard; sequence sharding is CP, not supported)."""
-    if not _is_dtensor(ids):
-        return ids
+def _seq_shard_group(x: Any) -> tuple[Optional[dist.ProcessGroup], int]:
+    """(group, size) of the mesh dim over which DTensor ``x`` shards its sequence dim (dim 1):
+    its context-parallel group; (None, 1) for a plain tensor or an unsharded sequence."""
+    if not _is_dtensor(x):
+        return None, 1
     from torch.distributed.tensor import Shard
 
-    for i, p in enumerate(ids.placements):
-        if isinstance(p, Shard) and p.dim % ids.ndim == 1 and ids.device_mesh.size(i) > 1:
-            raise NotImplementedError("context-parallel path not implemented yet")
-    return ids.to_local()
+    dims = [i for i, p in enumerate(x.placements)
+            if isinstance(p, Shard) and p.dim % x.ndim == 1 and x.device_mesh.size(i) > 1]
+    if len(dims) > 1:
+        raise ValueError(f"sequence dim sharded over several mesh dims {dims}: placements {x.placements}")
+    if not dims:
+        return None, 1
+    return x.device_mesh.get_group(dims[0]), x.device_mesh.size(dims[0])
 
 
-def _plain_next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, sampling_params: Any) -> torch.Tensor:
-    """[B,S-1] next-token log-probs from full-vocab logits: temperature, filtering, log-softmax, gather."""
-    _check_logits("next_token_logits", logits)
-    _check_ids("input_ids", input_ids, logits.shape[:2])
+def _cp_layout(seq_index: Optional[torch.Tensor], seq_len: int, cp_size: int) -> torch.Tensor:
+    """Positions table of a DTensor sequence shard: the ``seq_index`` permutation, or without one the
+    DTensor's own contiguous Shard(1).  ``seq_index`` is ignored without context parallelism."""
+    if cp_size == 1 or seq_index is None:
+        if seq_len % cp_size:
+            raise ValueError(f"sequence length {seq_len} is not divisible by CP = {cp_size}")
+        return torch.arange(seq_len).view(cp_size, seq_len // cp_size)
+    if seq_index.numel() != seq_len:
+        raise ValueError(f"seq_index has {seq_index.numel()} positions, the sequence {seq_len}")
+    return _permutation_positions(seq_index, cp_size)
+
+
+def _full_ids(ids: Any, positions: torch.Tensor, cp_group: Optional[dist.ProcessGroup]) -> torch.Tensor:
+    """Input ids as a full-sequence local tensor: a DTensor's sequence shards are all-gathered over CP
+    (ids are per-token scalars) and put back in natural order through ``positions``."""
+    if not _is_dtensor(ids):
+        return ids
+    group, size = _seq_shard_group(ids)
+    local = ids.to_local()
+    if group is None:
+        return local
+    if size != positions.shape[0]:
+        raise ValueError(f"input ids are sharded over {size} ranks, the logits over {positions.shape[0]}")
+    return _gather_positions(local, group, 1, positions)
+
+
+def _full_vocab_logprobs(logits: torch.Tensor, target: torch.Tensor, sampling_params: Any) -> torch.Tensor:
+    """[B,S] log-probs of an already shifted target from full-vocab logits: temperature, filtering,
+    log-softmax, gather (ids outside [0, V): 0)."""
     top_k, top_p, temperature = _sampling_tuple(sampling_params)
-    x = _upcast(logits[:, :-1], temperature)
+    x = _upcast(logits, temperature)
     if _need_filtering(top_k, top_p):
         x, _ = _filter_logits(x, top_k, top_p)
-    picked, _ = _gather_owned(torch.log_softmax(x, dim=-1), input_ids[:, 1:, None].long(), 0)
+    picked, _ = _gather_owned(torch.log_softmax(x, dim=-1), target[..., None].long(), 0)
     return picked.squeeze(-1)
 
 
@@ -1116,13 +1392,20 @@ def dtensor_from_parallel_logits_to_logprobs(
     chunk_size: Optional[int] = None,
     sampling_params: Optional[TrainingSamplingParams] = None,
 ) -> torch.Tensor:
-    """[B,S-1] next-token log-probs from vocab-parallel logits; ``target`` may be a DTensor.
+    """[B,S-1] next-token log-probs from vocab-parallel logits [B,S/CP,V_local].
 
-    Without context parallelism ``seq_index`` is not needed and is ignored.
+    ``target`` is the unshifted input ids: a plain full [B,S] tensor (no CP), or a DTensor whose
+    sequence dim is sharded over the CP mesh dim; the CP layout of both the target's and the logits'
+    sequence shards is the permutation ``seq_index`` (rank r holds ``seq_index[r·S/CP:(r+1)·S/CP]``),
+    or the DTensor's contiguous Shard(1) when it is None.  The result is in natural order on every rank.
     """
-    return from_parallel_logits_to_logprobs(
-        vocab_parallel_logits, _local_ids(target), vocab_start_index, vocab_end_index, tp_group,
-        inference_only=inference_only, chunk_size=chunk_size, sampling_params=sampling_params,
+    _check_logits("vocab_parallel_logits", vocab_parallel_logits)
+    cp_group, cp_size = _seq_shard_group(target)
+    positions = _cp_layout(seq_index, vocab_parallel_logits.shape[1] * cp_size, cp_size)
+    ids = _full_ids(target, positions, cp_group)
+    return _next_token_logprobs(
+        vocab_parallel_logits, ids, positions, cp_group, _cp_size_rank(cp_group)[1], vocab_start_index,
+        vocab_end_index, tp_group, inference_only, chunk_size, sampling_params,
     )
 
 
@@ -1133,16 +1416,19 @@ def get_logprobs_from_vocab_parallel_logits(
     chunk_size: Optional[int] = None,
     sampling_params: Optional[TrainingSamplingParams] = None,
 ) -> torch.Tensor:
-    """[B,S-1] next-token log-probs from DTensor logits; TP group and vocab range come from the
-    DTensor's mesh and placements (uneven shards included)."""
+    """[B,S-1] next-token log-probs from DTensor logits [B,S,V]: the TP group and vocab range come from
+    the placement of the vocab dim (uneven shards included), the CP group from that of the sequence
+    dim, whose layout is ``seq_index`` (see ``dtensor_from_parallel_logits_to_logprobs``).
+    ``input_ids``: a DTensor laid out like the logits' sequence, or a plain full [B,S] tensor."""
     if not _is_dtensor(vocab_parallel_logits):
         raise ValueError(f"vocab_parallel_logits must be a DTensor, got {type(vocab_parallel_logits).__name__}")
     local, tp_group, start, end = _dtensor_vocab_shard(vocab_parallel_logits)
-    if tp_group is None:
-        return _plain_next_token_logprobs(local, _local_ids(input_ids), sampling_params)
-    return dtensor_from_parallel_logits_to_logprobs(
-        local, input_ids, start, end, tp_group, inference_only=not torch.is_grad_enabled(),
-        seq_index=seq_index, chunk_size=chunk_size, sampling_params=sampling_params,
+    cp_group, cp_size = _seq_shard_group(vocab_parallel_logits)
+    positions = _cp_layout(seq_index, vocab_parallel_logits.shape[1], cp_size)
+    ids = _full_ids(input_ids, positions, cp_group)
+    return _next_token_logprobs(
+        local, ids, positions, cp_group, _cp_size_rank(cp_group)[1], start, end, tp_group,
+        not torch.is_grad_enabled(), chunk_size, sampling_params,
     )
 
 
@@ -1155,21 +1441,28 @@ def get_next_token_logprobs_from_logits(
     context_parallel_group: Optional[dist.ProcessGroup] = None,
     sampling_params: Optional[TrainingSamplingParams] = None,
 ) -> torch.Tensor:
-    """[B,S-1] next-token log-probs: vocab-parallel logits with a group (even shards, this rank's
-    range from ``vocab_parallel_rank``), a DTensor, or a plain full-vocab tensor."""
+    """[B,L-1] next-token log-probs of the unshifted ids [B,L]: vocab-parallel logits with a group (even
+    shards, this rank's range from ``vocab_parallel_rank``), a DTensor, or a plain full-vocab tensor.
+    With ``context_parallel_group`` the plain and vocab-parallel logits are [B,S/CP,·] in the head-tail
+    layout (S ≥ L, padded); a DTensor carries its own CP layout (``seq_index``)."""
+    if _is_dtensor(next_token_logits) and vocab_parallel_group is None:
+        return get_logprobs_from_vocab_parallel_logits(
+            next_token_logits, input_ids, seq_index=seq_index, sampling_params=sampling_params
+        )
     if vocab_parallel_group is not None:
         if vocab_parallel_rank is None:
             raise ValueError("vocab_parallel_rank must be given with vocab_parallel_group")
         V_local = next_token_logits.shape[-1]
-        logprobs = from_parallel_logits_to_logprobs(
-            next_token_logits, input_ids, vocab_parallel_rank * V_local, (vocab_parallel_rank + 1) * V_local,
-            vocab_parallel_group, inference_only=not torch.is_grad_enabled(), cp_group=context_parallel_group,
-            sampling_params=sampling_params,
-        )
-        return logprobs[:, : input_ids.shape[1] - 1]
-    _require_no_cp(context_parallel_group)
-    if _is_dtensor(next_token_logits):
-        return get_logprobs_from_vocab_parallel_logits(
-            next_token_logits, input_ids, seq_index=seq_index, sampling_params=sampling_params
-        )
-    return _plain_next_token_logprobs(next_token_logits, input_ids, sampling_params)
+        start, end = vocab_parallel_rank * V_local, (vocab_parallel_rank + 1) * V_local
+    else:
+        start, end = 0, next_token_logits.shape[-1]
+    _check_logits("next_token_logits", next_token_logits)
+    cp_size, cp_rank = _cp_size_rank(context_parallel_group)
+    positions = _head_tail_positions(next_token_logits.shape[1] * cp_size, cp_size)
+    return _next_token_logprobs(
+        next_token_logits, input_ids, positions, context_parallel_group, cp_rank, start, end, vocab_parallel_group,
+        not torch.is_grad_enabled(), None, sampling_params,
+    )
+
+
+from distributed_impl._linear_ce_fusion import patch_gpt_model_forward_for_linear_ce_fusion, _gpt_forward_with_linear_ce_fusion  # noqa: E402

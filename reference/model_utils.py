@@ -161,3 +161,28 @@ def hidden_states_to_logprobs(hidden_states: torch.Tensor, weight: torch.Tensor,
     """
     logits = torch.matmul(hidden_states.transpose(0, 1), weight.t())  # [B,S,V]
     return next_token_logprobs(logits, target)
+
+
+def packed_next_token_logprobs(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    cu_seqlens_padded: torch.Tensor,
+    unpacked_seqlen: int,
+    target_is_pre_rolled: bool = False,
+    top_k: Optional[int] = None,
+    top_p: float = 1.0,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """[B, unpacked_seqlen-1] log-probs of packed sequences: logits [1,T,V], target [1,T] (unshifted,
+    or already shifted within each sequence), sequence i at [cu[i], cu[i+1]).  Row i holds the first
+    padded_len_i - 1 next-token log-probs of sequence i, zeros after."""
+    bounds = [int(b) for b in cu_seqlens_padded.tolist()]
+    rows = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        seq_logits, seq_target = logits[:, start:end], target[:, start:end]
+        if not target_is_pre_rolled:
+            seq_target = seq_target.roll(shifts=-1, dims=1)
+        scaled = _upcast(seq_logits[:, :-1]) / temperature
+        row = sampling_logprob(scaled, seq_target[:, :-1], top_k, top_p)[0, : unpacked_seqlen - 1]
+        rows.append(torch.nn.functional.pad(row, (0, unpacked_seqlen - 1 - row.shape[0])))
+    return torch.stack(rows)

@@ -904,13 +904,9 @@ def _e(ctx) -> int:
     return torch.promote_types(ctx.dtype, torch.float32).itemsize
 
 
-def _local_shape(ctx, name: str) -> tuple[int, ...]:
-    return tuple(b - a for a, b in (ctx.local_range(name, d) for d in range(len(ctx.full_shapes[name]))))
-
-
 def _rows(ctx, name: str = "logits") -> int:
     """n = B_local·S of a [B, S, ...] input."""
-    b, s = _local_shape(ctx, name)[:2]
+    b, s = ctx.local_shape(name)[:2]
     return b * s
 
 
@@ -1001,8 +997,8 @@ def sampling_comm(ctx, chunk: int | None, e_in: int, grad: bool = True):
     layout: every rank's shard crosses once per direction, Θ(n·V_local) bytes (vs an all-gather of the
     full vocab to every rank: TP× more); the chunked backward's recompute doubles it to save memory."""
     n, tp = _rows(ctx), ctx.size("tp")
-    b_local = _local_shape(ctx, "logits")[0]
-    v_local = _local_shape(ctx, "logits")[-1]
+    b_local = ctx.local_shape("logits")[0]
+    v_local = ctx.local_shape("logits")[-1]
     rows_per_chunk = n if chunk is None else min(n, -(-chunk * b_local // tp) * tp)
     c = -(-n // rows_per_chunk)
     shard = n * v_local * e_in
@@ -1023,8 +1019,8 @@ def hidden_comm(ctx, s: int, chunk: int | None):
     weight gradient (compute dtype) in the backward when dp > 1.
     Lower bound: sequence-parallel input needs the [S, B, H] gather (O(S·B·H), independent of V) and a
     reduce-scatter of its gradient; the vocab side per-row scalars only, never [B, S, V] logits."""
-    s_local, b, h = _local_shape(ctx, "hidden")
-    v_local = _local_shape(ctx, "weight")[0]
+    s_local, b, h = ctx.local_shape("hidden")
+    v_local = ctx.local_shape("weight")[0]
     e, e_in = _e(ctx), ctx.dtype.itemsize
     c = _n_chunks(s, chunk)
     shard = s_local * b * h * e_in
@@ -1040,7 +1036,7 @@ def all_to_all_comm(ctx):
     and one all-to-all of this rank's shard, e_in; no backward here (no gradient checked).
     Lower bound: the layout change itself, this rank's shard once."""
     numel = 1
-    for d in _local_shape(ctx, "logits"):
+    for d in ctx.local_shape("logits"):
         numel *= d
     return {AG: (1, 2 * 8), A2A: (1, numel * ctx.dtype.itemsize)}, {}
 
