@@ -1,0 +1,632 @@
+"""Suite for nemo_automodel.components.distributed.cp_utils: a context-parallel training step on CPU.
+
+Every case shards inside the op (full inputs in), so every case sets `context_parallel=True` and
+runs at cp 1, 2 and 4 (tp 1 only: nothing here is tensor-parallel).
+
+- End-to-end step (`make_cp_batch_and_ctx`, `create_context_parallel_ctx` + `get_train_context`):
+  reference.attention_block_loss (embedding, q/k/v, causal SDPA, output projection, token
+  cross-entropy) run on the CP batch inside the CP context.  Batch rows are split over DP and
+  replicated over CP; each rank's loss (its valid tokens' sum / the global count) is a summand,
+  so the loss is `Partial` over dp and cp.  Parameters are replicated: `_GradSum` (a DDP stand-in)
+  sums their gradients over cp and dp, so every rank's gradient is the single-device one; a
+  trainable `inputs_embeds` gets its gradient summed over cp.  Checked: loss and every gradient on
+  every rank, float64 to 1e-10, plus the exact collectives (`step_comm`).
+- Layouts (properties): what each rank holds inside the context is the head-tail piece of the
+  (padded) buffer; restored buffers equal their originals after exit, no-restore ones stay sharded.
+- THD (properties): every key of make_cp_batch_for_te / _shard_thd_chunk_for_te against the
+  single-device conversion (reference.thd_batch) cut by the harness's own head-tail rule, and the
+  rank pieces all-gathered and reassembled into the unsharded batch.
+- Bad input: every ValueError / KeyError of OPS.md, one case each (`property:raises`).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import Partial, Shard
+
+from harness.case import Case, Layout, Property, head_tail_positions
+from reference import cp_utils as ref
+
+FAMILY = "cp_utils"
+OP = FAMILY + "."
+
+N_HEADS = 2
+SENTINEL = -1000
+ROWS = Layout(dp=Shard(0))  # [B, ...]: rows over DP, replicated over CP (the op shards over CP)
+MROPE_ROWS = Layout(dp=Shard(1))  # [3, B, S]
+LOSS = Layout(dp=Partial(), cp=Partial())  # each DP/CP rank's loss is a summand of the global loss
+PARAMS = ref.PARAM_NAMES
+
+
+def _tp1(topo) -> bool:
+    return topo.tp == 1
+
+
+def _single_dp(topo) -> bool:
+    return topo.tp == 1 and topo.dp == 1
+
+
+def _cp_only(topo) -> bool:
+    return topo.tp == 1 and topo.dp == 1 and topo.cp > 1
+
+
+class _GradSum(torch.autograd.Function):
+    """Identity; the backward sums the gradient over each group (a DDP stand-in for a tensor
+    replicated over CP and DP: each rank's gradient covers its own tokens only)."""
+
+    @staticmethod
+    def forward(ctx, x, groups):
+        ctx.groups = groups
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        total = g.to(torch.promote_types(g.dtype, torch.float32))  # fp32 reduction: no rounding of our own
+        for group in ctx.groups:
+            if dist.get_world_size(group) > 1:
+                dist.all_reduce(total, group=group)
+        return total.to(g.dtype), None
+
+
+# ---- the end-to-end step -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepSpec:
+    via: str  # "batch": make_cp_batch_and_ctx; "ctx": create_context_parallel_ctx + get_train_context
+    b: int = 2
+    s: int = 10
+    hidden: int = 8
+    vocab: int = 11
+    rotate: str = "allgather"
+    embeds: bool = False  # inputs_embeds (requires grad) instead of input_ids
+    positions: str = "none"  # "none" (built by the op), "given" [B, S], "mrope" [3, B, S]
+    loss_mask: bool = True  # a loss_mask with holes (else labels with -100 holes only)
+    attention_mask: bool = False  # an all-ones attention_mask the op must drop
+    tag: str = ""
+
+    @property
+    def case_id(self) -> str:
+        parts = [self.via, self.rotate, f"b{self.b}s{self.s}h{self.hidden}v{self.vocab}",
+                 "embeds" if self.embeds else "ids", f"pos-{self.positions}"]
+        parts += ["lossmask"] if self.loss_mask else []
+        parts += ["attnmask"] if self.attention_mask else []
+        return "-".join(parts + ([self.tag] if self.tag else []))
+
+    @property
+    def params(self) -> dict:
+        return {"via": self.via, "B": self.b, "S": self.s, "hidden": self.hidden, "V": self.vocab, "heads": N_HEADS,
+                "rotate": self.rotate, "inputs_embeds": self.embeds, "positions": self.positions,
+                "loss_mask": self.loss_mask, "attention_mask": self.attention_mask}
+
+
+def _param_names(spec: StepSpec) -> tuple[str, ...]:
+    return tuple(p for p in PARAMS if not (spec.embeds and p == "embed"))
+
+
+def _step_inputs(spec: StepSpec):
+    def make(gen: torch.Generator) -> dict[str, torch.Tensor]:
+        b, s, h, v = spec.b, spec.s, spec.hidden, spec.vocab
+        x = {"pos_embed": torch.randn((s, h), generator=gen, dtype=torch.float64) * 0.5,
+             "wqkv": torch.randn((3 * h, h), generator=gen, dtype=torch.float64) * h ** -0.5,
+             "wo": torch.randn((h, h), generator=gen, dtype=torch.float64) * h ** -0.5,
+             "lm_head": torch.randn((v, h), generator=gen, dtype=torch.float64) * h ** -0.5}
+        if spec.embeds:  # no embedding table then
+            x["inputs_embeds"] = torch.randn((b, s, h), generator=gen, dtype=torch.float64)
+        else:
+            x["embed"] = torch.randn((v, h), generator=gen, dtype=torch.float64)
+            x["input_ids"] = torch.randint(0, v, (b, s), generator=gen)
+        labels = torch.randint(0, v, (b, s), generator=gen)
+        labels[torch.rand((b, s), generator=gen) < 0.2] = -100  # ignored tokens
+        labels[:, 0] = 0  # every row keeps a valid first token
+        x["labels"] = labels
+        loss_mask = None
+        if spec.loss_mask:
+            loss_mask = (torch.rand((b, s), generator=gen) > 0.25).long()  # holes
+            loss_mask[:, 0] = 1
+            x["loss_mask"] = loss_mask
+        if spec.positions == "given":
+            x["position_ids"] = torch.randint(0, s, (b, s), generator=gen)
+        elif spec.positions == "mrope":
+            x["position_ids"] = torch.randint(0, s, (3, b, s), generator=gen)
+        if spec.attention_mask:
+            x["attention_mask"] = torch.ones((b, s), dtype=torch.long)
+        x["num_valid"] = ref.count_valid(labels, loss_mask)  # global: every rank divides by it
+        return x
+    return make
+
+
+def _reference_batch(x: dict, s: int) -> dict:
+    batch = {k: x[k] for k in ("input_ids", "inputs_embeds", "labels", "loss_mask", "attention_mask", "position_ids")
+             if k in x}
+    batch.setdefault("position_ids", torch.arange(s).unsqueeze(0))
+    return batch
+
+
+def _step_reference(spec: StepSpec):
+    def reference(x):
+        params = {n: x[n] for n in PARAMS if n in x}
+        return ref.attention_block_loss(params, _reference_batch(x, spec.s), x["num_valid"], N_HEADS)
+    return reference
+
+
+def _step_run(spec: StepSpec):
+    def run(impl, ctx, x):
+        cp_group, dp_group = ctx.group("cp"), ctx.group("dp")
+        params = {n: _GradSum.apply(x[n], (cp_group, dp_group)) for n in PARAMS if n in x}
+        batch = {"labels": x["labels"].clone()}
+        if spec.embeds:
+            batch["inputs_embeds"] = _GradSum.apply(x["inputs_embeds"], (cp_group,))
+        else:
+            batch["input_ids"] = x["input_ids"].clone()
+        if "position_ids" in x:
+            batch["position_ids"] = x["position_ids"].clone()
+        if "attention_mask" in x:
+            batch["attention_mask"] = x["attention_mask"].clone()
+        loss_mask = x["loss_mask"].clone() if "loss_mask" in x else None
+        if spec.via == "batch":
+            train_ctx, batch = impl.make_cp_batch_and_ctx(ctx.mesh, batch, loss_mask=loss_mask)
+            if loss_mask is not None and "loss_mask" not in batch:  # CP off: the batch comes back as it was
+                batch["loss_mask"] = loss_mask
+        else:  # the caller's own buffers: S divides by 2·CP here
+            b_local = batch["labels"].shape[0]
+            batch["position_ids"] = torch.arange(spec.s, device=ctx.device).expand(b_local, spec.s).contiguous()
+            names = ["input_ids", "labels", "position_ids"]
+            if loss_mask is not None:
+                batch["loss_mask"] = loss_mask
+                names.append("loss_mask")
+            buffers = [batch[n] for n in names]
+            no_restore = {batch["labels"]} | ({loss_mask} if loss_mask is not None else set())
+            cp_ctx = impl.create_context_parallel_ctx(ctx.mesh["cp"], buffers, [1] * len(buffers), no_restore,
+                                                      cp_rotate_method=spec.rotate)
+            train_ctx = impl.get_train_context(False, False, cp_ctx)
+        with train_ctx():
+            # The harness runs the backward after the context has exited and restored buffers in place;
+            # a trainer runs it inside.  The step reads copies, so the embedding backward's saved
+            # indices are this rank's shard either way.
+            sharded = {k: v.clone() for k, v in batch.items() if isinstance(v, torch.Tensor)}
+            return ref.attention_block_loss(params, sharded, x["num_valid"], N_HEADS)
+    return run
+
+
+def _padded_len(s: int, cp: int) -> int:
+    return -(-s // (2 * cp)) * 2 * cp
+
+
+def step_comm(spec: StepSpec):
+    """Collectives of one CP step on one rank, exactly.
+
+    kv = the stacked local K and V of the one attention layer, 2·B_local·(S_pad/CP)·hidden elements
+    (hidden = heads·head_dim), e_in bytes (the model dtype), e_c the compute dtype's (float32 or better).
+    - allgather: forward one all_gather@cp of kv (lower bound for exact attention with all-gather
+      rotation: every rank needs every K/V once); backward the same all-gather again (only the local
+      K/V is kept: activations shrink 1/CP) and one reduce_scatter@cp of the [CP, kv] partial K/V
+      gradients (compute dtype: CP·kv·e_c sent).
+    - alltoall (ring): forward CP−1 all_to_all@cp of kv (each rank meets every other block once);
+      backward the K/V block again CP−1 times, its gradient accumulator CP−1 times with it and once
+      more to its owner: 2·CP−1 calls, (CP−1)·kv·e_in + CP·kv·e_c bytes.
+    - the DDP stand-in: one all_reduce@cp (and @dp) per parameter gradient, e_c, plus the
+      inputs_embeds gradient over cp ([B_local, S, hidden], e_c).
+    Batch sharding and the loss add nothing (the loss is a Partial summand)."""
+    def comm(ctx) -> dict:
+        cp, dp = ctx.size("cp"), ctx.size("dp")
+        e_in, e_c = ctx.dtype.itemsize, torch.promote_types(ctx.dtype, torch.float32).itemsize
+        b_local = spec.b // dp
+        s_pad = _padded_len(spec.s, cp) if spec.via == "batch" else spec.s
+        kv = 2 * b_local * (s_pad // cp) * spec.hidden
+        h, v = spec.hidden, spec.vocab
+        param_numel = spec.s * h + 3 * h * h + h * h + v * h + (0 if spec.embeds else v * h)
+        n_params = len(_param_names(spec))
+        fwd, bwd = {}, {}
+        if cp > 1:
+            if spec.via == "batch" or spec.rotate == "allgather":
+                fwd["all_gather@cp"] = (1, kv * e_in)
+                bwd["all_gather@cp"] = (1, kv * e_in)
+                bwd["reduce_scatter@cp"] = (1, cp * kv * e_c)
+            else:
+                fwd["all_to_all@cp"] = (cp - 1, (cp - 1) * kv * e_in)
+                bwd["all_to_all@cp"] = (2 * cp - 1, (cp - 1) * kv * e_in + cp * kv * e_c)
+            calls, nbytes = n_params, param_numel * e_c
+            if spec.embeds:
+                calls, nbytes = calls + 1, nbytes + b_local * spec.s * h * e_c
+            bwd["all_reduce@cp"] = (calls, nbytes)
+        if dp > 1:
+            bwd["all_reduce@dp"] = (n_params, param_numel * e_c)
+        return {"forward": fwd, "backward": bwd}
+    return comm
+
+
+def step_case(spec: StepSpec, dtypes=("float64", "float32", "bfloat16")) -> Case:
+    layouts = {"input_ids": ROWS, "inputs_embeds": ROWS, "labels": ROWS, "loss_mask": ROWS, "attention_mask": ROWS,
+               "position_ids": MROPE_ROWS if spec.positions == "mrope" else ROWS}
+    op = "make_cp_batch_and_ctx" if spec.via == "batch" else "create_context_parallel_ctx"
+    return Case(
+        op=OP + op, case_id=spec.case_id, params=spec.params, make_inputs=_step_inputs(spec),
+        reference=_step_reference(spec), run=_step_run(spec), input_layouts=layouts, output_layouts=(LOSS,),
+        output_names=("loss",), grad_inputs=_param_names(spec) + (("inputs_embeds",) if spec.embeds else ()),
+        comm=step_comm(spec), dtypes=dtypes, context_parallel=True,
+        supports=lambda t, b=spec.b: t.tp == 1 and b % t.dp == 0)
+
+
+STEP_SPECS = (
+    # make_cp_batch_and_ctx (all-gather rotation): S = 10 is padded at cp 2 (to 12) and cp 4 (to 16)
+    StepSpec("batch", attention_mask=True),
+    StepSpec("batch", positions="given", loss_mask=False),  # padded labels must be -100: no loss_mask hides them
+    StepSpec("batch", embeds=True),
+    StepSpec("batch", b=4, s=16, positions="mrope"),
+    # create_context_parallel_ctx directly, both rotations
+    StepSpec("ctx", s=16, rotate="allgather"),
+    StepSpec("ctx", s=16, rotate="alltoall"),
+    StepSpec("ctx", b=4, s=8, rotate="alltoall", loss_mask=False),
+)
+QUICK_STEP_SPECS = (STEP_SPECS[0], STEP_SPECS[2], STEP_SPECS[5])
+
+
+# ---- layouts inside and after the context ----------------------------------------------------
+
+def _equal(name: str, got, expected: torch.Tensor, where: str = "") -> Property:
+    """Exact equality (sharding copies values), with the first differing position."""
+    if not isinstance(got, torch.Tensor):
+        return Property(name, False, None, f"got {type(got).__name__}, expected a tensor {tuple(expected.shape)}")
+    got = got.detach().cpu()
+    if tuple(got.shape) != tuple(expected.shape):
+        return Property(name, False, None, f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}{where}")
+    if got.dtype != expected.dtype:
+        return Property(name, False, None, f"dtype {got.dtype}, expected {expected.dtype}")
+    diff = got != expected
+    if diff.any():
+        idx = tuple(int(i) for i in diff.nonzero()[0])
+        return Property(name, False, float(diff.sum()), f"{int(diff.sum())} element(s) differ; first at local index "
+                        f"{idx}: expected {expected[idx].item()}, got {got[idx].item()}{where}")
+    return Property(name, True, 0.0, "")
+
+
+def _layout_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    b, s = 2, 10
+    labels = torch.randint(0, 7, (b, s), generator=gen)
+    labels[0, 3] = -100
+    return {"input_ids": torch.randint(1, 7, (b, s), generator=gen), "labels": labels,
+            "loss_mask": (torch.rand((b, s), generator=gen) > 0.3).long(),
+            "padding_mask": torch.rand((b, s), generator=gen) > 0.8,
+            "attention_mask": torch.ones((b, s), dtype=torch.long)}
+
+
+def _batch_layout_run(impl, ctx, x):
+    batch = {k: x[k].clone() for k in ("input_ids", "labels", "padding_mask", "attention_mask")}
+    train_ctx, out_batch = impl.make_cp_batch_and_ctx(ctx.mesh, batch, loss_mask=x["loss_mask"].clone())
+    with train_ctx():
+        inside = {k: v.clone() for k, v in out_batch.items() if isinstance(v, torch.Tensor)}
+    after = {k: v.clone() for k, v in out_batch.items() if isinstance(v, torch.Tensor)}
+    return {"factory": train_ctx, "same_dict": out_batch is batch, "inside": inside, "after": after}
+
+
+def _batch_layout_properties(ctx, full, local, outs):
+    res = outs[0]
+    cp, r = ctx.size("cp"), ctx.rank("cp")
+    if cp == 1:  # a no-op: nullcontext and the batch unchanged, attention_mask included
+        props = [Property("noop:nullcontext", isinstance(res["factory"](), nullcontext), None,
+                          f"factory gives {type(res['factory']()).__name__}")]
+        for k in ("input_ids", "labels", "padding_mask", "attention_mask"):
+            props.append(_equal(f"noop:{k}", res["after"].get(k), full[k]))
+        return props
+    padded = ref.padded_batch({k: full[k] for k in ("input_ids", "labels", "loss_mask", "padding_mask", "attention_mask")},
+                              cp)
+    s_pad = padded["input_ids"].shape[1]
+    index = head_tail_positions(s_pad, cp, r)
+    props = [Property("attention_mask_dropped", "attention_mask" not in res["inside"], None,
+                      "" if "attention_mask" not in res["inside"] else "attention_mask is still in the batch")]
+    for k in ("input_ids", "labels", "position_ids", "loss_mask", "padding_mask"):
+        expected = padded[k].expand(full["input_ids"].shape[0], -1) if k == "position_ids" else padded[k]
+        where = f" (head-tail positions {index.tolist()} of {s_pad})"
+        props.append(_equal(f"inside:{k}", res["inside"].get(k), expected.index_select(1, index), where))
+        after = expected if k == "position_ids" else expected.index_select(1, index)  # only position_ids restored
+        props.append(_equal(f"after:{k}", res["after"].get(k), after, " after exit"))
+    return props
+
+
+def _ctx_layout_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    s = 16
+    return {"tokens": torch.randint(0, 100, (2, s), generator=gen),  # seq dim 1
+            "hidden": torch.randn((2, 3, s, 4), generator=gen, dtype=torch.float64),  # seq dim 2
+            "seq_first": torch.randn((s, 5), generator=gen, dtype=torch.float64),  # seq dim 0
+            "kept": torch.randint(0, 100, (3, s), generator=gen)}  # seq dim 1, no restore
+
+
+LAYOUT_BUFFERS = (("tokens", 1), ("hidden", 2), ("seq_first", 0), ("kept", 1))
+
+
+def _ctx_layout_run(impl, ctx, x):
+    buffers = {k: x[k].clone() for k, _ in LAYOUT_BUFFERS}
+    original_sdpa = F.scaled_dot_product_attention
+    cp_ctx = impl.create_context_parallel_ctx(ctx.mesh["cp"], [buffers[k] for k, _ in LAYOUT_BUFFERS],
+                                              [d for _, d in LAYOUT_BUFFERS], {buffers["kept"]})
+    untouched = {k: v.clone() for k, v in buffers.items()}  # creating the context shards nothing yet
+    with cp_ctx:
+        inside = {k: v.clone() for k, v in buffers.items()}
+        patched = F.scaled_dot_product_attention is not original_sdpa
+    unpatched = F.scaled_dot_product_attention is original_sdpa
+    F.scaled_dot_product_attention = original_sdpa  # never leak a patch into later cases
+    return {"untouched": untouched, "inside": inside, "after": buffers, "patched": patched, "unpatched": unpatched}
+
+
+def _ctx_layout_properties(ctx, full, local, outs):
+    res = outs[0]
+    cp, r = ctx.size("cp"), ctx.rank("cp")
+    props = [Property("sdpa_patched_inside", bool(res["patched"]) or cp == 1, None, ""),
+             Property("sdpa_restored_after", bool(res["unpatched"]), None, "")]
+    for k, dim in LAYOUT_BUFFERS:
+        index = head_tail_positions(full[k].shape[dim], cp, r)
+        shard = full[k].index_select(dim, index)
+        props.append(_equal(f"created:{k}", res["untouched"][k], full[k], " before enter"))
+        props.append(_equal(f"inside:{k}", res["inside"][k], shard, f" (dim {dim}, head-tail positions {index.tolist()})"))
+        props.append(_equal(f"after:{k}", res["after"][k], shard if k == "kept" else full[k],
+                            " after exit" + (" (no-restore: stays sharded)" if k == "kept" else " (restored)")))
+    return props
+
+
+def layout_cases() -> list[Case]:
+    return [
+        Case(op=OP + "make_cp_batch_and_ctx", case_id="layout-b2s10-pad-masks", params={"B": 2, "S": 10},
+             make_inputs=_layout_inputs, reference=lambda x: (), run=_batch_layout_run, output_layouts=(),
+             output_names=(), properties=_batch_layout_properties, dtypes=("float64",), context_parallel=True,
+             supports=_single_dp),
+        Case(op=OP + "create_context_parallel_ctx", case_id="layout-s16-dims-0-1-2-norestore", params={"S": 16},
+             make_inputs=_ctx_layout_inputs, reference=lambda x: (), run=_ctx_layout_run, output_layouts=(),
+             output_names=(), properties=_ctx_layout_properties, dtypes=("float64",), context_parallel=True,
+             supports=_single_dp),
+        Case(op=OP + "_build_position_ids", case_id="missing-and-present", params={"S": 6},
+             make_inputs=lambda gen: {"input_ids": torch.randint(0, 9, (2, 6), generator=gen),
+                                      "position_ids": torch.randint(0, 6, (2, 6), generator=gen)},
+             reference=lambda x: (), run=_position_ids_run, output_layouts=(), output_names=(),
+             properties=_position_ids_properties, dtypes=("float64",), supports=_single_dp),
+    ]
+
+
+def _position_ids_run(impl, ctx, x):
+    without = {"input_ids": x["input_ids"].clone()}
+    with_given = {"input_ids": x["input_ids"].clone(), "position_ids": x["position_ids"].clone()}
+    return {"built": impl._build_position_ids(without, ctx.device), "kept": impl._build_position_ids(with_given, ctx.device)}
+
+
+def _position_ids_properties(ctx, full, local, outs):
+    res = outs[0]
+    return [_equal("built", res["built"].get("position_ids"), torch.arange(6).unsqueeze(0)),
+            _equal("kept", res["kept"].get("position_ids"), full["position_ids"])]
+
+
+# ---- THD packed batches ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ThdSpec:
+    name: str
+    lens: tuple  # per row: ((real, padded), ...); SENTINEL entries are absent packs
+    s: int
+    vocab: int = 4  # small: many real tokens equal the padding id
+    padding_token_id: int = 0
+    num_chunks: int = 1
+    positions: bool = False  # position_ids given in the batch
+    embeds: int = 0  # input_ids as [B, S, embeds] floats
+    direct: bool = False  # _shard_thd_chunk_for_te instead of make_cp_batch_for_te
+
+    @property
+    def params(self) -> dict:
+        return {"seq_lens": [[r for r, _ in row] for row in self.lens],
+                "seq_lens_padded": [[p for _, p in row] for row in self.lens], "S": self.s,
+                "padding_token_id": self.padding_token_id, "num_chunks": self.num_chunks,
+                "position_ids": self.positions, "embeds": self.embeds, "direct": self.direct}
+
+
+def _thd_inputs(spec: ThdSpec):
+    def make(gen: torch.Generator) -> dict[str, torch.Tensor]:
+        b = len(spec.lens)
+        packs = max(len(row) for row in spec.lens)
+        seq_lens = torch.full((b, packs), SENTINEL)
+        seq_lens_padded = torch.full((b, packs), SENTINEL)
+        if spec.embeds:
+            input_ids = torch.randn((b, spec.s, spec.embeds), generator=gen, dtype=torch.float64)
+        else:
+            input_ids = torch.randint(0, spec.vocab, (b, spec.s), generator=gen)
+        labels = torch.randint(0, spec.vocab, (b, spec.s), generator=gen)
+        for row, row_lens in enumerate(spec.lens):
+            offset = 0
+            for i, (real, padded) in enumerate(row_lens):
+                seq_lens[row, i], seq_lens_padded[row, i] = real, padded
+                if padded == SENTINEL:
+                    continue
+                if not spec.embeds:  # padding positions hold the padding id, as real data would
+                    input_ids[row, offset + real:offset + padded] = spec.padding_token_id
+                labels[row, offset + real:offset + padded] = -100
+                offset += padded
+        x = {"input_ids": input_ids, "labels": labels, "seq_lens": seq_lens, "seq_lens_padded": seq_lens_padded}
+        if spec.positions:
+            x["position_ids"] = torch.randint(0, spec.s, (b, spec.s), generator=gen)
+        return x
+    return make
+
+
+def _thd_batch(x: dict) -> dict:
+    return {k: x[k].clone() for k in ("input_ids", "labels", "position_ids", "seq_lens", "seq_lens_padded") if k in x}
+
+
+def _thd_run(spec: ThdSpec):
+    def run(impl, ctx, x):
+        cp_mesh = ctx.mesh["cp"]
+        if spec.direct:
+            return impl._shard_thd_chunk_for_te(_thd_batch(x), cp_mesh, "thd", SENTINEL, spec.padding_token_id)
+        return impl.make_cp_batch_for_te(cp_mesh, _thd_batch(x), padding_token_id=spec.padding_token_id,
+                                         num_chunks=spec.num_chunks, seq_lens_padding_value=SENTINEL)
+    return run
+
+
+THD_TOKEN_KEYS = {"input_ids": None, "labels": -100, "position_ids": 0, "padding_mask": True}  # fill of stacked chunks
+
+
+def _thd_local(full_row: torch.Tensor, bounds: list[int], cp: int, r: int) -> torch.Tensor:
+    """This rank's tokens of one THD chunk: the harness's head-tail rule applied per sequence."""
+    index = torch.cat([a + head_tail_positions(b - a, cp, r) for a, b in zip(bounds[:-1], bounds[1:])])
+    return full_row.index_select(0, index)
+
+
+def _thd_expected(spec: ThdSpec, full: dict, cp: int, r: int) -> tuple[dict, dict]:
+    """(unsharded THD batch from the reference, this rank's expected result)."""
+    golden = ref.thd_batch(full, spec.padding_token_id, spec.num_chunks, SENTINEL)
+    expected = dict(golden)
+    if spec.num_chunks == 1:
+        bounds = golden["cu_seqlens_padded"].tolist()
+        for k in THD_TOKEN_KEYS:
+            expected[k] = _thd_local(golden[k], bounds, cp, r)
+        return golden, expected
+    for k, fill in THD_TOKEN_KEYS.items():
+        rows = []
+        for c in range(spec.num_chunks):
+            bounds = [int(v) for v in golden["cu_seqlens_padded"][c] if v != SENTINEL]
+            rows.append(_thd_local(golden[k][c][:bounds[-1]], bounds, cp, r))
+        longest = max(t.shape[0] for t in rows)
+        fill = spec.padding_token_id if fill is None else fill
+        expected[k] = torch.stack([torch.cat([t, torch.full((longest - t.shape[0], *t.shape[1:]), fill, dtype=t.dtype)])
+                                   for t in rows])
+    return golden, expected
+
+
+def _thd_properties(spec: ThdSpec):
+    def properties(ctx, full, local, outs):
+        got = outs[0]
+        cp, r = ctx.size("cp"), ctx.rank("cp")
+        golden, expected = _thd_expected(spec, full, cp, r)
+        props = [Property("qkv_format", got.get("qkv_format") == "thd", None, f"got {got.get('qkv_format')!r}")]
+        for k in ("cu_seqlens", "cu_seqlens_padded", "max_seqlen", *THD_TOKEN_KEYS):
+            props.append(_equal(k, got.get(k), expected[k]))
+        if spec.num_chunks == 1 and cp > 1:  # the rank pieces reassembled = the unsharded batch
+            props += _reassembled(ctx, got, golden, cp)
+        return props
+    return properties
+
+
+def _reassembled(ctx, got: dict, golden: dict, cp: int) -> list[Property]:
+    bounds = golden["cu_seqlens_padded"].tolist()
+    props = []
+    for k in THD_TOKEN_KEYS:
+        mine = got.get(k)
+        if not isinstance(mine, torch.Tensor) or mine.shape[0] * cp != golden[k].shape[0]:
+            props.append(Property(f"reassembled:{k}", False, None, f"local {k} cannot be a 1/{cp} piece"))
+            continue
+        pieces = [torch.empty_like(mine) for _ in range(cp)]
+        dist.all_gather(pieces, mine.contiguous(), group=ctx.group("cp"))
+        whole = torch.empty_like(golden[k])
+        for rank, piece in enumerate(pieces):
+            index = torch.cat([a + head_tail_positions(b - a, cp, rank) for a, b in zip(bounds[:-1], bounds[1:])])
+            whole[index] = piece.cpu()
+        props.append(_equal(f"reassembled:{k}", whole, golden[k], " (all ranks' pieces put back)"))
+    return props
+
+
+THD_SPECS = (
+    # two rows; uneven real vs padded lengths, a sentinel pack, real tokens equal to the padding id
+    ThdSpec("packs-sentinel", lens=(((5, 8), (16, 16)), ((16, 16), (3, 8), (SENTINEL, SENTINEL))), s=24),
+    ThdSpec("positions-pad3", lens=(((7, 8), (9, 16)), ((24, 24), (SENTINEL, SENTINEL))), s=24, padding_token_id=3,
+            positions=True),
+    ThdSpec("single", lens=(((16, 16),),), s=16),
+    # num_chunks 2: chunks of 3 and 2 sequences (ragged cu_seqlens), 32 and 24 tokens
+    ThdSpec("chunks2", lens=(((8, 8), (6, 8)), ((13, 16), (SENTINEL, SENTINEL)), ((16, 16), (SENTINEL, SENTINEL)),
+                             ((1, 8), (SENTINEL, SENTINEL))), s=16, num_chunks=2),
+    ThdSpec("embeds", lens=(((10, 16),), ((8, 8), (2, 8))), s=16, embeds=3),
+    ThdSpec("direct", lens=(((5, 8), (16, 16)), ((16, 16), (3, 8), (SENTINEL, SENTINEL))), s=24, direct=True),
+)
+
+
+def thd_case(spec: ThdSpec) -> Case:
+    op = "_shard_thd_chunk_for_te" if spec.direct else "make_cp_batch_for_te"
+    return Case(op=OP + op, case_id=spec.name, params=spec.params, make_inputs=_thd_inputs(spec), reference=lambda x: (),
+                run=_thd_run(spec), output_layouts=(), output_names=(), properties=_thd_properties(spec),
+                dtypes=("float64",), context_parallel=True, supports=_single_dp)
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+def _bad_step_batch(kind: str):
+    def run(impl, ctx, x):
+        batch = {"labels": x["labels"].clone()}
+        if kind in ("both", "ids"):
+            batch["input_ids"] = x["input_ids"].clone()
+        if kind in ("both", "embeds"):
+            batch["inputs_embeds"] = x["inputs_embeds"].clone()
+        if kind == "neither":
+            batch.pop("input_ids", None)
+        train_ctx, _ = impl.make_cp_batch_and_ctx(ctx.mesh, batch)
+        with train_ctx():
+            pass
+    return run
+
+
+def _bad_ctx(rotate, s: int):
+    def run(impl, ctx, x):
+        buf = x["input_ids"][:, :s].clone()
+        with impl.create_context_parallel_ctx(ctx.mesh["cp"], [buf], [1], set(), cp_rotate_method=rotate):
+            pass
+    return run
+
+
+def _bad_thd(drop: str = "", qkv_format: str = "thd", num_chunks: int = 1, padded: int = 8):
+    def run(impl, ctx, x):
+        batch = {"input_ids": x["input_ids"][:3].clone(), "labels": x["labels"][:3].clone(),
+                 "seq_lens": torch.tensor([[4], [padded], [5]]), "seq_lens_padded": torch.tensor([[8], [padded], [8]])}
+        batch.pop(drop, None)
+        return impl.make_cp_batch_for_te(ctx.mesh["cp"], batch, qkv_format=qkv_format, num_chunks=num_chunks,
+                                         seq_lens_padding_value=SENTINEL)
+    return run
+
+
+def _bad_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.randint(0, 9, (4, 16), generator=gen), "labels": torch.randint(0, 9, (4, 16), generator=gen),
+            "inputs_embeds": torch.randn((4, 16, 4), generator=gen, dtype=torch.float64)}
+
+
+def raises_cases() -> list[Case]:
+    specs = [
+        ("make_cp_batch_and_ctx", "ids-and-embeds", _bad_step_batch("both"), ValueError, _cp_only),
+        ("make_cp_batch_and_ctx", "neither-ids-nor-embeds", _bad_step_batch("neither"), ValueError, _cp_only),
+        ("create_context_parallel_ctx", "rotate-method-ring", _bad_ctx("ring", 16), ValueError, _single_dp),
+        ("create_context_parallel_ctx", "seq-10-not-divisible", _bad_ctx(None, 10), ValueError, _cp_only),
+        ("make_cp_batch_for_te", "qkv-format-bshd", _bad_thd(qkv_format="bshd"), ValueError, _single_dp),
+        ("make_cp_batch_for_te", "missing-seq-lens", _bad_thd(drop="seq_lens"), KeyError, _single_dp),
+        ("make_cp_batch_for_te", "missing-seq-lens-padded", _bad_thd(drop="seq_lens_padded"), KeyError, _single_dp),
+        ("make_cp_batch_for_te", "padded-6-not-divisible", _bad_thd(padded=6), ValueError, _cp_only),
+        ("make_cp_batch_for_te", "batch-3-num-chunks-2", _bad_thd(num_chunks=2), ValueError, _single_dp),
+    ]
+    return [Case(op=OP + op, case_id=case_id, params={"error": exc.__name__}, make_inputs=_bad_inputs,
+                 reference=lambda x: (), run=run, raises=exc, dtypes=("float64",), context_parallel=True,
+                 supports=supports)
+            for op, case_id, run, exc, supports in specs]
+
+
+def cases(quick: bool = False) -> list[Case]:
+    if quick:
+        return ([step_case(s) for s in QUICK_STEP_SPECS] + layout_cases()[:2]
+                + [thd_case(THD_SPECS[0]), thd_case(THD_SPECS[3])] + raises_cases()[2:4])
+    return [step_case(s) for s in STEP_SPECS] + layout_cases() + [thd_case(s) for s in THD_SPECS] + raises_cases()
+
+
+# ---- benchmarks (`shardcheck run --bench`) -------------------------------------------------
+#
+# The CP attention step (make_cp_batch_and_ctx, all-gather rotation) against the single-device step:
+# B = 1, S = 1024 / 2048 / 4096, hidden 64 (2 heads of 32), V = 256, at cp 1, 2, 4 (dp = tp = 1).
+# At cp 1 the op is a no-op and the step is the plain one (torch's own SDPA); at size 1 the worker
+# also runs the reference on the same inputs.  Per-rank peak live bytes should shrink ~1/CP.
+
+def bench_case(s: int, hidden: int = 64, vocab: int = 256) -> Case:
+    spec = StepSpec("batch", b=1, s=s, hidden=hidden, vocab=vocab, loss_mask=False, tag="bench")
+    case = step_case(spec, dtypes=("float32", "float64", "bfloat16"))
+    case.case_id = f"bench-S{s}-h{hidden}-v{vocab}"
+    case.params = {**spec.params, "sweep": "S", "tokens": s}
+    case.supports = lambda t: t.dp == 1 and t.tp == 1
+    return case
+
+
+def bench_cases(quick: bool = False) -> list[Case]:
+    if quick:
+        return [bench_case(s, hidden=16, vocab=32) for s in (64, 128)]
+    return [bench_case(s) for s in (1024, 2048, 4096)]
