@@ -254,6 +254,9 @@ class Case:
     # the same computation on every CP rank, so topologies with cp > 1 skip it.  Ops that shard
     # over CP by themselves (full inputs in, e.g. cp_utils' context) say True.
     context_parallel: bool | None = None
+    # Set when the case cannot run here (e.g. an optional dependency is missing): every check of every
+    # item is recorded `skip` with this reason, and nothing of the case is called.
+    skip_reason: str | None = None
     # The op communicates over the default (world) process group rather than the mesh's groups (e.g.
     # inbatch_neg_utils' gathers): each topology then runs only in a launch whose world size equals
     # its size, so no spare rank is missing from the op's collectives; a topology whose size is not

@@ -148,6 +148,8 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
         parts.append(f"failing rank(s): {', '.join(map(str, others))}")
     if missing:
         parts.append(f"no result from rank(s) {', '.join(map(str, missing))}")
+    if status == "skip" and not parts:  # the reason the ranks gave (the same on every rank)
+        parts = [next((r["message"] for r in per_rank if r.get("message")), "")]
     row["message"] = "; ".join(parts)
     return row
 

@@ -136,7 +136,12 @@ class Worker:
             self.events.emit("start", item.id)
             topo = Topology(*item.topology)
             mesh = self.mesh(topo)
-            if self.rank < topo.size:  # replica 0 runs the case; other replicas wait
+            skip_reason = self.cases[(item.op, item.case_id)].skip_reason
+            if self.rank < topo.size and skip_reason:  # the case cannot run here: every check is a skip
+                emit_check = self.check_emitter(item, mesh)
+                for check in item.checks:
+                    emit_check(check, "skip", message=skip_reason)
+            elif self.rank < topo.size:  # replica 0 runs the case; other replicas wait
                 if self.plan.bench:
                     run_bench_item(self, item, topo, mesh)
                 else:
