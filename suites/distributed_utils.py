@@ -1,0 +1,606 @@
+"""Suite for nemo_automodel.components.distributed.utils: loss reduction, eval sharding, gradient
+sync during accumulation, barriers, first rank per node, logging.
+
+Two kinds of case.
+
+Values, on the worker's ranks (DP topologies, tp = cp = 1; the ops take the mesh's DP group):
+- `reduce_loss`: losses [L] and per-slice token counts sharded over DP; with `dp_group` every rank
+  must hold the full-batch (loss, denominator), without it the DP ranks' results are `Partial`
+  summands of it.  The denominator is compared exactly as an integer (counts past 2**31 included).
+- `dp_eval_sample_shard`: every rank scores the samples its shard gives it; under DDP the DP
+  ranks' score vectors must add up to every sample scored exactly once (`Partial`), under FSDP2 /
+  Megatron-FSDP every rank must hold all scores (replicated).  Properties: the returned value, and
+  coverage of range(n) for every n up to 2·DP + 1.
+- `get_sync_ctx`: a real DDP or FSDP2 (`fully_shard`, gloo on CPU) MLP accumulates 3
+  micro-batches; the accumulated gradient (gathered) must equal the single-device gradient of the
+  full batch (forward check), and the collectives each micro-batch issued (counted per
+  micro-batch) must show no gradient all-reduce / reduce-scatter before the optimizer step when
+  sync is deferred, and one on every micro-batch when it is not.
+
+Processes, in fresh ranks (`harness.processes.run_ranks`, from rank 0 of a size-1 topology): the
+ops use the default (world) group, can abort the job or block, so they never run in the worker.
+Each case starts its ranks (gloo on 127.0.0.1; 2 simulated nodes of 2 ranks where nodes matter),
+records events with a global order, and turns exit codes, return values, events and log records
+into `property:` checks.  A rank still running after PROCESS_DEADLINE_S is killed and reported.
+The worker's --timeout must exceed PROCESS_DEADLINE_S (the default 60 s does).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Partial, Shard
+
+from harness.case import REPLICATED, Case, Layout, Property
+from harness.measure import CommCounter, group_dims
+from harness.processes import ProcessRun, RankOutcome, RankProcess, load_module, module_ref, run_ranks
+from reference import distributed_utils as ref
+
+FAMILY = "distributed_utils"
+OP = FAMILY + "."
+
+DP_SHARDED = Layout(dp=Shard(0))
+DP_SUM = Layout(dp=Partial())  # the full value is the sum of the DP ranks' values
+GRAD_KINDS = ("all_reduce", "reduce_scatter")  # collectives that synchronise gradients
+
+PROCESS_DEADLINE_S = 20.0  # a fresh rank still running then is killed: a hang costs this much
+BARRIER_TIMEOUT_S = 1.0  # the timeout a late rank misses
+ON_TIME_TIMEOUT_S = 5.0  # for barriers every rank reaches at once: returns as soon as they have
+SLACK_S = 2.0  # scheduling slack on a loaded machine, on top of a timeout
+BLOCK_S = 0.2  # time a rank spends inside a FirstRankPerNode block
+STAGGER_S = 0.3  # rank r arrives at barrier_and_log r·STAGGER_S late
+
+
+def _dp_only(topology) -> bool:
+    return topology.tp == 1 and topology.cp == 1
+
+
+# ---- reduce_loss ------------------------------------------------------------------------------
+
+N_LOSSES = 8  # micro-batch losses over the whole DP group (a multiple of every DP size)
+N_SLICES = 4  # token counts: one per DP slice of the largest DP size
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    per_token: bool
+    dp_group: bool
+    big: bool = False  # token counts whose sum exceeds int32 (on every rank)
+
+    @property
+    def case_id(self) -> str:
+        return "-".join(["per-token" if self.per_token else "per-loss", "dp-group" if self.dp_group else "local",
+                         *(["tokens-over-int32"] if self.big else [])])
+
+
+def _loss_inputs(spec: LossSpec):
+    def make(gen: torch.Generator) -> dict[str, torch.Tensor]:
+        losses = torch.rand(N_LOSSES, generator=gen, dtype=torch.float64) * 4 + 0.5
+        if spec.big:  # each slice alone exceeds int32: so does every rank's count
+            tokens = torch.randint(INT32_MAX + 1, 2 * INT32_MAX, (N_SLICES,), generator=gen)
+        else:
+            tokens = torch.randint(1, 5000, (N_SLICES,), generator=gen)
+        return {"losses": losses, "num_tokens": tokens}
+    return make
+
+
+def _loss_run(spec: LossSpec):
+    def run(impl, ctx, x):
+        # Losses as they come out of a training step: attached to a graph (the result must not be).
+        loss_store = list(x["losses"].clone().requires_grad_().unbind(0))
+        total_num_tokens = x["num_tokens"].sum()  # this rank's count, a 0-d int64 tensor
+        return impl.reduce_loss(loss_store, total_num_tokens, per_token_loss=spec.per_token,
+                                dp_group=ctx.group("dp") if spec.dp_group else None)
+    return run
+
+
+def _count_check(summed_over_dp: bool):
+    """The denominator: one integer (any integer dtype), exactly the expected count.  Without
+    dp_group the DP ranks' counts are summed (in int64, every rank takes part)."""
+    def check(got, expected, full, local, ctx):
+        valid = isinstance(got, torch.Tensor) and got.numel() == 1 and not got.is_floating_point() \
+            and not got.is_complex() and got.dtype != torch.bool
+        total = got.detach().to("cpu", torch.int64).reshape(1).clone() if valid else torch.zeros(1, dtype=torch.int64)
+        if summed_over_dp and ctx.size("dp") > 1:
+            dist.all_reduce(total, group=ctx.group("dp"))
+        if not valid:
+            what = f"{got.dtype} of shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
+            return False, f"denominator must be one integer, got {what}"
+        want = int(expected.reshape(-1)[0])
+        where = f"sum over {ctx.size('dp')} DP ranks of the denominators" if summed_over_dp else "denominator"
+        return int(total) == want, f"{where} {int(total)} ({str(got.dtype)[6:]}), expected {want}"
+    return check
+
+
+def _detached(ctx, full, local, outs):
+    loss, denominator = outs
+    attached = [name for name, t in (("loss", loss), ("denominator", denominator))
+                if isinstance(t, torch.Tensor) and t.requires_grad]
+    return [Property("detached", not attached, None,
+                     f"{', '.join(attached)} still attached to the graph" if attached else "loss and denominator detached")]
+
+
+def _loss_comm(spec: LossSpec):
+    """With dp_group: one all-reduce of the [1] loss (float32 or better) and one of the [1] int64
+    denominator; without: nothing."""
+    def comm(ctx) -> dict:
+        if not spec.dp_group:
+            return {"forward": {}, "backward": {}}
+        loss_bytes = torch.promote_types(ctx.dtype, torch.float32).itemsize
+        return {"forward": {"all_reduce@dp": (2, loss_bytes + 8)}, "backward": {}}
+    return comm
+
+
+def loss_case(spec: LossSpec) -> Case:
+    layout = REPLICATED if spec.dp_group else DP_SUM
+    return Case(
+        op=OP + "reduce_loss", case_id=spec.case_id,
+        params={"per_token_loss": spec.per_token, "dp_group": spec.dp_group, "tokens_over_int32": spec.big,
+                "n_losses": N_LOSSES},
+        make_inputs=_loss_inputs(spec), reference=lambda x, s=spec: ref.reduce_loss(x["losses"], x["num_tokens"], s.per_token),
+        run=_loss_run(spec), input_layouts={"losses": DP_SHARDED, "num_tokens": DP_SHARDED},
+        output_layouts=(layout, layout), output_names=("loss", "denominator"),
+        output_checks={"denominator": _count_check(summed_over_dp=not spec.dp_group)},
+        properties=_detached, comm=_loss_comm(spec), supports=_dp_only)
+
+
+def loss_raises_cases() -> list[Case]:
+    def run_empty(impl, ctx, x):
+        return impl.reduce_loss([], x["num_tokens"].sum(), dp_group=ctx.group("dp"))
+
+    def run_float_count(impl, ctx, x):
+        return impl.reduce_loss(list(x["losses"].unbind(0)), x["num_tokens"].sum().double() + 0.5, dp_group=ctx.group("dp"))
+
+    common = dict(op=OP + "reduce_loss", make_inputs=_loss_inputs(LossSpec(True, True)), reference=lambda x: (),
+                  input_layouts={"losses": DP_SHARDED, "num_tokens": DP_SHARDED}, raises=ValueError,
+                  dtypes=("float64",), supports=_dp_only)
+    return [Case(case_id="empty-loss-store", params={"loss_store": []}, run=run_empty, **common),
+            Case(case_id="fractional-token-count", params={"total_num_tokens": "float, n + 0.5"}, run=run_float_count,
+                 **common)]
+
+
+# ---- dp_eval_sample_shard ---------------------------------------------------------------------
+
+CONFIGS = {"ddp": "DDPConfig", "fsdp2": "FSDP2Config", "megatron-fsdp": "MegatronFSDPConfig"}
+
+
+def _config(impl, kind: str):
+    return getattr(impl, CONFIGS[kind])()
+
+
+def _expected_shard(kind: str, dp_rank: int, dp_size: int):
+    return (dp_rank, dp_size) if kind == "ddp" and dp_size > 1 else None
+
+
+def _scored_ids(shard, n: int) -> list[int]:
+    """The samples of range(n) a rank scores: all of them without a shard, else rank::size."""
+    if shard is None:
+        return list(range(n))
+    rank, size = shard
+    return list(range(n))[rank::size]
+
+
+def _eval_run(kind: str):
+    def run(impl, ctx, x):
+        values = x["values"]
+        shard = impl.dp_eval_sample_shard(_config(impl, kind), ctx.rank("dp"), ctx.size("dp"))
+        ids = torch.tensor(_scored_ids(shard, values.numel()), dtype=torch.long)
+        scores = torch.zeros_like(values)
+        scores[ids] = ref.score_samples(values[ids])
+        return scores
+    return run
+
+
+def _eval_properties(kind: str):
+    def properties(ctx, full, local, outs):
+        impl, rank, size = ctx.impl, ctx.rank("dp"), ctx.size("dp")
+        got = impl.dp_eval_sample_shard(_config(impl, kind), rank, size)
+        want = _expected_shard(kind, rank, size)
+        props = [Property("returns", got == want, None, f"{kind} at DP rank {rank} of {size}: got {got!r}, expected {want!r}")]
+        # Coverage for any N: the shards every DP rank gets, applied to range(n).
+        shards = [impl.dp_eval_sample_shard(_config(impl, kind), r, size) for r in range(size)]
+        per_sample = size if kind != "ddp" or size == 1 else 1  # sharded models: every rank scores everything
+        bad = []
+        for n in range(2 * size + 2):
+            counts = [0] * n
+            for shard in shards:
+                for i in _scored_ids(shard, n):
+                    counts[i] += 1
+            if counts != [per_sample] * n:
+                bad.append(f"N={n}: times scored {counts}")
+        props.append(Property("coverage", not bad, None,
+                              "; ".join(bad[:3]) if bad else f"N = 0..{2 * size + 1}: every sample scored "
+                              f"{'exactly once' if per_sample == 1 else f'by all {size} ranks'}"))
+        return props
+    return properties
+
+
+def eval_case(kind: str, n: int) -> Case:
+    return Case(
+        op=OP + "dp_eval_sample_shard", case_id=f"{kind}-n{n}", params={"config": CONFIGS[kind], "n_samples": n},
+        make_inputs=lambda gen: {"values": torch.randn(n, generator=gen, dtype=torch.float64)},
+        reference=lambda x: ref.score_samples(x["values"]), run=_eval_run(kind),
+        output_layouts=(DP_SUM if kind == "ddp" else REPLICATED,), output_names=("scores",),
+        properties=_eval_properties(kind), dtypes=("float64",), supports=_dp_only)
+
+
+def eval_raises_cases() -> list[Case]:
+    def rank_out_of_range(impl, ctx, x):
+        return impl.dp_eval_sample_shard(impl.DDPConfig(), ctx.size("dp"), ctx.size("dp"))
+
+    def zero_size(impl, ctx, x):
+        return impl.dp_eval_sample_shard(impl.DDPConfig(), 0, 0)
+
+    common = dict(op=OP + "dp_eval_sample_shard", make_inputs=lambda gen: {}, reference=lambda x: (),
+                  raises=ValueError, dtypes=("float64",), supports=_dp_only)
+    return [Case(case_id="rank-equals-size", params={"dp_rank": "dp_size"}, run=rank_out_of_range, **common),
+            Case(case_id="size-zero", params={"dp_rank": 0, "dp_size": 0}, run=zero_size, **common)]
+
+
+# ---- get_sync_ctx -----------------------------------------------------------------------------
+
+MICRO_BATCHES, BATCH, FEATURES, HIDDEN, OUT = 3, 8, 6, 5, 2
+MODEL_KINDS = ("ddp", "fsdp2-deferred", "fsdp2-every-step", "plain")
+
+
+def _sync_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    def randn(*shape):
+        return torch.randn(shape, generator=gen, dtype=torch.float64)
+    return {"x": randn(MICRO_BATCHES, BATCH, FEATURES), "y": randn(MICRO_BATCHES, BATCH, OUT),
+            "w1": randn(HIDDEN, FEATURES) * 0.5, "b1": randn(HIDDEN) * 0.1, "w2": randn(OUT, HIDDEN) * 0.5,
+            "b2": randn(OUT) * 0.1}
+
+
+def _model(x: dict, dtype: torch.dtype) -> torch.nn.Sequential:
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUT)).to(dtype)
+    with torch.no_grad():
+        for param, name in zip(model.parameters(), ("w1", "b1", "w2", "b2")):
+            param.copy_(x[name])
+    return model
+
+
+def _sync_run(kind: str):
+    def run(impl, ctx, x):
+        model = _model(x, ctx.dtype)
+        dp = ctx.size("dp")
+        if kind == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(model, process_group=ctx.group("dp"))
+        elif kind.startswith("fsdp2"):
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(model[0], mesh=ctx.mesh["dp"])
+            fully_shard(model[2], mesh=ctx.mesh["dp"])
+            fully_shard(model, mesh=ctx.mesh["dp"])
+        defer = kind != "fsdp2-every-step"
+        # DDP and FSDP2 average gradients over DP; a plain model's DP ranks are summands (DP_SUM), so
+        # each takes 1/DP of the mean over its rows.
+        scale = 1.0 / dp if kind == "plain" else 1.0
+        per_micro_batch = []
+        for m in range(MICRO_BATCHES):
+            counter = CommCounter(group_dims(ctx.mesh))
+            with counter, impl.get_sync_ctx(model, m == MICRO_BATCHES - 1, defer):
+                loss = ((model(x["x"][m]) - x["y"][m]) ** 2).mean() * scale
+                loss.backward()
+            per_micro_batch.append(counter.as_dict().get("forward", {}))
+        grads = [p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for p in model.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads]).detach()
+        # What each micro-batch communicated, for _sync_properties (the harness passes the outputs on).
+        flat.collectives_per_micro_batch = per_micro_batch
+        return flat
+    return run
+
+
+def _grad_syncs(collectives: dict) -> int:
+    return sum(v["calls"] for k, v in collectives.items() if k.split("@")[0] in GRAD_KINDS)
+
+
+def _sync_properties(kind: str):
+    def properties(ctx, full, local, outs):
+        per_mb = outs[0].collectives_per_micro_batch
+        syncs = [_grad_syncs(c) for c in per_mb]
+        seen = "; ".join(f"micro-batch {m + 1}: {c or 'nothing'}" for m, c in enumerate(per_mb))
+        dp = ctx.size("dp")
+        if kind == "plain":
+            calls = [sum(v["calls"] for v in c.values()) for c in per_mb]
+            return [Property("no_collectives", not any(calls), None, seen)]
+        if kind == "fsdp2-every-step":
+            if dp == 1:
+                return []
+            return [Property("grad_sync_every_micro_batch", all(syncs), None, seen)]
+        props = [Property("no_grad_sync_before_optim_step", not any(syncs[:-1]), None, seen)]
+        if dp > 1:
+            props.append(Property("grad_sync_on_optim_step", syncs[-1] > 0, None, seen))
+        return props
+    return properties
+
+
+def sync_case(kind: str) -> Case:
+    return Case(
+        op=OP + "get_sync_ctx", case_id=f"{kind}-{MICRO_BATCHES}-micro-batches",
+        params={"model": kind, "micro_batches": MICRO_BATCHES, "batch": BATCH, "defer_fsdp_grad_sync": kind != "fsdp2-every-step"},
+        make_inputs=_sync_inputs,
+        reference=lambda x: ref.accumulated_gradients(x["x"], x["y"], x["w1"], x["b1"], x["w2"], x["b2"]),
+        run=_sync_run(kind), input_layouts={"x": Layout(dp=Shard(1)), "y": Layout(dp=Shard(1))},
+        output_layouts=(DP_SUM if kind == "plain" else REPLICATED,), output_names=("grads",),
+        properties=_sync_properties(kind), dtypes=("float64", "float32"),
+        supports=lambda t: _dp_only(t) and BATCH % t.dp == 0)
+
+
+# ---- process-level cases: scenarios (run in fresh ranks) ----------------------------------------
+
+def _first_rank_scenario(proc: RankProcess, impl_ref: str, raising_rank: int) -> bool:
+    impl = load_module(impl_ref)
+    with impl.FirstRankPerNode() as first:
+        proc.event("enter", first=first)
+        if proc.rank == raising_rank:
+            raise RuntimeError(f"failure inside the FirstRankPerNode block on rank {proc.rank}")
+        time.sleep(BLOCK_S)
+        proc.event("leave")
+    proc.event("after", process_group=dist.is_initialized())
+    return first
+
+
+def _late_rank_scenario(proc: RankProcess, impl_ref: str) -> dict:
+    impl = load_module(impl_ref)
+    late = proc.world_size - 1
+    gloo = impl._create_gloo_group()
+    dist.barrier()  # everyone here: the next barrier is reached on time
+
+    def timed_barrier(step: str, timeout: float, group=None) -> bool:
+        proc.event(f"call:{step}")
+        try:
+            value = impl._barrier_with_timeout(timedelta(seconds=timeout), group=group)
+        except BaseException as exc:
+            proc.event(f"return:{step}", error=f"{type(exc).__name__}: {exc}"[:200])
+            raise
+        proc.event(f"return:{step}", value=value)
+        return value
+
+    timed_barrier("on-time", ON_TIME_TIMEOUT_S)
+    if proc.rank == late:  # arrive only once every other rank has given up (or the run's deadline)
+        proc.wait_for("return:late", [r for r in range(proc.world_size) if r != late], PROCESS_DEADLINE_S)
+    timed_barrier("late", BARRIER_TIMEOUT_S)
+    # The groups still work: a collective on the default group and on the gloo group, another barrier.
+    world_sum = torch.tensor([proc.rank + 1.0])
+    dist.all_reduce(world_sum)
+    gloo_sum = torch.tensor([proc.rank + 1.0])
+    dist.all_reduce(gloo_sum, group=gloo)
+    again = timed_barrier("after", ON_TIME_TIMEOUT_S, group=gloo)
+    return {"world_sum": world_sum.item(), "gloo_sum": gloo_sum.item(), "barrier_after": again}
+
+
+def _gloo_group_scenario(proc: RankProcess, impl_ref: str) -> dict:
+    impl = load_module(impl_ref)
+    group = impl._create_gloo_group()
+    if group is None:
+        return {"group": None}
+    dist.monitored_barrier(group=group, timeout=timedelta(seconds=ON_TIME_TIMEOUT_S))
+    total = torch.tensor([proc.rank + 1.0])
+    dist.all_reduce(total, group=group)
+    return {"group": type(group).__name__, "ranks": dist.get_process_group_ranks(group),
+            "backend": str(dist.get_backend(group)), "sum": total.item()}
+
+
+LOG_MESSAGE = "shardcheck: barrier_and_log after every rank arrived"
+
+
+def _barrier_log_scenario(proc: RankProcess, impl_ref: str) -> None:
+    impl = load_module(impl_ref)
+    if dist.is_initialized():
+        dist.barrier()  # start together, then arrive staggered
+    time.sleep(STAGGER_S * proc.rank)
+    proc.event("arrive")
+    impl.barrier_and_log(LOG_MESSAGE)
+    proc.event("return")
+
+
+# ---- process-level cases: properties ----------------------------------------------------------
+
+def _ranks_ended_cleanly(run: ProcessRun) -> Property:
+    bad = [r for r in run.ranks if r.killed or r.exitcode != 0]
+    return Property("ranks_end", not bad, run.wall_s,
+                    f"every rank exited 0 in {run.wall_s:.1f}s" if not bad else
+                    f"deadline {run.deadline_s:g}s: " + "; ".join(r.describe() for r in bad))
+
+
+def _first_rank_order(run: ProcessRun) -> list[Property]:
+    returned_ok, order_bad = [], []
+    for r in run.ranks:
+        want = r.local_rank == 0
+        if not (r.returned and r.result is want):
+            returned_ok.append(f"rank {r.rank} (node {r.node}, local rank {r.local_rank}): "
+                               f"{'got ' + repr(r.result) if r.returned else 'no result'}, expected {want}")
+    for node in range(run.nodes):
+        ranks = [r for r in run.ranks if r.node == node]
+        first = next(r for r in ranks if r.local_rank == 0)
+        left = first.event("leave")
+        for r in ranks:
+            if r is first:
+                continue
+            entered = r.event("enter")
+            if left is None or entered is None or entered.seq < left.seq:
+                order_bad.append(f"node {node}: rank {r.rank} entered "
+                                 f"{'(never)' if entered is None else f'at #{entered.seq}'} before its first rank "
+                                 f"{first.rank} left {'(never)' if left is None else f'at #{left.seq}'}")
+    order = " ".join(f"{e.name}:{e.rank}" for e in run.events() if e.name in ("enter", "leave"))
+    still_initialized = [r.rank for r in run.ranks if (r.event("after") and r.event("after").data.get("process_group"))]
+    return [
+        _ranks_ended_cleanly(run),
+        Property("first_rank_per_node_true", not returned_ok, None,
+                 "; ".join(returned_ok) if returned_ok else "True on local rank 0 of each node, False elsewhere"),
+        Property("others_enter_after_first_left", not order_bad, None,
+                 ("; ".join(order_bad) + f" (order: {order})") if order_bad else f"order: {order}"),
+        Property("own_process_group_destroyed", not still_initialized, None,
+                 f"process group still initialised after the block on rank(s) {still_initialized}" if still_initialized
+                 else "the process group it created is gone after the block"),
+    ]
+
+
+def _first_rank_raise(run: ProcessRun, raising_rank: int) -> list[Property]:
+    survivors = [r for r in run.ranks if r.killed or r.exitcode == 0]
+    origin = run.origin()
+    named = origin is not None and origin.rank == raising_rank and "failure inside" in (origin.error or "")
+    went_on = [r.rank for r in run.ranks if r.event("after") is not None]
+    return [
+        Property("exception_ends_every_rank", not survivors and not went_on, run.wall_s,
+                 (f"every rank ended non-zero within {run.wall_s:.1f}s: " if not survivors else
+                  f"not every rank ended non-zero by itself (deadline {run.deadline_s:g}s): ") + run.describe()
+                 + (f"; rank(s) {went_on} carried on after the block" if went_on else "")),
+        Property("error_names_rank", named, None,
+                 f"origin: {origin.describe() if origin else 'none'} (expected rank {raising_rank}'s RuntimeError)"),
+    ]
+
+
+def _no_distributed(run: ProcessRun) -> list[Property]:
+    r = run.ranks[0]
+    ok = r.exitcode == 0 and r.result is True and r.event("leave") is not None
+    return [Property("single_process_true", ok, None, r.describe())]
+
+
+def _elapsed(r: RankOutcome, step: str) -> tuple[float | None, object]:
+    call, ret = r.event(f"call:{step}"), r.event(f"return:{step}")
+    if call is None or ret is None:
+        return None, "never returned" if call is not None else "never called"
+    return ret.time - call.time, ret.data.get("value", ret.data.get("error"))
+
+
+def _late_rank(run: ProcessRun) -> list[Property]:
+    late = run.world_size - 1
+    on_time, waited, late_bad, after_bad = [], [], [], []
+    for r in run.ranks:
+        _, value = _elapsed(r, "on-time")
+        if value is not True:
+            on_time.append(f"rank {r.rank}: {value!r}")
+        took, value = _elapsed(r, "late")
+        if r.rank == late:
+            if value is not False or took is None or took > BARRIER_TIMEOUT_S + SLACK_S:
+                late_bad.append(f"rank {r.rank}: {value!r}" + (f" after {took:.2f}s" if took is not None else ""))
+        elif value is not False or took is None or not BARRIER_TIMEOUT_S - 0.05 <= took <= BARRIER_TIMEOUT_S + SLACK_S:
+            waited.append(f"rank {r.rank}: {value!r}" + (f" after {took:.2f}s" if took is not None else ""))
+        want = float(sum(range(1, run.world_size + 1)))
+        res = r.result if r.returned else None
+        if res is None or res["world_sum"] != want or res["gloo_sum"] != want or res["barrier_after"] is not True:
+            after_bad.append(f"rank {r.rank}: {res if res is not None else (r.error or 'no result')}")
+    took = [f"{_elapsed(r, 'late')[0]:.2f}s" for r in run.ranks if r.rank != late and _elapsed(r, 'late')[0] is not None]
+    killed = "; ".join(r.describe() for r in run.ranks if r.killed)
+    suffix = f" ({killed})" if killed else ""
+    return [
+        _ranks_ended_cleanly(run),
+        Property("on_time_true", not on_time, None, "; ".join(on_time) + suffix if on_time else "True on every rank"),
+        Property("waiting_ranks_false_within_timeout", not waited, None,
+                 (f"expected False after {BARRIER_TIMEOUT_S:g}s (+ {SLACK_S:g}s slack): " + "; ".join(waited) + suffix)
+                 if waited else f"False after {', '.join(took)} (timeout {BARRIER_TIMEOUT_S:g}s)"),
+        Property("late_rank_false", not late_bad, None,
+                 ("; ".join(late_bad) + suffix) if late_bad else f"rank {late}, arriving after the others gave up: False"),
+        Property("groups_work_after", not after_bad, None,
+                 ("; ".join(after_bad) + suffix) if after_bad else
+                 "all-reduce on the default and the gloo group right, and a barrier on the gloo group True"),
+    ]
+
+
+def _gloo_group(runs: dict[str, ProcessRun]) -> list[Property]:
+    world = runs["world"]
+    want = {"group": "ProcessGroup", "ranks": list(range(world.world_size)), "backend": "gloo",
+            "sum": float(sum(range(1, world.world_size + 1)))}
+    bad = [f"rank {r.rank}: {r.result if r.returned else r.error}" for r in world.ranks if not (r.returned and r.result == want)]
+    single = runs["single"].ranks[0]
+    return [
+        _ranks_ended_cleanly(world),
+        Property("gloo_group_over_all_ranks", not bad, None,
+                 "; ".join(bad) if bad else f"a gloo group of ranks {want['ranks']}: monitored_barrier and all-reduce work"),
+        Property("none_without_distributed", single.returned and single.result == {"group": None}, None, single.describe()),
+    ]
+
+
+def _barrier_log(runs: dict[str, ProcessRun]) -> list[Property]:
+    run = runs["world"]
+    records = [rec for rec in run.logs if LOG_MESSAGE in rec.message]
+    arrivals = run.events("arrive")
+    last_arrival = max((e.seq for e in arrivals), default=None)
+    one = len(records) == 1 and records[0].rank == 0
+    after = bool(records) and len(arrivals) == run.world_size and all(rec.seq > last_arrival for rec in records)
+    returns = run.events("return")
+    waited = len(returns) == run.world_size and all(e.seq > last_arrival for e in returns)
+    single = [rec for rec in runs["single"].logs if LOG_MESSAGE in rec.message]
+    where = ", ".join(f"rank {rec.rank} (#{rec.seq})" for rec in records) or "none"
+    return [
+        _ranks_ended_cleanly(run),
+        Property("one_record_from_rank_0", one, None, f"records with the message: {where}"),
+        Property("logged_after_every_rank_arrived", after, None,
+                 f"records {where}; last arrival #{last_arrival} ({len(arrivals)} of {run.world_size} ranks arrived)"),
+        Property("every_rank_waits", waited, None,
+                 "returns " + " ".join(f"{e.rank}:#{e.seq}" for e in returns) + f"; last arrival #{last_arrival}"),
+        Property("single_process_logs_once", len(single) == 1, None, f"{len(single)} record(s) without torch.distributed"),
+    ]
+
+
+def _process_case(op: str, case_id: str, run, properties, params: dict) -> Case:
+    return Case(op=OP + op, case_id=case_id, params=params, make_inputs=lambda gen: {}, reference=lambda x: (),
+                run=run, output_layouts=(), output_names=(), properties=lambda ctx, full, local, outs: properties(outs[0]),
+                dtypes=("float64",), supports=lambda t: t.size == 1)
+
+
+RAISING_RANK = 2  # node 1's first rank: its node-mate waits in the barrier for it
+
+
+def process_cases() -> list[Case]:
+    def first_rank_nodes(impl, ctx, x):
+        return run_ranks(_first_rank_scenario, 4, nodes=2, args=(module_ref(impl), -1), deadline=PROCESS_DEADLINE_S)
+
+    def first_rank_raises(impl, ctx, x):
+        return run_ranks(_first_rank_scenario, 4, nodes=2, args=(module_ref(impl), RAISING_RANK),
+                         init_process_group=True, deadline=PROCESS_DEADLINE_S)
+
+    def first_rank_single(impl, ctx, x):
+        return run_ranks(_first_rank_scenario, 1, args=(module_ref(impl), -1), distributed_env=False,
+                         deadline=PROCESS_DEADLINE_S)
+
+    def late_rank(impl, ctx, x):
+        return run_ranks(_late_rank_scenario, 3, args=(module_ref(impl),), init_process_group=True,
+                         deadline=PROCESS_DEADLINE_S)
+
+    def gloo_group(impl, ctx, x):
+        return {"world": run_ranks(_gloo_group_scenario, 3, args=(module_ref(impl),), init_process_group=True,
+                                   deadline=PROCESS_DEADLINE_S),
+                "single": run_ranks(_gloo_group_scenario, 1, args=(module_ref(impl),), distributed_env=False,
+                                    deadline=PROCESS_DEADLINE_S)}
+
+    def barrier_log(impl, ctx, x):
+        return {"world": run_ranks(_barrier_log_scenario, 3, args=(module_ref(impl),), init_process_group=True,
+                                   deadline=PROCESS_DEADLINE_S),
+                "single": run_ranks(_barrier_log_scenario, 1, args=(module_ref(impl),), distributed_env=False,
+                                    deadline=PROCESS_DEADLINE_S)}
+
+    nodes = {"world_size": 4, "nodes": 2, "deadline_s": PROCESS_DEADLINE_S}
+    return [
+        _process_case("FirstRankPerNode", "2-nodes-of-2", first_rank_nodes, _first_rank_order,
+                      {**nodes, "block_s": BLOCK_S, "process_group": "created by the op"}),
+        _process_case("FirstRankPerNode", f"raises-on-rank-{RAISING_RANK}", first_rank_raises,
+                      lambda run: _first_rank_raise(run, RAISING_RANK), {**nodes, "raising_rank": RAISING_RANK}),
+        _process_case("FirstRankPerNode", "no-distributed", first_rank_single, _no_distributed, {"world_size": 1}),
+        _process_case("_barrier_with_timeout", "late-rank", late_rank, _late_rank,
+                      {"world_size": 3, "timeout_s": BARRIER_TIMEOUT_S, "slack_s": SLACK_S,
+                       "late_rank": "arrives after the others returned", "deadline_s": PROCESS_DEADLINE_S}),
+        _process_case("_create_gloo_group", "all-ranks", gloo_group, _gloo_group, {"world_size": 3}),
+        _process_case("barrier_and_log", "staggered-arrivals", barrier_log, _barrier_log,
+                      {"world_size": 3, "stagger_s": STAGGER_S}),
+    ]
+
+
+# ---- the case matrix ----------------------------------------------------------------------------
+
+def cases(quick: bool = False) -> list[Case]:
+    loss_specs = [LossSpec(True, True), LossSpec(True, False), LossSpec(False, True), LossSpec(False, False),
+                  LossSpec(True, True, big=True), LossSpec(True, False, big=True)]
+    if quick:
+        loss_specs = [LossSpec(True, True, big=True), LossSpec(False, False)]
+    sizes = (3, 7) if quick else (1, 3, 7, 8)
+    out = [loss_case(s) for s in loss_specs] + loss_raises_cases()[: 1 if quick else None]
+    out += [eval_case(kind, n) for kind in CONFIGS for n in sizes] + eval_raises_cases()[: 1 if quick else None]
+    out += [sync_case(kind) for kind in MODEL_KINDS]
+    return out + process_cases()
