@@ -159,6 +159,7 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
     if not cases:
         raise UsageError("nothing to run: no case matches the selected suites, ops and cases")
 
+    requested_worlds = set(world_sizes or [])
     if topologies:
         world_sizes = sorted(set(world_sizes or []) | {t.size for t in topologies})
     else:
@@ -170,6 +171,10 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
         if not fits:
             raise UsageError(f"topology {t} (size {t.size}) divides none of the world sizes {world_sizes}")
         return max(fits)  # fewer launches: each launch runs every topology that divides it
+
+    # Launch sizes a world_group case may use: the world sizes asked for (a hand-started worker passes its
+    # own), else those of the topologies.
+    group_worlds = requested_worlds or set(world_sizes)
 
     # Every module under test must import and name every op its selected cases call.
     modules = {}
@@ -190,7 +195,7 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
             for topo in topologies:
                 if not case.runs_on(topo):
                     continue
-                if case.world_group and topo.size not in world_sizes:
+                if case.world_group and topo.size not in group_worlds:
                     continue  # its default-group collectives need a launch of exactly this size
                 plan.items.append(Item(
                     id=len(plan.items), suite=suite_name, op=case.op, case_id=case.case_id, dtype=dtype,
