@@ -24,6 +24,9 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 
 ROTATE_METHODS = ("allgather", "alltoall")
+# Right-padding of the batch to a multiple of 2·CP: padded tokens carry no loss and are masked.
+PAD_FILLS = {"input_ids": 0, "inputs_embeds": 0.0, "labels": -100, "position_ids": 0, "loss_mask": 0,
+             "padding_mask": True}
 Q_BLOCK = 256  # query rows per score block: bounds the transient [B, H, Q_BLOCK, c] scores
 
 
@@ -407,9 +410,9 @@ def make_cp_batch_and_ctx(
     seq_len = primary.shape[1]
     pad = (-seq_len) % (2 * cp_size)
     # name -> (seq dim, fill for right padding)
-    fills = {primary_key: (1, 0), "labels": (1, -100),
-             "position_ids": (2 if batch["position_ids"].dim() == 3 else 1, 0),
-             "loss_mask": (1, 0), "padding_mask": (1, True)}
+    fills = {primary_key: (1, PAD_FILLS[primary_key]), "labels": (1, PAD_FILLS["labels"]),
+             "position_ids": (2 if batch["position_ids"].dim() == 3 else 1, PAD_FILLS["position_ids"]),
+             "loss_mask": (1, PAD_FILLS["loss_mask"]), "padding_mask": (1, PAD_FILLS["padding_mask"])}
     names = [k for k in fills if batch.get(k) is not None]
     for name in names:
         dim, fill = fills[name]

@@ -66,7 +66,10 @@ class _GradSum(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        total = g.to(torch.promote_types(g.dtype, torch.float32))  # fp32 reduction: no rounding of our own
+        # A fresh contiguous buffer: g may be a strided view (e.g. the un-padded slice of a padded
+        # tensor's gradient), and a collective on a non-contiguous tensor reduces the wrong elements.
+        # fp32 or better: no rounding of our own.
+        total = g.contiguous().to(torch.promote_types(g.dtype, torch.float32), copy=True)
         for group in ctx.groups:
             if dist.get_world_size(group) > 1:
                 dist.all_reduce(total, group=group)

@@ -1,0 +1,27 @@
+"""Bug: on exit every buffer is restored, those in cp_no_restore_buffers included."""
+
+import importlib.util
+from pathlib import Path
+
+# A private copy of the real module: its functions look module-level names up at call time, so what
+# is patched below changes what they do, without touching distributed_impl.cp_utils itself.
+_spec = importlib.util.spec_from_file_location(
+    "_cp_utils_restores_no_restore", Path(__file__).resolve().parents[3] / "distributed_impl" / "cp_utils.py")
+_m = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_m)
+
+_real_create = _m.create_context_parallel_ctx
+
+
+def _create_restoring_all(cp_mesh, cp_buffers, cp_seq_dims, cp_no_restore_buffers, cp_rotate_method=None):
+    return _real_create(cp_mesh, cp_buffers, cp_seq_dims, set(), cp_rotate_method)
+
+
+_m.create_context_parallel_ctx = _create_restoring_all
+
+_build_position_ids = _m._build_position_ids
+get_train_context = _m.get_train_context
+create_context_parallel_ctx = _m.create_context_parallel_ctx
+make_cp_batch_and_ctx = _m.make_cp_batch_and_ctx
+make_cp_batch_for_te = _m.make_cp_batch_for_te
+_shard_thd_chunk_for_te = _m._shard_thd_chunk_for_te
