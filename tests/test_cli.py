@@ -76,7 +76,8 @@ def test_list_names_every_op_and_default_topologies(capsys):
                "ChunkedDistributedLogprob", "DistributedCrossEntropy", "from_parallel_logits_to_logprobs",
                "all_to_all_vp2sq", "all_to_all_sq2vp"):
         assert f"model_utils.{op} " in out
-    assert "dp1-cp1-tp1 dp2-cp1-tp1 dp1-cp1-tp2 dp4-cp1-tp1 dp2-cp1-tp2 dp1-cp1-tp4" in out
+    assert ("default topologies: dp1-cp1-tp1 dp2-cp1-tp1 dp1-cp2-tp1 dp1-cp1-tp2 dp4-cp1-tp1 dp2-cp2-tp1 dp1-cp4-tp1 "
+            "dp2-cp1-tp2 dp1-cp2-tp2 dp1-cp1-tp4") in out
 
 
 def test_out_dir_holding_a_run_is_refused(tmp_path, capsys):
