@@ -1,10 +1,11 @@
-"""`shardcheck run | list | report | compare`.  Exit codes: 0 all pass (no regression), 1 a check
-failed (a regression), 2 bad usage."""
+"""`shardcheck run | list | report | compare | dashboard`.  Exit codes: 0 all pass (no regression),
+1 a check failed (a regression), 2 bad usage."""
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
 import secrets
 import sys
 from pathlib import Path
@@ -64,6 +65,10 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--bench", action="store_true", help="measure time, memory and collectives (benchmark cases)")
     run.add_argument("--bench-iters", type=int, default=10, help="timed iterations per benchmark (all ranks)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--no-hang-budget", action="store_true",
+                     help="after an op hangs or a rank dies at a topology, still try its remaining items there "
+                          "(default: record them as skipped)")
+    run.add_argument("--junit-xml", type=Path, metavar="PATH", help="also write JUnit XML (one testcase per item)")
     lst = sub.add_parser("list", help="ops, suites and default topologies")
     lst.add_argument("--quick", action="store_true")
     rep = sub.add_parser("report", help="(re)build the report of run directories")
@@ -73,7 +78,23 @@ def make_parser() -> argparse.ArgumentParser:
     cmp.add_argument("new", type=Path)
     cmp.add_argument("--max-slowdown", type=float, default=10.0, metavar="PCT")
     cmp.add_argument("--max-memory-growth", type=float, default=5.0, metavar="PCT")
+    dash = sub.add_parser("dashboard", help="one HTML page over many runs: time, memory, regressions, pass/fail")
+    dash.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    dash.add_argument("--out", type=Path, default=Path("shardcheck-dashboard"), help="output directory")
+    dash.add_argument("--max-slowdown", type=float, default=10.0, metavar="PCT")
+    dash.add_argument("--max-memory-growth", type=float, default=5.0, metavar="PCT")
     return p
+
+
+def _check_writable_file(path: Path, option: str) -> None:
+    """Bad usage before the run, not a lost result after it."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a directory")
+    if not parent.is_dir():
+        raise UsageError(f"{option} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{option} {path}: directory {parent} is not writable")
 
 
 def cmd_compare(args) -> int:
@@ -113,6 +134,8 @@ def cmd_run(args) -> int:
         raise UsageError(f"--bench-iters must be positive, got {args.bench_iters}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    if args.junit_xml:
+        _check_writable_file(args.junit_xml, "--junit-xml")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available")
@@ -139,32 +162,55 @@ def cmd_run(args) -> int:
     print(f"shardcheck: {len(plan.items)} cases on world size(s) {', '.join(map(str, worlds))} "
           f"({device}, {backend}) -> {run_dir}", file=sys.stderr)
     try:
-        run_plan(plan, run_dir, writer, show_progress=not args.no_progress and sys.stderr.isatty())
+        run_plan(plan, run_dir, writer, show_progress=not args.no_progress and sys.stderr.isatty(),
+                 hang_budget=not args.no_hang_budget)
     finally:
         writer.close()
         meta["end"] = dt.datetime.now().isoformat(timespec="seconds")
         meta["summary"] = writer.counts
         write_json(run_dir / "run.json", meta)
     build(run_dir)
+    _write_ci_outputs(run_dir, run_id, args.junit_xml)
     counts = writer.counts
-    print(f"shardcheck: {counts['pass']} passed, {counts['fail']} failed, {counts['error']} errors "
-          f"-> {run_dir / 'report.html'}")
+    print(f"shardcheck: {counts['pass']} passed, {counts['fail']} failed, {counts['error']} errors, "
+          f"{counts['skip']} skipped -> {run_dir / 'report.html'}")
     if counts["fail"] or counts["error"]:
         _print_failures(run_dir)
         return EXIT_FAIL
     return EXIT_OK
 
 
-def _print_failures(run_dir: Path, limit: int = 20) -> None:
+def _write_ci_outputs(run_dir: Path, run_id: str, junit_xml: Path | None) -> None:
+    """--junit-xml, and the Markdown summary appended to $GITHUB_STEP_SUMMARY when CI sets it."""
     from harness.records import load
+    from reports import junit
+    from reports.report import summary_markdown
 
-    df = load(run_dir)
-    bad = df[df["status"].isin(["fail", "error"])]
-    for _, r in bad.head(limit).iterrows():
-        print(f"  {r['status'].upper()} {r['op']} [{r['case_id']}] dp{r['dp']}-cp{r['cp']}-tp{r['tp']} {r['dtype']} "
-              f"{r['check']}: {r['message']}")
-    if len(bad) > limit:
-        print(f"  ... and {len(bad) - limit} more (see report.md)")
+    if junit_xml:
+        junit.write(load(run_dir), run_id, junit_xml)
+    summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary_path:
+        try:
+            with open(summary_path, "a") as fh:
+                fh.write(summary_markdown(run_dir) + "\n")
+        except OSError as exc:
+            print(f"shardcheck: warning: cannot append to GITHUB_STEP_SUMMARY {summary_path}: {exc}", file=sys.stderr)
+
+
+def _print_failures(run_dir: Path, limit: int = 20) -> None:
+    """Each failing item: its bad checks, then a `rerun:` line that runs it alone."""
+    from harness.records import load
+    from reports.report import failing_items, item_title
+
+    items = failing_items(load(run_dir))
+    for item in items[:limit]:
+        print(item_title(item))
+        for check, status, message, _ in item["checks"]:
+            print(f"  {check}: {message}")
+        if item["rerun"]:
+            print(f"rerun: {item['rerun']}")
+    if len(items) > limit:
+        print(f"... and {len(items) - limit} more failing items (see {run_dir / 'report.md'})")
 
 
 def cmd_list(args) -> int:
@@ -193,12 +239,32 @@ def cmd_report(args) -> int:
     return EXIT_OK
 
 
+def cmd_dashboard(args) -> int:
+    from reports.dashboard import build_dashboard
+
+    for d in args.runs:
+        if not (d / "results.jsonl").is_file():
+            raise UsageError(f"{d}: no results.jsonl (not a shardcheck run directory)")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {args.out}: {exc.strerror}") from None
+    try:
+        page, regressions = build_dashboard(args.runs, args.out, args.max_slowdown, args.max_memory_growth)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read runs: {exc}") from None
+    print(f"shardcheck dashboard: {len(args.runs)} runs, {regressions} regression mark(s) -> {page}")
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = make_parser().parse_args(argv)
         if args.command is None:
-            raise UsageError("missing command: run, list or report (see shardcheck --help)")
-        return {"run": cmd_run, "list": cmd_list, "report": cmd_report, "compare": cmd_compare}[args.command](args)
+            raise UsageError("missing command: run, list, report, compare or dashboard (see shardcheck --help)")
+        commands = {"run": cmd_run, "list": cmd_list, "report": cmd_report, "compare": cmd_compare,
+                    "dashboard": cmd_dashboard}
+        return commands[args.command](args)
     except UsageError as exc:
         print(f"shardcheck: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

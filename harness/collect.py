@@ -1,20 +1,31 @@
-"""Turn the per-rank event files of one launch into result rows, item by item."""
+"""Turn the per-rank event files of one launch into result rows, item by item.
+
+Besides the rows, the collector writes what a failing item leaves for debugging: a `rerun`
+command that runs that item alone (on every fail/error row), and, for the first failures of
+a run, the full expected and actual tensors reassembled from every rank's piece, with an
+error map (harness/artefacts.py, reports/error_map.py)."""
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import shutil
 from collections import defaultdict
 from pathlib import Path
 
+from harness.artefacts import ArtefactBudget
 from harness.compare import merge_ranks
 from harness.plan import Item, Plan
 from harness.records import RecordWriter
+
+PIECES = "pieces"  # per launch: pieces/item<id>/rank<R>.pt, written by the workers for failing items
 
 
 class _ItemState:
     def __init__(self):
         self.started: dict[int, float] = {}
-        self.done: set[int] = set()
+        self.done: dict[int, float] = {}  # rank -> seconds the item took there
         self.phase: dict[int, str] = {}
         self.checks: dict[str, list[dict]] = defaultdict(list)
         self.stuck: list[dict] = []
@@ -23,13 +34,15 @@ class _ItemState:
 class Collector:
     """Follows DIR/rank*.jsonl of one launch; writes a row per check when an item is complete."""
 
-    def __init__(self, plan: Plan, items: list[Item], events_dir: Path, writer: RecordWriter, world_size: int):
+    def __init__(self, plan: Plan, items: list[Item], events_dir: Path, writer: RecordWriter, world_size: int,
+                 artefacts: ArtefactBudget | None = None):
         self.plan, self.events_dir, self.writer, self.world = plan, events_dir, writer, world_size
         self.items = {i.id: i for i in items}
         self.state = {i.id: _ItemState() for i in items}
         self.finished: set[int] = set()
         self._offsets: dict[Path, int] = {}
         self.last_event = 0.0
+        self.artefacts = artefacts
 
     def poll(self) -> list[Item]:
         """Read new events; return the items finished by them."""
@@ -64,7 +77,7 @@ class Collector:
         elif kind == "stuck":
             st.stuck.append(ev)
         elif kind == "done":
-            st.done.add(rank)
+            st.done[rank] = ev.get("seconds", 0.0)
 
     def in_flight(self) -> Item | None:
         """The earliest unfinished item that some rank has started."""
@@ -74,37 +87,61 @@ class Collector:
     def unfinished(self) -> list[Item]:
         return [self.items[i] for i in sorted(self.state) if i not in self.finished]
 
-    def abort(self, item: Item, reason: str, dead: dict[int, int] | None = None) -> None:
+    def abort(self, item: Item, reason: str, deaths: dict[int, str] | None = None) -> str:
         """Finish `item` as an error: ranks that did not report a check are named, with what they were doing.
-        `dead` maps ranks whose process died by itself to their exit codes."""
-        dead = dead or {}
+        `deaths` maps the ranks whose process died by itself (not in the teardown) to how ('SIGKILL',
+        'exit code 13'): each check of the case names them, and the other ranks' rows say they waited on them.
+        Returns the cause in a few words ('hung', 'rank 1 died'), for the items skipped after it."""
+        deaths = deaths or {}
         st = self.state[item.id]
         participants = _participants(item)
-        stuck_ranks = sorted({r for ev in st.stuck for r in ev["missing"]})
-        notes = []
+        deaths = {r: how for r, how in deaths.items() if r in participants}
+        stuck_ranks = sorted({r for ev in st.stuck for r in ev["missing"]} - set(deaths))
+        notes = [f"rank {r} died: {how}" for r, how in sorted(deaths.items())]
+        waiting = [r for r in participants if r not in deaths]
+        if deaths and waiting:
+            notes.append(f"rank(s) {', '.join(map(str, waiting))} waiting on rank(s) {', '.join(map(str, sorted(deaths)))} ("
+                         + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in waiting) + ")")
         if stuck_ranks:
             waited = max(ev["waited"] for ev in st.stuck)
             notes.append(f"rank(s) {', '.join(map(str, stuck_ranks))} did not finish the case within {waited:g}s "
                          f"(blocked or dead; " + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in stuck_ranks) + ")")
-        if dead:
-            notes.append("process died: " + ", ".join(f"rank {r} (exit code {c})" for r, c in sorted(dead.items())))
         if reason:
             notes.append(reason)
+        waiting_on = ", ".join(f"rank {r} (died: {how})" for r, how in sorted(deaths.items()))
         for check in item.checks or ["forward"]:
-            reported = {ev["rank"] for ev in st.checks.get(check, [])}
+            per_rank = st.checks[check]
+            reported = {ev["rank"]: ev for ev in per_rank}
             for r in participants:
-                if r not in reported:
-                    phase = st.phase.get(r, "setup")
-                    st.checks[check].append({
-                        "rank": r, "coords": None, "check": check, "status": "error",
-                        "secondary": bool(dead) and r not in dead,  # killed in the teardown after a peer died
-                        "message": "; ".join([f"no result ({'still in ' + phase if r in st.started else 'never started the case'})",
-                                              *notes])})
+                phase = st.phase.get(r, "setup")
+                where = f"still in {phase}" if r in st.started else "never started the case"
+                if r in deaths:  # whatever it reported, the case did not complete there
+                    per_rank[:] = [ev for ev in per_rank if ev["rank"] != r]
+                    per_rank.append({"rank": r, "coords": None, "check": check, "status": "error", "secondary": False,
+                                     "message": f"died: {deaths[r]} (in {phase})"})
+                elif r not in reported:
+                    first = f"waiting on {waiting_on}; no result ({where})" if deaths else f"no result ({where})"
+                    per_rank.append({"rank": r, "coords": None, "check": check, "status": "error",
+                                     "secondary": bool(deaths), "message": "; ".join([first, *notes])})
+                elif deaths and reported[r]["status"] == "error" and reported[r].get("secondary"):
+                    reported[r]["message"] = f"waiting on {waiting_on}: {reported[r]['message']}"
         self._finish(item, extra_message="; ".join(notes))
+        if deaths:
+            return " and ".join(f"rank {r} died ({how})" for r, how in sorted(deaths.items()))
+        return "hung" if stuck_ranks or reason else "ended its launch"
+
+    def skip(self, item: Item, reason: str) -> None:
+        """Record every check of `item` as skipped, without running it."""
+        for check in item.checks or ["forward"]:
+            self.writer.write(self._row(item, check, {"status": "skip", "max_abs_err": None, "max_rel_err": None,
+                                                      "budget": None, "err_ratio": None, "err_naive": None,
+                                                      "mismatch": None, "message": reason, "per_rank": []}))
+        self.finished.add(item.id)
 
     def _finish(self, item: Item, extra_message: str = "") -> None:
         st = self.state[item.id]
         participants = _participants(item)
+        rows = {}
         for check, per_rank in st.checks.items():
             for r in per_rank:
                 r.setdefault("coords", None)
@@ -113,18 +150,62 @@ class Collector:
             merged = merge_ranks(per_rank, participants)
             if extra_message and merged["status"] != "pass" and extra_message not in merged["message"]:
                 merged["message"] = "; ".join(m for m in (merged["message"], extra_message) if m)
-            self.writer.write(self._row(item, check, merged))
+            rows[check] = merged
+        pieces = self.events_dir / PIECES / f"item{item.id}"
+        failing = [c for c, m in rows.items() if m["status"] == "fail"]
+        if pieces.is_dir():
+            if failing and self.artefacts is not None:
+                saved = self.artefacts.save(item, failing, pieces, rows, self.writer.path.parent)
+                for check, paths in saved.items():
+                    rows[check].update(paths)
+            shutil.rmtree(pieces, ignore_errors=True)
+        seconds = round(max(st.done.values()), 4) if st.done else None
+        for check, merged in rows.items():
+            self.writer.write({**self._row(item, check, merged), "item_seconds": seconds})
         self.finished.add(item.id)
 
     def _row(self, item: Item, check: str, merged: dict) -> dict:
         dp, cp, tp = item.topology
         family = item.op.split(".", 1)[0]
-        return {
+        row = {
             "run_id": self.plan.run_id, "op": item.op, "family": family, "impl": self.plan.impl.get(family),
             "suite": item.suite, "case_id": item.case_id, "params": item.params, "dp": dp, "cp": cp, "tp": tp,
             "world_size": item.world_size, "dtype": item.dtype, "device": self.plan.device, "backend": self.plan.backend,
             "seed": item.seed, "check": check, **merged,
         }
+        if merged["status"] in ("fail", "error"):
+            row["rerun"] = rerun_command(self.plan, item)
+        return row
+
+
+def glob_escape(text: str) -> str:
+    """`text` as an fnmatch pattern that matches exactly `text` (`[`, `*`, `?` bracketed)."""
+    return re.sub(r"([\[*?])", r"[\1]", text)
+
+
+DEFAULT_TIMEOUT = 60.0
+
+
+def rerun_command(plan: Plan, item: Item) -> str:
+    """A `shardcheck run` command line that runs exactly `item` (same inputs: the run's seed, from which
+    the item's seed is derived) and nothing else."""
+    dp, cp, tp = item.topology
+    family = item.op.split(".", 1)[0]
+    args = ["shardcheck", "run", "--op", item.op, "--case", glob_escape(item.case_id),
+            "--topology", f"dp={dp},cp={cp},tp={tp}", "--dtype", item.dtype, "--seed", str(plan.seed),
+            "--device", plan.device]
+    spec = plan.impl.get(family)
+    if spec and spec != f"distributed_impl.{family}":
+        if spec.endswith(".py") or "/" in spec:
+            spec = str(Path(spec).resolve())  # the command works from any directory
+        args += ["--impl", f"{family}={spec}"]
+    if plan.quick:
+        args.append("--quick")
+    if plan.bench:
+        args += ["--bench", "--bench-iters", str(plan.bench_iters)]
+    if plan.timeout != DEFAULT_TIMEOUT:
+        args += ["--timeout", f"{plan.timeout:g}"]
+    return shlex.join(args)
 
 
 def _participants(item: Item) -> list[int]:
@@ -136,3 +217,4 @@ def _participants(item: Item) -> list[int]:
 def _coords_of(rank: int, topology) -> dict:
     dp, cp, tp = topology
     return {"dp": rank // (cp * tp), "cp": (rank // tp) % cp, "tp": rank % tp}
+

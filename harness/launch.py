@@ -1,9 +1,12 @@
 """Driver: one torchrun launch per world size, workers kept up for all its items.
 
-A launch that ends early (a peer stuck past --timeout, a rank that crashed) turns the
-item in flight into error rows naming the ranks, and the remaining items get a new launch.
-A watchdog kills a launch that reports nothing for --timeout + WATCHDOG_GRACE seconds,
-so no run ever hangs, whatever the backend does.
+A launch that ends early (a peer stuck past --timeout, a rank that crashed or was killed)
+turns the item in flight into error rows naming the ranks, and the remaining items get a new
+launch.  Hang budget: the op's other items at that topology are recorded `skip` ("hung in
+case ..."), so a hanging op costs one timeout per topology, not one per item
+(`hang_budget=False`, `--no-hang-budget`, tries every item).  A watchdog kills a launch that
+reports nothing for --timeout + WATCHDOG_GRACE seconds, so no run ever hangs, whatever the
+backend does.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from harness.artefacts import ArtefactBudget
 from harness.collect import Collector
 from harness.plan import Item, Plan
 from harness.records import RecordWriter
@@ -38,13 +42,30 @@ def _worker_env() -> dict:
     return env
 
 
-def _crashed_ranks(log_text: str) -> dict[int, int]:
-    """Ranks that died by themselves, from torchrun's failure summary
-    ('rank: 1 (local_rank: 1) exitcode: 13 (pid: ...)'); our own exit after a stuck peer
-    and the teardown's SIGTERM/SIGKILL are not crashes."""
-    not_crashes = {str(EXIT_PEER_STUCK), "-15", "-9"}
-    found = re.findall(r"rank\s*:\s*(\d+) \(local_rank.*?exitcode\s*:\s*(-?\d+)", log_text, flags=re.S)
-    return {int(r): int(c) for r, c in dict(found).items() if c not in not_crashes}
+def dead_ranks(log_text: str) -> dict[int, str]:
+    """Ranks whose process died by itself ({rank: 'SIGKILL' | 'exit code 13'}), from torchrun's log.
+
+    The failure summary gives each failed rank's exit code and pid ('rank : 1 (local_rank: 1)
+    exitcode : -9 (pid: 123)'); torchrun logs every process it tears down ('Sending process 123
+    closing signal SIGTERM').  A rank killed by a signal torchrun did not send is a culprit (an
+    external kill -9, the OOM killer, a segfault); the teardown's victims and our own exit after a
+    stuck peer are not."""
+    torn_down = set(re.findall(r"Sending process (\d+) closing signal", log_text))
+    found = re.findall(r"rank\s*:\s*(\d+) \(local_rank.*?exitcode\s*:\s*(-?\d+) \(pid: (\d+)\)", log_text, flags=re.S)
+    deaths = {}
+    for rank, code, pid in found:
+        code = int(code)
+        if code in (0, EXIT_PEER_STUCK) or pid in torn_down:
+            continue
+        deaths[int(rank)] = _signal_name(-code) if code < 0 else f"exit code {code}"
+    return deaths
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _error_lines(log_text: str) -> str:
@@ -52,30 +73,33 @@ def _error_lines(log_text: str) -> str:
     return lines[-1].strip()[:300] if lines else ""
 
 
-def run_plan(plan: Plan, run_dir: Path, writer: RecordWriter, show_progress: bool) -> None:
+def run_plan(plan: Plan, run_dir: Path, writer: RecordWriter, show_progress: bool, hang_budget: bool = True,
+             artefacts: ArtefactBudget | None = None) -> None:
+    """Run every item of `plan`, one launch per world size (more after a hang or death); rows go to `writer`."""
+    artefacts = artefacts if artefacts is not None else ArtefactBudget()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         transient=False, disable=not show_progress)
     with progress:
         task = progress.add_task("checks", total=len(plan.items))
         by_world = groupby(sorted(plan.items, key=lambda i: (i.world_size, i.id)), key=lambda i: i.world_size)
         for world_size, items in by_world:
-            _run_world(plan, list(items), world_size, run_dir, writer, progress, task)
+            _run_world(plan, list(items), world_size, run_dir, writer, progress, task, hang_budget, artefacts)
 
 
 def _run_world(plan: Plan, items: list[Item], world_size: int, run_dir: Path, writer: RecordWriter,
-               progress: Progress, task) -> None:
+               progress: Progress, task, hang_budget: bool, artefacts: ArtefactBudget) -> None:
     remaining = items
     attempt = 0
     while remaining:
         launch_dir = run_dir / "workers" / f"w{world_size}-launch{attempt}"
         launch_dir.mkdir(parents=True, exist_ok=True)
-        sub_plan = Plan(**{**plan.__dict__, "items": remaining})
+        sub_plan = Plan(**{**plan.__dict__, "items": remaining, "failure_artefacts": artefacts.left})
         (launch_dir / "plan.json").write_text(sub_plan.to_json())
         log_path = launch_dir / "torchrun.log"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
                "--max-restarts=0", "-m", "harness.worker", "--plan", str(launch_dir / "plan.json"),
                "--events", str(launch_dir)]
-        collector = Collector(plan, remaining, launch_dir, writer, world_size)
+        collector = Collector(plan, remaining, launch_dir, writer, world_size, artefacts)
         started = time.time()
         with open(log_path, "w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_worker_env(), start_new_session=True)
@@ -102,16 +126,25 @@ def _run_world(plan: Plan, items: list[Item], world_size: int, run_dir: Path, wr
             return
         log_text = log_path.read_text(errors="replace")
         failed = collector.in_flight() or unfinished[0]
-        if not collector.state[failed.id].started:
+        if not collector.state[failed.id].started and not collector.finished:
             # The launch died before running anything: every remaining item is an error.
             why = _error_lines(log_text) or f"torchrun exited with code {proc.returncode}"
             for item in unfinished:
                 collector.abort(item, f"worker launch failed: {why} (log: {log_path})")
                 progress.update(task, advance=1)
             return
-        collector.abort(failed, watchdog_reason, dead=_crashed_ranks(log_text))
+        cause = collector.abort(failed, watchdog_reason, deaths=dead_ranks(log_text))
         progress.update(task, advance=1)
         remaining = [i for i in unfinished if i.id != failed.id]
+        if hang_budget:
+            dp, cp, tp = failed.topology
+            reason = (f"skipped: {failed.op} {cause} in case {failed.case_id} {failed.dtype} at dp{dp}-cp{cp}-tp{tp}; "
+                      f"its other items at this topology are not run (--no-hang-budget runs them)")
+            for item in remaining:
+                if (item.op, item.topology) == (failed.op, failed.topology):
+                    collector.skip(item, reason)
+                    progress.update(task, advance=1)
+            remaining = [i for i in remaining if i.id not in collector.finished]
         attempt += 1
 
 

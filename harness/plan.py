@@ -112,6 +112,7 @@ class Plan:
     bench: bool = False  # measure time, memory and collectives instead of checking values
     bench_iters: int = 10  # timed iterations, the same on every rank
     bench_warmup: int = 2
+    failure_artefacts: int = 0  # failing items whose tensors the ranks still save (harness/artefacts.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -33,6 +33,7 @@ from harness.compare import budget, compare, judge
 from harness.bench import run_bench_item
 from harness.measure import CommCounter, comm_violations, group_dims, split_comm
 from harness.plan import DTYPES, Item, Plan, resolve_impl, suite_cases
+from harness.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
 from harness.topology import Topology, build_mesh
 
 EXIT_PEER_STUCK = 3
@@ -116,6 +117,9 @@ class Worker:
             self.cases.update({(c.op, c.case_id): c for c in suite_cases(suite, plan.quick, plan.bench)})
         self.impls = {fam: resolve_impl(fam, spec) for fam, spec in plan.impl.items()}
         self._golden_key, self._golden = None, None
+        self.events_dir = events_dir
+        self.pieces: dict[str, dict] = {}  # this item's compared tensors, kept for failure artefacts
+        self.failures_saved = 0
 
     def mesh(self, topo: Topology):
         if topo not in self.meshes:
@@ -146,6 +150,9 @@ class Worker:
                     run_bench_item(self, item, topo, mesh)
                 else:
                     self.run_item(item, topo, mesh)
+            pieces, self.pieces = self.pieces, {}
+            if any(p["failed"] for p in pieces.values()):
+                self.store.set(f"failed/{item.id}", "1")  # the other ranks save their pieces too
             missing = self.barrier(item, started + self.plan.timeout)
             if missing:
                 self.events.emit("stuck", item.id, missing=missing, waited=round(time.time() - started, 1))
@@ -153,9 +160,20 @@ class Worker:
                 if on_stuck:
                     on_stuck(item)
                 os._exit(EXIT_PEER_STUCK)  # a peer is blocked or dead: let torchrun tear the group down
+            if pieces and self.store.check([f"failed/{item.id}"]):
+                self.save_pieces(item, pieces)
             self.events.emit("done", item.id, seconds=time.time() - started)
             if on_item_done:
                 on_item_done(item)
+
+    def save_pieces(self, item: Item, pieces: dict[str, dict]) -> None:
+        """This rank's pieces of a failing item, for the driver to reassemble (harness/artefacts.py)."""
+        path = self.events_dir / "pieces" / f"item{item.id}" / f"rank{self.rank}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pieces = {c: {**p, "got": p["got"].cpu(), "expected": p["expected"].cpu()} for c, p in pieces.items()}
+        torch.save(pieces, path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)  # the driver never reads a half-written file
+        self.failures_saved += 1
 
     def barrier(self, item: Item, deadline: float) -> list[int]:
         """Store-based check-in (does not touch the process groups a stuck peer may hold)."""
@@ -320,6 +338,12 @@ class Worker:
         for key in ("worst", "nonfinite"):
             if stats.get(key):
                 stats[key]["global_index"] = list(lay.global_index(stats[key]["local_index"], gold_full.shape, mesh, inputs))
+        if (self.failures_saved < self.plan.failure_artefacts and "shape_mismatch" not in stats
+                and gold_full.numel() <= MAX_ARTEFACT_NUMEL):
+            self.pieces[check] = {"got": got.detach(), "expected": expected.detach(),
+                                  "indices": lay.mesh_indices(gold_full.shape, mesh, inputs), "budget": b,
+                                  "full_shape": tuple(gold_full.shape), "failed": status == "fail",
+                                  "coords": {d: mesh[d].get_local_rank() for d in ("dp", "cp", "tp")}}
         emit_check(check, status, budget=b, err_naive=err_naive, err_ratio=ratio if ratio != float("inf") else None,
                    message=msg, **stats)
 

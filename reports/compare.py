@@ -23,6 +23,34 @@ def _with_defaults(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def change_notes(base: dict, new: dict, max_slowdown: float, max_memory_growth: float) -> list[str]:
+    """The rule, for one check in two runs (dicts with status, time_ms, time_ms_iqr, peak_bytes):
+    notes on what changed; those starting with 'REGRESSION' are regressions.  The dashboard uses it too."""
+    notes = []
+    if base["status"] == "pass" and new["status"] in ("fail", "error"):
+        notes.append(f"REGRESSION: {base['status']} -> {new['status']}")
+    tb, tn = base["time_ms"], new["time_ms"]
+    if pd.notna(tb) and pd.notna(tn) and tb > 0:
+        change = (tn / tb - 1) * 100
+        spread = _or0(base["time_ms_iqr"]) + _or0(new["time_ms_iqr"])
+        if change > max_slowdown and tn - tb > spread:
+            notes.append(f"REGRESSION: time +{change:.0f}% ({tb:.3g} -> {tn:.3g} ms, spread {spread:.2g} ms)")
+        elif abs(change) > max_slowdown:
+            notes.append(f"time {change:+.0f}%" + (" (within spread)" if change > 0 else ""))
+    mb, mn = base["peak_bytes"], new["peak_bytes"]
+    if pd.notna(mb) and pd.notna(mn) and mb > 0:
+        growth = (mn / mb - 1) * 100
+        if growth > max_memory_growth:
+            notes.append(f"REGRESSION: memory +{growth:.0f}% ({mb:.0f} -> {mn:.0f} B)")
+        elif growth != 0:
+            notes.append(f"memory {growth:+.0f}%")
+    return notes
+
+
+def _or0(value) -> float:
+    return 0.0 if value is None or pd.isna(value) else float(value)
+
+
 def compare_runs(base_dir, new_dir, max_slowdown: float, max_memory_growth: float) -> tuple[pd.DataFrame, int]:
     """(table of changed rows, number of regressions)."""
     base = _with_defaults(load(base_dir))
@@ -38,23 +66,9 @@ def compare_runs(base_dir, new_dir, max_slowdown: float, max_memory_growth: floa
         elif r["_merge"] == "right_only":
             notes.append("new check")
         else:
-            if r["status_base"] == "pass" and r["status_new"] in ("fail", "error"):
-                notes.append(f"REGRESSION: {r['status_base']} -> {r['status_new']}")
-            tb, tn = r["time_ms_base"], r["time_ms_new"]
-            if pd.notna(tb) and pd.notna(tn) and tb > 0:
-                change = (tn / tb - 1) * 100
-                spread = (r["time_ms_iqr_base"] or 0) + (r["time_ms_iqr_new"] or 0)
-                if change > max_slowdown and tn - tb > spread:
-                    notes.append(f"REGRESSION: time +{change:.0f}% ({tb:.3g} -> {tn:.3g} ms, spread {spread:.2g} ms)")
-                elif abs(change) > max_slowdown:
-                    notes.append(f"time {change:+.0f}%" + (" (within spread)" if change > 0 else ""))
-            mb, mn = r["peak_bytes_base"], r["peak_bytes_new"]
-            if pd.notna(mb) and pd.notna(mn) and mb > 0:
-                growth = (mn / mb - 1) * 100
-                if growth > max_memory_growth:
-                    notes.append(f"REGRESSION: memory +{growth:.0f}% ({mb:.0f} -> {mn:.0f} B)")
-                elif growth != 0:
-                    notes.append(f"memory {growth:+.0f}%")
+            base = {k: r[f"{k}_base"] for k in ("status", "time_ms", "time_ms_iqr", "peak_bytes")}
+            new = {k: r[f"{k}_new"] for k in ("status", "time_ms", "time_ms_iqr", "peak_bytes")}
+            notes += change_notes(base, new, max_slowdown, max_memory_growth)
         if notes:
             regressions += sum(n.startswith("REGRESSION") for n in notes)
             rows.append({**{k: r[k] for k in KEY}, "base": r.get("status_base"), "new": r.get("status_new"),

@@ -42,6 +42,92 @@ def failures(df: pd.DataFrame) -> pd.DataFrame:
     return bad[["op", "case_id", "topology", "dtype", "check", "status", "message"]].reset_index(drop=True)
 
 
+ITEM_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype"]
+MAX_LISTED_ITEMS = 200  # failing items listed one by one in the report (all are in results.jsonl)
+
+
+def failing_items(df: pd.DataFrame) -> list[dict]:
+    """One entry per failing or erroring item (op, case, topology, dtype), in run order: its worst status,
+    its failing checks (check, status, message, error map path or None) and its rerun command."""
+    bad = df[df["status"].isin(["fail", "error"])]
+    items = []
+    for key, rows in bad.groupby(ITEM_KEY, sort=False):
+        op, case_id, dp, cp, tp, dtype = key
+        error_maps = rows["error_map"] if "error_map" in rows else pd.Series(None, index=rows.index)
+        items.append({
+            "op": op, "case_id": case_id, "topology": f"dp{dp}-cp{cp}-tp{tp}", "dtype": dtype,
+            "status": _worst(rows["status"]),
+            "checks": [(r["check"], r["status"], r["message"], m if isinstance(m, str) else None)
+                       for (_, r), m in zip(rows.iterrows(), error_maps)],
+            "rerun": rows["rerun"].dropna().iloc[0] if "rerun" in rows and rows["rerun"].notna().any() else None,
+        })
+    return items
+
+
+def item_title(item: dict) -> str:
+    return f"{item['status'].upper()} {item['op']} [{item['case_id']}] {item['topology']} {item['dtype']}"
+
+
+def failures_markdown(items: list[dict], images: bool = True) -> list[str]:
+    """Markdown lines: per failing item its checks, its `rerun:` line and (with `images`) its error maps."""
+    lines = []
+    for item in items[:MAX_LISTED_ITEMS]:
+        lines += [f"### {item_title(item)}", ""]
+        lines += [f"- `{check}` {status}: {message}" for check, status, message, _ in item["checks"]]
+        if item["rerun"]:
+            lines += ["", "```text", f"rerun: {item['rerun']}", "```"]
+        if images:
+            lines += [f"![error map {check}]({path})" for check, _, _, path in item["checks"] if path]
+        lines.append("")
+    if len(items) > MAX_LISTED_ITEMS:
+        lines.append(f"... and {len(items) - MAX_LISTED_ITEMS} more failing items (see results.jsonl)")
+    return lines
+
+
+def _failures_html(items: list[dict], run_dir: Path) -> str:
+    parts = []
+    for item in items[:MAX_LISTED_ITEMS]:
+        parts.append(f"<div class='item'><h3 class='{item['status']}'>{html.escape(item_title(item))}</h3><ul>")
+        parts += [f"<li><code>{html.escape(check)}</code> <b>{status}</b>: {html.escape(str(message))}</li>"
+                  for check, status, message, _ in item["checks"]]
+        parts.append("</ul>")
+        if item["rerun"]:
+            parts.append(f"<pre class='rerun'>rerun: {html.escape(item['rerun'])}</pre>")
+        for check, _, _, path in item["checks"]:
+            if path and (run_dir / path).is_file():
+                data = base64.b64encode((run_dir / path).read_bytes()).decode()
+                parts.append(f"<figure><img class='errmap' alt='error map {html.escape(check)}' src='data:image/png;base64,{data}'>"
+                             f"<figcaption>error map of <code>{html.escape(check)}</code>: |err| / budget, shard "
+                             f"boundaries labelled by rank (tensors: <code>{html.escape(str(Path(path).with_suffix('.pt')))}</code>)"
+                             f"</figcaption></figure>")
+        parts.append("</div>")
+    if len(items) > MAX_LISTED_ITEMS:
+        parts.append(f"<p>... and {len(items) - MAX_LISTED_ITEMS} more failing items (see results.jsonl)</p>")
+    return "\n".join(parts)
+
+
+def summary_markdown(run_dir: str | Path, max_items: int = 30) -> str:
+    """A short Markdown summary for CI pages (GITHUB_STEP_SUMMARY): counts, the status table, the
+    first failing items with their rerun lines."""
+    run_dir = Path(run_dir)
+    df = load(run_dir)
+    meta = json.loads((run_dir / RUN_META).read_text()) if (run_dir / RUN_META).is_file() else {}
+    counts = df["status"].value_counts().reindex(["pass", "fail", "error", "skip"], fill_value=0)
+    items = failing_items(df)
+    mark = "❌" if counts["fail"] or counts["error"] else "✅"
+    lines = [f"## {mark} shardcheck run {meta.get('run_id', run_dir.name)}", "",
+             f"**{len(df)} checks: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + "**"
+             + (f" (commit {str(meta['git_commit'])[:10]})" if meta.get("git_commit") else ""), ""]
+    checks = df[df["check"] != "bench"]
+    if len(checks):
+        lines += [status_table(checks).to_markdown(index=False), ""]
+    if items:
+        lines += [f"### Failing items ({len(items)})", ""] + failures_markdown(items[:max_items], images=False)
+        if len(items) > max_items:
+            lines.append(f"... and {len(items) - max_items} more: see {run_dir / 'report.md'}")
+    return "\n".join(lines) + "\n"
+
+
 def heatmap(df: pd.DataFrame, path: Path) -> None:
     """op × topology coloured by the worst err/budget over dtypes, cases and checks (errors at the top)."""
     df = df.assign(topology=_topology(df))
@@ -146,12 +232,18 @@ def build(run_dir: str | Path) -> list[Path]:
     if len(bench):
         md += ["## Benchmarks", "", bench.to_markdown(index=False), ""]
     md += [f"![{title}]({path.name})" for title, path in images]
+    items = failing_items(df)
     md += ["", "## Failures", "", bad.to_markdown(index=False) if len(bad) else "None."]
+    if items:
+        md += ["", f"## Failing items ({len(items)}): rerun lines and error maps", ""] + failures_markdown(items)
     (run_dir / "report.md").write_text("\n".join(md) + "\n")
 
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 6px}td.pass{background:#dfd}td.fail{background:#fbb}"
-             "td.error{background:#f88;font-weight:bold}td.skip{background:#eee}")
+             "td.error{background:#f88;font-weight:bold}td.skip{background:#eee}"
+             "div.item{border-top:1px solid #ccc;margin-top:1em}h3.fail{color:#b00}h3.error{color:#700}"
+             "pre.rerun{background:#f4f4f4;padding:6px;white-space:pre-wrap;font-size:12px}"
+             "img.errmap{max-width:1000px;border:1px solid #ddd}figcaption{font-size:12px;color:#555}")
     cells = table.to_html(index=False, escape=True) if len(table) else ""
     for status in STATUS_ORDER:
         cells = cells.replace(f"<td>{status}</td>", f'<td class="{status}">{status}</td>')
@@ -163,6 +255,8 @@ def build(run_dir: str | Path) -> list[Path]:
             f"<p><b>{len(df)} checks: {html.escape(summary)}</b></p>",
             "<h2>Status: op × dtype × topology</h2>" + cells if cells else "",
             "<h2>Benchmarks</h2>" + bench.to_html(index=False, escape=True) if len(bench) else "", pictures,
-            "<h2>Failures</h2>", bad.to_html(index=False, escape=True) if len(bad) else "<p>None.</p>", "</body></html>"]
+            "<h2>Failures</h2>", bad.to_html(index=False, escape=True) if len(bad) else "<p>None.</p>",
+            f"<h2>Failing items ({len(items)}): rerun lines and error maps</h2>" + _failures_html(items, run_dir) if items else "",
+            "</body></html>"]
     (run_dir / "report.html").write_text("\n".join(page))
     return [run_dir / "report.md", run_dir / "report.html"] + [p for _, p in images]
