@@ -47,6 +47,11 @@ def _tp1(topo) -> bool:
     return topo.tp == 1
 
 
+def _cp_or_single(topo) -> bool:
+    """CP > 1 (with or without DP), or one rank: DP alone exercises nothing of cp_utils (a no-op at cp 1)."""
+    return topo.tp == 1 and (topo.cp > 1 or topo.size == 1)
+
+
 def _single_dp(topo) -> bool:
     return topo.tp == 1 and topo.dp == 1
 
@@ -252,7 +257,7 @@ def step_case(spec: StepSpec, dtypes=("float64", "float32", "bfloat16")) -> Case
         reference=_step_reference(spec), run=_step_run(spec), input_layouts=layouts, output_layouts=(LOSS,),
         output_names=("loss",), grad_inputs=_param_names(spec) + (("inputs_embeds",) if spec.embeds else ()),
         comm=step_comm(spec), dtypes=dtypes, context_parallel=True,
-        supports=lambda t, b=spec.b: t.tp == 1 and b % t.dp == 0)
+        supports=lambda t, b=spec.b: _cp_or_single(t) and b % t.dp == 0)
 
 
 STEP_SPECS = (
