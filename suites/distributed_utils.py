@@ -356,7 +356,8 @@ def _late_rank_scenario(proc: RankProcess, impl_ref: str) -> dict:
         try:
             value = impl._barrier_with_timeout(timedelta(seconds=timeout), group=group)
         except BaseException as exc:
-            proc.event(f"return:{step}", error=f"{type(exc).__name__}: {exc}"[:200])
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            proc.event(f"return:{step}", error=f"{type(exc).__name__}: {first_line}"[:200])
             raise
         proc.event(f"return:{step}", value=value)
         return value
