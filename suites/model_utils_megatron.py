@@ -386,6 +386,58 @@ def _bit_identical(ctx, full, local, outs, tied):
     return props
 
 
+AG, RS, AR, A2A = "all_gather@tp", "reduce_scatter@tp", "all_reduce@tp", "all_to_all@tp"
+
+
+def _merge(*phases: dict) -> dict:
+    out: dict = {}
+    for phase in phases:
+        for key, (calls, nbytes) in phase.items():
+            out[key] = (out.get(key, (0, 0))[0] + calls, out.get(key, (0, 0))[1] + nbytes)
+    return out
+
+
+def _decoder_comm(ctx, s: int, b: int, output_layer: bool) -> tuple[dict, dict]:
+    """Megatron's sequence-parallel collectives per rank (none at TP = 1), e = the model dtype's size, full = S·B·H·e:
+    forward: the embedding's reduce-scatter, per layer an all-gather before and a reduce-scatter after attention and
+             the MLP (2L each), plus the output layer's all-gather when it runs;
+    backward: per layer 4 all-gathers (each column-parallel input again, each row-parallel output gradient) and 2
+             reduce-scatters (the column-parallel input gradients), the embedding's all-gather, the output layer's
+             all-gather and reduce-scatter when it runs; and the suite's finalize_model_grads stand-in: one
+             all-reduce of each sequence-parallel-tagged [H] parameter (6 per layer + the final norm's 2).
+    Lower bound: sequence parallelism moves O(S·B·H) per matmul pair, independent of V."""
+    tp = ctx.size("tp")
+    if tp == 1:
+        return {}, {}
+    e = ctx.dtype.itemsize
+    full = s * b * HIDDEN * e
+    out = int(output_layer)
+    ag_f, rs_f, ag_b, rs_b, sp_params = 2 * LAYERS + out, 2 * LAYERS + 1, 4 * LAYERS + 1 + out, 2 * LAYERS + out, 6 * LAYERS + 2
+    fwd = {AG: (ag_f, ag_f * full // tp), RS: (rs_f, rs_f * full)}
+    bwd = {AG: (ag_b, ag_b * full // tp), RS: (rs_b, rs_b * full), AR: (sp_params, sp_params * HIDDEN * e)}
+    return fwd, bwd
+
+
+def fused_comm(ctx, tied: bool, chunk: int, s: int = SEQ, vocab: int = VOCAB, b: int = BATCH) -> dict:
+    """The fused path: Megatron's decoder (without the output layer) plus from_parallel_hidden_states_to_logprobs
+    (suites/model_utils.hidden_comm; issued on the TP group at TP = 1 too): forward the all-gather of the hidden
+    shards and 2c + 1 all-reduces of per-token scalars (4·B·S·e); backward the all-gather again, 2c all-reduces
+    (2·B·S·e) and the hidden-state gradient's reduce-scatter as one all-to-all of [S, B, H]. Never [B, S, V]."""
+    tp, e = ctx.size("tp"), torch.promote_types(ctx.dtype, torch.float32).itemsize
+    c = -(-s // chunk)
+    shard = s * b * HIDDEN * ctx.dtype.itemsize // tp
+    fwd, bwd = _decoder_comm(ctx, s, b, output_layer=False)
+    fwd = _merge(fwd, {AG: (1, shard), AR: (2 * c + 1, 4 * b * s * e)})
+    bwd = _merge(bwd, {AG: (1, shard), AR: (2 * c, 2 * b * s * e), A2A: (1, s * b * HIDDEN * e)})
+    return {"forward": fwd, "backward": bwd}
+
+
+def flag_off_comm(ctx, tied: bool) -> dict:
+    """The flag-off path is Megatron's own forward returning vocab-parallel logits: the decoder and the output layer."""
+    fwd, bwd = _decoder_comm(ctx, SEQ, BATCH, output_layer=True)
+    return {"forward": fwd, "backward": bwd}
+
+
 def _supports(t, seq: int = SEQ, vocab: int = VOCAB) -> bool:
     return t.dp == 1 and t.cp == 1 and seq % t.tp == 0 and vocab % t.tp == 0 and HEADS % t.tp == 0
 
@@ -412,7 +464,7 @@ def cases(quick: bool = False) -> list[Case]:
             run=partial(run_fused, tied=tied, chunk=chunk),
             input_layouts=param_layouts(tied), output_layouts=(REPLICATED,), grad_inputs=_param_grad_inputs(tied),
             properties=partial(_same_without_grad, tied=tied, chunk=chunk),
-            dtypes=DTYPES, supports=_supports, skip_reason=skip))
+            comm=partial(fused_comm, tied=tied, chunk=chunk), dtypes=DTYPES, supports=_supports, skip_reason=skip))
     for tied in ((True, False) if not quick else (True,)):
         tag = "tied" if tied else "untied"
         out.append(Case(
@@ -423,7 +475,7 @@ def cases(quick: bool = False) -> list[Case]:
             run=partial(_run_flag_off, tied=tied),
             input_layouts=param_layouts(tied), output_layouts=(Layout(tp=Shard(-1)),), output_names=("logits",),
             grad_inputs=_param_grad_inputs(tied), properties=partial(_bit_identical, tied=tied),
-            dtypes=DTYPES, supports=_supports, skip_reason=skip))
+            comm=partial(flag_off_comm, tied=tied), dtypes=DTYPES, supports=_supports, skip_reason=skip))
     out += error_cases(skip)
     return out
 
@@ -478,5 +530,6 @@ def bench_cases(quick: bool = False) -> list[Case]:
                 reference=partial(reference_logprobs, tied=tied, vocab=v),
                 run=partial(run_fused, tied=tied, chunk=chunk, vocab=v),
                 input_layouts=param_layouts(tied), grad_inputs=_param_grad_inputs(tied),
-                supports=lambda t: t.size == 1, skip_reason=skip))
+                comm=partial(fused_comm, tied=tied, chunk=chunk, s=s, vocab=v), supports=lambda t: t.size == 1,
+                skip_reason=skip))
     return out
