@@ -147,7 +147,9 @@ def _cp_size_rank(cp_group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
 
 
 def _head_tail_positions(length: int, cp_size: int) -> torch.Tensor:
-    """[CP, L/CP] head-tail table: row r = chunks r and 2·CP−1−r of 2·CP."""
+    """[CP, L/CP] head-tail table: row r = chunks r and 2·CP−1−r of 2·CP (any L without CP)."""
+    if cp_size == 1:
+        return torch.arange(length).view(1, length)
     if length % (2 * cp_size):
         raise ValueError(
             f"sequence length {length} is not divisible by 2·CP = {2 * cp_size} (CP = {cp_size}): pad it first"

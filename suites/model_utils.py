@@ -285,13 +285,30 @@ def _top_p_margin(x: torch.Tensor, top_k: int | None, top_p: float) -> torch.Ten
     return (cum - (1.0 - top_p)).abs().amin(-1)
 
 
-def _sampling_logits(gen, shape, sampling: Sampling, scale: float = 3.0, ties: bool = False) -> torch.Tensor:
-    """bf16-exact logits whose top-p decisions are not on a knife edge (rows too close are redrawn)."""
+def _tie_straddles(x: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
+    """Per id: whether it is in a group of equal logits that top-p keeps in part (OPS.md lets any of
+    the tied ids survive, so which ones do is the implementation's choice)."""
+    top_k_kept = torch.isfinite(ref.filter_logits(x, top_k, 1.0))
+    kept = torch.isfinite(ref.filter_logits(x, top_k, top_p))
+    same = x[..., :, None] == x[..., None, :]
+    some_kept = (same & kept[..., None, :]).any(-1)
+    some_dropped = (same & (top_k_kept & ~kept)[..., None, :]).any(-1)
+    return top_k_kept & some_kept & some_dropped
+
+
+def _sampling_logits(gen, shape, sampling: Sampling, scale: float = 3.0, ties: bool = False,
+                     tie_choice: bool = False) -> torch.Tensor:
+    """bf16-exact logits whose top-p decisions are not on a knife edge (rows too close are redrawn), and,
+    unless `tie_choice`, whose tied logits top-p keeps all or none of (so every valid implementation
+    gives the same values and gradients)."""
     logits = _bf16_exact(make_logits(gen, shape, scale, ties))
     if sampling.top_p >= 1.0:
         return logits
     for _ in range(200):
-        bad = _top_p_margin(logits / sampling.temperature, sampling.top_k, sampling.top_p) < TOP_P_MARGIN
+        scaled = logits / sampling.temperature
+        bad = _top_p_margin(scaled, sampling.top_k, sampling.top_p) < TOP_P_MARGIN
+        if not tie_choice:
+            bad |= _tie_straddles(scaled, sampling.top_k, sampling.top_p).any(-1)
         if not bad.any():
             return logits
         logits[bad] = _bf16_exact(make_logits(gen, (int(bad.sum()), shape[-1]), scale, ties))
@@ -307,11 +324,11 @@ def _mask_ids(gen, ids: torch.Tensor, vocab: int, masked: float) -> torch.Tensor
     return torch.where((r >= masked) & (r < masked * 1.25), vocab + 3, ids)
 
 
-def _sampling_inputs(gen, b, s, v, sampling: Sampling, scale=3.0, ties=False, masked=0.0, shift=False):
-    """Logits and targets: a third of the targets on their row's argmax (the last of tied maxima: the
-    one top-p keeps), a third among the row's 3 largest logits, a third uniform (often filtered out:
-    logprob -inf)."""
-    logits = _sampling_logits(gen, (b, s, v), sampling, scale, ties)
+def _sampling_inputs(gen, b, s, v, sampling: Sampling, scale=3.0, ties=False, masked=0.0, shift=False,
+                     tie_choice=False):
+    """Logits and targets: a third of the targets on their row's argmax (the last of tied maxima), a
+    third among the row's 3 largest logits, a third uniform (often filtered out: logprob -inf)."""
+    logits = _sampling_logits(gen, (b, s, v), sampling, scale, ties, tie_choice)
     target = torch.randint(0, v, (b, s), generator=gen)
     top3 = logits.topk(3, dim=-1).indices.gather(-1, torch.randint(0, 3, (b, s, 1), generator=gen)).squeeze(-1)
     last_argmax = v - 1 - logits.flip(-1).argmax(-1)
@@ -402,6 +419,34 @@ def _entropy_nonpositive(ctx, full, local, outs):
     return [Property("entropy_nonpositive", not bool(bad.any()), worst, msg)]
 
 
+def _any_tied_survivor(smp: Sampling):
+    """Forward check of a top-p case with tied logits at the boundary: the golden's values, except where
+    the target is in a tie group that top-p keeps in part: there it may have survived (its log-prob over
+    the kept set, the same whichever tied ids are kept) or not (-inf)."""
+    def check(got, expected, full, local, ctx):
+        x = BATCH.local(full["logits"], ctx.mesh).double() / smp.temperature
+        target = BATCH.local(full["target"], ctx.mesh).long()
+        V = x.shape[-1]
+        valid = (target >= 0) & (target < V)
+        t = target.clamp(0, V - 1)[..., None]
+        open_choice = valid & _tie_straddles(x, smp.top_k, smp.top_p).gather(-1, t).squeeze(-1)
+        if_kept = x.gather(-1, t).squeeze(-1) - torch.logsumexp(ref.filter_logits(x, smp.top_k, smp.top_p), -1)
+        if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+            return False, f"got {getattr(got, 'shape', type(got).__name__)}, expected shape {tuple(expected.shape)}"
+        g, e = got.detach().double().cpu(), expected.double()
+        tol = 64 * torch.finfo(got.dtype).eps * max(1.0, _finite_scale(e))
+        def near(a, b):
+            return (a == b) | ((a - b).abs() <= tol)
+        ok = near(g, e) | (open_choice & ((g == float("-inf")) | near(g, if_kept)))
+        if not ok.all():
+            i = tuple(int(j) for j in (~ok).nonzero()[0])
+            return False, (f"{int((~ok).sum())} position(s) wrong, first at local {i}: expected {float(e[i])}"
+                           + (f" or {float(if_kept[i])} or -inf (tied at the top-p boundary)" if open_choice[i] else "")
+                           + f", got {float(g[i])}")
+        return True, f"{int(open_choice.sum())} target(s) tied at the top-p boundary; any tied survivor accepted"
+    return check
+
+
 # -- DistributedLogprobWithSampling / ChunkedDistributedLogprobWithSampling
 
 # (B, S, V, extra, sampling): every shape splits B*S over TP 8 and has V divisible by 8.
@@ -411,7 +456,8 @@ SAMPLING_SPECS = [
     (2, 8, 48, {"ties": True, "masked": 0.2}, Sampling(top_k=5, top_p=0.9)),  # both; ties at the k-th logit
     (2, 8, 48, {}, Sampling(top_k=0)),  # neither (top_k <= 0 disables)
     (2, 4, 16, {"scale": 300.0}, Sampling(top_k=3, top_p=0.7)),  # huge logits
-    (2, 8, 48, {"ties": True}, Sampling(top_p=1e-6)),  # only the argmax (the last of tied maxima) survives
+    # only one of the tied maxima survives, any of them (forward only: which one decides the gradient)
+    (2, 8, 48, {"ties": True, "tie_choice": True}, Sampling(top_p=1e-6)),
 ]
 QUICK_SAMPLING = [SAMPLING_SPECS[2], SAMPLING_SPECS[5]]
 
@@ -435,6 +481,8 @@ def sampling_cases(quick: bool) -> list[Case]:
 
         common = dict(make_inputs=inputs, reference=reference, input_layouts={"logits": LOGITS, "target": BATCH},
                       output_layouts=(BATCH,), grad_inputs=("logits",), supports=_all_to_all_fits(b, s, v))
+        if extra.get("tie_choice"):
+            common.update(grad_inputs=(), output_checks={"out": _any_tied_survivor(smp)})
         cid = f"{_case_id(b, s, v, extra)}-{smp.tag()}"
         cases.append(Case(
             op=OP + "DistributedLogprobWithSampling", case_id=cid, params=params,
@@ -506,9 +554,12 @@ def gather_logprob_cases(quick: bool) -> list[Case]:
 def gather_logits_cases(quick: bool) -> list[Case]:
     """TP-sharded logits, and tp_group=None: every rank holds the full vocab (logits replicated over TP)."""
     specs = [(4, 6, 37, 5, {"masked": 0.2}, "tp", None), (2, 8, 48, 4, {"scale": 300.0}, "tp", 3),
-             (4, 6, 32, 5, {"masked": 0.2}, "none", None)]
+             (4, 6, 32, 5, {"masked": 0.2}, "none", None),
+             # ids on -inf logits: the owner's -inf must come through the TP sum, with no NaN from a
+             # non-owner's -inf x 0
+             (4, 6, 37, 5, {"neg_inf": 0.3}, "tp", None)]
     cases = []
-    for b, s, v, k, extra, group, chunk in [specs[0], specs[2]] if quick else specs:
+    for b, s, v, k, extra, group, chunk in [specs[0], specs[2], specs[3]] if quick else specs:
         if group == "tp":
             run = lambda impl, ctx, x, chunk=chunk: impl.gather_logits_at_global_indices(
                 x["logits"], x["indices"], ctx.group("tp"), None, vocab_start_index=_vocab_range(ctx)[0],
@@ -609,7 +660,9 @@ def distillation_cases(quick: bool) -> list[Case]:
     specs = [(2, 8, 32, 4, {}, z, e, "group") for z in (False, True) for e in (False, True)]
     specs += [(2, 8, 32, 4, {"scale": 300.0}, False, True, "group"),  # huge logits
               (4, 6, 37, 5, {}, True, True, "dtensor"),  # uneven shards through the DTensor
-              (4, 6, 24, 5, {"ties": True}, False, True, "plain")]  # full vocab on every rank
+              (4, 6, 24, 5, {"ties": True}, False, True, "plain"),  # full vocab on every rank
+              (4, 6, 24, 5, {"neg_inf": 0.3}, False, True, "group"),  # -inf among the K ids and the vocab
+              (4, 6, 24, 5, {"neg_inf": 0.3}, True, False, "group")]
     if quick:
         specs = [specs[1], specs[3]]
     cases = []

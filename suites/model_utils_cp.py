@@ -303,9 +303,10 @@ def front_end_cp_cases(quick: bool) -> list[Case]:
 # ---- gathers at global ids, distillation, hidden states -------------------------------------
 
 def gather_cp_cases(quick: bool) -> list[Case]:
-    specs = [(4, 37, 5, {"masked": 0.2}, "tp"), (2, 32, 4, {"scale": 300.0}, "tp"), (2, 24, 3, {}, "none")]
+    specs = [(4, 37, 5, {"masked": 0.2}, "tp"), (2, 32, 4, {"scale": 300.0}, "tp"), (2, 24, 3, {}, "none"),
+             (2, 37, 4, {"neg_inf": 0.3}, "tp")]  # ids on -inf logits, through the TP sum and the CP gather
     cases = []
-    for b, v, k, extra, group in specs[::2] if quick else specs:
+    for b, v, k, extra, group in specs[2:] if quick else specs:
         def make(gen, b=b, v=v, k=k, extra=extra):
             logits = make_logits(gen, (b, S, v), **{key: x for key, x in extra.items() if key != "masked"})
             return {"logits": logits, "indices": _make_indices(gen, b, S, k, v, dup=True, masked=extra.get("masked", 0.0))}
