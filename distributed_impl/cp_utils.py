@@ -27,7 +27,13 @@ ROTATE_METHODS = ("allgather", "alltoall")
 # Right-padding of the batch to a multiple of 2·CP: padded tokens carry no loss and are masked.
 PAD_FILLS = {"input_ids": 0, "inputs_embeds": 0.0, "labels": -100, "position_ids": 0, "loss_mask": 0,
              "padding_mask": True}
-Q_BLOCK = 256  # query rows per score block: bounds the transient [B, H, Q_BLOCK, c] scores
+# Query rows per score block: rows·(keys per chunk) ≤ BLOCK_ELEMENTS bounds the transient
+# [B, H, rows, c] scores (and their backward's p, dp, ds), so attention memory shrinks ~1/CP.
+BLOCK_ELEMENTS = 1 << 15
+
+
+def _block_rows(n_keys: int) -> int:
+    return max(1, BLOCK_ELEMENTS // max(n_keys, 1))
 
 
 # ---- head-tail positions ---------------------------------------------------------------------
@@ -66,8 +72,9 @@ def _block_forward(q, k, v, scale: float, causal: bool):
     """Attention of q [B, H, n, D] against one key chunk k, v [B, H, c, D] (compute dtype):
     (out, lse).  `causal`: q and k are the same chunk; query row i sees keys 0..i."""
     outs, lses = [], []
-    for i0 in range(0, q.shape[-2], Q_BLOCK):
-        qb = q[..., i0:i0 + Q_BLOCK, :]
+    step = _block_rows(k.shape[-2])
+    for i0 in range(0, q.shape[-2], step):
+        qb = q[..., i0:i0 + step, :]
         scores = torch.matmul(qb, k.transpose(-1, -2)) * scale
         if causal:
             rows = torch.arange(i0, i0 + qb.shape[-2], device=q.device)
@@ -84,8 +91,9 @@ def _block_backward(q, k, v, out, lse, dout, delta, scale: float, causal: bool):
     dq = torch.zeros_like(q)
     dk = torch.zeros_like(k)
     dv = torch.zeros_like(v)
-    for i0 in range(0, q.shape[-2], Q_BLOCK):
-        sl = slice(i0, i0 + Q_BLOCK)
+    step = _block_rows(k.shape[-2])
+    for i0 in range(0, q.shape[-2], step):
+        sl = slice(i0, i0 + step)
         qb = q[..., sl, :]
         scores = torch.matmul(qb, k.transpose(-1, -2)) * scale
         if causal:

@@ -625,10 +625,12 @@ def cases(quick: bool = False) -> list[Case]:
 # At cp 1 the op is a no-op and the step is the plain one (torch's own SDPA); at size 1 the worker
 # also runs the reference on the same inputs.  Per-rank peak live bytes should shrink ~1/CP.
 
-def bench_case(s: int, hidden: int = 64, vocab: int = 256) -> Case:
-    spec = StepSpec("batch", b=1, s=s, hidden=hidden, vocab=vocab, loss_mask=False, tag="bench")
+def bench_case(s: int, via: str = "batch", rotate: str = "allgather", hidden: int = 64, vocab: int = 256) -> Case:
+    """The step at sequence length s: via make_cp_batch_and_ctx (all-gather rotation), or via
+    create_context_parallel_ctx with `rotate`; at cp 1, 2, 4 (dp = tp = 1)."""
+    spec = StepSpec(via, b=1, s=s, hidden=hidden, vocab=vocab, rotate=rotate, loss_mask=False, tag="bench")
     case = step_case(spec, dtypes=("float32", "float64", "bfloat16"))
-    case.case_id = f"bench-S{s}-h{hidden}-v{vocab}"
+    case.case_id = f"bench-{via}-{rotate}-S{s}-h{hidden}-v{vocab}"
     case.params = {**spec.params, "sweep": "S", "tokens": s}
     case.supports = lambda t: t.dp == 1 and t.tp == 1
     return case
@@ -637,4 +639,5 @@ def bench_case(s: int, hidden: int = 64, vocab: int = 256) -> Case:
 def bench_cases(quick: bool = False) -> list[Case]:
     if quick:
         return [bench_case(s, hidden=16, vocab=32) for s in (64, 128)]
-    return [bench_case(s) for s in (1024, 2048, 4096)]
+    return [bench_case(s, via, rotate) for via, rotate in (("batch", "allgather"), ("ctx", "alltoall"))
+            for s in (1024, 2048, 4096)]

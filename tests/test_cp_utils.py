@@ -60,6 +60,24 @@ def test_causal_block_masks_future_keys_and_never_nans():
     assert torch.isfinite(lse).all()
 
 
+@pytest.mark.parametrize("block_elements", [1 << 15, 8, 5])
+def test_block_forward_and_backward_in_row_blocks(monkeypatch, block_elements):
+    """Scores are computed a few query rows at a time (bounded memory): same values and gradients
+    as one causal SDPA, whatever the row block (5 elements: 1-row blocks of 6 keys)."""
+    monkeypatch.setattr(impl, "BLOCK_ELEMENTS", block_elements)
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn((2, 2, 6, 3), generator=gen, dtype=torch.float64).requires_grad_() for _ in range(3))
+    dout = torch.randn((2, 2, 6, 3), generator=gen, dtype=torch.float64)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.7)
+    expected.backward(dout)
+    with torch.no_grad():
+        out, lse = impl._block_forward(q, k, v, 0.7, causal=True)
+        dq, dk, dv = impl._block_backward(q, k, v, out, lse, dout, (dout * out).sum(-1), 0.7, causal=True)
+    torch.testing.assert_close(out, expected, rtol=1e-13, atol=1e-13)
+    for got, ref_grad in ((dq, q.grad), (dk, k.grad), (dv, v.grad)):
+        torch.testing.assert_close(got, ref_grad, rtol=1e-12, atol=1e-13)
+
+
 def test_rotate_method_and_rotation_visibility():
     assert impl._chunk_visibility(3, 0) == "full"
     assert impl._chunk_visibility(3, 3) == "causal"
