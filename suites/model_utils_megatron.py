@@ -137,6 +137,9 @@ class _OneRankGroup:
         return 0
 
 
+ONE_RANK = _OneRankGroup()
+
+
 class _SequenceParallelNorm:
     """Megatron's torch LayerNorm refuses config.sequence_parallel; build it with SP off and tag its parameters
     `sequence_parallel` (their gradients are partial sums over the sequence shards), as Megatron's own norms do.
@@ -224,7 +227,7 @@ def build_model(tied: bool, tp_group, dtype: torch.dtype, device: torch.device, 
     key = (tied, id(tp_group), tp, dtype, device, sp, vocab, seq, id(cp_group))
     if key in _MODELS:
         return _MODELS[key]
-    one = _OneRankGroup()
+    one = ONE_RANK
     groups = ProcessGroupCollection()
     groups.tp = groups.tp_cp = groups.tp_ep = groups.tp_ep_pp = groups.mp = tp_group
     groups.cp = cp_group if cp_group is not None else one
@@ -299,7 +302,7 @@ def _golden_logits(x: dict, tied: bool, vocab: int = VOCAB) -> torch.Tensor:
     ids = x["input_ids"]
 
     def fn(*params):
-        model = build_model(tied, _OneRankGroup(), params[0].dtype, ids.device, vocab=vocab, seq=ids.shape[1])
+        model = build_model(tied, ONE_RANK, params[0].dtype, ids.device, vocab=vocab, seq=ids.shape[1])
         _check_names(model, dict.fromkeys(names))
         return _call(model, dict(zip(names, params)), ids)
 
