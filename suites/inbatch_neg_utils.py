@@ -158,7 +158,8 @@ def _step_run(step: Step):
         b_local = queries.shape[0]
         impl.mask_gathered_passages_same_doc_as_positive(scores, all_doc_ids, step.n, rank, b_local)
         targets = (rank * b_local + torch.arange(b_local, device=scores.device)) * step.n
-        rows = F.cross_entropy(scores.to(ref.loss_dtype(scores.dtype)), targets, reduction="none")
+        # the loss in float32 at least, as a trainer computes it (the reference does the same)
+        rows = F.cross_entropy(scores.to(torch.promote_types(scores.dtype, torch.float32)), targets, reduction="none")
         return rows.sum() / ctx.full_shapes["query_features"][0]  # this rank's summand of the global mean
     return run
 
