@@ -403,6 +403,7 @@ def _barrier_log_scenario(proc: RankProcess, impl_ref: str) -> None:
 # ---- process-level cases: properties ----------------------------------------------------------
 
 def _ranks_ended_cleanly(run: ProcessRun) -> Property:
+    """Every rank exited 0 by itself; the value recorded is the ranks' wall time (a hang: the deadline)."""
     bad = [r for r in run.ranks if r.killed or r.exitcode != 0]
     return Property("ranks_end", not bad, run.wall_s,
                     f"every rank exited 0 in {run.wall_s:.1f}s" if not bad else

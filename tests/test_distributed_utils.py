@@ -54,7 +54,7 @@ def test_reduce_loss_local():
     parts = [t.requires_grad_() for t in (torch.rand(4, generator=gen, dtype=torch.bfloat16) + 1).unbind(0)]
     loss, denominator = impl.reduce_loss(parts, torch.tensor(3 * 2**31))
     assert loss.dtype == torch.float32 and loss.shape == (1,) and not loss.requires_grad
-    assert loss.item() == pytest.approx(sum(float(p) for p in parts), rel=1e-6)
+    assert loss.item() == pytest.approx(sum(float(p.detach()) for p in parts), rel=1e-6)
     assert denominator.dtype == torch.int64 and denominator.tolist() == [3 * 2**31]
     assert impl.reduce_loss(parts, torch.tensor(7), per_token_loss=False)[1].tolist() == [4]
     with pytest.raises(ValueError):
@@ -205,7 +205,9 @@ def test_broken_barrier_hangs_on_late_rank_ends_at_the_deadline(run_shardcheck):
     assert "still running at the deadline, killed (last event: call:late)" in message
     assert "rank 2 (node 0, local rank 2): still running at the deadline, killed (last event: return:on-time)" in message
     assert len(_failed(rows, "property:waiting_ranks_false_within_timeout")) == 1
-    assert took < PROCESS_DEADLINE_S + 90  # the deadline, plus one launch on a loaded machine
+    # the fresh ranks ran for the deadline, not longer (the property's value is their wall time)
+    assert PROCESS_DEADLINE_S <= ends.iloc[0]["max_abs_err"] < PROCESS_DEADLINE_S + 5
+    assert took < 300  # and the whole run ended: one launch plus the deadline, even on a loaded machine
 
 
 def test_broken_barrier_breaks_group(run_shardcheck):
