@@ -199,6 +199,7 @@ class RankContext:
     full_shapes: dict[str, tuple[int, ...]]
     input_layouts: dict[str, Layout]
     impl: ModuleType | None = None  # the module under test, for properties that call the op again
+    full_inputs: Tensors | None = None  # the full inputs (what index rules such as PackedHeadTail read)
 
     def group(self, dim: str) -> torch.distributed.ProcessGroup:
         return self.mesh[dim].get_group()
@@ -208,6 +209,11 @@ class RankContext:
 
     def size(self, dim: str) -> int:
         return self.mesh[dim].size()
+
+    def local_shape(self, input_name: str) -> tuple[int, ...]:
+        """Shape of this rank's piece of input `input_name` (CP index rules included)."""
+        layout = self.input_layouts.get(input_name, REPLICATED)
+        return tuple(len(ix) for ix in layout.mesh_indices(self.full_shapes[input_name], self.mesh, self.full_inputs))
 
     def local_range(self, input_name: str, dim: int) -> tuple[int, int]:
         """Global [start, end) of this rank's piece of input `input_name` along `dim`."""

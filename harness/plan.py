@@ -28,6 +28,18 @@ def suite_names() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith("_"))
 
 
+def expand_suites(wanted: list[str]) -> list[str]:
+    """Suite names for `--suite`: a family's name selects every suite of that family (model_utils:
+    its TP, CP and Megatron suites), any other name that suite alone."""
+    by_family: dict[str, list[str]] = {}
+    for name in suite_names():
+        by_family.setdefault(load_suite(name).FAMILY, []).append(name)
+    out = []
+    for name in wanted:
+        out += by_family[name] if name in by_family else [load_suite(name).__name__.split(".")[-1]]
+    return list(dict.fromkeys(out))
+
+
 def load_suite(name: str) -> ModuleType:
     if name not in suite_names():
         raise UsageError(f"unknown suite {name!r}; known: {', '.join(suite_names())}")
@@ -143,7 +155,7 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
             raise UsageError(f"unknown dtype {d!r}; known: {', '.join(DTYPES)}")
     if world_sizes is not None and any(w <= 0 for w in world_sizes):
         raise UsageError(f"world sizes must be positive, got {world_sizes}")
-    names = suites_wanted or suite_names()
+    names = expand_suites(suites_wanted) if suites_wanted else suite_names()
     families = {load_suite(n).FAMILY: n for n in suite_names()}
     for family in impl:
         if family not in families:
