@@ -282,7 +282,9 @@ class _ContextParallel:
 
     def __enter__(self):
         self._saved = []
-        for buf, dim in zip(self.buffers, self.seq_dims):
+        for i, (buf, dim) in enumerate(zip(self.buffers, self.seq_dims)):
+            if buf.requires_grad:  # torch cannot resize it; make_cp_batch_and_ctx shards inputs_embeds out of place
+                raise ValueError(f"buffer {i} requires grad: it cannot be sharded in place")
             index = _head_tail_index(buf.shape[dim], self.cp_size, self.cp_rank, buf.device)
             shard = buf.index_select(dim, index)
             restore = not any(buf is x for x in self.no_restore)

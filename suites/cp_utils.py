@@ -419,13 +419,14 @@ class ThdSpec:
     positions: bool = False  # position_ids given in the batch
     embeds: int = 0  # input_ids as [B, S, embeds] floats
     direct: bool = False  # _shard_thd_chunk_for_te instead of make_cp_batch_for_te
+    use_te: bool = False  # through make_cp_batch_and_ctx(use_te=True) (at cp > 1: at cp 1 it is a no-op)
 
     @property
     def params(self) -> dict:
         return {"seq_lens": [[r for r, _ in row] for row in self.lens],
                 "seq_lens_padded": [[p for _, p in row] for row in self.lens], "S": self.s,
                 "padding_token_id": self.padding_token_id, "num_chunks": self.num_chunks,
-                "position_ids": self.positions, "embeds": self.embeds, "direct": self.direct}
+                "position_ids": self.positions, "embeds": self.embeds, "direct": self.direct, "use_te": self.use_te}
 
 
 def _thd_inputs(spec: ThdSpec):
@@ -463,6 +464,10 @@ def _thd_batch(x: dict) -> dict:
 def _thd_run(spec: ThdSpec):
     def run(impl, ctx, x):
         cp_mesh = ctx.mesh["cp"]
+        if spec.use_te:
+            _, out = impl.make_cp_batch_and_ctx(ctx.mesh, _thd_batch(x), use_te=True,
+                                                padding_token_id=spec.padding_token_id, seq_lens_padding_value=SENTINEL)
+            return out
         if spec.direct:
             return impl._shard_thd_chunk_for_te(_thd_batch(x), cp_mesh, "thd", SENTINEL, spec.padding_token_id)
         return impl.make_cp_batch_for_te(cp_mesh, _thd_batch(x), padding_token_id=spec.padding_token_id,
@@ -543,14 +548,16 @@ THD_SPECS = (
                              ((1, 8), (SENTINEL, SENTINEL))), s=16, num_chunks=2),
     ThdSpec("embeds", lens=(((10, 16),), ((8, 8), (2, 8))), s=16, embeds=3),
     ThdSpec("direct", lens=(((5, 8), (16, 16)), ((16, 16), (3, 8), (SENTINEL, SENTINEL))), s=24, direct=True),
+    ThdSpec("use-te", lens=(((5, 8), (16, 16)), ((16, 16), (3, 8), (SENTINEL, SENTINEL))), s=24, padding_token_id=2,
+            use_te=True),
 )
 
 
 def thd_case(spec: ThdSpec) -> Case:
-    op = "_shard_thd_chunk_for_te" if spec.direct else "make_cp_batch_for_te"
+    op = "_shard_thd_chunk_for_te" if spec.direct else "make_cp_batch_and_ctx" if spec.use_te else "make_cp_batch_for_te"
     return Case(op=OP + op, case_id=spec.name, params=spec.params, make_inputs=_thd_inputs(spec), reference=lambda x: (),
                 run=_thd_run(spec), output_layouts=(), output_names=(), properties=_thd_properties(spec),
-                dtypes=("float64",), context_parallel=True, supports=_single_dp)
+                dtypes=("float64",), context_parallel=True, supports=_cp_only if spec.use_te else _single_dp)
 
 
 # ---- bad input -------------------------------------------------------------------------------
