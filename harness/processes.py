@@ -26,10 +26,12 @@ on each and returns what every rank did; the case's `properties` turn that into 
   before.  Each event and log record carries a wall-clock time and a global sequence number
   (one atomic counter in the store): ordering properties compare sequence numbers, which do
   not depend on clocks or load.
-- Ranks can wait for each other's events: `proc.wait_for("returned", ranks=[0, 1])`.
+- Ranks can wait for each other's events: `proc.wait_for("returned", ranks=[0, 1], timeout=20)`.
 
 `fn` and its arguments must be picklable (a module-level function; pass modules under test as
-`module_ref(module)` and load them in the rank with `load_module`).
+`module_ref(module)` and load them in the rank with `load_module`).  As with any multiprocessing
+start method but fork, the ranks import the caller's main module: a script calling `run_ranks`
+needs the `if __name__ == "__main__":` guard (the worker, pytest and the CLI have it).
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ import json
 import logging
 import multiprocessing
 import multiprocessing.connection
-import multiprocessing.forkserver
 import os
 import pickle
 import re
