@@ -173,7 +173,7 @@ class Collector:
             "world_size": item.world_size, "dtype": item.dtype, "device": self.plan.device, "backend": self.plan.backend,
             "seed": item.seed, "check": check, **merged,
         }
-        if merged["status"] in ("fail", "error"):
+        if merged["status"] in ("warn", "fail", "error"):
             row["rerun"] = rerun_command(self.plan, item)
         return row
 
@@ -191,7 +191,7 @@ def rerun_command(plan: Plan, item: Item) -> str:
     the item's seed is derived) and nothing else."""
     dp, cp, tp = item.topology
     family = item.op.split(".", 1)[0]
-    args = ["shardcheck", "run", "--op", item.op, "--case", glob_escape(item.case_id),
+    args = ["shardcheck", "run", "--suite", item.suite, "--op", item.op, "--case", glob_escape(item.case_id),
             "--topology", f"dp={dp},cp={cp},tp={tp}", "--dtype", item.dtype, "--seed", str(plan.seed),
             "--device", plan.device]
     spec = plan.impl.get(family)

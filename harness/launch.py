@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +31,11 @@ from harness.worker import EXIT_PEER_STUCK
 
 WATCHDOG_GRACE = 60.0  # start-up of a launch (imports, rendezvous) counts against the watchdog too
 POLL_SECONDS = 0.05
+# A relaunch starts (imports, rendezvous) while an item that may be hanging waits out its timeout, so
+# the start-up does not add to the timeout: a standby launch is started once an item has run this long,
+# and waits up to STANDBY_WAIT seconds for its plan.
+STANDBY_AFTER = 2.0
+STANDBY_WAIT = 900.0
 
 
 def _worker_env() -> dict:
@@ -86,23 +92,65 @@ def run_plan(plan: Plan, run_dir: Path, writer: RecordWriter, show_progress: boo
             _run_world(plan, list(items), world_size, run_dir, writer, progress, task, hang_budget, artefacts)
 
 
+class _Launch:
+    """One torchrun of `world_size` workers writing to `launch_dir`; its workers wait for plan.json,
+    so it can be started (imports, rendezvous) before its plan is known."""
+
+    def __init__(self, launch_dir: Path, world_size: int):
+        launch_dir.mkdir(parents=True, exist_ok=True)
+        self.dir = launch_dir
+        self.log_path = launch_dir / "torchrun.log"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
+               "--max-restarts=0", "-m", "harness.worker", "--plan", str(launch_dir / "plan.json"),
+               "--plan-wait", f"{STANDBY_WAIT:g}", "--events", str(launch_dir)]
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_worker_env(),
+                                         start_new_session=True)
+
+    def give_plan(self, plan: Plan) -> float:
+        """Write the plan (atomically: workers poll for it); returns when."""
+        tmp = self.dir / "plan.json.tmp"
+        tmp.write_text(plan.to_json())
+        os.replace(tmp, self.dir / "plan.json")
+        return time.time()
+
+    def discard(self) -> None:
+        _kill(self.proc)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _running_for(collector: Collector) -> float:
+    """Seconds the item in flight has been running (0 when none is)."""
+    item = collector.in_flight()
+    return time.time() - min(collector.state[item.id].started.values()) if item else 0.0
+
+
 def _run_world(plan: Plan, items: list[Item], world_size: int, run_dir: Path, writer: RecordWriter,
                progress: Progress, task, hang_budget: bool, artefacts: ArtefactBudget) -> None:
+    standby: list[_Launch] = []  # at most one launch started ahead for the next attempt
+    try:
+        _run_launches(plan, items, world_size, run_dir, writer, progress, task, hang_budget, artefacts, standby)
+    finally:
+        for launch in standby:  # started ahead but never needed
+            launch.discard()
+
+
+def _run_launches(plan: Plan, items: list[Item], world_size: int, run_dir: Path, writer: RecordWriter,
+                  progress: Progress, task, hang_budget: bool, artefacts: ArtefactBudget, standby: list[_Launch]) -> None:
+    """Launch after launch until every item of this world size has a row; `standby` holds the launch
+    started ahead for the next attempt, if any."""
     remaining = items
     attempt = 0
     while remaining:
         launch_dir = run_dir / "workers" / f"w{world_size}-launch{attempt}"
-        launch_dir.mkdir(parents=True, exist_ok=True)
-        sub_plan = Plan(**{**plan.__dict__, "items": remaining, "failure_artefacts": artefacts.left})
-        (launch_dir / "plan.json").write_text(sub_plan.to_json())
-        log_path = launch_dir / "torchrun.log"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
-               "--max-restarts=0", "-m", "harness.worker", "--plan", str(launch_dir / "plan.json"),
-               "--events", str(launch_dir)]
+        launch = standby.pop() if standby else None
+        if launch is not None and launch.proc.poll() is not None:  # the standby failed by itself: start afresh
+            launch.discard()
+            launch = None
+        launch = launch or _Launch(launch_dir, world_size)
+        proc, log_path = launch.proc, launch.log_path
         collector = Collector(plan, remaining, launch_dir, writer, world_size, artefacts)
-        started = time.time()
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_worker_env(), start_new_session=True)
+        started = launch.give_plan(Plan(**{**plan.__dict__, "items": remaining, "failure_artefacts": artefacts.left}))
         watchdog_reason = ""
         try:
             while proc.poll() is None:
@@ -114,6 +162,8 @@ def _run_world(plan: Plan, items: list[Item], world_size: int, run_dir: Path, wr
                     watchdog_reason = f"no progress for {quiet:.0f}s: workers killed by the watchdog"
                     _kill(proc)
                     break
+                if not standby and _running_for(collector) > STANDBY_AFTER:
+                    standby.append(_Launch(run_dir / "workers" / f"w{world_size}-launch{attempt + 1}", world_size))
                 time.sleep(POLL_SECONDS)
         except BaseException:
             _kill(proc)

@@ -361,8 +361,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.worker")
     parser.add_argument("--plan", type=Path, help="plan written by `shardcheck run` (driver mode)")
     parser.add_argument("--events", type=Path, help="directory for per-rank event files (driver mode)")
+    parser.add_argument("--plan-wait", type=float, default=0.0,
+                        help="seconds to wait for the plan file (a launch started ahead, before its plan is known)")
     args, rest = parser.parse_known_args(argv)
     if args.plan:
+        deadline = time.time() + args.plan_wait
+        while not args.plan.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        if not args.plan.exists():
+            return 0  # a standby launch that was never needed
         plan = Plan.from_json(args.plan.read_text())
         Worker(plan, args.events).run()
         dist.destroy_process_group()

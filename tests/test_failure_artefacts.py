@@ -132,7 +132,7 @@ def test_failing_run_leaves_artefacts_error_maps_and_rerun_lines_that_reproduce(
     assert items == 2
     # one rerun line per failing item, on stdout and in both reports
     lines = _rerun_lines(run.stdout)
-    assert len(lines) == 2 and all(line.startswith("shardcheck run --op model_utils.DistributedLogprob") for line in lines)
+    assert len(lines) == 2 and all(line.startswith("shardcheck run --suite model_utils --op model_utils.DistributedLogprob") for line in lines)
     md = (run.out / "report.md").read_text()
     assert sorted(_rerun_lines(md)) == sorted(lines)
     page = (run.out / "report.html").read_text()

@@ -34,25 +34,27 @@ def test_hanging_op_costs_one_timeout_per_topology(tmp_path, monkeypatch):
     skipped = tp2[tp2["status"] == "skip"]
     assert skipped["message"].str.startswith(f"skipped: model_utils.DistributedLogprob hung in case {hung_case} "
                                              "float64 at dp1-cp1-tp2").all()
-    assert (rows[rows["tp"] == 1]["status"] == "pass").all() and len(rows[rows["tp"] == 1])
-    # one timeout (5 s) and one relaunch, not three: generous slack for a loaded machine
-    assert elapsed < 100, elapsed
-    assert "2 skipped" in run.stdout.splitlines()[0] or " skipped" in run.stdout
+    forward_tp1 = rows[(rows["tp"] == 1) & (rows["check"] == "forward")]  # (this impl has no backward at all)
+    assert len(forward_tp1) == 3 and (forward_tp1["status"] == "pass").all()  # dp2 ran every item
+    # one timeout and one relaunch, not three of each (wall clock: loose, launches are slow on a loaded machine)
+    assert sorted(p.name for p in (run.out / "workers").iterdir()) == ["w2-launch0", "w2-launch1"]
+    assert elapsed < 300, elapsed
+    assert ", 5 skipped -> " in run.stdout  # the summary counts the skipped checks
     # JUnit: one testcase per item, the hang an error, the skipped items skipped
     root = ET.parse(junit).getroot()
     cases = root.findall(".//testcase")
     n_items = rows.groupby(["case_id", "dp", "cp", "tp", "dtype"]).ngroups
     assert len(cases) == n_items == int(root.get("tests"))
-    assert (root.get("errors"), root.get("failures"), root.get("skipped")) == ("1", "0", "2")
-    error = root.find(".//testcase/error")
+    assert (root.get("errors"), root.get("failures"), root.get("skipped")) == ("3", "0", "2")  # + 2 missing backwards
+    error = root.find(f".//testcase[@name='{hung_case} [dp1-cp1-tp2 float64]']/error")
     assert "did not finish the case within" in error.get("message") and "rerun: shardcheck run" in error.text
     names = {c.get("name") for c in cases}
     assert f"{hung_case} [dp1-cp1-tp2 float64]" in names
     assert all(s.get("message").startswith("skipped: model_utils.DistributedLogprob hung") for s in root.iter("skipped"))
     # the GitHub step summary is appended to, not overwritten
     text = summary.read_text()
-    assert text.startswith("earlier step\n") and "shardcheck run" in text and "1 error" in text
-    assert f"rerun: shardcheck run --op model_utils.DistributedLogprob --case {hung_case}" in text
+    assert text.startswith("earlier step\n") and "shardcheck run" in text and "5 skip" in text
+    assert f"rerun: shardcheck run --suite model_utils --op model_utils.DistributedLogprob --case {hung_case}" in text
 
 
 def test_no_hang_budget_tries_every_item(tmp_path):
@@ -62,7 +64,7 @@ def test_no_hang_budget_tries_every_item(tmp_path):
     assert run.returncode == 1, run.stdout + run.stderr
     rows = run.rows
     assert set(rows["status"]) == {"error"} and rows["case_id"].nunique() == 2
-    assert len(list((run.out / "workers").iterdir())) == 3  # a relaunch after each hang
+    assert len(list((run.out / "workers").iterdir())) == 2  # the second case hung in the relaunch
 
 
 SLOW_IMPL = '''
@@ -140,4 +142,4 @@ def test_killed_rank_is_named_with_its_signal_and_the_run_goes_on(tmp_path):
     # the run went on: the other op ran in a relaunch and passed
     chunked = rows[rows["op"] == "model_utils.ChunkedDistributedLogprob"]
     assert len(chunked) and (chunked["status"] == "pass").all()
-    assert "rerun: shardcheck run --op model_utils.DistributedLogprob" in stdout
+    assert "rerun: shardcheck run --suite model_utils --op model_utils.DistributedLogprob" in stdout
