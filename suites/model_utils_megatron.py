@@ -41,7 +41,6 @@ FORWARD_OP = "model_utils._gpt_forward_with_linear_ce_fusion"
 
 LAYERS, HIDDEN, HEADS, FFN, VOCAB, SEQ, BATCH = 2, 64, 4, 256, 128, 16, 2
 COLUMN, ROW = Layout(tp=Shard(0)), Layout(tp=Shard(1))  # column-parallel (and vocab) rows; row-parallel columns
-DTYPES = ("float64", "float32")
 
 
 def megatron_missing() -> str | None:
@@ -467,7 +466,20 @@ def cases(quick: bool = False) -> list[Case]:
             run=partial(run_fused, tied=tied, chunk=chunk),
             input_layouts=param_layouts(tied), output_layouts=(REPLICATED,), grad_inputs=_param_grad_inputs(tied),
             properties=partial(_same_without_grad, tied=tied, chunk=chunk),
-            comm=partial(fused_comm, tied=tied, chunk=chunk), dtypes=DTYPES, supports=_supports, skip_reason=skip))
+            comm=partial(fused_comm, tied=tied, chunk=chunk), dtypes=("float64",), supports=_supports,
+            skip_reason=skip))
+    # float32: the values (and their float32 dtype) only. Its parameter gradients differ from the float32 golden run
+    # by up to 0.76 of the budget (the vocab-weight gradient summed chunk by chunk vs one matmul): too close to flaky;
+    # the float64 cases above check every gradient sharply.
+    for tied, chunk, extra in specs[:2]:
+        tag = "tied" if tied else "untied"
+        out.append(Case(
+            op=PATCH_OP, case_id=f"{tag}-chunk{chunk}-values",
+            params={"tied": tied, "chunk_size": chunk, "S": SEQ, "B": BATCH, "H": HIDDEN, "V": VOCAB, **extra},
+            make_inputs=partial(make_inputs, tied=tied, **extra), reference=partial(reference_logprobs, tied=tied),
+            run=partial(run_fused, tied=tied, chunk=chunk), input_layouts=param_layouts(tied),
+            output_layouts=(REPLICATED,), comm=partial(fused_comm, tied=tied, chunk=chunk), dtypes=("float32",),
+            supports=_supports, skip_reason=skip))
     for tied in ((True, False) if not quick else (True,)):
         tag = "tied" if tied else "untied"
         out.append(Case(
@@ -478,7 +490,8 @@ def cases(quick: bool = False) -> list[Case]:
             run=partial(_run_flag_off, tied=tied),
             input_layouts=param_layouts(tied), output_layouts=(Layout(tp=Shard(-1)),), output_names=("logits",),
             grad_inputs=_param_grad_inputs(tied), properties=partial(_bit_identical, tied=tied),
-            comm=partial(flag_off_comm, tied=tied), dtypes=DTYPES, supports=_supports, skip_reason=skip))
+            comm=partial(flag_off_comm, tied=tied), dtypes=("float64", "float32"), supports=_supports,
+            skip_reason=skip))
     out += error_cases(skip)
     return out
 
