@@ -130,7 +130,7 @@ class Layout:
         if not any(isinstance(p, Partial) for p in self.placements):
             return local
         group_dims = [d for d, p in zip(MESH_DIMS, self.placements) if isinstance(p, Partial) and mesh[d].size() > 1]
-        total = local.detach().double()
+        total = local.detach().to(torch.float64, copy=True)  # never the op's own output: all_reduce is in place
         for d in group_dims:
             torch.distributed.all_reduce(total, group=mesh[d].get_group())
         return total
