@@ -563,14 +563,12 @@ def thd_case(spec: ThdSpec) -> Case:
 # ---- bad input -------------------------------------------------------------------------------
 
 def _bad_step_batch(kind: str):
+    """kind "both": input_ids and inputs_embeds; "neither": labels only."""
     def run(impl, ctx, x):
         batch = {"labels": x["labels"].clone()}
-        if kind in ("both", "ids"):
+        if kind == "both":
             batch["input_ids"] = x["input_ids"].clone()
-        if kind in ("both", "embeds"):
             batch["inputs_embeds"] = x["inputs_embeds"].clone()
-        if kind == "neither":
-            batch.pop("input_ids", None)
         train_ctx, _ = impl.make_cp_batch_and_ctx(ctx.mesh, batch)
         with train_ctx():
             pass
