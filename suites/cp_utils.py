@@ -43,10 +43,6 @@ LOSS = Layout(dp=Partial(), cp=Partial())  # each DP/CP rank's loss is a summand
 PARAMS = ref.PARAM_NAMES
 
 
-def _tp1(topo) -> bool:
-    return topo.tp == 1
-
-
 def _cp_or_single(topo) -> bool:
     """CP > 1 (with or without DP), or one rank: DP alone exercises nothing of cp_utils (a no-op at cp 1)."""
     return topo.tp == 1 and (topo.cp > 1 or topo.size == 1)
