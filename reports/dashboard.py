@@ -29,8 +29,8 @@ from reports.compare import change_notes  # noqa: E402
 DASHBOARD = "dashboard.html"
 LINE_KEY = ["dp", "cp", "tp", "dtype", "device", "device_name"]
 CHECK_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "device", "device_name", "check"]
-STATUSES = ["pass", "fail", "error", "skip"]
-STATUS_COLOURS = {"pass": "#4caf50", "fail": "#e53935", "error": "#8e0000", "skip": "#bdbdbd"}
+STATUSES = ["pass", "warn", "fail", "error", "skip"]
+STATUS_COLOURS = {"pass": "#4caf50", "warn": "#ffb300", "fail": "#e53935", "error": "#8e0000", "skip": "#bdbdbd"}
 
 
 def load_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
