@@ -1062,6 +1062,30 @@ def distributed_vocab_topk(
     return torch.cat(vals, dim=1), torch.cat(ids, dim=1)
 
 
+class _GatherInComputeDtype(torch.autograd.Function):
+    """values.gather(-1, index) in the compute dtype.  The backward adds the gradients of repeated
+    indices in the compute dtype and rounds each position once (torch.gather's backward would add them
+    in a bfloat16 input's own dtype); K x K per token, no V-sized buffer."""
+
+    @staticmethod
+    def forward(ctx: Any, values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(index)
+        ctx.shape, ctx.dtype = values.shape, values.dtype
+        return _upcast(values.gather(-1, index))
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple:
+        (index,) = ctx.saved_tensors
+        same = index.unsqueeze(-1) == index.unsqueeze(-2)  # [..., K, K]
+        summed = (same * grad_output.unsqueeze(-2)).sum(-1)  # each entry: the sum over its repeats
+        K = index.shape[-1]
+        earlier = torch.ones(K, K, dtype=torch.bool, device=index.device).tril(-1)
+        first = ~(same & earlier).any(-1)  # the first of its repeats carries the sum, the others 0
+        grad = grad_output.new_zeros(ctx.shape, dtype=ctx.dtype)
+        grad.scatter_add_(-1, index, torch.where(first, summed, torch.zeros((), dtype=summed.dtype)).to(ctx.dtype))
+        return grad, None
+
+
 def gather_logits_at_global_indices(
     vocab_parallel_logits: torch.Tensor,
     global_indices: torch.Tensor,
@@ -1088,8 +1112,12 @@ def gather_logits_at_global_indices(
     if chunk_size is not None:
         _check_chunk_size(chunk_size)
     local_indices = _get_tokens_on_this_cp_rank(global_indices, cp_rank, cp_size, seq_dim=1).long()
-    picked, _ = _gather_owned(vocab_parallel_logits, local_indices, vocab_start_index)
-    picked = _upcast(picked)
+    owned = (local_indices >= vocab_start_index) & (local_indices < vocab_start_index + V_local)
+    if V_local == 0:  # an empty shard owns nothing
+        picked = _upcast(vocab_parallel_logits.new_zeros(local_indices.shape))
+    else:
+        picked = _GatherInComputeDtype.apply(vocab_parallel_logits, torch.where(owned, local_indices - vocab_start_index, 0))
+        picked = torch.where(owned, picked, torch.zeros((), dtype=picked.dtype))
     if tp_group is not None:
         picked = _AllReduceSum.apply(picked, tp_group)
     return _gather_cp(picked, cp_group, 1, positions)

@@ -48,6 +48,7 @@ def reassemble(pieces: dict[int, dict]) -> dict:
     expected = torch.full(shape, torch.nan, dtype=torch.float64)
     actual = torch.full(shape, torch.nan, dtype=torch.float64)
     err = torch.full(shape, -1.0, dtype=torch.float64)
+    limit = torch.full(shape, torch.nan, dtype=torch.float64)  # per-element budgets (harness.compare.budget)
     for rank in sorted(pieces):
         p = pieces[rank]
         grid = torch.meshgrid(*[ix.long() for ix in p["indices"]], indexing="ij") if shape else ()
@@ -57,8 +58,9 @@ def reassemble(pieces: dict[int, dict]) -> dict:
         actual[grid] = torch.where(worse, got, actual[grid])
         expected[grid] = exp
         err[grid] = torch.maximum(e, err[grid])
+        limit[grid] = torch.as_tensor(p["budget"], dtype=torch.float64).expand(exp.shape)
     err = torch.where(err < 0, torch.nan, err)
-    return {"expected": expected, "actual": actual, "abs_err": err, "budget": float(first["budget"]),
+    return {"expected": expected, "actual": actual, "abs_err": err, "budget": limit,
             "actual_dtype": str(first["got"].dtype).removeprefix("torch."),
             "shards": {r: {"coords": pieces[r]["coords"], "indices": [ix.long() for ix in pieces[r]["indices"]]}
                        for r in sorted(pieces)}}

@@ -1,5 +1,5 @@
-"""`shardcheck run | list | report | compare | dashboard`.  Exit codes: 0 all pass (no regression),
-1 a check failed (a regression), 2 bad usage."""
+"""`shardcheck run | list | report | compare | dashboard`.  Exit codes: 0 all pass (no regression;
+warnings allowed unless `run --strict`), 1 a check failed (a regression), 2 bad usage."""
 
 from __future__ import annotations
 
@@ -69,6 +69,9 @@ def make_parser() -> argparse.ArgumentParser:
                      help="after an op hangs or a rank dies at a topology, still try its remaining items there "
                           "(default: record them as skipped)")
     run.add_argument("--junit-xml", type=Path, metavar="PATH", help="also write JUnit XML (one testcase per item)")
+    run.add_argument("--strict", action="store_true",
+                     help="a warning (float64 computed in float32, bfloat16 math, collectives beyond the contract, "
+                          "a signature difference) fails the run too")
     lst = sub.add_parser("list", help="ops, suites and default topologies")
     lst.add_argument("--quick", action="store_true")
     rep = sub.add_parser("report", help="(re)build the report of run directories")
@@ -128,6 +131,7 @@ def cmd_run(args) -> int:
     from harness.launch import run_plan
     from harness.plan import build_plan
     from harness.records import RecordWriter, run_metadata, write_json
+    from harness.signatures import signature_rows
     from reports.report import build
 
     if args.bench_iters <= 0:
@@ -161,6 +165,8 @@ def cmd_run(args) -> int:
     worlds = sorted({i.world_size for i in plan.items})
     print(f"shardcheck: {len(plan.items)} cases on world size(s) {', '.join(map(str, worlds))} "
           f"({device}, {backend}) -> {run_dir}", file=sys.stderr)
+    for row in signature_rows(plan, meta):  # before running: one finding per op whose signature drifted
+        writer.write(row)
     try:
         run_plan(plan, run_dir, writer, show_progress=not args.no_progress and sys.stderr.isatty(),
                  hang_budget=not args.no_hang_budget)
@@ -172,12 +178,28 @@ def cmd_run(args) -> int:
     build(run_dir)
     _write_ci_outputs(run_dir, run_id, args.junit_xml)
     counts = writer.counts
-    print(f"shardcheck: {counts['pass']} passed, {counts['fail']} failed, {counts['error']} errors, "
-          f"{counts['skip']} skipped -> {run_dir / 'report.html'}")
+    _print_findings(run_dir)
+    print(f"shardcheck: {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
+          f"{counts['error']} errors, {counts['skip']} skipped -> {run_dir / 'report.html'}")
     if counts["fail"] or counts["error"]:
         _print_failures(run_dir)
         return EXIT_FAIL
+    if counts["warn"] and args.strict:
+        print(f"shardcheck: --strict: {counts['warn']} warning(s) fail the run")
+        return EXIT_FAIL
     return EXIT_OK
+
+
+def _print_findings(run_dir: Path) -> None:
+    """The run's non-passing rows grouped by cause (harness.causes): one line per (op, cause)."""
+    from harness.causes import causes, finding_lines
+    from harness.records import load
+
+    table = causes(load(run_dir))
+    if len(table):
+        print(f"Findings ({len(table)}):")
+        for line in finding_lines(table):
+            print("  " + line)
 
 
 def _write_ci_outputs(run_dir: Path, run_id: str, junit_xml: Path | None) -> None:

@@ -12,6 +12,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from harness.causes import causes  # noqa: F401  (the run's non-passing rows grouped by cause: a DataFrame)
+
 RESULTS = "results.jsonl"
 RUN_META = "run.json"
 
@@ -34,7 +36,7 @@ class RecordWriter:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / RESULTS
         self.file = open(self.path, "a", buffering=1)
-        self.counts = {"pass": 0, "fail": 0, "error": 0, "skip": 0}
+        self.counts = {"pass": 0, "warn": 0, "fail": 0, "error": 0, "skip": 0}
 
     def write(self, row: dict) -> None:
         self.file.write(json.dumps(_clean(row)) + "\n")

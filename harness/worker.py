@@ -34,7 +34,9 @@ from harness.bench import run_bench_item
 from harness.measure import CommCounter, comm_violations, group_dims, split_comm
 from harness.plan import DTYPES, Item, Plan, resolve_impl, suite_cases
 from harness.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
+from harness.signatures import KeywordCalls, is_foreign, seed_module
 from harness.topology import Topology, build_mesh
+from reference import low_precision_math
 
 EXIT_PEER_STUCK = 3
 PEER_FAILURE = re.compile(r"closed by peer|reset by peer|Broken pipe|Connection refused|timed out|Timeout|aborted", re.I)
@@ -67,6 +69,8 @@ class Golden:
         # so input rounding is not counted as error.
         self.inputs = {k: v.to(dtype) if is_float(v) else v for k, v in raw.items()}
         self.upstream: list[torch.Tensor | None] = []
+        self.case, self.n_summands = case, n_summands
+        self._precision_runs: dict[str, tuple] = {}
         if case.raises is not None:  # the op must raise: nothing to compare against
             self.outputs = self.naive_outputs = ()
             self.grads = self.naive_grads = {}
@@ -76,6 +80,20 @@ class Golden:
             self.naive_outputs, self.naive_grads = self.outputs, self.grads
         else:
             self.naive_outputs, self.naive_grads = self._reference(case, self.inputs, None, n_summands)
+
+    def precision_run(self, kind: str) -> tuple[tuple, dict]:
+        """(outputs, grads) of the reference as code with a legitimate precision difference computes
+        them: "float32" on the inputs rounded to float32 (for a float64 item), "bfloat16 math" in the
+        item's dtype without the float32 upcast (reference.low_precision_math).  Only run when a check
+        fails, once per item."""
+        if kind not in self._precision_runs:
+            if kind == "float32":
+                inputs = {k: v.float() if is_float(v) else v for k, v in self.inputs.items()}
+                self._precision_runs[kind] = self._reference(self.case, inputs, None, self.n_summands)
+            else:
+                with low_precision_math():
+                    self._precision_runs[kind] = self._reference(self.case, self.inputs, None, self.n_summands)
+        return self._precision_runs[kind]
 
     def _reference(self, case: Case, inputs: dict, gen, n_summands: int):
         inputs = {k: v.clone().requires_grad_(k in case.grad_inputs) for k, v in inputs.items()}
@@ -91,10 +109,19 @@ class Golden:
                     self.upstream.append(g)
                 else:
                     self.upstream.append(None)
-        pairs = [(o, g.sum(0).to(o.dtype)) for o, g in zip(outs, self.upstream) if g is not None]
         xs = [inputs[n] for n in case.grad_inputs]
-        grads = torch.autograd.grad([o for o, _ in pairs], xs, [g for _, g in pairs], allow_unused=True)
-        grads = {n: (g if g is not None else torch.zeros_like(x)).detach() for n, x, g in zip(case.grad_inputs, xs, grads)}
+        used = [(o, g) for o, g in zip(outs, self.upstream) if g is not None]
+        # The golden backpropagates the summed upstream once.  A low-precision run backpropagates each
+        # summand's upstream and adds the gradients in its dtype, as the ranks do (each rank's output is
+        # its own summand): its error then includes the rounding of the summands, which can be larger
+        # than their sum (CP ranks' gradients cancel), and the budget follows.
+        summands = [None] if gen is not None else range(n_summands)
+        total = [None] * len(xs)
+        for s in summands:
+            ups = [(g.sum(0) if s is None else g[s]).to(o.dtype) for o, g in used]
+            grads = torch.autograd.grad([o for o, _ in used], xs, ups, allow_unused=True, retain_graph=s is not None)
+            total = [g if t is None else (t if g is None else t + g) for t, g in zip(total, grads)]
+        grads = {n: (g if g is not None else torch.zeros_like(x)).detach() for n, x, g in zip(case.grad_inputs, xs, total)}
         return tuple(_detach(o) for o in outs), grads
 
 
@@ -115,7 +142,9 @@ class Worker:
         self.cases: dict[tuple[str, str], Case] = {}
         for suite in sorted({i.suite for i in plan.items}):
             self.cases.update({(c.op, c.case_id): c for c in suite_cases(suite, plan.quick, plan.bench)})
-        self.impls = {fam: resolve_impl(fam, spec) for fam, spec in plan.impl.items()}
+        # someone else's module: its ops are called by the seed's parameter names (harness/signatures.py)
+        self.impls = {fam: KeywordCalls(resolve_impl(fam, spec), seed_module(fam)) if is_foreign(fam, spec)
+                      else resolve_impl(fam, spec) for fam, spec in plan.impl.items()}
         self._golden_key, self._golden = None, None
         self.events_dir = events_dir
         self.pieces: dict[str, dict] = {}  # this item's compared tensors, kept for failure artefacts
@@ -202,7 +231,7 @@ class Worker:
             return
         ctx = RankContext(mesh=mesh, topology=topo, device=self.device, dtype=dtype,
                           full_shapes={k: tuple(v.shape) for k, v in golden.inputs.items()},
-                          input_layouts=case.input_layouts, impl=impl)
+                          input_layouts=case.input_layouts, impl=impl, full_inputs=golden.inputs)
         local = {}
         for name, full in golden.inputs.items():
             piece = case.input_layouts.get(name, REPLICATED).local(full, mesh, golden.inputs).clone().to(self.device)
@@ -231,8 +260,8 @@ class Worker:
             return
 
         fwd_names = [c for c in item.checks if c.startswith("forward")]
-        for name, check, got, gold, naive, lay in zip(case.output_names, fwd_names, outs, golden.outputs,
-                                                      golden.naive_outputs, case.output_layouts):
+        for i, (name, check, got, gold, naive, lay) in enumerate(zip(case.output_names, fwd_names, outs, golden.outputs,
+                                                                     golden.naive_outputs, case.output_layouts)):
             if gold is None:  # the reference returns None here (e.g. an optional output): so must the op
                 emit_check(check, "pass" if got is None else "fail",
                            message="" if got is None else f"expected None, got {type(got).__name__}")
@@ -249,7 +278,8 @@ class Worker:
             if isinstance(got, torch.Tensor):
                 got = lay.reduce_partial(got, mesh)
             self._emit_compare(emit_check, check, got, expected, gold, naive, lay, mesh, golden.inputs,
-                               expect_dtype=naive.dtype, got_dtype=got_dtype)
+                               expect_dtype=naive.dtype, got_dtype=got_dtype,
+                               precision=(golden, lambda run, i=i: run[0][i], dtype))
 
         if case.grad_inputs:
             self.events.emit("phase", item.id, phase="backward")
@@ -275,7 +305,8 @@ class Worker:
                 lay = case.input_layouts.get(name, REPLICATED)
                 expected = lay.local(golden.grads[name], mesh, golden.inputs)
                 self._emit_compare(emit_check, check, x.grad, expected, golden.grads[name],
-                                   golden.naive_grads[name], lay, mesh, golden.inputs, expect_dtype=x.dtype)
+                                   golden.naive_grads[name], lay, mesh, golden.inputs, expect_dtype=x.dtype,
+                                   precision=(golden, lambda run, name=name: run[1][name], dtype))
 
         self.emit_comm(case, ctx, counter, emit_check)
         self._emit_properties(case, ctx, golden, local, outs, emit_check)
@@ -301,7 +332,9 @@ class Worker:
             too_much = comm_violations(observed, allowed)
         except Exception as exc:
             allowed, too_much = None, [f"contract failed: {type(exc).__name__}: {exc}"]
-        emit_check("property:comm", "fail" if too_much else "pass", message="; ".join(too_much),
+        # Beyond the contract is a performance finding (warn); a contract that cannot be evaluated fails.
+        status = "fail" if allowed is None else "warn" if too_much else "pass"
+        emit_check("property:comm", status, message="; ".join(too_much),
                    comm_calls=calls, comm_bytes=nbytes, comm_allowed=allowed)
 
     def _emit_properties(self, case: Case, ctx, golden: Golden, local, outs: tuple, emit_check) -> None:
@@ -324,28 +357,61 @@ class Worker:
         return index
 
     def _emit_compare(self, emit_check, check, got, expected, gold_full, naive_full, lay, mesh, inputs, expect_dtype,
-                      got_dtype=None):
+                      got_dtype=None, precision=None):
+        """Judge one local tensor against its slice of the golden with per-element budgets.  `precision`
+        = (golden, pick(run) -> this tensor of a Golden.precision_run, item dtype): a failing check that
+        a legitimate precision difference explains becomes `warn`."""
         if not isinstance(got, torch.Tensor):
             emit_check(check, "fail", message=f"got {type(got).__name__}, expected a tensor")
             return
-        b, err_naive = budget(gold_full, naive_full, expect_dtype)
-        stats = compare(got, expected)
-        status, ratio = judge(stats, b)
+        b_full, naive_err_full = budget(gold_full, naive_full, expect_dtype)
+        limit = lay.local(b_full, mesh, inputs)
+        err_naive = lay.local(naive_err_full, mesh, inputs) if naive_err_full is not None else None
+        stats = compare(got, expected, limit, err_naive)
+        status, ratio = judge(stats)
         msg = ""
         got_dtype = got_dtype or got.dtype
         if got_dtype != expect_dtype:
             status, msg = "fail", f"dtype {str(got_dtype)[6:]}, expected {str(expect_dtype)[6:]}"
+        if status == "fail" and precision is not None and "shape_mismatch" not in stats and not stats.get("nonfinite"):
+            finding = self._precision_finding(got, expected, gold_full, lay, mesh, inputs, expect_dtype, got_dtype,
+                                              *precision)
+            if finding:
+                status, msg = "warn", "; ".join(m for m in (finding, msg) if m)
         for key in ("worst", "nonfinite"):
             if stats.get(key):
                 stats[key]["global_index"] = list(lay.global_index(stats[key]["local_index"], gold_full.shape, mesh, inputs))
         if (self.failures_saved < self.plan.failure_artefacts and "shape_mismatch" not in stats
                 and gold_full.numel() <= MAX_ARTEFACT_NUMEL):
             self.pieces[check] = {"got": got.detach(), "expected": expected.detach(),
-                                  "indices": lay.mesh_indices(gold_full.shape, mesh, inputs), "budget": b,
+                                  "indices": lay.mesh_indices(gold_full.shape, mesh, inputs), "budget": limit,
                                   "full_shape": tuple(gold_full.shape), "failed": status == "fail",
                                   "coords": {d: mesh[d].get_local_rank() for d in ("dp", "cp", "tp")}}
-        emit_check(check, status, budget=b, err_naive=err_naive, err_ratio=ratio if ratio != float("inf") else None,
-                   message=msg, **stats)
+        stats.pop("err_ratio", None)
+        emit_check(check, status, err_ratio=ratio if ratio != float("inf") else None, message=msg,
+                   **{"budget": None, "err_naive": None, **stats})
+
+    @staticmethod
+    def _precision_finding(got, expected, gold_full, lay, mesh, inputs, expect_dtype, got_dtype, golden, pick,
+                           item_dtype) -> str:
+        """The precision difference that explains a failing check, in words, or "": a float64 item within
+        the float32 budget of the same item, a bfloat16 item within the budget of bfloat16 math."""
+        kind, low = {torch.float64: ("float32", torch.float32),
+                     torch.bfloat16: ("bfloat16 math", torch.bfloat16)}.get(item_dtype, (None, None))
+        if kind is None or got_dtype not in (expect_dtype, low):
+            return ""
+        try:
+            alt = pick(golden.precision_run(kind))
+        except Exception:  # the reference cannot run that way: no excuse for the error
+            return ""
+        b_full, naive_err_full = budget(gold_full, alt, low)
+        stats = compare(got, expected, lay.local(b_full, mesh, inputs), lay.local(naive_err_full, mesh, inputs))
+        status, ratio = judge(stats)
+        if status != "pass":
+            return ""
+        if kind == "float32":
+            return f"float64 computed in float32 (err/budget {ratio:.2g} against the float32 budget)"
+        return f"bfloat16 math, OPS.md asks for float32 (err/budget {ratio:.2g} against bfloat16 math)"
 
     def _emit_error(self, emit_check, checks, exc: BaseException) -> None:
         where = traceback.extract_tb(exc.__traceback__)[-1]

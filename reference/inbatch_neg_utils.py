@@ -14,6 +14,8 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from reference import math_dtype
+
 
 def gather(pieces: Sequence[torch.Tensor]) -> torch.Tensor:
     """What an all-gather along dim 0 returns: every rank's piece, in rank order."""
@@ -75,7 +77,7 @@ def encode(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> 
 
 def loss_dtype(dtype: torch.dtype) -> torch.dtype:
     """Cross entropy runs in float32 at least (float64 stays float64)."""
-    return torch.promote_types(dtype, torch.float32)
+    return math_dtype(dtype)
 
 
 def contrastive_row_losses(queries: torch.Tensor, passages: torch.Tensor, passage_doc_ids: torch.Tensor,

@@ -9,11 +9,13 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
+from reference import math_dtype
+
 
 def _compute_dtype(student_dtype: torch.dtype, teacher_dtype: torch.dtype, fp32_upcast: bool) -> torch.dtype:
     # Softmax math runs in at least float32 when upcasting; float64 stays float64.
     dtype = torch.promote_types(student_dtype, teacher_dtype)
-    return torch.promote_types(dtype, torch.float32) if fp32_upcast else dtype
+    return math_dtype(dtype) if fp32_upcast else dtype
 
 
 def _check_shapes(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor) -> None:

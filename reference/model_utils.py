@@ -9,10 +9,12 @@ from typing import Optional
 
 import torch
 
+from reference import math_dtype
+
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:
-    """x in its compute dtype: float32 at least, float64 stays float64."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+    """x in its compute dtype: float32 at least, float64 stays float64 (reference.math_dtype)."""
+    return x.to(math_dtype(x.dtype))
 
 
 def _gather_or_zero(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

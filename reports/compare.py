@@ -1,7 +1,7 @@
 """`shardcheck compare BASE NEW`: the regression gate between two runs.
 
 Rows are matched by op, case, topology, dtype, device and check.  A regression is:
-- a check that passed in BASE and fails or errors in NEW;
+- a check that passed in BASE and fails, errors or warns in NEW (a new finding, e.g. extra collectives);
 - a slowdown beyond --max-slowdown percent that is also larger than the measured spread
   (the IQRs of both runs added), so noise alone does not trip it;
 - peak memory growth beyond --max-memory-growth percent (memory is deterministic).
@@ -27,7 +27,7 @@ def change_notes(base: dict, new: dict, max_slowdown: float, max_memory_growth: 
     """The rule, for one check in two runs (dicts with status, time_ms, time_ms_iqr, peak_bytes):
     notes on what changed; those starting with 'REGRESSION' are regressions.  The dashboard uses it too."""
     notes = []
-    if base["status"] == "pass" and new["status"] in ("fail", "error"):
+    if base["status"] == "pass" and new["status"] in ("warn", "fail", "error"):  # a new finding too
         notes.append(f"REGRESSION: {base['status']} -> {new['status']}")
     tb, tn = base["time_ms"], new["time_ms"]
     if pd.notna(tb) and pd.notna(tn) and tb > 0:

@@ -84,11 +84,18 @@ def _pool(grid: np.ndarray, axis: int) -> tuple[np.ndarray, int]:
     return np.where(pooled == -np.inf, np.nan, pooled), width
 
 
-def draw_error_map(abs_err: torch.Tensor, budget: float, shards: dict[int, dict], title: str, path: Path,
+def draw_error_map(abs_err: torch.Tensor, budget: float | torch.Tensor, shards: dict[int, dict], title: str, path: Path,
                    worst: list[int] | None = None) -> Path:
-    """Draw |err| / budget of a full tensor with its shard boundaries; writes `path` (PNG)."""
+    """Draw |err| / budget of a full tensor with its shard boundaries; writes `path` (PNG).  `budget`:
+    one number, or the per-element budgets (same shape; NaN where no rank holds a position)."""
     err = abs_err.double().numpy()
-    ratio = err / budget if budget > 0 else np.where(err > 0, np.inf, 0.0)
+    limit = torch.as_tensor(budget, dtype=torch.float64).expand(abs_err.shape).numpy()
+    with np.errstate(all="ignore"):
+        ratio = np.where(limit > 0, err / limit, np.where(err > 0, np.inf, 0.0))
+    ratio = np.where(np.isnan(err) | np.isnan(limit), np.nan, ratio)
+    held = limit[~np.isnan(limit)]
+    budget_text = (f"budget {held.max():.3g}" if held.size and held.min() == held.max()
+                   else f"per-row budgets {held.min():.3g}..{held.max():.3g}" if held.size else "no budget")
     dims = shown_dims(err.ndim, shards)
     grid = _reduce(ratio, dims)
     row_dim, col_dim = (dims + [None, None])[:2] if len(dims) == 2 else (None, dims[0] if dims else None)
@@ -141,7 +148,7 @@ def draw_error_map(abs_err: torch.Tensor, budget: float, shards: dict[int, dict]
         ax.plot([c], [r], marker="o", ms=11, mfc="none", mec="blue", mew=2)
     failing = np.sum(ratio > 1)
     reduced = [d for d in range(err.ndim) if d not in dims]
-    ax.set_title(f"{title}\n|err| / budget (budget {budget:.3g})"
+    ax.set_title(f"{title}\n|err| / budget ({budget_text})"
                  + (f", max over dim {', '.join(map(str, reduced))}" if reduced else "")
                  + f"; {failing} of {ratio.size} elements fail" + ("; o = worst element" if worst else "")
                  + ("" if any(segments(d, shards) for d in range(err.ndim)) else "; not split: every rank holds all of it"),

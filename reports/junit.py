@@ -3,7 +3,10 @@
 The testcase name reads well on a CI page ('b4s6v37-masked0.3 [dp1-cp1-tp2 float64]', class the
 op); a failing or erroring item carries every bad check's message and its rerun line; a skipped
 one, its reason.  Items whose checks all pass are passes; an `error` anywhere makes the item an
-error, else a `fail` a failure; an item whose checks were all skipped is skipped.
+error, else a `fail` a failure; an item whose checks were all skipped is skipped.  An item whose worst
+check is a `warn` (a precision or communication finding, not a sharding bug) is a passing testcase
+whose <system-out> holds each warning and its rerun line: CI pages show it without failing the build,
+as `shardcheck run` exits 0 on warnings unless --strict (whose exit code then fails the job).
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ def junit_tree(df: pd.DataFrame, run_id: str) -> ET.ElementTree:
                                         type=f"shardcheck.{status}")
                 element.text = text
                 counts["failures" if status == "fail" else "errors"] += 1
+            elif status == "warn":
+                warned = rows[rows["status"] == "warn"]
+                text = "\n".join(f"warn: {r['check']}: {r['message']}" for _, r in warned.iterrows())
+                if "rerun" in rows and rows["rerun"].notna().any():
+                    text += "\nrerun: " + rows["rerun"].dropna().iloc[0]
+                ET.SubElement(case, "system-out").text = text
             elif status == "skip":
                 ET.SubElement(case, "skipped", message=str(rows["message"].iloc[0]))
                 counts["skipped"] += 1

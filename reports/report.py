@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from harness.causes import causes, finding_lines  # noqa: E402
 from harness.compare import STATUS_ORDER  # noqa: E402
 from harness.records import RUN_META, load  # noqa: E402
 from reports import benchmark_json  # noqa: E402
@@ -106,18 +107,44 @@ def _failures_html(items: list[dict], run_dir: Path) -> str:
     return "\n".join(parts)
 
 
+COUNTED = ["pass", "warn", "fail", "error", "skip"]
+
+
+def findings_markdown(df: pd.DataFrame) -> list[str]:
+    """The Findings section: one entry per (op, cause), failures before warnings (harness.causes)."""
+    table = causes(df)
+    if not len(table):
+        return ["## Findings", "", "None: every check passed.", ""]
+    return [f"## Findings ({len(table)})", "", "```text", *finding_lines(table), "```", ""]
+
+
+def _findings_html(df: pd.DataFrame) -> str:
+    table = causes(df)
+    if not len(table):
+        return "<h2>Findings</h2><p>None: every check passed.</p>"
+    items = []
+    for r in table.itertuples():
+        items.append(f"<li class='{r.status}'><b>{r.status.upper()}</b> <code>{html.escape(r.op)}</code>: "
+                     f"{html.escape(r.kind)} — {html.escape(r.condition)}; {html.escape(r.checks)}; {r.count} row(s)"
+                     f"<br><small>worst: {html.escape(r.worst)}</small>"
+                     + (f"<pre class='rerun'>rerun: {html.escape(r.rerun)}</pre>" if isinstance(r.rerun, str) else "")
+                     + "</li>")
+    return f"<h2>Findings ({len(table)})</h2><ul class='findings'>" + "".join(items) + "</ul>"
+
+
 def summary_markdown(run_dir: str | Path, max_items: int = 30) -> str:
     """A short Markdown summary for CI pages (GITHUB_STEP_SUMMARY): counts, the status table, the
     first failing items with their rerun lines."""
     run_dir = Path(run_dir)
     df = load(run_dir)
     meta = json.loads((run_dir / RUN_META).read_text()) if (run_dir / RUN_META).is_file() else {}
-    counts = df["status"].value_counts().reindex(["pass", "fail", "error", "skip"], fill_value=0)
+    counts = df["status"].value_counts().reindex(COUNTED, fill_value=0)
     items = failing_items(df)
-    mark = "❌" if counts["fail"] or counts["error"] else "✅"
+    mark = "❌" if counts["fail"] or counts["error"] else "⚠️" if counts["warn"] else "✅"
     lines = [f"## {mark} shardcheck run {meta.get('run_id', run_dir.name)}", "",
              f"**{len(df)} checks: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + "**"
              + (f" (commit {str(meta['git_commit'])[:10]})" if meta.get("git_commit") else ""), ""]
+    lines += findings_markdown(df)
     checks = df[df["check"] != "bench"]
     if len(checks):
         lines += [status_table(checks).to_markdown(index=False), ""]
@@ -208,7 +235,7 @@ def build(run_dir: str | Path) -> list[Path]:
     run_dir = Path(run_dir)
     df = load(run_dir)
     meta = json.loads((run_dir / RUN_META).read_text()) if (run_dir / RUN_META).is_file() else {}
-    counts = df["status"].value_counts().reindex(["pass", "fail", "error", "skip"], fill_value=0)
+    counts = df["status"].value_counts().reindex(COUNTED, fill_value=0)
     bad = failures(df)
     checks = df[df["check"] != "bench"]
     table = status_table(checks) if len(checks) else pd.DataFrame()
@@ -226,7 +253,7 @@ def build(run_dir: str | Path) -> list[Path]:
         if key in meta:
             header.append(f"- {key}: {meta[key]}")
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
-    md = header + ["", f"**{len(df)} checks: {summary}**", ""]
+    md = header + ["", f"**{len(df)} checks: {summary}**", ""] + findings_markdown(df)
     if len(table):
         md += ["## Status: op × dtype × topology", "", table.to_markdown(index=False), ""]
     if len(bench):
@@ -240,7 +267,8 @@ def build(run_dir: str | Path) -> list[Path]:
 
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 6px}td.pass{background:#dfd}td.fail{background:#fbb}"
-             "td.error{background:#f88;font-weight:bold}td.skip{background:#eee}"
+             "td.error{background:#f88;font-weight:bold}td.skip{background:#eee}td.warn{background:#fe9}"
+             "ul.findings li{margin-bottom:6px}li.warn b{color:#a60}li.fail b{color:#b00}li.error b{color:#700}"
              "div.item{border-top:1px solid #ccc;margin-top:1em}h3.fail{color:#b00}h3.error{color:#700}"
              "pre.rerun{background:#f4f4f4;padding:6px;white-space:pre-wrap;font-size:12px}"
              "img.errmap{max-width:1000px;border:1px solid #ddd}figcaption{font-size:12px;color:#555}")
@@ -252,7 +280,7 @@ def build(run_dir: str | Path) -> list[Path]:
     page = [f"<!doctype html><html><head><meta charset='utf-8'><title>shardcheck {html.escape(meta.get('run_id', ''))}</title>",
             f"<style>{style}</style></head><body>", f"<h1>shardcheck run {html.escape(meta.get('run_id', run_dir.name))}</h1>",
             "<ul>" + "".join(f"<li>{html.escape(line[2:])}</li>" for line in header[2:]) + "</ul>",
-            f"<p><b>{len(df)} checks: {html.escape(summary)}</b></p>",
+            f"<p><b>{len(df)} checks: {html.escape(summary)}</b></p>", _findings_html(df),
             "<h2>Status: op × dtype × topology</h2>" + cells if cells else "",
             "<h2>Benchmarks</h2>" + bench.to_html(index=False, escape=True) if len(bench) else "", pictures,
             "<h2>Failures</h2>", bad.to_html(index=False, escape=True) if len(bad) else "<p>None.</p>",

@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.records import load
+from harness.causes import finding_lines
+from harness.records import causes, load
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN = Path(__file__).resolve().parent / "broken"
@@ -28,13 +29,20 @@ class Run:
         return load(self.out)
 
     def failed(self) -> pd.DataFrame:
+        """Every row that does not pass: warnings (strict runs fail on them), failures, errors."""
         rows = self.rows
-        return rows[rows["status"].isin(["fail", "error"])]
+        return rows[rows["status"].isin(["warn", "fail", "error"])]
+
+    @property
+    def causes(self) -> pd.DataFrame:
+        return causes(self.rows)
 
 
-def shardcheck(*args: str, out: Path, timeout: float = 600) -> Run:
-    """`shardcheck ARGS --out OUT` as a user would run it (exit code, output, records)."""
-    cmd = [sys.executable, "-m", "harness.cli", *args, "--out", str(out), "--no-progress"]
+def shardcheck(*args: str, out: Path, timeout: float = 600, strict: bool = True) -> Run:
+    """`shardcheck ARGS --out OUT` as a user would run it (exit code, output, records).  A `run` is
+    `--strict` unless told otherwise: our implementations may not even warn."""
+    extra = ["--strict"] if strict and args and args[0] == "run" else []
+    cmd = [sys.executable, "-m", "harness.cli", *args, *extra, "--out", str(out), "--no-progress"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     return Run(proc.returncode, proc.stdout, proc.stderr, out)
 
@@ -49,7 +57,21 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def run_shardcheck(tmp_path):
     counter = iter(range(1000))
 
-    def _run(*args: str, timeout: float = 600) -> Run:
-        return shardcheck(*args, out=tmp_path / f"run{next(counter)}", timeout=timeout)
+    def _run(*args: str, timeout: float = 600, strict: bool = True) -> Run:
+        run = shardcheck(*args, out=tmp_path / f"run{next(counter)}", timeout=timeout, strict=strict)
+        if any(str(BROKEN) in a for a in args):  # every broken implementation: exactly one cause
+            assert_one_cause(run)
+        return run
 
     return _run
+
+
+def assert_one_cause(run: Run) -> pd.Series:
+    """A run of a broken implementation (one deliberate bug) yields exactly one cause, printed among the
+    findings, naming the op whose rows do not pass; returns it."""
+    table = run.causes
+    assert len(table) == 1, "\n".join(finding_lines(table)) + "\n" + run.stdout[-3000:]
+    cause = table.iloc[0]
+    assert set(run.failed()["op"]) == {cause["op"]}
+    assert f"{cause['status'].upper()} {cause['op']}: {cause['kind']}" in run.stdout
+    return cause

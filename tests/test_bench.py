@@ -90,13 +90,14 @@ def test_memory_and_communication_are_deterministic(quick_runs):
 
 
 def test_extra_allgather_fails_the_comm_contract(run_shardcheck):
-    """Right values, wrong cost: a DistributedLogprob that also all-gathers the [B, S, V] logits."""
+    """Right values, wrong cost: a DistributedLogprob that also all-gathers the [B, S, V] logits.
+    Beyond the contract is a performance finding: `warn`, which fails the run under --strict."""
     run = run_shardcheck("run", *_impl("extra_allgather"), "--op", "model_utils.DistributedLogprob", "--quick",
                          "--dtype", "float64", *TP2)
     assert run.returncode == 1, run.stdout + run.stderr
     rows = run.rows
     bad = run.failed()
-    assert len(bad) and set(bad["check"]) == {"property:comm"} and (bad["status"] == "fail").all()
+    assert len(bad) and set(bad["check"]) == {"property:comm"} and (bad["status"] == "warn").all()
     assert set(bad["case_id"]) == set(rows["case_id"])  # every case, inference_only included
     for message in bad["message"]:
         assert "forward all_gather@tp: 1 call(s)" in message and "allowed 0 call(s)" in message, message
@@ -110,17 +111,17 @@ def test_compare_gate(quick_runs, run_shardcheck):
     assert same.returncode == 0, same.stdout + same.stderr
     assert "0 regression(s)" in same.stdout
 
-    # Twice the forward work: the bench run itself fails property:comm (the collectives doubled),
-    # and compare flags the deterministic memory growth on every case.
+    # Twice the forward work: the bench run itself warns on property:comm (the collectives doubled;
+    # --strict fails it), and compare flags the deterministic memory growth on every case.
     slow = run_shardcheck("run", "--bench", "--quick", *_impl("slow_2x"), "--op", "model_utils.DistributedLogprob",
                           "--topology", "dp=1,cp=1,tp=1", *TP2)
     assert slow.returncode == 1, slow.stdout + slow.stderr
     comm = slow.rows[slow.rows["check"] == "property:comm"]
-    assert len(comm) and (comm["status"] == "fail").all()
+    assert len(comm) and (comm["status"] == "warn").all()
     assert comm["message"].str.contains("forward all_reduce@tp: 6 call").all()
     gate = cli("compare", str(base.out), str(slow.out))
     assert gate.returncode == 1, gate.stdout + gate.stderr
-    assert "REGRESSION: memory" in gate.stdout and "REGRESSION: pass -> fail" in gate.stdout
+    assert "REGRESSION: memory" in gate.stdout and "REGRESSION: pass -> warn" in gate.stdout
 
     real, twice = _bench_rows(base), _bench_rows(slow)
     real = real.loc[twice.index]

@@ -48,21 +48,48 @@ def test_shape_mismatch_fails():
 def test_float64_budget_is_relative_to_scale():
     golden = torch.tensor([-300.0, 2.0, -math.inf], dtype=torch.float64)
     b, naive = budget(golden, None, torch.float64)
-    assert b == pytest.approx(RTOL_FLOAT64 * 300.0) and naive is None
+    assert b.shape == golden.shape and naive is None
+    assert torch.allclose(b, torch.full((3,), RTOL_FLOAT64 * 300.0, dtype=torch.float64))  # tensor-wide
 
 
 def test_low_precision_budget_follows_the_reference_error():
     golden = torch.randn(1000, generator=_gen(), dtype=torch.float64)
     naive = golden.to(torch.bfloat16)  # the reference's own rounding in bf16
     b, err_naive = budget(golden, naive, torch.bfloat16)
-    assert err_naive == pytest.approx(float((naive.double() - golden).abs().max()))
-    assert b == pytest.approx(KAPPA * err_naive + FLOOR_ULPS * torch.finfo(torch.bfloat16).eps * float(golden.abs().max()))
+    assert float(err_naive[0]) == pytest.approx(float((naive.double() - golden).abs().max()))
+    expected_b = KAPPA * float(err_naive[0]) + FLOOR_ULPS * torch.finfo(torch.bfloat16).eps * float(golden.abs().max())
+    assert float(b[0]) == pytest.approx(expected_b) and (b == b[0]).all()  # one row: one budget
     # a correct sharded op rounding the other way passes; a real error does not
     other_rounding = (golden * (1 + 2 ** -9)).to(torch.bfloat16)
-    assert judge(compare(other_rounding, golden), b)[0] == "pass"
+    assert judge(compare(other_rounding, golden, b, err_naive))[0] == "pass"
     wrong = naive.clone()
-    wrong[17] += 0.25
-    assert judge(compare(wrong, golden), b)[0] == "fail"
+    wrong[17] += 1.0
+    stats = compare(wrong, golden, b, err_naive)
+    assert judge(stats)[0] == "fail" and stats["worst"]["local_index"] == [17]
+    assert stats["budget"] == pytest.approx(expected_b)
+
+
+def test_budgets_are_per_row():
+    """x100 rows beside rows of exact zeros (the gradient at masked targets): the large rows' scale
+    must not lend the zero rows a budget; an error of 1 there fails, the same error on a x100 row of
+    its own size passes only within that row's budget."""
+    golden = torch.zeros(4, 8, dtype=torch.float64)
+    golden[0] = torch.randn(8, generator=_gen(), dtype=torch.float64) * 100
+    golden[2] = torch.randn(8, generator=_gen(), dtype=torch.float64)
+    naive = golden.to(torch.bfloat16)
+    b, err_naive = budget(golden, naive, torch.bfloat16)
+    assert (b[1] == 0).all() and (b[3] == 0).all()  # golden and reference exactly 0: exact zeros required
+    assert float(b[0, 0]) > 50 * float(b[2, 0])  # each row its own scale
+    got = naive.clone()
+    got[1, 5] = 1.0
+    stats = compare(got, golden, b, err_naive)
+    status, ratio = judge(stats)
+    assert status == "fail" and ratio == math.inf and stats["worst"]["local_index"] == [1, 5]
+    assert stats["budget"] == 0.0
+    # the old tensor-wide floor would have let it through
+    assert FLOOR_ULPS * torch.finfo(torch.bfloat16).eps * float(golden.abs().max()) > 1.0
+    status, ratio = judge(compare(naive, golden, b, err_naive))  # the reference itself: well within budget
+    assert status == "pass" and ratio <= 1 / KAPPA
 
 
 def _rank(rank, status, ratio=0.5, **extra):

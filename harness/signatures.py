@@ -1,0 +1,174 @@
+"""Signatures of a module under test against the seed API (our `distributed_impl`), and calls by keyword.
+
+Before a run with `--impl FAMILY=...`, every selected op of that family is compared with the seed's
+signature (`inspect.signature`; an autograd Function by its `forward` without ctx, another class by
+its `__init__` without self).  Each op that differs is one `property:signature` row:
+- fail: the name is missing, a seed parameter is missing, the seed's parameters come in another
+  order, or a parameter the seed lacks has no default (a caller of the seed API cannot call it);
+- warn: only extra optional parameters (callers of the seed API are unaffected).
+
+The worker then calls a foreign module's ops by keyword wherever the seed names the parameter
+(`KeywordCalls`), so a re-ordered signature costs one finding, not a TypeError per item.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from types import ModuleType
+from typing import Any, Callable
+
+import torch
+
+SEED_PACKAGE = "distributed_impl"
+SIGNATURE_CHECK = "property:signature"
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
+
+def seed_module(family: str) -> ModuleType:
+    return importlib.import_module(f"{SEED_PACKAGE}.{family}")
+
+
+def is_foreign(family: str, spec: str | None) -> bool:
+    """Whether `--impl FAMILY=spec` puts someone else's module under test (not our own)."""
+    return bool(spec) and spec != f"{SEED_PACKAGE}.{family}"
+
+
+def call_signature(obj: Any) -> inspect.Signature | None:
+    """How callers call `obj`: an autograd Function's forward minus ctx (its `apply`), a class's
+    __init__ minus self, a function's own signature; None for anything else."""
+    try:
+        if inspect.isclass(obj) and issubclass(obj, torch.autograd.Function):
+            params = list(inspect.signature(obj.forward).parameters.values())
+            if obj.setup_context is torch.autograd.Function.setup_context:  # old style: forward(ctx, ...)
+                params = params[1:]
+            return inspect.Signature(params)
+        if inspect.isclass(obj):
+            return inspect.Signature(list(inspect.signature(obj.__init__).parameters.values())[1:])
+        if callable(obj):
+            return inspect.signature(obj)
+    except (TypeError, ValueError):  # a builtin without a signature
+        return None
+    return None
+
+
+def differences(seed: inspect.Signature, impl: inspect.Signature) -> tuple[str, list[str]]:
+    """(status, reasons) of `impl` against `seed`: ("pass", []) when callers of the seed API are served."""
+    s = {n: p for n, p in seed.parameters.items() if p.kind not in _VARIADIC}
+    i = {n: p for n, p in impl.parameters.items() if p.kind not in _VARIADIC}
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in impl.parameters.values())
+    fails, warns = [], []
+    missing = [n for n in s if n not in i and not takes_kwargs]
+    if missing:
+        fails.append("missing parameter(s) " + ", ".join(missing))
+    seed_order = [n for n, p in s.items() if p.kind in _POSITIONAL and n in i]
+    impl_order = [n for n, p in i.items() if p.kind in _POSITIONAL and n in s]
+    if seed_order != impl_order:
+        fails.append(f"parameters in another order: ({', '.join(impl_order)}), the seed has ({', '.join(seed_order)})")
+    extra = [n for n in i if n not in s]
+    required = [n for n in extra if i[n].default is inspect.Parameter.empty]
+    if required:
+        fails.append("extra required parameter(s) " + ", ".join(required))
+    optional = [n for n in extra if n not in required]
+    if optional:
+        warns.append("extra optional parameter(s) " + ", ".join(optional))
+    if fails:
+        return "fail", fails + warns
+    return ("warn", warns) if warns else ("pass", [])
+
+
+def check_names(family: str, module: ModuleType, names: list[str]) -> dict[str, tuple[str, str]]:
+    """{name: (status, message)} for each of `names` whose signature in `module` differs from the seed's."""
+    seed = seed_module(family)
+    out = {}
+    for name in names:
+        seed_sig = call_signature(getattr(seed, name, None))
+        if seed_sig is None:
+            continue
+        if not hasattr(module, name):
+            out[name] = ("fail", f"signature: {name} is not defined in the module under test")
+            continue
+        impl_sig = call_signature(getattr(module, name))
+        if impl_sig is None:
+            out[name] = ("fail", f"signature: {name} is not callable like the seed's {name}{seed_sig}")
+            continue
+        status, reasons = differences(seed_sig, impl_sig)
+        if status != "pass":
+            out[name] = (status, f"signature: {'; '.join(reasons)} (seed {name}{seed_sig}, under test {name}{impl_sig})")
+    return out
+
+
+def signature_rows(plan, meta: dict) -> list[dict]:
+    """The `property:signature` rows of a plan's foreign modules, in the one record format."""
+    from harness.plan import resolve_impl
+
+    rows = []
+    for family, spec in sorted(plan.impl.items()):
+        if not is_foreign(family, spec):
+            continue
+        ops = list(dict.fromkeys(i.op for i in plan.items if i.op.split(".", 1)[0] == family))
+        suites = {i.op: i.suite for i in plan.items}
+        found = check_names(family, resolve_impl(family, spec), [op.split(".", 1)[1] for op in ops])
+        for name, (status, message) in found.items():
+            op = f"{family}.{name}"
+            rows.append({"run_id": plan.run_id, "op": op, "family": family, "impl": spec, "suite": suites[op],
+                         "case_id": "signature", "params": {}, "dp": 0, "cp": 0, "tp": 0, "world_size": 0,
+                         "dtype": "-", "device": plan.device, "backend": plan.backend, "seed": plan.seed,
+                         "check": SIGNATURE_CHECK, "status": status, "max_abs_err": None, "max_rel_err": None,
+                         "budget": None, "err_ratio": None, "err_naive": None, "mismatch": None, "message": message,
+                         "per_rank": []})
+    return rows
+
+
+def _by_keyword(fn: Callable, seed: inspect.Signature) -> Callable:
+    """fn called with the arguments of a seed-API call passed by the seed's parameter names."""
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in seed.parameters.values()):
+        return fn
+
+    def call(*args, **kwargs):
+        try:
+            bound = seed.bind(*args, **kwargs)
+        except TypeError:  # not a call of the seed API: leave it as it is
+            return fn(*args, **kwargs)
+        positional, keywords = [], {}
+        for name, value in bound.arguments.items():
+            kind = seed.parameters[name].kind
+            if kind is inspect.Parameter.POSITIONAL_ONLY:
+                positional.append(value)
+            elif kind is inspect.Parameter.VAR_KEYWORD:
+                keywords.update(value)
+            else:
+                keywords[name] = value
+        return fn(*positional, **keywords)
+
+    return call
+
+
+class _FunctionByKeyword:
+    """An autograd Function whose `apply` takes the seed's arguments by keyword."""
+
+    def __init__(self, function: type, seed: inspect.Signature):
+        self._function = function
+        self.apply = _by_keyword(function.apply, seed)
+
+    def __getattr__(self, name: str):
+        return getattr(self._function, name)
+
+
+class KeywordCalls:
+    """A module under test whose seed-named functions and autograd Functions are called by keyword."""
+
+    def __init__(self, module: ModuleType, seed: ModuleType):
+        self._module, self._seed = module, seed
+
+    def __getattr__(self, name: str):
+        value = getattr(self._module, name)
+        seed_sig = call_signature(getattr(self._seed, name, None))
+        if seed_sig is None:
+            return value
+        if inspect.isclass(value) and issubclass(value, torch.autograd.Function):
+            return _FunctionByKeyword(value, seed_sig)
+        if inspect.isfunction(value):
+            return _by_keyword(value, seed_sig)
+        return value
