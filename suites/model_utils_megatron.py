@@ -3,7 +3,7 @@ and `_gpt_forward_with_linear_ce_fusion`, on a tiny Megatron-Core GPTModel (2 la
 S 16, RoPE, local layer spec), tied and untied embeddings, TP 1, 2, 4 (sequence parallel at TP > 1).
 
 Needs the optional extra `pip install -e .[megatron]`; without megatron-core every case is recorded `skip` with the
-reason. Only (dp, cp) = (1, 1) topologies: the model's TP group is the mesh's "tp" group, handed to Megatron through a
+reason. Only (dp, cp) = (1, 1) topologies (and cp = 2 for the case checking that CP is refused): the model's TP group is the mesh's "tp" group, handed to Megatron through a
 `ProcessGroupCollection` (Megatron's global parallel_state is never initialised, so a tp2 topology inside a 4-rank
 launch is fine: spare ranks wait, as for any case).
 
