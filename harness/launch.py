@@ -162,7 +162,8 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, run_dir: Path,
                     watchdog_reason = f"no progress for {quiet:.0f}s: workers killed by the watchdog"
                     _kill(proc)
                     break
-                if not standby and _running_for(collector) > STANDBY_AFTER:
+                # (not while benchmarking: a launch's imports beside a timed op would skew its time)
+                if not standby and not plan.bench and _running_for(collector) > STANDBY_AFTER:
                     standby.append(_Launch(run_dir / "workers" / f"w{world_size}-launch{attempt + 1}", world_size))
                 time.sleep(POLL_SECONDS)
         except BaseException:
