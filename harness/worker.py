@@ -434,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         deadline = time.time() + args.plan_wait
         while not args.plan.exists() and time.time() < deadline:
             time.sleep(0.05)
-        if not args.plan.exists():
+        if args.plan_wait and not args.plan.exists():
             return 0  # a standby launch that was never needed
         plan = Plan.from_json(args.plan.read_text())
         Worker(plan, args.events).run()
