@@ -32,6 +32,8 @@ _RANK_PREFIX = re.compile(r"^rank \d+ \([^)]*\)(?: \(after a peer failed\))?: ")
 _LOCATION = re.compile(r"\(([\w.-]+\.py):(\d+)\)")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 _WARN_KINDS = ("float64 computed in float32", "bfloat16 math")
+_DIED = re.compile(r"rank \d+ died: [^;()]+")
+_HUNG = re.compile(r"rank\(s\) [\d, ]+ did not finish the case within [\d.]+s")
 
 
 def _first_reason(message: str) -> str:
@@ -56,8 +58,13 @@ def kind_of(row: pd.Series) -> str:
     """What went wrong in one non-passing row, in a few words (rows with the same kind may share a cause)."""
     check, status = row["check"], row["status"]
     reason = _first_reason(row.get("message"))
-    if status == "error":
-        return error_template(row.get("message"))
+    if status == "error":  # a death or a hang is the item's cause, whatever each check's rank reported
+        message = str(row.get("message") or "")
+        for pattern in (_DIED, _HUNG):
+            found = pattern.search(message)
+            if found:
+                return _NUMBER.sub("N", found.group(0)) + (" (blocked in a collective or dead)" if pattern is _HUNG else "")
+        return error_template(message)
     if check == "property:signature":
         return reason
     if check == "property:comm":
@@ -82,13 +89,15 @@ def kind_of(row: pd.Series) -> str:
 Predicate = tuple[str, float, Callable[[pd.Series], bool]]  # (words, order: lower is preferred, test on a row)
 
 
-def _predicates(rows: pd.DataFrame) -> list[Predicate]:
+def _predicates(rows: pd.DataFrame, by_check: bool = True) -> list[Predicate]:
     """Candidate conditions from the values these rows take: check, dtype, mesh dims, case parameters."""
     out: list[Predicate] = []
-    for check in sorted(rows["check"].unique()):
+    for check in sorted(rows["check"].unique()) if by_check else []:
         out.append((f"in {check}", 0, lambda r, c=check: r["check"] == c))
-    if rows["check"].str.startswith("grad:").any():
+    if by_check and rows["check"].str.startswith("grad:").any():
         out.append(("in the gradients", 0, lambda r: str(r["check"]).startswith("grad:")))
+    if by_check and rows["check"].str.startswith("property:").any():
+        out.append(("in values and gradients", 0, lambda r: not str(r["check"]).startswith("property:")))
     for dtype in sorted(rows["dtype"].unique()):
         out.append((f"in {dtype}", 1, lambda r, d=dtype: r["dtype"] == d))
     for dim in MESH:
@@ -117,9 +126,9 @@ def _predicates(rows: pd.DataFrame) -> list[Predicate]:
     return out
 
 
-def separating_condition(bad: pd.DataFrame, passing: pd.DataFrame) -> str:
+def separating_condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool = True) -> str:
     """Words for the predicates that hold on every row of `bad` and exclude the most of `passing`."""
-    candidates = [p for p in _predicates(pd.concat([bad, passing])) if bad.apply(p[2], axis=1).all()]
+    candidates = [p for p in _predicates(pd.concat([bad, passing]), by_check) if bad.apply(p[2], axis=1).all()]
     chosen: list[Predicate] = []
     left = passing
     while len(left):
@@ -169,9 +178,38 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
         out.append({"op": op, "status": status, "kind": kind,
                     "checks": ", ".join(sorted(rows["check"].unique())), "count": len(rows),
                     "condition": separating_condition(rows, passing), "worst": text[:300], "rerun": rerun})
-    table = pd.DataFrame(out, columns=COLUMNS)
+    table = _merge_common_trigger(pd.DataFrame(out, columns=COLUMNS), bad, df)
     order = table["status"].map(STATUS_ORDER)
     return table.assign(_o=-order, _n=-table["count"]).sort_values(["_o", "_n", "op"]).drop(columns=["_o", "_n"]).reset_index(drop=True)
+
+
+ITEM = ["case_id", "dp", "cp", "tp", "dtype"]
+
+
+def _merge_common_trigger(table: pd.DataFrame, bad: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
+    """An op's failing causes (fail, error) whose items (case, topology, dtype) one condition on the inputs
+    and topology separates exactly from the op's clean items (or that have no clean item to be told
+    apart by) are symptoms of one bug (a crash in one check, a broken property in another): one cause."""
+    out = []
+    for op, causes_of_op in table.groupby("op", sort=False):
+        failing = causes_of_op[causes_of_op["status"].isin(["fail", "error"])]
+        if len(failing) > 1 and (failing["status"] == "error").sum() <= 1:  # two different crashes: two causes
+            rows = df[df["op"] == op]
+            is_bad = rows["status"].isin(["fail", "error"]).groupby([rows[k] for k in ITEM]).transform("any")
+            items = rows.drop_duplicates(ITEM)
+            flagged = is_bad.loc[items.index]
+            dirty = rows["status"].isin(["warn", "fail", "error"]).groupby([rows[k] for k in ITEM]).transform("any")
+            clean = items[~dirty.loc[items.index]]
+            condition = separating_condition(items[flagged], clean, by_check=False)
+            if condition.startswith("exactly") or not len(clean):  # nothing tells two triggers apart
+                first = failing.iloc[0]
+                merged = {**first.to_dict(), "status": max(failing["status"], key=STATUS_ORDER.__getitem__),
+                          "kind": "; ".join(failing["kind"]), "count": int(failing["count"].sum()),
+                          "checks": ", ".join(sorted({c for cs in failing["checks"] for c in cs.split(", ")})),
+                          "condition": condition}
+                causes_of_op = pd.concat([pd.DataFrame([merged]), causes_of_op[causes_of_op["status"] == "warn"]])
+        out.append(causes_of_op)
+    return pd.concat(out, ignore_index=True)[COLUMNS]
 
 
 def finding_lines(table: pd.DataFrame) -> list[str]:

@@ -16,7 +16,8 @@ FP32_IMPL = ROOT / "tests" / "impls" / "fp32_extra_collectives_model_utils.py"
 
 
 def _row(status, check="forward", tp=2, dtype="float64", op="model_utils.X", masked=0.0, message="", **extra):
-    return {"op": op, "status": status, "check": check, "dp": 1, "cp": 1, "tp": tp, "dtype": dtype,
+    return {"op": op, "case_id": extra.pop("case_id", f"m{masked}"), "status": status, "check": check, "dp": 1,
+            "cp": 1, "tp": tp, "dtype": dtype,
             "params": {"B": 2, "masked": masked}, "message": message, "err_ratio": extra.pop("err_ratio", None),
             "mismatch": extra.pop("mismatch", None), "rerun": extra.pop("rerun", None), **extra}
 
@@ -140,3 +141,22 @@ def test_float32_math_and_extra_collectives_warn_and_pass_unless_strict(run_shar
                             "--case", "b4s6v37-masked0.3", "--dtype", "float64", *TP2)
     assert strict.returncode == 1 and "--strict:" in strict.stdout, strict.stdout + strict.stderr
     assert set(strict.rows["status"]) == {"warn"}
+
+
+def test_junit_warn_is_a_passing_testcase_with_the_warning_in_system_out():
+    import xml.etree.ElementTree as ET
+
+    from reports.junit import junit_tree
+
+    def row(check, status, message=""):
+        return {"op": "model_utils.DistributedLogprob", "case_id": "b4", "dp": 1, "cp": 1, "tp": 2, "dtype": "float64",
+                "check": check, "status": status, "message": message, "rerun": "shardcheck run --case b4",
+                "item_seconds": 0.1}
+
+    df = pd.DataFrame([row("forward", "pass"), row("property:comm", "warn", "forward all_reduce@tp: 4 call(s)")])
+    root = ET.fromstring(ET.tostring(junit_tree(df, "run1").getroot()))
+    case = root.find("testsuite/testcase")
+    assert root.get("failures") == "0" and root.get("errors") == "0" and root.get("skipped") == "0"
+    assert case.find("failure") is None and case.find("skipped") is None
+    assert case.find("system-out").text == ("warn: property:comm: forward all_reduce@tp: 4 call(s)\n"
+                                            "rerun: shardcheck run --case b4")
