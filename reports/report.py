@@ -127,7 +127,7 @@ def _findings_html(df: pd.DataFrame) -> str:
         items.append(f"<li class='{r.status}'><b>{r.status.upper()}</b> <code>{html.escape(r.op)}</code>: "
                      f"{html.escape(r.kind)} — {html.escape(r.condition)}; {html.escape(r.checks)}; {r.count} row(s)"
                      f"<br><small>worst: {html.escape(r.worst)}</small>"
-                     + (f"<pre class='rerun'>rerun: {html.escape(r.rerun)}</pre>" if isinstance(r.rerun, str) else "")
+                     + (f"<pre class='rerun finding'>rerun: {html.escape(r.rerun)}</pre>" if isinstance(r.rerun, str) else "")
                      + "</li>")
     return f"<h2>Findings ({len(table)})</h2><ul class='findings'>" + "".join(items) + "</ul>"
 
