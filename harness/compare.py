@@ -37,6 +37,7 @@ KAPPA = 20.0
 FLOOR_ULPS = 8.0
 STATUS_ORDER = {"pass": 0, "skip": 1, "warn": 2, "fail": 3, "error": 4}
 NOT_PASSING = ("warn", "fail", "error")
+PRECISION_WARNINGS = ("float64 computed in float32", "bfloat16 math")  # how the worker words them
 
 
 def _finite_max_abs(t: torch.Tensor) -> float:
@@ -156,6 +157,11 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
     """Fold every rank's result for one check into the row's status, errors and mismatch."""
     seen = {r["rank"] for r in per_rank}
     missing = [r for r in expected_ranks if r not in seen]
+    precision = [r for r in per_rank if r["status"] == "warn" and str(r.get("message", "")).startswith(PRECISION_WARNINGS)]
+    if precision and any(r["status"] == "pass" for r in per_rank):
+        # float32 or bfloat16 math shows on every rank; an error on some ranks only (others exact) is a bug
+        per_rank = [{**r, "status": "fail", "message": "only some ranks are off (a precision choice would show on "
+                     "every rank): " + r["message"]} if r in precision else r for r in per_rank]
     status = max((r["status"] for r in per_rank), key=STATUS_ORDER.__getitem__, default="error")
     if missing:
         status = "error"
