@@ -169,7 +169,8 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
         return max((r[key] for r in per_rank if r.get(key) is not None), default=None)
 
     # budget and err_naive belong to the worst element's row: take them from the rank with the largest ratio
-    judged = max((r for r in per_rank if r.get("err_ratio") is not None), key=lambda r: r["err_ratio"], default={})
+    judged = max((r for r in per_rank if r.get("budget") is not None),  # err_ratio None: infinite
+                 key=lambda r: math.inf if r.get("err_ratio") is None else r["err_ratio"], default={})
     row = {
         "status": status,
         **{key: worst(key) for key in ("max_abs_err", "max_rel_err")},
