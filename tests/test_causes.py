@@ -129,7 +129,7 @@ def test_float32_math_and_extra_collectives_warn_and_pass_unless_strict(run_shar
     run = run_shardcheck("run", "--impl", f"model_utils={FP32_IMPL}", *ops, "--dtype", "float64", *TP2, strict=False)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = run.rows
-    assert set(rows["status"]) == {"pass", "warn"}
+    assert set(rows["status"]) == {"warn"}  # float64 in float32 everywhere, one all-reduce too many everywhere
     table = run.causes
     assert set(table["status"]) == {"warn"} and len(table) == 4
     assert set(table["kind"]) == {"float64 computed in float32", "more collectives than the contract allows"}
