@@ -117,6 +117,7 @@ def _predicates(rows: pd.DataFrame, by_check: bool = True) -> list[Predicate]:
             out.append((f"without {key}", order, lambda r, g=get: g(r) is not True))
         for v in sorted(v for v in values if isinstance(v, str)):
             out.append((f"with {key} = {v}", order, lambda r, g=get, v=v: g(r) == v))
+            out.append((f"with {key} ≠ {v}", order + 0.5, lambda r, g=get, v=v: g(r) is not None and g(r) != v))
         for v in numbers:
             num = lambda r, g=get: g(r) if isinstance(g(r), (int, float)) and not isinstance(g(r), bool) else None  # noqa: E731
             out.append((f"when {key} ≥ {v:g}", order, lambda r, n=num, v=v: n(r) is not None and n(r) >= v))
