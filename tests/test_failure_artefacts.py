@@ -136,8 +136,9 @@ def test_failing_run_leaves_artefacts_error_maps_and_rerun_lines_that_reproduce(
     md = (run.out / "report.md").read_text()
     assert sorted(_rerun_lines(md)) == sorted(lines)
     page = (run.out / "report.html").read_text()
-    assert page.count("<pre class='rerun'>rerun: shardcheck run") == 2
-    assert page.count("<img class='errmap'") == len(bad)  # an error map beside every failing check
+    items_section = page.split("<h2>Failing items")[1]
+    assert items_section.count("<pre class='rerun'>rerun: shardcheck run") == 2
+    assert items_section.count("<img class='errmap'") == len(bad)  # an error map beside every failing check
 
     # the gradient artefact: full [B, S, V] tensors, wrong only in TP rank 1's vocab shard (V = 37: 19 + 18)
     grad = bad[(bad["case_id"] == "b4s6v37-masked0.3") & (bad["check"] == "grad:logits")].iloc[0]
