@@ -27,6 +27,7 @@ from harness.compare import STATUS_ORDER
 
 COLUMNS = ["op", "status", "kind", "checks", "count", "condition", "worst", "rerun"]
 MESH = ("dp", "cp", "tp")
+ITEM = ["case_id", "dp", "cp", "tp", "dtype"]
 
 _RANK_PREFIX = re.compile(r"^rank \d+ \([^)]*\)(?: \(after a peer failed\))?: ")
 _LOCATION = re.compile(r"\(([\w.-]+\.py):(\d+)\)")
@@ -178,38 +179,63 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
             (r for r in rows.get("rerun", pd.Series(dtype=object)) if isinstance(r, str)), None)
         out.append({"op": op, "status": status, "kind": kind,
                     "checks": ", ".join(sorted(rows["check"].unique())), "count": len(rows),
-                    "condition": separating_condition(rows, passing), "worst": text[:300], "rerun": rerun})
-    table = _merge_common_trigger(pd.DataFrame(out, columns=COLUMNS), bad, df)
+                    "condition": separating_condition(rows, passing), "worst": text[:300], "rerun": rerun,
+                    "_rows": list(rows.index), "_items": set(map(tuple, rows[ITEM].astype(str).values))})
+    table = _merge_common_trigger(pd.DataFrame(out), bad, df)
     order = table["status"].map(STATUS_ORDER)
     return table.assign(_o=-order, _n=-table["count"]).sort_values(["_o", "_n", "op"]).drop(columns=["_o", "_n"]).reset_index(drop=True)
 
 
-ITEM = ["case_id", "dp", "cp", "tp", "dtype"]
+def _merge(group: pd.DataFrame, condition: str) -> dict:
+    first = group.iloc[0]
+    return {**first.to_dict(), "status": max(group["status"], key=STATUS_ORDER.__getitem__),
+            "kind": "; ".join(group["kind"]), "count": int(group["count"].sum()),
+            "checks": ", ".join(sorted({c for cs in group["checks"] for c in cs.split(", ")})), "condition": condition}
+
+
+def _components(failing: pd.DataFrame) -> list[list[int]]:
+    """Positions in `failing` grouped by shared items (connected components), at most one crash each."""
+    groups: list[list[int]] = []
+    for i in range(len(failing)):
+        items = failing.iloc[i]["_items"]
+        joined = [g for g in groups if any(items & failing.iloc[j]["_items"] for j in g)]
+        merged = [i] + [j for g in joined for j in g]
+        if sum(failing.iloc[j]["status"] == "error" for j in merged) > 1:  # two different crashes: two causes
+            groups.append([i])
+            continue
+        groups = [g for g in groups if g not in joined] + [merged]
+    return groups
 
 
 def _merge_common_trigger(table: pd.DataFrame, bad: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
-    """An op's failing causes (fail, error) whose items (case, topology, dtype) one condition on the inputs
-    and topology separates exactly from the op's clean items (or that have no clean item to be told
-    apart by) are symptoms of one bug (a crash in one check, a broken property in another): one cause."""
+    """An op's failing causes (fail, error) are symptoms of one bug (a crash in one check, a broken
+    property in another) when one condition on the inputs and topology separates their items (case,
+    topology, dtype) exactly from the op's clean items, or no clean item tells them apart, or they
+    fail in the same items.  Two different crashes stay two causes."""
     out = []
     for op, causes_of_op in table.groupby("op", sort=False):
         failing = causes_of_op[causes_of_op["status"].isin(["fail", "error"])]
-        if len(failing) > 1 and (failing["status"] == "error").sum() <= 1:  # two different crashes: two causes
+        warnings = causes_of_op[causes_of_op["status"] == "warn"]
+        passing = df[(df["op"] == op) & (df["status"] == "pass")]
+        if len(failing) > 1 and (failing["status"] == "error").sum() <= 1:
             rows = df[df["op"] == op]
             is_bad = rows["status"].isin(["fail", "error"]).groupby([rows[k] for k in ITEM]).transform("any")
             items = rows.drop_duplicates(ITEM)
-            flagged = is_bad.loc[items.index]
             dirty = rows["status"].isin(["warn", "fail", "error"]).groupby([rows[k] for k in ITEM]).transform("any")
             clean = items[~dirty.loc[items.index]]
-            condition = separating_condition(items[flagged], clean, by_check=False)
+            condition = separating_condition(items[is_bad.loc[items.index]], clean, by_check=False)
             if condition.startswith("exactly") or not len(clean):  # nothing tells two triggers apart
-                first = failing.iloc[0]
-                merged = {**first.to_dict(), "status": max(failing["status"], key=STATUS_ORDER.__getitem__),
-                          "kind": "; ".join(failing["kind"]), "count": int(failing["count"].sum()),
-                          "checks": ", ".join(sorted({c for cs in failing["checks"] for c in cs.split(", ")})),
-                          "condition": condition}
-                causes_of_op = pd.concat([pd.DataFrame([merged]), causes_of_op[causes_of_op["status"] == "warn"]])
-        out.append(causes_of_op)
+                out.append(pd.concat([pd.DataFrame([_merge(failing, condition)]), warnings]))
+                continue
+        merged = []
+        for component in _components(failing):
+            group = failing.iloc[component]
+            if len(group) == 1:
+                merged.append(group.iloc[0].to_dict())
+            else:
+                rows = df.loc[[i for ix in group["_rows"] for i in ix]]
+                merged.append(_merge(group, separating_condition(rows, passing)))
+        out.append(pd.concat([pd.DataFrame(merged, columns=failing.columns), warnings]))
     return pd.concat(out, ignore_index=True)[COLUMNS]
 
 
