@@ -115,7 +115,8 @@ def layout_cases(quick: bool) -> list[Case]:
             run=lambda impl, ctx, x, seq_dim=seq_dim: impl._get_tokens_on_this_cp_rank(
                 x["x"], ctx.rank("cp"), ctx.size("cp"), seq_dim=seq_dim),
             output_layouts=(Layout(cp=HeadTail(seq_dim)),), dtypes=("float64",) if kind != "float" else
-            ("float64", "float32", "bfloat16"), supports=lambda t: t.tp == 1 and t.dp == 1))
+            ("float64", "float32", "bfloat16"), supports=lambda t: t.tp == 1 and t.dp == 1,
+            comm=_contract(lambda ctx: ({}, {}))))  # a local slice: no collective at all
     # A length not divisible by 2·CP: ValueError naming it (never a silently dropped tail).
     cases.append(Case(
         op=OP + "_get_tokens_on_this_cp_rank", case_id="x2x6-not-divisible", params={"shape": [2, 6], "seq_dim": 1},

@@ -14,6 +14,7 @@ import json
 import pandas as pd
 import pytest
 
+from harness.plan import suite_cases, suite_names
 from conftest import BROKEN, cli, shardcheck
 
 MEASURED = ("time_ms", "time_ms_iqr", "peak_bytes", "comm_calls", "comm_bytes")
@@ -54,9 +55,12 @@ def test_bench_records_export_and_plots(quick_runs):
     assert tp2["comm_calls"]["forward"]["all_reduce@tp"] > 0 and tp2["comm_bytes"]["forward"]["all_reduce@tp"] > 0
     single = bench[bench["world_size"].notna() & (bench["dp"] * bench["cp"] * bench["tp"] == 1)]
     assert len(single) and single["ref_time_ms"].notna().all() and (single["ref_peak_bytes"] > 0).all()
-    # the communication contracts hold in the bench runs too
+    # the communication contracts hold in the bench runs too: one passing row per bench item whose case has one
+    with_contract = {(c.op, c.case_id) for name in suite_names() for c in suite_cases(name, quick=True, bench=True) if c.comm}
     comm = rows[rows["check"] == "property:comm"]
-    assert len(comm) == len(bench) and (comm["status"] == "pass").all()
+    expected = bench[[(op, cid) in with_contract for op, cid in zip(bench["op"], bench["case_id"])]]
+    assert len(comm) == len(expected) > 0 and (comm["status"] == "pass").all()
+    assert set(zip(comm["op"], comm["case_id"])) == set(zip(expected["op"], expected["case_id"]))
 
     doc = json.loads((run.out / "benchmark.json").read_text())
     assert {"machine_info", "commit_info", "benchmarks", "datetime", "version"} <= set(doc)
