@@ -173,6 +173,9 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
         worst = max((r for _, r in rows.iterrows()), key=_ratio)
         ratio = _ratio(worst)
         text = _first_reason(worst["message"])
+        death_or_hang = _DIED.search(str(worst["message"])) or _HUNG.search(str(worst["message"]))
+        if status == "error" and death_or_hang and death_or_hang.group(0) not in text:  # the cause before its echoes
+            text = f"{death_or_hang.group(0)}; the first report: {text}"
         if status != "error":
             text = (f"err/budget {ratio:.3g}: " if math.isfinite(ratio) else "") + text
         rerun = worst.get("rerun") if isinstance(worst.get("rerun"), str) else next(
