@@ -13,7 +13,7 @@ in rows of zeros (x100 bfloat16 logits: a gradient error of ~1 at masked targets
 floor matters where err_naive is small by luck (a scalar loss: one rounding).  Where each rank's
 output is its own summand of the loss (summed_over), the reference backpropagates each summand and
 adds the gradients in its dtype, as the ranks do.  Calibrated with `python -m harness.calibrate
---seeds 4 --quick` (every suite, world sizes 1, 2, 4; 4 x 7,296 float32/bfloat16 checks of correct
+--seeds 4 --quick` (every suite, world sizes 1, 2, 4; 7,296 float32/bfloat16 checks of correct
 code): err/budget at most 0.43 in float32 (99th percentile 0.24; ChunkedDistributedEntropy's
 analytic gradient) and 0.17 in bfloat16, no error in an exact-zero row; err/err_naive reached 16,
 hence KAPPA 20.  Per-row budgets with the tensor-wide constants (KAPPA 8, 4 ulps) reached 0.94 in
