@@ -28,9 +28,10 @@ def _impl(name: str) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def quick_runs(tmp_path_factory):
-    """The same quick benchmark run twice (every suite, the default matrix)."""
+    """The same quick benchmark run twice (every suite; the TP sweep's topologies and one CP topology)."""
     base = tmp_path_factory.mktemp("bench")
-    return [shardcheck("run", "--bench", "--quick", out=base / f"run{i}") for i in range(2)]
+    topologies = [arg for t in ("tp=1", "tp=2", "tp=4", "cp=2") for arg in ("--topology", t)]
+    return [shardcheck("run", "--bench", "--quick", *topologies, out=base / f"run{i}") for i in range(2)]
 
 
 def _bench_rows(run) -> pd.DataFrame:
