@@ -199,7 +199,24 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, run_dir: Path,
         attempt += 1
 
 
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid` (Linux /proc; empty elsewhere)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def _kill(proc: subprocess.Popen) -> None:
+    """End a torchrun launch and its workers.  torchrun starts each worker in a session of its own, so
+    killing torchrun's process group would orphan them (a standby waiting for its plan, a rank stuck in
+    a collective): the workers are killed by pid, then torchrun's group."""
+    workers = _children(proc.pid)
+    for pid in workers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
