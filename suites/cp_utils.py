@@ -7,7 +7,7 @@ runs at cp 1, 2 and 4 (tp 1 only: nothing here is tensor-parallel).
   reference.attention_block_loss (embedding, q/k/v, causal SDPA, output projection, token
   cross-entropy) run on the CP batch inside the CP context.  Batch rows are split over DP and
   replicated over CP; each rank's loss (its valid tokens' sum / the global count) is a summand,
-  so the loss is `Partial` over dp and cp.  Parameters are replicated: `_GradSum` (a DDP stand-in)
+  so the loss is `Partial` over dp and cp.  Parameters are replicated: `GradSum` (a DDP stand-in)
   sums their gradients over cp and dp, so every rank's gradient is the single-device one; a
   trainable `inputs_embeds` gets its gradient summed over cp.  Checked: loss and every gradient on
   every rank, float64 to 1e-10, plus the exact collectives (`step_comm`).
@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import Partial, Shard
 
-from harness.case import Case, Layout, Property, head_tail_positions
+from harness.case import Case, GradSum, Layout, Property, head_tail_positions
 from reference import cp_utils as ref
 
 FAMILY = "cp_utils"
@@ -54,27 +54,6 @@ def _single_dp(topo) -> bool:
 
 def _cp_only(topo) -> bool:
     return topo.tp == 1 and topo.dp == 1 and topo.cp > 1
-
-
-class _GradSum(torch.autograd.Function):
-    """Identity; the backward sums the gradient over each group (a DDP stand-in for a tensor
-    replicated over CP and DP: each rank's gradient covers its own tokens only)."""
-
-    @staticmethod
-    def forward(ctx, x, groups):
-        ctx.groups = groups
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        # A fresh contiguous buffer: g may be a strided view (e.g. the un-padded slice of a padded
-        # tensor's gradient), and a collective on a non-contiguous tensor reduces the wrong elements.
-        # fp32 or better: no rounding of our own.
-        total = g.contiguous().to(torch.promote_types(g.dtype, torch.float32), copy=True)
-        for group in ctx.groups:
-            if dist.get_world_size(group) > 1:
-                dist.all_reduce(total, group=group)
-        return total.to(g.dtype), None
 
 
 # ---- the end-to-end step -------------------------------------------------------------------
@@ -161,10 +140,10 @@ def _step_reference(spec: StepSpec):
 def _step_run(spec: StepSpec):
     def run(impl, ctx, x):
         cp_group, dp_group = ctx.group("cp"), ctx.group("dp")
-        params = {n: _GradSum.apply(x[n], (cp_group, dp_group)) for n in PARAMS if n in x}
+        params = {n: GradSum.apply(x[n], (cp_group, dp_group)) for n in PARAMS if n in x}
         batch = {"labels": x["labels"].clone()}
         if spec.embeds:
-            batch["inputs_embeds"] = _GradSum.apply(x["inputs_embeds"], (cp_group,))
+            batch["inputs_embeds"] = GradSum.apply(x["inputs_embeds"], (cp_group,))
         else:
             batch["input_ids"] = x["input_ids"].clone()
         if "position_ids" in x:

@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import Partial, Shard
 
-from harness.case import REPLICATED, Case, Layout, Property
+from harness.case import REPLICATED, Case, GradSum, Layout, Property
 from reference import inbatch_neg_utils as ref
 
 FAMILY = "inbatch_neg_utils"
@@ -85,24 +85,6 @@ def make_passage_features(gen: torch.Generator, doc_ids: torch.Tensor, d_in: int
 
 # ---- the contrastive step (op dist_gather_tensor, ids step-*) -------------------------------
 
-class _DataParallelGradSum(torch.autograd.Function):
-    """Identity; the backward sums the gradient over the DP group, as DDP does for a parameter replicated
-    over DP (each DP rank's gradient covers its own summand of the loss only)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        if dist.get_world_size(ctx.group) == 1:
-            return g, None
-        total = g.to(torch.promote_types(g.dtype, torch.float32))  # fp32 reduction: no rounding of our own
-        dist.all_reduce(total, group=ctx.group)
-        return total.to(g.dtype), None
-
-
 @dataclass(frozen=True)
 class Step:
     n: int  # train_n_passages: 1 positive + n−1 negatives per query
@@ -148,8 +130,8 @@ def _step_reference(step: Step):
 def _step_run(step: Step):
     def run(impl, ctx, x):
         rank, dp_group = ctx.rank("dp"), ctx.group("dp")
-        weight = _DataParallelGradSum.apply(x["weight"], dp_group)
-        bias = _DataParallelGradSum.apply(x["bias"], dp_group)
+        weight = GradSum.apply(x["weight"], (dp_group,))
+        bias = GradSum.apply(x["bias"], (dp_group,))
         queries = F.linear(x["query_features"], weight, bias)  # [b_local, d_out]
         passages = F.linear(x["passage_features"], weight, bias)  # [b_local·n, d_out]
         all_passages = impl.dist_gather_tensor(passages, preserve_grad=step.preserve_grad)  # [B·n, d_out]

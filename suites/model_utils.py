@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
-from harness.case import REPLICATED, Case, Layout, Property
+from harness.case import REPLICATED, Case, GradSum, Layout, Property
 from reference import model_utils as ref
 
 FAMILY = "model_utils"
@@ -744,24 +744,6 @@ def entropy_cases(quick: bool) -> list[Case]:
 
 # -- hidden states -> logprobs
 
-class _DataParallelGradSum(torch.autograd.Function):
-    """Identity; the backward sums the gradient over the DP group, as DDP does for a parameter replicated
-    over DP: each DP rank's weight gradient covers its own batch rows only (a partial sum)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        if dist.get_world_size(ctx.group) == 1:
-            return g, None
-        total = g.to(torch.promote_types(g.dtype, torch.float32))  # fp32 reduction: no rounding of our own
-        dist.all_reduce(total, group=ctx.group)
-        return total.to(g.dtype), None
-
-
 def _hidden_inputs(gen, s, b, h, v, scale=1.0, masked=0.0):
     """hidden [S,B,H], weight [V,H] (logits ~ N(0, H) * scale^2) and target ids [B,S]."""
     return {"hidden": torch.randn((s, b, h), generator=gen, dtype=torch.float64) * scale,
@@ -787,7 +769,7 @@ def hidden_states_cases(quick: bool) -> list[Case]:
     cases = []
     for s, b, h, v, extra, chunk in chunked_specs:
         def call(impl, ctx, x, chunk, inference_only=False):
-            weight = _DataParallelGradSum.apply(x["weight"], ctx.group("dp"))
+            weight = GradSum.apply(x["weight"], (ctx.group("dp"),))
             return impl.ChunkedDistributedHiddenStatesToLogprobs.apply(
                 x["hidden"], x["target"], weight, *ctx.local_range("weight", 0), chunk, ctx.group("tp"), inference_only)
         cases.append(Case(
@@ -802,7 +784,7 @@ def hidden_states_cases(quick: bool) -> list[Case]:
             supports=lambda t, s=s, b=b: s % t.tp == 0 and b % t.dp == 0, **common))
     for s, b, h, v, extra, chunk, via in fp_specs:
         def call(impl, ctx, x, chunk, via=via, inference_only=False):
-            weight = _DataParallelGradSum.apply(x["weight"], ctx.group("dp"))
+            weight = GradSum.apply(x["weight"], (ctx.group("dp"),))
             layer, out_weight = {"output_weight": (None, weight), "layer_module": (SimpleNamespace(weight=weight), None),
                                  "layer_tensor": (weight, None)}[via]
             return impl.from_parallel_hidden_states_to_logprobs(
@@ -1068,7 +1050,7 @@ def hidden_comm(ctx, s: int, chunk: int | None):
     backward: the same all-gather again (the forward keeps only the local shard), the softmax per chunk
              (2c calls, 2·B·S·e) and the hidden-state gradient reduce-scattered as one all-to-all of the
              [S, B, H] partial sums (compute dtype); the weight gradient is local.
-    Plus the suite's own DDP stand-in (_DataParallelGradSum): one all_reduce@dp of the [V_local, H]
+    Plus the suite's own DDP stand-in (harness.case.GradSum): one all_reduce@dp of the [V_local, H]
     weight gradient (compute dtype) in the backward when dp > 1.
     Lower bound: sequence-parallel input needs the [S, B, H] gather (O(S·B·H), independent of V) and a
     reduce-scatter of its gradient; the vocab side per-row scalars only, never [B, S, V] logits."""

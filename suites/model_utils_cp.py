@@ -19,9 +19,9 @@ from functools import partial
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-from harness.case import REPLICATED, Case, HeadTail, Layout, PackedHeadTail, Permuted
+from harness.case import REPLICATED, Case, GradSum, HeadTail, Layout, PackedHeadTail, Permuted
 from reference import model_utils as ref
-from suites.model_utils import (Sampling, _contract, _DataParallelGradSum, _distill_inputs, _e, _hidden_inputs,
+from suites.model_utils import (Sampling, _contract, _distill_inputs, _e, _hidden_inputs,
                                 _make_indices, _merge, _rows, _sampling_inputs, _sampling_params, distillation_comm,
                                 gather_logits_comm, hidden_comm, make_logits, next_token_comm)
 
@@ -382,7 +382,7 @@ def hidden_states_cp_cases(quick: bool) -> list[Case]:
             return x
 
         def run(impl, ctx, x, chunk=chunk):
-            weight = _DataParallelGradSum.apply(_DataParallelGradSum.apply(x["weight"], ctx.group("dp")), ctx.group("cp"))
+            weight = GradSum.apply(x["weight"], (ctx.group("dp"), ctx.group("cp")))
             return impl.from_parallel_hidden_states_to_logprobs(
                 x["hidden"], None, weight, False, x["target"], *ctx.local_range("weight", 0), ctx.group("tp"),
                 cp_group=ctx.group("cp"), chunk_size=chunk)
