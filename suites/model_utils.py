@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
-from harness.case import REPLICATED, Case, GradSum, Layout, Property
+from harness.case import REPLICATED, Case, GradSum, IndexRule, Layout, Property
 from reference import model_utils as ref
 
 FAMILY = "model_utils"
@@ -261,9 +261,10 @@ def _even_vocab(b: int, v: int):
 
 
 def _dtensor(ctx, local: torch.Tensor, name: str, layout: Layout) -> DTensor:
-    """The DTensor whose local piece on this rank is `local` (uneven shards included)."""
+    """The DTensor whose local piece on this rank is `local` (uneven shards included).  A dim laid out by a
+    CP index rule is a Shard of the (permuted) sequence, as upstream builds it."""
     shape = torch.Size(ctx.full_shapes[name])
-    placements = [Shard(p.dim % len(shape)) if isinstance(p, Shard) else p for p in layout.placements]
+    placements = [Shard(p.dim % len(shape)) if isinstance(p, (Shard, IndexRule)) else p for p in layout.placements]
     stride = torch.empty(shape, device="meta").stride()
     return DTensor.from_local(local, ctx.mesh, placements, run_check=False, shape=shape, stride=stride)
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import Partial, Shard
 
 from harness.case import REPLICATED, Case, GradSum, HeadTail, Layout, PackedHeadTail, Permuted
 from reference import model_utils as ref
-from suites.model_utils import (Sampling, _contract, _distill_inputs, _e, _hidden_inputs,
+from suites.model_utils import (Sampling, _contract, _distill_inputs, _dtensor, _e, _hidden_inputs,
                                 _make_indices, _merge, _rows, _sampling_inputs, _sampling_params, distillation_comm,
                                 gather_logits_comm, hidden_comm, make_logits, next_token_comm)
 
@@ -214,15 +214,6 @@ def from_parallel_cases(quick: bool) -> list[Case]:
     return cases
 
 
-def _dtensor(ctx, local: torch.Tensor, layout: Layout, full_shape) -> DTensor:
-    """A DTensor over the rank's (dp, cp, tp) mesh whose local piece is `local`: a sequence laid out by
-    an index rule is a Shard(1) of the (permuted) sequence, as upstream builds it."""
-    placements = [Shard(p.dim % len(full_shape)) if hasattr(p, "dim") else Replicate() for p in layout.placements]
-    shape = torch.Size(full_shape)
-    stride = torch.empty(shape, device="meta").stride()
-    return DTensor.from_local(local, ctx.mesh, placements, run_check=False, shape=shape, stride=stride)
-
-
 def _permutation(gen, kind: str) -> torch.Tensor:
     if kind == "random":
         return torch.randperm(S, generator=gen)
@@ -266,13 +257,13 @@ def front_end_cp_cases(quick: bool) -> list[Case]:
                 ids_layout=ids_layout):
             sp = _sampling_params(impl, smp) if smp != Sampling() else None
             seq_index = x.get("seq_index")
-            ids = _dtensor(ctx, x["target"], ids_layout, ctx.full_shapes["target"])
+            ids = _dtensor(ctx, x["target"], "target", ids_layout)
             if op == "dtensor_from_parallel_logits_to_logprobs":
                 start, end = ctx.local_range("logits", -1)
                 return impl.dtensor_from_parallel_logits_to_logprobs(
                     x["logits"], ids, start, end, ctx.group("tp"), seq_index=seq_index, chunk_size=chunk,
                     sampling_params=sp)
-            logits = _dtensor(ctx, x["logits"], logits_layout, ctx.full_shapes["logits"])
+            logits = _dtensor(ctx, x["logits"], "logits", logits_layout)
             if op == "get_logprobs_from_vocab_parallel_logits":
                 return impl.get_logprobs_from_vocab_parallel_logits(logits, ids, seq_index=seq_index, chunk_size=chunk,
                                                                     sampling_params=sp)
