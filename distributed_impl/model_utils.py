@@ -52,9 +52,13 @@ def _check_logits(name: str, x: torch.Tensor, ndim: int = 3) -> None:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(x.shape)}")
 
 
-def _check_ids(name: str, ids: torch.Tensor, shape: tuple) -> None:
+def _check_integer(name: str, ids: torch.Tensor) -> None:
     if torch.is_floating_point(ids) or ids.is_complex() or ids.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
+
+
+def _check_ids(name: str, ids: torch.Tensor, shape: tuple) -> None:
+    _check_integer(name, ids)
     if tuple(ids.shape) != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(ids.shape)}")
 
@@ -270,8 +274,7 @@ def allgather_cp_sharded_tensor(tensor: torch.Tensor, cp_group: dist.ProcessGrou
 
 def _check_target(name: str, target: torch.Tensor, batch: int, seq_len: int) -> None:
     """An unshifted [B, L] target with L ≤ the logits' full (possibly padded) sequence length."""
-    if torch.is_floating_point(target) or target.is_complex() or target.dtype == torch.bool:
-        raise ValueError(f"{name} must be an integer tensor, got dtype {target.dtype}")
+    _check_integer(name, target)
     if target.ndim != 2 or target.shape[0] != batch or not 2 <= target.shape[1] <= seq_len:
         raise ValueError(
             f"{name} must have shape [{batch}, L] with 2 ≤ L ≤ {seq_len} (the full sequence length of the logits), "
