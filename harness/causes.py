@@ -116,6 +116,8 @@ def _predicates(rows: pd.DataFrame, by_check: bool = True) -> list[Predicate]:
         if any(isinstance(v, bool) for v in values):
             out.append((f"with {key}", order, lambda r, g=get: g(r) is True))
             out.append((f"without {key}", order, lambda r, g=get: g(r) is not True))
+            if any(v is False for v in values):  # set to False, as against not a parameter of the case at all
+                out.append((f"with {key} = False", order, lambda r, g=get: g(r) is False))
         for v in sorted(v for v in values if isinstance(v, str)):
             out.append((f"with {key} = {v}", order, lambda r, g=get, v=v: g(r) == v))
             out.append((f"with {key} ≠ {v}", order + 0.5, lambda r, g=get, v=v: g(r) is not None and g(r) != v))

@@ -53,6 +53,9 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds one case may take on any rank")
     p.add_argument("--quick", action="store_true", help="fewer, smaller cases")
+    p.add_argument("--strict", action="store_true",
+                   help="a warning (float64 computed in float32, bfloat16 math, collectives beyond the contract, "
+                        "a signature difference) fails the run too")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -69,9 +72,6 @@ def make_parser() -> argparse.ArgumentParser:
                      help="after an op hangs or a rank dies at a topology, still try its remaining items there "
                           "(default: record them as skipped)")
     run.add_argument("--junit-xml", type=Path, metavar="PATH", help="also write JUnit XML (one testcase per item)")
-    run.add_argument("--strict", action="store_true",
-                     help="a warning (float64 computed in float32, bfloat16 math, collectives beyond the contract, "
-                          "a signature difference) fails the run too")
     lst = sub.add_parser("list", help="ops, suites and default topologies")
     lst.add_argument("--quick", action="store_true")
     rep = sub.add_parser("report", help="(re)build the report of run directories")

@@ -136,7 +136,8 @@ class ProcessRun:
         """The rank whose failure came first: an error of its own (not a peer's closed connection),
         else the first rank that ended non-zero, else one killed at the deadline."""
         failed = [r for r in self.ranks if r.error or (r.exitcode not in (0, None)) or r.killed]
-        own = [r for r in failed if r.error and not PEER_FAILURE.search(r.error)]
+        # a Python exception (it has a traceback) that is not a peer's closed connection; a bare death has none
+        own = [r for r in failed if r.error and r.traceback and not PEER_FAILURE.search(r.error)]
         if own:
             return min(own, key=lambda r: r.events[-1].seq if r.events else -1)
         return failed[0] if failed else None

@@ -107,8 +107,8 @@ def signature_rows(plan, meta: dict) -> list[dict]:
     for family, spec in sorted(plan.impl.items()):
         if not is_foreign(family, spec):
             continue
-        ops = list(dict.fromkeys(i.op for i in plan.items if i.op.split(".", 1)[0] == family))
-        suites = {i.op: i.suite for i in plan.items}
+        suites = {**{i.op: i.suite for i in plan.items}, **plan.missing_ops}
+        ops = [op for op in suites if op.split(".", 1)[0] == family]
         found = check_names(family, resolve_impl(family, spec), [op.split(".", 1)[1] for op in ops])
         for name, (status, message) in found.items():
             op = f"{family}.{name}"

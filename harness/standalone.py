@@ -6,7 +6,8 @@
 Every rank builds the same plan from the same arguments (no communication needed); the
 world runs every selected topology whose size divides it.  Rank 0 merges the per-rank
 events into results.jsonl after each case, so --out must be on a filesystem that every
-node sees; it writes run.json and the report at the end.
+node sees; it writes run.json and the report at the end.  Rank 0 exits as `shardcheck run`
+does: 1 when a check failed or errored (or warned, with --strict), else 0.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from harness.cli import _impl_map, _str_list, add_selection_args
 from harness.collect import Collector
 from harness.plan import DEFAULT_DTYPES, build_plan
 from harness.records import RecordWriter, run_metadata, write_json
+from harness.signatures import signature_rows
 from harness.topology import Topology, UsageError, default_topologies
 
 
@@ -58,6 +60,8 @@ def run_standalone(argv: list[str]) -> int:
         return 0
     writer = RecordWriter(args.out)
     meta = {**run_metadata(run_id, sys.argv, device, backend), "start": dt.datetime.now().isoformat(timespec="seconds")}
+    for row in signature_rows(plan, meta):  # as `shardcheck run`: one finding per op whose signature drifted
+        writer.write(row)
     collector = Collector(plan, plan.items, events_dir, writer, world)
     worker.run(on_item_done=lambda item: collector.poll(),
                on_stuck=lambda item: (collector.poll(), collector.abort(item, "")))
@@ -69,4 +73,5 @@ def run_standalone(argv: list[str]) -> int:
 
     build(args.out)
     dist.destroy_process_group()
-    return 0 if not (writer.counts["fail"] or writer.counts["error"]) else 1
+    counts = writer.counts
+    return 1 if counts["fail"] or counts["error"] or (args.strict and counts["warn"]) else 0

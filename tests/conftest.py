@@ -60,26 +60,19 @@ def run_shardcheck(tmp_path):
     def _run(*args: str, timeout: float = 600, strict: bool = True) -> Run:
         run = shardcheck(*args, out=tmp_path / f"run{next(counter)}", timeout=timeout, strict=strict)
         if any(str(BROKEN) in a for a in args):  # every broken implementation: exactly one cause per broken op
-            assert_one_cause(run, splits=max((n for name, n in SPLIT_SYMPTOMS.items() if any(name in a for a in args)),
-                                             default=1))
+            assert_one_cause(run)
         return run
 
     return _run
 
 
-# Broken implementations whose one bug shows as more than one cause of the same op (known limit of the
-# grouping): local_slice_detached crashes the backward without preserve_grad (a tensor without grad_fn)
-# and gives wrong gradients with it, in disjoint cases that no single condition separates from the rest.
-SPLIT_SYMPTOMS = {"local_slice_detached": 2}
-
-
-def assert_one_cause(run: Run, splits: int = 1) -> pd.Series:
+def assert_one_cause(run: Run) -> pd.Series:
     """A run of a broken implementation (one deliberate bug) yields exactly one cause per op it breaks
     (one op, unless the bug lives in a helper several selected ops share), printed among the findings;
     returns the first."""
     table = run.causes
     ops = set(run.failed()["op"])
-    assert len(table) == len(ops) + splits - 1 and len(ops) >= 1 and set(table["op"]) == ops, \
+    assert len(table) == len(ops) >= 1 and set(table["op"]) == ops, \
         "\n".join(finding_lines(table)) + "\n" + run.stdout[-3000:]
     for cause in table.itertuples():
         assert f"{cause.status.upper()} {cause.op}: {cause.kind}" in run.stdout

@@ -112,6 +112,21 @@ def test_reordered_signature_is_one_finding_and_the_values_are_checked(run_shard
     assert len(numeric) and (numeric["status"] == "pass").all()  # called by keyword: no TypeError
 
 
+def test_a_missing_op_is_one_finding_and_the_other_ops_run(run_shardcheck, tmp_path):
+    partial = tmp_path / "partial_model_utils.py"
+    partial.write_text("from distributed_impl.model_utils import *  # noqa: F403\n"
+                       "from distributed_impl.model_utils import _compute_distributed_log_softmax  # noqa: F401\n"
+                       "del DistributedCrossEntropy  # noqa: F821\n")
+    run = run_shardcheck("run", "--impl", f"model_utils={partial}", "--op", "model_utils.DistributedCrossEntropy",
+                         "--op", "model_utils._compute_distributed_log_softmax", "--dtype", "float64", *TP2)
+    assert run.returncode == 1, run.stdout + run.stderr
+    cause = assert_one_cause(run)
+    assert cause["op"] == "model_utils.DistributedCrossEntropy" and cause["checks"] == "property:signature"
+    assert "DistributedCrossEntropy is not defined in the module under test" in cause["kind"]
+    ran = run.rows[run.rows["check"] != "property:signature"]
+    assert set(ran["op"]) == {"model_utils._compute_distributed_log_softmax"} and (ran["status"] == "pass").all()
+
+
 def test_masked_target_gradient_in_bf16_with_huge_logits_is_caught(run_shardcheck):
     """Caught only thanks to per-row budgets: the leak is ~0.05 of the old tensor-wide budget."""
     run = run_shardcheck("run", "--impl", f"model_utils={BROKEN / 'model_utils' / 'masked_grad_bf16.py'}",

@@ -61,12 +61,12 @@ def test_impl_that_raises_at_import_is_usage_error(tmp_path, capsys):
     assert "cannot import: RuntimeError: boom at import" in err
 
 
-def test_impl_lacking_a_needed_name_is_usage_error(capsys, tmp_path):
-    # this broken module defines only _compute_distributed_log_softmax
+def test_impl_lacking_every_selected_op_is_usage_error(capsys, tmp_path):
+    # this broken module defines only _compute_distributed_log_softmax: the wrong file for this op
     path = BROKEN / "model_utils" / "missing_max_allreduce.py"
     err = _usage_error(capsys, "run", "--impl", f"model_utils={path}", "--op", "model_utils.DistributedLogprob",
                        "--out", str(tmp_path / "run"))
-    assert "module has no 'DistributedLogprob' (needed by model_utils.DistributedLogprob)" in err
+    assert "module has none of the selected ops (no 'DistributedLogprob', needed by model_utils.DistributedLogprob)" in err
 
 
 def test_list_names_every_op_and_default_topologies(capsys):

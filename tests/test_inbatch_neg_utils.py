@@ -279,6 +279,9 @@ def test_broken_local_slice_detached(run_shardcheck):
     assert ("float-b4h3-local-only", "grad:t") in bad
     assert all(case_id in (STEP_LOCAL, "float-b4h3-local-only") for case_id, _ in bad)  # preserve_grad is right
     assert "no gradient reached input 'passage_features'" in _row(rows, STEP_LOCAL, "grad:passage_features")["message"]
+    # a crash in the direct case, wrong gradients in the step: one cause, told apart by what triggers both
+    (cause,) = run.causes.itertuples()
+    assert cause.condition.startswith("exactly") and "with preserve_grad = False" in cause.condition, cause.condition
 
 
 def test_broken_grad_averaged(run_shardcheck):

@@ -81,7 +81,7 @@ def test_worker_runs_under_a_hand_written_torchrun(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "harness.worker", "--op", "model_utils.DistributedLogprob", "--quick",
-                           "--dtype", "float64", "--out", str(out)], cwd=tmp_path, env=env, capture_output=True,
+                           "--dtype", "float64", "--strict", "--out", str(out)], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = load(out)
