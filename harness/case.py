@@ -222,14 +222,21 @@ class RankContext:
     impl: ModuleType | None = None  # the module under test, for properties that call the op again
     full_inputs: Tensors | None = None  # the full inputs (what index rules such as PackedHeadTail read)
 
+    def __post_init__(self):
+        # Asked once, here: DeviceMesh builds tensors to find a coordinate, and a case's run asks inside
+        # the op's memory measurement (whose peak would then grow with the launch's world size).
+        self._groups = {d: self.mesh[d].get_group() for d in MESH_DIMS}
+        self._ranks = {d: self.mesh[d].get_local_rank() for d in MESH_DIMS}
+        self._sizes = {d: self.mesh[d].size() for d in MESH_DIMS}
+
     def group(self, dim: str) -> torch.distributed.ProcessGroup:
-        return self.mesh[dim].get_group()
+        return self._groups[dim]
 
     def rank(self, dim: str) -> int:
-        return self.mesh[dim].get_local_rank()
+        return self._ranks[dim]
 
     def size(self, dim: str) -> int:
-        return self.mesh[dim].size()
+        return self._sizes[dim]
 
     def local_shape(self, input_name: str) -> tuple[int, ...]:
         """Shape of this rank's piece of input `input_name` (CP index rules included)."""

@@ -22,6 +22,11 @@ from harness.records import RecordWriter
 PIECES = "pieces"  # per launch: pieces/item<id>/rank<R>.pt, written by the workers for failing items
 
 
+# A worker's exit code when it ends because a peer is stuck or dead (harness.worker): a consequence, never
+# counted as that rank's death (harness.launch.dead_ranks).
+EXIT_PEER_STUCK = 3
+
+
 class _ItemState:
     def __init__(self):
         self.started: dict[int, float] = {}

@@ -24,10 +24,9 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness.artefacts import ArtefactBudget
-from harness.collect import Collector
+from harness.collect import EXIT_PEER_STUCK, Collector
 from harness.plan import Item, Plan
 from harness.records import RecordWriter
-from harness.worker import EXIT_PEER_STUCK
 
 WATCHDOG_GRACE = 60.0  # start-up of a launch (imports, rendezvous) counts against the watchdog too
 POLL_SECONDS = 0.05
@@ -157,6 +156,9 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, run_dir: Path,
                 for item in collector.poll():
                     progress.update(task, advance=1, description=f"{item.op.split('.', 1)[1]} {item.dtype} "
                                                                  f"dp{item.topology[0]}cp{item.topology[1]}tp{item.topology[2]}")
+                if not collector.unfinished():  # every rank reported every item: torchrun's teardown adds nothing
+                    _kill(proc)
+                    break
                 quiet = time.time() - max(collector.last_event, started)
                 if quiet > plan.timeout + WATCHDOG_GRACE:
                     watchdog_reason = f"no progress for {quiet:.0f}s: workers killed by the watchdog"

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from harness.case import REPLICATED, Case, RankContext, as_tuple, is_float
+from harness.collect import EXIT_PEER_STUCK
 from harness.compare import budget, compare, judge
 from harness.bench import run_bench_item
 from harness.measure import CommCounter, comm_violations, group_dims, split_comm
@@ -38,7 +39,6 @@ from harness.signatures import KeywordCalls, is_foreign, seed_module
 from harness.topology import Topology, build_mesh
 from reference import low_precision_math
 
-EXIT_PEER_STUCK = 3
 PEER_FAILURE = re.compile(r"closed by peer|reset by peer|Broken pipe|Connection refused|timed out|Timeout|aborted", re.I)
 
 

@@ -110,10 +110,16 @@ def draw_error_map(abs_err: torch.Tensor, budget: float | torch.Tensor, shards: 
 
     rows, cols = grid.shape
     height = 2.6 if rows == 1 else min(7.0, max(3.4, 7.0 * rows / max(cols, 1) + 1.6))
-    fig, ax = plt.subplots(figsize=(10, height), layout="constrained")
+    # Fixed margins in inches (a layout engine costs as much as the drawing, and a failing run draws many):
+    # the title and the column shards' labels above, the row shards' labels and the colour bar to the right.
+    width = 10.0
+    fig = plt.figure(figsize=(width, height))
+    ax = fig.add_axes((0.8 / width, 0.55 / height, 1 - 3.1 / width, 1 - 1.55 / height))
+    cax = fig.add_axes((1 - 1.1 / width, 0.55 / height, 0.15 / width, 1 - 1.55 / height))
     im = ax.imshow(shown, cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
-    cbar = fig.colorbar(im, ax=ax, pad=0.01)
+    cbar = fig.colorbar(im, cax=cax)
     cbar.set_label("log10(|err| / budget)   (> 0 fails)", fontsize=8)
+    cbar.ax.tick_params(labelsize=7)
 
     def axis_label(d: int | None) -> str:
         if d is None:

@@ -28,10 +28,12 @@ def _impl(name: str) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def quick_runs(tmp_path_factory):
-    """The same quick benchmark run twice (every suite; the TP sweep's topologies and one CP topology)."""
+    """A quick benchmark run (every suite; the TP sweep's topologies and one CP topology), and its one- and
+    two-rank topologies run again (every suite's collectives and memory tracking, at half the cost)."""
     base = tmp_path_factory.mktemp("bench")
     topologies = [arg for t in ("tp=1", "tp=2", "tp=4", "cp=2") for arg in ("--topology", t)]
-    return [shardcheck("run", "--bench", "--quick", *topologies, out=base / f"run{i}") for i in range(2)]
+    again = [arg for t in ("tp=1", "tp=2", "cp=2") for arg in ("--topology", t)]
+    return [shardcheck("run", "--bench", "--quick", *args, out=base / f"run{i}") for i, args in enumerate((topologies, again))]
 
 
 def _bench_rows(run) -> pd.DataFrame:
@@ -48,7 +50,12 @@ def test_bench_records_export_and_plots(quick_runs):
     assert set(bench["tp"]) == {1, 2, 4}  # the tp sweep
     for col in MEASURED:
         assert bench[col].notna().all(), f"{col} missing in some bench row"
-    assert (bench["time_ms"] > 0).all() and (bench["time_ms_iqr"] >= 0).all() and (bench["peak_bytes"] > 0).all()
+    assert (bench["time_ms"] > 0).all() and (bench["time_ms_iqr"] >= 0).all() and (bench["peak_bytes"] >= 0).all()
+    # an op that allocates has a peak; one that returns a view of its input (the CP layout at cp = 1) has none,
+    # whatever the harness itself asks of the mesh meanwhile
+    assert (bench[bench["op"] == "model_utils.DistributedLogprob"]["peak_bytes"] > 0).all()
+    view = bench[(bench["op"] == "model_utils._get_tokens_on_this_cp_rank") & (bench["cp"] == 1)]
+    assert len(view) and (view["peak_bytes"] == 0).all()
     assert bench["comm_calls"].map(lambda c: isinstance(c, dict)).all()
     assert bench["comm_bytes"].map(lambda c: isinstance(c, dict)).all()
     # a TP op at tp 2 does collectives over tp; at size 1 the reference was timed on the same inputs
@@ -73,7 +80,7 @@ def test_bench_records_export_and_plots(quick_runs):
         stats = b["stats"]
         assert {"min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rounds", "data"} <= set(stats)
         assert stats["rounds"] == len(stats["data"]) > 0 and stats["min"] <= stats["median"] <= stats["max"]
-        assert b["extra_info"]["peak_bytes"] > 0 and "comm_calls" in b["extra_info"]
+        assert b["extra_info"]["peak_bytes"] >= 0 and "comm_calls" in b["extra_info"]
 
     plots = sorted(p.name for p in run.out.glob("sweep_*.png"))
     assert {"sweep_S.png", "sweep_tp.png"} <= set(plots), plots
@@ -86,7 +93,9 @@ def test_memory_and_communication_are_deterministic(quick_runs):
     """Two runs of the same commit: identical collectives and identical peak live bytes."""
     a, b = (_bench_rows(r) for r in quick_runs)
     assert quick_runs[1].returncode == 0, quick_runs[1].stdout + quick_runs[1].stderr
-    assert list(a.index) == list(b.index)
+    rerun = a[[(cp, tp) in {(1, 1), (1, 2), (2, 1)} for _, _, _, cp, tp, _ in a.index]]  # the first run's same items
+    assert len(b) > 0 and list(rerun.index) == list(b.index)
+    a = rerun
     for key in a.index:
         for col in ("comm_calls", "comm_bytes", "peak_bytes", "peak_bytes_fwd", "ref_peak_bytes"):
             x, y = a.at[key, col], b.at[key, col]
