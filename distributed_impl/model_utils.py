@@ -1498,4 +1498,4 @@ def get_next_token_logprobs_from_logits(
     )
 
 
-from distributed_impl._linear_ce_fusion import patch_gpt_model_forward_for_linear_ce_fusion, _gpt_forward_with_linear_ce_fusion  # noqa: E402
+from distributed_impl._linear_ce_fusion import patch_gpt_model_forward_for_linear_ce_fusion, _gpt_forward_with_linear_ce_fusion  # noqa: E402, F401  (re-exported: the seed names)

@@ -9,7 +9,7 @@ same value with the documented `preserve_grad=False` gradient. See OPS.md, secti
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F

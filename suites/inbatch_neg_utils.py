@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import Partial, Shard
 

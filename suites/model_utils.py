@@ -18,7 +18,6 @@ from types import SimpleNamespace
 from typing import NamedTuple
 
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
 from harness.case import REPLICATED, Case, GradSum, IndexRule, Layout, Property

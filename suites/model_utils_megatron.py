@@ -13,7 +13,7 @@ embedding / output weights `Shard(0)`, row-parallel weights `Shard(1)`, norms an
 rank runs its TP-sharded GPTModel with `torch.func.functional_call` on its local pieces, so the gradient of every
 parameter lands on the harness's local input and is compared, on every rank, with its slice of the golden gradient.
 Replicated parameters used on a sequence shard (norms, row-parallel biases: Megatron tags them `sequence_parallel`)
-get partial gradients; the case sums them over TP as Megatron's finalize_model_grads does (_SequenceParallelGradSum).
+get partial gradients; the case sums them over TP as Megatron's finalize_model_grads does (harness.case.GradSum).
 
 Golden (`reference`): the unpatched single-device model's logits -> log-softmax in float64 (float32 for lower
 precisions) -> gathered at the shifted labels; 0 where a label is outside [0, V).
@@ -30,10 +30,9 @@ import importlib.util
 from functools import partial
 
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import Shard
 
-from harness.case import REPLICATED, Case, Layout, Property
+from harness.case import REPLICATED, Case, GradSum, Layout, Property
 
 FAMILY = "model_utils"
 PATCH_OP = "model_utils.patch_gpt_model_forward_for_linear_ce_fusion"
@@ -107,22 +106,6 @@ class _UnderShims(torch.autograd.Function):
         with megatron_shims(ctx.device, ctx.tp_group):
             got = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True))
         return (None, None, None, *[next(got) if t.requires_grad else None for t in ctx.inner])
-
-
-class _SequenceParallelGradSum(torch.autograd.Function):
-    """Identity; the backward sums the gradient over TP: a parameter replicated over TP but applied to this rank's
-    sequence shard only gets a partial gradient (Megatron all-reduces these in finalize_model_grads)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        total = g.clone()
-        dist.all_reduce(total, group=ctx.group)
-        return total, None
 
 
 class _OneRankGroup:
@@ -267,11 +250,11 @@ def _check_names(model, params: dict) -> None:
 
 
 def _sharded_params(model, x: dict, names, tp_group) -> dict:
-    """This rank's pieces, the sequence-parallel-tagged ones through _SequenceParallelGradSum."""
+    """This rank's pieces, the sequence-parallel-tagged ones summed over TP in backward (GradSum)."""
     own = dict(model.named_parameters())
     _check_names(model, dict.fromkeys(names))
     summed = tp_group.size() > 1
-    return {n: _SequenceParallelGradSum.apply(t, tp_group) if summed and getattr(own[n], "sequence_parallel", False) else t
+    return {n: GradSum.apply(t, (tp_group,)) if summed and getattr(own[n], "sequence_parallel", False) else t
             for n, t in zip(names, x)}
 
 
