@@ -1,6 +1,6 @@
-"""Calibrate the low-precision budget factor KAPPA on data.
+"""Calibrate the low-precision budget constants KAPPA and FLOOR_ULPS (per output dtype) on data.
 
-    python -m harness.calibrate --seeds 8 [--out DIR] [--suite S]... [shardcheck run options]
+    python -m harness.calibrate --seeds 4 [--out DIR] [--suite S]... [shardcheck run options]
 
 Runs the matrix once per seed with the *correct* implementations and reports, over every
 low-precision check, the ratio err_sharded / err_naive (how much worse the sharded op is
@@ -21,8 +21,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+
 from harness.compare import FLOOR_ULPS, KAPPA
 from harness.records import load
+
+
+def _by_name(constants: dict) -> dict:
+    return {str(d).removeprefix("torch."): v for d, v in constants.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,11 +47,12 @@ def main(argv: list[str] | None = None) -> int:
             outs.append(out)
         rows = load(*outs)
     rows = rows[rows["err_naive"].notna()]
-    floor = rows["budget"] - KAPPA * rows["err_naive"]  # FLOOR_ULPS ulps at the worst row's scale
+    kappa = rows["dtype"].map(lambda d: KAPPA[getattr(torch, d)])
+    floor = rows["budget"] - kappa * rows["err_naive"]  # FLOOR_ULPS ulps at the worst row's scale
     err = rows["err_ratio"] * rows["budget"]  # |err| at the worst element (budget and err_naive: its row's)
     # Where the reference's own error dominates the budget, the ratio says how much worse the
-    # sharded op is than the single-device one; elsewhere the one-ulp floor decides.
-    naive_led = rows[KAPPA * rows["err_naive"] > floor]
+    # sharded op is than the single-device one; elsewhere the ulp floor decides.
+    naive_led = rows[kappa * rows["err_naive"] > floor]
     ratio = (err[naive_led.index] / naive_led["err_naive"]).rename("err/err_naive")
     print("err / err_naive where KAPPA*err_naive dominates the budget:")
     print(naive_led.assign(r=ratio).groupby("dtype")["r"].describe(percentiles=[0.5, 0.99]).to_markdown())
@@ -57,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     print(worst[["op", "case_id", "dp", "tp", "dtype", "check", "err_ratio"]].to_markdown(index=False))
     failed = int((rows["status"] != "pass").sum())
     print(f"\nchecks: {len(rows)} ({failed} not passing); largest err/err_naive {ratio.max():.3f} "
-          f"(KAPPA {KAPPA}, FLOOR_ULPS {FLOOR_ULPS}); largest err/budget {rows['err_ratio'].max():.3f}")
+          f"(KAPPA {_by_name(KAPPA)}, FLOOR_ULPS {_by_name(FLOOR_ULPS)}); largest err/budget {rows['err_ratio'].max():.3f}")
     return 0 if failed == 0 and rows["err_ratio"].max() <= 0.5 else 1
 
 

@@ -13,12 +13,14 @@ in rows of zeros (x100 bfloat16 logits: a gradient error of ~1 at masked targets
 floor matters where err_naive is small by luck (a scalar loss: one rounding).  Where each rank's
 output is its own summand of the loss (summed_over), the reference backpropagates each summand and
 adds the gradients in its dtype, as the ranks do.  Calibrated with `python -m harness.calibrate
---seeds 4 --quick` (every suite, world sizes 1, 2, 4; 7,296 float32/bfloat16 checks of correct
-code): err/budget at most 0.43 in float32 (99th percentile 0.24; ChunkedDistributedEntropy's
-analytic gradient) and 0.17 in bfloat16, no error in an exact-zero row; err/err_naive reached 16,
-hence KAPPA 20.  Per-row budgets with the tensor-wide constants (KAPPA 8, 4 ulps) reached 0.94 in
-float32 (err/err_naive 10) and flagged a real bfloat16 accumulation in gather_logits_at_global_indices
-(3.2, since fixed); without the per-summand reference, CP gradients in float32 reached 13.7.
+--seeds 4` (the full default matrix, every suite; 4 x 4,963 float32/bfloat16 values and gradients of
+correct code; README, Calibration): with KAPPA 20 and 8 ulps for both dtypes float32 reached 0.85
+(err/err_naive 30, on 37-wide rows of from_parallel_logits_to_logprobs' gradient, at tp = cp = 1 as
+much as sharded: the reference computing a row more exactly by luck), bfloat16 0.28; hence float32's
+own constants, with which float32 reaches 0.42 (99th percentile 0.14) and bfloat16 0.28.
+Per-row budgets with the tensor-wide constants (KAPPA 8, 4 ulps) flagged a real bfloat16
+accumulation in gather_logits_at_global_indices (since fixed); without the per-summand reference,
+CP gradients in float32 reached 13.7.
 
 Statuses: pass < skip < warn < fail < error.  `warn` is a finding that is not a sharding bug: a
 float64 result within the float32 budget (float64 computed in float32), a bfloat16 result within
@@ -33,8 +35,10 @@ import math
 import torch
 
 RTOL_FLOAT64 = 1e-10
-KAPPA = 20.0
-FLOOR_ULPS = 8.0
+# Per output dtype (harness.calibrate on the full default matrix): float32 rows are short (a 37-token
+# vocab) and their err_naive is small by luck more often than bfloat16's, which input rounding dominates.
+KAPPA = {torch.float32: 30.0, torch.bfloat16: 20.0, torch.float16: 20.0}
+FLOOR_ULPS = {torch.float32: 24.0, torch.bfloat16: 8.0, torch.float16: 8.0}
 STATUS_ORDER = {"pass": 0, "skip": 1, "warn": 2, "fail": 3, "error": 4}
 NOT_PASSING = ("warn", "fail", "error")
 PRECISION_WARNINGS = ("float64 computed in float32", "bfloat16 math")  # how the worker words them
@@ -59,7 +63,7 @@ def budget(golden: torch.Tensor, naive: torch.Tensor | None, out_dtype: torch.dt
     scale = torch.where(torch.isfinite(rows), rows.abs(), 0.0).amax(-1, keepdim=True)
     both = torch.isfinite(rows) & torch.isfinite(n)
     err_naive = torch.where(both, (n - rows).abs(), 0.0).amax(-1, keepdim=True)
-    limit = KAPPA * err_naive + FLOOR_ULPS * torch.finfo(out_dtype).eps * scale
+    limit = KAPPA[out_dtype] * err_naive + FLOOR_ULPS[out_dtype] * torch.finfo(out_dtype).eps * scale
     return limit.expand(rows.shape).reshape(g.shape), err_naive.expand(rows.shape).reshape(g.shape)
 
 

@@ -57,7 +57,8 @@ def test_low_precision_budget_follows_the_reference_error():
     naive = golden.to(torch.bfloat16)  # the reference's own rounding in bf16
     b, err_naive = budget(golden, naive, torch.bfloat16)
     assert float(err_naive[0]) == pytest.approx(float((naive.double() - golden).abs().max()))
-    expected_b = KAPPA * float(err_naive[0]) + FLOOR_ULPS * torch.finfo(torch.bfloat16).eps * float(golden.abs().max())
+    bf16 = torch.bfloat16
+    expected_b = KAPPA[bf16] * float(err_naive[0]) + FLOOR_ULPS[bf16] * torch.finfo(bf16).eps * float(golden.abs().max())
     assert float(b[0]) == pytest.approx(expected_b) and (b == b[0]).all()  # one row: one budget
     # a correct sharded op rounding the other way passes; a real error does not
     other_rounding = (golden * (1 + 2 ** -9)).to(torch.bfloat16)
@@ -87,9 +88,9 @@ def test_budgets_are_per_row():
     assert status == "fail" and ratio == math.inf and stats["worst"]["local_index"] == [1, 5]
     assert stats["budget"] == 0.0
     # the old tensor-wide floor would have let it through
-    assert FLOOR_ULPS * torch.finfo(torch.bfloat16).eps * float(golden.abs().max()) > 1.0
+    assert FLOOR_ULPS[torch.bfloat16] * torch.finfo(torch.bfloat16).eps * float(golden.abs().max()) > 1.0
     status, ratio = judge(compare(naive, golden, b, err_naive))  # the reference itself: well within budget
-    assert status == "pass" and ratio <= 1 / KAPPA
+    assert status == "pass" and ratio <= 1 / KAPPA[torch.bfloat16]
 
 
 def _rank(rank, status, ratio=0.5, **extra):
