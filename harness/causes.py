@@ -24,6 +24,7 @@ from typing import Callable
 import pandas as pd
 
 from harness.compare import STATUS_ORDER
+from harness.signatures import SIGNATURE_CHECK
 
 COLUMNS = ["op", "status", "kind", "checks", "count", "condition", "worst", "rerun"]
 MESH = ("dp", "cp", "tp")
@@ -184,7 +185,8 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
             (r for r in rows.get("rerun", pd.Series(dtype=object)) if isinstance(r, str)), None)
         out.append({"op": op, "status": status, "kind": kind,
                     "checks": ", ".join(sorted(rows["check"].unique())), "count": len(rows),
-                    "condition": separating_condition(rows, passing), "worst": text[:300], "rerun": rerun,
+                    "condition": ("of the module, found before any case ran" if (rows["check"] == SIGNATURE_CHECK).all()
+                                  else separating_condition(rows, passing)), "worst": text[:300], "rerun": rerun,
                     "_rows": list(rows.index), "_items": set(map(tuple, rows[ITEM].astype(str).values))})
     table = _merge_common_trigger(pd.DataFrame(out), bad, df)
     order = table["status"].map(STATUS_ORDER)

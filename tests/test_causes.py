@@ -123,6 +123,7 @@ def test_a_missing_op_is_one_finding_and_the_other_ops_run(run_shardcheck, tmp_p
     cause = assert_one_cause(run)
     assert cause["op"] == "model_utils.DistributedCrossEntropy" and cause["checks"] == "property:signature"
     assert "DistributedCrossEntropy is not defined in the module under test" in cause["kind"]
+    assert cause["condition"] == "of the module, found before any case ran"
     ran = run.rows[run.rows["check"] != "property:signature"]
     assert set(ran["op"]) == {"model_utils._compute_distributed_log_softmax"} and (ran["status"] == "pass").all()
 
