@@ -23,7 +23,7 @@ from typing import Callable
 
 import pandas as pd
 
-from harness.compare import STATUS_ORDER
+from harness.compare import NOT_PASSING, PRECISION_WARNINGS, STATUS_ORDER
 from harness.signatures import SIGNATURE_CHECK
 
 COLUMNS = ["op", "status", "kind", "checks", "count", "condition", "worst", "rerun"]
@@ -33,7 +33,6 @@ ITEM = ["case_id", "dp", "cp", "tp", "dtype"]
 _RANK_PREFIX = re.compile(r"^rank \d+ \([^)]*\)(?: \(after a peer failed\))?: ")
 _LOCATION = re.compile(r"\(([\w.-]+\.py):(\d+)\)")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
-_WARN_KINDS = ("float64 computed in float32", "bfloat16 math")
 _DIED = re.compile(r"rank \d+ died: [^;()]+")
 _HUNG = re.compile(r"rank\(s\) [\d, ]+ did not finish the case within [\d.]+s")
 
@@ -73,7 +72,7 @@ def kind_of(row: pd.Series) -> str:
         return "more collectives than the contract allows" if status == "warn" else "communication contract failed"
     if check.startswith("property:"):
         return f"{check} does not hold"
-    for words in _WARN_KINDS:
+    for words in PRECISION_WARNINGS:
         if reason.startswith(words):
             return words + (", OPS.md asks for float32" if words == "bfloat16 math" else "")
     mismatch = row.get("mismatch") if isinstance(row.get("mismatch"), dict) else {}
@@ -166,7 +165,7 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
     if not len(df) or "status" not in df:
         return pd.DataFrame(columns=COLUMNS)
     df = df[df["check"] != "bench"] if "check" in df else df
-    bad = df[df["status"].isin(["warn", "fail", "error"])]
+    bad = df[df["status"].isin(NOT_PASSING)]
     if not len(bad):
         return pd.DataFrame(columns=COLUMNS)
     bad = bad.assign(kind=bad.apply(kind_of, axis=1))
@@ -228,7 +227,7 @@ def _merge_common_trigger(table: pd.DataFrame, bad: pd.DataFrame, df: pd.DataFra
             rows = df[df["op"] == op]
             is_bad = rows["status"].isin(["fail", "error"]).groupby([rows[k] for k in ITEM]).transform("any")
             items = rows.drop_duplicates(ITEM)
-            dirty = rows["status"].isin(["warn", "fail", "error"]).groupby([rows[k] for k in ITEM]).transform("any")
+            dirty = rows["status"].isin(NOT_PASSING).groupby([rows[k] for k in ITEM]).transform("any")
             clean = items[~dirty.loc[items.index]]
             condition = separating_condition(items[is_bad.loc[items.index]], clean, by_check=False)
             if condition.startswith("exactly") or not len(clean):  # nothing tells two triggers apart

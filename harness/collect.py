@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.artefacts import ArtefactBudget
-from harness.compare import merge_ranks
+from harness.compare import NOT_PASSING, merge_ranks
 from harness.plan import Item, Plan
 from harness.records import RecordWriter
 
@@ -178,7 +178,7 @@ class Collector:
             "world_size": item.world_size, "dtype": item.dtype, "device": self.plan.device, "backend": self.plan.backend,
             "seed": item.seed, "check": check, **merged,
         }
-        if merged["status"] in ("warn", "fail", "error"):
+        if merged["status"] in NOT_PASSING:
             row["rerun"] = rerun_command(self.plan, item)
         return row
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from harness.compare import NOT_PASSING
 from harness.records import load
 
 KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "device", "check"]
@@ -27,7 +28,7 @@ def change_notes(base: dict, new: dict, max_slowdown: float, max_memory_growth: 
     """The rule, for one check in two runs (dicts with status, time_ms, time_ms_iqr, peak_bytes):
     notes on what changed; those starting with 'REGRESSION' are regressions.  The dashboard uses it too."""
     notes = []
-    if base["status"] == "pass" and new["status"] in ("warn", "fail", "error"):  # a new finding too
+    if base["status"] == "pass" and new["status"] in NOT_PASSING:  # a new finding too
         notes.append(f"REGRESSION: {base['status']} -> {new['status']}")
     tb, tn = base["time_ms"], new["time_ms"]
     if pd.notna(tb) and pd.notna(tn) and tb > 0:

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from harness.causes import finding_lines
+from harness.compare import NOT_PASSING
 from harness.records import causes, load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +32,7 @@ class Run:
     def failed(self) -> pd.DataFrame:
         """Every row that does not pass: warnings (strict runs fail on them), failures, errors."""
         rows = self.rows
-        return rows[rows["status"].isin(["warn", "fail", "error"])]
+        return rows[rows["status"].isin(NOT_PASSING)]
 
     @property
     def causes(self) -> pd.DataFrame:
