@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from harness.topology import MESH_DIMS, Topology
+from harness.topology import MESH_DIMS, Topology, mesh_coords
 
 Tensors = dict[str, torch.Tensor]
 
@@ -120,9 +120,8 @@ class Layout:
         return idx
 
     def mesh_indices(self, full_shape: Sequence[int], mesh: DeviceMesh, inputs: Tensors | None = None) -> list[torch.Tensor]:
-        coords = {d: mesh[d].get_local_rank() for d in MESH_DIMS}
         sizes = {d: mesh[d].size() for d in MESH_DIMS}
-        return self.indices(full_shape, coords, sizes, inputs)
+        return self.indices(full_shape, mesh_coords(mesh), sizes, inputs)
 
     def reduce_partial(self, local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
         """Sum the local values over the Partial dims (a no-op without any), in float64 so the
@@ -226,7 +225,7 @@ class RankContext:
         # Asked once, here: DeviceMesh builds tensors to find a coordinate, and a case's run asks inside
         # the op's memory measurement (whose peak would then grow with the launch's world size).
         self._groups = {d: self.mesh[d].get_group() for d in MESH_DIMS}
-        self._ranks = {d: self.mesh[d].get_local_rank() for d in MESH_DIMS}
+        self._ranks = mesh_coords(self.mesh)
         self._sizes = {d: self.mesh[d].size() for d in MESH_DIMS}
 
     def group(self, dim: str) -> torch.distributed.ProcessGroup:
@@ -248,7 +247,7 @@ class RankContext:
         return self.input_layouts[input_name].local_range(self.full_shapes[input_name], dim, self.mesh)
 
     def coords(self) -> dict[str, int]:
-        return {d: self.rank(d) for d in MESH_DIMS}
+        return dict(self._ranks)
 
 
 # run(impl_module, ctx, local_inputs) -> output tensor or tuple of output tensors

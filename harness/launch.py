@@ -148,7 +148,7 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, run_dir: Path,
             launch = None
         launch = launch or _Launch(launch_dir, world_size)
         proc, log_path = launch.proc, launch.log_path
-        collector = Collector(plan, remaining, launch_dir, writer, world_size, artefacts)
+        collector = Collector(plan, remaining, launch.dir, writer, world_size, artefacts)
         started = launch.give_plan(Plan(**{**plan.__dict__, "items": remaining, "failure_artefacts": artefacts.left}))
         watchdog_reason = ""
         try:

@@ -55,6 +55,11 @@ def default_topologies(world_sizes: list[int]) -> list[Topology]:
     return sorted(set(out), key=lambda t: (t.size, t.tp, t.cp, t.dp))
 
 
+def mesh_coords(mesh: DeviceMesh) -> dict[str, int]:
+    """This rank's coordinate along each of ("dp", "cp", "tp")."""
+    return {d: mesh[d].get_local_rank() for d in MESH_DIMS}
+
+
 def build_mesh(topology: Topology, world_size: int, device_type: str) -> DeviceMesh:
     """The ("dp", "cp", "tp") sub-mesh of this rank.
 

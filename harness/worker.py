@@ -29,14 +29,14 @@ import torch
 import torch.distributed as dist
 
 from harness.case import REPLICATED, Case, RankContext, as_tuple, is_float
-from harness.collect import EXIT_PEER_STUCK
+from harness.collect import EXIT_PEER_STUCK, PIECES
 from harness.compare import budget, compare, judge
 from harness.bench import run_bench_item
 from harness.measure import CommCounter, comm_violations, group_dims, split_comm
 from harness.plan import DTYPES, Item, Plan, resolve_impl, suite_cases
 from harness.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
 from harness.signatures import KeywordCalls, is_foreign, seed_module
-from harness.topology import Topology, build_mesh
+from harness.topology import Topology, build_mesh, mesh_coords
 from reference import low_precision_math
 
 PEER_FAILURE = re.compile(r"closed by peer|reset by peer|Broken pipe|Connection refused|timed out|Timeout|aborted", re.I)
@@ -197,7 +197,7 @@ class Worker:
 
     def save_pieces(self, item: Item, pieces: dict[str, dict]) -> None:
         """This rank's pieces of a failing item, for the driver to reassemble (harness/artefacts.py)."""
-        path = self.events_dir / "pieces" / f"item{item.id}" / f"rank{self.rank}.pt"
+        path = self.events_dir / PIECES / f"item{item.id}" / f"rank{self.rank}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
         pieces = {c: {**p, "got": p["got"].cpu(), "expected": p["expected"].cpu()} for c, p in pieces.items()}
         torch.save(pieces, path.with_suffix(".tmp"))
@@ -313,7 +313,7 @@ class Worker:
 
     def check_emitter(self, item: Item, mesh):
         """emit_check(check, status, **fields) for this rank and item."""
-        coords = {d: mesh[d].get_local_rank() for d in ("dp", "cp", "tp")}
+        coords = mesh_coords(mesh)
 
         def emit_check(check: str, status: str, **fields):
             self.events.emit("check", item.id, check=check, status=status, coords=coords, **fields)
@@ -364,11 +364,7 @@ class Worker:
         if not isinstance(got, torch.Tensor):
             emit_check(check, "fail", message=f"got {type(got).__name__}, expected a tensor")
             return
-        b_full, naive_err_full = budget(gold_full, naive_full, expect_dtype)
-        limit = lay.local(b_full, mesh, inputs)
-        err_naive = lay.local(naive_err_full, mesh, inputs) if naive_err_full is not None else None
-        stats = compare(got, expected, limit, err_naive)
-        status, ratio = judge(stats)
+        stats, status, ratio, limit = _judge(got, expected, gold_full, naive_full, expect_dtype, lay, mesh, inputs)
         msg = ""
         got_dtype = got_dtype or got.dtype
         if got_dtype != expect_dtype:
@@ -386,7 +382,7 @@ class Worker:
             self.pieces[check] = {"got": got.detach(), "expected": expected.detach(),
                                   "indices": lay.mesh_indices(gold_full.shape, mesh, inputs), "budget": limit,
                                   "full_shape": tuple(gold_full.shape), "failed": status == "fail",
-                                  "coords": {d: mesh[d].get_local_rank() for d in ("dp", "cp", "tp")}}
+                                  "coords": mesh_coords(mesh)}
         stats.pop("err_ratio", None)
         emit_check(check, status, err_ratio=ratio if ratio != float("inf") else None, message=msg,
                    **{"budget": None, "err_naive": None, **stats})
@@ -404,9 +400,7 @@ class Worker:
             alt = pick(golden.precision_run(kind))
         except Exception:  # the reference cannot run that way: no excuse for the error
             return ""
-        b_full, naive_err_full = budget(gold_full, alt, low)
-        stats = compare(got, expected, lay.local(b_full, mesh, inputs), lay.local(naive_err_full, mesh, inputs))
-        status, ratio = judge(stats)
+        _, status, ratio, _ = _judge(got, expected, gold_full, alt, low, lay, mesh, inputs)
         if status != "pass":
             return ""
         if kind == "float32":
@@ -421,6 +415,17 @@ class Worker:
         secondary = bool(PEER_FAILURE.search(text))
         for check in checks:
             emit_check(check, "error", message=msg, secondary=secondary)
+
+
+def _judge(got, expected, gold_full, ref_full, dtype, lay, mesh, inputs) -> tuple[dict, str, float, torch.Tensor]:
+    """(stats, status, err/budget, this rank's budgets) of a local tensor against its slice of the golden,
+    with the budgets of a reference `ref_full` run in `dtype` (harness.compare.budget)."""
+    b_full, naive_err_full = budget(gold_full, ref_full, dtype)
+    limit = lay.local(b_full, mesh, inputs)
+    err_naive = lay.local(naive_err_full, mesh, inputs) if naive_err_full is not None else None
+    stats = compare(got, expected, limit, err_naive)
+    status, ratio = judge(stats)
+    return stats, status, ratio, limit
 
 
 def main(argv: list[str] | None = None) -> int:
