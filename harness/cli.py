@@ -130,7 +130,7 @@ def cmd_run(args) -> int:
 
     from harness.launch import run_plan
     from harness.plan import build_plan
-    from harness.records import RecordWriter, run_metadata, write_json
+    from harness.records import RecordWriter, load, run_metadata, write_json
     from harness.signatures import signature_rows
     from reports.report import build
 
@@ -176,13 +176,14 @@ def cmd_run(args) -> int:
         meta["summary"] = writer.counts
         write_json(run_dir / "run.json", meta)
     build(run_dir)
-    _write_ci_outputs(run_dir, run_id, args.junit_xml)
+    rows = load(run_dir)
+    _write_ci_outputs(run_dir, rows, run_id, args.junit_xml)
     counts = writer.counts
-    _print_findings(run_dir)
+    _print_findings(rows)
     print(f"shardcheck: {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
           f"{counts['error']} errors, {counts['skip']} skipped -> {run_dir / 'report.html'}")
     if counts["fail"] or counts["error"]:
-        _print_failures(run_dir)
+        _print_failures(run_dir, rows)
         return EXIT_FAIL
     if counts["warn"] and args.strict:
         print(f"shardcheck: --strict: {counts['warn']} warning(s) fail the run")
@@ -190,26 +191,24 @@ def cmd_run(args) -> int:
     return EXIT_OK
 
 
-def _print_findings(run_dir: Path) -> None:
+def _print_findings(rows) -> None:
     """The run's non-passing rows grouped by cause (harness.causes): one line per (op, cause)."""
     from harness.causes import causes, finding_lines
-    from harness.records import load
 
-    table = causes(load(run_dir))
+    table = causes(rows)
     if len(table):
         print(f"Findings ({len(table)}):")
         for line in finding_lines(table):
             print("  " + line)
 
 
-def _write_ci_outputs(run_dir: Path, run_id: str, junit_xml: Path | None) -> None:
+def _write_ci_outputs(run_dir: Path, rows, run_id: str, junit_xml: Path | None) -> None:
     """--junit-xml, and the Markdown summary appended to $GITHUB_STEP_SUMMARY when CI sets it."""
-    from harness.records import load
     from reports import junit
     from reports.report import summary_markdown
 
     if junit_xml:
-        junit.write(load(run_dir), run_id, junit_xml)
+        junit.write(rows, run_id, junit_xml)
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary_path:
         try:
@@ -219,12 +218,11 @@ def _write_ci_outputs(run_dir: Path, run_id: str, junit_xml: Path | None) -> Non
             print(f"shardcheck: warning: cannot append to GITHUB_STEP_SUMMARY {summary_path}: {exc}", file=sys.stderr)
 
 
-def _print_failures(run_dir: Path, limit: int = 20) -> None:
+def _print_failures(run_dir: Path, rows, limit: int = 20) -> None:
     """Each failing item: its bad checks, then a `rerun:` line that runs it alone."""
-    from harness.records import load
     from reports.report import failing_items, item_title
 
-    items = failing_items(load(run_dir))
+    items = failing_items(rows)
     for item in items[:limit]:
         print(item_title(item))
         for check, status, message, _ in item["checks"]:

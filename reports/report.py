@@ -110,16 +110,15 @@ def _failures_html(items: list[dict], run_dir: Path) -> str:
 COUNTED = ["pass", "warn", "fail", "error", "skip"]
 
 
-def findings_markdown(df: pd.DataFrame) -> list[str]:
-    """The Findings section: one entry per (op, cause), failures before warnings (harness.causes)."""
-    table = causes(df)
+def findings_markdown(table: pd.DataFrame) -> list[str]:
+    """The Findings section of a run's causes table (harness.causes): one entry per (op, cause),
+    failures before warnings."""
     if not len(table):
         return ["## Findings", "", "None: every check passed.", ""]
     return [f"## Findings ({len(table)})", "", "```text", *finding_lines(table), "```", ""]
 
 
-def _findings_html(df: pd.DataFrame) -> str:
-    table = causes(df)
+def _findings_html(table: pd.DataFrame) -> str:
     if not len(table):
         return "<h2>Findings</h2><p>None: every check passed.</p>"
     items = []
@@ -144,7 +143,7 @@ def summary_markdown(run_dir: str | Path, max_items: int = 30) -> str:
     lines = [f"## {mark} shardcheck run {meta.get('run_id', run_dir.name)}", "",
              f"**{len(df)} checks: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + "**"
              + (f" (commit {str(meta['git_commit'])[:10]})" if meta.get("git_commit") else ""), ""]
-    lines += findings_markdown(df)
+    lines += findings_markdown(causes(df))
     checks = df[df["check"] != "bench"]
     if len(checks):
         lines += [status_table(checks).to_markdown(index=False), ""]
@@ -253,7 +252,8 @@ def build(run_dir: str | Path) -> list[Path]:
         if key in meta:
             header.append(f"- {key}: {meta[key]}")
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
-    md = header + ["", f"**{len(df)} checks: {summary}**", ""] + findings_markdown(df)
+    findings = causes(df)  # grouping every non-passing row: once for both pages
+    md = header + ["", f"**{len(df)} checks: {summary}**", ""] + findings_markdown(findings)
     if len(table):
         md += ["## Status: op × dtype × topology", "", table.to_markdown(index=False), ""]
     if len(bench):
@@ -280,7 +280,7 @@ def build(run_dir: str | Path) -> list[Path]:
     page = [f"<!doctype html><html><head><meta charset='utf-8'><title>shardcheck {html.escape(meta.get('run_id', ''))}</title>",
             f"<style>{style}</style></head><body>", f"<h1>shardcheck run {html.escape(meta.get('run_id', run_dir.name))}</h1>",
             "<ul>" + "".join(f"<li>{html.escape(line[2:])}</li>" for line in header[2:]) + "</ul>",
-            f"<p><b>{len(df)} checks: {html.escape(summary)}</b></p>", _findings_html(df),
+            f"<p><b>{len(df)} checks: {html.escape(summary)}</b></p>", _findings_html(findings),
             "<h2>Status: op × dtype × topology</h2>" + cells if cells else "",
             "<h2>Benchmarks</h2>" + bench.to_html(index=False, escape=True) if len(bench) else "", pictures,
             "<h2>Failures</h2>", bad.to_html(index=False, escape=True) if len(bad) else "<p>None.</p>",
