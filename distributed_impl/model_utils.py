@@ -14,7 +14,7 @@ CP rank's result is a separate summand for the backward.
 """
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -85,13 +85,17 @@ def _check_saved(ctx: Any) -> None:
         raise RuntimeError("backward called on an op run with inference_only=True (nothing was saved)")
 
 
-def _gather_owned(values: torch.Tensor, ids: torch.Tensor, vocab_start_index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """values[..., id - start] for the ids this rank owns, 0 elsewhere; plus the owned mask."""
+def _gather_owned(
+    values: torch.Tensor, ids: torch.Tensor, vocab_start_index: int,
+    gather: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lambda v, i: v.gather(-1, i),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """gather(values, id - start) (values[..., id - start]) for the ids this rank owns, 0 elsewhere; plus
+    the owned mask."""
     V_local = values.shape[-1]
     owned = (ids >= vocab_start_index) & (ids < vocab_start_index + V_local)
     if V_local == 0:  # an empty shard (torch.chunk of a tiny vocab) owns nothing
         return values.new_zeros(ids.shape), owned
-    picked = values.gather(-1, torch.where(owned, ids - vocab_start_index, 0))
+    picked = gather(values, torch.where(owned, ids - vocab_start_index, 0))
     return torch.where(owned, picked, torch.zeros((), dtype=picked.dtype)), owned
 
 
@@ -1115,12 +1119,8 @@ def gather_logits_at_global_indices(
     if chunk_size is not None:
         _check_chunk_size(chunk_size)
     local_indices = _get_tokens_on_this_cp_rank(global_indices, cp_rank, cp_size, seq_dim=1).long()
-    owned = (local_indices >= vocab_start_index) & (local_indices < vocab_start_index + V_local)
-    if V_local == 0:  # an empty shard owns nothing
-        picked = _upcast(vocab_parallel_logits.new_zeros(local_indices.shape))
-    else:
-        picked = _GatherInComputeDtype.apply(vocab_parallel_logits, torch.where(owned, local_indices - vocab_start_index, 0))
-        picked = torch.where(owned, picked, torch.zeros((), dtype=picked.dtype))
+    picked, _ = _gather_owned(vocab_parallel_logits, local_indices, vocab_start_index, _GatherInComputeDtype.apply)
+    picked = _upcast(picked)  # (an empty shard's zeros come in the logits' dtype)
     if tp_group is not None:
         picked = _AllReduceSum.apply(picked, tp_group)
     return _gather_cp(picked, cp_group, 1, positions)
