@@ -13,6 +13,7 @@ from pathlib import Path
 from harness.topology import Topology, UsageError, default_topologies
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+DEFAULT_TIMEOUT = 60.0  # seconds one case may take (a rerun line leaves it out when it is this)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,7 +52,7 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", action="append", help="FAMILY=MODULE or FAMILY=path/to/file.py")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds one case may take on any rank")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds one case may take on any rank")
     p.add_argument("--quick", action="store_true", help="fewer, smaller cases")
     p.add_argument("--strict", action="store_true",
                    help="a warning (float64 computed in float32, bfloat16 math, collectives beyond the contract, "

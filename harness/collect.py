@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.artefacts import ArtefactBudget
+from harness.cli import DEFAULT_TIMEOUT
 from harness.compare import NOT_PASSING, merge_ranks
 from harness.plan import Item, Plan
 from harness.records import RecordWriter
@@ -186,9 +187,6 @@ class Collector:
 def glob_escape(text: str) -> str:
     """`text` as an fnmatch pattern that matches exactly `text` (`[`, `*`, `?` bracketed)."""
     return re.sub(r"([\[*?])", r"[\1]", text)
-
-
-DEFAULT_TIMEOUT = 60.0
 
 
 def rerun_command(plan: Plan, item: Item) -> str:
