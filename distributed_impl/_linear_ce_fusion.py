@@ -9,7 +9,7 @@ hidden states and the output weight (the tied embedding weight when embeddings a
 model's TP group, through ``from_parallel_hidden_states_to_logprobs``: the ``[B, S, V]`` logits never exist, the
 backward recomputes each chunk. Asked anything else, it calls the original forward with the same arguments.
 
-In OPS terms (shared/OPS.md, model_utils):
+In the terms of docs/ops/model_utils.md#megatron-core-gptmodel-fusion:
 - ``labels`` is the *unshifted* ``[B, S]`` ids (like ``target`` of ``from_parallel_hidden_states_to_logprobs``); it is
   rolled by one inside. Missing: ``ValueError``. Ids outside ``[0, V)`` give 0 and a zero gradient.
 - The result is in ``promote_types(model dtype, float32)``: float32 for bf16/fp16/fp32 models, float64 stays float64.

@@ -1,6 +1,6 @@
 """Context parallelism for a training step (seed nemo_automodel.components.distributed.cp_utils).
 
-Same public names and signatures as the seed module; semantics in ../shared/OPS.md, "cp_utils".
+Same public names and signatures as the seed module; semantics in docs/ops/cp_utils.md.
 Everything here runs on CPU with gloo (and on CUDA): the CP attention is a ring attention written
 in plain torch, and the THD partition is Transformer Engine's `thd_get_partitioned_indices` rule
 written in plain torch.

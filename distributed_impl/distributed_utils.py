@@ -1,6 +1,6 @@
 """Process-group utilities: the API of nemo_automodel.components.distributed.utils.
 
-Semantics: ../shared/OPS.md, "distributed_utils (seed 003)".  Everything here uses the
+Semantics: docs/ops/distributed_utils.md.  Everything here uses the
 default (world) process group unless a group is passed, and works without torch.distributed
 (a single process).
 """

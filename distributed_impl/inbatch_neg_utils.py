@@ -1,5 +1,5 @@
 """Sharded implementation of ``nemo_automodel.components.models.common.inbatch_neg_utils``
-(semantics: shared/OPS.md, section "inbatch_neg_utils").
+(semantics: docs/ops/inbatch_neg_utils.md).
 
 Distributed in-batch negatives for bi-encoder contrastive training: every DP rank gathers
 the passages of all ranks over the default process group and scores its queries against

@@ -1,7 +1,7 @@
 """Forward-KL knowledge-distillation loss, optionally vocab-sharded over a TP group.
 
-Mirrors ``nemo_automodel.components.loss.kd_loss`` (seed 004); semantics per OPS.md,
-section "kd_loss". All per-token work goes through one autograd Function,
+Mirrors ``nemo_automodel.components.loss.kd_loss`` (seed 004); semantics in
+docs/ops/kd_loss.md. All per-token work goes through one autograd Function,
 ``_ForwardKL``, that handles both the single-device and the TP case, chunked or not:
 
 - forward: per chunk of valid tokens, upcast + divide by T, global log-sum-exp of

@@ -1,4 +1,4 @@
-"""Sharded implementations of ``nemo_rl.distributed.model_utils`` (semantics: shared/OPS.md).
+"""Sharded implementations of ``nemo_rl.distributed.model_utils`` (semantics: docs/ops/model_utils.md).
 
 Vocab is sharded contiguously over the TP group: rank r owns global ids
 ``[vocab_start_index, vocab_end_index)``. Softmax-family math runs in the compute dtype

@@ -74,7 +74,7 @@ def kind_of(row: pd.Series) -> str:
         return f"{check} does not hold"
     for words in PRECISION_WARNINGS:
         if reason.startswith(words):
-            return words + (", OPS.md asks for float32" if words == "bfloat16 math" else "")
+            return words + (", docs/ops/README.md asks for float32" if words == "bfloat16 math" else "")
     mismatch = row.get("mismatch") if isinstance(row.get("mismatch"), dict) else {}
     if reason.startswith("dtype "):
         return "wrong dtype (" + reason.split(";")[0] + ")"

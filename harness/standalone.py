@@ -1,7 +1,7 @@
 """The worker started by a torchrun command written by hand (several nodes, SLURM, ...).
 
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:PORT -m harness.worker \\
-        --suite model_utils --out /shared/fs/shardcheck-runs/x
+        --suite model_utils --out /nfs/shardcheck-runs/x
 
 Every rank builds the same plan from the same arguments (no communication needed); the
 world runs every selected topology whose size divides it.  Rank 0 merges the per-rank

@@ -405,7 +405,7 @@ class Worker:
             return ""
         if kind == "float32":
             return f"float64 computed in float32 (err/budget {ratio:.2g} against the float32 budget)"
-        return f"bfloat16 math, OPS.md asks for float32 (err/budget {ratio:.2g} against bfloat16 math)"
+        return f"bfloat16 math, docs/ops/README.md asks for float32 (err/budget {ratio:.2g} against bfloat16 math)"
 
     def _emit_error(self, emit_check, checks, exc: BaseException) -> None:
         where = traceback.extract_tb(exc.__traceback__)[-1]

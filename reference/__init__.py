@@ -1,5 +1,5 @@
 """Single-device references.  Their softmax-family math runs in `math_dtype(dtype)`: float32 at
-least (OPS.md), float64 stays float64.  `low_precision_math()` turns the upcast off, so the same
+least (docs/ops/README.md), float64 stays float64.  `low_precision_math()` turns the upcast off, so the same
 reference does its math in the input dtype: the harness uses it to tell "bfloat16 math" (a design
 difference, `warn`) from a sharding bug in a bfloat16 result that misses its budget."""
 

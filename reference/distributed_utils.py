@@ -1,4 +1,4 @@
-"""Single-device references for distributed_utils (semantics: ../shared/OPS.md, seed 003).
+"""Single-device references for distributed_utils (semantics: docs/ops/distributed_utils.md).
 
 Only the ops that compute values have one: the loss reduction, what every eval sample scores,
 and the gradient that accumulating micro-batches must reach.  Barriers, first-rank-per-node

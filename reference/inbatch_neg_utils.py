@@ -3,8 +3,8 @@
 Plain torch, any dtype, no process group. A "gather" on one device is the concatenation
 of every rank's piece, so the gathers take the list of per-rank pieces. The contrastive
 step is the bi-encoder loss over the global batch; `contrastive_loss_local_only` is the
-same value with the documented `preserve_grad=False` gradient. See OPS.md, section
-"inbatch_neg_utils".
+same value with the documented `preserve_grad=False` gradient. See
+docs/ops/inbatch_neg_utils.md.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def check_mask_args(scores: torch.Tensor, passage_doc_ids: torch.Tensor, train_n
 def masked_scores(scores: torch.Tensor, passage_doc_ids: torch.Tensor, train_n_passages: int, rank: int,
                   local_batch_size: int) -> torch.Tensor:
     """Out of place: row i (global query rank·local_batch_size + i) gets finfo.min on every column other
-    than its positive whose doc id equals the positive's. One row at a time, as OPS.md states it."""
+    than its positive whose doc id equals the positive's. One row at a time, as docs/ops/inbatch_neg_utils.md states it."""
     check_mask_args(scores, passage_doc_ids, train_n_passages, rank, local_batch_size)
     fill = torch.finfo(scores.dtype).min
     rows = []

@@ -1,7 +1,7 @@
 """Single-device reference for the forward-KL knowledge-distillation loss (seed 004).
 
 Plain torch, differentiable by ordinary autograd, any dtype. The harness takes golden
-values and gradients from here (typically in float64). See OPS.md, section "kd_loss".
+values and gradients from here (typically in float64). See docs/ops/kd_loss.md.
 """
 
 from typing import Optional, Union

@@ -1,4 +1,4 @@
-"""Single-device reference for ``nemo_rl.distributed.model_utils`` (semantics: shared/OPS.md).
+"""Single-device reference for ``nemo_rl.distributed.model_utils`` (semantics: docs/ops/model_utils.md).
 
 Plain torch on full (unsharded) tensors, differentiable with ordinary autograd. Softmax-family
 math runs in the compute dtype ``promote_types(x.dtype, float32)`` and outputs stay in it.

@@ -16,7 +16,7 @@ runs at cp 1, 2 and 4 (tp 1 only: nothing here is tensor-parallel).
 - THD (properties): every key of make_cp_batch_for_te / _shard_thd_chunk_for_te against the
   single-device conversion (reference.thd_batch) cut by the harness's own head-tail rule, and the
   rank pieces all-gathered and reassembled into the unsharded batch.
-- Bad input: every ValueError / KeyError of OPS.md, one case each (`property:raises`).
+- Bad input: every ValueError / KeyError of docs/ops/cp_utils.md, one case each (`property:raises`).
 """
 
 from __future__ import annotations
