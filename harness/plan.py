@@ -126,6 +126,7 @@ class Plan:
     bench_warmup: int = 2
     failure_artefacts: int = 0  # failing items whose tensors the ranks still save (harness/artefacts.py)
     missing_ops: dict[str, str] = field(default_factory=dict)  # {op: suite} selected but not in the module under test
+    shims: bool = True  # install harness/shims on every rank (only where the real thing cannot run)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

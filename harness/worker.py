@@ -35,6 +35,7 @@ from harness.bench import run_bench_item
 from harness.measure import CommCounter, comm_violations, group_dims, split_comm
 from harness.plan import DTYPES, Item, Plan, resolve_impl, suite_cases
 from harness.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
+from harness import shims
 from harness.signatures import KeywordCalls, is_foreign, seed_module
 from harness.topology import Topology, build_mesh, mesh_coords
 from reference import low_precision_math
@@ -135,6 +136,7 @@ class Worker:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
         dist.init_process_group(self.backend, timeout=timedelta(seconds=plan.timeout + 120))
+        self.shims = shims.install(self.device.type) if plan.shims else []  # before any module under test runs
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.store = dist.PrefixStore("shardcheck-items", dist.distributed_c10d._get_default_store())
         self.events = Events(events_dir / f"rank{self.rank}.jsonl", self.rank)
