@@ -9,6 +9,7 @@ golden values and gradients, comparison on every rank, records.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Sequence
@@ -220,6 +221,10 @@ class RankContext:
     input_layouts: dict[str, Layout]
     impl: ModuleType | None = None  # the module under test, for properties that call the op again
     full_inputs: Tensors | None = None  # the full inputs (what index rules such as PackedHeadTail read)
+    # Contexts a run enters to stay open until the item's backward has run, as a training loop keeps
+    # its train context (CP) open through `loss.backward()`: `ctx.contexts.enter_context(train_ctx())`.
+    # The harness closes them after the backward (or when the item ends without one).
+    contexts: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __post_init__(self):
         # Asked once, here: DeviceMesh builds tensors to find a coordinate, and a case's run asks inside

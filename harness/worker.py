@@ -16,6 +16,7 @@ and the driver relaunches for the remaining items.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -217,6 +218,10 @@ class Worker:
             return [r for r, k in enumerate(keys) if not self.store.check([k])]
 
     def run_item(self, item: Item, topo: Topology, mesh) -> None:
+        with contextlib.ExitStack() as contexts:  # what the case's run keeps open (RankContext.contexts)
+            self._run_item(item, topo, mesh, contexts)
+
+    def _run_item(self, item: Item, topo: Topology, mesh, contexts: contextlib.ExitStack) -> None:
         case = self.cases[(item.op, item.case_id)]
         impl = self.impls[case.family]
         dtype = DTYPES[item.dtype]
@@ -233,7 +238,7 @@ class Worker:
             return
         ctx = RankContext(mesh=mesh, topology=topo, device=self.device, dtype=dtype,
                           full_shapes={k: tuple(v.shape) for k, v in golden.inputs.items()},
-                          input_layouts=case.input_layouts, impl=impl, full_inputs=golden.inputs)
+                          input_layouts=case.input_layouts, impl=impl, full_inputs=golden.inputs, contexts=contexts)
         local = {}
         for name, full in golden.inputs.items():
             piece = case.input_layouts.get(name, REPLICATED).local(full, mesh, golden.inputs).clone().to(self.device)
@@ -296,6 +301,7 @@ class Worker:
                 counter.phase = "backward"
                 with counter:
                     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+                contexts.close()  # the step's train context ends after its backward, as in a training loop
             except Exception as exc:
                 self._emit_error(emit_check, grad_checks, exc)
                 return
