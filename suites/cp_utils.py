@@ -167,10 +167,9 @@ def _step_run(spec: StepSpec):
             cp_ctx = impl.create_context_parallel_ctx(ctx.mesh["cp"], buffers, [1] * len(buffers), no_restore,
                                                       cp_rotate_method=spec.rotate)
             train_ctx = impl.get_train_context(False, False, cp_ctx)
-        # As a training loop does, the step's backward runs inside the train context: the harness keeps
-        # it open until the item's backward has run (an implementation that delegates to torch's
-        # context_parallel has its attention backward only while the context is open).
-        ctx.contexts.enter_context(train_ctx())
+        # As in a training loop, the step's backward runs inside the train context: an implementation that
+        # delegates to torch's context_parallel has its attention backward only while the context is open.
+        ctx.keep_open(train_ctx())
         return ref.attention_block_loss(params, batch, x["num_valid"], N_HEADS)
     return run
 
