@@ -157,6 +157,8 @@ def cmd_run(args) -> int:
     run_dir = args.out or Path("shardcheck-runs") / run_id
     if (run_dir / "results.jsonl").exists():
         raise UsageError(f"--out {run_dir}: already holds a run; choose another directory")
+    if not args.no_shims:  # the module under test is imported here too (its names are checked)
+        shims.install(device)
     plan = build_plan(run_id=run_id, suites_wanted=_str_list(args.suite), ops=_str_list(args.op),
                       case_patterns=_str_list(args.case), world_sizes=world_sizes, topologies=topologies,
                       dtypes=_str_list(args.dtype) or _default_dtypes(args.bench, device), impl=_impl_map(args.impl),

@@ -42,6 +42,8 @@ def run_standalone(argv: list[str]) -> int:
     try:
         divisors = [w for w in range(1, world + 1) if world % w == 0]
         topologies = [Topology.parse(t) for t in args.topology or []] or default_topologies(divisors)
+        if not args.no_shims:  # before the module under test is imported
+            shims.install(device)
         plan = build_plan(run_id=run_id, suites_wanted=_str_list(args.suite), ops=_str_list(args.op),
                           case_patterns=_str_list(args.case), world_sizes=[world],
                           topologies=[t for t in topologies if world % t.size == 0],

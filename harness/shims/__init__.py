@@ -10,8 +10,9 @@ anything on a CPU machine, and its real bugs stay unseen.  Each shim lives in it
 - `te_thd_partition`: `transformer_engine_torch.thd_get_partitioned_indices` in plain torch;
   installed when Transformer Engine is not installed (a real install is never shadowed).
 
-The worker installs them on every rank before any case runs (`shardcheck run --no-shims`: none);
-the run records them in run.json (`shims`) and the report's header.
+The worker installs them on every rank before any case runs, and `shardcheck run` in its own process
+before it imports the module under test (`--no-shims`: none); the run records them in run.json
+(`shims`, `shim_notes`) and the report's header.
 """
 
 from __future__ import annotations
