@@ -69,17 +69,6 @@ def install() -> None:
     attention.custom_ops[BACKWARD] = _cpu_sdpa_handler
 
 
-def uninstall() -> None:
-    attention = _attention_module()
-    for op in (FORWARD, BACKWARD):
-        if attention.custom_ops.get(op) is _cpu_sdpa_handler:
-            del attention.custom_ops[op]
-
-
-def installed() -> bool:
-    return unavailable_reason() is None and _attention_module().custom_ops.get(FORWARD) is _cpu_sdpa_handler
-
-
 @contextlib.contextmanager
 def _merge_dtype_at_least(dtype: torch.dtype):
     """torch's merge/accumulation dtype for this call: float32 unless the input is wider."""
