@@ -43,6 +43,10 @@ def run_bench_item(w, item: Item, topo: Topology, mesh) -> None:
     timer = Timer(w.device)
 
     def step(counter=None, fwd_times=None, bwd_times=None, backward=True):
+        with ctx.contexts:  # what the case's run keeps open (a training step's CP context) ends with the step
+            _step(counter, fwd_times, bwd_times, backward)
+
+    def _step(counter, fwd_times, bwd_times, backward):
         xs = {k: v.detach().requires_grad_(k in case.grad_inputs) for k, v in local.items()}
         with timer(fwd_times if fwd_times is not None else []):
             outs = as_tuple(case.run(impl, ctx, xs))

@@ -9,6 +9,7 @@ golden values and gradients, comparison on every rank, records.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Sequence
@@ -220,6 +221,9 @@ class RankContext:
     input_layouts: dict[str, Layout]
     impl: ModuleType | None = None  # the module under test, for properties that call the op again
     full_inputs: Tensors | None = None  # the full inputs (what index rules such as PackedHeadTail read)
+    # What a run keeps open until its item's backward has run (`keep_open`); the harness closes it.
+    contexts: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    kept_open: bool = False
 
     def __post_init__(self):
         # Asked once, here: DeviceMesh builds tensors to find a coordinate, and a case's run asks inside
@@ -227,6 +231,13 @@ class RankContext:
         self._groups = {d: self.mesh[d].get_group() for d in MESH_DIMS}
         self._ranks = mesh_coords(self.mesh)
         self._sizes = {d: self.mesh[d].size() for d in MESH_DIMS}
+
+    def keep_open(self, context) -> Any:
+        """Enter `context` and keep it open through the item's backward, as a training loop keeps its train
+        context (CP) open through `loss.backward()`.  The harness then runs the backward right after the run,
+        closes the context, and only then judges outputs and gradients, outside it."""
+        self.kept_open = True
+        return self.contexts.enter_context(context)
 
     def group(self, dim: str) -> torch.distributed.ProcessGroup:
         return self._groups[dim]

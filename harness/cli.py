@@ -54,6 +54,9 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds one case may take on any rank")
     p.add_argument("--quick", action="store_true", help="fewer, smaller cases")
+    p.add_argument("--no-shims", action="store_true",
+                   help="do not install shardcheck's CPU shims (torch CP attention on CPU, a Transformer Engine "
+                        "stand-in): code under test that needs them then fails as it would without them")
     p.add_argument("--strict", action="store_true",
                    help="a warning (float64 computed in float32, bfloat16 math, collectives beyond the contract, "
                         "a signature difference) fails the run too")
@@ -129,6 +132,7 @@ def _default_dtypes(bench: bool, device: str) -> list[str]:
 def cmd_run(args) -> int:
     import torch
 
+    from harness import shims
     from harness.launch import run_plan
     from harness.plan import build_plan
     from harness.records import RecordWriter, load, run_metadata, write_json
@@ -153,19 +157,24 @@ def cmd_run(args) -> int:
     run_dir = args.out or Path("shardcheck-runs") / run_id
     if (run_dir / "results.jsonl").exists():
         raise UsageError(f"--out {run_dir}: already holds a run; choose another directory")
+    if not args.no_shims:  # the module under test is imported here too (its names are checked)
+        shims.install(device)
     plan = build_plan(run_id=run_id, suites_wanted=_str_list(args.suite), ops=_str_list(args.op),
                       case_patterns=_str_list(args.case), world_sizes=world_sizes, topologies=topologies,
                       dtypes=_str_list(args.dtype) or _default_dtypes(args.bench, device), impl=_impl_map(args.impl),
                       quick=args.quick, seed=args.seed, timeout=args.timeout, device=device, backend=backend,
                       bench=args.bench, bench_iters=args.bench_iters)
+    plan.shims = not args.no_shims
     writer = RecordWriter(run_dir)
-    meta = run_metadata(run_id, sys.argv, device, backend)
+    meta = run_metadata(run_id, sys.argv, device, backend) | shims.describe(device, plan.shims)
     meta["start"] = dt.datetime.now().isoformat(timespec="seconds")
     meta["impl"] = plan.impl
     write_json(run_dir / "run.json", meta)
     worlds = sorted({i.world_size for i in plan.items})
     print(f"shardcheck: {len(plan.items)} cases on world size(s) {', '.join(map(str, worlds))} "
           f"({device}, {backend}) -> {run_dir}", file=sys.stderr)
+    if meta["shim_notes"]:
+        print("shardcheck: " + "; ".join(meta["shim_notes"]), file=sys.stderr)
     for row in signature_rows(plan, meta):  # before running: one finding per op whose signature drifted
         writer.write(row)
     try:

@@ -1,7 +1,8 @@
 """What an op costs on one rank: time, peak memory, collectives.
 
 - Communication: a TorchDispatchMode sees every c10d / functional collective (torch routes
-  them through the dispatcher); torch's CollectiveOp helper gives the process group.  Counted
+  them through the dispatcher), those DTensor issues inside its ops included; torch's
+  CollectiveOp helper gives the process group.  Counted
   per collective kind and mesh dim; bytes are those this rank *sends*: the elements of the
   tensors it hands over (a view counts its own elements, not its base's; an all-gather its
   own piece, not the gathered output).
@@ -23,6 +24,7 @@ from contextlib import contextmanager
 
 import torch
 from torch.distributed._tools.fake_collectives import CollectiveOp, collective_ops
+from torch.distributed.tensor import DTensor
 
 # c10d ops whose first argument is the output buffer: what this rank sends is the second.
 _SENDS_ARG1 = {"_allgather_base_", "allgather_", "allgather_coalesced_", "allgather_into_tensor_coalesced_",
@@ -68,6 +70,10 @@ class CommCounter(TorchDispatchMode):
         self.counts: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"calls": 0, "bytes": 0}))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # A DTensor op: DTensor then dispatches it with this mode still active, so the collectives it
+        # issues on local tensors (a redistribution, torch's CP ring attention) are counted too.
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func in collective_ops:

@@ -126,6 +126,7 @@ class Plan:
     bench_warmup: int = 2
     failure_artefacts: int = 0  # failing items whose tensors the ranks still save (harness/artefacts.py)
     missing_ops: dict[str, str] = field(default_factory=dict)  # {op: suite} selected but not in the module under test
+    shims: bool = True  # install harness/shims on every rank (only where the real thing cannot run)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -142,6 +143,8 @@ def expected_checks(case: Case, bench: bool = False) -> list[str]:
         return ["bench"] + (["property:comm"] if case.comm else [])
     if case.raises is not None:
         return ["property:raises"]
+    if not case.output_names and not case.comm:  # a properties-only case: its properties are named when they
+        return ["property:properties"]  # run; this row stands for them when the op raises, is skipped or hangs
     outs = ["forward"] if len(case.output_names) == 1 else [f"forward:{n}" for n in case.output_names]
     return outs + [f"grad:{n}" for n in case.grad_inputs] + (["property:comm"] if case.comm else [])
 

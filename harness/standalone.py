@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from harness import shims
 from harness.cli import _impl_map, _str_list, add_selection_args
 from harness.collect import Collector
 from harness.plan import DEFAULT_DTYPES, build_plan
@@ -41,11 +42,14 @@ def run_standalone(argv: list[str]) -> int:
     try:
         divisors = [w for w in range(1, world + 1) if world % w == 0]
         topologies = [Topology.parse(t) for t in args.topology or []] or default_topologies(divisors)
+        if not args.no_shims:  # before the module under test is imported
+            shims.install(device)
         plan = build_plan(run_id=run_id, suites_wanted=_str_list(args.suite), ops=_str_list(args.op),
                           case_patterns=_str_list(args.case), world_sizes=[world],
                           topologies=[t for t in topologies if world % t.size == 0],
                           dtypes=_str_list(args.dtype) or list(DEFAULT_DTYPES), impl=_impl_map(args.impl),
                           quick=args.quick, seed=args.seed, timeout=args.timeout, device=device, backend=backend)
+        plan.shims = not args.no_shims
     except UsageError as exc:
         print(f"shardcheck worker: error: {exc}", file=sys.stderr)
         return 2
@@ -59,7 +63,8 @@ def run_standalone(argv: list[str]) -> int:
         dist.destroy_process_group()
         return 0
     writer = RecordWriter(args.out)
-    meta = {**run_metadata(run_id, sys.argv, device, backend), "start": dt.datetime.now().isoformat(timespec="seconds")}
+    meta = {**run_metadata(run_id, sys.argv, device, backend), **shims.describe(device, plan.shims),
+            "start": dt.datetime.now().isoformat(timespec="seconds")}
     for row in signature_rows(plan, meta):  # as `shardcheck run`: one finding per op whose signature drifted
         writer.write(row)
     collector = Collector(plan, plan.items, events_dir, writer, world)

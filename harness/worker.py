@@ -16,6 +16,7 @@ and the driver relaunches for the remaining items.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -35,6 +36,7 @@ from harness.bench import run_bench_item
 from harness.measure import CommCounter, comm_violations, group_dims, split_comm
 from harness.plan import DTYPES, Item, Plan, resolve_impl, suite_cases
 from harness.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
+from harness import shims
 from harness.signatures import KeywordCalls, is_foreign, seed_module
 from harness.topology import Topology, build_mesh, mesh_coords
 from reference import low_precision_math
@@ -135,6 +137,7 @@ class Worker:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
         dist.init_process_group(self.backend, timeout=timedelta(seconds=plan.timeout + 120))
+        self.shims = shims.install(self.device.type) if plan.shims else []  # before any module under test runs
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.store = dist.PrefixStore("shardcheck-items", dist.distributed_c10d._get_default_store())
         self.events = Events(events_dir / f"rank{self.rank}.jsonl", self.rank)
@@ -215,6 +218,10 @@ class Worker:
             return [r for r, k in enumerate(keys) if not self.store.check([k])]
 
     def run_item(self, item: Item, topo: Topology, mesh) -> None:
+        with contextlib.ExitStack() as contexts:  # what the case's run keeps open (RankContext.contexts)
+            self._run_item(item, topo, mesh, contexts)
+
+    def _run_item(self, item: Item, topo: Topology, mesh, contexts: contextlib.ExitStack) -> None:
         case = self.cases[(item.op, item.case_id)]
         impl = self.impls[case.family]
         dtype = DTYPES[item.dtype]
@@ -231,7 +238,7 @@ class Worker:
             return
         ctx = RankContext(mesh=mesh, topology=topo, device=self.device, dtype=dtype,
                           full_shapes={k: tuple(v.shape) for k, v in golden.inputs.items()},
-                          input_layouts=case.input_layouts, impl=impl, full_inputs=golden.inputs)
+                          input_layouts=case.input_layouts, impl=impl, full_inputs=golden.inputs, contexts=contexts)
         local = {}
         for name, full in golden.inputs.items():
             piece = case.input_layouts.get(name, REPLICATED).local(full, mesh, golden.inputs).clone().to(self.device)
@@ -259,6 +266,13 @@ class Worker:
                 emit_check(check, "error", message=f"op returned {len(outs)} outputs, expected {len(case.output_names)}")
             return
 
+        # A run that kept its train context open (RankContext.keep_open) gets its backward first, as a training
+        # loop runs it, and the context closed before the harness computes anything of its own (a precision
+        # run of the reference inside a CP context would meet the context's attention).
+        backward_error = self._backward(item, case, outs, golden, mesh, counter, contexts) if ctx.kept_open else None
+        if backward_error is not None and not case.grad_inputs:  # the kept context failed to close
+            self._emit_error(emit_check, item.checks, backward_error)
+            return
         fwd_names = [c for c in item.checks if c.startswith("forward")]
         for i, (name, check, got, gold, naive, lay) in enumerate(zip(case.output_names, fwd_names, outs, golden.outputs,
                                                                      golden.naive_outputs, case.output_layouts)):
@@ -282,20 +296,11 @@ class Worker:
                                precision=(golden, lambda run, i=i: run[0][i], dtype))
 
         if case.grad_inputs:
-            self.events.emit("phase", item.id, phase="backward")
-            pairs = []
-            summand = self._summand_index(case, mesh)
-            for got, up, lay in zip(outs, golden.upstream, case.output_layouts):
-                if up is None:
-                    continue
-                pairs.append((got, lay.local(up[summand], mesh, golden.inputs).to(got.dtype).to(self.device)))
             grad_checks = [f"grad:{n}" for n in case.grad_inputs]
-            try:
-                counter.phase = "backward"
-                with counter:
-                    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-            except Exception as exc:
-                self._emit_error(emit_check, grad_checks, exc)
+            if not ctx.kept_open:
+                backward_error = self._backward(item, case, outs, golden, mesh, counter, contexts)
+            if backward_error is not None:
+                self._emit_error(emit_check, grad_checks, backward_error)
                 return
             for name, check in zip(case.grad_inputs, grad_checks):
                 x = local[name]
@@ -310,6 +315,26 @@ class Worker:
 
         self.emit_comm(case, ctx, counter, emit_check)
         self._emit_properties(case, ctx, golden, local, outs, emit_check)
+
+    def _backward(self, item: Item, case: Case, outs: tuple, golden: Golden, mesh, counter: CommCounter,
+                  contexts: contextlib.ExitStack) -> Exception | None:
+        """Backpropagate the golden upstream gradients (this rank's summand) from the outputs, then close
+        what the run kept open; the exception, if any (reported on the gradient checks)."""
+        self.events.emit("phase", item.id, phase="backward")
+        pairs = []
+        summand = self._summand_index(case, mesh)
+        for got, up, lay in zip(outs, golden.upstream, case.output_layouts):
+            if up is not None:
+                pairs.append((got, lay.local(up[summand], mesh, golden.inputs).to(got.dtype).to(self.device)))
+        try:
+            counter.phase = "backward"
+            if pairs:
+                with counter:
+                    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            contexts.close()  # a step's train context ends after its backward, as in a training loop
+        except Exception as exc:
+            return exc
+        return None
 
     def check_emitter(self, item: Item, mesh):
         """emit_check(check, status, **fields) for this rank and item."""

@@ -251,6 +251,7 @@ def build(run_dir: str | Path) -> list[Path]:
     for key in ("git_commit", "git_dirty", "torch_version", "device", "device_name", "backend", "host", "start", "end"):
         if key in meta:
             header.append(f"- {key}: {meta[key]}")
+    header += [f"- {note}" for note in meta.get("shim_notes", [])]  # CPU shims the run used (harness/shims)
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
     findings = causes(df)  # grouping every non-passing row: once for both pages
     md = header + ["", f"**{len(df)} checks: {summary}**", ""] + findings_markdown(findings)

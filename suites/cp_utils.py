@@ -167,12 +167,10 @@ def _step_run(spec: StepSpec):
             cp_ctx = impl.create_context_parallel_ctx(ctx.mesh["cp"], buffers, [1] * len(buffers), no_restore,
                                                       cp_rotate_method=spec.rotate)
             train_ctx = impl.get_train_context(False, False, cp_ctx)
-        with train_ctx():
-            # The harness runs the backward after the context has exited and restored buffers in place;
-            # a trainer runs it inside.  The step reads copies, so the embedding backward's saved
-            # indices are this rank's shard either way.
-            sharded = {k: v.clone() for k, v in batch.items() if isinstance(v, torch.Tensor)}
-            return ref.attention_block_loss(params, sharded, x["num_valid"], N_HEADS)
+        # As in a training loop, the step's backward runs inside the train context: an implementation that
+        # delegates to torch's context_parallel has its attention backward only while the context is open.
+        ctx.keep_open(train_ctx())
+        return ref.attention_block_loss(params, batch, x["num_valid"], N_HEADS)
     return run
 
 
@@ -187,11 +185,14 @@ def step_comm(spec: StepSpec):
     (hidden = heads·head_dim), e_in bytes (the model dtype), e_c the compute dtype's (float32 or better).
     - allgather: forward one all_gather@cp of kv (lower bound for exact attention with all-gather
       rotation: every rank needs every K/V once); backward the same all-gather again (only the local
-      K/V is kept: activations shrink 1/CP) and one reduce_scatter@cp of the [CP, kv] partial K/V
-      gradients (compute dtype: CP·kv·e_c sent).
+      K/V is kept: activations shrink 1/CP) and the partial K/V gradients back to their owners,
+      CP·kv·e_c bytes: one reduce_scatter@cp of [CP, kv], or (torch's own CP, whatever the rotate
+      method) a ring of CP all_to_all@cp of kv each.
     - alltoall (ring): forward CP−1 all_to_all@cp of kv (each rank meets every other block once);
       backward the K/V block again CP−1 times, its gradient accumulator CP−1 times with it and once
       more to its owner: 2·CP−1 calls, (CP−1)·kv·e_in + CP·kv·e_c bytes.
+    - CP = 1 through create_context_parallel_ctx: nothing, or (torch's own CP) one all_to_all@cp of the
+      K/V gradient (kv·e_c) on the 1-rank group.
     - the DDP stand-in: one all_reduce@cp (and @dp) per parameter gradient, e_c, plus the
       inputs_embeds gradient over cp ([B_local, S, hidden], e_c).
     Batch sharding and the loss add nothing (the loss is a Partial summand)."""
@@ -210,6 +211,7 @@ def step_comm(spec: StepSpec):
                 fwd["all_gather@cp"] = (1, kv * e_in)
                 bwd["all_gather@cp"] = (1, kv * e_in)
                 bwd["reduce_scatter@cp"] = (1, cp * kv * e_c)
+                bwd["all_to_all@cp"] = (cp, cp * kv * e_c)
             else:
                 fwd["all_to_all@cp"] = (cp - 1, (cp - 1) * kv * e_in)
                 bwd["all_to_all@cp"] = (2 * cp - 1, (cp - 1) * kv * e_in + cp * kv * e_c)
@@ -217,6 +219,8 @@ def step_comm(spec: StepSpec):
             if spec.embeds:
                 calls, nbytes = calls + 1, nbytes + b_local * spec.s * h * e_c
             bwd["all_reduce@cp"] = (calls, nbytes)
+        elif spec.via == "ctx":  # torch's own CP runs its ring on a 1-rank mesh too: the K/V gradient to itself
+            bwd["all_to_all@cp"] = (1, kv * e_c)
         if dp > 1:
             bwd["all_reduce@dp"] = (n_params, param_numel * e_c)
         return {"forward": fwd, "backward": bwd}
