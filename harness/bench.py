@@ -11,7 +11,7 @@ import torch
 
 from harness.case import REPLICATED, Case, RankContext, as_tuple, is_float
 from harness.measure import CommCounter, Timer, group_dims, peak_memory, split_comm
-from harness.plan import DTYPES, Item
+from harness.items import DTYPES, Item
 from harness.topology import Topology
 
 

@@ -15,17 +15,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.artefacts import ArtefactBudget
-from harness.cli import DEFAULT_TIMEOUT
 from harness.compare import NOT_PASSING, merge_ranks
-from harness.plan import Item, Plan
+from harness.events import PIECES
+from harness.items import DEFAULT_TIMEOUT, Item, Plan
 from harness.records import RecordWriter
-
-PIECES = "pieces"  # per launch: pieces/item<id>/rank<R>.pt, written by the workers for failing items
-
-
-# A worker's exit code when it ends because a peer is stuck or dead (harness.worker): a consequence, never
-# counted as that rank's death (harness.launch.dead_ranks).
-EXIT_PEER_STUCK = 3
 
 
 class _ItemState:
@@ -161,7 +154,7 @@ class Collector:
         failing = [c for c, m in rows.items() if m["status"] == "fail"]
         if pieces.is_dir():
             if failing and self.artefacts is not None:
-                saved = self.artefacts.save(item, failing, pieces, rows, self.writer.path.parent)
+                saved = self.artefacts.save(item, failing, pieces, self.writer.path.parent)
                 for check, paths in saved.items():
                     rows[check].update(paths)
             shutil.rmtree(pieces, ignore_errors=True)

@@ -12,8 +12,6 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from harness.causes import causes  # noqa: F401  (the run's non-passing rows grouped by cause: a DataFrame)
-
 RESULTS = "results.jsonl"
 RUN_META = "run.json"
 

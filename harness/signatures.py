@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 import torch
 
+from harness.module_under_test import resolve_impl
+
 SEED_PACKAGE = "distributed_impl"
 SIGNATURE_CHECK = "property:signature"
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -101,8 +103,6 @@ def check_names(family: str, module: ModuleType, names: list[str]) -> dict[str, 
 
 def signature_rows(plan, meta: dict) -> list[dict]:
     """The `property:signature` rows of a plan's foreign modules, in the one record format."""
-    from harness.plan import resolve_impl
-
     rows = []
     for family, spec in sorted(plan.impl.items()):
         if not is_foreign(family, spec):

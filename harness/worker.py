@@ -16,7 +16,6 @@ and the driver relaunches for the remaining items.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -28,30 +27,20 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from harness.case import REPLICATED, Case, RankContext, as_tuple, is_float
-from harness.collect import EXIT_PEER_STUCK, PIECES
-from harness.compare import budget, compare, judge
-from harness.bench import run_bench_item
-from harness.measure import CommCounter, comm_violations, group_dims, split_comm
-from harness.plan import DTYPES, Item, Plan, resolve_impl, suite_cases
 from harness.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
+from harness.bench import run_bench_item
+from harness.case import REPLICATED, Case, RankContext, as_tuple, is_float
+from harness.compare import budget, compare, judge
+from harness.events import EXIT_PEER_STUCK, PIECES, Events, events_path
+from harness.items import DTYPES, Item, Plan
+from harness.measure import CommCounter, comm_violations, group_dims, split_comm
+from harness.module_under_test import resolve_impl
 from harness.signatures import KeywordCalls, is_foreign, seed_module
+from harness.suite_loader import suite_cases
 from harness.topology import Topology, build_mesh, mesh_coords
 from reference import low_precision_math
 
 PEER_FAILURE = re.compile(r"closed by peer|reset by peer|Broken pipe|Connection refused|timed out|Timeout|aborted", re.I)
-
-
-class Events:
-    """This rank's event log: one JSON object per line, flushed at once (a crash loses nothing)."""
-
-    def __init__(self, path: Path, rank: int):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(path, "a", buffering=1)
-        self.rank = rank
-
-    def emit(self, kind: str, item: int, **fields) -> None:
-        self.file.write(json.dumps({"t": kind, "item": item, "rank": self.rank, "time": time.time(), **fields}) + "\n")
 
 
 def _detach(t):
@@ -137,7 +126,7 @@ class Worker:
         dist.init_process_group(self.backend, timeout=timedelta(seconds=plan.timeout + 120))
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.store = dist.PrefixStore("shardcheck-items", dist.distributed_c10d._get_default_store())
-        self.events = Events(events_dir / f"rank{self.rank}.jsonl", self.rank)
+        self.events = Events(events_path(events_dir, self.rank), self.rank)
         self.meshes = {}
         self.cases: dict[tuple[str, str], Case] = {}
         for suite in sorted({i.suite for i in plan.items}):
@@ -445,9 +434,11 @@ def main(argv: list[str] | None = None) -> int:
         Worker(plan, args.events).run()
         dist.destroy_process_group()
         return 0
-    from harness.standalone import run_standalone  # started by a hand-written torchrun command
-
-    return run_standalone(rest)
+    # Started by a torchrun command written by hand: this process becomes harness.standalone, which builds
+    # the plan and collects (the driver's side); the rank side never imports the driver.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "harness.standalone", *rest])
 
 
 if __name__ == "__main__":

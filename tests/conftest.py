@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.causes import finding_lines
+from harness.causes import causes, finding_lines
 from harness.compare import NOT_PASSING
-from harness.records import causes, load
+from harness.records import load
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN = Path(__file__).resolve().parent / "broken"
