@@ -74,7 +74,7 @@ def run_bench_item(w, item: Item, topo: Topology, mesh) -> None:
         for d in ("dp", "cp", "tp"):  # per-iteration max over the sub-mesh
             torch.distributed.all_reduce(times, op=torch.distributed.ReduceOp.MAX, group=mesh[d].get_group())
     except Exception as exc:
-        w._emit_error(emit_check, item.checks, exc)
+        w._emit_error(emit_check, item.checks, exc, "forward")
         return
     total = times.sum(1)
     median, iqr = median_iqr(total)

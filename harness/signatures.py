@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 
 from harness.module_under_test import resolve_impl
+from harness.records import NO_CAUSE
 
 SEED_PACKAGE = "distributed_impl"
 SIGNATURE_CHECK = "property:signature"
@@ -117,7 +118,7 @@ def signature_rows(plan, meta: dict) -> list[dict]:
                          "dtype": "-", "device": plan.device, "backend": plan.backend, "seed": plan.seed,
                          "check": SIGNATURE_CHECK, "status": status, "max_abs_err": None, "max_rel_err": None,
                          "budget": None, "err_ratio": None, "err_naive": None, "mismatch": None, "message": message,
-                         "per_rank": []})
+                         "per_rank": [], **NO_CAUSE, "symptom": "signature"})
     return rows
 
 

@@ -8,18 +8,23 @@ import pandas as pd
 import torch
 
 from conftest import BROKEN, ROOT, assert_one_cause
-from harness.causes import causes, error_template, separating_condition
+from harness.causes import blank_numbers, causes, finding_lines, separating_condition
 from harness.signatures import KeywordCalls, call_signature, check_names, differences, seed_module
 
 TP2 = ("--topology", "dp=1,cp=1,tp=2", "--quick")
 FP32_IMPL = ROOT / "tests" / "impls" / "fp32_extra_collectives_model_utils.py"
 
 
-def _row(status, check="forward", tp=2, dtype="float64", op="model_utils.X", masked=0.0, message="", **extra):
-    return {"op": op, "case_id": extra.pop("case_id", f"m{masked}"), "status": status, "check": check, "dp": 1,
-            "cp": 1, "tp": tp, "dtype": dtype,
-            "params": {"B": 2, "masked": masked}, "message": message, "err_ratio": extra.pop("err_ratio", None),
-            "mismatch": extra.pop("mismatch", None), "rerun": extra.pop("rerun", None), **extra}
+def _row(status, check="forward", tp=2, dtype="float64", op="model_utils.X", masked=0.0, message="", dp=1, **extra):
+    """A result row as harness.collect writes it (the cause fields given as keywords)."""
+    symptom = extra.pop("symptom", {"fail": "values", "warn": "comm", "error": "exception"}.get(status))
+    return {"op": op, "case_id": extra.pop("case_id", f"m{masked}"), "status": status, "check": check, "dp": dp,
+            "cp": 1, "tp": tp, "dtype": dtype, "params": extra.pop("params", {"B": 2, "masked": masked}),
+            "message": message, "err_ratio": extra.pop("err_ratio", None), "mismatch": extra.pop("mismatch", None),
+            "rerun": extra.pop("rerun", None), "symptom": symptom, "culprit_ranks": extra.pop("culprit_ranks", [1]),
+            "blocked_ranks": extra.pop("blocked_ranks", []), "error_type": extra.pop("error_type", None),
+            "error_message": extra.pop("error_message", None), "error_where": extra.pop("error_where", None),
+            "phase": extra.pop("phase", None), **extra}
 
 
 def test_condition_separates_failing_from_passing_rows():
@@ -36,22 +41,25 @@ def test_condition_separates_failing_from_passing_rows():
     assert cause["checks"] == "grad:logits" and cause["worst"].startswith("err/budget 50")
 
 
-def test_errors_group_by_type_template_and_location():
-    msg = "rank {r} (dp=0, cp=0, tp={r}): AssertionError: vocab shard of {n} (impl.py:12); failing rank(s): {r}"
-    rows = [_row("error", c, message=msg.format(r=r, n=n)) for c in ("forward", "grad:logits") for r, n in ((0, 18), (1, 19))]
-    rows += [_row("error", message="rank 0 (dp=0, cp=0, tp=0): RuntimeError: view size is not compatible (impl.py:40)")]
+def test_errors_group_by_type_message_and_location_from_the_fields():
+    def error(check, rank, n, type_="AssertionError", text="vocab shard of {n}", where="impl.py:12"):
+        return _row("error", check, message="not read", culprit_ranks=[rank], error_type=type_,
+                    error_message=text.format(n=n), error_where=f"tests/broken/{where}", phase="forward")
+    rows = [error(c, r, n) for c in ("forward", "grad:logits") for r, n in ((0, 18), (1, 19))]
+    rows += [error("forward", 0, 0, "RuntimeError", "view size is not compatible", "impl.py:40")]
     rows += [_row("pass", tp=1)]
     table = causes(pd.DataFrame(rows))
     assert list(table["kind"]) == ["AssertionError: vocab shard of N (impl.py:12)",
                                    "RuntimeError: view size is not compatible (impl.py:40)"]
     assert list(table["count"]) == [4, 1]
-    assert error_template("rank 3 (dp=1, cp=0, tp=1): no result; rank(s) 1 did not finish within 5s") == \
-        "no result; rank(s) N did not finish within Ns"
+    assert table.iloc[0]["worst"].startswith("rank 0 raised AssertionError in forward at tests/broken/impl.py:12: "
+                                             "vocab shard of 18")
+    assert blank_numbers("shape [4, 37] vs 36.5 at 1e-3") == "shape [N, N] vs N at N"
 
 
 def test_failures_come_before_warnings_and_always_is_said():
     rows = [_row("warn", "property:comm", message="forward all_reduce@tp: 4 call(s) > allowed 3"),
-            _row("fail", "forward", dtype="bfloat16", mismatch={"kind": "nonfinite"}),
+            _row("fail", "forward", dtype="bfloat16", symptom="nonfinite"),
             _row("pass", "forward", dtype="float64")]
     table = causes(pd.DataFrame(rows))
     assert list(table["status"]) == ["fail", "warn"]
@@ -60,6 +68,82 @@ def test_failures_come_before_warnings_and_always_is_said():
     assert table.iloc[1]["kind"] == "more collectives than the contract allows"
     bad = pd.DataFrame([_row("fail", tp=t) for t in (1, 2)])
     assert separating_condition(bad, bad.iloc[:0]) == "always (every case, dtype and check run), at every topology (dp1-cp1-tp1, dp1-cp1-tp2)"
+
+
+def test_a_condition_most_passing_rows_fall_under_is_no_condition():
+    bad = pd.DataFrame([_row("fail", "grad:logits", 2, masked=0.3, case_id=f"c{i}") for i in range(3)])
+    passing = pd.DataFrame([_row("pass", "grad:logits", 2, masked=0.3, case_id=f"p{i}") for i in range(8)]
+                           + [_row("pass", "grad:logits", 2, masked=0.0)])
+    condition = separating_condition(bad, passing)
+    assert condition.startswith("no condition on checks, dtypes, mesh dims or case parameters separates it from "
+                                "the 9 passing rows"), condition
+    sharper = pd.concat([passing, pd.DataFrame([_row("pass", "grad:logits", 2, masked=0.0, case_id=f"q{i}")
+                                                for i in range(8)])])
+    assert separating_condition(bad, sharper) == "mostly when masked ≥ 0.3, at dp1-cp1-tp2 (8 of 17 passing rows match too)"
+
+
+def _upstream_style_rows() -> list[dict]:
+    """An op wrong in every item (the forward), with a gradient wrong exactly at tp ≥ 2, a rank raising
+    in the backward of the items with a DP rank without tokens (its DP peer blocks), and the DP-sum property
+    failing wherever it is checked (the forward is wrong)."""
+    rows = []
+    for dp, tp in ((1, 1), (1, 2), (2, 1), (2, 2)):
+        for case in ("masked", "dp-rank-empty"):
+            params = {"B": 4, "empty": case == "dp-rank-empty"}
+            row = lambda *a, **k: _row(*a, dp=dp, tp=tp, case_id=case, params=params, **k)  # noqa: E731
+            rows.append(row("fail", "forward", err_ratio=1e6))
+            if case == "dp-rank-empty" and dp > 1:  # rank 0 raised in backward; DP rank 1 (and its TP peer) blocked
+                blocked = [1] if tp == 1 else [2, 3]
+                for check in ("grad:student_logits", "property:comm"):
+                    rows.append(row("error", check, culprit_ranks=[0], blocked_ranks=blocked, phase="backward",
+                                    error_type="RuntimeError", error_where="torch/autograd/graph.py:829",
+                                    error_message="element 0 of tensors does not require grad"))
+                continue
+            rows.append(row("fail" if tp > 1 else "pass", "grad:student_logits", err_ratio=1e3))
+            rows.append(row("pass", "property:comm"))
+            if dp > 1:
+                rows.append(row("fail", "property:dp_sum", symptom="property"))
+    return rows
+
+
+def test_an_op_wrong_everywhere_lists_each_symptom_with_its_own_condition():
+    table = causes(pd.DataFrame(_upstream_style_rows()))
+    assert len(table) == 3, "\n".join(finding_lines(table))
+    raised, forward, grad = (table.iloc[i] for i in range(3))
+    assert raised["status"] == "error" and raised["kind"].startswith("RuntimeError: element N of tensors")
+    assert raised["condition"] == "exactly at dp ≥ 2, with empty" and raised["count"] == 4
+    assert raised["worst"].startswith("rank 0 raised RuntimeError in backward at torch/autograd/graph.py:829")
+    assert forward["kind"] == "wrong values; property:dp_sum does not hold" and forward["checks"] == "forward, property:dp_sum"
+    assert forward["condition"].startswith("exactly in forward")
+    assert grad["kind"] == "wrong values" and grad["condition"] == "exactly in grad:student_logits, at tp ≥ 2"
+
+
+def test_a_rank_that_raised_and_its_blocked_peers_are_one_cause_whatever_the_count():
+    rows = [r for r in _upstream_style_rows() if r["status"] == "error"]
+    rows += [_row("pass", "grad:student_logits", dp=2, tp=tp, params={"B": 4, "empty": False}) for tp in (1, 2)]
+    table = causes(pd.DataFrame(rows))
+    assert len(table) == 1 and table.iloc[0]["count"] == 4
+    assert "then blocked or lost the connection" in table.iloc[0]["worst"]
+
+
+def test_one_root_across_ops_is_one_line_naming_the_ops():
+    def raised(op, tp):
+        return _row("error", op=op, tp=tp, error_type="ValueError", error_message=f"shard of {17 + tp} rows",
+                    error_where="tests/broken/model_utils/helper.py:20", phase="forward", culprit_ranks=[0, 1])
+    ops = ["model_utils.A", "model_utils.B", "model_utils.C"]
+    rows = [raised(op, tp) for op in ops for tp in (2, 4)] + [_row("pass", op=op, tp=1) for op in ops]
+    rows += [_row("warn", "forward", op=op, symptom="precision:float32", tp=tp) for op in ops[:2] for tp in (1, 2)]
+    rows += [_row("error", "forward", op="model_utils.D", tp=2, symptom="died", error_type=sig, case_id=f"d{sig}")
+             for sig in ("SIGSEGV", "SIGABRT")] + [_row("pass", op="model_utils.D", tp=1)]
+    table = causes(pd.DataFrame(rows))
+    assert len(table) == 3, "\n".join(finding_lines(table))
+    helper = table[table["kind"].str.startswith("ValueError")].iloc[0]
+    assert helper["op"] == "model_utils.{A, B, C}" and helper["ops"] == tuple(ops) and helper["count"] == 6
+    assert helper["kind"] == "ValueError: shard of N rows (helper.py:20)" and helper["condition"] == "exactly at tp ≥ 2"
+    died = table[table["kind"].str.startswith("a rank died")].iloc[0]
+    assert died["kind"] == "a rank died (SIGABRT, SIGSEGV)" and died["ops"] == ("model_utils.D",)
+    warned = table[table["status"] == "warn"].iloc[0]
+    assert warned["kind"] == "float64 computed in float32" and warned["op"] == "model_utils.{A, B}"
 
 
 def test_signature_differences():
