@@ -222,23 +222,24 @@ def _ranks(ranks) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-def _worst_text(row, status: str) -> str:
-    """The worst row of a cause, for people: who raised, died or hung, or the worst mismatch."""
+def _worst_text(row, status: str, limit: int = 300) -> str:
+    """The worst row of a cause, for people: who raised, died or hung, or the worst mismatch; then its item."""
     symptom = _symptom_of(row)
     blocked = row.get("blocked_ranks") if isinstance(row.get("blocked_ranks"), list) else []
     then = f"; {_ranks(blocked)} then blocked or lost the connection" if blocked else ""
-    where = f"{row['op']} [{row['case_id']}] dp{row['dp']}-cp{row['cp']}-tp{row['tp']} {row['dtype']}"
     culprits = row.get("culprit_ranks") if isinstance(row.get("culprit_ranks"), list) else []
     if symptom in ERRORS:
-        return (f"{_ranks(culprits)} raised {row.get('error_type')} in {row.get('phase')} at {row.get('error_where')}: "
-                f"{row.get('error_message')}{then} ({where})")
-    if symptom == "died":
-        return f"{_ranks(culprits)} died: {row.get('error_type')} (in {row.get('phase')}){then} ({where})"
-    if symptom == "hung":
-        return f"{_ranks(culprits)} did not finish (in {row.get('phase')}) ({where})"
-    ratio = _ratio(row)
-    prefix = f"err/budget {ratio:.3g}: " if status != "error" and math.isfinite(ratio) else ""
-    return f"{prefix}{row['message']} ({where})"
+        text = (f"{_ranks(culprits)} raised {row.get('error_type')} in {row.get('phase')} at {row.get('error_where')}: "
+                f"{row.get('error_message')}{then}")
+    elif symptom == "died":
+        text = f"{_ranks(culprits)} died: {row.get('error_type')} (in {row.get('phase')}){then}"
+    elif symptom == "hung":
+        text = f"{_ranks(culprits)} did not finish (in {row.get('phase')})"
+    else:
+        ratio = _ratio(row)
+        text = (f"err/budget {ratio:.3g}: " if status != "error" and math.isfinite(ratio) else "") + str(row["message"])
+    text = text if len(text) <= limit else text[:limit - 1] + "…"
+    return f"{text} ({row['op']} [{row['case_id']}] dp{row['dp']}-cp{row['cp']}-tp{row['tp']} {row['dtype']})"
 
 
 def _display(ops: list[str]) -> str:
@@ -294,7 +295,7 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
         condition = separating_condition(rows, passing)
     return {"op": op, "ops": (op,), "status": status, "kind": kind, "symptoms": {symptom},
             "checks": ", ".join(sorted(rows["check"].unique())), "count": len(rows), "condition": condition,
-            "worst": _worst_text(worst, status)[:300], "rerun": rerun, "rows": list(rows.index),
+            "worst": _worst_text(worst, status), "rerun": rerun, "rows": list(rows.index),
             "items": set(map(tuple, rows[ITEM].astype(str).values)),
             "error_key": (worst.get("error_type"), worst.get("error_where")) if symptom in ERRORS else None}
 

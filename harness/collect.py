@@ -107,8 +107,8 @@ class Collector:
                     "error_type": ", ".join(dict.fromkeys(how for _, how in sorted(deaths.items()))),
                     "error_message": None, "error_where": None, "phase": st.phase.get(min(deaths), "setup")}
         elif raised is not None and _phase_order(raised.get("phase")) <= blocked_at:
-            root = {"symptom": raised.get("symptom") or "exception", "culprit_ranks": [raised["rank"]],
-                    "blocked_ranks": [r for r in stuck_ranks if r != raised["rank"]],
+            root = {"symptom": raised.get("symptom") or "exception", "culprit_ranks": raised["culprit_ranks"],
+                    "blocked_ranks": [r for r in stuck_ranks if r not in raised["culprit_ranks"]],
                     **{k: raised.get(k) for k in ("error_type", "error_message", "error_where", "phase")}}
         else:
             culprits = stuck_ranks or [r for r in participants if r not in st.done]
@@ -121,7 +121,7 @@ class Collector:
                          + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in waiting) + ")")
         if stuck_ranks:
             waited = max(ev["waited"] for ev in st.stuck)
-            why = (f"blocked after rank {raised['rank']} raised {raised.get('error_type')}"
+            why = (f"blocked after rank(s) {', '.join(map(str, raised['culprit_ranks']))} raised {raised.get('error_type')}"
                    if root["symptom"] != "hung" and not deaths else "blocked or dead")
             notes.append(f"rank(s) {', '.join(map(str, stuck_ranks))} did not finish the case within {waited:g}s "
                          f"({why}; " + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in stuck_ranks) + ")")
@@ -151,18 +151,21 @@ class Collector:
         if deaths:
             return " and ".join(f"rank {r} died ({how})" for r, how in sorted(deaths.items()))
         if root["symptom"] != "hung":
-            return f"hung after rank {root['culprit_ranks'][0]} raised {root['error_type']}"
+            return f"hung after rank(s) {', '.join(map(str, root['culprit_ranks']))} raised {root['error_type']}"
         return "hung" if stuck_ranks or reason else "ended its launch"
 
     def _first_exception(self, item: Item) -> dict | None:
         """The first rank result of `item` (in check order, then by rank) that raised on its own (not after a
-        peer failed), or None."""
+        peer failed), with `culprit_ranks`: every rank that raised the same on its own; or None."""
         st = self.state[item.id]
-        for check in [*item.checks, *(c for c in st.checks if c not in item.checks)]:
-            for ev in sorted(st.checks.get(check, []), key=lambda e: e["rank"]):
-                if ev["status"] == "error" and not ev.get("secondary") and ev.get("error_type"):
-                    return ev
-        return None
+        own = [ev for check in [*item.checks, *(c for c in st.checks if c not in item.checks)]
+               for ev in sorted(st.checks.get(check, []), key=lambda e: e["rank"])
+               if ev["status"] == "error" and not ev.get("secondary") and ev.get("error_type")]
+        if not own:
+            return None
+        first = own[0]
+        same = {ev["rank"] for ev in own if (ev["error_type"], ev.get("error_where")) == (first["error_type"], first.get("error_where"))}
+        return {**first, "culprit_ranks": sorted(same)}
 
     def skip(self, item: Item, reason: str) -> None:
         """Record every check of `item` as skipped, without running it."""
@@ -183,7 +186,7 @@ class Collector:
         if not aborted:
             raised = self._first_exception(item)
             root = None if raised is None else {
-                "symptom": raised.get("symptom") or "exception", "culprit_ranks": [raised["rank"]], "blocked_ranks": [],
+                "symptom": raised.get("symptom") or "exception", "culprit_ranks": raised["culprit_ranks"], "blocked_ranks": [],
                 **{k: raised.get(k) for k in ("error_type", "error_message", "error_where", "phase")}}
         rows = {}
         for check, per_rank in st.checks.items():

@@ -7,7 +7,7 @@ import inspect
 import pandas as pd
 import torch
 
-from conftest import BROKEN, ROOT, assert_one_cause
+from conftest import BROKEN, ROOT, assert_one_cause, shardcheck
 from harness.causes import blank_numbers, causes, finding_lines, separating_condition
 from harness.signatures import KeywordCalls, call_signature, check_names, differences, seed_module
 
@@ -144,6 +144,63 @@ def test_one_root_across_ops_is_one_line_naming_the_ops():
     assert died["kind"] == "a rank died (SIGABRT, SIGSEGV)" and died["ops"] == ("model_utils.D",)
     warned = table[table["status"] == "warn"].iloc[0]
     assert warned["kind"] == "float64 computed in float32" and warned["op"] == "model_utils.{A, B}"
+
+
+KD_EMPTY_DP_RANK = ("--case", "*dp-rank-empty")  # DP rank 0 of 2 holds no valid token
+
+
+def test_a_rank_raising_in_backward_and_its_blocked_peers_are_one_cause(run_shardcheck):
+    """The rank without tokens raises in backward; its DP peer (one rank at tp 1, two at tp 2) blocks in the
+    next collective: one cause, named by the exception, whatever the count of blocked ranks."""
+    run = run_shardcheck("run", "--impl", f"kd_loss={BROKEN / 'kd_loss' / 'no_graph_without_tokens.py'}",
+                         "--op", "kd_loss.KDLoss", *KD_EMPTY_DP_RANK, "--topology", "dp=2,cp=1,tp=1",
+                         "--topology", "dp=2,cp=1,tp=2", "--dtype", "float64", "--quick", "--timeout", "10", timeout=400)
+    assert run.returncode == 1, run.stdout + run.stderr
+    cause = assert_one_cause(run)
+    assert cause["status"] == "error" and cause["kind"].startswith(
+        "RuntimeError: element N of tensors does not require grad and does not have a grad_fn"), cause["kind"]
+    assert "raised RuntimeError in backward" in cause["worst"] and "then blocked" in cause["worst"]
+    errors = run.rows[run.rows["status"] == "error"]
+    assert set(errors["tp"]) == {1, 2}
+    for _, row in errors.iterrows():  # the DP rank 0 ranks raised; the DP rank 1 ranks blocked
+        assert row["symptom"] == "exception" and row["phase"] == "backward" and row["error_type"] == "RuntimeError"
+        assert row["culprit_ranks"] == list(range(row["tp"])), row["culprit_ranks"]
+        assert row["blocked_ranks"] == list(range(row["tp"], 2 * row["tp"])), row["blocked_ranks"]
+
+
+def test_three_bugs_under_three_conditions_are_three_lines(tmp_path):
+    """A loss wrong everywhere (cross-entropy for KL), with a student gradient wrong at tp >= 2 and a raise in
+    backward where a DP rank holds no token: each bug is a line of its own, with its own condition."""
+    run = shardcheck("run", "--impl", f"kd_loss={BROKEN / 'kd_loss' / 'upstream_style_three_bugs.py'}",
+                     "--op", "kd_loss.KDLoss", "--case", "dtensor-b4s6v37-T2-nbltensor-chunk0-masked", *KD_EMPTY_DP_RANK,
+                     "--topology", "dp=1,cp=1,tp=1", "--topology", "dp=1,cp=1,tp=2", "--topology", "dp=2,cp=1,tp=1",
+                     "--dtype", "float64", "--quick", "--timeout", "10", out=tmp_path / "run", timeout=400)
+    assert run.returncode == 1, run.stdout + run.stderr
+    table = run.causes
+    lines = "\n".join(finding_lines(table))
+    assert len(table) == 3 and set(table["op"]) == {"kd_loss.KDLoss"}, lines
+    raised, forward, grad = (table[table["checks"].str.contains(c)].iloc[0]
+                             for c in ("property:comm", "^forward", "^grad:student_logits$"))
+    assert raised["status"] == "error" and raised["kind"].startswith("RuntimeError: element N of tensors"), lines
+    assert raised["condition"].startswith("exactly at dp ≥ 2"), lines
+    assert forward["kind"].startswith("wrong values") and forward["condition"].startswith("exactly in forward"), lines
+    assert grad["kind"] == "wrong values" and grad["condition"] == "exactly in grad:student_logits, at tp ≥ 2", lines
+    for cause in table.itertuples():
+        assert f"{cause.status.upper()} {cause.op}: {cause.kind} — {cause.condition}" in run.stdout
+
+
+def test_a_helper_several_ops_share_raising_for_all_of_them_is_one_line(run_shardcheck):
+    ops = [f"model_utils.{name}" for name in ("DistributedLogprob", "ChunkedDistributedLogprob",
+                                              "_compute_distributed_log_softmax")]
+    run = run_shardcheck("run", "--impl", f"model_utils={BROKEN / 'model_utils' / 'shared_helper_raises.py'}",
+                         *(arg for op in ops for arg in ("--op", op)), "--topology", "dp=1,cp=1,tp=1",
+                         "--topology", "dp=1,cp=1,tp=2", "--dtype", "float64", "--quick")
+    assert run.returncode == 1, run.stdout + run.stderr
+    cause = assert_one_cause(run)
+    assert len(run.causes) == 1 and set(cause["ops"]) == set(ops)
+    assert cause["kind"] == "ValueError: log-softmax over N vocab shards of N is not supported (shared_helper_raises.py:18)"
+    assert cause["condition"] == "exactly at tp ≥ 2"
+    assert cause["op"].startswith("model_utils.{") and all(op.split(".")[1] in cause["op"] for op in ops)
 
 
 def test_signature_differences():
