@@ -709,9 +709,6 @@ def all_to_all_sq2vp(seq_parallel_logits: torch.Tensor, tp_group: dist.ProcessGr
     return _SQ2VP.apply(seq_parallel_logits, tp_group)
 
 
-# ---- end of phase 1 ----
-
-
 # ----------------------------------------------------------------------------- top-k / top-p sampling
 
 
