@@ -49,6 +49,7 @@ ERRORS = ("exception", "reference")  # symptoms named by an exception
 CRASHES = ("exception", "reference", "died", "hung", "outputs", "missing", "blocked")  # the whole item failed
 PER_CHECK = ("values", "nonfinite", "shape", "dtype", "output_type", "no_gradient")  # one symptom per check
 MAX_CONJUNCTION = 3  # predicates tried together when searching for an exact condition
+CRASH_SIGNALS = {"SIGABRT", "SIGBUS", "SIGSEGV", "SIGFPE", "SIGILL"}
 
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
@@ -284,8 +285,9 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
 def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.DataFrame) -> dict:
     records = rows.to_dict("records")
     symptom = records[0]["_symptom"]
+    signals = {how.strip() for r in records for how in str(r.get("error_type")).split(",")} if symptom == "died" else set()
     if symptom == "died":  # a rank dying: one symptom whatever the signal, which the words then list
-        kind = f"{SYMPTOMS['died']} ({', '.join(sorted({str(r.get('error_type')) for r in records}))})"
+        kind = f"{SYMPTOMS['died']} ({', '.join(sorted(signals))})"
     worst = max(records, key=_ratio) if status != "error" else records[0]
     rerun = worst.get("rerun") if isinstance(worst.get("rerun"), str) else next(
         (r["rerun"] for r in records if isinstance(r.get("rerun"), str)), None)
@@ -293,7 +295,7 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
         condition = "of the module, found before any case ran"
     else:
         condition = separating_condition(rows, passing)
-    return {"op": op, "ops": (op,), "status": status, "kind": kind, "symptoms": {symptom},
+    return {"op": op, "ops": (op,), "status": status, "kind": kind, "symptoms": {symptom}, "signals": signals,
             "checks": ", ".join(sorted(rows["check"].unique())), "count": len(rows), "condition": condition,
             "worst": _worst_text(worst, status), "rerun": rerun, "rows": list(rows.index),
             "items": set(map(tuple, rows[ITEM].astype(str).values)),
@@ -303,8 +305,11 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
 def _merge(group: list[dict], condition: str) -> dict:
     first = max(group, key=lambda s: (STATUS_ORDER[s["status"]], s["count"]))
     ops = list(dict.fromkeys(op for s in group for op in s["ops"]))
-    return {**first, "op": _display(ops), "ops": tuple(ops), "kind": "; ".join(dict.fromkeys(s["kind"] for s in group)),
-            "symptoms": set().union(*(s["symptoms"] for s in group)), "count": sum(s["count"] for s in group),
+    signals = set().union(*(s["signals"] for s in group))
+    kind = (f"{SYMPTOMS['died']} ({', '.join(sorted(signals))})" if all(s["symptoms"] == {"died"} for s in group)
+            else "; ".join(dict.fromkeys(s["kind"] for s in group)))
+    return {**first, "op": _display(ops), "ops": tuple(ops), "kind": kind,
+            "symptoms": set().union(*(s["symptoms"] for s in group)), "signals": signals, "count": sum(s["count"] for s in group),
             "checks": ", ".join(sorted({c for s in group for c in s["checks"].split(", ")})), "condition": condition,
             "rows": [i for s in group for i in s["rows"]], "items": set().union(*(s["items"] for s in group)),
             "error_key": first["error_key"] if all(s["error_key"] == first["error_key"] for s in group) else None}
@@ -376,7 +381,7 @@ def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> 
             return ("raised", c["error_key"])
         if c["status"] == "warn" and (symptom == "comm" or str(symptom).startswith("precision:")):
             return ("warned", c["kind"])
-        if symptom == "died":
+        if symptom == "died" and c["signals"] <= CRASH_SIGNALS:  # a crash, not a kill from outside or an exit
             return ("died", c["condition"])
         return None
 

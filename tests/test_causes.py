@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import inspect
+import json
 
 import pandas as pd
 import torch
 
 from conftest import BROKEN, ROOT, assert_one_cause, shardcheck
 from harness.causes import blank_numbers, causes, finding_lines, separating_condition
+from harness.records import load
 from harness.signatures import KeywordCalls, call_signature, check_names, differences, seed_module
 
 TP2 = ("--topology", "dp=1,cp=1,tp=2", "--quick")
@@ -133,17 +135,38 @@ def test_one_root_across_ops_is_one_line_naming_the_ops():
     ops = ["model_utils.A", "model_utils.B", "model_utils.C"]
     rows = [raised(op, tp) for op in ops for tp in (2, 4)] + [_row("pass", op=op, tp=1) for op in ops]
     rows += [_row("warn", "forward", op=op, symptom="precision:float32", tp=tp) for op in ops[:2] for tp in (1, 2)]
-    rows += [_row("error", "forward", op="model_utils.D", tp=2, symptom="died", error_type=sig, case_id=f"d{sig}")
-             for sig in ("SIGSEGV", "SIGABRT")] + [_row("pass", op="model_utils.D", tp=1)]
+    rows += [_row("error", "forward", op=op, tp=2, symptom="died", error_type=sig, case_id=f"d{sig}")
+             for op, sig in (("model_utils.D", "SIGSEGV"), ("model_utils.D", "SIGABRT"), ("model_utils.E", "SIGBUS"))]
+    rows += [_row("pass", op=op, tp=1) for op in ("model_utils.D", "model_utils.E", "model_utils.F")]
+    rows += [_row("error", "forward", op="model_utils.F", tp=2, symptom="died", error_type="SIGKILL")]  # killed
     table = causes(pd.DataFrame(rows))
-    assert len(table) == 3, "\n".join(finding_lines(table))
+    assert len(table) == 4, "\n".join(finding_lines(table))
     helper = table[table["kind"].str.startswith("ValueError")].iloc[0]
     assert helper["op"] == "model_utils.{A, B, C}" and helper["ops"] == tuple(ops) and helper["count"] == 6
     assert helper["kind"] == "ValueError: shard of N rows (helper.py:20)" and helper["condition"] == "exactly at tp ≥ 2"
-    died = table[table["kind"].str.startswith("a rank died")].iloc[0]
-    assert died["kind"] == "a rank died (SIGABRT, SIGSEGV)" and died["ops"] == ("model_utils.D",)
+    crashed, killed = (table[table["kind"].str.startswith("a rank died")].iloc[i] for i in (0, 1))
+    assert crashed["kind"] == "a rank died (SIGABRT, SIGBUS, SIGSEGV)", crashed["kind"]
+    assert crashed["ops"] == ("model_utils.D", "model_utils.E") and crashed["condition"] == "exactly at tp ≥ 2"
+    assert killed["kind"] == "a rank died (SIGKILL)" and killed["ops"] == ("model_utils.F",)
     warned = table[table["status"] == "warn"].iloc[0]
     assert warned["kind"] == "float64 computed in float32" and warned["op"] == "model_utils.{A, B}"
+
+
+def test_runs_recorded_before_rows_had_cause_fields_still_load_and_group(tmp_path):
+    old = [{k: v for k, v in _row(status, check, tp, message=message).items()
+            if k not in ("symptom", "culprit_ranks", "blocked_ranks", "error_type", "error_message", "error_where", "phase")}
+           for status, check, tp, message in (
+               ("error", "forward", 2, "rank 1 (dp=0, cp=0, tp=1): RuntimeError: shard check failed (x.py:3)"),
+               ("error", "grad:logits", 2, "rank 1 (dp=0, cp=0, tp=1): RuntimeError: shard check failed (x.py:3)"),
+               ("fail", "forward", 4, "rank 3 (dp=0, cp=0, tp=3): |err| 2 > budget 1e-10"),
+               ("pass", "forward", 1, ""))]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    rows = load(tmp_path)
+    assert rows["symptom"].isna().all() and rows["culprit_ranks"].map(len).eq(0).all()
+    table = causes(rows)
+    assert len(table) == 1 and table.iloc[0]["count"] == 3 and table.iloc[0]["condition"] == "exactly at tp ≥ 2"
+    assert table.iloc[0]["kind"] == ("error: rank N (dp=N, cp=N, tp=N): RuntimeError: shard check failed (x.py:N); "
+                                     "wrong values")
 
 
 KD_EMPTY_DP_RANK = ("--case", "*dp-rank-empty")  # DP rank 0 of 2 holds no valid token
@@ -288,10 +311,12 @@ def test_float32_math_and_extra_collectives_warn_and_pass_unless_strict(run_shar
     rows = run.rows
     assert set(rows["status"]) == {"warn"}  # float64 in float32 everywhere, one all-reduce too many everywhere
     table = run.causes
-    assert set(table["status"]) == {"warn"} and len(table) == 4
+    # two findings over the module, each one line naming both ops
+    assert set(table["status"]) == {"warn"} and len(table) == 2
     assert set(table["kind"]) == {"float64 computed in float32", "more collectives than the contract allows"}
-    assert set(table["op"]) == {"model_utils.DistributedLogprob", "model_utils.ChunkedDistributedLogprob"}
-    assert "Findings (4):" in run.stdout and f"{(rows['status'] == 'warn').sum()} warnings, 0 failed" in run.stdout
+    assert all(set(ops) == {"model_utils.DistributedLogprob", "model_utils.ChunkedDistributedLogprob"}
+               for ops in table["ops"])
+    assert "Findings (2):" in run.stdout and f"{(rows['status'] == 'warn').sum()} warnings, 0 failed" in run.stdout
     values = rows[rows["check"] != "property:comm"]
     assert (values[values["status"] == "warn"]["message"].str.contains("float64 computed in float32")).all()
     strict = run_shardcheck("run", "--impl", f"model_utils={FP32_IMPL}", "--op", "model_utils.DistributedLogprob",
