@@ -94,6 +94,11 @@ def kind_of(row) -> str:
     return f"{status}: {blank_numbers(row.get('message'))[:160]}"
 
 
+def _group_kind(row) -> str:
+    """kind_of, except that wrong and non-finite values of one check are one symptom (the numbers are wrong)."""
+    return SYMPTOMS["values"] if _symptom_of(row) in ("values", "nonfinite") else kind_of(row)
+
+
 def _part(row) -> str:
     """A wrong value is a symptom per check (the forward and a gradient may be wrong under different
     conditions); an exception, a death or a hang fails the whole item."""
@@ -238,9 +243,9 @@ def _worst_text(row, status: str, limit: int = 300) -> str:
         text = f"{_ranks(culprits)} did not finish (in {row.get('phase')})"
     else:
         ratio = _ratio(row)
-        text = (f"err/budget {ratio:.3g}: " if status != "error" and math.isfinite(ratio) else "") + str(row["message"])
+        text = (f"err/budget {ratio:.3g}: " if status != "error" and math.isfinite(ratio) else "") + str(row.get("message") or "")
     text = text if len(text) <= limit else text[:limit - 1] + "…"
-    return f"{text} ({row['op']} [{row['case_id']}] dp{row['dp']}-cp{row['cp']}-tp{row['tp']} {row['dtype']})"
+    return f"{text} ({row['op']} [{row.get('case_id')}] dp{row['dp']}-cp{row['cp']}-tp{row['tp']} {row['dtype']})"
 
 
 def _display(ops: list[str]) -> str:
@@ -259,10 +264,12 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
     if not len(df) or "status" not in df:
         return pd.DataFrame(columns=COLUMNS)
     df = df[df["check"] != "bench"] if "check" in df else df
+    if "params" not in df:  # rows written by hand (tests, other tools) may leave the case parameters out
+        df = df.assign(params=[{} for _ in range(len(df))])
     bad = df[df["status"].isin(NOT_PASSING)]
     if not len(bad):
         return pd.DataFrame(columns=COLUMNS)
-    bad = bad.assign(_kind=[kind_of(r) for r in bad.to_dict("records")],
+    bad = bad.assign(_kind=[_group_kind(r) for r in bad.to_dict("records")],
                      _part=[_part(r) for r in bad.to_dict("records")],
                      _symptom=[_symptom_of(r) for r in bad.to_dict("records")])
     passing = df[df["status"] == "pass"]
@@ -285,6 +292,9 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
 def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.DataFrame) -> dict:
     records = rows.to_dict("records")
     symptom = records[0]["_symptom"]
+    found = set(rows["_symptom"])
+    if found <= {"values", "nonfinite"}:
+        kind = "; ".join(SYMPTOMS[x] for x in ("values", "nonfinite") if x in found)
     signals = {how.strip() for r in records for how in str(r.get("error_type")).split(",")} if symptom == "died" else set()
     if symptom == "died":  # a rank dying: one symptom whatever the signal, which the words then list
         kind = f"{SYMPTOMS['died']} ({', '.join(sorted(signals))})"
@@ -295,7 +305,7 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
         condition = "of the module, found before any case ran"
     else:
         condition = separating_condition(rows, passing)
-    return {"op": op, "ops": (op,), "status": status, "kind": kind, "symptoms": {symptom}, "signals": signals,
+    return {"op": op, "ops": (op,), "status": status, "kind": kind, "symptoms": found, "signals": signals,
             "checks": ", ".join(sorted(rows["check"].unique())), "count": len(rows), "condition": condition,
             "worst": _worst_text(worst, status), "rerun": rerun, "rows": list(rows.index),
             "items": set(map(tuple, rows[ITEM].astype(str).values)),
@@ -325,49 +335,68 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
     warnings = [s for s in symptoms if s["status"] == "warn"]
     if len(failing) < 2:
         return failing + warnings
-    crashes = len({s["kind"] for s in failing if _is_crash(s)})
-    item_rows = rows.drop_duplicates(ITEM)
-    item_key = item_rows[ITEM].astype(str).apply(tuple, axis=1)
-    failing_items = set().union(*(s["items"] for s in failing))
-    dirty = set(map(tuple, rows[rows["status"].isin(NOT_PASSING)][ITEM].astype(str).values))
-    clean = item_rows[~item_key.isin(dirty)]
-    if clean.shape[0] and crashes <= 1:  # one trigger on the items for all of them?
-        condition = separating_condition(item_rows[item_key.isin(failing_items)], clean, by_check=False)
-        if condition.startswith("exactly"):
-            return [_merge(failing, condition)] + warnings
-    # the same items: one cause
+
+    def merged(group: list[dict]) -> dict:
+        return group[0] if len(group) == 1 else _merge(group, separating_condition(
+            bad.loc[[i for s in group for i in s["rows"]]], passing))
+
+    # the same items: one cause (two different crashes stay two)
     groups: list[list[dict]] = []
     for s in failing:
-        same = next((g for g in groups if g[0]["items"] == s["items"]
-                     and not (_is_crash(g[0]) and _is_crash(s) and g[0]["kind"] != s["kind"])), None)
+        same = next((g for g in groups if g[0]["items"] == s["items"] and not _two_crashes(g[0], s)), None)
         if same is None:
             groups.append([s])
         else:
             same.append(s)
-    merged = [g[0] if len(g) == 1 else _merge(g, separating_condition(bad.loc[[i for s in g for i in s["rows"]]], passing))
-              for g in groups]
-    # A symptom failing only in items another one fails in is part of that one when it has no sharp condition
-    # of its own, or fails in each of those items its checks ran in (a property of an output that is wrong).
-    ran: dict[str, set] = {}
-    for check, of_check in rows.groupby("check", sort=False):
-        ran[check] = set(map(tuple, of_check[ITEM].astype(str).values))
+    failing = [merged(g) for g in groups]
+    if len(failing) == 1:
+        return failing + warnings
 
-    def consequence(s: dict, host: dict) -> bool:
-        if _is_crash(s) or not s["items"] <= host["items"]:
-            return False
-        if not s["condition"].startswith("exactly"):
-            return True
-        checked = set().union(*(ran.get(c, set()) for c in s["checks"].split(", "))) & host["items"]
-        return checked <= s["items"]
+    ran = rows[(rows["check"] != SIGNATURE_CHECK) & (rows["status"] != "skip")]
+    item_rows = ran.drop_duplicates(ITEM)
+    item_key = item_rows[ITEM].astype(str).apply(tuple, axis=1)
+    items = set(item_key)
+    dirty = set(map(tuple, ran[ran["status"].isin(NOT_PASSING)][ITEM].astype(str).values))
+    clean = item_rows[~item_key.isin(dirty)]
+    crash_kinds = len({s["kind"] for s in failing if _is_crash(s)})
+    if len(clean) and crash_kinds <= 1:  # one trigger on the items for all of them?
+        union = set().union(*(s["items"] for s in failing))
+        condition = separating_condition(item_rows[item_key.isin(union)], clean, by_check=False)
+        if condition.startswith("exactly"):
+            return [_merge(failing, condition)] + warnings
 
-    out: list[dict] = []
-    for s in sorted(merged, key=lambda s: -len(s["items"])):
-        host = next((h for h in out if consequence(s, h)), None)
-        if host is None:
-            out.append(s)
-        else:
-            out[out.index(host)] = _merge([host, s], host["condition"])
-    return out + warnings
+    everywhere = [s for s in failing if not _is_crash(s) and s["items"] >= items]
+    if everywhere:  # wrong in every item: that does not swallow the op's other symptoms
+        host = merged(everywhere)
+        rest = [s for s in failing if s not in everywhere]
+        checked = {check: set(map(tuple, of_check[ITEM].astype(str).values))
+                   for check, of_check in ran.groupby("check", sort=False)}
+        own = []
+        for s in rest:
+            # a symptom with no sharp condition, or failing in each item its checks ran in (the sum of wrong
+            # losses, wrong wherever it is checked), is the same wrong output seen again
+            ran_in = set().union(*(checked.get(c, set()) for c in s["checks"].split(", ")))
+            if not _is_crash(s) and (not s["condition"].startswith("exactly") or ran_in <= s["items"]):
+                host = _merge([host, s], host["condition"])
+            else:
+                own.append(s)
+        return [host] + own + warnings
+    if not len(clean) and crash_kinds <= 1:  # failing somewhere in every item, nowhere in all: one bug
+        return [_merge(failing, separating_condition(bad.loc[[i for s in failing for i in s["rows"]]], passing))] + warnings
+    # otherwise symptoms that share items are one cause (at most one crash each)
+    components: list[list[dict]] = []
+    for s in failing:
+        joined = [g for g in components if any(s["items"] & t["items"] for t in g)]
+        group = [s] + [t for g in joined for t in g]
+        if sum(_is_crash(t) for t in group) > 1 and len({t["kind"] for t in group if _is_crash(t)}) > 1:
+            components.append([s])
+            continue
+        components = [g for g in components if g not in joined] + [group]
+    return [merged(g) for g in components] + warnings
+
+
+def _two_crashes(s: dict, t: dict) -> bool:
+    return _is_crash(s) and _is_crash(t) and s["kind"] != t["kind"]
 
 
 def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> list[dict]:
