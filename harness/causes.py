@@ -14,16 +14,17 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    holds on every row of the symptom and on no passing row ("exactly in grad:logits, at tp ≥ 2");
    else the greedy conjunction that excludes the most passing rows ("mostly ..."), unless most of the
    op's passing rows fall under it too, which is no condition: then the line says none separates.
-3. Causes per op.  Symptoms are one cause when they fail in the same items, or when one condition on
-   the items separates all of the op's failing items exactly from its clean ones (one bug showing in
-   several checks).  A symptom that fails only in items another one fails in is part of that one when
-   it has no sharp condition of its own, or when it fails in every one of those items its checks ran
-   in (the sum of wrong losses is wrong wherever it is checked).  Otherwise each symptom stands on its
-   own line: an op wrong in every item does not swallow a gradient wrong exactly at tp ≥ 2, nor a
-   hang.  Two different crashes stay two causes.
+3. Causes per op.  Symptoms failing in the same items are one cause; so are all of them when one
+   condition on the items separates the op's failing items exactly from its clean ones (one bug
+   showing in several checks).  A symptom wrong in every item does not swallow the others: each keeps
+   its own line unless it has no sharp condition of its own, or fails wherever its checks ran (the
+   sum of wrong losses is wrong wherever it is checked), so "grad:student_logits wrong exactly at
+   tp ≥ 2" and a hang stand beside "forward wrong everywhere".  Otherwise, when every item fails
+   somewhere, it is one bug; else symptoms that share items are one cause.  Two different crashes
+   stay two causes.
 4. Causes across ops: one root is one line naming its ops: the same exception raised at the same line
    (a helper several ops share), the same warning over the module (float64 computed in float32 in
-   every op), a rank dying under the same condition.
+   every op), a rank dying of a crash signal (SIGSEGV, SIGABRT, SIGBUS, ...) under the same condition.
 
 Skipped rows are consequences (a hang's other items) and are not causes.
 """
