@@ -1,5 +1,7 @@
-"""Linear + log-prob fusion for Megatron-Core's ``GPTModel`` (seed 001: ``patch_gpt_model_forward_for_linear_ce_fusion``,
-``_gpt_forward_with_linear_ce_fusion``; re-exported by ``distributed_impl.model_utils``).
+"""Linear + log-prob fusion for Megatron-Core's ``GPTModel``: the machinery behind the seed names
+``patch_gpt_model_forward_for_linear_ce_fusion`` and ``_gpt_forward_with_linear_ce_fusion``, which
+``distributed_impl.model_utils`` defines over its own ``from_parallel_hidden_states_to_logprobs`` (this module
+imports nothing of it).
 
 ``patch_gpt_model_forward_for_linear_ce_fusion(chunk_size=c)`` replaces ``GPTModel.forward`` (the class attribute) by
 ``_gpt_forward_with_linear_ce_fusion``; a second call only updates ``c``. The patched forward, asked
@@ -59,11 +61,6 @@ def _install(forward: Callable, chunk_size: int) -> None:
     if gpt.forward is not forward:
         forward._linear_ce_fusion = True
         gpt.forward = forward
-
-
-def patch_gpt_model_forward_for_linear_ce_fusion(*, chunk_size: int) -> None:
-    """Patch Megatron-Core's GPTModel.forward for the fused log-prob path; a second call only updates chunk_size."""
-    _install(_gpt_forward_with_linear_ce_fusion, chunk_size)
 
 
 def _vocab_range(model: Any, weight: torch.Tensor, tp_size: int, tp_rank: int) -> tuple[int, int]:
@@ -141,37 +138,4 @@ def _fused_forward(
     return hidden_states_to_logprobs(
         hidden_states, self.output_layer, output_weight, runtime_gather_output, labels, vocab_start, vocab_end,
         tp_group, inference_only=not torch.is_grad_enabled(), cp_group=None, chunk_size=_CHUNK_SIZE,
-    )
-
-
-def _gpt_forward_with_linear_ce_fusion(
-    self: Any,
-    input_ids: torch.Tensor,
-    position_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    decoder_input: torch.Tensor = None,
-    labels: torch.Tensor = None,
-    inference_context: Any = None,
-    packed_seq_params: Any = None,
-    extra_block_kwargs: Optional[dict] = None,
-    runtime_gather_output: Optional[bool] = None,
-    *,
-    inference_params: Optional[Any] = None,
-    loss_mask: Optional[torch.Tensor] = None,
-    padding_mask: Optional[torch.Tensor] = None,
-    return_logprobs_for_linear_ce_fusion: bool = False,
-) -> torch.Tensor:
-    """GPTModel.forward with the fused log-prob path (see the module docstring); without the flag, the original."""
-    if not return_logprobs_for_linear_ce_fusion:
-        return _original_forward()(
-            self, input_ids, position_ids, attention_mask, decoder_input, labels, inference_context,
-            packed_seq_params, extra_block_kwargs, runtime_gather_output,
-            inference_params=inference_params, loss_mask=loss_mask, padding_mask=padding_mask,
-        )
-    from distributed_impl.model_utils import from_parallel_hidden_states_to_logprobs
-
-    return _fused_forward(
-        self, input_ids, position_ids, attention_mask, decoder_input, labels, inference_context, packed_seq_params,
-        extra_block_kwargs, runtime_gather_output, inference_params, loss_mask, padding_mask,
-        from_parallel_hidden_states_to_logprobs,
     )

@@ -19,6 +19,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from distributed_impl import _linear_ce_fusion
+
 
 @dataclass
 class TrainingSamplingParams:
@@ -705,9 +707,6 @@ def all_to_all_sq2vp(seq_parallel_logits: torch.Tensor, tp_group: dist.ProcessGr
         raise ValueError(f"all_to_all_sq2vp: V={V} is not divisible by the TP size {world}")
     _check_same_across(tp_group, seq_parallel_logits.device, "all_to_all_sq2vp", BS_local=BS_local, V=V)
     return _SQ2VP.apply(seq_parallel_logits, tp_group)
-
-
-# ---- end of phase 1 ----
 
 
 # ----------------------------------------------------------------------------- top-k / top-p sampling
@@ -1498,4 +1497,41 @@ def get_next_token_logprobs_from_logits(
     )
 
 
-from distributed_impl._linear_ce_fusion import patch_gpt_model_forward_for_linear_ce_fusion, _gpt_forward_with_linear_ce_fusion  # noqa: E402, F401  (re-exported: the seed names)
+# Megatron-Core's GPTModel with the linear + log-prob fusion (the mechanics: distributed_impl/_linear_ce_fusion.py).
+
+
+def patch_gpt_model_forward_for_linear_ce_fusion(*, chunk_size: int) -> None:
+    """Patch Megatron-Core's GPTModel.forward for the fused log-prob path; a second call only updates chunk_size."""
+    _linear_ce_fusion._install(_gpt_forward_with_linear_ce_fusion, chunk_size)
+
+
+def _gpt_forward_with_linear_ce_fusion(
+    self: Any,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    decoder_input: torch.Tensor = None,
+    labels: torch.Tensor = None,
+    inference_context: Any = None,
+    packed_seq_params: Any = None,
+    extra_block_kwargs: Optional[dict] = None,
+    runtime_gather_output: Optional[bool] = None,
+    *,
+    inference_params: Optional[Any] = None,
+    loss_mask: Optional[torch.Tensor] = None,
+    padding_mask: Optional[torch.Tensor] = None,
+    return_logprobs_for_linear_ce_fusion: bool = False,
+) -> torch.Tensor:
+    """GPTModel.forward with the fused log-prob path (distributed_impl/_linear_ce_fusion.py); without the flag, the
+    original."""
+    if not return_logprobs_for_linear_ce_fusion:
+        return _linear_ce_fusion._original_forward()(
+            self, input_ids, position_ids, attention_mask, decoder_input, labels, inference_context,
+            packed_seq_params, extra_block_kwargs, runtime_gather_output,
+            inference_params=inference_params, loss_mask=loss_mask, padding_mask=padding_mask,
+        )
+    return _linear_ce_fusion._fused_forward(
+        self, input_ids, position_ids, attention_mask, decoder_input, labels, inference_context, packed_seq_params,
+        extra_block_kwargs, runtime_gather_output, inference_params, loss_mask, padding_mask,
+        from_parallel_hidden_states_to_logprobs,
+    )

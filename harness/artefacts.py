@@ -1,10 +1,10 @@
 """Failure artefacts: the full expected and actual tensors of a failing check, reassembled from
-every rank's piece, and its error map.
+every rank's piece, from which the report draws its error map.
 
 Workers save their pieces (local got, local expected, and the global positions the piece holds
 per tensor dim, from `Layout.indices`) for items that failed somewhere, while the plan's
 `failure_artefacts` budget lasts; the driver reassembles them here into
-`failures/<item>/<check>.pt` and draws `failures/<item>/<check>.png` (reports/error_map.py).
+`failures/<item>/<check>.pt`; the report draws `failures/<item>/<check>.png` from it (reports/error_map.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from harness.plan import Item
+from harness.items import Item
 
 MAX_FAILURE_ITEMS = 8  # items per run whose failing tensors are kept
 MAX_NUMEL = 4 * 2 ** 20  # per full tensor: 32 MiB in float64; larger ones are not saved
@@ -77,10 +77,9 @@ class ArtefactBudget:
     def left(self) -> int:
         return max(self.max_items - self.saved, 0)
 
-    def save(self, item: Item, failing: list[str], pieces_dir: Path, rows: dict[str, dict],
-             run_dir: Path) -> dict[str, dict]:
-        """Write failures/<item>/<check>.pt and .png for each failing check with pieces;
-        returns {check: {"artefact": relative path, "error_map": relative path}}."""
+    def save(self, item: Item, failing: list[str], pieces_dir: Path, run_dir: Path) -> dict[str, dict]:
+        """Write failures/<item>/<check>.pt for each failing check with pieces; returns {check: {"artefact":
+        relative path, "error_map": relative path of the PNG the report draws from it}}."""
         if not self.left:
             return {}
         by_rank = {}
@@ -89,8 +88,6 @@ class ArtefactBudget:
                 by_rank[int(path.stem[4:])] = torch.load(path, weights_only=False)
             except Exception:  # a rank killed while writing: use the others
                 continue
-        from reports.error_map import draw_error_map
-
         out_dir = run_dir / "failures" / item_dir_name(item)
         saved = {}
         for check in failing:
@@ -98,17 +95,13 @@ class ArtefactBudget:
             if not pieces:
                 continue
             full = reassemble(pieces)
-            row = rows[check]
             dp, cp, tp = item.topology
             full.update({"op": item.op, "case_id": item.case_id, "topology": {"dp": dp, "cp": cp, "tp": tp},
                          "dtype": item.dtype, "check": check, "seed": item.seed})
             out_dir.mkdir(parents=True, exist_ok=True)
             stem = check_file_stem(check)
             torch.save(full, out_dir / f"{stem}.pt")
-            title = f"{item.op} [{item.case_id}] dp{dp}-cp{cp}-tp{tp} {item.dtype} {check}"
-            mismatch = row.get("mismatch") or {}
-            draw_error_map(full["abs_err"], full["budget"], full["shards"], title, out_dir / f"{stem}.png",
-                           worst=mismatch.get("global_index"))
+            # the picture is the report's (reports/error_map.py draws it from the .pt when it builds the pages)
             saved[check] = {"artefact": str(Path("failures", out_dir.name, f"{stem}.pt")),
                             "error_map": str(Path("failures", out_dir.name, f"{stem}.png"))}
         if saved:

@@ -11,7 +11,7 @@ import torch
 
 from harness.case import REPLICATED, Case, RankContext, as_tuple, is_float
 from harness.measure import CommCounter, Timer, group_dims, peak_memory, split_comm
-from harness.plan import DTYPES, Item
+from harness.items import DTYPES, Item
 from harness.topology import Topology
 
 
@@ -78,7 +78,7 @@ def run_bench_item(w, item: Item, topo: Topology, mesh) -> None:
         for d in ("dp", "cp", "tp"):  # per-iteration max over the sub-mesh
             torch.distributed.all_reduce(times, op=torch.distributed.ReduceOp.MAX, group=mesh[d].get_group())
     except Exception as exc:
-        w._emit_error(emit_check, item.checks, exc)
+        w._emit_error(emit_check, item.checks, exc, "forward")
         return
     total = times.sum(1)
     median, iqr = median_iqr(total)

@@ -1,117 +1,140 @@
 """Group a run's non-passing rows into causes: what a person would find reading them all by hand.
 
-A cause is one (op, status, kind) where the kind is what went wrong:
-- error and hang rows: the exception type, its message with numbers blanked, and where it was
-  raised (`RuntimeError: shard check failed (impl.py:23)`);
-- failing values: wrong values, non-finite values (NaN/±inf) that differ, a wrong shape or dtype,
-  a missing gradient, a failing property;
-- warnings: the finding's own words (float64 computed in float32, bfloat16 math, collectives
-  beyond the contract, a signature difference).
+Everything is read from the structured fields of the rows (harness.records.ResultRow: the symptom,
+the culprit ranks, the exception's type, message and raising location, the phase), never parsed out
+of the messages; only an exception's own message has its numbers blanked, so alike errors group.
 
-For each cause, the *condition* separates its rows from the op's passing rows: a conjunction of
-predicates over the check, dtype, mesh dims and case parameters, chosen greedily (the predicate
-true for every row of the cause that excludes the most passing rows, until none excludes more),
-phrased in words ("in grad:logits, when masked ≥ 0.2, at tp ≥ 2").  `exactly` when no passing row
-satisfies it.  Skipped rows are consequences (a hang's other items) and are not causes.
+1. Symptoms.  Per op, the non-passing rows group by status and what went wrong: an exception (type,
+   message, raising line), a rank that died, a hang, or per check a wrong value, dtype, shape, a
+   missing gradient; a property that does not hold; a warning's finding.  A rank that raised and the
+   peers that then blocked or lost their connection are one symptom, named by the exception
+   (harness.collect records the raising rank as the item's cause on every error row of the item).
+2. Conditions.  Each symptom gets the condition that separates its rows from the op's passing rows:
+   the smallest conjunction of predicates over the check, dtype, mesh dims and case parameters that
+   holds on every row of the symptom and on no passing row ("exactly in grad:logits, at tp ≥ 2");
+   else the greedy conjunction that excludes the most passing rows ("mostly ..."), unless most of the
+   op's passing rows fall under it too, which is no condition: then the line says none separates.
+3. Causes per op.  Symptoms failing in the same items are one cause; so are all of them when one
+   condition on the items separates the op's failing items exactly from its clean ones (one bug
+   showing in several checks).  A symptom wrong in every item does not swallow the others: each keeps
+   its own line unless it has no sharp condition of its own, or fails wherever its checks ran (the
+   sum of wrong losses is wrong wherever it is checked), so "grad:student_logits wrong exactly at
+   tp ≥ 2" and a hang stand beside "forward wrong everywhere".  Otherwise, when every item fails
+   somewhere, it is one bug; else symptoms that share items are one cause.  Two different crashes
+   stay two causes.
+4. Causes across ops: one root is one line naming its ops: the same exception raised at the same line
+   (a helper several ops share), the same warning over the module (float64 computed in float32 in
+   every op), a rank dying of a crash signal (SIGSEGV, SIGABRT, SIGBUS, ...) under the same condition.
+
+Skipped rows are consequences (a hang's other items) and are not causes.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
+from pathlib import Path
 from typing import Callable
 
 import pandas as pd
 
-from harness.compare import NOT_PASSING, PRECISION_WARNINGS, STATUS_ORDER
+from harness.compare import NOT_PASSING, STATUS_ORDER
+from harness.records import SYMPTOMS
 from harness.signatures import SIGNATURE_CHECK
 
-COLUMNS = ["op", "status", "kind", "checks", "count", "condition", "worst", "rerun"]
+COLUMNS = ["op", "ops", "status", "kind", "checks", "count", "condition", "worst", "rerun"]
 MESH = ("dp", "cp", "tp")
 ITEM = ["case_id", "dp", "cp", "tp", "dtype"]
+ERRORS = ("exception", "reference")  # symptoms named by an exception
+CRASHES = ("exception", "reference", "died", "hung", "outputs", "missing", "blocked")  # the whole item failed
+PER_CHECK = ("values", "nonfinite", "shape", "dtype", "output_type", "no_gradient")  # one symptom per check
+MAX_CONJUNCTION = 3  # predicates tried together when searching for an exact condition
+CRASH_SIGNALS = {"SIGABRT", "SIGBUS", "SIGSEGV", "SIGFPE", "SIGILL"}
 
-_RANK_PREFIX = re.compile(r"^rank \d+ \([^)]*\)(?: \(after a peer failed\))?: ")
-_LOCATION = re.compile(r"\(([\w.-]+\.py):(\d+)\)")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
-_DIED = re.compile(r"rank \d+ died: [^;()]+")
-_HUNG = re.compile(r"rank\(s\) [\d, ]+ did not finish the case within [\d.]+s")
 
 
-def _first_reason(message: str) -> str:
-    """The primary rank's reason: the rank prefix and the list of failing ranks removed."""
-    text = _RANK_PREFIX.sub("", str(message or ""))
-    for tail in ("; failing rank(s)", "; no result from rank(s)"):
-        text = text.split(tail)[0]
-    return text
+def blank_numbers(text: str) -> str:
+    """`text` with its numbers (ranks, shapes, sizes, seconds) written N, so alike messages compare equal."""
+    return _NUMBER.sub("N", str(text or ""))
 
 
-def error_template(message: str) -> str:
-    """An error message with its numbers blanked (ranks, shapes, seconds) and its location kept."""
-    text = _first_reason(message)
-    locations = _LOCATION.findall(text)
-    text = _NUMBER.sub("N", _LOCATION.sub("(@)", text))
-    for file, line in locations:
-        text = text.replace("(@)", f"({file}:{line})", 1)
-    return text[:160]
-
-
-def kind_of(row: pd.Series) -> str:
-    """What went wrong in one non-passing row, in a few words (rows with the same kind may share a cause)."""
-    check, status = row["check"], row["status"]
-    reason = _first_reason(row.get("message"))
-    if status == "error":  # a death or a hang is the item's cause, whatever each check's rank reported
-        message = str(row.get("message") or "")
-        for pattern in (_DIED, _HUNG):
-            found = pattern.search(message)
-            if found:
-                return _NUMBER.sub("N", found.group(0)) + (" (blocked in a collective or dead)" if pattern is _HUNG else "")
-        return error_template(message)
-    if check == "property:signature":
-        return reason
-    if check == "property:comm":
-        return "more collectives than the contract allows" if status == "warn" else "communication contract failed"
-    if check.startswith("property:"):
-        return f"{check} does not hold"
-    for words in PRECISION_WARNINGS:
-        if reason.startswith(words):
-            return words + (", docs/ops/README.md asks for float32" if words == "bfloat16 math" else "")
+def _symptom_of(row) -> str | None:
+    """The row's symptom; for rows of runs recorded before rows had one, what the status and fields say."""
+    if isinstance(row.get("symptom"), str):
+        return row["symptom"]
+    check, status = str(row["check"]), row["status"]
     mismatch = row.get("mismatch") if isinstance(row.get("mismatch"), dict) else {}
-    if reason.startswith("dtype "):
-        return "wrong dtype (" + reason.split(";")[0] + ")"
-    if mismatch.get("kind") == "nonfinite":
-        return "non-finite values differ (NaN/±inf)"
-    if mismatch.get("kind") == "shape":
-        return "wrong shape"
-    if reason.startswith("no gradient"):
-        return "no gradient"
-    return "wrong values"
+    if check == SIGNATURE_CHECK:
+        return "signature"
+    if check == "property:comm":
+        return "comm"
+    if status == "fail" and check.startswith("property:"):
+        return "property"
+    if status == "fail":
+        return {"nonfinite": "nonfinite", "shape": "shape"}.get(mismatch.get("kind"), "values")
+    return None  # an old error or warning: its message, numbers blanked, names it
 
 
-Predicate = tuple[str, float, Callable[[pd.Series], bool]]  # (words, order: lower is preferred, test on a row)
+def kind_of(row) -> str:
+    """What went wrong in one non-passing row, in a few words (rows of one kind may share a cause)."""
+    symptom, check, status = _symptom_of(row), str(row["check"]), row["status"]
+    if symptom in ERRORS:
+        where = Path(str(row.get("error_where") or "?")).name
+        text = f"{row.get('error_type')}: {blank_numbers(row.get('error_message'))}".rstrip(": ")
+        return ("reference failed: " if symptom == "reference" else "") + f"{text[:160]} ({where})"
+    if symptom == "signature":
+        return str(row["message"])
+    if symptom == "comm":
+        return "more collectives than the contract allows" if status == "warn" else "communication contract failed"
+    if symptom == "property":
+        return f"{check} does not hold"
+    if symptom in SYMPTOMS:
+        return SYMPTOMS[symptom]
+    return f"{status}: {blank_numbers(row.get('message'))[:160]}"
 
 
-def _predicates(rows: pd.DataFrame, by_check: bool = True) -> list[Predicate]:
+def _group_kind(row) -> str:
+    """kind_of, except that wrong and non-finite values of one check are one symptom (the numbers are wrong)."""
+    return SYMPTOMS["values"] if _symptom_of(row) in ("values", "nonfinite") else kind_of(row)
+
+
+def _part(row) -> str:
+    """A wrong value is a symptom per check (the forward and a gradient may be wrong under different
+    conditions); an exception, a death or a hang fails the whole item."""
+    return str(row["check"]) if _symptom_of(row) in PER_CHECK else ""
+
+
+# --------------------------------------------------------------------------------------------------- conditions
+
+Predicate = tuple[str, float, Callable[[dict], bool]]  # (words, order: lower is preferred, test on a row)
+
+
+def _predicates(rows: list[dict], by_check: bool = True) -> list[Predicate]:
     """Candidate conditions from the values these rows take: check, dtype, mesh dims, case parameters."""
     out: list[Predicate] = []
-    for check in sorted(rows["check"].unique()) if by_check else []:
+    checks = sorted({str(r["check"]) for r in rows}) if by_check else []
+    for check in checks:
         out.append((f"in {check}", 0, lambda r, c=check: r["check"] == c))
-    if by_check and rows["check"].str.startswith("grad:").any():
+    if any(c.startswith("grad:") for c in checks):
         out.append(("in the gradients", 0, lambda r: str(r["check"]).startswith("grad:")))
-    if by_check and rows["check"].str.startswith("property:").any():
+    if any(c.startswith("forward") for c in checks):
+        out.append(("in the outputs", 0, lambda r: str(r["check"]).startswith("forward")))
+    if any(c.startswith("property:") for c in checks):
         out.append(("in values and gradients", 0, lambda r: not str(r["check"]).startswith("property:")))
-    for dtype in sorted(rows["dtype"].unique()):
+    for dtype in sorted({r["dtype"] for r in rows}):
         out.append((f"in {dtype}", 1, lambda r, d=dtype: r["dtype"] == d))
     for dim in MESH:
-        for v in sorted(rows[dim].unique()):
+        for v in sorted({r[dim] for r in rows}):
             if v > 1:
                 out.append((f"at {dim} ≥ {v}", 2, lambda r, d=dim, v=v: r[d] >= v))
         out.append((f"at {dim} = 1", 2, lambda r, d=dim: r[d] == 1))
-    params = rows["params"].map(lambda p: p if isinstance(p, dict) else {})
-    keys = sorted({k for p in params for k in p})
-    for key in keys:
+    params = [r["params"] if isinstance(r["params"], dict) else {} for r in rows]
+    for key in sorted({k for p in params for k in p}):
         values = {p[key] for p in params if key in p and isinstance(p[key], (bool, int, float, str))}
         numbers = sorted(v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
-        get = lambda r, k=key: (r["params"] or {}).get(k) if isinstance(r["params"], dict) else None  # noqa: E731
+        get = lambda r, k=key: r["params"].get(k) if isinstance(r["params"], dict) else None  # noqa: E731
         order = 4 if len(key) == 1 else 3  # sizes (B, S, V) explain less than named conditions (scale, masked)
         if any(isinstance(v, bool) for v in values):
             out.append((f"with {key}", order, lambda r, g=get: g(r) is True))
@@ -130,119 +153,282 @@ def _predicates(rows: pd.DataFrame, by_check: bool = True) -> list[Predicate]:
     return out
 
 
+def _records(df: pd.DataFrame) -> list[dict]:
+    return df[["check", "dtype", "params", *MESH]].to_dict("records")
+
+
 def separating_condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool = True) -> str:
-    """Words for the predicates that hold on every row of `bad` and exclude the most of `passing`."""
-    candidates = [p for p in _predicates(pd.concat([bad, passing]), by_check) if bad.apply(p[2], axis=1).all()]
-    chosen: list[Predicate] = []
-    left = passing
-    while len(left):
-        scored = [(int((~left.apply(p[2], axis=1)).sum()), p) for p in candidates if p not in chosen]
-        scored = [(n, p) for n, p in scored if n > 0]
+    """Words for the condition under which `bad` rows occur and `passing` rows do not (module docstring)."""
+    bad_rows, passing_rows = _records(bad), _records(passing)
+    candidates = []
+    for words, order, test in _predicates(bad_rows + passing_rows, by_check):
+        if all(test(r) for r in bad_rows):
+            # the passing rows it holds on, as a bit set
+            candidates.append((words, order, sum(1 << i for i, r in enumerate(passing_rows) if test(r))))
+    topologies = sorted({f"dp{r['dp']}-cp{r['cp']}-tp{r['tp']}" for r in bad_rows})
+    chosen, left = _exact_conjunction(candidates, len(passing_rows))
+    if chosen is None:
+        chosen, left = _greedy_conjunction(candidates, len(passing_rows))
+    where = [] if any(p[1] == 2 for p in chosen) else (
+        [f"at every topology ({', '.join(topologies)})"] if len(topologies) > 1 else [f"at {topologies[0]}"])
+    words = ", ".join([p[0] for p in chosen] + where)
+    if not chosen and not passing_rows:
+        return f"always (every case, dtype and check run), {words}"
+    if not left:
+        return f"exactly {words}" if chosen else f"always (every case, dtype and check run), {words}"
+    if 2 * left > len(passing_rows):  # most passing rows fall under it too: that separates nothing
+        return (f"no condition on checks, dtypes, mesh dims or case parameters separates it from the "
+                f"{len(passing_rows)} passing rows, {', '.join(where) or 'at ' + ', '.join(topologies)}")
+    return f"mostly {words} ({left} of {len(passing_rows)} passing rows match too)"
+
+
+def _exact_conjunction(candidates, n_passing: int):
+    """The smallest conjunction (then the most preferred) that excludes every passing row, or (None, n)."""
+    if n_passing == 0:
+        return [], 0
+    for size in range(1, MAX_CONJUNCTION + 1):
+        exact = []
+        for combo in itertools.combinations(candidates, size):
+            held = (1 << n_passing) - 1
+            for c in combo:
+                held &= c[2]
+            if not held:
+                exact.append(combo)
+        if exact:
+            best = min(exact, key=lambda combo: (sum(c[1] for c in combo), [c[1] for c in combo]))
+            return sorted(best, key=lambda c: c[1]), 0
+        if len(candidates) > 40 and size == 2:  # many parameters: pairs are as far as is cheap
+            break
+    return None, n_passing
+
+
+def _greedy_conjunction(candidates, n_passing: int):
+    """The predicate that excludes the most passing rows, then the next, until none excludes more."""
+    chosen = []
+    left = (1 << n_passing) - 1
+    while left:
+        scored = [((left & ~c[2]).bit_count(), c) for c in candidates if c not in chosen and left & ~c[2]]
         if not scored:
             break
         _, best = max(scored, key=lambda s: (s[0], -s[1][1]))
         chosen.append(best)
-        left = left[left.apply(best[2], axis=1)]
-    chosen.sort(key=lambda p: p[1])
-    topologies = sorted({f"dp{r.dp}-cp{r.cp}-tp{r.tp}" for r in bad.itertuples()})
-    where = [] if any(p[1] == 2 for p in chosen) else (
-        [f"at every topology ({', '.join(topologies)})"] if len(topologies) > 1 else [f"at {topologies[0]}"])
-    words = ", ".join([p[0] for p in chosen] + where)
-    if not chosen:
-        return f"always (every case, dtype and check run), {words}"
-    if not len(left):
-        return f"exactly {words}"
-    return f"mostly {words} ({len(left)} of {len(passing)} passing rows match too)"
+        left &= best[2]
+    return sorted(chosen, key=lambda c: c[1]), left.bit_count()
 
 
-def _ratio(row: pd.Series) -> float:
+# ----------------------------------------------------------------------------------------------------- causes
+
+
+def _ratio(row) -> float:
     r = row.get("err_ratio")
     return math.inf if r is None or (isinstance(r, float) and math.isnan(r)) else float(r)
 
 
+def _ranks(ranks) -> str:
+    ranks = list(ranks) if isinstance(ranks, (list, tuple)) else []
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _worst_text(row, status: str, limit: int = 300) -> str:
+    """The worst row of a cause, for people: who raised, died or hung, or the worst mismatch; then its item."""
+    symptom = _symptom_of(row)
+    blocked = row.get("blocked_ranks") if isinstance(row.get("blocked_ranks"), list) else []
+    then = f"; {_ranks(blocked)} then blocked or lost the connection" if blocked else ""
+    culprits = row.get("culprit_ranks") if isinstance(row.get("culprit_ranks"), list) else []
+    if symptom in ERRORS:
+        text = (f"{_ranks(culprits)} raised {row.get('error_type')} in {row.get('phase')} at {row.get('error_where')}: "
+                f"{row.get('error_message')}{then}")
+    elif symptom == "died":
+        text = f"{_ranks(culprits)} died: {row.get('error_type')} (in {row.get('phase')}){then}"
+    elif symptom == "hung":
+        text = f"{_ranks(culprits)} did not finish (in {row.get('phase')})"
+    else:
+        ratio = _ratio(row)
+        text = (f"err/budget {ratio:.3g}: " if status != "error" and math.isfinite(ratio) else "") + str(row.get("message") or "")
+    text = text if len(text) <= limit else text[:limit - 1] + "…"
+    return f"{text} ({row['op']} [{row.get('case_id')}] dp{row['dp']}-cp{row['cp']}-tp{row['tp']} {row['dtype']})"
+
+
+def _display(ops: list[str]) -> str:
+    """One op as it is; several of one family as family.{A, B}."""
+    if len(ops) == 1:
+        return ops[0]
+    families = {op.split(".", 1)[0] for op in ops}
+    if len(families) == 1:
+        return f"{families.pop()}.{{{', '.join(op.split('.', 1)[1] for op in ops)}}}"
+    return ", ".join(ops)
+
+
 def causes(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per cause of a run's non-passing rows (COLUMNS), errors first, then failures, then warnings."""
+    """One row per cause of a run's non-passing rows (COLUMNS; `ops` the ops it covers, `op` them for
+    people), errors first, then failures, then warnings."""
     if not len(df) or "status" not in df:
         return pd.DataFrame(columns=COLUMNS)
     df = df[df["check"] != "bench"] if "check" in df else df
+    if "params" not in df:  # rows written by hand (tests, other tools) may leave the case parameters out
+        df = df.assign(params=[{} for _ in range(len(df))])
     bad = df[df["status"].isin(NOT_PASSING)]
     if not len(bad):
         return pd.DataFrame(columns=COLUMNS)
-    bad = bad.assign(kind=bad.apply(kind_of, axis=1))
-    out = []
-    for (op, status, kind), rows in bad.groupby(["op", "status", "kind"], sort=False):
-        passing = df[(df["op"] == op) & (df["status"] == "pass")]
-        worst = max((r for _, r in rows.iterrows()), key=_ratio)
-        ratio = _ratio(worst)
-        text = _first_reason(worst["message"])
-        death_or_hang = _DIED.search(str(worst["message"])) or _HUNG.search(str(worst["message"]))
-        if status == "error" and death_or_hang and death_or_hang.group(0) not in text:  # the cause before its echoes
-            text = f"{death_or_hang.group(0)}; the first report: {text}"
-        if status != "error":
-            text = (f"err/budget {ratio:.3g}: " if math.isfinite(ratio) else "") + text
-        rerun = worst.get("rerun") if isinstance(worst.get("rerun"), str) else next(
-            (r for r in rows.get("rerun", pd.Series(dtype=object)) if isinstance(r, str)), None)
-        out.append({"op": op, "status": status, "kind": kind,
-                    "checks": ", ".join(sorted(rows["check"].unique())), "count": len(rows),
-                    "condition": ("of the module, found before any case ran" if (rows["check"] == SIGNATURE_CHECK).all()
-                                  else separating_condition(rows, passing)), "worst": text[:300], "rerun": rerun,
-                    "_rows": list(rows.index), "_items": set(map(tuple, rows[ITEM].astype(str).values))})
-    table = _merge_common_trigger(pd.DataFrame(out), bad, df)
-    order = table["status"].map(STATUS_ORDER)
-    return table.assign(_o=-order, _n=-table["count"]).sort_values(["_o", "_n", "op"]).drop(columns=["_o", "_n"]).reset_index(drop=True)
+    bad = bad.assign(_kind=[_group_kind(r) for r in bad.to_dict("records")],
+                     _part=[_part(r) for r in bad.to_dict("records")],
+                     _symptom=[_symptom_of(r) for r in bad.to_dict("records")])
+    passing = df[df["status"] == "pass"]
+    passing_of = {op: rows for op, rows in passing.groupby("op", sort=False)}
+    empty = df.iloc[:0]
+    symptoms = []
+    for (op, status, kind, part), rows in bad.groupby(["op", "status", "_kind", "_part"], sort=False):
+        symptoms.append(_symptom(op, status, kind, rows, passing_of.get(op, empty)))
+    table = []
+    for op in dict.fromkeys(s["ops"][0] for s in symptoms):
+        of_op = [s for s in symptoms if s["ops"] == (op,)]
+        table += _per_op(of_op, df[df["op"] == op], passing_of.get(op, empty), bad)
+    table = _across_ops(table, bad, passing)
+    out = pd.DataFrame([{k: c[k] for k in COLUMNS} for c in table], columns=COLUMNS)
+    order = out["status"].map(STATUS_ORDER)
+    return out.assign(_o=-order, _n=-out["count"]).sort_values(["_o", "_n", "op"], kind="stable") \
+        .drop(columns=["_o", "_n"]).reset_index(drop=True)
 
 
-def _merge(group: pd.DataFrame, condition: str) -> dict:
-    first = group.iloc[0]
-    return {**first.to_dict(), "status": max(group["status"], key=STATUS_ORDER.__getitem__),
-            "kind": "; ".join(group["kind"]), "count": int(group["count"].sum()),
-            "checks": ", ".join(sorted({c for cs in group["checks"] for c in cs.split(", ")})), "condition": condition}
+def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.DataFrame) -> dict:
+    records = rows.to_dict("records")
+    symptom = records[0]["_symptom"]
+    found = set(rows["_symptom"])
+    if found <= {"values", "nonfinite"}:
+        kind = "; ".join(SYMPTOMS[x] for x in ("values", "nonfinite") if x in found)
+    signals = {how.strip() for r in records for how in str(r.get("error_type")).split(",")} if symptom == "died" else set()
+    if symptom == "died":  # a rank dying: one symptom whatever the signal, which the words then list
+        kind = f"{SYMPTOMS['died']} ({', '.join(sorted(signals))})"
+    worst = max(records, key=_ratio) if status != "error" else records[0]
+    rerun = worst.get("rerun") if isinstance(worst.get("rerun"), str) else next(
+        (r["rerun"] for r in records if isinstance(r.get("rerun"), str)), None)
+    if (rows["check"] == SIGNATURE_CHECK).all():
+        condition = "of the module, found before any case ran"
+    else:
+        condition = separating_condition(rows, passing)
+    return {"op": op, "ops": (op,), "status": status, "kind": kind, "symptoms": found, "signals": signals,
+            "checks": ", ".join(sorted(rows["check"].unique())), "count": len(rows), "condition": condition,
+            "worst": _worst_text(worst, status), "rerun": rerun, "rows": list(rows.index),
+            "items": set(map(tuple, rows[ITEM].astype(str).values)),
+            "error_key": (worst.get("error_type"), worst.get("error_where")) if symptom in ERRORS else None}
 
 
-def _components(failing: pd.DataFrame) -> list[list[int]]:
-    """Positions in `failing` grouped by shared items (connected components), at most one crash each."""
-    groups: list[list[int]] = []
-    for i in range(len(failing)):
-        items = failing.iloc[i]["_items"]
-        joined = [g for g in groups if any(items & failing.iloc[j]["_items"] for j in g)]
-        merged = [i] + [j for g in joined for j in g]
-        if sum(failing.iloc[j]["status"] == "error" for j in merged) > 1:  # two different crashes: two causes
-            groups.append([i])
-            continue
-        groups = [g for g in groups if g not in joined] + [merged]
-    return groups
+def _merge(group: list[dict], condition: str) -> dict:
+    first = max(group, key=lambda s: (STATUS_ORDER[s["status"]], s["count"]))
+    ops = list(dict.fromkeys(op for s in group for op in s["ops"]))
+    signals = set().union(*(s["signals"] for s in group))
+    kind = (f"{SYMPTOMS['died']} ({', '.join(sorted(signals))})" if all(s["symptoms"] == {"died"} for s in group)
+            else "; ".join(dict.fromkeys(s["kind"] for s in group)))
+    return {**first, "op": _display(ops), "ops": tuple(ops), "kind": kind,
+            "symptoms": set().union(*(s["symptoms"] for s in group)), "signals": signals, "count": sum(s["count"] for s in group),
+            "checks": ", ".join(sorted({c for s in group for c in s["checks"].split(", ")})), "condition": condition,
+            "rows": [i for s in group for i in s["rows"]], "items": set().union(*(s["items"] for s in group)),
+            "error_key": first["error_key"] if all(s["error_key"] == first["error_key"] for s in group) else None}
 
 
-def _merge_common_trigger(table: pd.DataFrame, bad: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
-    """An op's failing causes (fail, error) are symptoms of one bug (a crash in one check, a broken
-    property in another) when one condition on the inputs and topology separates their items (case,
-    topology, dtype) exactly from the op's clean items, or no clean item tells them apart, or they
-    fail in the same items.  Two different crashes stay two causes."""
-    out = []
-    for op, causes_of_op in table.groupby("op", sort=False):
-        failing = causes_of_op[causes_of_op["status"].isin(["fail", "error"])]
-        warnings = causes_of_op[causes_of_op["status"] == "warn"]
-        passing = df[(df["op"] == op) & (df["status"] == "pass")]
-        if len(failing) > 1 and (failing["status"] == "error").sum() <= 1:
-            rows = df[df["op"] == op]
-            is_bad = rows["status"].isin(["fail", "error"]).groupby([rows[k] for k in ITEM]).transform("any")
-            items = rows.drop_duplicates(ITEM)
-            dirty = rows["status"].isin(NOT_PASSING).groupby([rows[k] for k in ITEM]).transform("any")
-            clean = items[~dirty.loc[items.index]]
-            condition = separating_condition(items[is_bad.loc[items.index]], clean, by_check=False)
-            if condition.startswith("exactly") or not len(clean):  # nothing tells two triggers apart
-                out.append(pd.concat([pd.DataFrame([_merge(failing, condition)]), warnings]))
-                continue
-        merged = []
-        for component in _components(failing):
-            group = failing.iloc[component]
-            if len(group) == 1:
-                merged.append(group.iloc[0].to_dict())
+def _is_crash(s: dict) -> bool:
+    return bool(s["symptoms"] & set(CRASHES))
+
+
+def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad: pd.DataFrame) -> list[dict]:
+    """The causes of one op from its symptoms (module docstring, 3)."""
+    failing = [s for s in symptoms if s["status"] in ("fail", "error")]
+    warnings = [s for s in symptoms if s["status"] == "warn"]
+    if len(failing) < 2:
+        return failing + warnings
+
+    def merged(group: list[dict]) -> dict:
+        return group[0] if len(group) == 1 else _merge(group, separating_condition(
+            bad.loc[[i for s in group for i in s["rows"]]], passing))
+
+    # the same items: one cause (two different crashes stay two)
+    groups: list[list[dict]] = []
+    for s in failing:
+        same = next((g for g in groups if g[0]["items"] == s["items"] and not _two_crashes(g[0], s)), None)
+        if same is None:
+            groups.append([s])
+        else:
+            same.append(s)
+    failing = [merged(g) for g in groups]
+    if len(failing) == 1:
+        return failing + warnings
+
+    ran = rows[(rows["check"] != SIGNATURE_CHECK) & (rows["status"] != "skip")]
+    item_rows = ran.drop_duplicates(ITEM)
+    item_key = item_rows[ITEM].astype(str).apply(tuple, axis=1)
+    items = set(item_key)
+    dirty = set(map(tuple, ran[ran["status"].isin(NOT_PASSING)][ITEM].astype(str).values))
+    clean = item_rows[~item_key.isin(dirty)]
+    crash_kinds = len({s["kind"] for s in failing if _is_crash(s)})
+    if len(clean) and crash_kinds <= 1:  # one trigger on the items for all of them?
+        union = set().union(*(s["items"] for s in failing))
+        condition = separating_condition(item_rows[item_key.isin(union)], clean, by_check=False)
+        if condition.startswith("exactly"):
+            return [_merge(failing, condition)] + warnings
+
+    everywhere = [s for s in failing if not _is_crash(s) and s["items"] >= items]
+    if everywhere:  # wrong in every item: that does not swallow the op's other symptoms
+        host = merged(everywhere)
+        rest = [s for s in failing if s not in everywhere]
+        checked = {check: set(map(tuple, of_check[ITEM].astype(str).values))
+                   for check, of_check in ran.groupby("check", sort=False)}
+        own = []
+        for s in rest:
+            # a symptom with no sharp condition, or failing in each item its checks ran in (the sum of wrong
+            # losses, wrong wherever it is checked), is the same wrong output seen again
+            ran_in = set().union(*(checked.get(c, set()) for c in s["checks"].split(", ")))
+            if not _is_crash(s) and (not s["condition"].startswith("exactly") or ran_in <= s["items"]):
+                host = _merge([host, s], host["condition"])
             else:
-                rows = df.loc[[i for ix in group["_rows"] for i in ix]]
-                merged.append(_merge(group, separating_condition(rows, passing)))
-        out.append(pd.concat([pd.DataFrame(merged, columns=failing.columns), warnings]))
-    return pd.concat(out, ignore_index=True)[COLUMNS]
+                own.append(s)
+        return [host] + own + warnings
+    if not len(clean) and crash_kinds <= 1:  # failing somewhere in every item, nowhere in all: one bug
+        return [_merge(failing, separating_condition(bad.loc[[i for s in failing for i in s["rows"]]], passing))] + warnings
+    # otherwise symptoms that share items are one cause (at most one crash each)
+    components: list[list[dict]] = []
+    for s in failing:
+        joined = [g for g in components if any(s["items"] & t["items"] for t in g)]
+        group = [s] + [t for g in joined for t in g]
+        if sum(_is_crash(t) for t in group) > 1 and len({t["kind"] for t in group if _is_crash(t)}) > 1:
+            components.append([s])
+            continue
+        components = [g for g in components if g not in joined] + [group]
+    return [merged(g) for g in components] + warnings
+
+
+def _two_crashes(s: dict, t: dict) -> bool:
+    return _is_crash(s) and _is_crash(t) and s["kind"] != t["kind"]
+
+
+def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> list[dict]:
+    """One root, one line (module docstring, 4): the same exception at the same line, the same warning,
+    a rank dying under the same condition, in several ops."""
+    def key(c: dict):
+        if len(c["ops"]) != 1 or len(c["symptoms"]) != 1:
+            return None
+        symptom = next(iter(c["symptoms"]))
+        if c["error_key"] is not None and c["status"] == "error":
+            return ("raised", c["error_key"])
+        if c["status"] == "warn" and (symptom == "comm" or str(symptom).startswith("precision:")):
+            return ("warned", c["kind"])
+        if symptom == "died" and c["signals"] <= CRASH_SIGNALS:  # a crash, not a kill from outside or an exit
+            return ("died", c["condition"])
+        return None
+
+    groups: dict = {}
+    for c in table:
+        groups.setdefault(key(c) or ("own", id(c)), []).append(c)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        conditions = {c["condition"] for c in group}
+        ops = [op for c in group for op in c["ops"]]
+        condition = conditions.pop() if len(conditions) == 1 else separating_condition(
+            bad.loc[[i for c in group for i in c["rows"]]], passing[passing["op"].isin(ops)])
+        out.append(_merge(group, condition))
+    return out
 
 
 def finding_lines(table: pd.DataFrame) -> list[str]:

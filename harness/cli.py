@@ -10,10 +10,8 @@ import secrets
 import sys
 from pathlib import Path
 
+from harness.run import EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args, close_run, exit_code, open_run, plan_from_args
 from harness.topology import Topology, UsageError, default_topologies
-
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
-DEFAULT_TIMEOUT = 60.0  # seconds one case may take (a rerun line leaves it out when it is this)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,40 +24,6 @@ def _int_list(text: str) -> list[int]:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UsageError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def _str_list(values: list[str] | None) -> list[str]:
-    return [x.strip() for v in (values or []) for x in v.split(",") if x.strip()]
-
-
-def _impl_map(values: list[str] | None) -> dict[str, str]:
-    out = {}
-    for v in values or []:
-        family, sep, module = v.partition("=")
-        if not sep or not family or not module:
-            raise UsageError(f"--impl expects FAMILY=MODULE, got {v!r}")
-        out[family.strip()] = module.strip()
-    return out
-
-
-def add_selection_args(p: argparse.ArgumentParser) -> None:
-    """What to run and how: shared by `shardcheck run` and the hand-launched worker."""
-    p.add_argument("--suite", action="append", help="suite name (repeatable, or comma-separated)")
-    p.add_argument("--op", action="append", help="op id family.Name (repeatable, or comma-separated)")
-    p.add_argument("--case", action="append", help="case id glob, e.g. 'b4s6*' (repeatable)")
-    p.add_argument("--topology", action="append", help="dp=1,cp=1,tp=2 (repeatable)")
-    p.add_argument("--dtype", action="append", help="float64,float32,bfloat16,float16")
-    p.add_argument("--impl", action="append", help="FAMILY=MODULE or FAMILY=path/to/file.py")
-    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds one case may take on any rank")
-    p.add_argument("--quick", action="store_true", help="fewer, smaller cases")
-    p.add_argument("--no-shims", action="store_true",
-                   help="do not install shardcheck's CPU shims (torch CP attention on CPU, a Transformer Engine "
-                        "stand-in): code under test that needs them then fails as it would without them")
-    p.add_argument("--strict", action="store_true",
-                   help="a warning (float64 computed in float32, bfloat16 math, collectives beyond the contract, "
-                        "a signature difference) fails the run too")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -105,7 +69,7 @@ def _check_writable_file(path: Path, option: str) -> None:
 
 
 def cmd_compare(args) -> int:
-    from reports.compare import compare_runs
+    from reports.regression import compare_runs
 
     for d in (args.base, args.new):
         if not (d / "results.jsonl").is_file():
@@ -132,11 +96,8 @@ def _default_dtypes(bench: bool, device: str) -> list[str]:
 def cmd_run(args) -> int:
     import torch
 
-    from harness import shims
     from harness.launch import run_plan
-    from harness.plan import build_plan
-    from harness.records import RecordWriter, load, run_metadata, write_json
-    from harness.signatures import signature_rows
+    from harness.records import load
     from reports.report import build
 
     if args.bench_iters <= 0:
@@ -157,34 +118,20 @@ def cmd_run(args) -> int:
     run_dir = args.out or Path("shardcheck-runs") / run_id
     if (run_dir / "results.jsonl").exists():
         raise UsageError(f"--out {run_dir}: already holds a run; choose another directory")
-    if not args.no_shims:  # the module under test is imported here too (its names are checked)
-        shims.install(device)
-    plan = build_plan(run_id=run_id, suites_wanted=_str_list(args.suite), ops=_str_list(args.op),
-                      case_patterns=_str_list(args.case), world_sizes=world_sizes, topologies=topologies,
-                      dtypes=_str_list(args.dtype) or _default_dtypes(args.bench, device), impl=_impl_map(args.impl),
-                      quick=args.quick, seed=args.seed, timeout=args.timeout, device=device, backend=backend,
-                      bench=args.bench, bench_iters=args.bench_iters)
-    plan.shims = not args.no_shims
-    writer = RecordWriter(run_dir)
-    meta = run_metadata(run_id, sys.argv, device, backend) | shims.describe(device, plan.shims)
-    meta["start"] = dt.datetime.now().isoformat(timespec="seconds")
-    meta["impl"] = plan.impl
-    write_json(run_dir / "run.json", meta)
+    plan = plan_from_args(args, run_id=run_id, world_sizes=world_sizes, topologies=topologies, device=device,
+                          backend=backend, default_dtypes=_default_dtypes(args.bench, device), bench=args.bench,
+                          bench_iters=args.bench_iters)
+    writer, meta = open_run(run_dir, plan, sys.argv)
     worlds = sorted({i.world_size for i in plan.items})
     print(f"shardcheck: {len(plan.items)} cases on world size(s) {', '.join(map(str, worlds))} "
           f"({device}, {backend}) -> {run_dir}", file=sys.stderr)
     if meta["shim_notes"]:
         print("shardcheck: " + "; ".join(meta["shim_notes"]), file=sys.stderr)
-    for row in signature_rows(plan, meta):  # before running: one finding per op whose signature drifted
-        writer.write(row)
     try:
         run_plan(plan, run_dir, writer, show_progress=not args.no_progress and sys.stderr.isatty(),
                  hang_budget=not args.no_hang_budget)
     finally:
-        writer.close()
-        meta["end"] = dt.datetime.now().isoformat(timespec="seconds")
-        meta["summary"] = writer.counts
-        write_json(run_dir / "run.json", meta)
+        close_run(run_dir, writer, meta)
     build(run_dir)
     rows = load(run_dir)
     _write_ci_outputs(run_dir, rows, run_id, args.junit_xml)
@@ -194,11 +141,9 @@ def cmd_run(args) -> int:
           f"{counts['error']} errors, {counts['skip']} skipped -> {run_dir / 'report.html'}")
     if counts["fail"] or counts["error"]:
         _print_failures(run_dir, rows)
-        return EXIT_FAIL
-    if counts["warn"] and args.strict:
+    elif counts["warn"] and args.strict:
         print(f"shardcheck: --strict: {counts['warn']} warning(s) fail the run")
-        return EXIT_FAIL
-    return EXIT_OK
+    return exit_code(counts, args.strict)
 
 
 def _print_findings(rows) -> None:

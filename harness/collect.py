@@ -15,17 +15,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.artefacts import ArtefactBudget
-from harness.cli import DEFAULT_TIMEOUT
 from harness.compare import NOT_PASSING, merge_ranks
-from harness.plan import Item, Plan
-from harness.records import RecordWriter
-
-PIECES = "pieces"  # per launch: pieces/item<id>/rank<R>.pt, written by the workers for failing items
-
-
-# A worker's exit code when it ends because a peer is stuck or dead (harness.worker): a consequence, never
-# counted as that rank's death (harness.launch.dead_ranks).
-EXIT_PEER_STUCK = 3
+from harness.events import PIECES
+from harness.items import DEFAULT_TIMEOUT, Item, Plan
+from harness.records import NO_CAUSE, PHASES, RecordWriter, ResultRow
 
 
 class _ItemState:
@@ -97,12 +90,30 @@ class Collector:
         """Finish `item` as an error: ranks that did not report a check are named, with what they were doing.
         `deaths` maps the ranks whose process died by itself (not in the teardown) to how ('SIGKILL',
         'exit code 13'): each check of the case names them, and the other ranks' rows say they waited on them.
-        Returns the cause in a few words ('hung', 'rank 1 died'), for the items skipped after it."""
+        The item has one cause, recorded on each of its error rows (ResultRow's cause fields): a rank that died;
+        else a rank that raised no later than where its peers then blocked (they blocked because of it); else
+        the ranks that did not finish (a hang).  Returns the cause in a few words ('hung', 'rank 1 died'), for
+        the items skipped after it."""
         deaths = deaths or {}
         st = self.state[item.id]
         participants = _participants(item)
         deaths = {r: how for r, how in deaths.items() if r in participants}
         stuck_ranks = sorted({r for ev in st.stuck for r in ev["missing"]} - set(deaths))
+        raised = self._first_exception(item)
+        blocked_at = min((_phase_order(st.phase.get(r, "setup")) for r in stuck_ranks), default=len(PHASES))
+        if deaths:
+            root = {"symptom": "died", "culprit_ranks": sorted(deaths),
+                    "blocked_ranks": [r for r in participants if r not in deaths],
+                    "error_type": ", ".join(dict.fromkeys(how for _, how in sorted(deaths.items()))),
+                    "error_message": None, "error_where": None, "phase": st.phase.get(min(deaths), "setup")}
+        elif raised is not None and _phase_order(raised.get("phase")) <= blocked_at:
+            root = {"symptom": raised.get("symptom") or "exception", "culprit_ranks": raised["culprit_ranks"],
+                    "blocked_ranks": [r for r in stuck_ranks if r not in raised["culprit_ranks"]],
+                    **{k: raised.get(k) for k in ("error_type", "error_message", "error_where", "phase")}}
+        else:
+            culprits = stuck_ranks or [r for r in participants if r not in st.done]
+            root = {**NO_CAUSE, "symptom": "hung", "culprit_ranks": culprits,
+                    "phase": st.phase.get(culprits[0], "setup") if culprits else None}
         notes = [f"rank {r} died: {how}" for r, how in sorted(deaths.items())]
         waiting = [r for r in participants if r not in deaths]
         if deaths and waiting:
@@ -110,8 +121,10 @@ class Collector:
                          + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in waiting) + ")")
         if stuck_ranks:
             waited = max(ev["waited"] for ev in st.stuck)
+            why = (f"blocked after rank(s) {', '.join(map(str, raised['culprit_ranks']))} raised {raised.get('error_type')}"
+                   if root["symptom"] != "hung" and not deaths else "blocked or dead")
             notes.append(f"rank(s) {', '.join(map(str, stuck_ranks))} did not finish the case within {waited:g}s "
-                         f"(blocked or dead; " + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in stuck_ranks) + ")")
+                         f"({why}; " + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in stuck_ranks) + ")")
         if reason:
             notes.append(reason)
         waiting_on = ", ".join(f"rank {r} (died: {how})" for r, how in sorted(deaths.items()))
@@ -124,29 +137,57 @@ class Collector:
                 if r in deaths:  # whatever it reported, the case did not complete there
                     per_rank[:] = [ev for ev in per_rank if ev["rank"] != r]
                     per_rank.append({"rank": r, "coords": None, "check": check, "status": "error", "secondary": False,
-                                     "message": f"died: {deaths[r]} (in {phase})"})
+                                     "message": f"died: {deaths[r]} (in {phase})", "symptom": "died",
+                                     "error_type": deaths[r], "phase": phase})
                 elif r not in reported:
                     first = f"waiting on {waiting_on}; no result ({where})" if deaths else f"no result ({where})"
+                    hung = root["symptom"] == "hung"
                     per_rank.append({"rank": r, "coords": None, "check": check, "status": "error",
-                                     "secondary": bool(deaths), "message": "; ".join([first, *notes])})
+                                     "secondary": not hung, "message": "; ".join([first, *notes]),
+                                     "symptom": "hung" if hung else "blocked", "phase": phase})
                 elif deaths and reported[r]["status"] == "error" and reported[r].get("secondary"):
                     reported[r]["message"] = f"waiting on {waiting_on}: {reported[r]['message']}"
-        self._finish(item, extra_message="; ".join(notes))
+        self._finish(item, extra_message="; ".join(notes), root=root)
         if deaths:
             return " and ".join(f"rank {r} died ({how})" for r, how in sorted(deaths.items()))
+        if root["symptom"] != "hung":
+            return f"hung after rank(s) {', '.join(map(str, root['culprit_ranks']))} raised {root['error_type']}"
         return "hung" if stuck_ranks or reason else "ended its launch"
+
+    def _first_exception(self, item: Item) -> dict | None:
+        """The first rank result of `item` (in check order, then by rank) that raised on its own (not after a
+        peer failed), with `culprit_ranks`: every rank that raised the same on its own; or None."""
+        st = self.state[item.id]
+        own = [ev for check in [*item.checks, *(c for c in st.checks if c not in item.checks)]
+               for ev in sorted(st.checks.get(check, []), key=lambda e: e["rank"])
+               if ev["status"] == "error" and not ev.get("secondary") and ev.get("error_type")]
+        if not own:
+            return None
+        first = own[0]
+        same = {ev["rank"] for ev in own if (ev["error_type"], ev.get("error_where")) == (first["error_type"], first.get("error_where"))}
+        return {**first, "culprit_ranks": sorted(same)}
 
     def skip(self, item: Item, reason: str) -> None:
         """Record every check of `item` as skipped, without running it."""
         for check in item.checks or ["forward"]:
             self.writer.write(self._row(item, check, {"status": "skip", "max_abs_err": None, "max_rel_err": None,
                                                       "budget": None, "err_ratio": None, "err_naive": None,
-                                                      "mismatch": None, "message": reason, "per_rank": []}))
+                                                      "mismatch": None, "message": reason, "per_rank": [],
+                                                      **NO_CAUSE}))
         self.finished.add(item.id)
 
-    def _finish(self, item: Item, extra_message: str = "") -> None:
+    def _finish(self, item: Item, extra_message: str = "", root: dict | None = None) -> None:
+        """Merge every check's rank results into its row and write the rows.  `root`: the cause of an aborted
+        item, recorded on each of its error rows; otherwise the item's first exception is the cause of the
+        error rows that have none of their own (no result from ranks that stopped after it)."""
         st = self.state[item.id]
         participants = _participants(item)
+        aborted = root is not None
+        if not aborted:
+            raised = self._first_exception(item)
+            root = None if raised is None else {
+                "symptom": raised.get("symptom") or "exception", "culprit_ranks": raised["culprit_ranks"], "blocked_ranks": [],
+                **{k: raised.get(k) for k in ("error_type", "error_message", "error_where", "phase")}}
         rows = {}
         for check, per_rank in st.checks.items():
             for r in per_rank:
@@ -156,12 +197,17 @@ class Collector:
             merged = merge_ranks(per_rank, participants)
             if extra_message and merged["status"] != "pass" and extra_message not in merged["message"]:
                 merged["message"] = "; ".join(m for m in (merged["message"], extra_message) if m)
+            if root and merged["status"] == "error" and (aborted or merged["symptom"] in ("missing", "blocked")):
+                # the ranks that stopped after the culprit: the aborted item's, or those without a result here
+                blocked = root["blocked_ranks"] if aborted else [
+                    r for r in merged["blocked_ranks"] + merged["culprit_ranks"] if r not in root["culprit_ranks"]]
+                merged.update({**root, "blocked_ranks": sorted(set(blocked))})
             rows[check] = merged
         pieces = self.events_dir / PIECES / f"item{item.id}"
         failing = [c for c, m in rows.items() if m["status"] == "fail"]
         if pieces.is_dir():
             if failing and self.artefacts is not None:
-                saved = self.artefacts.save(item, failing, pieces, rows, self.writer.path.parent)
+                saved = self.artefacts.save(item, failing, pieces, self.writer.path.parent)
                 for check, paths in saved.items():
                     rows[check].update(paths)
             shutil.rmtree(pieces, ignore_errors=True)
@@ -170,10 +216,10 @@ class Collector:
             self.writer.write({**self._row(item, check, merged), "item_seconds": seconds})
         self.finished.add(item.id)
 
-    def _row(self, item: Item, check: str, merged: dict) -> dict:
+    def _row(self, item: Item, check: str, merged: dict) -> ResultRow:
         dp, cp, tp = item.topology
         family = item.op.split(".", 1)[0]
-        row = {
+        row: ResultRow = {
             "run_id": self.plan.run_id, "op": item.op, "family": family, "impl": self.plan.impl.get(family),
             "suite": item.suite, "case_id": item.case_id, "params": item.params, "dp": dp, "cp": cp, "tp": tp,
             "world_size": item.world_size, "dtype": item.dtype, "device": self.plan.device, "backend": self.plan.backend,
@@ -209,6 +255,11 @@ def rerun_command(plan: Plan, item: Item) -> str:
     if plan.timeout != DEFAULT_TIMEOUT:
         args += ["--timeout", f"{plan.timeout:g}"]
     return shlex.join(args)
+
+
+def _phase_order(phase: str | None) -> int:
+    """Where `phase` comes in a case (PHASES); an unknown phase (a benchmark's) counts as the forward."""
+    return PHASES.index(phase) if phase in PHASES else PHASES.index("forward")
 
 
 def _participants(item: Item) -> list[int]:

@@ -161,11 +161,11 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
     """Fold every rank's result for one check into the row's status, errors and mismatch."""
     seen = {r["rank"] for r in per_rank}
     missing = [r for r in expected_ranks if r not in seen]
-    precision = [r for r in per_rank if r["status"] == "warn" and str(r.get("message", "")).startswith(PRECISION_WARNINGS)]
+    precision = [r for r in per_rank if r["status"] == "warn" and rank_symptom(r).startswith("precision:")]
     if precision and any(r["status"] == "pass" for r in per_rank):
         # float32 or bfloat16 math shows on every rank; an error on some ranks only (others exact) is a bug
-        per_rank = [{**r, "status": "fail", "message": "only some ranks are off (a precision choice would show on "
-                     "every rank): " + r["message"]} if r in precision else r for r in per_rank]
+        per_rank = [{**r, "status": "fail", "symptom": "values", "message": "only some ranks are off (a precision "
+                     "choice would show on every rank): " + r["message"]} if r in precision else r for r in per_rank]
     status = max((r["status"] for r in per_rank), key=STATUS_ORDER.__getitem__, default="error")
     if missing:
         status = "error"
@@ -210,7 +210,46 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
     if status == "skip" and not parts:  # the reason the ranks gave (the same on every rank)
         parts = [next((r["message"] for r in per_rank if r.get("message")), "")]
     row["message"] = "; ".join(parts)
+    row.update(cause_fields(bad, missing))
     return row
+
+
+def rank_symptom(rank_result: dict) -> str:
+    """What went wrong on one rank (a key of harness.records.SYMPTOMS): as the worker named it, else from
+    the check and what the comparison found."""
+    if rank_result.get("symptom"):
+        return rank_result["symptom"]
+    check = str(rank_result.get("check", ""))
+    if rank_result["status"] == "error":
+        return "exception" if rank_result.get("error_type") else "missing"
+    if check == "property:comm":
+        return "comm"
+    if check == "property:signature":
+        return "signature"
+    if check.startswith("property:"):
+        return "property"
+    if rank_result.get("nonfinite"):
+        return "nonfinite"
+    return "shape" if "shape_mismatch" in rank_result else "values"
+
+
+def cause_fields(bad: list[dict], missing: list[int]) -> dict:
+    """The structured cause of a merged row (harness.records.ResultRow): `bad` its not-passing rank results,
+    likely cause first, `missing` the ranks that reported nothing.  The culprits are the ranks with the cause's
+    status that failed on their own; the ranks whose error followed a peer's failure, and those that reported
+    nothing, are blocked."""
+    if not bad:
+        return {"symptom": "missing" if missing else None, "culprit_ranks": list(missing), "blocked_ranks": [],
+                "error_type": None, "error_message": None, "error_where": None, "phase": None}
+    first = bad[0]
+    primary = [r for r in bad if not r.get("secondary")]
+    if not primary:  # every rank that failed did so after a peer: the cause is elsewhere in the item
+        return {"symptom": "blocked", "culprit_ranks": [], "blocked_ranks": sorted({r["rank"] for r in bad} | set(missing)),
+                **{key: first.get(key) for key in ("error_type", "error_message", "error_where", "phase")}}
+    culprits = sorted({r["rank"] for r in primary if r["status"] == first["status"]}) or [first["rank"]]
+    blocked = sorted(({r["rank"] for r in bad if r.get("secondary")} | set(missing)) - set(culprits))
+    return {"symptom": rank_symptom(first), "culprit_ranks": culprits, "blocked_ranks": blocked,
+            **{key: first.get(key) for key in ("error_type", "error_message", "error_where", "phase")}}
 
 
 MEASURED_MAX = ("time_ms", "time_ms_iqr", "time_fwd_ms", "time_bwd_ms", "peak_bytes", "peak_bytes_fwd",

@@ -24,8 +24,9 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness.artefacts import ArtefactBudget
-from harness.collect import EXIT_PEER_STUCK, Collector
-from harness.plan import Item, Plan
+from harness.collect import Collector
+from harness.events import EXIT_PEER_STUCK
+from harness.items import Item, Plan
 from harness.records import RecordWriter
 
 WATCHDOG_GRACE = 60.0  # start-up of a launch (imports, rendezvous) counts against the watchdog too

@@ -1,31 +1,19 @@
-"""Which (op, case, topology, dtype) items to run: suite discovery, --impl resolution, the plan."""
+"""Which (op, case, topology, dtype) items to run: the selection (suites, ops, cases, topologies, dtypes,
+`--impl`) checked and expanded into the plan the ranks run."""
 
 from __future__ import annotations
 
 import fnmatch
-import importlib
-import importlib.util
-import json
-import pkgutil
-import sys
 import zlib
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from types import ModuleType
 
-import torch
-
-import suites
 from harness.case import Case
+from harness.items import DTYPES, Item, Plan
+from harness.module_under_test import resolve_impl
+from harness.suite_loader import load_suite, suite_cases, suite_names
 from harness.topology import Topology, UsageError, default_topologies
 
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_DTYPES = ("float64", "float32", "bfloat16")
 DEFAULT_WORLD_SIZES = (1, 2, 4)
-
-
-def suite_names() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith("_"))
 
 
 def expand_suites(wanted: list[str]) -> list[str]:
@@ -40,102 +28,9 @@ def expand_suites(wanted: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def load_suite(name: str) -> ModuleType:
-    if name not in suite_names():
-        raise UsageError(f"unknown suite {name!r}; known: {', '.join(suite_names())}")
-    return importlib.import_module(f"suites.{name}")
-
-
-BENCH_FALLBACK_CASES = 2  # per op without benchmark cases
-
-
-def suite_cases(name: str, quick: bool, bench: bool = False) -> list[Case]:
-    """The suite's correctness cases, or its benchmark cases: `bench_cases()` (realistic sizes),
-    plus, for every op that has none, its first correctness cases, so that every op present
-    (and every op added later) is measured without further work."""
-    suite = load_suite(name)
-    cases = suite.cases(quick=quick)
-    if bench:
-        sized = suite.bench_cases(quick=quick) if hasattr(suite, "bench_cases") else []
-        covered = {c.op for c in sized}
-        fallback = [c for c in cases if c.op not in covered and c.raises is None]
-        cases = sized + [c for i, c in enumerate(fallback)
-                         if sum(f.op == c.op for f in fallback[:i]) < BENCH_FALLBACK_CASES]
-    seen = set()
-    for case in cases:
-        key = (case.op, case.case_id)
-        if key in seen:
-            raise UsageError(f"suite {name}: duplicate case id {case.case_id!r} for {case.op}")
-        seen.add(key)
-    return cases
-
-
-def resolve_impl(family: str, spec: str) -> ModuleType:
-    """Import the module under test: a dotted module name or a path to a .py file."""
-    try:
-        if spec.endswith(".py") or "/" in spec:
-            path = Path(spec).resolve()
-            if not path.is_file():
-                raise UsageError(f"--impl {family}={spec}: no such file")
-            mod_name = f"shardcheck_impl_{family}_{zlib.crc32(str(path).encode()):08x}"
-            if mod_name in sys.modules:
-                return sys.modules[mod_name]
-            module_spec = importlib.util.spec_from_file_location(mod_name, path)
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[mod_name] = module
-            module_spec.loader.exec_module(module)
-            return module
-        return importlib.import_module(spec)
-    except UsageError:
-        raise
-    except BaseException as exc:  # an import can raise anything, SystemExit included
-        raise UsageError(f"--impl {family}={spec}: cannot import: {type(exc).__name__}: {exc}".splitlines()[0]) from None
-
-
 def item_seed(seed: int, op: str, case_id: str, dtype: str) -> int:
     """Fresh, reproducible inputs per case and dtype, the same on every rank."""
     return zlib.crc32(f"{seed}/{op}/{case_id}/{dtype}".encode())
-
-
-@dataclass
-class Item:
-    id: int
-    suite: str
-    op: str
-    case_id: str
-    dtype: str
-    topology: tuple[int, int, int]
-    world_size: int
-    seed: int
-    checks: list[str]  # checks every participating rank must report
-    params: dict = field(default_factory=dict)  # the case's parameters, recorded in each row
-
-
-@dataclass
-class Plan:
-    run_id: str
-    quick: bool
-    seed: int
-    timeout: float
-    device: str
-    backend: str
-    impl: dict[str, str]
-    items: list[Item] = field(default_factory=list)
-    bench: bool = False  # measure time, memory and collectives instead of checking values
-    bench_iters: int = 10  # timed iterations, the same on every rank
-    bench_warmup: int = 2
-    failure_artefacts: int = 0  # failing items whose tensors the ranks still save (harness/artefacts.py)
-    missing_ops: dict[str, str] = field(default_factory=dict)  # {op: suite} selected but not in the module under test
-    shims: bool = True  # install harness/shims on every rank (only where the real thing cannot run)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> "Plan":
-        raw = json.loads(text)
-        raw["items"] = [Item(**{**i, "topology": tuple(i["topology"])}) for i in raw["items"]]
-        return cls(**raw)
 
 
 def expected_checks(case: Case, bench: bool = False) -> list[str]:

@@ -54,6 +54,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from harness.module_under_test import resolve_impl
+
 HOST = "127.0.0.1"
 # Variables a launcher sets: removed in every fresh rank (it may have been forked from a worker
 # started by torchrun), then set again for the simulated job.
@@ -201,7 +203,7 @@ class _StoreLogHandler(logging.Handler):
 
 def module_ref(module: ModuleType) -> str:
     """How a fresh rank finds `module` again: its file when it was loaded from one by
-    `harness.plan.resolve_impl` (`--impl FAMILY=path.py`), else its dotted name."""
+    `harness.module_under_test.resolve_impl` (`--impl FAMILY=path.py`), else its dotted name."""
     if module.__name__.startswith("shardcheck_impl_") and getattr(module, "__file__", None):
         return module.__file__
     return module.__name__
@@ -210,8 +212,6 @@ def module_ref(module: ModuleType) -> str:
 def load_module(ref: str) -> ModuleType:
     """The module `module_ref` described, imported in this (fresh) process."""
     if ref.endswith(".py"):
-        from harness.plan import resolve_impl
-
         return resolve_impl("processes", ref)
     return importlib.import_module(ref)
 

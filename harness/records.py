@@ -1,4 +1,4 @@
-"""The one data format: results.jsonl (a row per check) and run.json (run metadata)."""
+"""The one data format: results.jsonl (a row per check, `ResultRow`) and run.json (run metadata)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,104 @@ import platform
 import socket
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING, Optional, TypedDict
 
-import pandas as pd
 import torch
 
-from harness.causes import causes  # noqa: F401  (the run's non-passing rows grouped by cause: a DataFrame)
+if TYPE_CHECKING:
+    import pandas as pd
 
 RESULTS = "results.jsonl"
 RUN_META = "run.json"
+
+# What went wrong in a non-passing row (`ResultRow.symptom`), as harness.causes names it.
+SYMPTOMS = {
+    "values": "wrong values",
+    "nonfinite": "non-finite values differ (NaN/±inf)",
+    "shape": "wrong shape",
+    "dtype": "wrong dtype",
+    "output_type": "wrong output type",
+    "outputs": "wrong number of outputs",
+    "no_gradient": "no gradient",
+    "precision:float32": "float64 computed in float32",
+    "precision:bfloat16": "bfloat16 math, docs/ops/README.md asks for float32",
+    "comm": "communication contract",
+    "property": "property does not hold",
+    "signature": "signature differs from the seed's",
+    "exception": "an exception",
+    "died": "a rank died",
+    "hung": "did not finish within the timeout (blocked in a collective or dead)",
+    "blocked": "blocked or lost its connection after a peer failed",
+    "missing": "no result from some ranks",
+    "reference": "the reference failed on these inputs",
+}
+PHASES = ("setup", "forward", "backward", "properties")  # in the order a case runs them
+
+
+class _Row(TypedDict):
+    run_id: str
+    op: str  # family.Name
+    family: str
+    impl: Optional[str]  # the --impl spec of the family, None for ours
+    suite: str
+    case_id: str
+    params: dict
+    dp: int
+    cp: int
+    tp: int
+    world_size: int
+    dtype: str
+    device: str
+    backend: str
+    seed: int
+    check: str  # forward, forward:<output>, grad:<input>, property:<name>, bench
+    status: str  # pass, skip, warn, fail, error
+    max_abs_err: Optional[float]
+    max_rel_err: Optional[float]
+    budget: Optional[float]
+    err_ratio: Optional[float]
+    err_naive: Optional[float]
+    mismatch: Optional[dict]  # the worst element: rank, coords, global_index, local_index, expected, got, kind
+    message: str  # for people; harness.causes reads the fields below, never this
+    per_rank: list[dict]  # rank, coords, status, max_abs_err, err_ratio of every participating rank
+    # What went wrong, as fields (None and [] on a passing row):
+    symptom: Optional[str]  # a key of SYMPTOMS
+    culprit_ranks: list[int]  # the ranks whose own result is wrong (that raised, died or did not finish)
+    blocked_ranks: list[int]  # the ranks that blocked or lost their connection because of a culprit
+    error_type: Optional[str]  # the exception's type name; for a rank that died, its signal or exit code
+    error_message: Optional[str]  # the exception's own message (first line)
+    error_where: Optional[str]  # path:line where it was raised, in the module under test where the traceback has it
+    phase: Optional[str]  # one of PHASES: where the first culprit was when it went wrong
+
+
+class ResultRow(_Row, total=False):
+    """One row of results.jsonl: one check of one item (op, case, topology, dtype)."""
+    rerun: str  # on fail/error/warn rows: a `shardcheck run` command that runs this item alone
+    item_seconds: float
+    artefact: str  # failures/<item>/<check>.pt (the first failing items)
+    error_map: str  # failures/<item>/<check>.png, drawn from the artefact by the report
+    time_ms: float  # benchmarks (harness/bench.py): times, memory and collectives
+    time_ms_iqr: float
+    time_fwd_ms: float
+    time_bwd_ms: float
+    times_ms: list[float]
+    peak_bytes: int
+    peak_bytes_fwd: int
+    ref_time_ms: float
+    ref_time_ms_iqr: float
+    ref_times_ms: list[float]
+    ref_peak_bytes: int
+    iters: int
+    warmup: int
+    comm_calls: dict  # {phase: {kind@dim: calls}}
+    comm_bytes: dict
+    comm_allowed: dict
+
+
+ROW_FIELDS = tuple(_Row.__annotations__)  # every row has these
+CAUSE_FIELDS = ("symptom", "culprit_ranks", "blocked_ranks", "error_type", "error_message", "error_where", "phase")
+NO_CAUSE = {"symptom": None, "culprit_ranks": [], "blocked_ranks": [], "error_type": None, "error_message": None,
+            "error_where": None, "phase": None}
 
 
 def _clean(value):
@@ -38,7 +128,10 @@ class RecordWriter:
         self.file = open(self.path, "a", buffering=1)
         self.counts = {"pass": 0, "warn": 0, "fail": 0, "error": 0, "skip": 0}
 
-    def write(self, row: dict) -> None:
+    def write(self, row: ResultRow) -> None:
+        missing = [k for k in ROW_FIELDS if k not in row]
+        if missing:
+            raise ValueError(f"result row of {row.get('op')} {row.get('check')} lacks {', '.join(missing)}")
         self.file.write(json.dumps(_clean(row)) + "\n")
         self.file.flush()
         self.counts[row["status"]] = self.counts.get(row["status"], 0) + 1
@@ -88,6 +181,8 @@ def _result_files(path: Path) -> list[Path]:
 
 def load(*paths: str | Path) -> pd.DataFrame:
     """Read the result rows of one or many runs (run dirs, results.jsonl files, or dirs of runs)."""
+    import pandas as pd  # the ranks write rows through this module too, and never need pandas
+
     files = [f for p in paths for f in _result_files(Path(p))]
     if not files:
         raise FileNotFoundError(f"no {RESULTS} under {', '.join(map(str, paths))}")
@@ -99,4 +194,7 @@ def load(*paths: str | Path) -> pd.DataFrame:
     for col in ("max_abs_err", "max_rel_err", "budget", "err_ratio", "err_naive"):
         if col in df:
             df[col] = pd.to_numeric(df[col], errors="coerce")
+    for col, empty in NO_CAUSE.items():  # runs written before rows carried these fields
+        if col not in df:
+            df[col] = [[] for _ in range(len(df))] if isinstance(empty, list) else None
     return df

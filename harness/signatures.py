@@ -20,6 +20,9 @@ from typing import Any, Callable
 
 import torch
 
+from harness.module_under_test import resolve_impl
+from harness.records import NO_CAUSE
+
 SEED_PACKAGE = "distributed_impl"
 SIGNATURE_CHECK = "property:signature"
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -101,8 +104,6 @@ def check_names(family: str, module: ModuleType, names: list[str]) -> dict[str, 
 
 def signature_rows(plan, meta: dict) -> list[dict]:
     """The `property:signature` rows of a plan's foreign modules, in the one record format."""
-    from harness.plan import resolve_impl
-
     rows = []
     for family, spec in sorted(plan.impl.items()):
         if not is_foreign(family, spec):
@@ -117,7 +118,7 @@ def signature_rows(plan, meta: dict) -> list[dict]:
                          "dtype": "-", "device": plan.device, "backend": plan.backend, "seed": plan.seed,
                          "check": SIGNATURE_CHECK, "status": status, "max_abs_err": None, "max_rel_err": None,
                          "budget": None, "err_ratio": None, "err_naive": None, "mismatch": None, "message": message,
-                         "per_rank": []})
+                         "per_rank": [], **NO_CAUSE, "symptom": "signature"})
     return rows
 
 

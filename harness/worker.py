@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import sys
+import sysconfig
 import time
 import traceback
 from datetime import timedelta
@@ -29,31 +29,21 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from harness.case import REPLICATED, Case, RankContext, as_tuple, is_float
-from harness.collect import EXIT_PEER_STUCK, PIECES
-from harness.compare import budget, compare, judge
-from harness.bench import run_bench_item
-from harness.measure import CommCounter, comm_violations, group_dims, split_comm
-from harness.plan import DTYPES, Item, Plan, resolve_impl, suite_cases
 from harness.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
 from harness import shims
+from harness.bench import run_bench_item
+from harness.case import REPLICATED, Case, RankContext, as_tuple, is_float
+from harness.compare import budget, compare, judge
+from harness.events import EXIT_PEER_STUCK, PIECES, Events, events_path
+from harness.items import DTYPES, Item, Plan
+from harness.measure import CommCounter, comm_violations, group_dims, split_comm
+from harness.module_under_test import resolve_impl
 from harness.signatures import KeywordCalls, is_foreign, seed_module
+from harness.suite_loader import suite_cases
 from harness.topology import Topology, build_mesh, mesh_coords
 from reference import low_precision_math
 
 PEER_FAILURE = re.compile(r"closed by peer|reset by peer|Broken pipe|Connection refused|timed out|Timeout|aborted", re.I)
-
-
-class Events:
-    """This rank's event log: one JSON object per line, flushed at once (a crash loses nothing)."""
-
-    def __init__(self, path: Path, rank: int):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(path, "a", buffering=1)
-        self.rank = rank
-
-    def emit(self, kind: str, item: int, **fields) -> None:
-        self.file.write(json.dumps({"t": kind, "item": item, "rank": self.rank, "time": time.time(), **fields}) + "\n")
 
 
 def _detach(t):
@@ -140,7 +130,7 @@ class Worker:
         self.shims = shims.install(self.device.type) if plan.shims else []  # before any module under test runs
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.store = dist.PrefixStore("shardcheck-items", dist.distributed_c10d._get_default_store())
-        self.events = Events(events_dir / f"rank{self.rank}.jsonl", self.rank)
+        self.events = Events(events_path(events_dir, self.rank), self.rank)
         self.meshes = {}
         self.cases: dict[tuple[str, str], Case] = {}
         for suite in sorted({i.suite for i in plan.items}):
@@ -234,7 +224,8 @@ class Worker:
             golden = self.golden(case, item, n_summands)
         except Exception as exc:
             for check in item.checks:
-                emit_check(check, "error", message=f"reference failed: {type(exc).__name__}: {exc}")
+                emit_check(check, "error", message=f"reference failed: {type(exc).__name__}: {exc}",
+                           symptom="reference", **_error_fields(exc), phase="setup")
             return
         ctx = RankContext(mesh=mesh, topology=topo, device=self.device, dtype=dtype,
                           full_shapes={k: tuple(v.shape) for k, v in golden.inputs.items()},
@@ -252,7 +243,7 @@ class Worker:
             if case.raises is not None and isinstance(exc, case.raises):
                 emit_check("property:raises", "pass", message=f"{type(exc).__name__}: {exc}")
             else:
-                self._emit_error(emit_check, item.checks, exc)
+                self._emit_error(emit_check, item.checks, exc, "forward")
             return
         if case.raises is not None:
             emit_check("property:raises", "fail", message=f"expected {case.raises.__name__}, nothing was raised")
@@ -263,7 +254,8 @@ class Worker:
         outs = as_tuple(outs)
         if len(outs) != len(case.output_names):
             for check in item.checks:
-                emit_check(check, "error", message=f"op returned {len(outs)} outputs, expected {len(case.output_names)}")
+                emit_check(check, "error", message=f"op returned {len(outs)} outputs, expected {len(case.output_names)}",
+                           symptom="outputs", phase="forward")
             return
 
         # A run that kept its train context open (RankContext.keep_open) gets its backward first, as a training
@@ -271,14 +263,15 @@ class Worker:
         # run of the reference inside a CP context would meet the context's attention).
         backward_error = self._backward(item, case, outs, golden, mesh, counter, contexts) if ctx.kept_open else None
         if backward_error is not None and not case.grad_inputs:  # the kept context failed to close
-            self._emit_error(emit_check, item.checks, backward_error)
+            self._emit_error(emit_check, item.checks, backward_error, "backward")
             return
         fwd_names = [c for c in item.checks if c.startswith("forward")]
         for i, (name, check, got, gold, naive, lay) in enumerate(zip(case.output_names, fwd_names, outs, golden.outputs,
                                                                      golden.naive_outputs, case.output_layouts)):
             if gold is None:  # the reference returns None here (e.g. an optional output): so must the op
                 emit_check(check, "pass" if got is None else "fail",
-                           message="" if got is None else f"expected None, got {type(got).__name__}")
+                           message="" if got is None else f"expected None, got {type(got).__name__}",
+                           symptom=None if got is None else "output_type")
                 continue
             expected = lay.local(gold, mesh, golden.inputs)
             if name in case.output_checks:
@@ -286,7 +279,7 @@ class Worker:
                     ok, msg = case.output_checks[name](got, expected, golden.inputs, local, ctx)
                 except Exception as exc:
                     ok, msg = False, f"{type(exc).__name__}: {exc}"
-                emit_check(check, "pass" if ok else "fail", message=msg)
+                emit_check(check, "pass" if ok else "fail", message=msg, symptom=None if ok else "values")
                 continue
             got_dtype = got.dtype if isinstance(got, torch.Tensor) else None
             if isinstance(got, torch.Tensor):
@@ -300,12 +293,12 @@ class Worker:
             if not ctx.kept_open:
                 backward_error = self._backward(item, case, outs, golden, mesh, counter, contexts)
             if backward_error is not None:
-                self._emit_error(emit_check, grad_checks, backward_error)
+                self._emit_error(emit_check, grad_checks, backward_error, "backward")
                 return
             for name, check in zip(case.grad_inputs, grad_checks):
                 x = local[name]
                 if x.grad is None:
-                    emit_check(check, "fail", message=f"no gradient reached input {name!r}")
+                    emit_check(check, "fail", message=f"no gradient reached input {name!r}", symptom="no_gradient")
                     continue
                 lay = case.input_layouts.get(name, REPLICATED)
                 expected = lay.local(golden.grads[name], mesh, golden.inputs)
@@ -359,7 +352,7 @@ class Worker:
             allowed, too_much = None, [f"contract failed: {type(exc).__name__}: {exc}"]
         # Beyond the contract is a performance finding (warn); a contract that cannot be evaluated fails.
         status = "fail" if allowed is None else "warn" if too_much else "pass"
-        emit_check("property:comm", status, message="; ".join(too_much),
+        emit_check("property:comm", status, message="; ".join(too_much), symptom=None if status == "pass" else "comm",
                    comm_calls=calls, comm_bytes=nbytes, comm_allowed=allowed)
 
     def _emit_properties(self, case: Case, ctx, golden: Golden, local, outs: tuple, emit_check) -> None:
@@ -368,11 +361,11 @@ class Worker:
         try:
             props = case.properties(ctx, golden.inputs, local, outs)
         except Exception as exc:
-            self._emit_error(emit_check, ["property:properties"], exc)
+            self._emit_error(emit_check, ["property:properties"], exc, "properties")
             return
         for p in props:
             emit_check(f"property:{p.name}", "pass" if p.passed else "fail", message=p.message,
-                       max_abs_err=p.value, max_rel_err=None, budget=None, err_ratio=None)
+                       symptom=None if p.passed else "property", max_abs_err=p.value, max_rel_err=None, budget=None, err_ratio=None)
 
     @staticmethod
     def _summand_index(case: Case, mesh) -> int:
@@ -387,18 +380,20 @@ class Worker:
         = (golden, pick(run) -> this tensor of a Golden.precision_run, item dtype): a failing check that
         a legitimate precision difference explains becomes `warn`."""
         if not isinstance(got, torch.Tensor):
-            emit_check(check, "fail", message=f"got {type(got).__name__}, expected a tensor")
+            emit_check(check, "fail", message=f"got {type(got).__name__}, expected a tensor", symptom="output_type")
             return
         stats, status, ratio, limit = _judge(got, expected, gold_full, naive_full, expect_dtype, lay, mesh, inputs)
         msg = ""
+        symptom = None if status == "pass" else ("shape" if "shape_mismatch" in stats else
+                                                 "nonfinite" if stats.get("nonfinite") else "values")
         got_dtype = got_dtype or got.dtype
         if got_dtype != expect_dtype:
-            status, msg = "fail", f"dtype {str(got_dtype)[6:]}, expected {str(expect_dtype)[6:]}"
+            status, msg, symptom = "fail", f"dtype {str(got_dtype)[6:]}, expected {str(expect_dtype)[6:]}", "dtype"
         if status == "fail" and precision is not None and "shape_mismatch" not in stats and not stats.get("nonfinite"):
-            finding = self._precision_finding(got, expected, gold_full, lay, mesh, inputs, expect_dtype, got_dtype,
-                                              *precision)
+            finding, kind = self._precision_finding(got, expected, gold_full, lay, mesh, inputs, expect_dtype, got_dtype,
+                                                    *precision)
             if finding:
-                status, msg = "warn", "; ".join(m for m in (finding, msg) if m)
+                status, msg, symptom = "warn", "; ".join(m for m in (finding, msg) if m), f"precision:{kind}"
         for key in ("worst", "nonfinite"):
             if stats.get(key):
                 stats[key]["global_index"] = list(lay.global_index(stats[key]["local_index"], gold_full.shape, mesh, inputs))
@@ -409,37 +404,64 @@ class Worker:
                                   "full_shape": tuple(gold_full.shape), "failed": status == "fail",
                                   "coords": mesh_coords(mesh)}
         stats.pop("err_ratio", None)
-        emit_check(check, status, err_ratio=ratio if ratio != float("inf") else None, message=msg,
+        emit_check(check, status, err_ratio=ratio if ratio != float("inf") else None, message=msg, symptom=symptom,
                    **{"budget": None, "err_naive": None, **stats})
 
     @staticmethod
     def _precision_finding(got, expected, gold_full, lay, mesh, inputs, expect_dtype, got_dtype, golden, pick,
-                           item_dtype) -> str:
-        """The precision difference that explains a failing check, in words, or "": a float64 item within
-        the float32 budget of the same item, a bfloat16 item within the budget of bfloat16 math."""
+                           item_dtype) -> tuple[str, str]:
+        """(words, "float32" | "bfloat16") of the precision difference that explains a failing check, or ("", ""):
+        a float64 item within the float32 budget of the same item, a bfloat16 item within the budget of bfloat16
+        math."""
         kind, low = {torch.float64: ("float32", torch.float32),
                      torch.bfloat16: ("bfloat16 math", torch.bfloat16)}.get(item_dtype, (None, None))
         if kind is None or got_dtype not in (expect_dtype, low):
-            return ""
+            return "", ""
         try:
             alt = pick(golden.precision_run(kind))
         except Exception:  # the reference cannot run that way: no excuse for the error
-            return ""
+            return "", ""
         _, status, ratio, _ = _judge(got, expected, gold_full, alt, low, lay, mesh, inputs)
         if status != "pass":
-            return ""
+            return "", ""
         if kind == "float32":
-            return f"float64 computed in float32 (err/budget {ratio:.2g} against the float32 budget)"
-        return f"bfloat16 math, docs/ops/README.md asks for float32 (err/budget {ratio:.2g} against bfloat16 math)"
+            return f"float64 computed in float32 (err/budget {ratio:.2g} against the float32 budget)", "float32"
+        return f"bfloat16 math, docs/ops/README.md asks for float32 (err/budget {ratio:.2g} against bfloat16 math)", "bfloat16"
 
-    def _emit_error(self, emit_check, checks, exc: BaseException) -> None:
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        text = str(exc).splitlines()[0][:200] if str(exc) else ""
-        msg = f"{type(exc).__name__}: {text} ({Path(where.filename).name}:{where.lineno})"
+    def _emit_error(self, emit_check, checks, exc: BaseException, phase: str) -> None:
+        """An exception the op (or a property) raised in `phase`: an error on each of `checks`."""
+        fields = _error_fields(exc)
+        msg = f"{fields['error_type']}: {fields['error_message']} ({Path(fields['error_where']).name})"
         # A collective failing because a peer died or left is a consequence, not the cause.
-        secondary = bool(PEER_FAILURE.search(text))
+        secondary = bool(PEER_FAILURE.search(fields["error_message"]))
         for check in checks:
-            emit_check(check, "error", message=msg, secondary=secondary)
+            emit_check(check, "error", message=msg, secondary=secondary, symptom="exception", phase=phase, **fields)
+
+
+# Frames of the harness, the suites, the references, torch and the standard library: not the code under test.
+_NOT_UNDER_TEST = tuple(str(p) + os.sep for p in (
+    Path(__file__).resolve().parent.parent / "harness", Path(__file__).resolve().parent.parent / "suites",
+    Path(__file__).resolve().parent.parent / "reference", Path(torch.__file__).resolve().parent,
+    Path(sysconfig.get_paths()["stdlib"]).resolve()))
+
+
+def raising_location(exc: BaseException) -> str:
+    """path:line where `exc` was raised: the innermost frame of the code under test (the module under test or
+    what it calls, not torch nor the harness), else the innermost frame.  Paths inside the repository are
+    relative to it."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "?:0"
+    under_test = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_NOT_UNDER_TEST)]
+    frame = (under_test or frames)[-1]
+    path = Path(frame.filename).resolve()
+    root = Path(__file__).resolve().parent.parent
+    return f"{path.relative_to(root) if path.is_relative_to(root) else path}:{frame.lineno}"
+
+
+def _error_fields(exc: BaseException) -> dict:
+    return {"error_type": type(exc).__name__, "error_message": str(exc).splitlines()[0][:200] if str(exc) else "",
+            "error_where": raising_location(exc)}
 
 
 def _judge(got, expected, gold_full, ref_full, dtype, lay, mesh, inputs) -> tuple[dict, str, float, torch.Tensor]:
@@ -470,9 +492,11 @@ def main(argv: list[str] | None = None) -> int:
         Worker(plan, args.events).run()
         dist.destroy_process_group()
         return 0
-    from harness.standalone import run_standalone  # started by a hand-written torchrun command
-
-    return run_standalone(rest)
+    # Started by a torchrun command written by hand: this process becomes harness.standalone, which builds
+    # the plan and collects (the driver's side); the rank side never imports the driver.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "harness.standalone", *rest])
 
 
 if __name__ == "__main__":

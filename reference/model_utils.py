@@ -56,9 +56,6 @@ def next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.
     return logprob(logits[:, :-1], input_ids[:, 1:])
 
 
-# ---- end of phase 1 ----
-
-
 def filter_logits(logits: torch.Tensor, top_k: Optional[int], top_p: float) -> torch.Tensor:
     """Top-k then top-p filtering; filtered logits become -inf (compute dtype).
 

@@ -3,7 +3,7 @@
 Runs are ordered by start time and labelled by git commit.  Per op and benchmark case, one
 figure: median time with its interquartile band, and peak memory, across runs; one line per
 (topology, dtype, device), so runs from different devices or dtypes are never mixed in a line.
-A point where compare's rule (reports/compare.change_notes, against the line's previous run)
+A point where compare's rule (reports/regression.change_notes, against the line's previous run)
 flags a regression is marked.  Pass/fail counts per run head the page.  Reads only what
 harness.records.load reads, plus run.json for start time, commit and device name.
 """
@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.records import RUN_META, load  # noqa: E402
-from reports.compare import change_notes  # noqa: E402
+from reports.regression import change_notes  # noqa: E402
 
 DASHBOARD = "dashboard.html"
 LINE_KEY = ["dp", "cp", "tp", "dtype", "device", "device_name"]

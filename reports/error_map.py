@@ -180,3 +180,12 @@ def _segment_stats(dim: int | None, shards: dict[int, dict], ratio: np.ndarray, 
         value = float(np.nanmax(part)) if np.isfinite(part).any() or np.isinf(part).any() else float("nan")
         out.append((start, end, label, value))
     return out
+
+
+def draw_artefact(artefact: Path, path: Path, worst: list[int] | None = None) -> Path:
+    """The error map of a saved failure artefact (`failures/<item>/<check>.pt`, harness/artefacts.py), to `path`."""
+    full = torch.load(artefact, weights_only=False)
+    topo = full["topology"]
+    title = (f"{full['op']} [{full['case_id']}] dp{topo['dp']}-cp{topo['cp']}-tp{topo['tp']} {full['dtype']} "
+             f"{full['check']}")
+    return draw_error_map(full["abs_err"], full["budget"], full["shards"], title, path, worst=worst)

@@ -1,7 +1,8 @@
 """JUnit XML of a run: one <testcase> per item (op, case, topology, dtype), one <testsuite> per op.
 
 The testcase name reads well on a CI page ('b4s6v37-masked0.3 [dp1-cp1-tp2 float64]', class the
-op); a failing or erroring item carries every bad check's message and its rerun line; a skipped
+op); a failing or erroring item carries every bad check's message and its rerun line, its type the
+exception's (`RuntimeError`) or what went wrong (`shardcheck.values`, `shardcheck.hung`); a skipped
 one, its reason.  Items whose checks all pass are passes; an `error` anywhere makes the item an
 error, else a `fail` a failure; an item whose checks were all skipped is skipped.  An item whose worst
 check is a `warn` (a precision or communication finding, not a sharding bug) is a passing testcase
@@ -28,6 +29,14 @@ def _item_status(statuses: pd.Series) -> str:
     return worst
 
 
+def _failure_type(row: pd.Series) -> str:
+    """The exception's type for an exception, else what went wrong (harness.records.SYMPTOMS): shardcheck.values."""
+    symptom = row.get("symptom")
+    if symptom in ("exception", "reference") and isinstance(row.get("error_type"), str):
+        return row["error_type"]
+    return f"shardcheck.{symptom if isinstance(symptom, str) else row['status']}"
+
+
 def junit_tree(df: pd.DataFrame, run_id: str) -> ET.ElementTree:
     root = ET.Element("testsuites", name=f"shardcheck {run_id}")
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0.0}
@@ -49,7 +58,7 @@ def junit_tree(df: pd.DataFrame, run_id: str) -> ET.ElementTree:
                     text += "\nrerun: " + rows["rerun"].dropna().iloc[0]
                 tag = "failure" if status == "fail" else "error"
                 element = ET.SubElement(case, tag, message=f"{first['check']}: {first['message']}"[:1000],
-                                        type=f"shardcheck.{status}")
+                                        type=_failure_type(first))
                 element.text = text
                 counts["failures" if status == "fail" else "errors"] += 1
             elif status == "warn":

@@ -18,6 +18,7 @@ from harness.causes import causes, finding_lines  # noqa: E402
 from harness.compare import STATUS_ORDER  # noqa: E402
 from harness.records import RUN_META, load  # noqa: E402
 from reports import benchmark_json  # noqa: E402
+from reports.error_map import draw_artefact  # noqa: E402
 
 HEATMAP = "agreement_heatmap.png"
 
@@ -229,10 +230,22 @@ def sweep_plots(df: pd.DataFrame, run_dir: Path) -> list[Path]:
     return paths
 
 
+def draw_error_maps(df: pd.DataFrame, run_dir: Path) -> None:
+    """The error map of each check with a failure artefact (harness/artefacts.py), where it is not drawn yet."""
+    if "artefact" not in df:
+        return
+    for _, row in df[df["artefact"].map(lambda a: isinstance(a, str))].iterrows():
+        png = run_dir / (row["error_map"] if isinstance(row.get("error_map"), str) else Path(row["artefact"]).with_suffix(".png"))
+        if not png.is_file() and (run_dir / row["artefact"]).is_file():
+            mismatch = row["mismatch"] if isinstance(row.get("mismatch"), dict) else {}
+            draw_artefact(run_dir / row["artefact"], png, worst=mismatch.get("global_index"))
+
+
 def build(run_dir: str | Path) -> list[Path]:
     """(Re)build the report files of one run directory from its records."""
     run_dir = Path(run_dir)
     df = load(run_dir)
+    draw_error_maps(df, run_dir)
     meta = json.loads((run_dir / RUN_META).read_text()) if (run_dir / RUN_META).is_file() else {}
     counts = df["status"].value_counts().reindex(COUNTED, fill_value=0)
     bad = failures(df)

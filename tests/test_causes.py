@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import inspect
+import json
 
 import pandas as pd
 import torch
 
-from conftest import BROKEN, ROOT, assert_one_cause
-from harness.causes import causes, error_template, separating_condition
+from conftest import BROKEN, ROOT, assert_one_cause, shardcheck
+from harness.causes import blank_numbers, causes, finding_lines, separating_condition
+from harness.records import load
 from harness.signatures import KeywordCalls, call_signature, check_names, differences, seed_module
 
 TP2 = ("--topology", "dp=1,cp=1,tp=2", "--quick")
 FP32_IMPL = ROOT / "tests" / "impls" / "fp32_extra_collectives_model_utils.py"
 
 
-def _row(status, check="forward", tp=2, dtype="float64", op="model_utils.X", masked=0.0, message="", **extra):
-    return {"op": op, "case_id": extra.pop("case_id", f"m{masked}"), "status": status, "check": check, "dp": 1,
-            "cp": 1, "tp": tp, "dtype": dtype,
-            "params": {"B": 2, "masked": masked}, "message": message, "err_ratio": extra.pop("err_ratio", None),
-            "mismatch": extra.pop("mismatch", None), "rerun": extra.pop("rerun", None), **extra}
+def _row(status, check="forward", tp=2, dtype="float64", op="model_utils.X", masked=0.0, message="", dp=1, **extra):
+    """A result row as harness.collect writes it (the cause fields given as keywords)."""
+    symptom = extra.pop("symptom", {"fail": "values", "warn": "comm", "error": "exception"}.get(status))
+    return {"op": op, "case_id": extra.pop("case_id", f"m{masked}"), "status": status, "check": check, "dp": dp,
+            "cp": 1, "tp": tp, "dtype": dtype, "params": extra.pop("params", {"B": 2, "masked": masked}),
+            "message": message, "err_ratio": extra.pop("err_ratio", None), "mismatch": extra.pop("mismatch", None),
+            "rerun": extra.pop("rerun", None), "symptom": symptom, "culprit_ranks": extra.pop("culprit_ranks", [1]),
+            "blocked_ranks": extra.pop("blocked_ranks", []), "error_type": extra.pop("error_type", None),
+            "error_message": extra.pop("error_message", None), "error_where": extra.pop("error_where", None),
+            "phase": extra.pop("phase", None), **extra}
 
 
 def test_condition_separates_failing_from_passing_rows():
@@ -36,22 +43,25 @@ def test_condition_separates_failing_from_passing_rows():
     assert cause["checks"] == "grad:logits" and cause["worst"].startswith("err/budget 50")
 
 
-def test_errors_group_by_type_template_and_location():
-    msg = "rank {r} (dp=0, cp=0, tp={r}): AssertionError: vocab shard of {n} (impl.py:12); failing rank(s): {r}"
-    rows = [_row("error", c, message=msg.format(r=r, n=n)) for c in ("forward", "grad:logits") for r, n in ((0, 18), (1, 19))]
-    rows += [_row("error", message="rank 0 (dp=0, cp=0, tp=0): RuntimeError: view size is not compatible (impl.py:40)")]
+def test_errors_group_by_type_message_and_location_from_the_fields():
+    def error(check, rank, n, type_="AssertionError", text="vocab shard of {n}", where="impl.py:12"):
+        return _row("error", check, message="not read", culprit_ranks=[rank], error_type=type_,
+                    error_message=text.format(n=n), error_where=f"tests/broken/{where}", phase="forward")
+    rows = [error(c, r, n) for c in ("forward", "grad:logits") for r, n in ((0, 18), (1, 19))]
+    rows += [error("forward", 0, 0, "RuntimeError", "view size is not compatible", "impl.py:40")]
     rows += [_row("pass", tp=1)]
     table = causes(pd.DataFrame(rows))
     assert list(table["kind"]) == ["AssertionError: vocab shard of N (impl.py:12)",
                                    "RuntimeError: view size is not compatible (impl.py:40)"]
     assert list(table["count"]) == [4, 1]
-    assert error_template("rank 3 (dp=1, cp=0, tp=1): no result; rank(s) 1 did not finish within 5s") == \
-        "no result; rank(s) N did not finish within Ns"
+    assert table.iloc[0]["worst"].startswith("rank 0 raised AssertionError in forward at tests/broken/impl.py:12: "
+                                             "vocab shard of 18")
+    assert blank_numbers("shape [4, 37] vs 36.5 at 1e-3") == "shape [N, N] vs N at N"
 
 
 def test_failures_come_before_warnings_and_always_is_said():
     rows = [_row("warn", "property:comm", message="forward all_reduce@tp: 4 call(s) > allowed 3"),
-            _row("fail", "forward", dtype="bfloat16", mismatch={"kind": "nonfinite"}),
+            _row("fail", "forward", dtype="bfloat16", symptom="nonfinite"),
             _row("pass", "forward", dtype="float64")]
     table = causes(pd.DataFrame(rows))
     assert list(table["status"]) == ["fail", "warn"]
@@ -60,6 +70,160 @@ def test_failures_come_before_warnings_and_always_is_said():
     assert table.iloc[1]["kind"] == "more collectives than the contract allows"
     bad = pd.DataFrame([_row("fail", tp=t) for t in (1, 2)])
     assert separating_condition(bad, bad.iloc[:0]) == "always (every case, dtype and check run), at every topology (dp1-cp1-tp1, dp1-cp1-tp2)"
+
+
+def test_a_condition_most_passing_rows_fall_under_is_no_condition():
+    bad = pd.DataFrame([_row("fail", "grad:logits", 2, masked=0.3, case_id=f"c{i}") for i in range(3)])
+    passing = pd.DataFrame([_row("pass", "grad:logits", 2, masked=0.3, case_id=f"p{i}") for i in range(8)]
+                           + [_row("pass", "grad:logits", 2, masked=0.0)])
+    condition = separating_condition(bad, passing)
+    assert condition.startswith("no condition on checks, dtypes, mesh dims or case parameters separates it from "
+                                "the 9 passing rows"), condition
+    sharper = pd.concat([passing, pd.DataFrame([_row("pass", "grad:logits", 2, masked=0.0, case_id=f"q{i}")
+                                                for i in range(8)])])
+    assert separating_condition(bad, sharper) == "mostly when masked ≥ 0.3, at dp1-cp1-tp2 (8 of 17 passing rows match too)"
+
+
+def _upstream_style_rows() -> list[dict]:
+    """An op wrong in every item (the forward), with a gradient wrong exactly at tp ≥ 2, a rank raising
+    in the backward of the items with a DP rank without tokens (its DP peer blocks), and the DP-sum property
+    failing wherever it is checked (the forward is wrong)."""
+    rows = []
+    for dp, tp in ((1, 1), (1, 2), (2, 1), (2, 2)):
+        for case in ("masked", "dp-rank-empty"):
+            params = {"B": 4, "empty": case == "dp-rank-empty"}
+            row = lambda *a, **k: _row(*a, dp=dp, tp=tp, case_id=case, params=params, **k)  # noqa: E731
+            rows.append(row("fail", "forward", err_ratio=1e6))
+            if case == "dp-rank-empty" and dp > 1:  # rank 0 raised in backward; DP rank 1 (and its TP peer) blocked
+                blocked = [1] if tp == 1 else [2, 3]
+                for check in ("grad:student_logits", "property:comm"):
+                    rows.append(row("error", check, culprit_ranks=[0], blocked_ranks=blocked, phase="backward",
+                                    error_type="RuntimeError", error_where="torch/autograd/graph.py:829",
+                                    error_message="element 0 of tensors does not require grad"))
+                continue
+            rows.append(row("fail" if tp > 1 else "pass", "grad:student_logits", err_ratio=1e3))
+            rows.append(row("pass", "property:comm"))
+            if dp > 1:
+                rows.append(row("fail", "property:dp_sum", symptom="property"))
+    return rows
+
+
+def test_an_op_wrong_everywhere_lists_each_symptom_with_its_own_condition():
+    table = causes(pd.DataFrame(_upstream_style_rows()))
+    assert len(table) == 3, "\n".join(finding_lines(table))
+    raised, forward, grad = (table.iloc[i] for i in range(3))
+    assert raised["status"] == "error" and raised["kind"].startswith("RuntimeError: element N of tensors")
+    assert raised["condition"] == "exactly at dp ≥ 2, with empty" and raised["count"] == 4
+    assert raised["worst"].startswith("rank 0 raised RuntimeError in backward at torch/autograd/graph.py:829")
+    assert forward["kind"] == "wrong values; property:dp_sum does not hold" and forward["checks"] == "forward, property:dp_sum"
+    assert forward["condition"].startswith("exactly in forward")
+    assert grad["kind"] == "wrong values" and grad["condition"] == "exactly in grad:student_logits, at tp ≥ 2"
+
+
+def test_a_rank_that_raised_and_its_blocked_peers_are_one_cause_whatever_the_count():
+    rows = [r for r in _upstream_style_rows() if r["status"] == "error"]
+    rows += [_row("pass", "grad:student_logits", dp=2, tp=tp, params={"B": 4, "empty": False}) for tp in (1, 2)]
+    table = causes(pd.DataFrame(rows))
+    assert len(table) == 1 and table.iloc[0]["count"] == 4
+    assert "then blocked or lost the connection" in table.iloc[0]["worst"]
+
+
+def test_one_root_across_ops_is_one_line_naming_the_ops():
+    def raised(op, tp):
+        return _row("error", op=op, tp=tp, error_type="ValueError", error_message=f"shard of {17 + tp} rows",
+                    error_where="tests/broken/model_utils/helper.py:20", phase="forward", culprit_ranks=[0, 1])
+    ops = ["model_utils.A", "model_utils.B", "model_utils.C"]
+    rows = [raised(op, tp) for op in ops for tp in (2, 4)] + [_row("pass", op=op, tp=1) for op in ops]
+    rows += [_row("warn", "forward", op=op, symptom="precision:float32", tp=tp) for op in ops[:2] for tp in (1, 2)]
+    rows += [_row("error", "forward", op=op, tp=2, symptom="died", error_type=sig, case_id=f"d{sig}")
+             for op, sig in (("model_utils.D", "SIGSEGV"), ("model_utils.D", "SIGABRT"), ("model_utils.E", "SIGBUS"))]
+    rows += [_row("pass", op=op, tp=1) for op in ("model_utils.D", "model_utils.E", "model_utils.F")]
+    rows += [_row("error", "forward", op="model_utils.F", tp=2, symptom="died", error_type="SIGKILL")]  # killed
+    table = causes(pd.DataFrame(rows))
+    assert len(table) == 4, "\n".join(finding_lines(table))
+    helper = table[table["kind"].str.startswith("ValueError")].iloc[0]
+    assert helper["op"] == "model_utils.{A, B, C}" and helper["ops"] == tuple(ops) and helper["count"] == 6
+    assert helper["kind"] == "ValueError: shard of N rows (helper.py:20)" and helper["condition"] == "exactly at tp ≥ 2"
+    crashed, killed = (table[table["kind"].str.startswith("a rank died")].iloc[i] for i in (0, 1))
+    assert crashed["kind"] == "a rank died (SIGABRT, SIGBUS, SIGSEGV)", crashed["kind"]
+    assert crashed["ops"] == ("model_utils.D", "model_utils.E") and crashed["condition"] == "exactly at tp ≥ 2"
+    assert killed["kind"] == "a rank died (SIGKILL)" and killed["ops"] == ("model_utils.F",)
+    warned = table[table["status"] == "warn"].iloc[0]
+    assert warned["kind"] == "float64 computed in float32" and warned["op"] == "model_utils.{A, B}"
+
+
+def test_runs_recorded_before_rows_had_cause_fields_still_load_and_group(tmp_path):
+    old = [{k: v for k, v in _row(status, check, tp, message=message).items()
+            if k not in ("symptom", "culprit_ranks", "blocked_ranks", "error_type", "error_message", "error_where", "phase")}
+           for status, check, tp, message in (
+               ("error", "forward", 2, "rank 1 (dp=0, cp=0, tp=1): RuntimeError: shard check failed (x.py:3)"),
+               ("error", "grad:logits", 2, "rank 1 (dp=0, cp=0, tp=1): RuntimeError: shard check failed (x.py:3)"),
+               ("fail", "forward", 4, "rank 3 (dp=0, cp=0, tp=3): |err| 2 > budget 1e-10"),
+               ("pass", "forward", 1, ""))]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    rows = load(tmp_path)
+    assert rows["symptom"].isna().all() and rows["culprit_ranks"].map(len).eq(0).all()
+    table = causes(rows)
+    assert len(table) == 1 and table.iloc[0]["count"] == 3 and table.iloc[0]["condition"] == "exactly at tp ≥ 2"
+    assert table.iloc[0]["kind"] == ("error: rank N (dp=N, cp=N, tp=N): RuntimeError: shard check failed (x.py:N); "
+                                     "wrong values")
+
+
+KD_EMPTY_DP_RANK = ("--case", "*dp-rank-empty")  # DP rank 0 of 2 holds no valid token
+
+
+def test_a_rank_raising_in_backward_and_its_blocked_peers_are_one_cause(run_shardcheck):
+    """The rank without tokens raises in backward; its DP peer (one rank at tp 1, two at tp 2) blocks in the
+    next collective: one cause, named by the exception, whatever the count of blocked ranks."""
+    run = run_shardcheck("run", "--impl", f"kd_loss={BROKEN / 'kd_loss' / 'no_graph_without_tokens.py'}",
+                         "--op", "kd_loss.KDLoss", *KD_EMPTY_DP_RANK, "--topology", "dp=2,cp=1,tp=1",
+                         "--topology", "dp=2,cp=1,tp=2", "--dtype", "float64", "--quick", "--timeout", "10", timeout=400)
+    assert run.returncode == 1, run.stdout + run.stderr
+    cause = assert_one_cause(run)
+    assert cause["status"] == "error" and cause["kind"].startswith(
+        "RuntimeError: element N of tensors does not require grad and does not have a grad_fn"), cause["kind"]
+    assert "raised RuntimeError in backward" in cause["worst"] and "then blocked" in cause["worst"]
+    errors = run.rows[run.rows["status"] == "error"]
+    assert set(errors["tp"]) == {1, 2}
+    for _, row in errors.iterrows():  # the DP rank 0 ranks raised; the DP rank 1 ranks blocked
+        assert row["symptom"] == "exception" and row["phase"] == "backward" and row["error_type"] == "RuntimeError"
+        assert row["culprit_ranks"] == list(range(row["tp"])), row["culprit_ranks"]
+        assert row["blocked_ranks"] == list(range(row["tp"], 2 * row["tp"])), row["blocked_ranks"]
+
+
+def test_three_bugs_under_three_conditions_are_three_lines(tmp_path):
+    """A loss wrong everywhere (cross-entropy for KL), with a student gradient wrong at tp >= 2 and a raise in
+    backward where a DP rank holds no token: each bug is a line of its own, with its own condition."""
+    run = shardcheck("run", "--impl", f"kd_loss={BROKEN / 'kd_loss' / 'upstream_style_three_bugs.py'}",
+                     "--op", "kd_loss.KDLoss", "--case", "dtensor-b4s6v37-T2-nbltensor-chunk0-masked", *KD_EMPTY_DP_RANK,
+                     "--topology", "dp=1,cp=1,tp=1", "--topology", "dp=1,cp=1,tp=2", "--topology", "dp=2,cp=1,tp=1",
+                     "--dtype", "float64", "--quick", "--timeout", "10", out=tmp_path / "run", timeout=400)
+    assert run.returncode == 1, run.stdout + run.stderr
+    table = run.causes
+    lines = "\n".join(finding_lines(table))
+    assert len(table) == 3 and set(table["op"]) == {"kd_loss.KDLoss"}, lines
+    raised, forward, grad = (table[table["checks"].str.contains(c)].iloc[0]
+                             for c in ("property:comm", "^forward", "^grad:student_logits$"))
+    assert raised["status"] == "error" and raised["kind"].startswith("RuntimeError: element N of tensors"), lines
+    assert raised["condition"].startswith("exactly at dp ≥ 2"), lines
+    assert forward["kind"].startswith("wrong values") and forward["condition"].startswith("exactly in forward"), lines
+    assert grad["kind"] == "wrong values" and grad["condition"] == "exactly in grad:student_logits, at tp ≥ 2", lines
+    for cause in table.itertuples():
+        assert f"{cause.status.upper()} {cause.op}: {cause.kind} — {cause.condition}" in run.stdout
+
+
+def test_a_helper_several_ops_share_raising_for_all_of_them_is_one_line(run_shardcheck):
+    ops = [f"model_utils.{name}" for name in ("DistributedLogprob", "ChunkedDistributedLogprob",
+                                              "_compute_distributed_log_softmax")]
+    run = run_shardcheck("run", "--impl", f"model_utils={BROKEN / 'model_utils' / 'shared_helper_raises.py'}",
+                         *(arg for op in ops for arg in ("--op", op)), "--topology", "dp=1,cp=1,tp=1",
+                         "--topology", "dp=1,cp=1,tp=2", "--dtype", "float64", "--quick")
+    assert run.returncode == 1, run.stdout + run.stderr
+    cause = assert_one_cause(run)
+    assert len(run.causes) == 1 and set(cause["ops"]) == set(ops)
+    assert cause["kind"] == "ValueError: log-softmax over N vocab shards of N is not supported (shared_helper_raises.py:18)"
+    assert cause["condition"] == "exactly at tp ≥ 2"
+    assert cause["op"].startswith("model_utils.{") and all(op.split(".")[1] in cause["op"] for op in ops)
 
 
 def test_signature_differences():
@@ -147,10 +311,12 @@ def test_float32_math_and_extra_collectives_warn_and_pass_unless_strict(run_shar
     rows = run.rows
     assert set(rows["status"]) == {"warn"}  # float64 in float32 everywhere, one all-reduce too many everywhere
     table = run.causes
-    assert set(table["status"]) == {"warn"} and len(table) == 4
+    # two findings over the module, each one line naming both ops
+    assert set(table["status"]) == {"warn"} and len(table) == 2
     assert set(table["kind"]) == {"float64 computed in float32", "more collectives than the contract allows"}
-    assert set(table["op"]) == {"model_utils.DistributedLogprob", "model_utils.ChunkedDistributedLogprob"}
-    assert "Findings (4):" in run.stdout and f"{(rows['status'] == 'warn').sum()} warnings, 0 failed" in run.stdout
+    assert all(set(ops) == {"model_utils.DistributedLogprob", "model_utils.ChunkedDistributedLogprob"}
+               for ops in table["ops"])
+    assert "Findings (2):" in run.stdout and f"{(rows['status'] == 'warn').sum()} warnings, 0 failed" in run.stdout
     values = rows[rows["check"] != "property:comm"]
     assert (values[values["status"] == "warn"]["message"].str.contains("float64 computed in float32")).all()
     strict = run_shardcheck("run", "--impl", f"model_utils={FP32_IMPL}", "--op", "model_utils.DistributedLogprob",

@@ -119,7 +119,7 @@ def test_merge_puts_the_cause_before_consequences_and_flags_missing_ranks():
 
 def test_a_precision_warning_on_some_ranks_only_is_a_failure():
     warn = dict(message="float64 computed in float32 (err/budget 0.3 against the float32 budget)",
-                worst={"local_index": [0], "global_index": [0], "expected": 1.0, "got": 1.000001})
+                symptom="precision:float32", worst={"local_index": [0], "global_index": [0], "expected": 1.0, "got": 1.000001})
     row = merge_ranks([_rank(0, "warn", 5.0, **warn), _rank(1, "warn", 4.0, **warn)], expected_ranks=[0, 1])
     assert row["status"] == "warn"
     row = merge_ranks([_rank(0, "pass"), _rank(1, "warn", 5.0, **warn)], expected_ranks=[0, 1])

@@ -17,8 +17,8 @@ from conftest import BROKEN, ROOT
 from harness.artefacts import ArtefactBudget, reassemble
 from harness.case import HeadTail, Layout
 from harness.collect import glob_escape, rerun_command
-from harness.plan import Item, Plan
-from reports.error_map import draw_error_map, segments, shown_dims
+from harness.items import Item, Plan
+from reports.error_map import draw_artefact, draw_error_map, segments, shown_dims
 
 WRONG_OFFSET = ("--impl", f"model_utils={BROKEN / 'model_utils' / 'wrong_vocab_offset.py'}")
 TP2 = ("--topology", "dp=1,cp=1,tp=2", "--dtype", "float64", "--quick")
@@ -83,8 +83,7 @@ def test_artefact_budget_bounds_the_items_saved(tmp_path):
     for rank, piece in _pieces(layout, (3, 10), {"dp": 1, "cp": 1, "tp": 2}, lambda c, g: g.add_(c["tp"])).items():
         torch.save({"forward": piece}, pieces_dir / f"rank{rank}.pt")
     budget = ArtefactBudget(max_items=1)
-    row = {"forward": {"mismatch": {"global_index": [0, 7]}}}
-    first = budget.save(_item(0), ["forward"], pieces_dir, row, tmp_path)
+    first = budget.save(_item(0), ["forward"], pieces_dir, tmp_path)
     item_dir = "00000-model_utils.DistributedLogprob-b2_x_-dp2-cp1-tp2-float32"
     assert first == {"forward": {"artefact": str(Path("failures", item_dir, "forward.pt")),
                                  "error_map": str(Path("failures", item_dir, "forward.png"))}}
@@ -92,8 +91,9 @@ def test_artefact_budget_bounds_the_items_saved(tmp_path):
     assert saved["expected"].shape == (3, 10) and saved["check"] == "forward"
     diff = saved["actual"] - saved["expected"]
     assert torch.allclose(diff[:, 5:], torch.ones(3, 5, dtype=torch.float64)) and (diff[:, :5] == 0).all()  # tp1's half is off by 1
-    assert (tmp_path / first["forward"]["error_map"]).stat().st_size > 5000
-    assert budget.save(_item(1), ["forward"], pieces_dir, row, tmp_path) == {}  # budget spent
+    drawn = draw_artefact(tmp_path / first["forward"]["artefact"], tmp_path / first["forward"]["error_map"], worst=[0, 7])
+    assert drawn.stat().st_size > 5000
+    assert budget.save(_item(1), ["forward"], pieces_dir, tmp_path) == {}  # budget spent
     assert len(list((tmp_path / "failures").iterdir())) == 1
 
 

@@ -10,9 +10,11 @@ from harness.cli import main
 from reports.junit import junit_tree
 
 
-def _row(case_id, check, status, op="model_utils.DistributedLogprob", tp=2, dtype="float64", message="", rerun=None):
+def _row(case_id, check, status, op="model_utils.DistributedLogprob", tp=2, dtype="float64", message="", rerun=None,
+         **cause):
     return {"op": op, "case_id": case_id, "dp": 1, "cp": 1, "tp": tp, "dtype": dtype, "check": check,
-            "status": status, "message": message, "rerun": rerun, "item_seconds": 0.25}
+            "status": status, "message": message, "rerun": rerun, "item_seconds": 0.25,
+            "symptom": {"fail": "values", "error": "died"}.get(status), "error_type": None, **cause}
 
 
 def test_one_testcase_per_item_with_counts_messages_and_reasons():
@@ -46,6 +48,11 @@ def test_one_testcase_per_item_with_counts_messages_and_reasons():
     assert "rank 1 died: SIGKILL" in error.get("message") and error.text.count("SIGKILL") == 2
     assert cases["d [dp1-cp1-tp2 float64]"].find("skipped").get("message").startswith("skipped: model_utils")
     assert float(cases["b [dp1-cp1-tp2 float64]"].get("time")) == 0.25
+    # the type says what went wrong, read from the row's fields: an exception's own type
+    assert (failure.get("type"), error.get("type")) == ("shardcheck.values", "shardcheck.died")
+    raised = junit_tree(pd.DataFrame([_row("e", "forward", "error", message="rank 0: ValueError: no (x.py:3)",
+                                           symptom="exception", error_type="ValueError")]), "run2").getroot()
+    assert raised.find(".//error").get("type") == "ValueError"
 
 
 def test_junit_xml_to_a_missing_directory_is_a_usage_error(tmp_path, capsys):

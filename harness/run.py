@@ -1,0 +1,98 @@
+"""The steps of a run whoever starts its ranks (`shardcheck run`, or a torchrun written by hand:
+harness/standalone.py): the selection options and the plan made from them, results.jsonl opened
+with run.json and the signature findings before the first case, the summary after the last, and
+the exit code."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from pathlib import Path
+
+from harness import shims
+from harness.items import DEFAULT_TIMEOUT, Plan
+from harness.plan import build_plan
+from harness.records import RUN_META, RecordWriter, run_metadata, write_json
+from harness.signatures import signature_rows
+from harness.topology import Topology, UsageError
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def str_list(values: list[str] | None) -> list[str]:
+    """Repeatable, comma-separated option values as one list."""
+    return [x.strip() for v in (values or []) for x in v.split(",") if x.strip()]
+
+
+def impl_map(values: list[str] | None) -> dict[str, str]:
+    """`--impl FAMILY=MODULE` options as {family: module}."""
+    out = {}
+    for v in values or []:
+        family, sep, module = v.partition("=")
+        if not sep or not family or not module:
+            raise UsageError(f"--impl expects FAMILY=MODULE, got {v!r}")
+        out[family.strip()] = module.strip()
+    return out
+
+
+def add_selection_args(p: argparse.ArgumentParser) -> None:
+    """What to run and how: shared by `shardcheck run` and the hand-launched worker."""
+    p.add_argument("--suite", action="append", help="suite name (repeatable, or comma-separated)")
+    p.add_argument("--op", action="append", help="op id family.Name (repeatable, or comma-separated)")
+    p.add_argument("--case", action="append", help="case id glob, e.g. 'b4s6*' (repeatable)")
+    p.add_argument("--topology", action="append", help="dp=1,cp=1,tp=2 (repeatable)")
+    p.add_argument("--dtype", action="append", help="float64,float32,bfloat16,float16")
+    p.add_argument("--impl", action="append", help="FAMILY=MODULE or FAMILY=path/to/file.py")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds one case may take on any rank")
+    p.add_argument("--quick", action="store_true", help="fewer, smaller cases")
+    p.add_argument("--no-shims", action="store_true",
+                   help="do not install shardcheck's CPU shims (torch CP attention on CPU, a Transformer Engine "
+                        "stand-in): code under test that needs them then fails as it would without them")
+    p.add_argument("--strict", action="store_true",
+                   help="a warning (float64 computed in float32, bfloat16 math, collectives beyond the contract, "
+                        "a signature difference) fails the run too")
+
+
+def plan_from_args(args: argparse.Namespace, *, run_id: str, world_sizes: list[int] | None,
+                   topologies: list[Topology], device: str, backend: str, default_dtypes: list[str],
+                   bench: bool = False, bench_iters: int = 10) -> Plan:
+    """The plan of the selection options (add_selection_args); UsageError when they select nothing valid.
+    The shims are installed first: planning imports the module under test, which may import what they stand in for."""
+    if not args.no_shims:
+        shims.install(device)
+    plan = build_plan(run_id=run_id, suites_wanted=str_list(args.suite), ops=str_list(args.op),
+                      case_patterns=str_list(args.case), world_sizes=world_sizes, topologies=topologies,
+                      dtypes=str_list(args.dtype) or default_dtypes, impl=impl_map(args.impl), quick=args.quick,
+                      seed=args.seed, timeout=args.timeout, device=device, backend=backend, bench=bench,
+                      bench_iters=bench_iters)
+    plan.shims = not args.no_shims
+    return plan
+
+
+def _now() -> str:
+    return dt.datetime.now().isoformat(timespec="seconds")
+
+
+def open_run(run_dir: Path, plan: Plan, argv: list[str]) -> tuple[RecordWriter, dict]:
+    """results.jsonl opened, run.json written with the start, and each op whose signature drifted from the
+    seed's recorded as one finding before any case runs.  Returns the writer and the run metadata."""
+    writer = RecordWriter(run_dir)
+    meta = {**run_metadata(plan.run_id, argv, plan.device, plan.backend), "start": _now(), "impl": plan.impl,
+            **shims.describe(plan.device, plan.shims)}
+    write_json(run_dir / RUN_META, meta)
+    for row in signature_rows(plan, meta):
+        writer.write(row)
+    return writer, meta
+
+
+def close_run(run_dir: Path, writer: RecordWriter, meta: dict) -> None:
+    """results.jsonl closed; run.json completed with the end and the counts of each status."""
+    writer.close()
+    write_json(run_dir / RUN_META, {**meta, "end": _now(), "summary": writer.counts})
+
+
+def exit_code(counts: dict[str, int], strict: bool) -> int:
+    """1 when a check failed or errored, or warned under --strict; else 0."""
+    return EXIT_FAIL if counts["fail"] or counts["error"] or (strict and counts["warn"]) else EXIT_OK
