@@ -74,6 +74,8 @@ def cmd_compare(args) -> int:
     for d in (args.base, args.new):
         if not (d / "results.jsonl").is_file():
             raise UsageError(f"{d}: no results.jsonl (not a shardcheck run directory)")
+        if not (d / "results.jsonl").read_text().strip():
+            raise UsageError(f"{d}: results.jsonl holds no result rows (the run recorded no check)")
     try:
         table, regressions = compare_runs(args.base, args.new, args.max_slowdown, args.max_memory_growth)
     except (OSError, ValueError) as exc:
@@ -208,6 +210,8 @@ def cmd_report(args) -> int:
     for d in args.dirs:
         if not (d / "results.jsonl").is_file():
             raise UsageError(f"{d}: no results.jsonl (not a shardcheck run directory)")
+        if not (d / "results.jsonl").read_text().strip():
+            raise UsageError(f"{d}: results.jsonl holds no result rows (the run recorded no check)")
     for d in args.dirs:
         for path in build(d):
             print(path)
@@ -220,6 +224,8 @@ def cmd_dashboard(args) -> int:
     for d in args.runs:
         if not (d / "results.jsonl").is_file():
             raise UsageError(f"{d}: no results.jsonl (not a shardcheck run directory)")
+        if not (d / "results.jsonl").read_text().strip():
+            raise UsageError(f"{d}: results.jsonl holds no result rows (the run recorded no check)")
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

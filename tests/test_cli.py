@@ -83,3 +83,11 @@ def test_list_names_every_op_and_default_topologies(capsys):
 def test_out_dir_holding_a_run_is_refused(tmp_path, capsys):
     (tmp_path / "results.jsonl").write_text(json.dumps({"status": "pass"}) + "\n")
     assert "already holds a run" in _usage_error(capsys, "run", "--out", str(tmp_path))
+
+
+def test_report_of_a_run_without_rows_is_one_line_and_exit_2(capsys, tmp_path):
+    (tmp_path / "results.jsonl").write_text("\n")
+    (tmp_path / "run.json").write_text("{}")
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"shardcheck: error: {tmp_path}: results.jsonl holds no result rows (the run recorded no check)"]
