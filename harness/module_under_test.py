@@ -19,6 +19,10 @@ def resolve_impl(family: str, spec: str) -> ModuleType:
             path = Path(spec).resolve()
             if not path.is_file():
                 raise UsageError(f"--impl {family}={spec}: no such file")
+            # As for `python file.py`, the file's own folder is importable: a module under test may import its
+            # siblings (an adapter the older module it adapts).  Appended, so it shadows nothing installed.
+            if str(path.parent) not in sys.path:
+                sys.path.append(str(path.parent))
             mod_name = f"shardcheck_impl_{family}_{zlib.crc32(str(path).encode()):08x}"
             if mod_name in sys.modules:
                 return sys.modules[mod_name]

@@ -12,8 +12,8 @@ parameter names, so an adapter spells the seed's names and maps them onto the ol
 Everything else of the seed's module that the older one already spells the seed's way would be
 re-exported unchanged (`from legacy_module import name`); here there is nothing else.
 
-The older module is imported like any installed package; in this example it lives beside this file,
-importable from the repository root (`PYTHONPATH=.`).
+The older module is imported like any installed package; in this example it lives beside this file
+(a module under test given as a file path can import the modules beside it).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
-from examples.adapters import legacy_kd_loss as legacy
+import legacy_kd_loss as legacy
 
 
 def _infer_tp_group_from_dtensor(logits: torch.Tensor) -> Optional[dist.ProcessGroup]:
