@@ -16,7 +16,7 @@ from types import ModuleType
 import torch
 
 import suites
-from harness.case import Case
+from harness.case import BAD_INPUT_CHECK, Case
 from harness.topology import Topology, UsageError, default_topologies
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -58,7 +58,7 @@ def suite_cases(name: str, quick: bool, bench: bool = False) -> list[Case]:
     if bench:
         sized = suite.bench_cases(quick=quick) if hasattr(suite, "bench_cases") else []
         covered = {c.op for c in sized}
-        fallback = [c for c in cases if c.op not in covered and c.raises is None]
+        fallback = [c for c in cases if c.op not in covered and c.bad_input is None]
         cases = sized + [c for i, c in enumerate(fallback)
                          if sum(f.op == c.op for f in fallback[:i]) < BENCH_FALLBACK_CASES]
     seen = set()
@@ -140,10 +140,9 @@ class Plan:
 def expected_checks(case: Case, bench: bool = False) -> list[str]:
     if bench:
         return ["bench"] + (["property:comm"] if case.comm else [])
-    if case.raises is not None:
-        return ["property:raises"]
-    outs = ["forward"] if len(case.output_names) == 1 else [f"forward:{n}" for n in case.output_names]
-    return outs + [f"grad:{n}" for n in case.grad_inputs] + (["property:comm"] if case.comm else [])
+    if case.bad_input is not None:  # the op raises (usually): one row; an answer it returns adds its own
+        return [BAD_INPUT_CHECK]
+    return case.forward_checks + [f"grad:{n}" for n in case.grad_inputs] + (["property:comm"] if case.comm else [])
 
 
 def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_patterns: list[str],
