@@ -73,13 +73,19 @@ class MegatronFSDPConfig:
     """Data parallel with parameters sharded over the ranks (Megatron-FSDP)."""
 
 
+def _is_ddp(distributed_config: Any) -> bool:
+    """Whether the config is upstream's DDPConfig or a stand-in of it (this module's, a caller's): told by the class
+    name, since upstream's class (nemo_automodel.components.distributed.config) is not importable here."""
+    return any(cls.__name__ == "DDPConfig" for cls in type(distributed_config).__mro__)
+
+
 def dp_eval_sample_shard(distributed_config: Any, dp_rank: int, dp_size: int) -> tuple | None:
     """(dp_rank, dp_size) when each DP rank may score its own eval samples: only under DDP with
     dp_size > 1.  Sharded models (FSDP2, Megatron-FSDP) issue per-layer collectives in generate(),
     which must stay in lockstep, so every rank scores the same samples: None."""
     if dp_size < 1 or not 0 <= dp_rank < dp_size:
         raise ValueError(f"dp_eval_sample_shard: dp_rank {dp_rank} is not in [0, dp_size {dp_size})")
-    if isinstance(distributed_config, DDPConfig) and dp_size > 1:
+    if _is_ddp(distributed_config) and dp_size > 1:
         return dp_rank, dp_size
     return None
 

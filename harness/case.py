@@ -209,6 +209,39 @@ class Property:
     message: str = ""
 
 
+BAD_INPUT_CHECK = "property:bad_input"
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """A case that feeds the op input outside its contract, judged "loud or right".
+
+    The op passes when it raises (any exception: its type is recorded), or, where the case names a
+    documented `interpretation` of the input, when it returns the answer of that interpretation: the
+    case's reference computes it, and outputs and gradients are compared as in any case (the
+    `forward` / `grad:` rows then stand for the case).  It fails on a silent return where no
+    interpretation exists, on a wrong answer, a hang or a dead rank.  `documented`: the exception
+    types the seed documents for this input; raising another type is then a `warn`."""
+
+    what: str  # the input outside the contract, in words
+    interpretation: str | None = None  # the documented reading a returned answer is judged by
+    documented: tuple[type[BaseException], ...] = ()
+
+    def judge_raise(self, exc: BaseException) -> tuple[str, str]:
+        """(status, message) of the op raising `exc` on this input."""
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        raised = f"raised {type(exc).__name__}" + (f": {first}" if first else "")
+        if self.documented and not isinstance(exc, self.documented):
+            names = " or ".join(t.__name__ for t in self.documented)
+            return "warn", f"{raised}; the seed documents {names} for {self.what}"
+        return "pass", raised
+
+    def silent_return(self) -> str:
+        """The message of a silent return where no interpretation exists."""
+        return (f"returned without an exception on {self.what}, for which no answer is documented: "
+                "the op must raise instead of returning silently")
+
+
 @dataclass
 class RankContext:
     """What `Case.run` may ask about the rank it runs on."""
@@ -287,7 +320,9 @@ class Case:
     params: dict = field(default_factory=dict)  # recorded as-is
     output_checks: dict[str, OutputCheck] = field(default_factory=dict)  # replaces the numeric forward check
     properties: PropertiesFn | None = None
-    raises: type[BaseException] | None = None  # the op must raise this on every rank
+    # Input outside the op's contract: the op must raise or return the documented interpretation's answer
+    # (`BadInput`); one `property:bad_input` row unless it returns.
+    bad_input: BadInput | None = None
     # Communication contract: ctx -> {"forward"|"backward": {"<kind>@<mesh dim>": (max calls, max bytes)}}
     # per rank; doing more (or a kind/dim not listed) fails `property:comm`.
     comm: Callable[[RankContext], dict] | None = None
@@ -319,6 +354,11 @@ class Case:
             return self.context_parallel
         layouts = [*self.input_layouts.values(), *self.output_layouts]
         return "cp" in self.summed_over or any(not isinstance(lay.placements[1], Replicate) for lay in layouts)
+
+    @property
+    def forward_checks(self) -> list[str]:
+        """The check names of the outputs: `forward`, or `forward:<name>` for each of several."""
+        return ["forward"] if len(self.output_names) == 1 else [f"forward:{n}" for n in self.output_names]
 
     @property
     def family(self) -> str:

@@ -207,7 +207,8 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
         parts.append(f"failing rank(s): {', '.join(map(str, others))}")
     if missing:
         parts.append(f"no result from rank(s) {', '.join(map(str, missing))}")
-    if status == "skip" and not parts:  # the reason the ranks gave (the same on every rank)
+    if not parts and (status == "skip" or any(r.get("keep_message") for r in per_rank)):
+        # the reason the ranks gave (the same on every rank), or what a passing rank asked to record (e.g. what it raised)
         parts = [next((r["message"] for r in per_rank if r.get("message")), "")]
     row["message"] = "; ".join(parts)
     row.update(cause_fields(bad, missing))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import fnmatch
 import zlib
 
-from harness.case import Case
+from harness.case import BAD_INPUT_CHECK, Case
 from harness.items import DTYPES, Item, Plan
 from harness.module_under_test import resolve_impl
 from harness.suite_loader import load_suite, suite_cases, suite_names
@@ -36,12 +36,11 @@ def item_seed(seed: int, op: str, case_id: str, dtype: str) -> int:
 def expected_checks(case: Case, bench: bool = False) -> list[str]:
     if bench:
         return ["bench"] + (["property:comm"] if case.comm else [])
-    if case.raises is not None:
-        return ["property:raises"]
+    if case.bad_input is not None:  # the op raises (usually): one row; an answer it returns adds its own
+        return [BAD_INPUT_CHECK]
     if not case.output_names and not case.comm:  # a properties-only case: its properties are named when they
         return ["property:properties"]  # run; this row stands for them when the op raises, is skipped or hangs
-    outs = ["forward"] if len(case.output_names) == 1 else [f"forward:{n}" for n in case.output_names]
-    return outs + [f"grad:{n}" for n in case.grad_inputs] + (["property:comm"] if case.comm else [])
+    return case.forward_checks + [f"grad:{n}" for n in case.grad_inputs] + (["property:comm"] if case.comm else [])
 
 
 def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_patterns: list[str],

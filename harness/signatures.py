@@ -2,10 +2,10 @@
 
 Before a run with `--impl FAMILY=...`, every selected op of that family is compared with the seed's
 signature (`inspect.signature`; an autograd Function by its `forward` without ctx, another class by
-its `__init__` without self).  Each op that differs is one `property:signature` row:
-- fail: the name is missing, a seed parameter is missing, the seed's parameters come in another
-  order, or a parameter the seed lacks has no default (a caller of the seed API cannot call it);
-- warn: only extra optional parameters (callers of the seed API are unaffected).
+its `__init__` without self).  Each op a caller of the seed API cannot call as the seed is one failing
+`property:signature` row: the name is missing, a seed parameter is missing or renamed, re-ordered or
+moved behind an extra one, or a parameter is required that the seed lacks or makes optional.  Extra
+optional parameters after the seed's serve every such caller: no finding.
 
 The worker then calls a foreign module's ops by keyword wherever the seed names the parameter
 (`KeywordCalls`), so a re-ordered signature costs one finding, not a TypeError per item.
@@ -57,28 +57,50 @@ def call_signature(obj: Any) -> inspect.Signature | None:
 
 
 def differences(seed: inspect.Signature, impl: inspect.Signature) -> tuple[str, list[str]]:
-    """(status, reasons) of `impl` against `seed`: ("pass", []) when callers of the seed API are served."""
+    """("pass", []) when every call of the seed API also calls `impl` with the same meaning, else ("fail", reasons):
+    a seed parameter missing or renamed, taken at another position, by position only or by keyword only where the
+    seed takes it either way, required where the seed gives it a default, or a parameter the seed lacks that is
+    required or sits before a seed parameter callers pass by position.  Extra optional parameters after the seed's
+    are compatible: no finding."""
     s = {n: p for n, p in seed.parameters.items() if p.kind not in _VARIADIC}
     i = {n: p for n, p in impl.parameters.items() if p.kind not in _VARIADIC}
     takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in impl.parameters.values())
-    fails, warns = [], []
+    seed_pos = [n for n, p in s.items() if p.kind in _POSITIONAL]
+    impl_pos = [n for n, p in i.items() if p.kind in _POSITIONAL]
+    # A seed parameter absent by name whose position holds a parameter the seed lacks: renamed.
+    renamed = {n: impl_pos[k] for k, n in enumerate(seed_pos) if n not in i and k < len(impl_pos) and impl_pos[k] not in s}
+    as_seed = {new: old for old, new in renamed.items()}
+    i = {as_seed.get(n, n): p for n, p in i.items()}
+    impl_pos = [as_seed.get(n, n) for n in impl_pos]
+    fails = [f"parameter {old} renamed {new}" for old, new in renamed.items()]
     missing = [n for n in s if n not in i and not takes_kwargs]
     if missing:
         fails.append("missing parameter(s) " + ", ".join(missing))
-    seed_order = [n for n, p in s.items() if p.kind in _POSITIONAL and n in i]
-    impl_order = [n for n, p in i.items() if p.kind in _POSITIONAL and n in s]
-    if seed_order != impl_order:
-        fails.append(f"parameters in another order: ({', '.join(impl_order)}), the seed has ({', '.join(seed_order)})")
-    extra = [n for n in i if n not in s]
-    required = [n for n in extra if i[n].default is inspect.Parameter.empty]
+    common = [n for n in seed_pos if n in impl_pos]
+    if common != [n for n in impl_pos if n in seed_pos]:
+        fails.append(f"parameters in another order: ({', '.join(n for n in impl_pos if n in seed_pos)}), "
+                     f"the seed has ({', '.join(common)})")
+    elif common:  # same order, but an extra parameter among them shifts the seed's that follow it
+        extra = [n for n in impl_pos[:impl_pos.index(common[-1])] if n not in s]
+        if extra:
+            shifted = [n for n in common if impl_pos.index(n) > impl_pos.index(extra[0])]
+            fails.append(f"extra parameter(s) {', '.join(extra)} before the seed's {', '.join(shifted)}: "
+                         "callers passing those by position reach another parameter")
+    keyword_only = [n for n in seed_pos if n in i and i[n].kind is inspect.Parameter.KEYWORD_ONLY]
+    if keyword_only:
+        fails.append("keyword-only parameter(s) the seed takes by position: " + ", ".join(keyword_only))
+    positional_only = [n for n, p in s.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY and n in i
+                       and i[n].kind is inspect.Parameter.POSITIONAL_ONLY and n not in renamed]
+    if positional_only:
+        fails.append("positional-only parameter(s) the seed takes by keyword: " + ", ".join(positional_only))
+    now_required = [n for n, p in s.items() if p.default is not inspect.Parameter.empty and n in i
+                    and i[n].default is inspect.Parameter.empty]
+    if now_required:
+        fails.append("required parameter(s) the seed makes optional: " + ", ".join(now_required))
+    required = [n for n in i if n not in s and i[n].default is inspect.Parameter.empty]
     if required:
         fails.append("extra required parameter(s) " + ", ".join(required))
-    optional = [n for n in extra if n not in required]
-    if optional:
-        warns.append("extra optional parameter(s) " + ", ".join(optional))
-    if fails:
-        return "fail", fails + warns
-    return ("warn", warns) if warns else ("pass", [])
+    return ("fail", fails) if fails else ("pass", [])
 
 
 def check_names(family: str, module: ModuleType, names: list[str]) -> dict[str, tuple[str, str]]:

@@ -32,7 +32,7 @@ def suite_cases(name: str, quick: bool, bench: bool = False) -> list[Case]:
     if bench:
         sized = suite.bench_cases(quick=quick) if hasattr(suite, "bench_cases") else []
         covered = {c.op for c in sized}
-        fallback = [c for c in cases if c.op not in covered and c.raises is None]
+        fallback = [c for c in cases if c.op not in covered and c.bad_input is None]
         cases = sized + [c for i, c in enumerate(fallback)
                          if sum(f.op == c.op for f in fallback[:i]) < BENCH_FALLBACK_CASES]
     seen = set()

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from harness.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
 from harness import shims
 from harness.bench import run_bench_item
-from harness.case import REPLICATED, Case, RankContext, as_tuple, is_float
+from harness.case import BAD_INPUT_CHECK, REPLICATED, Case, RankContext, as_tuple, is_float
 from harness.compare import budget, compare, judge
 from harness.events import EXIT_PEER_STUCK, PIECES, Events, events_path
 from harness.items import DTYPES, Item, Plan
@@ -63,7 +63,7 @@ class Golden:
         self.upstream: list[torch.Tensor | None] = []
         self.case, self.n_summands = case, n_summands
         self._precision_runs: dict[str, tuple] = {}
-        if case.raises is not None:  # the op must raise: nothing to compare against
+        if case.bad_input is not None and case.bad_input.interpretation is None:  # no answer to compare against
             self.outputs = self.naive_outputs = ()
             self.grads = self.naive_grads = {}
             return
@@ -240,14 +240,17 @@ class Worker:
             with counter:
                 outs = case.run(impl, ctx, local)
         except Exception as exc:
-            if case.raises is not None and isinstance(exc, case.raises):
-                emit_check("property:raises", "pass", message=f"{type(exc).__name__}: {exc}")
+            if case.bad_input is not None:  # loud: any exception will do
+                status, message = case.bad_input.judge_raise(exc)
+                emit_check(BAD_INPUT_CHECK, status, message=message, keep_message=True,
+                           symptom=None if status == "pass" else "property")
             else:
                 self._emit_error(emit_check, item.checks, exc, "forward")
             return
-        if case.raises is not None:
-            emit_check("property:raises", "fail", message=f"expected {case.raises.__name__}, nothing was raised")
+        if case.bad_input is not None and case.bad_input.interpretation is None:
+            emit_check(BAD_INPUT_CHECK, "fail", message=case.bad_input.silent_return(), symptom="property")
             return
+        # Bad input with a documented interpretation that the op answered: judged as any case from here on.
         if not case.output_names:  # a properties-only case: they get the raw result
             self._emit_properties(case, ctx, golden, local, (outs,), emit_check)
             return
@@ -265,7 +268,7 @@ class Worker:
         if backward_error is not None and not case.grad_inputs:  # the kept context failed to close
             self._emit_error(emit_check, item.checks, backward_error, "backward")
             return
-        fwd_names = [c for c in item.checks if c.startswith("forward")]
+        fwd_names = case.forward_checks
         for i, (name, check, got, gold, naive, lay) in enumerate(zip(case.output_names, fwd_names, outs, golden.outputs,
                                                                      golden.naive_outputs, case.output_layouts)):
             if gold is None:  # the reference returns None here (e.g. an optional output): so must the op
@@ -293,7 +296,12 @@ class Worker:
             if not ctx.kept_open:
                 backward_error = self._backward(item, case, outs, golden, mesh, counter, contexts)
             if backward_error is not None:
-                self._emit_error(emit_check, grad_checks, backward_error, "backward")
+                if case.bad_input is not None:  # loud, if late: its forward rows stand as they are
+                    status, message = case.bad_input.judge_raise(backward_error)
+                    emit_check(BAD_INPUT_CHECK, status, message=f"in backward: {message}", keep_message=True,
+                               symptom=None if status == "pass" else "property")
+                else:
+                    self._emit_error(emit_check, grad_checks, backward_error, "backward")
                 return
             for name, check in zip(case.grad_inputs, grad_checks):
                 x = local[name]

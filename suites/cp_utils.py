@@ -16,20 +16,22 @@ runs at cp 1, 2 and 4 (tp 1 only: nothing here is tensor-parallel).
 - THD (properties): every key of make_cp_batch_for_te / _shard_thd_chunk_for_te against the
   single-device conversion (reference.thd_batch) cut by the harness's own head-tail rule, and the
   rank pieces all-gathered and reassembled into the unsharded batch.
-- Bad input: every ValueError / KeyError of docs/ops/cp_utils.md, one case each (`property:raises`).
+- Bad input: every ValueError / KeyError of docs/ops/cp_utils.md, one case each (`property:bad_input`): the op must
+  raise, or, for a sequence 2·CP does not divide, pad it and get the real tokens' loss and gradients right.
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import Partial, Shard
 
-from harness.case import Case, GradSum, Layout, Property, head_tail_positions
+from harness.case import BadInput, Case, GradSum, Layout, Property, head_tail_positions
 from reference import cp_utils as ref
 
 FAMILY = "cp_utils"
@@ -155,7 +157,7 @@ def _step_run(spec: StepSpec):
             train_ctx, batch = impl.make_cp_batch_and_ctx(ctx.mesh, batch, loss_mask=loss_mask)
             if loss_mask is not None and "loss_mask" not in batch:  # CP off: the batch comes back as it was
                 batch["loss_mask"] = loss_mask
-        else:  # the caller's own buffers: S divides by 2·CP here
+        else:  # the caller's own buffers, unpadded
             b_local = batch["labels"].shape[0]
             batch["position_ids"] = torch.arange(spec.s, device=ctx.device).expand(b_local, spec.s).contiguous()
             names = ["input_ids", "labels", "position_ids"]
@@ -577,29 +579,67 @@ def _bad_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
             "inputs_embeds": torch.randn((4, 16, 4), generator=gen, dtype=torch.float64)}
 
 
-def raises_cases() -> list[Case]:
-    specs = [
-        ("make_cp_batch_and_ctx", "ids-and-embeds", _bad_step_batch("both"), ValueError, _cp_only),
-        ("make_cp_batch_and_ctx", "neither-ids-nor-embeds", _bad_step_batch("neither"), ValueError, _cp_only),
-        ("create_context_parallel_ctx", "rotate-method-ring", _bad_ctx("ring", 16), ValueError, _single_dp),
-        ("create_context_parallel_ctx", "seq-10-not-divisible", _bad_ctx(None, 10), ValueError, _cp_only),
-        ("make_cp_batch_for_te", "qkv-format-bshd", _bad_thd(qkv_format="bshd"), ValueError, _single_dp),
-        ("make_cp_batch_for_te", "missing-seq-lens", _bad_thd(drop="seq_lens"), KeyError, _single_dp),
-        ("make_cp_batch_for_te", "missing-seq-lens-padded", _bad_thd(drop="seq_lens_padded"), KeyError, _single_dp),
-        ("make_cp_batch_for_te", "padded-6-not-divisible", _bad_thd(padded=6), ValueError, _cp_only),
-        ("make_cp_batch_for_te", "batch-3-num-chunks-2", _bad_thd(num_chunks=2), ValueError, _single_dp),
-    ]
-    return [Case(op=OP + op, case_id=case_id, params={"error": exc.__name__}, make_inputs=_bad_inputs,
-                 reference=lambda x: (), run=run, raises=exc, dtypes=("float64",), context_parallel=True,
-                 supports=supports)
-            for op, case_id, run, exc, supports in specs]
+@dataclass(frozen=True)
+class BadSpec:
+    """One input outside an op's contract (OPS.md's ValueError / KeyError cases): the op must raise, any exception
+    (only make_cp_batch_for_te's seed documents the types: ValueError for qkv_format, KeyError for missing keys)."""
+
+    op: str
+    case_id: str
+    what: str  # the bad input, in words
+    run: Callable
+    supports: Callable
+    documented: tuple[type[BaseException], ...] = ()
+
+
+BAD_SPECS = (
+    BadSpec("make_cp_batch_and_ctx", "ids-and-embeds", "both input_ids and inputs_embeds", _bad_step_batch("both"),
+            _cp_only),
+    BadSpec("make_cp_batch_and_ctx", "neither-ids-nor-embeds", "neither input_ids nor inputs_embeds",
+            _bad_step_batch("neither"), _cp_only),
+    BadSpec("create_context_parallel_ctx", "rotate-method-ring", 'cp_rotate_method "ring"', _bad_ctx("ring", 16),
+            _single_dp),
+    BadSpec("make_cp_batch_for_te", "qkv-format-bshd", 'qkv_format "bshd"', _bad_thd(qkv_format="bshd"), _single_dp,
+            documented=(ValueError,)),
+    BadSpec("make_cp_batch_for_te", "missing-seq-lens", "a batch without seq_lens", _bad_thd(drop="seq_lens"),
+            _single_dp, documented=(KeyError,)),
+    BadSpec("make_cp_batch_for_te", "missing-seq-lens-padded", "a batch without seq_lens_padded",
+            _bad_thd(drop="seq_lens_padded"), _single_dp, documented=(KeyError,)),
+    BadSpec("make_cp_batch_for_te", "padded-6-not-divisible", "a padded length of 6, not divisible by 2·CP",
+            _bad_thd(padded=6), _cp_only),
+    BadSpec("make_cp_batch_for_te", "batch-3-num-chunks-2", "3 rows in num_chunks 2", _bad_thd(num_chunks=2),
+            _single_dp),
+)
+
+
+def bad_input_case(spec: BadSpec) -> Case:
+    return Case(op=OP + spec.op, case_id=spec.case_id, params={"bad_input": spec.what}, make_inputs=_bad_inputs,
+                reference=lambda x: (), run=spec.run, bad_input=BadInput(spec.what, documented=spec.documented),
+                dtypes=("float64",), context_parallel=True, supports=spec.supports)
+
+
+def unpadded_ctx_case() -> Case:
+    """The training step through create_context_parallel_ctx on 10 tokens, which 2·CP does not divide: the op raises,
+    or pads its buffers on the right as make_cp_batch_and_ctx does (ids and positions 0, loss_mask 0) and computes the
+    loss and gradients of the real tokens exactly (causal attention: no real token sees a padded one)."""
+    spec = StepSpec("ctx", s=10, rotate="allgather")
+    case = step_case(spec, dtypes=("float64",))
+    case.case_id, case.params, case.comm, case.supports = "seq-10-not-divisible", spec.params, None, _cp_only
+    case.bad_input = BadInput("a sequence of 10 tokens, not divisible by 2·CP",
+                              interpretation="buffers padded on the right: the loss and gradients of the real tokens")
+    return case
+
+
+def bad_input_cases() -> list[Case]:
+    cases = [bad_input_case(s) for s in BAD_SPECS]
+    return cases[:3] + [unpadded_ctx_case()] + cases[3:]
 
 
 def cases(quick: bool = False) -> list[Case]:
     if quick:
         return ([step_case(s) for s in QUICK_STEP_SPECS] + layout_cases()[:2]
-                + [thd_case(THD_SPECS[0]), thd_case(THD_SPECS[3])] + raises_cases()[2:4])
-    return [step_case(s) for s in STEP_SPECS] + layout_cases() + [thd_case(s) for s in THD_SPECS] + raises_cases()
+                + [thd_case(THD_SPECS[0]), thd_case(THD_SPECS[3])] + bad_input_cases()[2:4])
+    return [step_case(s) for s in STEP_SPECS] + layout_cases() + [thd_case(s) for s in THD_SPECS] + bad_input_cases()
 
 
 # ---- benchmarks (`shardcheck run --bench`) -------------------------------------------------

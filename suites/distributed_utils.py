@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Partial, Shard
 
-from harness.case import REPLICATED, Case, Layout, Property
+from harness.case import REPLICATED, BadInput, Case, Layout, Property
 from harness.measure import CommCounter, group_dims
 from harness.processes import ProcessRun, RankOutcome, RankProcess, load_module, module_ref, run_ranks
 from reference import distributed_utils as ref
@@ -149,28 +149,63 @@ def loss_case(spec: LossSpec) -> Case:
         properties=_detached, comm=_loss_comm(spec), supports=_dp_only)
 
 
-def loss_raises_cases() -> list[Case]:
+def _zero_loss(got, expected, full, local, ctx):
+    """The loss of an empty loss_store: the empty sum, 0, as one float (float32 or better) detached."""
+    ok = isinstance(got, torch.Tensor) and got.numel() == 1 and got.dtype in (torch.float32, torch.float64) \
+        and not got.requires_grad and float(got.reshape(-1)[0]) == 0.0
+    what = f"{str(got.dtype)[6:]} {tuple(got.shape)} = {got.detach().reshape(-1).tolist()}" \
+        if isinstance(got, torch.Tensor) else type(got).__name__
+    return ok, f"got {what}, expected one float32/float64 0.0, detached"
+
+
+def loss_bad_input_cases() -> list[Case]:
     def run_empty(impl, ctx, x):
         return impl.reduce_loss([], x["num_tokens"].sum(), dp_group=ctx.group("dp"))
 
     def run_float_count(impl, ctx, x):
         return impl.reduce_loss(list(x["losses"].unbind(0)), x["num_tokens"].sum().double() + 0.5, dp_group=ctx.group("dp"))
 
-    common = dict(op=OP + "reduce_loss", make_inputs=_loss_inputs(LossSpec(True, True)), reference=lambda x: (),
-                  input_layouts={"losses": DP_SHARDED, "num_tokens": DP_SHARDED}, raises=ValueError,
-                  dtypes=("float64",), supports=_dp_only)
-    return [Case(case_id="empty-loss-store", params={"loss_store": []}, run=run_empty, **common),
+    common = dict(op=OP + "reduce_loss", make_inputs=_loss_inputs(LossSpec(True, True)),
+                  input_layouts={"losses": DP_SHARDED, "num_tokens": DP_SHARDED}, dtypes=("float64",), supports=_dp_only)
+    return [Case(case_id="empty-loss-store", params={"loss_store": []}, run=run_empty,
+                 # The sum of no losses is 0; the denominator is still the tokens' count, summed over DP.
+                 reference=lambda x: ref.reduce_loss(x["losses"][:0], x["num_tokens"], True),
+                 output_names=("loss", "denominator"), output_layouts=(REPLICATED, REPLICATED),
+                 output_checks={"loss": _zero_loss, "denominator": _count_check(summed_over_dp=False)},
+                 bad_input=BadInput("an empty loss_store", interpretation="the empty sum: loss 0, the token count "
+                                    "as denominator"), **common),
+            # The denominator is an integer count: no answer keeps both it and a fractional count.
             Case(case_id="fractional-token-count", params={"total_num_tokens": "float, n + 0.5"}, run=run_float_count,
-                 **common)]
+                 reference=lambda x: (), bad_input=BadInput("a fractional token count (n + 0.5)"), **common)]
 
 
 # ---- dp_eval_sample_shard ---------------------------------------------------------------------
 
-CONFIGS = {"ddp": "DDPConfig", "fsdp2": "FSDP2Config", "megatron-fsdp": "MegatronFSDPConfig"}
+# The seed types the config `Any` and names its kinds only in words (DDP, FSDP2, MegatronFSDP): upstream's classes
+# live in nemo_automodel.components.distributed.config, which is never imported here.  The cases hand the op these
+# stand-ins of the same names (an op tells the strategies apart by the config's type), never the module's own.
 
 
-def _config(impl, kind: str):
-    return getattr(impl, CONFIGS[kind])()
+@dataclass(frozen=True)
+class DDPConfig:
+    """Stand-in of upstream's DDPConfig: data parallel, the full model on every rank."""
+
+
+@dataclass(frozen=True)
+class FSDP2Config:
+    """Stand-in of upstream's FSDP2Config: parameters sharded over the DP ranks (`fully_shard`)."""
+
+
+@dataclass(frozen=True)
+class MegatronFSDPConfig:
+    """Stand-in of upstream's MegatronFSDPConfig: parameters sharded over the DP ranks (Megatron-FSDP)."""
+
+
+CONFIGS = {"ddp": DDPConfig, "fsdp2": FSDP2Config, "megatron-fsdp": MegatronFSDPConfig}
+
+
+def _config(kind: str):
+    return CONFIGS[kind]()
 
 
 def _expected_shard(kind: str, dp_rank: int, dp_size: int):
@@ -188,7 +223,7 @@ def _scored_ids(shard, n: int) -> list[int]:
 def _eval_run(kind: str):
     def run(impl, ctx, x):
         values = x["values"]
-        shard = impl.dp_eval_sample_shard(_config(impl, kind), ctx.rank("dp"), ctx.size("dp"))
+        shard = impl.dp_eval_sample_shard(_config(kind), ctx.rank("dp"), ctx.size("dp"))
         ids = torch.tensor(_scored_ids(shard, values.numel()), dtype=torch.long)
         scores = torch.zeros_like(values)
         scores[ids] = ref.score_samples(values[ids])
@@ -199,11 +234,11 @@ def _eval_run(kind: str):
 def _eval_properties(kind: str):
     def properties(ctx, full, local, outs):
         impl, rank, size = ctx.impl, ctx.rank("dp"), ctx.size("dp")
-        got = impl.dp_eval_sample_shard(_config(impl, kind), rank, size)
+        got = impl.dp_eval_sample_shard(_config(kind), rank, size)
         want = _expected_shard(kind, rank, size)
         props = [Property("returns", got == want, None, f"{kind} at DP rank {rank} of {size}: got {got!r}, expected {want!r}")]
         # Coverage for any N: the shards every DP rank gets, applied to range(n).
-        shards = [impl.dp_eval_sample_shard(_config(impl, kind), r, size) for r in range(size)]
+        shards = [impl.dp_eval_sample_shard(_config(kind), r, size) for r in range(size)]
         per_sample = size if kind != "ddp" or size == 1 else 1  # sharded models: every rank scores everything
         bad = []
         for n in range(2 * size + 2):
@@ -222,24 +257,27 @@ def _eval_properties(kind: str):
 
 def eval_case(kind: str, n: int) -> Case:
     return Case(
-        op=OP + "dp_eval_sample_shard", case_id=f"{kind}-n{n}", params={"config": CONFIGS[kind], "n_samples": n},
+        op=OP + "dp_eval_sample_shard", case_id=f"{kind}-n{n}", params={"config": CONFIGS[kind].__name__, "n_samples": n},
         make_inputs=lambda gen: {"values": torch.randn(n, generator=gen, dtype=torch.float64)},
         reference=lambda x: ref.score_samples(x["values"]), run=_eval_run(kind),
         output_layouts=(DP_SUM if kind == "ddp" else REPLICATED,), output_names=("scores",),
         properties=_eval_properties(kind), dtypes=("float64",), supports=_dp_only)
 
 
-def eval_raises_cases() -> list[Case]:
+def eval_bad_input_cases() -> list[Case]:
     def rank_out_of_range(impl, ctx, x):
-        return impl.dp_eval_sample_shard(impl.DDPConfig(), ctx.size("dp"), ctx.size("dp"))
+        return impl.dp_eval_sample_shard(DDPConfig(), ctx.size("dp"), ctx.size("dp"))
 
     def zero_size(impl, ctx, x):
-        return impl.dp_eval_sample_shard(impl.DDPConfig(), 0, 0)
+        return (impl.dp_eval_sample_shard(DDPConfig(), 0, 0),)  # one output, whatever it is
 
-    common = dict(op=OP + "dp_eval_sample_shard", make_inputs=lambda gen: {}, reference=lambda x: (),
-                  raises=ValueError, dtypes=("float64",), supports=_dp_only)
-    return [Case(case_id="rank-equals-size", params={"dp_rank": "dp_size"}, run=rank_out_of_range, **common),
-            Case(case_id="size-zero", params={"dp_rank": 0, "dp_size": 0}, run=zero_size, **common)]
+    common = dict(op=OP + "dp_eval_sample_shard", make_inputs=lambda gen: {}, dtypes=("float64",), supports=_dp_only)
+    return [Case(case_id="rank-equals-size", params={"dp_rank": "dp_size"}, run=rank_out_of_range,
+                 reference=lambda x: (), bad_input=BadInput("a DP rank equal to the DP size (no such rank)"), **common),
+            # The seed's rule gives a shard only for DDP with dp_size > 1: None (every rank scores everything).
+            Case(case_id="size-zero", params={"dp_rank": 0, "dp_size": 0}, run=zero_size, reference=lambda x: None,
+                 output_names=("shard",), bad_input=BadInput("a DP size of 0", interpretation="no shard below 2 "
+                                                              "ranks: None"), **common)]
 
 
 # ---- get_sync_ctx -----------------------------------------------------------------------------
@@ -602,7 +640,7 @@ def cases(quick: bool = False) -> list[Case]:
     if quick:
         loss_specs = [LossSpec(True, True, big=True), LossSpec(False, False)]
     sizes = (3, 7) if quick else (1, 3, 7, 8)
-    out = [loss_case(s) for s in loss_specs] + loss_raises_cases()[: 1 if quick else None]
-    out += [eval_case(kind, n) for kind in CONFIGS for n in sizes] + eval_raises_cases()[: 1 if quick else None]
+    out = [loss_case(s) for s in loss_specs] + loss_bad_input_cases()[: 1 if quick else None]
+    out += [eval_case(kind, n) for kind in CONFIGS for n in sizes] + eval_bad_input_cases()[: 1 if quick else None]
     out += [sync_case(kind) for kind in MODEL_KINDS]
     return out + process_cases()

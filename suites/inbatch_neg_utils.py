@@ -17,7 +17,8 @@ group is the DP group (in a larger launch the spare ranks would be missing from 
   tensors (autograd-aware: each rank's gathered output is its own loss summand; local-only: the
   local slice gets this rank's gradient and nothing else); the dim-1 padding with per-rank dim-1
   sizes and a non-zero `padding_value` (float, bool, int); the mask on every rank's rows (bf16,
-  fp32, fp64 scores), the positive never masked; bad arguments raise ValueError.
+  fp32, fp64 scores), the positive never masked; bad arguments raise (float doc ids may instead be
+  compared as numbers: the mask must then be the one of the same ids as int64).
 Every case declares its exact collectives (`property:comm`); on the world group they are counted
 under `@dp` (the mesh's DP group *is* the world group there).
 """
@@ -30,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import Partial, Shard
 
-from harness.case import REPLICATED, Case, GradSum, Layout, Property
+from harness.case import REPLICATED, BadInput, Case, GradSum, Layout, Property
 from reference import inbatch_neg_utils as ref
 
 FAMILY = "inbatch_neg_utils"
@@ -282,7 +283,7 @@ def gather_cases(b: int = 4, h: int = 3) -> list[Case]:
              dtypes=("float64",), op=GATHER, supports=lambda t: t.size == 1, world_group=True),
         Case(case_id="scalar", params={"shape": []}, make_inputs=lambda gen: {"t": torch.randn((), generator=gen, dtype=torch.float64)},
              reference=lambda x: (), run=lambda impl, ctx, x: impl.dist_gather_tensor(x["t"]),
-             raises=ValueError, dtypes=("float64",), **common),
+             bad_input=BadInput("a 0-d tensor (the op gathers along dim 0)"), dtypes=("float64",), **common),
     ]
     return cases
 
@@ -381,7 +382,7 @@ def padded_extra_cases() -> list[Case]:
              comm=NO_COMM, **common),
         Case(case_id="one-dim", params={"shape": [2]}, make_inputs=lambda gen: {"t": torch.randn((2,), generator=gen, dtype=torch.float64)},
              reference=lambda x: (), run=lambda impl, ctx, x: impl.dist_gather_tensor_with_dim1_padding(x["t"]),
-             raises=ValueError, **common),
+             bad_input=BadInput("a 1-D tensor (no dim 1 to pad)"), **common),
     ]
 
 
@@ -454,20 +455,33 @@ def mask_case(spec: Mask) -> Case:
         comm=NO_COMM, supports=_dp_divides(spec.b))
 
 
-def mask_raises_cases() -> list[Case]:
-    def bad(case_id, scores_shape, ids, n, rank, b_local):
+def mask_bad_input_cases() -> list[Case]:
+    def bad(case_id, what, scores_shape, ids, n, rank, b_local, interpretation=None):
+        def run(impl, ctx, x):
+            scores = x["scores"].clone()  # the op is in place
+            impl.mask_gathered_passages_same_doc_as_positive(scores, x["ids"], n, rank, b_local)
+            return scores
+
+        # Doc ids equal as numbers are the same doc, whatever their dtype: the mask of the same ids as int64.
+        answer = dict(reference=lambda x: ref.masked_scores(x["scores"], x["ids"].long(), n, rank, b_local),
+                      output_names=("scores",), output_checks={"scores": exact_check}) if interpretation \
+            else dict(reference=lambda x: ())
         return Case(
             op=MASK, case_id=case_id, params={"scores": list(scores_shape), "passage_doc_ids": list(ids.shape),
                                               "ids_dtype": str(ids.dtype)[6:], "train_n_passages": n, "rank": rank,
                                               "local_batch_size": b_local},
             make_inputs=lambda gen: {"scores": torch.randn(scores_shape, generator=gen, dtype=torch.float64), "ids": ids},
-            reference=lambda x: (), raises=ValueError, dtypes=("float64",), supports=lambda t: t.size == 1,
-            run=lambda impl, ctx, x: impl.mask_gathered_passages_same_doc_as_positive(x["scores"], x["ids"], n, rank, b_local))
+            bad_input=BadInput(what, interpretation), dtypes=("float64",), supports=lambda t: t.size == 1, run=run,
+            **answer)
     return [
-        bad("bad-ids-length", (2, 8), torch.arange(6), 4, 0, 2),  # 8 score columns, 6 doc ids
-        bad("bad-local-batch-size", (2, 8), torch.arange(8), 4, 0, 3),  # 2 rows, local_batch_size 3
-        bad("bad-float-ids", (2, 8), torch.arange(8).double(), 4, 0, 2),  # float doc ids
-        bad("bad-positive-beyond-columns", (2, 8), torch.arange(8), 4, 1, 2),  # rank 1's positives: columns 8, 12 of 8
+        bad("bad-ids-length", "8 score columns and 6 doc ids", (2, 8), torch.arange(6), 4, 0, 2),
+        bad("bad-local-batch-size", "2 score rows and local_batch_size 3", (2, 8), torch.arange(8), 4, 0, 3),
+        # float doc ids with duplicates: query 0's positive (column 0) recurs at column 2, query 1's (4) at 5
+        bad("bad-float-ids", "float64 doc ids (the seed's are int64)", (2, 8),
+            torch.tensor([0.0, 1.0, 0.0, 2.0, 3.0, 3.0, 1.0, 4.0], dtype=torch.float64), 4, 0, 2,
+            interpretation="ids equal as numbers are one doc: the mask of the same ids as int64"),
+        bad("bad-positive-beyond-columns", "rank 1's positives at columns 8 and 12 of 8", (2, 8), torch.arange(8),
+            4, 1, 2),
     ]
 
 
@@ -478,7 +492,7 @@ def cases(quick: bool = False) -> list[Case]:
         steps = [Step(n=4), Step(n=4, preserve_grad=False, dp=2)]
         padded = [Padded("float", (3, 2, 5, 1), -2.5, preserve_grad=True, h=2), Padded("bool", (2, 4, 1, 3), True)]
         masks = [Mask(4, 4)]
-        raises = mask_raises_cases()[:1]
+        bad = mask_bad_input_cases()[:1]
     else:
         steps = [Step(n=n) for n in (1, 4)] + [Step(n=n, preserve_grad=False, dp=dp) for n in (1, 4) for dp in (2, 4)]
         padded = [Padded("float", (3, 2, 5, 1), -2.5, preserve_grad=True, h=2),
@@ -486,6 +500,6 @@ def cases(quick: bool = False) -> list[Case]:
                   Padded("bool", (2, 4, 1, 3), True),
                   Padded("int64", (4, 1, 2, 3), 3)]
         masks = [Mask(4, 1), Mask(4, 4), Mask(4, 2, all_same_doc=True)]
-        raises = mask_raises_cases()
+        bad = mask_bad_input_cases()
     return ([step_case(s) for s in steps] + gather_cases() + [padded_case(p) for p in padded] + padded_extra_cases()
-            + [mask_case(m) for m in masks] + raises)
+            + [mask_case(m) for m in masks] + bad)

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-from harness.case import Case, Layout, Property
+from harness.case import BadInput, Case, Layout, Property
 from harness.compare import budget
 from reference import kd_loss as ref
 
@@ -327,7 +327,7 @@ def quick_specs() -> list[Spec]:
     ]
 
 
-def raises_cases() -> list[Case]:
+def bad_input_cases() -> list[Case]:
     def bad(student_shape, teacher_shape, labels_shape):
         def make(gen):
             return {"student_logits": make_logits(gen, student_shape), "teacher_logits": make_logits(gen, teacher_shape),
@@ -335,8 +335,8 @@ def raises_cases() -> list[Case]:
         return make
 
     cases = []
-    for case_id, shapes in (("student-teacher-mismatch", ((2, 4, 16), (2, 3, 16), (2, 4))),
-                            ("labels-mismatch", ((2, 4, 16), (2, 4, 16), (2, 3)))):
+    for case_id, shapes, what in (("student-teacher-mismatch", ((2, 4, 16), (2, 3, 16), (2, 4)), ("student", "teacher logits")),
+                                  ("labels-mismatch", ((2, 4, 16), (2, 4, 16), (2, 3)), ("logits", "labels"))):
         for mode in ("group", "plain"):
             spec = Spec(mode, nbl="none")
             cases.append(Case(
@@ -345,7 +345,8 @@ def raises_cases() -> list[Case]:
                 make_inputs=bad(*shapes), reference=lambda x: (), run=_run(spec),
                 input_layouts={"student_logits": BATCH if mode == "plain" else VOCAB_SHARDED,
                                "teacher_logits": BATCH if mode == "plain" else VOCAB_SHARDED, "labels": BATCH},
-                raises=ValueError, dtypes=("float64",), supports=lambda t: 2 % t.dp == 0))
+                bad_input=BadInput(f"{' and '.join(what)} of mismatched shapes"), dtypes=("float64",),
+                supports=lambda t: 2 % t.dp == 0))
     return cases
 
 
@@ -403,7 +404,7 @@ def cases(quick: bool = False) -> list[Case]:
     specs = quick_specs() if quick else full_specs()
     out = [kd_case(s) for s in specs]
     out += [kd_case(s, teacher_grad=True) for s in (specs[1:2] if quick else specs) if _well_conditioned(s)]
-    out += raises_cases()[:1] if quick else raises_cases()
+    out += bad_input_cases()[:1] if quick else bad_input_cases()
     return out + infer_cases()
 
 

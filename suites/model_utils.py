@@ -13,6 +13,7 @@ Every case that communicates declares its exact per-rank collectives (`comm`, ch
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -20,7 +21,7 @@ from typing import NamedTuple
 import torch
 from torch.distributed.tensor import DTensor, Shard
 
-from harness.case import REPLICATED, Case, GradSum, IndexRule, Layout, Property
+from harness.case import REPLICATED, BadInput, Case, GradSum, IndexRule, Layout, Property
 from reference import model_utils as ref
 
 FAMILY = "model_utils"
@@ -173,7 +174,8 @@ def cross_entropy_cases(shapes) -> list[Case]:
         make_inputs=lambda gen: {"student_logits": make_logits(gen, (2, 4, 16)), "target_logits": make_logits(gen, (2, 3, 16))},
         reference=lambda x: None,
         run=lambda impl, ctx, x: impl.DistributedCrossEntropy.apply(x["student_logits"], x["target_logits"], ctx.group("tp")),
-        input_layouts={"student_logits": LOGITS, "target_logits": LOGITS}, raises=ValueError, dtypes=("float64",),
+        input_layouts={"student_logits": LOGITS, "target_logits": LOGITS}, dtypes=("float64",),
+        bad_input=BadInput("student logits [2, 4, 16] and target logits [2, 3, 16] of different shapes"),
         supports=_batch_divides(2)))
     return cases
 
@@ -190,19 +192,20 @@ def all_to_all_cases(quick: bool) -> list[Case]:
                 run=lambda impl, ctx, x, op=op: getattr(impl, op)(x["logits"], ctx.group("tp")),
                 input_layouts={"logits": layouts[0]}, output_layouts=(layouts[1],), comm=_contract(all_to_all_comm),
                 supports=lambda t, rows=rows, v=v: (rows // t.dp) % t.tp == 0 and v % t.tp == 0))
-    # Not divisible / not 2-D: ValueError on every rank.
+    # Not divisible / not 2-D: no layout is documented for them, so the op must raise on every rank.
     # vp2sq splits the rows over TP, sq2vp the vocab: each must refuse a size TP does not divide.
     for op, (rows, v) in (("all_to_all_vp2sq", (6, 8)), ("all_to_all_sq2vp", (8, 6))):
         cases.append(Case(
             op=OP + op, case_id=f"bs{rows}v{v}-not-divisible", params={"BS": rows, "V": v},
             make_inputs=lambda gen, rows=rows, v=v: {"logits": make_logits(gen, (rows, v))}, reference=lambda x: None,
-            run=lambda impl, ctx, x, op=op: getattr(impl, op)(x["logits"], ctx.group("tp")),
-            raises=ValueError, dtypes=("float64",), supports=lambda t: t.tp == 4 and t.dp == 1))
+            run=lambda impl, ctx, x, op=op: getattr(impl, op)(x["logits"], ctx.group("tp")), dtypes=("float64",),
+            bad_input=BadInput(f"[{rows}, {v}] logits whose {'rows' if op.endswith('vp2sq') else 'vocab'} TP 4 does not divide"),
+            supports=lambda t: t.tp == 4 and t.dp == 1))
         cases.append(Case(
             op=OP + op, case_id="not-2d", params={"shape": [2, 4, 8]},
             make_inputs=lambda gen: {"logits": make_logits(gen, (2, 4, 8))}, reference=lambda x: None,
-            run=lambda impl, ctx, x, op=op: getattr(impl, op)(x["logits"], ctx.group("tp")),
-            raises=ValueError, dtypes=("float64",), supports=lambda t: t.dp == 1))
+            run=lambda impl, ctx, x, op=op: getattr(impl, op)(x["logits"], ctx.group("tp")), dtypes=("float64",),
+            bad_input=BadInput("3-D logits [2, 4, 8] (the op takes [BS, V])"), supports=lambda t: t.dp == 1))
     return cases
 
 
@@ -239,15 +242,18 @@ class Sampling(NamedTuple):
         return {"top_k": self.top_k, "top_p": self.top_p, "temperature": self.temperature}
 
 
-def _sampling_params(impl, s: Sampling):
-    """The module's TrainingSamplingParams when it has one, else any object with the three attributes."""
-    cls = getattr(impl, "TrainingSamplingParams", None)
-    if cls is not None:
-        try:
-            return cls(top_k=s.top_k, top_p=s.top_p, temperature=s.temperature)
-        except TypeError:
-            pass
-    return SimpleNamespace(top_k=s.top_k, top_p=s.top_p, temperature=s.temperature)
+@dataclass(frozen=True)
+class TrainingSamplingParams:
+    """Stand-in of nemo_rl.algorithms.logits_sampling_utils.TrainingSamplingParams, the type the seed gives
+    `sampling_params` (a module the seed's model_utils imports, not one of its names): what the ops read of it."""
+
+    top_k: int | None = None
+    top_p: float = 1.0
+    temperature: float = 1.0
+
+
+def _sampling_params(s: Sampling) -> TrainingSamplingParams:
+    return TrainingSamplingParams(top_k=s.top_k, top_p=s.top_p, temperature=s.temperature)
 
 
 def _all_to_all_fits(b: int, s: int, v: int):
@@ -502,15 +508,20 @@ def sampling_cases(quick: bool) -> list[Case]:
                     _chunked_equals_unchunked(lambda impl, ctx, x, plain=plain:
                                               plain(impl, ctx, x["logits"], x["target"], inference_only=True))),
                 **common))
-    # B*S = 3 rows do not split over TP 2, 4, 8: ValueError on every rank.
+    # B*S = 3 rows do not split over TP 2, 4, 8: the op raises, or pads the rows and returns the same log-probs
+    # (the result [B, S] does not depend on how the rows were laid out), gradients included.
+    smp = Sampling(top_k=4)
     for op, extra_args in (("DistributedLogprobWithSampling", ()), ("ChunkedDistributedLogprobWithSampling", (2,))):
         cases.append(Case(
             op=OP + op, case_id="b1s3v16-bs-not-divisible", params={"B": 1, "S": 3, "V": 16, "top_k": 4},
-            make_inputs=lambda gen: _logits_and_target(gen, 1, 3, 16), reference=lambda x: None,
+            make_inputs=lambda gen: _sampling_inputs(gen, 1, 3, 16, smp),
+            reference=lambda x: ref.sampling_logprob(x["logits"], x["target"], smp.top_k, smp.top_p),
             run=lambda impl, ctx, x, op=op, extra_args=extra_args: getattr(impl, op).apply(
-                x["logits"], x["target"], ctx.group("tp"), 4, 1.0, *extra_args),
-            input_layouts={"logits": LOGITS, "target": BATCH}, raises=ValueError, dtypes=("float64",),
-            supports=lambda t: t.dp == 1 and 3 % t.tp != 0))
+                x["logits"], x["target"], ctx.group("tp"), smp.top_k, smp.top_p, *extra_args),
+            input_layouts={"logits": LOGITS, "target": BATCH}, output_layouts=(BATCH,), grad_inputs=("logits",),
+            dtypes=("float64",), supports=lambda t: t.dp == 1 and 3 % t.tp != 0,
+            bad_input=BadInput("B·S = 3 rows that TP does not divide",
+                               interpretation="the rows padded to a multiple of TP: the same [B, S] log-probs")))
     return cases
 
 
@@ -840,7 +851,7 @@ def from_parallel_sampling_cases(quick: bool) -> list[Case]:
         def call(impl, ctx, logits, target, chunk, smp=smp, inference_only=False):
             return impl.from_parallel_logits_to_logprobs(
                 logits, target, *_vocab_range(ctx), ctx.group("tp"), inference_only=inference_only, cp_group=None,
-                chunk_size=chunk, sampling_params=_sampling_params(impl, smp))
+                chunk_size=chunk, sampling_params=_sampling_params(smp))
         props = [_survivors_sum_to_1(lambda impl, ctx, l, t, call=call, chunk=chunk: call(impl, ctx, l, t, chunk, inference_only=True), v)
                  if smp.filtering else None]
         if chunk is not None:
@@ -883,7 +894,7 @@ def front_end_cases(quick: bool) -> list[Case]:
         logits_layout = BATCH if replicated else LOGITS
 
         def run(impl, ctx, x, op=op, variant=variant, smp=smp, chunk=chunk, logits_layout=logits_layout):
-            sp = _sampling_params(impl, smp) if smp != Sampling() else None
+            sp = _sampling_params(smp) if smp != Sampling() else None
             logits, ids = x["logits"], x["target"]
             if op == "get_logprobs_from_vocab_parallel_logits":
                 if variant == "dtensor_ids":

@@ -19,7 +19,7 @@ from functools import partial
 import torch
 from torch.distributed.tensor import Partial, Shard
 
-from harness.case import REPLICATED, Case, GradSum, HeadTail, Layout, PackedHeadTail, Permuted
+from harness.case import REPLICATED, BadInput, Case, GradSum, HeadTail, Layout, PackedHeadTail, Permuted
 from reference import model_utils as ref
 from suites.model_utils import (Sampling, _contract, _distill_inputs, _dtensor, _e, _hidden_inputs,
                                 _make_indices, _merge, _rows, _sampling_inputs, _sampling_params, distillation_comm,
@@ -117,12 +117,12 @@ def layout_cases(quick: bool) -> list[Case]:
             output_layouts=(Layout(cp=HeadTail(seq_dim)),), dtypes=("float64",) if kind != "float" else
             ("float64", "float32", "bfloat16"), supports=lambda t: t.tp == 1 and t.dp == 1,
             comm=_contract(lambda ctx: ({}, {}))))  # a local slice: no collective at all
-    # A length not divisible by 2·CP: ValueError naming it (never a silently dropped tail).
+    # A length not divisible by 2·CP: no layout is documented for it, so the op must raise (never drop a tail).
     cases.append(Case(
         op=OP + "_get_tokens_on_this_cp_rank", case_id="x2x6-not-divisible", params={"shape": [2, 6], "seq_dim": 1},
         make_inputs=lambda gen: {"x": torch.randint(0, 100, (2, 6), generator=gen)}, reference=lambda x: None,
         run=lambda impl, ctx, x: impl._get_tokens_on_this_cp_rank(x["x"], ctx.rank("cp"), ctx.size("cp"), seq_dim=1),
-        raises=ValueError, dtypes=("float64",), context_parallel=True,
+        bad_input=BadInput("a sequence of 6 tokens, not divisible by 2·CP = 8"), dtypes=("float64",), context_parallel=True,
         supports=lambda t: t.cp == 4 and t.dp == 1 and t.tp == 1))
 
     # AllGatherCPTensor / allgather_cp_sharded_tensor: head-tail pieces in, the full tensor on every rank.
@@ -199,7 +199,7 @@ def from_parallel_cases(quick: bool) -> list[Case]:
             start, end = ctx.local_range("logits", -1)
             return impl.from_parallel_logits_to_logprobs(
                 x["logits"], x["target"], start, end, ctx.group("tp"), cp_group=ctx.group("cp"), chunk_size=chunk,
-                sampling_params=_sampling_params(impl, smp) if smp != Sampling() else None)
+                sampling_params=_sampling_params(smp) if smp != Sampling() else None)
         cases.append(Case(
             op=OP + "from_parallel_logits_to_logprobs",
             case_id=_case_id(f"cp-b{b}s{S}v{v}", f"target{n}" if n != S else "", smp.tag(), f"chunk{chunk}",
@@ -255,7 +255,7 @@ def front_end_cp_cases(quick: bool) -> list[Case]:
 
         def run(impl, ctx, x, op=op, variant=variant, smp=smp, chunk=chunk, logits_layout=logits_layout,
                 ids_layout=ids_layout):
-            sp = _sampling_params(impl, smp) if smp != Sampling() else None
+            sp = _sampling_params(smp) if smp != Sampling() else None
             seq_index = x.get("seq_index")
             ids = _dtensor(ctx, x["target"], "target", ids_layout)
             if op == "dtensor_from_parallel_logits_to_logprobs":
@@ -434,7 +434,7 @@ def packed_cases(quick: bool) -> list[Case]:
             return impl.from_parallel_logits_to_logprobs_packed_sequences(
                 x["logits"], x["target"], x["cu_seqlens_padded"], unpacked, start, end, ctx.group("tp"),
                 cp_group=ctx.group("cp"), chunk_size=chunk,
-                sampling_params=_sampling_params(impl, smp) if smp != Sampling() else None,
+                sampling_params=_sampling_params(smp) if smp != Sampling() else None,
                 target_is_pre_rolled=pre_rolled)
 
         def tp_contract(ctx, smp=smp, chunk=chunk):

@@ -32,7 +32,7 @@ from functools import partial
 import torch
 from torch.distributed.tensor import Shard
 
-from harness.case import REPLICATED, Case, GradSum, Layout, Property
+from harness.case import REPLICATED, BadInput, Case, GradSum, Layout, Property
 
 FAMILY = "model_utils"
 PATCH_OP = "model_utils.patch_gpt_model_forward_for_linear_ce_fusion"
@@ -492,20 +492,25 @@ def _call_with(impl, ctx, x, model_kwargs: dict | None = None, chunk: int = 4, *
 
 
 def error_cases(skip: str | None) -> list[Case]:
-    """Bad use raises ValueError on every rank, before any collective."""
+    """Uses of the fused forward it does not serve: no answer is documented for them, so the op must raise on
+    every rank (before any collective, or a peer hangs)."""
     specs = [
-        ("no-labels", lambda impl, ctx, x: _call_with(impl, ctx, x, labels=None), _supports),
-        ("loss-mask", lambda impl, ctx, x: _call_with(impl, ctx, x, loss_mask=torch.ones_like(x["labels"])), _supports),
-        ("chunk-size-0", lambda impl, ctx, x: _call_with(impl, ctx, x, chunk=0), _supports),
-        ("tp-without-sequence-parallel", lambda impl, ctx, x: _call_with(impl, ctx, x, {"sequence_parallel": False}),
+        ("no-labels", "the fused forward without labels", lambda impl, ctx, x: _call_with(impl, ctx, x, labels=None),
+         _supports),
+        ("loss-mask", "a loss_mask handed to the fused forward",
+         lambda impl, ctx, x: _call_with(impl, ctx, x, loss_mask=torch.ones_like(x["labels"])), _supports),
+        ("chunk-size-0", "chunk_size 0", lambda impl, ctx, x: _call_with(impl, ctx, x, chunk=0), _supports),
+        ("tp-without-sequence-parallel", "TP > 1 without sequence parallelism",
+         lambda impl, ctx, x: _call_with(impl, ctx, x, {"sequence_parallel": False}),
          lambda t: _supports(t) and t.tp > 1),
-        ("context-parallel", lambda impl, ctx, x: _call_with(impl, ctx, x, {"cp_group": ctx.group("cp")}),
+        ("context-parallel", "a model with a CP group",
+         lambda impl, ctx, x: _call_with(impl, ctx, x, {"cp_group": ctx.group("cp")}),
          lambda t: t.dp == 1 and t.tp == 1 and t.cp == 2),
     ]
     return [Case(op=PATCH_OP, case_id=f"error-{name}", params={"error": name}, make_inputs=partial(make_inputs, tied=True),
-                 reference=lambda x: None, run=run, raises=ValueError, dtypes=("float64",), supports=supports,
+                 reference=lambda x: None, run=run, bad_input=BadInput(what), dtypes=("float64",), supports=supports,
                  context_parallel=name == "context-parallel", skip_reason=skip)
-            for name, run, supports in specs]
+            for name, what, run, supports in specs]
 
 
 # ---- benchmarks (`shardcheck run --bench`): the fused path vs logits-then-log-softmax ------------------------------

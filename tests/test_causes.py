@@ -1,17 +1,14 @@
-"""Findings on foreign code: causes (harness.causes), signatures (harness.signatures), warnings and --strict."""
+"""Findings on foreign code: causes (harness.causes), warnings and --strict."""
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import pandas as pd
-import torch
 
 from conftest import BROKEN, ROOT, assert_one_cause, shardcheck
 from harness.causes import blank_numbers, causes, finding_lines, separating_condition
 from harness.records import load
-from harness.signatures import KeywordCalls, call_signature, check_names, differences, seed_module
 
 TP2 = ("--topology", "dp=1,cp=1,tp=2", "--quick")
 FP32_IMPL = ROOT / "tests" / "impls" / "fp32_extra_collectives_model_utils.py"
@@ -224,72 +221,6 @@ def test_a_helper_several_ops_share_raising_for_all_of_them_is_one_line(run_shar
     assert cause["kind"] == "ValueError: log-softmax over N vocab shards of N is not supported (shared_helper_raises.py:18)"
     assert cause["condition"] == "exactly at tp ≥ 2"
     assert cause["op"].startswith("model_utils.{") and all(op.split(".")[1] in cause["op"] for op in ops)
-
-
-def test_signature_differences():
-    def seed(logits, target, chunk_size, group, inference_only=False): ...
-    def swapped(logits, target, group, chunk_size, inference_only=False): ...
-    def missing(logits, target, chunk_size, group): ...
-    def extra_optional(logits, target, chunk_size, group, inference_only=False, fast=True): ...
-    def extra_required(logits, target, chunk_size, group, scale, inference_only=False): ...
-    s = inspect.signature(seed)
-    assert differences(s, s) == ("pass", [])
-    assert differences(s, inspect.signature(swapped))[0] == "fail"
-    assert "another order" in differences(s, inspect.signature(swapped))[1][0]
-    assert differences(s, inspect.signature(missing)) == ("fail", ["missing parameter(s) inference_only"])
-    assert differences(s, inspect.signature(extra_optional)) == ("warn", ["extra optional parameter(s) fast"])
-    assert differences(s, inspect.signature(extra_required)) == ("fail", ["extra required parameter(s) scale"])
-
-
-def test_autograd_functions_compare_forward_without_ctx_and_are_called_by_keyword():
-    seed = seed_module("model_utils")
-    assert list(call_signature(seed.DistributedLogprob).parameters)[:2] == ["vocab_parallel_logits", "target"]
-    assert check_names("model_utils", seed, ["DistributedLogprob", "ChunkedDistributedLogprob"]) == {}
-
-    class Swapped(torch.autograd.Function):  # the seed's (x, target, start, end, group) with group first
-        @staticmethod
-        def forward(ctx, group, vocab_parallel_logits, target, vocab_start_index, vocab_end_index, inference_only=False):
-            return vocab_parallel_logits.sum(-1) * 0 + vocab_start_index * 10 + vocab_end_index + (group == "g")
-
-        @staticmethod
-        def backward(ctx, grad):
-            return None, grad, None, None, None, None
-
-    module = type("M", (), {"DistributedLogprob": Swapped})
-    found = check_names("model_utils", module, ["DistributedLogprob", "from_parallel_logits_to_logprobs"])
-    assert found["DistributedLogprob"][0] == "fail" and "another order" in found["DistributedLogprob"][1]
-    assert found["from_parallel_logits_to_logprobs"] == ("fail", "signature: from_parallel_logits_to_logprobs is not "
-                                                                 "defined in the module under test")
-    x = torch.zeros(1, 2, 3)
-    out = KeywordCalls(module, seed).DistributedLogprob.apply(x, torch.zeros(1, 2, dtype=torch.long), 3, 4, "g")
-    assert out.tolist() == [[35.0, 35.0]]  # every argument reached its named parameter
-
-
-def test_reordered_signature_is_one_finding_and_the_values_are_checked(run_shardcheck):
-    run = run_shardcheck("run", "--impl", f"model_utils={BROKEN / 'model_utils' / 'reordered_signature.py'}",
-                         "--op", "model_utils.ChunkedDistributedLogprob", "--dtype", "float64", *TP2)
-    assert run.returncode == 1, run.stdout + run.stderr
-    cause = assert_one_cause(run)
-    assert cause["status"] == "fail" and cause["checks"] == "property:signature"
-    assert "parameters in another order" in cause["kind"]
-    numeric = run.rows[run.rows["check"] != "property:signature"]
-    assert len(numeric) and (numeric["status"] == "pass").all()  # called by keyword: no TypeError
-
-
-def test_a_missing_op_is_one_finding_and_the_other_ops_run(run_shardcheck, tmp_path):
-    partial = tmp_path / "partial_model_utils.py"
-    partial.write_text("from distributed_impl.model_utils import *  # noqa: F403\n"
-                       "from distributed_impl.model_utils import _compute_distributed_log_softmax  # noqa: F401\n"
-                       "del DistributedCrossEntropy  # noqa: F821\n")
-    run = run_shardcheck("run", "--impl", f"model_utils={partial}", "--op", "model_utils.DistributedCrossEntropy",
-                         "--op", "model_utils._compute_distributed_log_softmax", "--dtype", "float64", *TP2)
-    assert run.returncode == 1, run.stdout + run.stderr
-    cause = assert_one_cause(run)
-    assert cause["op"] == "model_utils.DistributedCrossEntropy" and cause["checks"] == "property:signature"
-    assert "DistributedCrossEntropy is not defined in the module under test" in cause["kind"]
-    assert cause["condition"] == "of the module, found before any case ran"
-    ran = run.rows[run.rows["check"] != "property:signature"]
-    assert set(ran["op"]) == {"model_utils._compute_distributed_log_softmax"} and (ran["status"] == "pass").all()
 
 
 def test_masked_target_gradient_in_bf16_with_huge_logits_is_caught(run_shardcheck):

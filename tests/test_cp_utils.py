@@ -192,7 +192,7 @@ def test_quick_cases_cover_the_ops_and_both_rotations():
     assert all(c.context_parallel for c in quick) and len(quick) <= 10
     full = suite.cases()
     assert len({(c.op, c.case_id) for c in full}) == len(full)
-    assert sum(c.raises is not None for c in full) == 9
+    assert sum(c.bad_input is not None for c in full) == 9
 
 
 # ---- the suite on the real implementation ----------------------------------------------------------

@@ -199,7 +199,7 @@ def test_quick_suite_passes(run_shardcheck):
     mask = rows[rows["op"] == "inbatch_neg_utils.mask_gathered_passages_same_doc_as_positive"]
     kept = mask[mask["check"] == "property:positive_kept"]
     assert set(kept["dp"]) == {1, 2, 4} and {"bfloat16", "float32"} <= set(kept["dtype"])
-    assert len(rows[rows["check"] == "property:raises"])
+    assert len(rows[rows["check"] == "property:bad_input"])
     assert len(rows[rows["check"].str.startswith("property:unchanged:")]) == 5
 
 

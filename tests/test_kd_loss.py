@@ -115,7 +115,7 @@ def test_quick_cases_cover_modes_dp_masking_chunking():
     quick = suite.cases(quick=True)
     ops = {c.op for c in quick}
     assert ops == {"kd_loss.KDLoss", "kd_loss._infer_tp_group_from_dtensor"}
-    params = [c.params for c in quick if c.op == "kd_loss.KDLoss" and c.raises is None]
+    params = [c.params for c in quick if c.op == "kd_loss.KDLoss" and c.bad_input is None]
     assert {p["mode"] for p in params} == {"dtensor", "group", "plain"}
     assert any(p["chunk_size"] for p in params) and any(not p["chunk_size"] for p in params)
     assert any(p["temperature"] != 1 for p in params) and any(p["ignore_index"] != -100 for p in params)
@@ -142,7 +142,7 @@ def test_quick_suite_passes(run_shardcheck):
     # the DP sum, as a property of its own, on every DP > 1 topology
     dp_sum = kd[kd["check"] == "property:dp_sum"]
     assert set(dp_sum["dp"]) == {2, 4}
-    assert len(kd[kd["check"] == "property:raises"])
+    assert len(kd[kd["check"] == "property:bad_input"])
     infer = rows[rows["op"] == "kd_loss._infer_tp_group_from_dtensor"]
     assert {"property:infer_group:plain", "property:infer_group:vocab-on-tp", "property:infer_group:seq-on-tp",
             "property:infer_group:replicated", "property:infer_group:vocab-on-dp"} <= set(infer["check"])

@@ -69,7 +69,7 @@ def test_new_ops_pass_at_tp2_and_tp4(run_shardcheck):
         assert set(mine["tp"]) == {2, 4}, op
         assert set(mine["dtype"]) == {"float64", "float32", "bfloat16"}, op
     checks = set(rows["check"])
-    for prop in ("survivors_sum_to_1", "chunked_equals_unchunked", "entropy_nonpositive", "raises"):
+    for prop in ("survivors_sum_to_1", "chunked_equals_unchunked", "entropy_nonpositive", "bad_input"):
         assert f"property:{prop}" in checks
     # filtered-out targets are -inf and matched exactly; H_all=None is checked as None
     assert {"forward:ids", "forward:values", "forward:H_all", "grad:weight", "grad:hidden"} <= checks
