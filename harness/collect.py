@@ -141,10 +141,11 @@ class Collector:
                                      "error_type": deaths[r], "phase": phase})
                 elif r not in reported:
                     first = f"waiting on {waiting_on}; no result ({where})" if deaths else f"no result ({where})"
-                    hung = root["symptom"] == "hung"
+                    # a consequence, unless the item hung or this is the rank that raised
+                    after_peer = root["symptom"] != "hung" and r not in root["culprit_ranks"]
                     per_rank.append({"rank": r, "coords": None, "check": check, "status": "error",
-                                     "secondary": not hung, "message": "; ".join([first, *notes]),
-                                     "symptom": "hung" if hung else "blocked", "phase": phase})
+                                     "secondary": after_peer, "message": "; ".join([first, *notes]),
+                                     "symptom": "blocked" if after_peer else root["symptom"], "phase": phase})
                 elif deaths and reported[r]["status"] == "error" and reported[r].get("secondary"):
                     reported[r]["message"] = f"waiting on {waiting_on}: {reported[r]['message']}"
         self._finish(item, extra_message="; ".join(notes), root=root)
