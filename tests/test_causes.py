@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from conftest import BROKEN, ROOT, assert_one_cause
+from helpers import BROKEN, IMPLS, assert_one_cause
 from harness.causes import causes, error_template, separating_condition
 
 TP2 = ("--topology", "dp=1,cp=1,tp=2", "--quick")
-FP32_IMPL = ROOT / "tests" / "impls" / "fp32_extra_collectives_model_utils.py"
+FP32_IMPL = IMPLS / "fp32_extra_collectives_model_utils.py"
 
 
 def _row(status, check="forward", tp=2, dtype="float64", op="model_utils.X", masked=0.0, message="", **extra):
