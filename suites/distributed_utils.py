@@ -21,15 +21,14 @@ Processes, in fresh ranks (`harness.processes.run_ranks`, from rank 0 of a size-
 ops use the default (world) group, can abort the job or block, so they never run in the worker.
 Each case starts its ranks (gloo on 127.0.0.1; 2 simulated nodes of 2 ranks where nodes matter),
 records events with a global order, and turns exit codes, return values, events and log records
-into `property:` checks.  A rank still running after PROCESS_DEADLINE_S is killed and reported.
+into `property:` checks (scenarios and judgements: suites/_distributed_utils_processes.py).  A rank still
+running after PROCESS_DEADLINE_S is killed and reported.
 The worker's --timeout must exceed PROCESS_DEADLINE_S (the default 60 s does).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -37,8 +36,13 @@ from torch.distributed.tensor import DTensor, Partial, Shard
 
 from harness.case import REPLICATED, BadInput, Case, Layout, Property
 from harness.measure import CommCounter, group_dims
-from harness.processes import ProcessRun, RankOutcome, RankProcess, load_module, module_ref, run_ranks
+from harness.processes import module_ref, run_ranks
 from reference import distributed_utils as ref
+from suites._distributed_utils_processes import (BARRIER_TIMEOUT_S, BLOCK_S, PROCESS_DEADLINE_S, SLACK_S, STAGGER_S,
+                                                 barrier_log_scenario, first_rank_scenario, gloo_group_scenario,
+                                                 judge_barrier_log, judge_first_rank_order, judge_first_rank_raise,
+                                                 judge_gloo_group, judge_late_rank, judge_no_distributed,
+                                                 late_rank_scenario)
 
 FAMILY = "distributed_utils"
 OP = FAMILY + "."
@@ -46,13 +50,6 @@ OP = FAMILY + "."
 DP_SHARDED = Layout(dp=Shard(0))
 DP_SUM = Layout(dp=Partial())  # the full value is the sum of the DP ranks' values
 GRAD_KINDS = ("all_reduce", "reduce_scatter")  # collectives that synchronise gradients
-
-PROCESS_DEADLINE_S = 20.0  # a fresh rank still running then is killed: a hang costs this much
-BARRIER_TIMEOUT_S = 1.0  # the timeout a late rank misses
-ON_TIME_TIMEOUT_S = 5.0  # for barriers every rank reaches at once: returns as soon as they have
-SLACK_S = 2.0  # scheduling slack on a loaded machine, on top of a timeout
-BLOCK_S = 0.2  # time a rank spends inside a FirstRankPerNode block
-STAGGER_S = 0.3  # rank r arrives at barrier_and_log r·STAGGER_S late
 
 
 def _dp_only(topology) -> bool:
@@ -369,216 +366,6 @@ def sync_case(kind: str) -> Case:
         supports=lambda t: _dp_only(t) and BATCH % t.dp == 0)
 
 
-# ---- process-level cases: scenarios (run in fresh ranks) ----------------------------------------
-
-def _first_rank_scenario(proc: RankProcess, impl_ref: str, raising_rank: int) -> bool:
-    impl = load_module(impl_ref)
-    with impl.FirstRankPerNode() as first:
-        proc.event("enter", first=first)
-        if proc.rank == raising_rank:
-            raise RuntimeError(f"failure inside the FirstRankPerNode block on rank {proc.rank}")
-        time.sleep(BLOCK_S)
-        proc.event("leave")
-    proc.event("after", process_group=dist.is_initialized())
-    return first
-
-
-def _late_rank_scenario(proc: RankProcess, impl_ref: str) -> dict:
-    impl = load_module(impl_ref)
-    late = proc.world_size - 1
-    gloo = impl._create_gloo_group()
-    dist.barrier()  # everyone here: the next barrier is reached on time
-
-    def timed_barrier(step: str, timeout: float, group=None) -> bool:
-        proc.event(f"call:{step}")
-        try:
-            value = impl._barrier_with_timeout(timedelta(seconds=timeout), group=group)
-        except BaseException as exc:
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            proc.event(f"return:{step}", error=f"{type(exc).__name__}: {first_line}"[:200])
-            raise
-        proc.event(f"return:{step}", value=value)
-        return value
-
-    timed_barrier("on-time", ON_TIME_TIMEOUT_S)
-    if proc.rank == late:  # arrive only once every other rank has given up (or the run's deadline)
-        proc.wait_for("return:late", [r for r in range(proc.world_size) if r != late], PROCESS_DEADLINE_S)
-    timed_barrier("late", BARRIER_TIMEOUT_S)
-    # The groups still work: a collective on the default group and on the gloo group, another barrier.
-    world_sum = torch.tensor([proc.rank + 1.0])
-    dist.all_reduce(world_sum)
-    gloo_sum = torch.tensor([proc.rank + 1.0])
-    dist.all_reduce(gloo_sum, group=gloo)
-    again = timed_barrier("after", ON_TIME_TIMEOUT_S, group=gloo)
-    return {"world_sum": world_sum.item(), "gloo_sum": gloo_sum.item(), "barrier_after": again}
-
-
-def _gloo_group_scenario(proc: RankProcess, impl_ref: str) -> dict:
-    impl = load_module(impl_ref)
-    group = impl._create_gloo_group()
-    if group is None:
-        return {"group": None}
-    dist.monitored_barrier(group=group, timeout=timedelta(seconds=ON_TIME_TIMEOUT_S))
-    total = torch.tensor([proc.rank + 1.0])
-    dist.all_reduce(total, group=group)
-    return {"group": type(group).__name__, "ranks": dist.get_process_group_ranks(group),
-            "backend": str(dist.get_backend(group)), "sum": total.item()}
-
-
-LOG_MESSAGE = "shardcheck: barrier_and_log after every rank arrived"
-
-
-def _barrier_log_scenario(proc: RankProcess, impl_ref: str) -> None:
-    impl = load_module(impl_ref)
-    if dist.is_initialized():
-        dist.barrier()  # start together, then arrive staggered
-    time.sleep(STAGGER_S * proc.rank)
-    proc.event("arrive")
-    impl.barrier_and_log(LOG_MESSAGE)
-    proc.event("return")
-
-
-# ---- process-level cases: properties ----------------------------------------------------------
-
-def _ranks_ended_cleanly(run: ProcessRun) -> Property:
-    """Every rank exited 0 by itself; the value recorded is the ranks' wall time (a hang: the deadline)."""
-    bad = [r for r in run.ranks if r.killed or r.exitcode != 0]
-    return Property("ranks_end", not bad, run.wall_s,
-                    f"every rank exited 0 in {run.wall_s:.1f}s" if not bad else
-                    f"deadline {run.deadline_s:g}s: " + "; ".join(r.describe() for r in bad))
-
-
-def _first_rank_order(run: ProcessRun) -> list[Property]:
-    returned_ok, order_bad = [], []
-    for r in run.ranks:
-        want = r.local_rank == 0
-        if not (r.returned and r.result is want):
-            returned_ok.append(f"rank {r.rank} (node {r.node}, local rank {r.local_rank}): "
-                               f"{'got ' + repr(r.result) if r.returned else 'no result'}, expected {want}")
-    for node in range(run.nodes):
-        ranks = [r for r in run.ranks if r.node == node]
-        first = next(r for r in ranks if r.local_rank == 0)
-        left = first.event("leave")
-        for r in ranks:
-            if r is first:
-                continue
-            entered = r.event("enter")
-            if left is None or entered is None or entered.seq < left.seq:
-                order_bad.append(f"node {node}: rank {r.rank} entered "
-                                 f"{'(never)' if entered is None else f'at #{entered.seq}'} before its first rank "
-                                 f"{first.rank} left {'(never)' if left is None else f'at #{left.seq}'}")
-    order = " ".join(f"{e.name}:{e.rank}" for e in run.events() if e.name in ("enter", "leave"))
-    still_initialized = [r.rank for r in run.ranks if (r.event("after") and r.event("after").data.get("process_group"))]
-    return [
-        _ranks_ended_cleanly(run),
-        Property("first_rank_per_node_true", not returned_ok, None,
-                 "; ".join(returned_ok) if returned_ok else "True on local rank 0 of each node, False elsewhere"),
-        Property("others_enter_after_first_left", not order_bad, None,
-                 ("; ".join(order_bad) + f" (order: {order})") if order_bad else f"order: {order}"),
-        Property("own_process_group_destroyed", not still_initialized, None,
-                 f"process group still initialised after the block on rank(s) {still_initialized}" if still_initialized
-                 else "the process group it created is gone after the block"),
-    ]
-
-
-def _first_rank_raise(run: ProcessRun, raising_rank: int) -> list[Property]:
-    survivors = [r for r in run.ranks if r.killed or r.exitcode == 0]
-    origin = run.origin()
-    named = origin is not None and origin.rank == raising_rank and "failure inside" in (origin.error or "")
-    went_on = [r.rank for r in run.ranks if r.event("after") is not None]
-    return [
-        Property("exception_ends_every_rank", not survivors and not went_on, run.wall_s,
-                 (f"every rank ended non-zero within {run.wall_s:.1f}s: " if not survivors else
-                  f"not every rank ended non-zero by itself (deadline {run.deadline_s:g}s): ") + run.describe()
-                 + (f"; rank(s) {went_on} carried on after the block" if went_on else "")),
-        Property("error_names_rank", named, None,
-                 f"origin: {origin.describe() if origin else 'none'} (expected rank {raising_rank}'s RuntimeError)"),
-    ]
-
-
-def _no_distributed(run: ProcessRun) -> list[Property]:
-    r = run.ranks[0]
-    ok = r.exitcode == 0 and r.result is True and r.event("leave") is not None
-    return [Property("single_process_true", ok, None, r.describe())]
-
-
-def _elapsed(r: RankOutcome, step: str) -> tuple[float | None, object]:
-    call, ret = r.event(f"call:{step}"), r.event(f"return:{step}")
-    if call is None or ret is None:
-        return None, "never returned" if call is not None else "never called"
-    return ret.time - call.time, ret.data.get("value", ret.data.get("error"))
-
-
-def _late_rank(run: ProcessRun) -> list[Property]:
-    late = run.world_size - 1
-    on_time, waited, late_bad, after_bad = [], [], [], []
-    for r in run.ranks:
-        _, value = _elapsed(r, "on-time")
-        if value is not True:
-            on_time.append(f"rank {r.rank}: {value!r}")
-        took, value = _elapsed(r, "late")
-        if r.rank == late:
-            if value is not False or took is None or took > BARRIER_TIMEOUT_S + SLACK_S:
-                late_bad.append(f"rank {r.rank}: {value!r}" + (f" after {took:.2f}s" if took is not None else ""))
-        elif value is not False or took is None or not BARRIER_TIMEOUT_S - 0.05 <= took <= BARRIER_TIMEOUT_S + SLACK_S:
-            waited.append(f"rank {r.rank}: {value!r}" + (f" after {took:.2f}s" if took is not None else ""))
-        want = float(sum(range(1, run.world_size + 1)))
-        res = r.result if r.returned else None
-        if res is None or res["world_sum"] != want or res["gloo_sum"] != want or res["barrier_after"] is not True:
-            after_bad.append(f"rank {r.rank}: {res if res is not None else (r.error or 'no result')}")
-    took = [f"{_elapsed(r, 'late')[0]:.2f}s" for r in run.ranks if r.rank != late and _elapsed(r, 'late')[0] is not None]
-    killed = "; ".join(r.describe() for r in run.ranks if r.killed)
-    suffix = f" ({killed})" if killed else ""
-    return [
-        _ranks_ended_cleanly(run),
-        Property("on_time_true", not on_time, None, "; ".join(on_time) + suffix if on_time else "True on every rank"),
-        Property("waiting_ranks_false_within_timeout", not waited, None,
-                 (f"expected False after {BARRIER_TIMEOUT_S:g}s (+ {SLACK_S:g}s slack): " + "; ".join(waited) + suffix)
-                 if waited else f"False after {', '.join(took)} (timeout {BARRIER_TIMEOUT_S:g}s)"),
-        Property("late_rank_false", not late_bad, None,
-                 ("; ".join(late_bad) + suffix) if late_bad else f"rank {late}, arriving after the others gave up: False"),
-        Property("groups_work_after", not after_bad, None,
-                 ("; ".join(after_bad) + suffix) if after_bad else
-                 "all-reduce on the default and the gloo group right, and a barrier on the gloo group True"),
-    ]
-
-
-def _gloo_group(runs: dict[str, ProcessRun]) -> list[Property]:
-    world = runs["world"]
-    want = {"group": "ProcessGroup", "ranks": list(range(world.world_size)), "backend": "gloo",
-            "sum": float(sum(range(1, world.world_size + 1)))}
-    bad = [f"rank {r.rank}: {r.result if r.returned else r.error}" for r in world.ranks if not (r.returned and r.result == want)]
-    single = runs["single"].ranks[0]
-    return [
-        _ranks_ended_cleanly(world),
-        Property("gloo_group_over_all_ranks", not bad, None,
-                 "; ".join(bad) if bad else f"a gloo group of ranks {want['ranks']}: monitored_barrier and all-reduce work"),
-        Property("none_without_distributed", single.returned and single.result == {"group": None}, None, single.describe()),
-    ]
-
-
-def _barrier_log(runs: dict[str, ProcessRun]) -> list[Property]:
-    run = runs["world"]
-    records = [rec for rec in run.logs if LOG_MESSAGE in rec.message]
-    arrivals = run.events("arrive")
-    last_arrival = max((e.seq for e in arrivals), default=None)
-    one = len(records) == 1 and records[0].rank == 0
-    after = bool(records) and len(arrivals) == run.world_size and all(rec.seq > last_arrival for rec in records)
-    returns = run.events("return")
-    waited = len(returns) == run.world_size and all(e.seq > last_arrival for e in returns)
-    single = [rec for rec in runs["single"].logs if LOG_MESSAGE in rec.message]
-    where = ", ".join(f"rank {rec.rank} (#{rec.seq})" for rec in records) or "none"
-    return [
-        _ranks_ended_cleanly(run),
-        Property("one_record_from_rank_0", one, None, f"records with the message: {where}"),
-        Property("logged_after_every_rank_arrived", after, None,
-                 f"records {where}; last arrival #{last_arrival} ({len(arrivals)} of {run.world_size} ranks arrived)"),
-        Property("every_rank_waits", waited, None,
-                 "returns " + " ".join(f"{e.rank}:#{e.seq}" for e in returns) + f"; last arrival #{last_arrival}"),
-        Property("single_process_logs_once", len(single) == 1, None, f"{len(single)} record(s) without torch.distributed"),
-    ]
-
-
 def _process_case(op: str, case_id: str, run, properties, params: dict) -> Case:
     return Case(op=OP + op, case_id=case_id, params=params, make_inputs=lambda gen: {}, reference=lambda x: (),
                 run=run, output_layouts=(), output_names=(), properties=lambda ctx, full, local, outs: properties(outs[0]),
@@ -590,44 +377,45 @@ RAISING_RANK = 2  # node 1's first rank: its node-mate waits in the barrier for 
 
 def process_cases() -> list[Case]:
     def first_rank_nodes(impl, ctx, x):
-        return run_ranks(_first_rank_scenario, 4, nodes=2, args=(module_ref(impl), -1), deadline=PROCESS_DEADLINE_S)
+        return run_ranks(first_rank_scenario, 4, nodes=2, args=(module_ref(impl), -1), deadline=PROCESS_DEADLINE_S)
 
     def first_rank_raises(impl, ctx, x):
-        return run_ranks(_first_rank_scenario, 4, nodes=2, args=(module_ref(impl), RAISING_RANK),
+        return run_ranks(first_rank_scenario, 4, nodes=2, args=(module_ref(impl), RAISING_RANK),
                          init_process_group=True, deadline=PROCESS_DEADLINE_S)
 
     def first_rank_single(impl, ctx, x):
-        return run_ranks(_first_rank_scenario, 1, args=(module_ref(impl), -1), distributed_env=False,
+        return run_ranks(first_rank_scenario, 1, args=(module_ref(impl), -1), distributed_env=False,
                          deadline=PROCESS_DEADLINE_S)
 
     def late_rank(impl, ctx, x):
-        return run_ranks(_late_rank_scenario, 3, args=(module_ref(impl),), init_process_group=True,
+        return run_ranks(late_rank_scenario, 3, args=(module_ref(impl),), init_process_group=True,
                          deadline=PROCESS_DEADLINE_S)
 
     def gloo_group(impl, ctx, x):
-        return {"world": run_ranks(_gloo_group_scenario, 3, args=(module_ref(impl),), init_process_group=True,
+        return {"world": run_ranks(gloo_group_scenario, 3, args=(module_ref(impl),), init_process_group=True,
                                    deadline=PROCESS_DEADLINE_S),
-                "single": run_ranks(_gloo_group_scenario, 1, args=(module_ref(impl),), distributed_env=False,
+                "single": run_ranks(gloo_group_scenario, 1, args=(module_ref(impl),), distributed_env=False,
                                     deadline=PROCESS_DEADLINE_S)}
 
     def barrier_log(impl, ctx, x):
-        return {"world": run_ranks(_barrier_log_scenario, 3, args=(module_ref(impl),), init_process_group=True,
+        return {"world": run_ranks(barrier_log_scenario, 3, args=(module_ref(impl),), init_process_group=True,
                                    deadline=PROCESS_DEADLINE_S),
-                "single": run_ranks(_barrier_log_scenario, 1, args=(module_ref(impl),), distributed_env=False,
+                "single": run_ranks(barrier_log_scenario, 1, args=(module_ref(impl),), distributed_env=False,
                                     deadline=PROCESS_DEADLINE_S)}
 
     nodes = {"world_size": 4, "nodes": 2, "deadline_s": PROCESS_DEADLINE_S}
     return [
-        _process_case("FirstRankPerNode", "2-nodes-of-2", first_rank_nodes, _first_rank_order,
+        _process_case("FirstRankPerNode", "2-nodes-of-2", first_rank_nodes, judge_first_rank_order,
                       {**nodes, "block_s": BLOCK_S, "process_group": "created by the op"}),
         _process_case("FirstRankPerNode", f"raises-on-rank-{RAISING_RANK}", first_rank_raises,
-                      lambda run: _first_rank_raise(run, RAISING_RANK), {**nodes, "raising_rank": RAISING_RANK}),
-        _process_case("FirstRankPerNode", "no-distributed", first_rank_single, _no_distributed, {"world_size": 1}),
-        _process_case("_barrier_with_timeout", "late-rank", late_rank, _late_rank,
+                      lambda run: judge_first_rank_raise(run, RAISING_RANK), {**nodes, "raising_rank": RAISING_RANK}),
+        _process_case("FirstRankPerNode", "no-distributed", first_rank_single, judge_no_distributed,
+                      {"world_size": 1}),
+        _process_case("_barrier_with_timeout", "late-rank", late_rank, judge_late_rank,
                       {"world_size": 3, "timeout_s": BARRIER_TIMEOUT_S, "slack_s": SLACK_S,
                        "late_rank": "arrives after the others returned", "deadline_s": PROCESS_DEADLINE_S}),
-        _process_case("_create_gloo_group", "all-ranks", gloo_group, _gloo_group, {"world_size": 3}),
-        _process_case("barrier_and_log", "staggered-arrivals", barrier_log, _barrier_log,
+        _process_case("_create_gloo_group", "all-ranks", gloo_group, judge_gloo_group, {"world_size": 3}),
+        _process_case("barrier_and_log", "staggered-arrivals", barrier_log, judge_barrier_log,
                       {"world_size": 3, "stagger_s": STAGGER_S}),
     ]
 

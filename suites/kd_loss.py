@@ -327,27 +327,38 @@ def quick_specs() -> list[Spec]:
     ]
 
 
-def bad_input_cases() -> list[Case]:
-    def bad(student_shape, teacher_shape, labels_shape):
-        def make(gen):
-            return {"student_logits": make_logits(gen, student_shape), "teacher_logits": make_logits(gen, teacher_shape),
-                    "labels": torch.randint(0, student_shape[-1], labels_shape, generator=gen)}
-        return make
+@dataclass(frozen=True)
+class Mismatch:
+    """Student logits, teacher logits and labels of shapes that do not match: no answer is documented, the op
+    must raise."""
 
-    cases = []
-    for case_id, shapes, what in (("student-teacher-mismatch", ((2, 4, 16), (2, 3, 16), (2, 4)), ("student", "teacher logits")),
-                                  ("labels-mismatch", ((2, 4, 16), (2, 4, 16), (2, 3)), ("logits", "labels"))):
-        for mode in ("group", "plain"):
-            spec = Spec(mode, nbl="none")
-            cases.append(Case(
-                op=OP + "KDLoss", case_id=f"{case_id}-{mode}",
-                params={"mode": mode, "student": list(shapes[0]), "teacher": list(shapes[1]), "labels": list(shapes[2])},
-                make_inputs=bad(*shapes), reference=lambda x: (), run=_run(spec),
-                input_layouts={"student_logits": BATCH if mode == "plain" else VOCAB_SHARDED,
-                               "teacher_logits": BATCH if mode == "plain" else VOCAB_SHARDED, "labels": BATCH},
-                bad_input=BadInput(f"{' and '.join(what)} of mismatched shapes"), dtypes=("float64",),
-                supports=lambda t: 2 % t.dp == 0))
-    return cases
+    name: str
+    student: tuple[int, ...]
+    teacher: tuple[int, ...]
+    labels: tuple[int, ...]
+    what: str
+
+    def inputs(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
+        return {"student_logits": make_logits(gen, self.student), "teacher_logits": make_logits(gen, self.teacher),
+                "labels": torch.randint(0, self.student[-1], self.labels, generator=gen)}
+
+
+MISMATCHES = (Mismatch("student-teacher-mismatch", (2, 4, 16), (2, 3, 16), (2, 4), "student and teacher logits"),
+              Mismatch("labels-mismatch", (2, 4, 16), (2, 4, 16), (2, 3), "logits and labels"))
+
+
+def mismatch_case(spec: Mismatch, mode: str) -> Case:
+    logits = BATCH if mode == "plain" else VOCAB_SHARDED
+    return Case(
+        op=OP + "KDLoss", case_id=f"{spec.name}-{mode}",
+        params={"mode": mode, "student": list(spec.student), "teacher": list(spec.teacher), "labels": list(spec.labels)},
+        make_inputs=spec.inputs, reference=lambda x: (), run=_run(Spec(mode, nbl="none")),
+        input_layouts={"student_logits": logits, "teacher_logits": logits, "labels": BATCH},
+        bad_input=BadInput(f"{spec.what} of mismatched shapes"), dtypes=("float64",), supports=lambda t: 2 % t.dp == 0)
+
+
+def bad_input_cases() -> list[Case]:
+    return [mismatch_case(spec, mode) for spec in MISMATCHES for mode in ("group", "plain")]
 
 
 # ---- _infer_tp_group_from_dtensor ---------------------------------------------------------

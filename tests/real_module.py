@@ -26,17 +26,18 @@ from typing import Any
 IMPL_DIR = Path(__file__).resolve().parent.parent / "distributed_impl"
 
 
-def export_real_module(namespace: dict[str, Any], family: str, **replacements: Any) -> None:
-    """Add to `namespace` every name of a fresh copy of distributed_impl/<family>.py that it does not define
-    itself, `replacements` in place of the copy's own."""
+def export_real_module(namespace: dict[str, Any], family: str, source: Path | None = None, **replacements: Any) -> None:
+    """Add to `namespace` every name of a fresh copy of distributed_impl/<family>.py (or of `source`, another
+    implementation of the family, e.g. one in tests/impls/) that it does not define itself, `replacements` in
+    place of the copy's own."""
     name = f"_real_{family}_copy{len([m for m in sys.modules if m.startswith(f'_real_{family}_copy')])}"
-    spec = importlib.util.spec_from_file_location(name, IMPL_DIR / f"{family}.py")
+    spec = importlib.util.spec_from_file_location(name, source or IMPL_DIR / f"{family}.py")
     copy = importlib.util.module_from_spec(spec)
     sys.modules[name] = copy  # dataclasses and pickling look their module up by name
     spec.loader.exec_module(copy)
     unknown = [n for n in replacements if not hasattr(copy, n)]
     if unknown:
-        raise AttributeError(f"distributed_impl.{family} has no {', '.join(unknown)} to replace")
+        raise AttributeError(f"{source or 'distributed_impl.' + family} has no {', '.join(unknown)} to replace")
     for key, value in replacements.items():
         setattr(copy, key, value)
     for key, value in vars(copy).items():

@@ -6,7 +6,7 @@ the older module's run is one case, enough for its `property:signature` finding.
 
 from __future__ import annotations
 
-from conftest import ROOT
+from helpers import ROOT
 
 ADAPTER_RUN = ("run", "--impl", "kd_loss=examples/adapters/kd_loss_adapter.py", "--op", "kd_loss.KDLoss",
                "--world-sizes", "1,2", "--dtype", "float64", "--strict")

@@ -4,10 +4,8 @@ interpretation's answer, and fails on a silent return or a wrong answer."""
 
 from __future__ import annotations
 
-from conftest import BROKEN, ROOT
 from harness.case import BadInput
-
-IMPLS = ROOT / "tests" / "impls"
+from helpers import BROKEN, IMPLS
 
 
 def test_any_exception_passes_and_an_undocumented_type_warns_only_where_the_seed_names_one():

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from harness.plan import suite_cases, suite_names
-from conftest import BROKEN, cli, shardcheck
+from helpers import BROKEN, FIXTURES, cli, shardcheck
 
 MEASURED = ("time_ms", "time_ms_iqr", "peak_bytes", "comm_calls", "comm_bytes")
 KEY = ["op", "case_id", "dp", "cp", "tp", "dtype"]
@@ -127,7 +127,8 @@ def test_compare_gate(quick_runs, run_shardcheck):
 
     # Twice the forward work: the bench run itself warns on property:comm (the collectives doubled;
     # --strict fails it), and compare flags the deterministic memory growth on every case.
-    slow = run_shardcheck("run", "--bench", "--quick", *_impl("slow_2x"), "--op", "model_utils.DistributedLogprob",
+    slow = run_shardcheck("run", "--bench", "--quick", "--impl", f"model_utils={FIXTURES / 'model_utils' / 'slow_2x.py'}",
+                          "--op", "model_utils.DistributedLogprob",
                           "--topology", "dp=1,cp=1,tp=1", *TP2)
     assert slow.returncode == 1, slow.stdout + slow.stderr
     comm = slow.rows[slow.rows["check"] == "property:comm"]

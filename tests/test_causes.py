@@ -6,12 +6,12 @@ import json
 
 import pandas as pd
 
-from conftest import BROKEN, ROOT, assert_one_cause, shardcheck
+from helpers import BROKEN, IMPLS, ROOT, assert_one_cause, shardcheck
 from harness.causes import blank_numbers, causes, finding_lines, separating_condition
 from harness.records import load
 
 TP2 = ("--topology", "dp=1,cp=1,tp=2", "--quick")
-FP32_IMPL = ROOT / "tests" / "impls" / "fp32_extra_collectives_model_utils.py"
+FP32_IMPL = IMPLS / "fp32_extra_collectives_model_utils.py"
 
 
 def _row(status, check="forward", tp=2, dtype="float64", op="model_utils.X", masked=0.0, message="", dp=1, **extra):

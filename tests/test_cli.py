@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import BROKEN, ROOT, cli
+from helpers import ROOT, cli
 from harness.cli import main
 
 
@@ -62,8 +62,8 @@ def test_impl_that_raises_at_import_is_usage_error(tmp_path, capsys):
 
 
 def test_impl_lacking_every_selected_op_is_usage_error(capsys, tmp_path):
-    # this broken module defines only _compute_distributed_log_softmax: the wrong file for this op
-    path = BROKEN / "model_utils" / "missing_max_allreduce.py"
+    path = tmp_path / "log_softmax_only.py"  # the wrong file for this op
+    path.write_text("def _compute_distributed_log_softmax(vocab_parallel_logits, group):\n    raise NotImplementedError\n")
     err = _usage_error(capsys, "run", "--impl", f"model_utils={path}", "--op", "model_utils.DistributedLogprob",
                        "--out", str(tmp_path / "run"))
     assert "module has none of the selected ops (no 'DistributedLogprob', needed by model_utils.DistributedLogprob)" in err

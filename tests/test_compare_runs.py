@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import cli
+from helpers import cli
 
 
 def _row(op="model_utils.DistributedLogprob", check="bench", status="pass", time_ms=10.0, iqr=0.5, peak=1000, **kw):

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from distributed_impl import cp_utils as impl
 from harness.case import head_tail_positions
 from reference import cp_utils as ref
-from tests.conftest import BROKEN
+from helpers import BROKEN
 
 SENTINEL = -1000
 

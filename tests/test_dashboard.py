@@ -7,7 +7,7 @@ import json
 
 import pandas as pd
 
-from conftest import cli
+from helpers import cli
 from reports.dashboard import build_dashboard, load_runs, regressions, status_counts
 
 

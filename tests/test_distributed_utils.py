@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from conftest import BROKEN
+from helpers import BROKEN
 from distributed_impl import distributed_utils as impl
 from reference import distributed_utils as ref
 
@@ -71,6 +71,12 @@ def test_dp_eval_sample_shard_values():
     for rank, size in ((4, 4), (-1, 2), (0, 0)):
         with pytest.raises(ValueError):
             impl.dp_eval_sample_shard(impl.DDPConfig(), rank, size)
+    # the configs the suite hands any module under test: stand-ins of upstream's, told apart by class name
+    from suites import distributed_utils as suite
+
+    assert impl.dp_eval_sample_shard(suite.DDPConfig(), 1, 4) == (1, 4)
+    assert impl.dp_eval_sample_shard(suite.FSDP2Config(), 1, 4) is None
+    assert impl.dp_eval_sample_shard(suite.MegatronFSDPConfig(), 1, 4) is None
 
 
 def test_single_process_behaviour(caplog, monkeypatch):

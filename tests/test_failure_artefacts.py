@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.distributed.tensor import Shard
 
-from conftest import BROKEN, ROOT
+from helpers import BROKEN, ROOT
 from harness.artefacts import ArtefactBudget, reassemble
 from harness.case import HeadTail, Layout
 from harness.collect import glob_escape, rerun_command

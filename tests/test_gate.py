@@ -9,9 +9,9 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from conftest import BROKEN, shardcheck
+from helpers import FIXTURES, ROOT, shardcheck
 
-SKIPS_COLLECTIVE = ("--impl", f"model_utils={BROKEN / 'model_utils' / 'skips_collective.py'}")
+SKIPS_COLLECTIVE = ("--impl", f"model_utils={FIXTURES / 'model_utils' / 'skips_collective.py'}")
 FLOAT64_QUICK = ("--dtype", "float64", "--quick")
 
 
@@ -67,23 +67,6 @@ def test_no_hang_budget_tries_every_item(tmp_path):
     assert len(list((run.out / "workers").iterdir())) == 2  # the second case hung in the relaunch
 
 
-SLOW_IMPL = '''
-"""Real model_utils whose DistributedLogprob sleeps in the forward, so a test can kill a rank mid-case."""
-import time
-
-from distributed_impl.model_utils import *  # noqa: F401,F403
-from distributed_impl import model_utils as good
-
-
-class DistributedLogprob(good.DistributedLogprob):
-    @staticmethod
-    def forward(ctx, vocab_parallel_logits, target, vocab_start_index, vocab_end_index, group, inference_only=False):
-        time.sleep(30)
-        return good.DistributedLogprob.forward(ctx, vocab_parallel_logits, target, vocab_start_index, vocab_end_index,
-                                               group, inference_only)
-'''
-
-
 def _worker_pid(out: Path, rank: int) -> int | None:
     """The pid of the worker of `rank` in a launch of the run writing to `out`."""
     for proc in Path("/proc").iterdir():
@@ -104,11 +87,9 @@ def test_killed_rank_is_named_with_its_signal_and_the_run_goes_on(tmp_path):
     import subprocess
     import sys
 
-    from conftest import ROOT
     from harness.records import load
 
-    impl = tmp_path / "slow_model_utils.py"
-    impl.write_text(SLOW_IMPL)
+    impl = FIXTURES / "model_utils" / "sleeps_in_forward.py"
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--impl", f"model_utils={impl}",
                              "--op", "model_utils.DistributedLogprob", "--op", "model_utils.ChunkedDistributedLogprob",

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import BROKEN
+from helpers import BROKEN
 from distributed_impl import inbatch_neg_utils as impl
 from reference import inbatch_neg_utils as ref
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import BROKEN
+from helpers import BROKEN
 from reference import kd_loss as ref
 
 TOPOS = ("--topology", "dp=1,cp=1,tp=2", "--topology", "dp=2,cp=1,tp=2")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.distributed.tensor import Shard
 
-from conftest import BROKEN
+from helpers import BROKEN
 from harness.case import HeadTail, Layout, PackedHeadTail, Permuted, head_tail_positions
 
 
@@ -52,8 +52,9 @@ CP2 = ("--suite", "model_utils_cp", "--topology", "dp=1,cp=2,tp=1", "--dtype", "
 
 
 @pytest.mark.parametrize("module, ops, check, positions", [
-    # chunk r after chunk 2·CP−1−r: the layout op and the log-probs both wrong
-    ("swapped_chunks", {"_get_tokens_on_this_cp_rank", "from_parallel_logits_to_logprobs"}, "forward", None),
+    # chunk r after chunk 2·CP−1−r: the layout op, the log-probs and every op that lays out its ids through it
+    ("swapped_chunks", {"_get_tokens_on_this_cp_rank", "from_parallel_logits_to_logprobs",
+                        "gather_logits_at_global_indices", "get_distillation_topk_logprobs_from_logits"}, "forward", None),
     # the shift inside each shard: wrong exactly at the last position of a chunk (3 on rank 0, 11 on rank 1)
     ("shift_inside_shard", {"from_parallel_logits_to_logprobs"}, "forward", {3, 11}),
     # the gather's backward without the sum over CP ranks

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, shardcheck
+from helpers import ROOT, shardcheck
 from harness.records import load
 
 
@@ -21,7 +21,7 @@ CLASSIC_OPS = ("_compute_distributed_log_softmax", "_compute_distributed_softmax
 @pytest.fixture(scope="module")
 def quick_matrix(tmp_path_factory):
     """The quick matrix (world sizes 1, 2, 4) of model_utils' first eight ops, run once for this module (the
-    other ops' quick matrices: test_model_utils_tp, test_model_utils_cp, test_megatron_fusion)."""
+    other ops' quick matrices: test_model_utils, test_model_utils_cp, test_model_utils_megatron)."""
     ops = [arg for name in CLASSIC_OPS for arg in ("--op", f"model_utils.{name}")]
     return shardcheck("run", "--suite", "model_utils", *ops, "--quick", "--world-sizes", "1,2,4",
                       out=tmp_path_factory.mktemp("e2e") / "quick")

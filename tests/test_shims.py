@@ -17,7 +17,7 @@ from harness import shims
 from harness.processes import run_ranks
 from harness.shims import te_thd_partition, torch_cp_attention
 from harness.shims.te_thd_partition import thd_get_partitioned_indices
-from tests.conftest import BROKEN, ROOT
+from helpers import BROKEN, ROOT
 
 TORCH_CP_IMPL = ROOT / "tests" / "impls" / "torch_cp_cp_utils.py"
 

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _private_copy import private_copy, seed_api  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
-_m = private_copy(__file__)  # patched below
 
-_m._compute_dtype = lambda dtype: torch.float32
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32
 
-globals().update(seed_api(_m))  # the six seed names, as patched
+
+export_real_module(globals(), "cp_utils", _compute_dtype=_compute_dtype)

@@ -3,18 +3,14 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _private_copy import private_copy, seed_api  # noqa: E402
+from distributed_impl import cp_utils as good
 
-_m = private_copy(__file__)  # patched below
-
-_real_create = _m.create_context_parallel_ctx
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
 
-def _create_restoring_all(cp_mesh, cp_buffers, cp_seq_dims, cp_no_restore_buffers, cp_rotate_method=None):
-    return _real_create(cp_mesh, cp_buffers, cp_seq_dims, set(), cp_rotate_method)
+def create_context_parallel_ctx(cp_mesh, cp_buffers, cp_seq_dims, cp_no_restore_buffers, cp_rotate_method=None):
+    return good.create_context_parallel_ctx(cp_mesh, cp_buffers, cp_seq_dims, set(), cp_rotate_method)
 
 
-_m.create_context_parallel_ctx = _create_restoring_all
-
-globals().update(seed_api(_m))  # the six seed names, as patched
+export_real_module(globals(), "cp_utils", create_context_parallel_ctx=create_context_parallel_ctx)

@@ -4,11 +4,12 @@ future ones included, is treated as fully visible."""
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _private_copy import private_copy, seed_api  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
-_m = private_copy(__file__)  # patched below
 
-_m._chunk_visibility = lambda q_chunk, k_chunk: "causal" if q_chunk == k_chunk else "full"
+def _chunk_visibility(q_chunk: int, k_chunk: int) -> str:
+    return "causal" if q_chunk == k_chunk else "full"
 
-globals().update(seed_api(_m))  # the six seed names, as patched
+
+export_real_module(globals(), "cp_utils", _chunk_visibility=_chunk_visibility)

@@ -5,24 +5,17 @@ without a word: rank 0 holds positions 0-5 of 12 instead of 0-2 and 9-11.  Atten
 (torch's ring handles contiguous chunks too), so only the layout is wrong: a silent wrong answer."""
 
 import contextlib
-import importlib.util
+import sys
 from pathlib import Path
 
 from torch.distributed.tensor.experimental._context_parallel._attention import _cp_options
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
-def _honest_copy():
-    path = Path(__file__).resolve().parents[2] / "impls" / "torch_cp_cp_utils.py"
-    spec = importlib.util.spec_from_file_location("_torch_cp_cp_utils_" + Path(__file__).stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_m = _honest_copy()
-_build_position_ids, get_train_context = _m._build_position_ids, _m.get_train_context
-create_context_parallel_ctx, make_cp_batch_for_te, _shard_thd_chunk_for_te = (
-    _m.create_context_parallel_ctx, _m.make_cp_batch_for_te, _m._shard_thd_chunk_for_te)
+HONEST = Path(__file__).resolve().parents[2] / "impls" / "torch_cp_cp_utils.py"
+_honest: dict = {}
+export_real_module(_honest, "cp_utils", source=HONEST)  # the correct code the replacement below calls
 
 
 def make_cp_batch_and_ctx(device_mesh, batch, loss_mask=None, use_te: bool = False, padding_token_id: int = 0,
@@ -30,7 +23,7 @@ def make_cp_batch_and_ctx(device_mesh, batch, loss_mask=None, use_te: bool = Fal
     tokens = batch.get("input_ids") if batch.get("input_ids") is not None else batch.get("inputs_embeds")
     cp = device_mesh["cp"].size() if device_mesh is not None and "cp" in (device_mesh.mesh_dim_names or ()) else 1
     load_balance = tokens is None or tokens.shape[1] % (2 * cp) == 0  # the bug: decided before padding
-    train_ctx, batch = _m.make_cp_batch_and_ctx(device_mesh, batch, loss_mask, use_te, padding_token_id, num_chunks,
+    train_ctx, batch = _honest["make_cp_batch_and_ctx"](device_mesh, batch, loss_mask, use_te, padding_token_id, num_chunks,
                                                 seq_lens_padding_value)
     if load_balance or use_te:
         return train_ctx, batch
@@ -45,3 +38,6 @@ def make_cp_batch_and_ctx(device_mesh, batch, loss_mask=None, use_te: bool = Fal
             _cp_options.enable_load_balance = True
 
     return contiguous_ctx, batch
+
+
+export_real_module(globals(), "cp_utils", source=HONEST, make_cp_batch_and_ctx=make_cp_batch_and_ctx)

@@ -1,13 +1,18 @@
 """BUG: _barrier_with_timeout lets monitored_barrier's timeout error escape instead of returning False."""
 
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 
-from distributed_impl.distributed_utils import *  # noqa: F401,F403  everything else is the real implementation
-from distributed_impl.distributed_utils import _create_gloo_group  # noqa: F401  (private names: not in *)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
 
 def _barrier_with_timeout(timeout: timedelta, group=None) -> bool:
     dist.monitored_barrier(group=group, timeout=timeout)
     return True
+
+
+export_real_module(globals(), "distributed_utils", _barrier_with_timeout=_barrier_with_timeout)

@@ -1,10 +1,14 @@
 """BUG: reduce_loss sums the loss over DP but returns this rank's token count as the denominator."""
 
-from distributed_impl.distributed_utils import *  # noqa: F401,F403  everything else is the real implementation
-from distributed_impl.distributed_utils import _barrier_with_timeout, _create_gloo_group  # noqa: F401  (private names: not in *)
+import sys
+from pathlib import Path
+
 import torch.distributed as dist
 
 from distributed_impl import distributed_utils as good
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
 
 def reduce_loss(loss_store, total_num_tokens, per_token_loss=True, dp_group=None):
@@ -12,3 +16,6 @@ def reduce_loss(loss_store, total_num_tokens, per_token_loss=True, dp_group=None
     if dp_group is not None:
         dist.all_reduce(loss, group=dp_group)  # the denominator stays local
     return loss, denominator
+
+
+export_real_module(globals(), "distributed_utils", reduce_loss=reduce_loss)

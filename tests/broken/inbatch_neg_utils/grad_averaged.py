@@ -1,12 +1,16 @@
 """Bug: the autograd-aware gather averages the ranks' gradients instead of summing them (a reduce-scatter
 with AVG), so every passage gradient is 1/world of the single-device one."""
 
+import sys
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
-from distributed_impl.inbatch_neg_utils import (  # noqa: F401
-    dist_gather_tensor_with_dim1_padding, mask_gathered_passages_same_doc_as_positive)
-from distributed_impl import inbatch_neg_utils as _correct
+from distributed_impl import inbatch_neg_utils as good
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
 
 class _GatherAveraged(torch.autograd.Function):
@@ -23,13 +27,16 @@ class _GatherAveraged(torch.autograd.Function):
         return grad_local / dist.get_world_size()
 
 
-def _all_gather_tensor(t, preserve_grad=False):
+def _gather(t, preserve_grad=False):
     if preserve_grad and t.requires_grad:
         return _GatherAveraged.apply(t)
-    return _correct._all_gather_tensor(t, preserve_grad)
+    return good._all_gather_tensor(t, preserve_grad)
 
 
 def dist_gather_tensor(t, preserve_grad=False):
-    if t is None or t.ndim == 0 or not _correct._gathering():  # None, bad shapes, a world of 1: as the correct one
-        return _correct.dist_gather_tensor(t, preserve_grad)
-    return _all_gather_tensor(t, preserve_grad)
+    if t is None or t.ndim == 0 or not good._gathering():  # None, bad shapes, a world of 1: as the correct one
+        return good.dist_gather_tensor(t, preserve_grad)
+    return _gather(t, preserve_grad)
+
+
+export_real_module(globals(), "inbatch_neg_utils", dist_gather_tensor=dist_gather_tensor)

@@ -1,10 +1,19 @@
 """Bug: without num_batch_labels the mean is taken over all tokens, ignored ones included."""
 
-from distributed_impl.kd_loss import KDLoss as _KDLoss, _infer_tp_group_from_dtensor  # noqa: F401
+import sys
+from pathlib import Path
+
+from distributed_impl import kd_loss as good
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
 
-class KDLoss(_KDLoss):
+class KDLoss(good.KDLoss):
     def forward(self, student_logits, teacher_logits, labels, num_batch_labels=None):
         if num_batch_labels is None:
             num_batch_labels = labels.numel()
         return super().forward(student_logits, teacher_logits, labels, num_batch_labels)
+
+
+export_real_module(globals(), "kd_loss", KDLoss=KDLoss)

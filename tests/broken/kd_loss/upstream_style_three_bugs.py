@@ -5,19 +5,25 @@
 - at dp ≥ 2, where a DP rank holds no valid token: that rank returns a plain 0 with no autograd graph, so it
   raises in backward and its DP peer blocks."""
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-_spec = importlib.util.spec_from_file_location(
-    "_kd_loss_upstream_style", Path(__file__).resolve().parents[3] / "distributed_impl" / "kd_loss.py")
-_m = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_m)
-_m._safe_log_ratio = lambda p, log_p, log_q: torch.where(p > 0, -log_q, torch.zeros_like(log_q))
+from distributed_impl import kd_loss as good
 
-_infer_tp_group_from_dtensor = _m._infer_tp_group_from_dtensor
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
+
+
+def _safe_log_ratio(p, log_p, log_q):
+    return torch.where(p > 0, -log_q, torch.zeros_like(log_q))
+
+
+# The copy's KDLoss computes with the replaced helper; the class below adds the other two bugs on top of it.
+export_real_module(globals(), "kd_loss", _safe_log_ratio=_safe_log_ratio)
+_CrossEntropyKDLoss = globals()["KDLoss"]
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -31,13 +37,14 @@ class _ScaleGrad(torch.autograd.Function):
         return g * ctx.k, None
 
 
-class KDLoss(_m.KDLoss):
+class KDLoss(_CrossEntropyKDLoss):
     def forward(self, student_logits, teacher_logits, labels, num_batch_labels=None):
         local = labels.to_local() if hasattr(labels, "to_local") else labels
         if not (local != self.ignore_index).any():
             dtype = torch.promote_types(student_logits.dtype, torch.float32) if self.fp32_upcast else student_logits.dtype
             return torch.zeros((), dtype=dtype, device=local.device)  # the right value, but no graph
-        group = self.tp_group or _infer_tp_group_from_dtensor(student_logits)
+        group = self.tp_group or good._infer_tp_group_from_dtensor(student_logits)
         if group is not None and dist.get_world_size(group) > 1:
             student_logits = _ScaleGrad.apply(student_logits, dist.get_world_size(group))
         return super().forward(student_logits, teacher_logits, labels, num_batch_labels)
+

@@ -2,11 +2,16 @@
 [B, S, V] tensor on every TP rank that nothing needs, then calls the real op. Values and gradients are
 right; only `property:comm` can catch it (an all_gather@tp the contract does not allow)."""
 
-from distributed_impl.model_utils import *  # noqa: F401,F403  everything else is the real implementation
+import sys
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
 from distributed_impl import model_utils as good
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
 
 class DistributedLogprob:
@@ -22,3 +27,6 @@ class DistributedLogprob:
         dist.all_gather_into_tensor(gathered, local.view(-1), group=group)
         return good.DistributedLogprob.apply(vocab_parallel_logits, target, vocab_start_index, vocab_end_index,
                                              group, inference_only)
+
+
+export_real_module(globals(), "model_utils", DistributedLogprob=DistributedLogprob)

@@ -1,11 +1,15 @@
 """BUG: the CP all-gather's backward keeps this rank's own upstream gradient at its positions instead of
 the sum over every CP rank's upstream gradient (each rank's use of the gathered tensor is a summand)."""
 
-from distributed_impl.model_utils import *  # noqa: F401,F403  everything else is the real implementation
-from distributed_impl.model_utils import _get_tokens_on_this_cp_rank  # noqa: F401  (not in import *)
+import sys
+from pathlib import Path
+
 import torch.distributed as dist
 
 from distributed_impl import model_utils as good
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
 
 class AllGatherCPTensor(good.AllGatherCPTensor):
@@ -17,3 +21,7 @@ class AllGatherCPTensor(good.AllGatherCPTensor):
 
 def allgather_cp_sharded_tensor(tensor, cp_group, seq_dim=1):
     return AllGatherCPTensor.apply(tensor, cp_group, seq_dim)
+
+
+export_real_module(globals(), "model_utils", AllGatherCPTensor=AllGatherCPTensor,
+                   allgather_cp_sharded_tensor=allgather_cp_sharded_tensor)

@@ -1,12 +1,16 @@
 """BUG: values right, but the logits gradient comes back multiplied by the CP size (as if the all-gather's
 backward summed an all-reduced gradient once more)."""
 
-from distributed_impl.model_utils import *  # noqa: F401,F403  everything else is the real implementation
-from distributed_impl.model_utils import _get_tokens_on_this_cp_rank  # noqa: F401  (not in import *)
+import sys
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
 from distributed_impl import model_utils as good
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -26,3 +30,6 @@ def from_parallel_logits_to_logprobs(vocab_parallel_logits, target, vocab_start_
     logits = _ScaleGrad.apply(vocab_parallel_logits, cp_size)
     return good.from_parallel_logits_to_logprobs(logits, target, vocab_start_index, vocab_end_index, tp_group,
                                                  inference_only, cp_group, chunk_size, sampling_params)
+
+
+export_real_module(globals(), "model_utils", from_parallel_logits_to_logprobs=from_parallel_logits_to_logprobs)

@@ -1,11 +1,15 @@
 """BUG: packed sequences are laid out head-tail over the whole pack instead of each sequence on its own
 (targets taken and log-probs gathered with the whole-pack rule)."""
 
-from distributed_impl.model_utils import *  # noqa: F401,F403  everything else is the real implementation
-from distributed_impl.model_utils import _get_tokens_on_this_cp_rank  # noqa: F401  (not in import *)
+import sys
+from pathlib import Path
+
 import torch
 
 from distributed_impl import model_utils as good
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
 
 def from_parallel_logits_to_logprobs_packed_sequences(vocab_parallel_logits, target, cu_seqlens_padded, unpacked_seqlen,
@@ -28,3 +32,7 @@ def from_parallel_logits_to_logprobs_packed_sequences(vocab_parallel_logits, tar
         row = logprobs[a:b - 1][: unpacked_seqlen - 1]
         rows.append(torch.nn.functional.pad(row, (0, unpacked_seqlen - 1 - row.shape[0])))
     return torch.stack(rows)
+
+
+export_real_module(globals(), "model_utils",
+                   from_parallel_logits_to_logprobs_packed_sequences=from_parallel_logits_to_logprobs_packed_sequences)

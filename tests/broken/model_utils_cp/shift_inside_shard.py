@@ -1,11 +1,15 @@
 """BUG: the next-token shift is done inside each CP shard (after taking this rank's tokens) instead of
 over the whole sequence, so the last position of every chunk scores the wrong token."""
 
-from distributed_impl.model_utils import *  # noqa: F401,F403  everything else is the real implementation
-from distributed_impl.model_utils import _get_tokens_on_this_cp_rank  # noqa: F401  (not in import *)
+import sys
+from pathlib import Path
+
 import torch
 
 from distributed_impl import model_utils as good
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
 
 def from_parallel_logits_to_logprobs(vocab_parallel_logits, target, vocab_start_index, vocab_end_index, tp_group,
@@ -19,3 +23,6 @@ def from_parallel_logits_to_logprobs(vocab_parallel_logits, target, vocab_start_
     if cp_size > 1:
         logprobs = good.allgather_cp_sharded_tensor(logprobs, cp_group)
     return logprobs[:, : target.shape[1] - 1].contiguous()
+
+
+export_real_module(globals(), "model_utils", from_parallel_logits_to_logprobs=from_parallel_logits_to_logprobs)

@@ -1,9 +1,14 @@
 """BUG: a CP rank's two head-tail chunks are taken in the wrong order (chunk 2·CP−1−r before chunk r)."""
 
-from distributed_impl.model_utils import *  # noqa: F401,F403  everything else is the real implementation
+import sys
+from pathlib import Path
+
 import torch
 
 from distributed_impl import model_utils as good
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
 
 def _get_tokens_on_this_cp_rank(input_ids, cp_rank, cp_size, seq_dim=1):
@@ -21,3 +26,7 @@ def from_parallel_logits_to_logprobs(vocab_parallel_logits, target, vocab_start_
     swapped = torch.cat([positions[:, half:], positions[:, :half]], dim=1)
     return good._next_token_logprobs(vocab_parallel_logits, target, swapped, cp_group, cp_rank, vocab_start_index,
                                      vocab_end_index, tp_group, inference_only, chunk_size, sampling_params)
+
+
+export_real_module(globals(), "model_utils", _get_tokens_on_this_cp_rank=_get_tokens_on_this_cp_rank,
+                   from_parallel_logits_to_logprobs=from_parallel_logits_to_logprobs)

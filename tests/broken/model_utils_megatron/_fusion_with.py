@@ -1,5 +1,6 @@
 """Shared by the broken fusion modules: the real fused GPTModel forward with another hidden-states -> log-probs
-function (`make(fn)` gives the two seed functions that use it). Not a module under test itself."""
+function (`make(fn)` gives the two seed functions that use it: the replacements a broken module exports with
+tests/real_module.py). Not a module under test itself."""
 
 from distributed_impl import _linear_ce_fusion as good
 

@@ -7,13 +7,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from distributed_impl.model_utils import *  # noqa: F401,F403  everything else is the real implementation
 from distributed_impl import model_utils as good
 from distributed_impl.model_utils import (_all_gather_seq, _check_saved, _chunks, _compute_distributed_softmax,
                                           _compute_dtype, _gather_logprob_grad, _hidden_chunk_logits)
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _fusion_with, beside this module
 from _fusion_with import make  # noqa: E402
+from real_module import export_real_module  # noqa: E402
 
 
 class _NoReduceScatter(good.ChunkedDistributedHiddenStatesToLogprobs):
@@ -46,3 +47,7 @@ def _logprobs(hidden, output_weight_layer, output_weight, runtime_gather_output,
 
 
 patch_gpt_model_forward_for_linear_ce_fusion, _gpt_forward_with_linear_ce_fusion = make(_logprobs)
+
+export_real_module(globals(), "model_utils",
+                   patch_gpt_model_forward_for_linear_ce_fusion=patch_gpt_model_forward_for_linear_ce_fusion,
+                   _gpt_forward_with_linear_ce_fusion=_gpt_forward_with_linear_ce_fusion)

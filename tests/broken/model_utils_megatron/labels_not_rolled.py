@@ -3,11 +3,12 @@
 import sys
 from pathlib import Path
 
-from distributed_impl.model_utils import *  # noqa: F401,F403  everything else is the real implementation
 from distributed_impl import model_utils as good
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _fusion_with, beside this module
 from _fusion_with import make  # noqa: E402
+from real_module import export_real_module  # noqa: E402
 
 
 def _unrolled_logprobs(hidden, output_weight_layer, output_weight, runtime_gather_output, target, vocab_start_index,
@@ -19,3 +20,7 @@ def _unrolled_logprobs(hidden, output_weight_layer, output_weight, runtime_gathe
 
 
 patch_gpt_model_forward_for_linear_ce_fusion, _gpt_forward_with_linear_ce_fusion = make(_unrolled_logprobs)
+
+export_real_module(globals(), "model_utils",
+                   patch_gpt_model_forward_for_linear_ce_fusion=patch_gpt_model_forward_for_linear_ce_fusion,
+                   _gpt_forward_with_linear_ce_fusion=_gpt_forward_with_linear_ce_fusion)

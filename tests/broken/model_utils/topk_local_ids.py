@@ -1,10 +1,15 @@
 """BUG: distributed_vocab_topk reports each candidate's id in its rank's *local* numbering, not the global one."""
 
-from distributed_impl.model_utils import *  # noqa: F401,F403  everything else is the real implementation
+import sys
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
 from distributed_impl.model_utils import _chunks, _upcast
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
 
 @torch.no_grad()
@@ -29,3 +34,6 @@ def distributed_vocab_topk(vocab_parallel_logits, k, tp_group, *, vocab_start_in
         vals.append(top_v[..., :k])
         ids.append(all_i.gather(-1, pos[..., :k]))
     return torch.cat(vals, dim=1), torch.cat(ids, dim=1)
+
+
+export_real_module(globals(), "model_utils", distributed_vocab_topk=distributed_vocab_topk)

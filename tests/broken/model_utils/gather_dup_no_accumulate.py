@@ -1,10 +1,15 @@
 """BUG: the backward of ChunkedDistributedGatherLogprob *assigns* g_k at each index, so duplicate indices do not accumulate."""
 
-from distributed_impl.model_utils import *  # noqa: F401,F403  everything else is the real implementation
+import sys
+from pathlib import Path
+
 import torch
 
 from distributed_impl import model_utils as good
 from distributed_impl.model_utils import _chunks, _compute_distributed_softmax
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
 
 class ChunkedDistributedGatherLogprob(good.ChunkedDistributedGatherLogprob):
@@ -26,3 +31,6 @@ class ChunkedDistributedGatherLogprob(good.ChunkedDistributedGatherLogprob):
                 grad.scatter_(-1, li, torch.where(owned[..., j:j + 1], new, grad.gather(-1, li)))
             grad_input[:, s0:s1] = grad
         return grad_input, None, None, None, None, None, None
+
+
+export_real_module(globals(), "model_utils", ChunkedDistributedGatherLogprob=ChunkedDistributedGatherLogprob)

@@ -1,11 +1,16 @@
 """BUG: top-p filters the full distribution *before* top-k (instead of the top-k-renormalised one after it)."""
 
-from distributed_impl.model_utils import *  # noqa: F401,F403  everything else is the real implementation
+import sys
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
 from distributed_impl import model_utils as good
 from distributed_impl.model_utils import _check_ids, _check_logits, _gather_chunk_rows, _upcast, _vp2sq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from real_module import export_real_module  # noqa: E402
 
 
 def _top_p_then_top_k(x, top_k, top_p):
@@ -48,3 +53,6 @@ class DistributedLogprobWithSampling(good.DistributedLogprobWithSampling):
         if not inference_only:
             ctx.save_for_backward(log_probs.exp(), t, chosen, valid)
         return out
+
+
+export_real_module(globals(), "model_utils", DistributedLogprobWithSampling=DistributedLogprobWithSampling)

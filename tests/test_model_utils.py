@@ -1,13 +1,13 @@
-"""The rest of model_utils on the TP axis: the suite passes the real implementation (TP 2, 4 and 8) and
-fails each module under tests/broken/model_utils_tp/ (one deliberate bug each) on the right check,
-naming a rank that really is wrong.  Small runs: --quick, float64 (the sharp check) for the bugs.
+"""The model_utils suite (TP axis): it passes the real implementation (TP 2, 4 and 8) and fails each module
+under tests/broken/model_utils/ (one deliberate bug each) on the right check, naming a rank that really is
+wrong.  Small runs: --quick, float64 (the sharp check) for the bugs.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from conftest import BROKEN
+from helpers import BROKEN
 
 NEW_OPS = [
     "DistributedLogprobWithSampling", "ChunkedDistributedLogprobWithSampling", "ChunkedDistributedGatherLogprob",
@@ -26,6 +26,39 @@ def _topology(tp: int) -> tuple[str, str]:
     return ("--topology", f"dp=1,cp=1,tp={tp}")
 
 
+@pytest.mark.parametrize("module, op, check, ranks", [
+    # offset bug lives on the ranks whose vocab does not start at 0: rank 1's gradient is wrong
+    ("wrong_vocab_offset", "DistributedLogprob", "grad:logits", {1}),
+    # local max: every rank's log-softmax is off
+    ("missing_max_allreduce", "_compute_distributed_log_softmax", "forward", {0, 1}),
+    # values right, gradients doubled on every TP rank
+    ("grad_scaled_by_tp", "DistributedLogprob", "grad:logits", {0, 1}),
+    # only TP rank 1 returns different values
+    ("one_rank_off", "DistributedLogprob", "forward", {1}),
+    # positions of the last partial chunk are never computed
+    ("dropped_last_chunk", "ChunkedDistributedLogprob", "forward", {0, 1}),
+])
+def test_wrong_values_are_caught(run_shardcheck, module, op, check, ranks):
+    run = run_shardcheck("run", "--impl", f"model_utils={BROKEN / 'model_utils' / module}.py", "--op", f"model_utils.{op}",
+                         *_topology(2), "--dtype", "float64", "--quick")
+    assert run.returncode == 1, run.stdout + run.stderr
+    bad = run.failed()
+    assert set(bad["op"]) == {f"model_utils.{op}"}
+    rows = bad[bad["check"] == check]
+    assert len(rows), f"{check} did not fail: {bad[['case_id', 'check', 'message']]}"
+    assert (rows["status"] == "fail").all()
+    # every failing row names a rank that really is wrong, with where and what
+    for _, row in rows.iterrows():
+        assert row["mismatch"]["rank"] in ranks
+        assert row["mismatch"]["global_index"] is not None and row["mismatch"]["local_index"] is not None
+        failing = {r["rank"] for r in row["per_rank"] if r["status"] == "fail"}
+        assert failing <= ranks and failing
+        assert f"rank {row['mismatch']['rank']} (dp=0, cp=0, tp={row['mismatch']['rank']})" in row["message"]
+    # the failure is about sharding, not noise: far above the float64 budget
+    assert (rows["err_ratio"].fillna(float("inf")) > 100).all()
+    assert "FAIL" in run.stdout
+
+
 @pytest.mark.parametrize("module, op, checks, numeric", [
     # top-p on the full distribution, then top-k: the "both" case differs in values and gradients
     ("top_p_before_top_k", "DistributedLogprobWithSampling", ["forward", "grad:logits"], True),
@@ -38,8 +71,8 @@ def _topology(tp: int) -> tuple[str, str]:
     # weight gradient times TP: only grad:weight is wrong
     ("hidden_weight_grad_scaled", "ChunkedDistributedHiddenStatesToLogprobs", ["grad:weight"], True),
 ])
-def test_broken_tp_modules_fail_on_the_right_check(run_shardcheck, module, op, checks, numeric):
-    impl = BROKEN / "model_utils_tp" / f"{module}.py"
+def test_broken_modules_fail_on_the_right_check(run_shardcheck, module, op, checks, numeric):
+    impl = BROKEN / "model_utils" / f"{module}.py"
     run = run_shardcheck("run", "--impl", f"model_utils={impl}", "--op", f"model_utils.{op}", "--quick",
                          "--dtype", "float64", *_topology(2))
     assert run.returncode == 1, run.stdout + run.stderr

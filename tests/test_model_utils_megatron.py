@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from conftest import BROKEN, ROOT
+from helpers import BROKEN, ROOT
 
 PATCH = "model_utils.patch_gpt_model_forward_for_linear_ce_fusion"
 FLAG_OFF = "model_utils._gpt_forward_with_linear_ce_fusion"

@@ -1,0 +1,149 @@
+"""model_utils suites: properties and output checks beyond the harness's comparison with the golden.
+
+A property is `(ctx, full, local, outs) -> [Property]` (Case.properties); an output check replaces the numeric
+forward check of one output: `(got, expected, full, local, ctx) -> (passed, message)` (Case.output_checks).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.case import Property
+from reference import model_utils as ref
+from suites._model_utils_inputs import BATCH, Sampling, tie_straddles
+
+
+def combine(*fns):
+    """One Case.properties running each of `fns` (None skipped); None when there is none."""
+    fns = [f for f in fns if f is not None]
+    if not fns:
+        return None
+    return lambda ctx, full, local, outs: [p for f in fns for p in f(ctx, full, local, outs)]
+
+
+def finite_scale(t: torch.Tensor) -> float:
+    """The largest finite magnitude of `t` (0 when none is finite)."""
+    t = t[torch.isfinite(t)]
+    return float(t.abs().max()) if t.numel() else 0.0
+
+
+def close(name: str, got: torch.Tensor, want: torch.Tensor, rtol: float) -> Property:
+    """got == want up to rtol * max(1, |want|max); -inf/NaN positions exactly the same."""
+    if got.shape != want.shape:
+        return Property(name, False, None, f"shape {tuple(got.shape)} vs {tuple(want.shape)}")
+    g, w = got.detach().double(), want.detach().double()
+    fin = torch.isfinite(g) & torch.isfinite(w)
+    same_nonfinite = (~torch.isfinite(g) & ~torch.isfinite(w) & ((g == w) | (g.isnan() & w.isnan()))) | fin
+    if not same_nonfinite.all():
+        i = tuple(int(j) for j in (~same_nonfinite).nonzero()[0])
+        return Property(name, False, None, f"non-finite mismatch at {i}: {float(g[i])} vs {float(w[i])}")
+    err = float((g - w)[fin].abs().max()) if fin.any() else 0.0
+    tol = rtol * max(1.0, finite_scale(w))
+    return Property(name, err <= tol, err, f"max |chunked - unchunked| {err:.3g} (tolerance {tol:.3g})")
+
+
+def chunked_equals_unchunked(unchunked, eps_of=None, factor: float = 16.0):
+    """property chunked_equals_unchunked: the op's first output equals the unchunked op's on the same
+    rank's inputs.  `unchunked(impl, ctx, detached_inputs)`; tolerance factor * eps of the output
+    dtype (or of `eps_of(ctx)`)."""
+    def prop(ctx, full, local, outs):
+        inputs = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in local.items()}
+        with torch.no_grad():
+            want = unchunked(ctx.impl, ctx, inputs)
+        eps = torch.finfo(eps_of(ctx) if eps_of else outs[0].dtype).eps
+        return [close("chunked_equals_unchunked", outs[0], want, factor * eps)]
+    return prop
+
+
+def survivors_sum_to_1(call, v: int):
+    """property survivors_sum_to_1: per position, the op's probabilities of all V ids sum to 1 (filtered
+    ids contribute exp(-inf) = 0).  One call on the batch repeated V times, target v in copy v.
+    `call(impl, ctx, logits, target)`."""
+    def prop(ctx, full, local, outs):
+        logits, target = local["logits"].detach(), local["target"]
+        b, s = target.shape
+        ids = torch.arange(v, device=target.device).view(v, 1, 1).expand(v, b, s).reshape(v * b, s)
+        with torch.no_grad():
+            lp = call(ctx.impl, ctx, logits.repeat(v, 1, 1), ids)
+        total = lp.double().exp().view(v, b, -1).sum(0)
+        err = float((total - 1).abs().max())
+        tol = 4 * v * torch.finfo(lp.dtype).eps
+        return [Property("survivors_sum_to_1", err <= tol, err,
+                         f"max |sum_v p_v - 1| {err:.3g} over survivors (tolerance {tol:.3g})")]
+    return prop
+
+
+def entropy_nonpositive(ctx, full, local, outs):
+    h = outs[0].detach()
+    bad = ~(h <= 0)  # NaN counts as bad
+    worst = float(h[torch.isfinite(h)].max()) if torch.isfinite(h).any() else float("nan")
+    msg = f"max H_all {worst:.3g}" + (f"; {int(bad.sum())} position(s) > 0 or NaN, first at "
+                                      f"{tuple(int(i) for i in bad.nonzero()[0])}" if bad.any() else "")
+    return [Property("entropy_nonpositive", not bool(bad.any()), worst, msg)]
+
+
+def any_tied_survivor(smp: Sampling):
+    """Forward check of a top-p case with tied logits at the boundary: the golden's values, except where
+    the target is in a tie group that top-p keeps in part: there it may have survived (its log-prob over
+    the kept set, the same whichever tied ids are kept) or not (-inf)."""
+    def check(got, expected, full, local, ctx):
+        x = BATCH.local(full["logits"], ctx.mesh).double() / smp.temperature
+        target = BATCH.local(full["target"], ctx.mesh).long()
+        V = x.shape[-1]
+        valid = (target >= 0) & (target < V)
+        t = target.clamp(0, V - 1)[..., None]
+        open_choice = valid & tie_straddles(x, smp.top_k, smp.top_p).gather(-1, t).squeeze(-1)
+        if_kept = x.gather(-1, t).squeeze(-1) - torch.logsumexp(ref.filter_logits(x, smp.top_k, smp.top_p), -1)
+        if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+            return False, f"got {getattr(got, 'shape', type(got).__name__)}, expected shape {tuple(expected.shape)}"
+        g, e = got.detach().double().cpu(), expected.double()
+        tol = 64 * torch.finfo(got.dtype).eps * max(1.0, finite_scale(e))
+        def near(a, b):
+            return (a == b) | ((a - b).abs() <= tol)
+        ok = near(g, e) | (open_choice & ((g == float("-inf")) | near(g, if_kept)))
+        if not ok.all():
+            i = tuple(int(j) for j in (~ok).nonzero()[0])
+            return False, (f"{int((~ok).sum())} position(s) wrong, first at local {i}: expected {float(e[i])}"
+                           + (f" or {float(if_kept[i])} or -inf (tied at the top-p boundary)" if open_choice[i] else "")
+                           + f", got {float(g[i])}")
+        return True, f"{int(open_choice.sum())} target(s) tied at the top-p boundary; any tied survivor accepted"
+    return check
+
+
+
+def topk_values_exact(got, expected, full, local, ctx):
+    """Values: exactly torch.topk of the full logits, in the compute dtype."""
+    want_dtype = torch.promote_types(ctx.dtype, torch.float32)
+    if not isinstance(got, torch.Tensor) or got.dtype != want_dtype or got.shape != expected.shape:
+        what = f"{got.dtype} {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
+        return False, f"got {what}, expected {want_dtype} {tuple(expected.shape)}"
+    diff = got.double() != expected
+    if diff.any():
+        i = tuple(int(j) for j in diff.nonzero()[0])
+        return False, f"{int(diff.sum())} value(s) differ from torch.topk, first at local {i}: expected {float(expected[i])}, got {float(got[i])}"
+    return True, "values equal torch.topk exactly"
+
+
+def topk_ids_valid(got, expected, full, local, ctx):
+    """Ids: any ids are right whose logits equal the top-k values (ties), distinct and in [0, V)."""
+    logits = BATCH.local(full["logits"], ctx.mesh).double()  # this rank's batch rows, full vocab
+    V = logits.shape[-1]
+    values = torch.topk(logits, expected.shape[-1], dim=-1).values
+    if not isinstance(got, torch.Tensor) or got.dtype != torch.int64 or got.shape != expected.shape:
+        what = f"{got.dtype} {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
+        return False, f"got {what}, expected int64 {tuple(expected.shape)}"
+    got = got.cpu()
+    if ((got < 0) | (got >= V)).any():
+        i = tuple(int(j) for j in ((got < 0) | (got >= V)).nonzero()[0])
+        return False, f"id {int(got[i])} outside [0, {V}) at local {i}"
+    dup = (got.sort(-1).values.diff(dim=-1) == 0).any(-1)
+    if dup.any():
+        i = tuple(int(j) for j in dup.nonzero()[0])
+        return False, f"{int(dup.sum())} position(s) with a repeated id, first at local {i}: {got[i].tolist()}"
+    picked = logits.gather(-1, got)
+    bad = picked != values
+    if bad.any():
+        i = tuple(int(j) for j in bad.nonzero()[0])
+        return False, (f"{int(bad.sum())} id(s) whose logit is not the top-k value, first at local {i}: "
+                       f"id {int(got[i])} has logit {float(picked[i])}, expected value {float(values[i])}")
+    return True, "every id's logit equals its top-k value"
