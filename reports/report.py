@@ -194,29 +194,32 @@ def _cell_status(statuses: pd.Series) -> str:
 
 
 def heatmap(df: pd.DataFrame, path: Path) -> None:
-    """op × topology coloured by the worst err/budget over dtypes, cases and checks; a cell whose worst check
-    does not pass is labelled with its status (ERROR, FAIL, XPASS, WARN, XFAIL)."""
+    """op × topology coloured by the worst err/budget over dtypes, cases and checks; what fails the run (fail,
+    error, xpass) is red, what was not judged (skip, xfail) grey; a cell whose worst check does not pass is
+    labelled with its status."""
     df = df.assign(topology=_topology(df))
-    judged = df["err_ratio"].fillna(0.0).where(df["status"].isin(["pass", "xpass"]), np.nan)
-    ratio = judged.where(df["status"] != "fail", np.inf).where(df["status"] != "warn", df["err_ratio"])
-    df = df.assign(ratio=ratio)  # errors, skips and known failures (xfail) have no ratio: their label says it
+    status = df["status"]
+    ratio = df["err_ratio"].fillna(0.0).where(status == "pass", np.nan)
+    ratio = ratio.where(~status.isin(FAILING), np.inf).where(status != "warn", df["err_ratio"].fillna(np.inf))
+    df = df.assign(ratio=ratio)
     grid = df.pivot_table(index="op", columns="topology", values="ratio", aggfunc="max", dropna=False)
     labels = df.pivot_table(index="op", columns="topology", values="status", aggfunc=_cell_status, fill_value="")
     labels = labels.reindex(index=grid.index, columns=grid.columns, fill_value="")
     values = grid.to_numpy(dtype=float)
-    shown = np.clip(np.nan_to_num(values, nan=0.0, posinf=10.0), 1e-6, 10.0)
+    shown = np.log10(np.clip(np.nan_to_num(values, nan=np.nan, posinf=10.0), 1e-6, 10.0))  # NaN stays: grey
     fig, ax = plt.subplots(figsize=(3.5 + 1.1 * len(grid.columns), 1.2 + 0.45 * len(grid.index)), layout="constrained")
     # Passing cells (ratio <= 1, log <= 0) span green to yellow; failing ones are red.
     norm = matplotlib.colors.TwoSlopeNorm(vmin=-6, vcenter=0, vmax=1)
-    im = ax.imshow(np.log10(shown), cmap="RdYlGn_r", norm=norm, aspect="auto")
+    cmap = matplotlib.colormaps["RdYlGn_r"].with_extremes(bad="#d9d9d9")
+    im = ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, norm=norm, aspect="auto")
     for (i, j), v in np.ndenumerate(values):
-        status = labels.iat[i, j]
-        label = (f"{v:.2g}" if status == "pass" and not np.isnan(v) else "" if status in ("pass", "") else
-                 status if status == "skip" else status.upper())
+        cell = labels.iat[i, j]
+        label = (f"{v:.2g}" if cell == "pass" and not np.isnan(v) else "" if cell in ("pass", "") else
+                 cell if cell == "skip" else cell.upper())
         ax.text(j, i, label, ha="center", va="center", fontsize=7, color="black")
     ax.set_xticks(range(len(grid.columns)), grid.columns, rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(len(grid.index)), grid.index, fontsize=8)
-    ax.set_title("worst err / budget (≤ 1 passes)", fontsize=9)
+    ax.set_title("worst err / budget (≤ 1 passes; grey: skipped or known failure)", fontsize=9)
     fig.colorbar(im, ax=ax, label="log10(err / budget)")
     fig.savefig(path, dpi=110)
     plt.close(fig)
