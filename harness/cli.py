@@ -10,7 +10,8 @@ import secrets
 import sys
 from pathlib import Path
 
-from harness.run import EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args, close_run, exit_code, open_run, plan_from_args
+from harness.run import (EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args, add_suite_path_arg, close_run, exit_code,
+                         open_run, plan_from_args, suite_paths)
 from harness.topology import Topology, UsageError, default_topologies
 
 
@@ -42,6 +43,7 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--junit-xml", type=Path, metavar="PATH", help="also write JUnit XML (one testcase per item)")
     lst = sub.add_parser("list", help="ops, suites and default topologies")
     lst.add_argument("--quick", action="store_true")
+    add_suite_path_arg(lst)
     rep = sub.add_parser("report", help="(re)build the report of run directories")
     rep.add_argument("dirs", nargs="+", type=Path)
     cmp = sub.add_parser("compare", help="regression gate between two runs (Markdown table; exit 1 on regression)")
@@ -197,11 +199,14 @@ def _print_failures(run_dir: Path, rows, limit: int = 20) -> None:
 
 
 def cmd_list(args) -> int:
-    from harness.plan import DEFAULT_DTYPES, DEFAULT_WORLD_SIZES, suite_cases, suite_names
+    from harness.plan import DEFAULT_DTYPES, DEFAULT_WORLD_SIZES
+    from harness.suite_loader import external_suite_files, suite_cases, suite_names
 
-    for name in suite_names():
-        cases = suite_cases(name, args.quick)
-        print(f"suite {name}:")
+    paths = suite_paths(args)
+    external = external_suite_files(paths)
+    for name in suite_names(paths):
+        cases = suite_cases(name, args.quick, suite_paths=paths)
+        print(f"suite {name}" + (f" (external: {external[name]}):" if name in external else ":"))
         for op in dict.fromkeys(c.op for c in cases):
             n = sum(c.op == op for c in cases)
             print(f"  {op}  ({n} case{'s' if n != 1 else ''})")

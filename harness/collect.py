@@ -266,9 +266,12 @@ def rerun_command(plan: Plan, item: Item) -> str:
     the item's seed is derived) and nothing else."""
     dp, cp, tp = item.topology
     family = item.op.split(".", 1)[0]
-    args = ["shardcheck", "run", "--suite", item.suite, "--op", item.op, "--case", glob_escape(item.case_id),
+    external = [arg for path in plan.suite_paths if Path(path).stem == item.suite for arg in ("--suite-path", path)]
+    args = ["shardcheck", "run", *external, "--suite", item.suite, "--op", item.op, "--case", glob_escape(item.case_id),
             "--topology", f"dp={dp},cp={cp},tp={tp}", "--dtype", item.dtype, "--seed", str(plan.seed),
             "--device", plan.device]
+    # Any module but our seed module is named, the default IMPLEMENTATION of an external suite's family too: the
+    # command then needs nothing else of the run to test the same module.
     spec = plan.impl.get(family)
     if spec and spec != f"distributed_impl.{family}":
         if spec.endswith(".py") or "/" in spec:

@@ -60,6 +60,10 @@ class Plan:
     failure_artefacts: int = 0  # failing items whose tensors the ranks still save (harness/artefacts.py)
     missing_ops: dict[str, str] = field(default_factory=dict)  # {op: suite} selected but not in the module under test
     shims: bool = True  # install harness/shims on every rank (only where the real thing cannot run)
+    suite_paths: list[str] = field(default_factory=list)  # absolute files of the external suites (harness/suite_loader.py)
+    # {family: its default module (harness.suite_loader.default_impl)}: what an --impl module's signatures are
+    # compared with; None for a new family whose suites name no IMPLEMENTATION.
+    default_impl: dict[str, str | None] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

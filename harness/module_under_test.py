@@ -1,4 +1,5 @@
-"""The module under test of a family: our `distributed_impl.<family>` or what `--impl FAMILY=SPEC` names."""
+"""The module under test of a family: its default (our `distributed_impl.<family>`, or the IMPLEMENTATION its
+suite names) or what `--impl FAMILY=SPEC` names.  A spec is a dotted module name or a path to a .py file."""
 
 from __future__ import annotations
 
@@ -12,13 +13,29 @@ from types import ModuleType
 from harness.topology import UsageError
 
 
-def resolve_impl(family: str, spec: str) -> ModuleType:
-    """Import the module under test: a dotted module name or a path to a .py file."""
+def is_path(spec: str) -> bool:
+    """Whether a spec names a .py file (else it is a dotted module name)."""
+    return spec.endswith(".py") or "/" in spec
+
+
+def same_module(a: str | None, b: str | None) -> bool:
+    """Whether two specs name the same module (paths compared resolved, from the working directory)."""
+    if a is None or b is None:
+        return a is b
+    if is_path(a) and is_path(b):
+        return Path(a).resolve() == Path(b).resolve()
+    return a == b
+
+
+def resolve_impl(family: str, spec: str, origin: str | None = None) -> ModuleType:
+    """Import the module under test: a dotted module name or a path to a .py file.  `origin` names where the
+    spec comes from in an error (default: `--impl FAMILY=SPEC`)."""
+    origin = origin or f"--impl {family}={spec}"
     try:
-        if spec.endswith(".py") or "/" in spec:
+        if is_path(spec):
             path = Path(spec).resolve()
             if not path.is_file():
-                raise UsageError(f"--impl {family}={spec}: no such file")
+                raise UsageError(f"{origin}: no such file")
             # As for `python file.py`, the file's own folder is importable: a module under test may import its
             # siblings (an adapter the older module it adapts).  Appended, so it shadows nothing installed.
             if str(path.parent) not in sys.path:
@@ -29,10 +46,14 @@ def resolve_impl(family: str, spec: str) -> ModuleType:
             module_spec = importlib.util.spec_from_file_location(mod_name, path)
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[mod_name] = module
-            module_spec.loader.exec_module(module)
+            try:
+                module_spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[mod_name]  # a later attempt imports it again rather than a half-run module
+                raise
             return module
         return importlib.import_module(spec)
     except UsageError:
         raise
     except BaseException as exc:  # an import can raise anything, SystemExit included
-        raise UsageError(f"--impl {family}={spec}: cannot import: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+        raise UsageError(f"{origin}: cannot import: {type(exc).__name__}: {exc}".splitlines()[0]) from None

@@ -9,22 +9,24 @@ import zlib
 from harness.case import BAD_INPUT_CHECK, Case
 from harness.items import DTYPES, Item, Plan, Xfail
 from harness.module_under_test import resolve_impl
-from harness.suite_loader import load_suite, suite_cases, suite_names
+from harness.suite_loader import default_impl, external_suite_files, load_suite, suite_cases, suite_file, suite_names
 from harness.topology import Topology, UsageError, default_topologies
 
 DEFAULT_DTYPES = ("float64", "float32", "bfloat16")
 DEFAULT_WORLD_SIZES = (1, 2, 4)
 
 
-def expand_suites(wanted: list[str]) -> list[str]:
+def expand_suites(wanted: list[str], suite_paths: list[str] = ()) -> list[str]:
     """Suite names for `--suite`: a family's name selects every suite of that family (model_utils:
     its TP, CP and Megatron suites), any other name that suite alone."""
     by_family: dict[str, list[str]] = {}
-    for name in suite_names():
-        by_family.setdefault(load_suite(name).FAMILY, []).append(name)
+    for name in suite_names(suite_paths):
+        by_family.setdefault(load_suite(name, suite_paths).FAMILY, []).append(name)
     out = []
     for name in wanted:
-        out += by_family[name] if name in by_family else [load_suite(name).__name__.split(".")[-1]]
+        if name not in by_family:
+            suite_file(name, suite_paths)  # an unknown name: UsageError
+        out += by_family.get(name, [name])
     return list(dict.fromkeys(out))
 
 
@@ -74,18 +76,26 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
                world_sizes: list[int] | None,
                topologies: list[Topology], dtypes: list[str], impl: dict[str, str], quick: bool, seed: int,
                timeout: float, device: str, backend: str, bench: bool = False, bench_iters: int = 10,
-               bench_warmup: int = 2) -> Plan:
+               bench_warmup: int = 2, suite_paths: list[str] = ()) -> Plan:
+    """The plan of a selection.  `suite_paths`: external suites (files or folders); without `suites_wanted`
+    a run with external suites runs those (name built-in ones with --suite to add them), unless `ops` are
+    named, which are looked up in every suite."""
     for d in dtypes:
         if d not in DTYPES:
             raise UsageError(f"unknown dtype {d!r}; known: {', '.join(DTYPES)}")
     if world_sizes is not None and any(w <= 0 for w in world_sizes):
         raise UsageError(f"world sizes must be positive, got {world_sizes}")
-    names = expand_suites(suites_wanted) if suites_wanted else suite_names()
-    families = {load_suite(n).FAMILY: n for n in suite_names()}
+    external = external_suite_files(suite_paths)
+    suite_paths = [str(p) for p in external.values()]
+    if suites_wanted:
+        names = expand_suites(suites_wanted, suite_paths)
+    else:
+        names = sorted(external) if external and not ops else suite_names(suite_paths)
+    families = {load_suite(n, suite_paths).FAMILY: n for n in suite_names(suite_paths)}
     for family in impl:
         if family not in families:
             raise UsageError(f"--impl: unknown family {family!r}; known: {', '.join(sorted(families))}")
-    cases = [(n, c) for n in names for c in suite_cases(n, quick, bench)]
+    cases = [(n, c) for n in names for c in suite_cases(n, quick, bench, suite_paths)]
     known_ops = sorted({c.op for _, c in cases})
     for op in ops:
         if op not in known_ops:
@@ -114,23 +124,33 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
     # own), else those of the topologies.
     group_worlds = requested_worlds or set(world_sizes)
 
-    # Every module under test must import and name every op its selected cases call.
-    modules = {}
+    # Every module under test must import and name every op its selected cases call.  Without --impl a family
+    # runs on its default: our seed module, or the IMPLEMENTATION its suite names.
+    modules, defaults, origins = {}, {}, {}
     for family in sorted({c.family for _, c in cases}):
-        spec = impl.get(family, f"distributed_impl.{family}")
-        modules[family] = resolve_impl(family, spec)
-        impl[family] = spec
+        defaults[family] = default_impl(family, suite_paths)
+        if family in impl:
+            origins[family] = f"--impl {family}={impl[family]}"
+        elif defaults[family] is not None:
+            impl[family] = defaults[family]
+            origins[family] = f"{family}'s default implementation {impl[family]}"
+        else:
+            suite_name = next(n for n, c in cases if c.family == family)
+            raise UsageError(f"family {family!r} has no implementation: set IMPLEMENTATION in suite "
+                             f"{suite_file(suite_name, suite_paths)} or pass --impl {family}=MODULE")
+        modules[family] = resolve_impl(family, impl[family], origins[family])
     # An op the module under test does not define is one finding (harness/signatures.py), not a TypeError
     # per item; a module that defines none of the selected ops is the wrong module.
     missing = {case.op: suite_name for suite_name, case in cases if not hasattr(modules[case.family], case.name)}
     if len(missing) == len({case.op for _, case in cases}):
         family, name = next(iter(missing)).split(".", 1)
-        raise UsageError(f"--impl {family}={impl[family]}: module has none of the selected ops "
+        raise UsageError(f"{origins[family]}: module has none of the selected ops "
                          f"(no {name!r}, needed by {family}.{name}); is it the right file?")
     cases = [(n, c) for n, c in cases if c.op not in missing]
 
     plan = Plan(run_id=run_id, quick=quick, seed=seed, timeout=timeout, device=device, backend=backend, impl=impl,
-                bench=bench, bench_iters=bench_iters, bench_warmup=bench_warmup, missing_ops=missing)
+                bench=bench, bench_iters=bench_iters, bench_warmup=bench_warmup, missing_ops=missing,
+                suite_paths=suite_paths, default_impl=defaults)
     for suite_name, case in cases:
         if not bench:
             check_known_failure(case)

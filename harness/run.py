@@ -15,6 +15,7 @@ from harness.items import DEFAULT_TIMEOUT, Plan
 from harness.plan import build_plan
 from harness.records import RUN_META, RecordWriter, run_metadata, write_json
 from harness.signatures import signature_rows
+from harness.suite_loader import config_suite_paths
 from harness.topology import Topology, UsageError
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -36,8 +37,20 @@ def impl_map(values: list[str] | None) -> dict[str, str]:
     return out
 
 
+def add_suite_path_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite-path", action="append", metavar="PATH",
+                   help="an external suite file, or a folder of them (repeatable, or comma-separated); "
+                        "added to those [tool.shardcheck] suite-paths names in ./pyproject.toml")
+
+
+def suite_paths(args: argparse.Namespace) -> list[str]:
+    """The external suites: `[tool.shardcheck] suite-paths` of ./pyproject.toml, then `--suite-path`."""
+    return config_suite_paths(Path.cwd()) + str_list(args.suite_path)
+
+
 def add_selection_args(p: argparse.ArgumentParser) -> None:
     """What to run and how: shared by `shardcheck run` and the hand-launched worker."""
+    add_suite_path_arg(p)
     p.add_argument("--suite", action="append", help="suite name (repeatable, or comma-separated)")
     p.add_argument("--op", action="append", help="op id family.Name (repeatable, or comma-separated)")
     p.add_argument("--case", action="append", help="case id glob, e.g. 'b4s6*' (repeatable)")
@@ -67,7 +80,7 @@ def plan_from_args(args: argparse.Namespace, *, run_id: str, world_sizes: list[i
                       case_patterns=str_list(args.case), world_sizes=world_sizes, topologies=topologies,
                       dtypes=str_list(args.dtype) or default_dtypes, impl=impl_map(args.impl), quick=args.quick,
                       seed=args.seed, timeout=args.timeout, device=device, backend=backend, bench=bench,
-                      bench_iters=bench_iters)
+                      bench_iters=bench_iters, suite_paths=suite_paths(args))
     plan.shims = not args.no_shims
     return plan
 

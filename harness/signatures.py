@@ -1,11 +1,14 @@
-"""Signatures of a module under test against the seed API (our `distributed_impl`), and calls by keyword.
+"""Signatures of a module under test against its family's default module, and calls by keyword.
 
-Before a run with `--impl FAMILY=...`, every selected op of that family is compared with the seed's
-signature (`inspect.signature`; an autograd Function by its `forward` without ctx, another class by
-its `__init__` without self).  Each op a caller of the seed API cannot call as the seed is one failing
-`property:signature` row: the name is missing, a seed parameter is missing or renamed, re-ordered or
-moved behind an extra one, or a parameter is required that the seed lacks or makes optional.  Extra
-optional parameters after the seed's serve every such caller: no finding.
+A family's default module (`Plan.default_impl`, harness/suite_loader.py) is its seed module (our
+`distributed_impl.<family>`) for the five built-in families, the IMPLEMENTATION its suite names for a
+new one; "the seed" below is that module.  Before a run with `--impl FAMILY=...`, every selected op of
+that family is compared with the seed's signature (`inspect.signature`; an autograd Function by its
+`forward` without ctx, another class by its `__init__` without self).  Each op a caller of the seed API
+cannot call as the seed is one failing `property:signature` row: the name is missing, a seed parameter
+is missing or renamed, re-ordered or moved behind an extra one, or a parameter is required that the
+seed lacks or makes optional.  Extra optional parameters after the seed's serve every such caller: no
+finding.
 
 The worker then calls a foreign module's ops by keyword wherever the seed names the parameter
 (`KeywordCalls`), so a re-ordered signature costs one finding, not a TypeError per item.
@@ -20,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from harness.module_under_test import resolve_impl
+from harness.module_under_test import resolve_impl, same_module
 from harness.records import NO_CAUSE
 
 SEED_PACKAGE = "distributed_impl"
@@ -29,13 +32,24 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
 
-def seed_module(family: str) -> ModuleType:
-    return importlib.import_module(f"{SEED_PACKAGE}.{family}")
+def seed_module(family: str, default: str | None = None) -> ModuleType:
+    """The module a family's signatures are compared with: `default` (Plan.default_impl), else our seed module."""
+    if default is None:
+        return importlib.import_module(f"{SEED_PACKAGE}.{family}")
+    return resolve_impl(family, default, f"{family}'s default implementation {default}")
 
 
-def is_foreign(family: str, spec: str | None) -> bool:
-    """Whether `--impl FAMILY=spec` puts someone else's module under test (not our own)."""
-    return bool(spec) and spec != f"{SEED_PACKAGE}.{family}"
+def is_foreign(spec: str | None, default: str | None) -> bool:
+    """Whether `spec` puts someone else's module under test (not the family's default), with a default to
+    compare it with."""
+    return bool(spec) and default is not None and not same_module(spec, default)
+
+
+def under_test(family: str, spec: str, default: str | None) -> Any:
+    """The module under test as the ranks call it: someone else's module (not the family's default) calls its
+    ops by the default's parameter names (KeywordCalls)."""
+    module = resolve_impl(family, spec)
+    return KeywordCalls(module, seed_module(family, default)) if is_foreign(spec, default) else module
 
 
 def call_signature(obj: Any) -> inspect.Signature | None:
@@ -103,9 +117,10 @@ def differences(seed: inspect.Signature, impl: inspect.Signature) -> tuple[str, 
     return ("fail", fails) if fails else ("pass", [])
 
 
-def check_names(family: str, module: ModuleType, names: list[str]) -> dict[str, tuple[str, str]]:
-    """{name: (status, message)} for each of `names` whose signature in `module` differs from the seed's."""
-    seed = seed_module(family)
+def check_names(family: str, module: ModuleType, names: list[str], default: str | None = None) -> dict[str, tuple[str, str]]:
+    """{name: (status, message)} for each of `names` whose signature in `module` differs from the seed's
+    (`default`: the family's default module, as seed_module takes it)."""
+    seed = seed_module(family, default)
     out = {}
     for name in names:
         seed_sig = call_signature(getattr(seed, name, None))
@@ -128,11 +143,12 @@ def signature_rows(plan, meta: dict) -> list[dict]:
     """The `property:signature` rows of a plan's foreign modules, in the one record format."""
     rows = []
     for family, spec in sorted(plan.impl.items()):
-        if not is_foreign(family, spec):
+        default = plan.default_impl.get(family)
+        if not is_foreign(spec, default):
             continue
         suites = {**{i.op: i.suite for i in plan.items}, **plan.missing_ops}
         ops = [op for op in suites if op.split(".", 1)[0] == family]
-        found = check_names(family, resolve_impl(family, spec), [op.split(".", 1)[1] for op in ops])
+        found = check_names(family, resolve_impl(family, spec), [op.split(".", 1)[1] for op in ops], default)
         for name, (status, message) in found.items():
             op = f"{family}.{name}"
             rows.append({"run_id": plan.run_id, "op": op, "family": family, "impl": spec, "suite": suites[op],

@@ -5,7 +5,8 @@
 
 (`-m harness.worker` without a plan hands its process over to this module; `-m harness.standalone`
 is the same.)  Every rank builds the same plan from the same arguments (no communication
-needed); the world runs every selected topology whose size divides it.  Rank 0 merges the
+needed; an external suite's `--suite-path` must then name a file every node sees); the world
+runs every selected topology whose size divides it.  Rank 0 merges the
 per-rank events into results.jsonl after each case, so --out must be on a filesystem that every
 node sees; it completes run.json and writes the report at the end.  Rank 0 exits as `shardcheck
 run` does: 1 when a check failed or errored (or warned, with --strict), else 0.

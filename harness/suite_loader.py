@@ -1,36 +1,145 @@
-"""The suites (`suites/<name>.py`, one or more per family) and their cases."""
+"""The suites and their cases: the built-in ones (`suites/<name>.py`, one or more per family) and external
+ones, files of the user's named by `--suite-path` or `[tool.shardcheck] suite-paths` in pyproject.toml.
+
+A suite module defines `FAMILY` (its ops are `FAMILY.Name`), `cases(quick)`, optionally `bench_cases(quick)`
+and `IMPLEMENTATION`: the family's default module under test (a dotted name, or a .py path relative to the
+suite file).  A suite's name is its file stem.  An external suite is imported from its path, its folder
+appended to sys.path so that it may import its siblings; the driver and every rank load it the same way
+from the same absolute paths (`Plan.suite_paths`).
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
+import sys
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 
 import suites
 from harness.case import Case
+from harness.module_under_test import is_path
 from harness.topology import UsageError
 
 BENCH_FALLBACK_CASES = 2  # per op without benchmark cases
+BUILTIN_DIR = Path(suites.__file__).resolve().parent
+CONFIG_KEYS = ("suite-paths",)
 
 
-def suite_names() -> list[str]:
+def builtin_suite_names() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith("_"))
 
 
-def load_suite(name: str) -> ModuleType:
-    if name not in suite_names():
-        raise UsageError(f"unknown suite {name!r}; known: {', '.join(suite_names())}")
-    return importlib.import_module(f"suites.{name}")
+def external_suite_files(suite_paths: Sequence[str]) -> dict[str, Path]:
+    """{suite name: absolute file} of the external suites under `suite_paths` (.py files, or folders whose .py
+    files not starting with `_` are suites).  A name taken twice, or a built-in suite's, is a UsageError."""
+    builtin = set(builtin_suite_names())
+    found: dict[str, Path] = {}
+    for given in suite_paths:
+        path = Path(given).expanduser().resolve()
+        if path.is_dir():
+            files = sorted(p for p in path.glob("*.py") if not p.name.startswith("_"))
+            if not files:
+                raise UsageError(f"suite path {given}: the folder holds no suite (a .py file not starting with _)")
+        elif path.is_file():
+            if path.suffix != ".py":
+                raise UsageError(f"suite path {given}: not a .py file")
+            files = [path]
+        else:
+            raise UsageError(f"suite path {given}: no such file or directory")
+        for file in files:
+            name = file.stem
+            if name in builtin:
+                raise UsageError(f"suite {file}: its name {name!r} is a built-in suite's ({BUILTIN_DIR / file.name}); "
+                                 "rename the file")
+            if name in found and found[name] != file:
+                raise UsageError(f"two suites named {name!r}: {found[name]} and {file}; rename one of the files")
+            found[name] = file
+    return found
 
 
-def suite_cases(name: str, quick: bool, bench: bool = False) -> list[Case]:
+def suite_names(suite_paths: Sequence[str] = ()) -> list[str]:
+    """Every suite's name: the built-in ones, then the external ones."""
+    return builtin_suite_names() + sorted(external_suite_files(suite_paths))
+
+
+def suite_file(name: str, suite_paths: Sequence[str] = ()) -> Path:
+    external = external_suite_files(suite_paths)
+    if name in external:
+        return external[name]
+    if name in builtin_suite_names():
+        return BUILTIN_DIR / f"{name}.py"
+    raise UsageError(f"unknown suite {name!r}; known: {', '.join(suite_names(suite_paths))}")
+
+
+def is_external(name: str, suite_paths: Sequence[str] = ()) -> bool:
+    return name in external_suite_files(suite_paths)
+
+
+def _import_file(path: Path) -> ModuleType:
+    """An external suite imported from its file, once per process; its folder appended to sys.path (as for
+    `python file.py`, appended so that it shadows nothing installed)."""
+    mod_name = f"shardcheck_suite_{path.stem}_{zlib.crc32(str(path).encode()):08x}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:  # an import can raise anything, SystemExit included
+        del sys.modules[mod_name]
+        raise UsageError(f"suite {path}: cannot import: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    return module
+
+
+def _check_module(module: ModuleType, path: Path) -> None:
+    family = getattr(module, "FAMILY", None)
+    if not isinstance(family, str) or not family.isidentifier():
+        raise UsageError(f"suite {path}: FAMILY must be a name (a str such as 'my_loss'), got {family!r}")
+    for fn in ("cases", "bench_cases"):
+        if (fn == "cases" or hasattr(module, fn)) and not callable(getattr(module, fn, None)):
+            raise UsageError(f"suite {path}: defines no function {fn}(quick) -> list[Case]")
+    impl = getattr(module, "IMPLEMENTATION", None)
+    if impl is not None and (not isinstance(impl, str) or not impl):
+        raise UsageError(f"suite {path}: IMPLEMENTATION must be a module name or a .py path, got {impl!r}")
+
+
+def load_suite(name: str, suite_paths: Sequence[str] = ()) -> ModuleType:
+    path = suite_file(name, suite_paths)
+    module = importlib.import_module(f"suites.{name}") if path.parent == BUILTIN_DIR else _import_file(path)
+    _check_module(module, path)
+    return module
+
+
+def _call_cases(suite: ModuleType, name: str, fn: str, quick: bool) -> list[Case]:
+    try:
+        cases = list(getattr(suite, fn)(quick=quick))
+    except Exception as exc:
+        raise UsageError(f"suite {name}: {fn}() raised {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    for case in cases:
+        if not isinstance(case, Case):
+            raise UsageError(f"suite {name}: {fn}() returned a {type(case).__name__}, expected Case objects")
+        family, dot, op_name = case.op.partition(".")
+        if family != suite.FAMILY or not dot or not op_name:
+            raise UsageError(f"suite {name}: case {case.case_id!r} has op {case.op!r}; ops of the suite's FAMILY "
+                             f"are named {suite.FAMILY}.<name in the module under test>")
+    return cases
+
+
+def suite_cases(name: str, quick: bool, bench: bool = False, suite_paths: Sequence[str] = ()) -> list[Case]:
     """The suite's correctness cases, or its benchmark cases: `bench_cases()` (realistic sizes),
     plus, for every op that has none, its first correctness cases, so that every op present
     (and every op added later) is measured without further work."""
-    suite = load_suite(name)
-    cases = suite.cases(quick=quick)
+    suite = load_suite(name, suite_paths)
+    cases = _call_cases(suite, name, "cases", quick)
     if bench:
-        sized = suite.bench_cases(quick=quick) if hasattr(suite, "bench_cases") else []
+        sized = _call_cases(suite, name, "bench_cases", quick) if hasattr(suite, "bench_cases") else []
         covered = {c.op for c in sized}
         fallback = [c for c in cases if c.op not in covered and c.bad_input is None]
         cases = sized + [c for i, c in enumerate(fallback)
@@ -42,3 +151,67 @@ def suite_cases(name: str, quick: bool, bench: bool = False) -> list[Case]:
             raise UsageError(f"suite {name}: duplicate case id {case.case_id!r} for {case.op}")
         seen.add(key)
     return cases
+
+
+def default_impl(family: str, suite_paths: Sequence[str] = ()) -> str | None:
+    """The module a family's ops run on without `--impl`, and that an `--impl` module's signatures are compared
+    with: the IMPLEMENTATION its suites name (a path made absolute), else our `distributed_impl.<family>` for a
+    built-in family; None for a new family whose suites name none.  Suites naming different ones: UsageError."""
+    named: dict[str, str] = {}  # implementation -> the suite naming it
+    for name in suite_names(suite_paths):
+        suite = load_suite(name, suite_paths)
+        if suite.FAMILY != family:
+            continue
+        path = suite_file(name, suite_paths)
+        spec = getattr(suite, "IMPLEMENTATION", None)
+        if spec is None and path.parent == BUILTIN_DIR:
+            spec = f"distributed_impl.{family}"
+        elif spec is not None and is_path(spec):
+            spec = str((path.parent / spec).resolve())
+            if not Path(spec).is_file():
+                raise UsageError(f"suite {path}: IMPLEMENTATION {suite.IMPLEMENTATION!r}: no such file ({spec})")
+        if spec is not None:
+            named.setdefault(spec, str(path))
+    if len(named) > 1:
+        raise UsageError(f"family {family!r} has two default implementations: "
+                         + " and ".join(f"{spec} (suite {path})" for spec, path in named.items())
+                         + f"; a family has one (pass --impl {family}=MODULE to choose)")
+    return next(iter(named), None)
+
+
+def config_suite_paths(directory: Path) -> list[str]:
+    """The absolute paths `[tool.shardcheck] suite-paths` names in `directory`/pyproject.toml (relative to it);
+    [] without the file or the key.  A malformed table, or a path that does not exist: UsageError."""
+    pyproject = directory / "pyproject.toml"
+    if not pyproject.is_file():
+        return []
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the tomli package, if installed
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError:
+            if "[tool.shardcheck]" in pyproject.read_text(errors="replace"):
+                raise UsageError(f"{pyproject}: reading [tool.shardcheck] needs Python 3.11 or the tomli package") \
+                    from None
+            return []
+    try:
+        config = tomllib.loads(pyproject.read_text()).get("tool", {}).get("shardcheck", {})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"{pyproject}: cannot read: {exc}".splitlines()[0]) from None
+    where = f"{pyproject} [tool.shardcheck]"
+    if not isinstance(config, dict):
+        raise UsageError(f"{where}: expected a table, got {type(config).__name__}")
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(CONFIG_KEYS)}")
+    paths = config.get("suite-paths", [])
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+        raise UsageError(f"{where}: suite-paths must be a list of paths (strings), got {paths!r}")
+    out = []
+    for given in paths:
+        path = (directory / Path(given).expanduser()).resolve()
+        if not path.exists():
+            raise UsageError(f"{where}: suite-paths: {given}: no such file or directory ({path})")
+        out.append(str(path))
+    return out

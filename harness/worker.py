@@ -37,8 +37,7 @@ from harness.compare import budget, compare, judge
 from harness.events import EXIT_PEER_STUCK, PIECES, Events, events_path
 from harness.items import DTYPES, Item, Plan
 from harness.measure import CommCounter, comm_violations, group_dims, split_comm
-from harness.module_under_test import resolve_impl
-from harness.signatures import KeywordCalls, is_foreign, seed_module
+from harness.signatures import under_test
 from harness.suite_loader import suite_cases
 from harness.topology import Topology, build_mesh, mesh_coords
 from reference import low_precision_math
@@ -135,10 +134,10 @@ class Worker:
         self.meshes = {}
         self.cases: dict[tuple[str, str], Case] = {}
         for suite in sorted({i.suite for i in plan.items}):
-            self.cases.update({(c.op, c.case_id): c for c in suite_cases(suite, plan.quick, plan.bench)})
+            self.cases.update({(c.op, c.case_id): c
+                               for c in suite_cases(suite, plan.quick, plan.bench, plan.suite_paths)})
         # someone else's module: its ops are called by the seed's parameter names (harness/signatures.py)
-        self.impls = {fam: KeywordCalls(resolve_impl(fam, spec), seed_module(fam)) if is_foreign(fam, spec)
-                      else resolve_impl(fam, spec) for fam, spec in plan.impl.items()}
+        self.impls = {fam: under_test(fam, spec, plan.default_impl.get(fam)) for fam, spec in plan.impl.items()}
         self._golden_key, self._golden = None, None
         self.events_dir = events_dir
         self.pieces: dict[str, dict] = {}  # this item's compared tensors, kept for failure artefacts
