@@ -343,7 +343,8 @@ class Case:
     # Input outside the op's contract: the op must raise or return the documented interpretation's answer
     # (`BadInput`); one `property:bad_input` row unless it returns.
     bad_input: BadInput | None = None
-    # A known failure (e.g. an upstream bug): its covered checks are recorded `xfail` / `xpass` (`KnownFailure`).
+    # A known defect of the code under test (an upstream issue): the checks it covers are recorded `xfail`
+    # while they fail and `xpass` once they pass on every rank (`KnownFailure`).
     xfail: KnownFailure | None = None
 
     # ---- where it runs
@@ -415,14 +416,33 @@ class Case:
         return self.op.split(".", 1)[1]
 
 
+# ------------------------------------------------------------------------------------------- known failures
+
+
 @dataclass(frozen=True)
 class KnownFailure:
-    """An expected failure of a case: its covered checks that fail are recorded `xfail` (the run still passes),
-    and covered checks that pass everywhere `xpass` (the run fails, so a fix is noticed and the mark removed).
-    `checks`: fnmatch patterns over check names ("forward", "grad:*"); `when(topology, dtype_name)` limits it to
-    part of the matrix (None: everywhere)."""
+    """A defect of the code under test that is known and tracked elsewhere (`reference`: an upstream issue).
+
+    Per item, the checks it covers (`checks`: fnmatch patterns over check names, "grad:*", "forward") that fail
+    or error on some rank are recorded `xfail`, the finding kept in the row's message, and the covered checks
+    passing beside them stay `pass` (the defect is still there); once every covered check of the item passes on
+    every rank they are `xpass`, which fails the run so that the fix is noticed and the mark removed.
+    `when(topology, dtype_name)` limits it to part of the matrix (None: everywhere); a range of a case's
+    parameters is marked by setting it only on the cases whose parameters are in the range."""
 
     reason: str
-    reference: str = ""  # where the failure is tracked: an upstream issue, a commit
+    reference: str = ""
     checks: tuple[str, ...] = ("*",)
     when: Callable[[Topology, str], bool] | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.reason, str) or not self.reason.strip():
+            raise ValueError("KnownFailure needs a reason (what fails, in words)")
+        checks = (self.checks,) if isinstance(self.checks, str) else tuple(self.checks)  # "grad:*" alone is one pattern
+        if not checks or not all(isinstance(c, str) and c for c in checks):
+            raise ValueError(f"KnownFailure checks must be non-empty check-name patterns, got {self.checks!r}")
+        object.__setattr__(self, "checks", checks)
+
+    def applies(self, topology: Topology, dtype: str) -> bool:
+        """Whether it marks the item of this topology and dtype."""
+        return self.when is None or bool(self.when(topology, dtype))

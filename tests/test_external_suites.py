@@ -18,11 +18,16 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.cli import main
 from harness.plan import build_plan
 from harness.records import load
+from harness.signatures import signature_rows, under_test
 from helpers import ROOT, Run, assert_one_cause, shardcheck
+
+# What a suite imports of shardcheck: the case-writing API, nothing else.
+API_IMPORT = "from harness.case import Case, GradSum, Layout"
 
 # A vocab-parallel log-softmax (two collectives, one of them differentiable) and a row-parallel linear (an
 # all-reduce whose backward is the identity), as a team would write them: plain torch.distributed.
@@ -33,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import Shard
 
-from harness.case import Case, GradSum, Layout
+@API_IMPORT@
 
 FAMILY = "my_tp"
 IMPLEMENTATION = __file__  # the implementation below is the family's default module under test
@@ -132,7 +137,7 @@ def cases(quick):
 
 def bench_cases(quick):  # the log-softmax is measured on its first cases
     return [linear_case(8, 64, 32)]
-'''
+'''.replace("@API_IMPORT@", API_IMPORT)
 
 # The sum of exponentials all-reduced in place, outside autograd: the values are right, the gradient
 # through the other ranks' sums is lost.
@@ -198,8 +203,7 @@ def _from(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedPr
 
 def test_the_suite_file_imports_only_the_case_writing_api():
     imports = [line for line in SUITE.splitlines() if line.startswith(("import ", "from "))]
-    assert [line for line in imports if "harness" in line or "suites" in line] == [
-        "from harness.case import Case, GradSum, Layout"]
+    assert [line for line in imports if not line.startswith(("import torch", "from torch"))] == [API_IMPORT]
 
 
 def test_list_shows_the_external_suite_with_its_path(suite_file, capsys):
@@ -364,6 +368,23 @@ def test_implementation_by_module_name_from_the_suite_folder(tmp_path):
                       suite_paths=[str(tmp_path / "sibling_tp.py")])
     assert plan.impl == plan.default_impl == {"my_tp": "sibling_tp_impl"}
     assert plan.suite_paths == [str(tmp_path / "sibling_tp.py")] and {i.suite for i in plan.items} == {"sibling_tp"}
+
+
+def test_impl_of_a_new_family_is_held_to_the_signatures_of_its_implementation(suite_file, tmp_path):
+    """--impl of a new family: its signatures against IMPLEMENTATION's, its ops called by those names."""
+    swapped = tmp_path / "swapped_tp.py"
+    swapped.write_text("def vocab_parallel_log_softmax(logits, group):\n    return logits\n\n"
+                       "def row_parallel_linear(weight, x, group):\n    return x @ weight.T\n")
+    plan = build_plan(run_id="r", suites_wanted=["my_tp"], ops=[], case_patterns=[], world_sizes=[1], topologies=[],
+                      dtypes=["float64"], impl={"my_tp": str(swapped)}, quick=True, seed=0, timeout=60, device="cpu",
+                      backend="gloo", suite_paths=[str(suite_file)])
+    assert plan.default_impl == {"my_tp": str(suite_file)} and plan.impl == {"my_tp": str(swapped)}
+    rows = signature_rows(plan, {})
+    assert [(r["op"], r["status"]) for r in rows] == [("my_tp.row_parallel_linear", "fail")]
+    assert "parameters in another order: (weight, x, group), the seed has (x, weight, group)" in rows[0]["message"]
+    module = under_test("my_tp", str(swapped), plan.default_impl["my_tp"])
+    x, w = torch.randn(2, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    assert torch.equal(module.row_parallel_linear(x, w, None), x @ w.T)  # called by the default's names
 
 
 @pytest.mark.parametrize("config, words", [
