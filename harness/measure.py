@@ -39,6 +39,8 @@ def sent_bytes(func, args) -> int:
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from harness.topology import mesh_dims
+
 _NOT_COUNTED = {"wait_tensor", "barrier", "monitored_barrier"}
 _KIND = {  # dispatcher op name -> collective kind
     "allreduce": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced": "all_reduce",
@@ -172,7 +174,7 @@ class Timer:
 
 def group_dims(mesh) -> dict[str, str]:
     """Process group name -> mesh dim name, to attribute each collective to a mesh dim."""
-    return {mesh[d].get_group().group_name: d for d in mesh.mesh_dim_names}
+    return {group.group_name: d for d, group in mesh_dims(mesh).groups.items()}
 
 
 def comm_violations(observed: dict, allowed: dict) -> list[str]:

@@ -40,7 +40,7 @@ from harness.measure import CommCounter, comm_violations, group_dims, split_comm
 from harness.module_under_test import resolve_impl
 from harness.signatures import KeywordCalls, is_foreign, seed_module
 from harness.suite_loader import suite_cases
-from harness.topology import Topology, build_mesh, mesh_coords
+from harness.topology import Topology, build_mesh, mesh_coords, mesh_dims
 from reference import low_precision_math
 
 PEER_FAILURE = re.compile(r"closed by peer|reset by peer|Broken pipe|Connection refused|timed out|Timeout|aborted", re.I)
@@ -218,7 +218,7 @@ class Worker:
         dtype = DTYPES[item.dtype]
         n_summands = 1
         for d in case.summed_over:
-            n_summands *= mesh[d].size()
+            n_summands *= mesh_dims(mesh).sizes[d]
         emit_check = self.check_emitter(item, mesh)
         self.events.emit("phase", item.id, phase="forward")
         try:
@@ -380,7 +380,7 @@ class Worker:
     def _summand_index(case: Case, mesh) -> int:
         index = 0
         for d in case.summed_over:
-            index = index * mesh[d].size() + mesh[d].get_local_rank()
+            index = index * mesh_dims(mesh).sizes[d] + mesh_dims(mesh).coords[d]
         return index
 
     def _emit_compare(self, emit_check, check, got, expected, gold_full, naive_full, lay, mesh, inputs, expect_dtype,
@@ -498,7 +498,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.plan_wait and not args.plan.exists():
             return 0  # a standby launch that was never needed
         plan = Plan.from_json(args.plan.read_text())
+        profile_dir = os.environ.get("SHARDCHECK_PROFILE")
+        if profile_dir:
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
         Worker(plan, args.events).run()
+        if profile_dir:
+            prof.disable()
+            prof.dump_stats(f"{profile_dir}/rank{dist.get_rank()}-{os.getpid()}.prof")
         dist.destroy_process_group()
         return 0
     # Started by a torchrun command written by hand: this process becomes harness.standalone, which builds
