@@ -41,6 +41,7 @@ class Plan:
     failure_artefacts: int = 0  # failing items whose tensors the ranks still save (harness/artefacts.py)
     missing_ops: dict[str, str] = field(default_factory=dict)  # {op: suite} selected but not in the module under test
     shims: bool = True  # install harness/shims on every rank (only where the real thing cannot run)
+    profile: str = ""  # a folder: each rank writes its cProfile there (`shardcheck run --profile`); "" = off
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import os
 import re
 import sys
@@ -231,15 +232,10 @@ class Worker:
         ctx = RankContext(mesh=mesh, topology=topo, device=self.device, dtype=dtype,
                           full_shapes={k: tuple(v.shape) for k, v in golden.inputs.items()},
                           input_layouts=case.input_layouts, impl=impl, full_inputs=golden.inputs, contexts=contexts)
-        local = {}
-        for name, full in golden.inputs.items():
-            piece = case.input_layouts.get(name, REPLICATED).local(full, mesh, golden.inputs).clone().to(self.device)
-            local[name] = piece.requires_grad_(name in case.grad_inputs)
-
+        local = self._local_inputs(case, golden, mesh)
         counter = CommCounter(group_dims(mesh))
         try:
-            with counter:
-                outs = case.run(impl, ctx, local)
+            outs = self._call_op(case, impl, ctx, local, counter)
         except Exception as exc:
             if case.bad_input is not None:  # loud: any exception will do
                 status, message = case.bad_input.judge_raise(exc)
@@ -317,6 +313,20 @@ class Worker:
 
         self.emit_comm(case, ctx, counter, emit_check)
         self._emit_properties(case, ctx, golden, local, outs, emit_check)
+
+    def _local_inputs(self, case: Case, golden: Golden, mesh) -> dict[str, torch.Tensor]:
+        """This rank's pieces of the full inputs, on its device, requiring grad where the case checks it."""
+        local = {}
+        for name, full in golden.inputs.items():
+            piece = case.input_layouts.get(name, REPLICATED).local(full, mesh, golden.inputs).clone().to(self.device)
+            local[name] = piece.requires_grad_(name in case.grad_inputs)
+        return local
+
+    @staticmethod
+    def _call_op(case: Case, impl, ctx: RankContext, local: dict, counter: CommCounter):
+        """The case's run of the op under test (its forward), its collectives counted."""
+        with counter:
+            return case.run(impl, ctx, local)
 
     def _backward(self, item: Item, case: Case, outs: tuple, golden: Golden, mesh, counter: CommCounter,
                   contexts: contextlib.ExitStack) -> Exception | None:
@@ -498,15 +508,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.plan_wait and not args.plan.exists():
             return 0  # a standby launch that was never needed
         plan = Plan.from_json(args.plan.read_text())
-        profile_dir = os.environ.get("SHARDCHECK_PROFILE")
-        if profile_dir:
-            import cProfile
-            prof = cProfile.Profile()
-            prof.enable()
+        if plan.profile:  # `shardcheck run --profile`: this rank's cProfile, read by reports/profile.py
+            profile = cProfile.Profile()
+            profile.enable()
         Worker(plan, args.events).run()
-        if profile_dir:
-            prof.disable()
-            prof.dump_stats(f"{profile_dir}/rank{dist.get_rank()}-{os.getpid()}.prof")
+        if plan.profile:
+            profile.disable()
+            path = Path(plan.profile) / f"w{dist.get_world_size()}-rank{dist.get_rank()}-{os.getpid()}.prof"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            profile.dump_stats(path)
         dist.destroy_process_group()
         return 0
     # Started by a torchrun command written by hand: this process becomes harness.standalone, which builds
