@@ -157,7 +157,7 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, run_dir: Path,
                 for item in collector.poll():
                     progress.update(task, advance=1, description=f"{item.op.split('.', 1)[1]} {item.dtype} "
                                                                  f"dp{item.topology[0]}cp{item.topology[1]}tp{item.topology[2]}")
-                if not collector.unfinished():  # every rank reported every item: torchrun's teardown adds nothing
+                if collector.all_finished():  # every rank reported every item: torchrun's teardown adds nothing
                     if plan.profile:  # ... but the ranks write their profiles as they exit
                         try:
                             proc.wait(timeout=60)

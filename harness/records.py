@@ -132,7 +132,11 @@ class RecordWriter:
         missing = [k for k in ROW_FIELDS if k not in row]
         if missing:
             raise ValueError(f"result row of {row.get('op')} {row.get('check')} lacks {', '.join(missing)}")
-        self.file.write(json.dumps(_clean(row)) + "\n")
+        try:  # nearly every row is finite: the C encoder alone, without walking the row first
+            line = json.dumps(row, allow_nan=False)
+        except ValueError:
+            line = json.dumps(_clean(row))
+        self.file.write(line + "\n")
         self.file.flush()
         self.counts[row["status"]] = self.counts.get(row["status"], 0) + 1
 
