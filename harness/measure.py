@@ -63,13 +63,24 @@ def collective_kind(func) -> str | None:
 class CommCounter(TorchDispatchMode):
     """Counts collectives: {phase: {"<kind>@<mesh dim>": {"calls": n, "bytes": b}}}.
 
-    bytes = the tensor bytes this rank hands to the collective (its contribution)."""
+    bytes = the tensor bytes this rank hands to the collective (its contribution).  `enabled=False`: entering
+    it does nothing (a case without a communication contract: a dispatch mode costs every op of the run tens
+    of microseconds, and the op under test runs as it would without the harness)."""
 
-    def __init__(self, group_dims: dict[str, str]):
+    def __init__(self, group_dims: dict[str, str], enabled: bool = True):
         super().__init__()
+        self.enabled = enabled
         self.group_dims = group_dims  # process group name -> mesh dim
         self.phase = "forward"
         self.counts: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"calls": 0, "bytes": 0}))
+
+    def __enter__(self):
+        return super().__enter__() if self.enabled else self
+
+    def __exit__(self, *exc_info):
+        if self.enabled:
+            return super().__exit__(*exc_info)
+        return None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # A DTensor op: DTensor then dispatches it with this mode still active, so the collectives it
