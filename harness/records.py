@@ -7,6 +7,7 @@ import math
 import platform
 import socket
 import subprocess
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, TypedDict
 
@@ -126,6 +127,7 @@ class RecordWriter:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / RESULTS
         self.file = open(self.path, "a", buffering=1)
+        self._lock = threading.Lock()  # launches of different world sizes write from their own threads
         self.counts = {"pass": 0, "warn": 0, "fail": 0, "error": 0, "skip": 0}
 
     def write(self, row: ResultRow) -> None:
@@ -136,9 +138,10 @@ class RecordWriter:
             line = json.dumps(row, allow_nan=False)
         except ValueError:
             line = json.dumps(_clean(row))
-        self.file.write(line + "\n")
-        self.file.flush()
-        self.counts[row["status"]] = self.counts.get(row["status"], 0) + 1
+        with self._lock:
+            self.file.write(line + "\n")
+            self.file.flush()
+            self.counts[row["status"]] = self.counts.get(row["status"], 0) + 1
 
     def close(self) -> None:
         self.file.close()
