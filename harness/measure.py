@@ -103,8 +103,19 @@ class CommCounter(TorchDispatchMode):
                 entry["bytes"] += int(nbytes)
         return out
 
-    def as_dict(self) -> dict:
-        return {phase: {k: dict(v) for k, v in sorted(kinds.items())} for phase, kinds in self.counts.items()}
+    def as_dict(self, allowed: dict | None = None) -> dict:
+        """The counts.  A collective on a group that several mesh dims share (in a 1-rank world every dim is the
+        default group) is counted under the first of them the contract `allowed` lists for its kind, else the first."""
+        out: dict = {}
+        for phase, kinds in self.counts.items():
+            for key, seen in kinds.items():
+                kind, _, dims = key.partition("@")
+                options = dims.split("|")
+                listed = [d for d in options if f"{kind}@{d}" in (allowed or {}).get(phase, {})]
+                entry = out.setdefault(phase, {}).setdefault(f"{kind}@{(listed or options)[0]}", {"calls": 0, "bytes": 0})
+                entry["calls"] += seen["calls"]
+                entry["bytes"] += seen["bytes"]
+        return {phase: dict(sorted(kinds.items())) for phase, kinds in out.items()}
 
 
 class LiveBytes(TorchDispatchMode):
@@ -184,8 +195,12 @@ class Timer:
 
 
 def group_dims(mesh) -> dict[str, str]:
-    """Process group name -> mesh dim name, to attribute each collective to a mesh dim."""
-    return {group.group_name: d for d, group in mesh_dims(mesh).groups.items()}
+    """Process group name -> mesh dim name, to attribute each collective to a mesh dim ("dp|cp|tp" for a group
+    the dims share: torch gives a dim that spans the whole world the default group)."""
+    shared: dict[str, list[str]] = {}
+    for d, group in mesh_dims(mesh).groups.items():
+        shared.setdefault(group.group_name, []).append(d)
+    return {name: "|".join(dims) for name, dims in shared.items()}
 
 
 def comm_violations(observed: dict, allowed: dict) -> list[str]:

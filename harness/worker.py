@@ -362,13 +362,13 @@ class Worker:
         """property:comm: the collectives seen against the case's contract."""
         if case.comm is None:
             return
-        observed = counter.as_dict()
-        calls, nbytes = split_comm(observed)
         try:
             allowed = case.comm(ctx)
+            observed = counter.as_dict(allowed)
             too_much = comm_violations(observed, allowed)
         except Exception as exc:
-            allowed, too_much = None, [f"contract failed: {type(exc).__name__}: {exc}"]
+            allowed, observed, too_much = None, counter.as_dict(), [f"contract failed: {type(exc).__name__}: {exc}"]
+        calls, nbytes = split_comm(observed)
         # Beyond the contract is a performance finding (warn); a contract that cannot be evaluated fails.
         status = "fail" if allowed is None else "warn" if too_much else "pass"
         emit_check("property:comm", status, message="; ".join(too_much), symptom=None if status == "pass" else "comm",
