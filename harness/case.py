@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from harness.topology import MESH_DIMS, Topology, mesh_coords
+from harness.topology import MESH_DIMS, Topology, mesh_dims
 
 Tensors = dict[str, torch.Tensor]
 
@@ -121,18 +121,19 @@ class Layout:
         return idx
 
     def mesh_indices(self, full_shape: Sequence[int], mesh: DeviceMesh, inputs: Tensors | None = None) -> list[torch.Tensor]:
-        sizes = {d: mesh[d].size() for d in MESH_DIMS}
-        return self.indices(full_shape, mesh_coords(mesh), sizes, inputs)
+        dims = mesh_dims(mesh)
+        return self.indices(full_shape, dims.coords, dims.sizes, inputs)
 
     def reduce_partial(self, local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
         """Sum the local values over the Partial dims (a no-op without any), in float64 so the
         harness's own sum adds no rounding to what is judged."""
         if not any(isinstance(p, Partial) for p in self.placements):
             return local
-        group_dims = [d for d, p in zip(MESH_DIMS, self.placements) if isinstance(p, Partial) and mesh[d].size() > 1]
+        dims = mesh_dims(mesh)
+        group_dims = [d for d, p in zip(MESH_DIMS, self.placements) if isinstance(p, Partial) and dims.sizes[d] > 1]
         total = local.detach().to(torch.float64, copy=True)  # never the op's own output: all_reduce is in place
         for d in group_dims:
-            torch.distributed.all_reduce(total, group=mesh[d].get_group())
+            torch.distributed.all_reduce(total, group=dims.groups[d])
         return total
 
     def local(self, full: torch.Tensor, mesh: DeviceMesh, inputs: Tensors | None = None) -> torch.Tensor:
@@ -264,9 +265,8 @@ class RankContext:
     def __post_init__(self):
         # Asked once, here: DeviceMesh builds tensors to find a coordinate, and a case's run asks inside
         # the op's memory measurement (whose peak would then grow with the launch's world size).
-        self._groups = {d: self.mesh[d].get_group() for d in MESH_DIMS}
-        self._ranks = mesh_coords(self.mesh)
-        self._sizes = {d: self.mesh[d].size() for d in MESH_DIMS}
+        dims = mesh_dims(self.mesh)
+        self._groups, self._ranks, self._sizes = dict(dims.groups), dict(dims.coords), dict(dims.sizes)
 
     def keep_open(self, context) -> Any:
         """Enter `context` and keep it open through the item's backward, as a training loop keeps its train

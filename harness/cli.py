@@ -41,6 +41,8 @@ def make_parser() -> argparse.ArgumentParser:
                      help="after an op hangs or a rank dies at a topology, still try its remaining items there "
                           "(default: record them as skipped)")
     run.add_argument("--junit-xml", type=Path, metavar="PATH", help="also write JUnit XML (one testcase per item)")
+    run.add_argument("--profile", action="store_true",
+                     help="cProfile the driver and every rank: <run>/profile/*.prof and breakdown.md (where the time goes)")
     lst = sub.add_parser("list", help="ops, suites and default topologies")
     lst.add_argument("--quick", action="store_true")
     add_suite_path_arg(lst)
@@ -98,6 +100,25 @@ def _default_dtypes(bench: bool, device: str) -> list[str]:
 
 
 def cmd_run(args) -> int:
+    if not args.profile:
+        return _run(args)
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        return _run(args)
+    finally:
+        profile.disable()
+        if getattr(args, "profile_dir", None) is not None:  # the run got as far as its plan
+            from reports.profile import breakdown
+
+            profile.dump_stats(args.profile_dir / "driver.prof")
+            (args.profile_dir / "breakdown.md").write_text(breakdown(args.profile_dir))
+            print(f"shardcheck: profile -> {args.profile_dir / 'breakdown.md'}")
+
+
+def _run(args) -> int:
     import torch
 
     from harness.launch import run_plan
@@ -125,6 +146,10 @@ def cmd_run(args) -> int:
     plan = plan_from_args(args, run_id=run_id, world_sizes=world_sizes, topologies=topologies, device=device,
                           backend=backend, default_dtypes=_default_dtypes(args.bench, device), bench=args.bench,
                           bench_iters=args.bench_iters)
+    if args.profile:
+        args.profile_dir = (run_dir / "profile").resolve()
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
+        plan.profile = str(args.profile_dir)
     writer, meta = open_run(run_dir, plan, sys.argv)
     worlds = sorted({i.world_size for i in plan.items})
     print(f"shardcheck: {len(plan.items)} cases on world size(s) {', '.join(map(str, worlds))} "

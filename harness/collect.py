@@ -39,6 +39,9 @@ class Collector:
         self.items = {i.id: i for i in items}
         self.state = {i.id: _ItemState() for i in items}
         self.finished: set[int] = set()
+        # Kept as events arrive, so that a poll costs what is new, not what the launch has run so far.
+        self._started_unfinished: set[int] = set()
+        self._complete: list[int] = []  # items every rank reported done, not yet finished
         self._offsets: dict[Path, int] = {}
         self.last_event = 0.0
         self.artefacts = artefacts
@@ -55,10 +58,11 @@ class Collector:
                 if line.strip():
                     self._event(json.loads(line))
         newly = []
-        for item_id, st in self.state.items():
-            if item_id not in self.finished and len(st.done) == self.world:
+        for item_id in sorted(self._complete):
+            if item_id not in self.finished:
                 self._finish(self.items[item_id])
                 newly.append(self.items[item_id])
+        self._complete = []
         return newly
 
     def _event(self, ev: dict) -> None:
@@ -69,6 +73,8 @@ class Collector:
         kind, rank = ev["t"], ev["rank"]
         if kind == "start":
             st.started[rank] = ev["time"]
+            if ev["item"] not in self.finished:
+                self._started_unfinished.add(ev["item"])
         elif kind == "phase":
             st.phase[rank] = ev["phase"]
         elif kind == "check":
@@ -77,14 +83,18 @@ class Collector:
             st.stuck.append(ev)
         elif kind == "done":
             st.done[rank] = ev.get("seconds", 0.0)
+            if len(st.done) == self.world:
+                self._complete.append(ev["item"])
 
     def in_flight(self) -> Item | None:
         """The earliest unfinished item that some rank has started."""
-        started = [i for i, st in self.state.items() if i not in self.finished and st.started]
-        return self.items[min(started)] if started else None
+        return self.items[min(self._started_unfinished)] if self._started_unfinished else None
 
     def unfinished(self) -> list[Item]:
-        return [self.items[i] for i in sorted(self.state) if i not in self.finished]
+        return [self.items[i] for i in sorted(self.state.keys() - self.finished)]
+
+    def all_finished(self) -> bool:
+        return len(self.finished) == len(self.state)
 
     def abort(self, item: Item, reason: str, deaths: dict[int, str] | None = None) -> str:
         """Finish `item` as an error: ranks that did not report a check are named, with what they were doing.
@@ -176,6 +186,7 @@ class Collector:
                                                       "mismatch": None, "message": reason, "per_rank": [],
                                                       **NO_CAUSE}))
         self.finished.add(item.id)
+        self._started_unfinished.discard(item.id)
 
     def _finish(self, item: Item, extra_message: str = "", root: dict | None = None) -> None:
         """Merge every check's rank results into its row and write the rows.  `root`: the cause of an aborted
@@ -218,6 +229,7 @@ class Collector:
         for check, merged in rows.items():
             self.writer.write({**self._row(item, check, merged), "item_seconds": seconds})
         self.finished.add(item.id)
+        self._started_unfinished.discard(item.id)
 
     def _row(self, item: Item, check: str, merged: dict) -> ResultRow:
         dp, cp, tp = item.topology

@@ -64,6 +64,7 @@ class Plan:
     # {family: its default module (harness.suite_loader.default_impl)}: what an --impl module's signatures are
     # compared with; None for a new family whose suites name no IMPLEMENTATION.
     default_impl: dict[str, str | None] = field(default_factory=dict)
+    profile: str = ""  # a folder: each rank writes its cProfile there (`shardcheck run --profile`); "" = off
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -17,7 +17,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from itertools import groupby
 from pathlib import Path
 
@@ -32,10 +34,14 @@ from harness.records import RecordWriter
 WATCHDOG_GRACE = 60.0  # start-up of a launch (imports, rendezvous) counts against the watchdog too
 POLL_SECONDS = 0.05
 # A relaunch starts (imports, rendezvous) while an item that may be hanging waits out its timeout, so
-# the start-up does not add to the timeout: a standby launch is started once an item has run this long,
-# and waits up to STANDBY_WAIT seconds for its plan.
-STANDBY_AFTER = 2.0
+# the start-up does not add to the timeout: a standby launch is started once an item has run a quarter of
+# the timeout (at least 2 s, at most 10 s: a start-up takes a few seconds, and a standby never needed costs
+# a torch import per rank), and waits up to STANDBY_WAIT seconds for its plan.
 STANDBY_WAIT = 900.0
+
+
+def _standby_after(plan: Plan) -> float:
+    return min(10.0, max(2.0, plan.timeout / 4))
 
 
 def _worker_env() -> dict:
@@ -85,11 +91,27 @@ def run_plan(plan: Plan, run_dir: Path, writer: RecordWriter, show_progress: boo
     artefacts = artefacts if artefacts is not None else ArtefactBudget()
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         transient=False, disable=not show_progress)
+    stop = threading.Event()  # set when the run ends early (an interrupt, or a launch thread failing)
     with progress:
         task = progress.add_task("checks", total=len(plan.items))
-        by_world = groupby(sorted(plan.items, key=lambda i: (i.world_size, i.id)), key=lambda i: i.world_size)
-        for world_size, items in by_world:
-            _run_world(plan, list(items), world_size, run_dir, writer, progress, task, hang_budget, artefacts)
+        worlds = [(w, list(items)) for w, items in
+                  groupby(sorted(plan.items, key=lambda i: (i.world_size, i.id)), key=lambda i: i.world_size)]
+        # On CPU the launches of different world sizes run side by side: a launch leaves cores idle while its
+        # ranks wait on each other (collectives, the item barrier), and the others fill them.  Not when
+        # benchmarking (a neighbour would skew the times), nor on GPUs (launches would share devices).
+        if plan.device != "cpu" or plan.bench or len(worlds) == 1:
+            for world_size, items in worlds:
+                _run_world(plan, items, world_size, run_dir, writer, progress, task, hang_budget, artefacts, stop)
+            return
+        with ThreadPoolExecutor(max_workers=len(worlds), thread_name_prefix="shardcheck-launch") as pool:
+            futures = [pool.submit(_run_world, plan, items, world_size, run_dir, writer, progress, task, hang_budget,
+                                   artefacts, stop) for world_size, items in worlds]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                stop.set()  # the other launch threads kill their workers and return
+                raise
 
 
 class _Launch:
@@ -126,17 +148,24 @@ def _running_for(collector: Collector) -> float:
 
 
 def _run_world(plan: Plan, items: list[Item], world_size: int, run_dir: Path, writer: RecordWriter,
-               progress: Progress, task, hang_budget: bool, artefacts: ArtefactBudget) -> None:
+               progress: Progress, task, hang_budget: bool, artefacts: ArtefactBudget, stop: threading.Event) -> None:
     standby: list[_Launch] = []  # at most one launch started ahead for the next attempt
     try:
-        _run_launches(plan, items, world_size, run_dir, writer, progress, task, hang_budget, artefacts, standby)
+        _run_launches(plan, items, world_size, run_dir, writer, progress, task, hang_budget, artefacts, standby, stop)
+    except _Stopped:
+        pass  # another launch thread ended the run; its exception is the one raised
     finally:
         for launch in standby:  # started ahead but never needed
             launch.discard()
 
 
+class _Stopped(Exception):
+    """The run is ending early: a launch thread stops its workers."""
+
+
 def _run_launches(plan: Plan, items: list[Item], world_size: int, run_dir: Path, writer: RecordWriter,
-                  progress: Progress, task, hang_budget: bool, artefacts: ArtefactBudget, standby: list[_Launch]) -> None:
+                  progress: Progress, task, hang_budget: bool, artefacts: ArtefactBudget, standby: list[_Launch],
+                  stop: threading.Event) -> None:
     """Launch after launch until every item of this world size has a row; `standby` holds the launch
     started ahead for the next attempt, if any."""
     remaining = items
@@ -154,10 +183,17 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, run_dir: Path,
         watchdog_reason = ""
         try:
             while proc.poll() is None:
+                if stop.is_set():
+                    raise _Stopped
                 for item in collector.poll():
                     progress.update(task, advance=1, description=f"{item.op.split('.', 1)[1]} {item.dtype} "
                                                                  f"dp{item.topology[0]}cp{item.topology[1]}tp{item.topology[2]}")
-                if not collector.unfinished():  # every rank reported every item: torchrun's teardown adds nothing
+                if collector.all_finished():  # every rank reported every item: torchrun's teardown adds nothing
+                    if plan.profile:  # ... but the ranks write their profiles as they exit
+                        try:
+                            proc.wait(timeout=60)
+                        except subprocess.TimeoutExpired:
+                            pass
                     _kill(proc)
                     break
                 quiet = time.time() - max(collector.last_event, started)
@@ -166,7 +202,7 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, run_dir: Path,
                     _kill(proc)
                     break
                 # (not while benchmarking: a launch's imports beside a timed op would skew its time)
-                if not standby and not plan.bench and _running_for(collector) > STANDBY_AFTER:
+                if not standby and not plan.bench and _running_for(collector) > _standby_after(plan):
                     standby.append(_Launch(run_dir / "workers" / f"w{world_size}-launch{attempt + 1}", world_size))
                 time.sleep(POLL_SECONDS)
         except BaseException:

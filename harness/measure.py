@@ -39,6 +39,8 @@ def sent_bytes(func, args) -> int:
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from harness.topology import mesh_dims
+
 _NOT_COUNTED = {"wait_tensor", "barrier", "monitored_barrier"}
 _KIND = {  # dispatcher op name -> collective kind
     "allreduce": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced": "all_reduce",
@@ -61,13 +63,24 @@ def collective_kind(func) -> str | None:
 class CommCounter(TorchDispatchMode):
     """Counts collectives: {phase: {"<kind>@<mesh dim>": {"calls": n, "bytes": b}}}.
 
-    bytes = the tensor bytes this rank hands to the collective (its contribution)."""
+    bytes = the tensor bytes this rank hands to the collective (its contribution).  `enabled=False`: entering
+    it does nothing (a case without a communication contract: a dispatch mode costs every op of the run tens
+    of microseconds, and the op under test runs as it would without the harness)."""
 
-    def __init__(self, group_dims: dict[str, str]):
+    def __init__(self, group_dims: dict[str, str], enabled: bool = True):
         super().__init__()
+        self.enabled = enabled
         self.group_dims = group_dims  # process group name -> mesh dim
         self.phase = "forward"
         self.counts: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"calls": 0, "bytes": 0}))
+
+    def __enter__(self):
+        return super().__enter__() if self.enabled else self
+
+    def __exit__(self, *exc_info):
+        if self.enabled:
+            return super().__exit__(*exc_info)
+        return None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # A DTensor op: DTensor then dispatches it with this mode still active, so the collectives it
@@ -90,8 +103,19 @@ class CommCounter(TorchDispatchMode):
                 entry["bytes"] += int(nbytes)
         return out
 
-    def as_dict(self) -> dict:
-        return {phase: {k: dict(v) for k, v in sorted(kinds.items())} for phase, kinds in self.counts.items()}
+    def as_dict(self, allowed: dict | None = None) -> dict:
+        """The counts.  A collective on a group that several mesh dims share (in a 1-rank world every dim is the
+        default group) is counted under the first of them the contract `allowed` lists for its kind, else the first."""
+        out: dict = {}
+        for phase, kinds in self.counts.items():
+            for key, seen in kinds.items():
+                kind, _, dims = key.partition("@")
+                options = dims.split("|")
+                listed = [d for d in options if f"{kind}@{d}" in (allowed or {}).get(phase, {})]
+                entry = out.setdefault(phase, {}).setdefault(f"{kind}@{(listed or options)[0]}", {"calls": 0, "bytes": 0})
+                entry["calls"] += seen["calls"]
+                entry["bytes"] += seen["bytes"]
+        return {phase: dict(sorted(kinds.items())) for phase, kinds in out.items()}
 
 
 class LiveBytes(TorchDispatchMode):
@@ -171,8 +195,12 @@ class Timer:
 
 
 def group_dims(mesh) -> dict[str, str]:
-    """Process group name -> mesh dim name, to attribute each collective to a mesh dim."""
-    return {mesh[d].get_group().group_name: d for d in mesh.mesh_dim_names}
+    """Process group name -> mesh dim name, to attribute each collective to a mesh dim ("dp|cp|tp" for a group
+    the dims share: torch gives a dim that spans the whole world the default group)."""
+    shared: dict[str, list[str]] = {}
+    for d, group in mesh_dims(mesh).groups.items():
+        shared.setdefault(group.group_name, []).append(d)
+    return {name: "|".join(dims) for name, dims in shared.items()}
 
 
 def comm_violations(observed: dict, allowed: dict) -> list[str]:

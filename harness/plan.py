@@ -118,7 +118,10 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
         fits = [w for w in world_sizes if w % t.size == 0]
         if not fits:
             raise UsageError(f"topology {t} (size {t.size}) divides none of the world sizes {world_sizes}")
-        return max(fits)  # fewer launches: each launch runs every topology that divides it
+        # A launch of the topology's own size when one is asked for (or, without --world-sizes, always): no spare
+        # rank waits at every item's barrier, and launches of different sizes run side by side (harness/launch.py).
+        # Else the largest that it divides (a hand-started worker's world runs every topology dividing it).
+        return t.size if t.size in (requested_worlds or set(world_sizes)) else max(fits)
 
     # Launch sizes a world_group case may use: the world sizes asked for (a hand-started worker passes its
     # own), else those of the topologies.

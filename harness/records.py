@@ -7,6 +7,7 @@ import math
 import platform
 import socket
 import subprocess
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, TypedDict
 
@@ -130,15 +131,21 @@ class RecordWriter:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / RESULTS
         self.file = open(self.path, "a", buffering=1)
+        self._lock = threading.Lock()  # launches of different world sizes write from their own threads
         self.counts = {"pass": 0, "warn": 0, "fail": 0, "error": 0, "skip": 0, "xfail": 0, "xpass": 0}
 
     def write(self, row: ResultRow) -> None:
         missing = [k for k in ROW_FIELDS if k not in row]
         if missing:
             raise ValueError(f"result row of {row.get('op')} {row.get('check')} lacks {', '.join(missing)}")
-        self.file.write(json.dumps(_clean(row)) + "\n")
-        self.file.flush()
-        self.counts[row["status"]] = self.counts.get(row["status"], 0) + 1
+        try:  # nearly every row is finite: the C encoder alone, without walking the row first
+            line = json.dumps(row, allow_nan=False)
+        except ValueError:
+            line = json.dumps(_clean(row))
+        with self._lock:
+            self.file.write(line + "\n")
+            self.file.flush()
+            self.counts[row["status"]] = self.counts.get(row["status"], 0) + 1
 
     def close(self) -> None:
         self.file.close()

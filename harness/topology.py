@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -55,9 +56,33 @@ def default_topologies(world_sizes: list[int]) -> list[Topology]:
     return sorted(set(out), key=lambda t: (t.size, t.tp, t.cp, t.dp))
 
 
+@dataclass(frozen=True)
+class MeshDims:
+    """Per mesh dim ("dp", "cp", "tp"): its size, this rank's coordinate and its process group."""
+
+    sizes: dict[str, int]
+    coords: dict[str, int]
+    groups: dict[str, Any]
+
+
+_MESH_DIMS: dict[int, tuple[DeviceMesh, MeshDims]] = {}
+
+
+def mesh_dims(mesh: DeviceMesh) -> MeshDims:
+    """Sizes, coordinates and groups of `mesh`, asked of torch once per mesh: `mesh["tp"]` builds a sub-mesh on
+    every call (about a millisecond in torch 2.13), and the harness asks for every tensor it slices."""
+    cached = _MESH_DIMS.get(id(mesh))
+    if cached is None or cached[0] is not mesh:
+        subs = {d: mesh[d] for d in MESH_DIMS}
+        dims = MeshDims(sizes={d: m.size() for d, m in subs.items()}, coords={d: m.get_local_rank() for d, m in subs.items()},
+                        groups={d: m.get_group() for d, m in subs.items()})
+        cached = _MESH_DIMS[id(mesh)] = (mesh, dims)  # the mesh kept alive: its id is never reused
+    return cached[1]
+
+
 def mesh_coords(mesh: DeviceMesh) -> dict[str, int]:
     """This rank's coordinate along each of ("dp", "cp", "tp")."""
-    return {d: mesh[d].get_local_rank() for d in MESH_DIMS}
+    return dict(mesh_dims(mesh).coords)
 
 
 def build_mesh(topology: Topology, world_size: int, device_type: str) -> DeviceMesh:

@@ -62,8 +62,9 @@ def test_quick_matrix_passes_with_records_and_report(quick_matrix):
     html = (run.out / "report.html").read_text()
     assert "data:image/png;base64," in html and "model_utils.DistributedLogprob" in html
     assert "model_utils.ChunkedDistributedLogprob" in (run.out / "report.md").read_text()
-    # one launch for the whole matrix: every topology divides world size 4
-    assert sorted(p.name for p in (run.out / "workers").iterdir()) == ["w4-launch0"]
+    # one launch per world size, side by side; each topology in the launch of its own size (no spare rank waits)
+    assert sorted(p.name for p in (run.out / "workers").iterdir()) == ["w1-launch0", "w2-launch0", "w4-launch0"]
+    assert (rows["world_size"] == rows["dp"] * rows["cp"] * rows["tp"]).all()
 
 
 def test_report_rebuilds_from_records_and_load_reads_many_runs(quick_matrix, run_shardcheck):

@@ -1,0 +1,72 @@
+"""Where a run's time goes (`shardcheck run --profile`): the cProfile of the driver and of every rank, summed
+into the parts of a run, written to <run>/profile/breakdown.md.
+
+Rank side, summed over the ranks of each launch (cumulative seconds; `events` are written from inside `checks`,
+and a failing check's precision run of the reference is inside `checks` too, so rows overlap there): golden
+(the float64 reference and the low-precision reference run, once per case and dtype on each rank), inputs sliced, op forward and backward (the code under test and
+its collectives), checks (comparison against the golden, properties, communication contract), events,
+barrier (waiting at the item's store barrier for the slowest rank), mesh built, and the rest of the process
+(imports, process group, plan).  Driver: planning, waiting on the launches, merging events into rows, the
+report.  Open a .prof with `python -m pstats` or snakeviz for more."""
+
+from __future__ import annotations
+
+import pstats
+from collections import defaultdict
+from pathlib import Path
+
+# part -> (file name ending, function name) whose cumulative time is the part's
+RANK_PARTS = {
+    "golden": [("harness/worker.py", "golden")],
+    "inputs sliced": [("harness/worker.py", "_local_inputs")],
+    "op forward": [("harness/worker.py", "_call_op")],
+    "op backward": [("harness/worker.py", "_backward")],
+    "checks": [("harness/worker.py", "_emit_compare"), ("harness/worker.py", "emit_comm"),
+               ("harness/worker.py", "_emit_properties")],
+    "benchmark": [("harness/bench.py", "run_bench_item")],
+    "events": [("harness/events.py", "emit")],
+    "barrier": [("harness/worker.py", "barrier")],
+    "mesh built": [("harness/worker.py", "mesh")],
+}
+DRIVER_PARTS = {
+    "plan": [("harness/run.py", "plan_from_args")],
+    "launches (waiting on the ranks)": [("harness/launch.py", "run_plan")],
+    "events merged into rows": [("harness/collect.py", "poll")],
+    "report": [("reports/report.py", "build")],
+}
+
+
+def _cumulative(stats: pstats.Stats, wanted: list[tuple[str, str]]) -> float:
+    total = 0.0
+    for (filename, _, name), (_, _, _, cumtime, _) in stats.stats.items():
+        if any(filename.endswith(f) and name == n for f, n in wanted):
+            total += cumtime
+    return total
+
+
+def breakdown(profile_dir: Path) -> str:
+    """The Markdown table of the parts of a run, from the .prof files in `profile_dir`."""
+    by_launch: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for path in sorted(profile_dir.glob("w*-rank*.prof")):
+        stats = pstats.Stats(str(path))
+        launch = path.name.split("-")[0]  # w<world size>
+        parts = by_launch[launch]
+        parts["ranks"] += 1
+        for part, wanted in RANK_PARTS.items():
+            parts[part] += _cumulative(stats, wanted)
+        parts["item loop"] += _cumulative(stats, [("harness/worker.py", "run")])
+    lines = ["## Rank side (seconds, summed over the ranks of the launch)", ""]
+    launches = sorted(by_launch, key=lambda w: int(w[1:]))
+    lines.append("| part | " + " | ".join(f"world {w[1:]} ({int(by_launch[w]['ranks'])} ranks)" for w in launches) + " |")
+    lines.append("|---|" + "---:|" * len(launches))
+    rows = [*RANK_PARTS, "item loop"]
+    for part in rows:
+        lines.append(f"| {part} | " + " | ".join(f"{by_launch[w][part]:.1f}" for w in launches) + " |")
+    driver = profile_dir / "driver.prof"
+    if driver.is_file():
+        stats = pstats.Stats(str(driver))
+        lines += ["", "## Driver (seconds)", "", "| part | seconds |", "|---|---:|"]
+        for part, wanted in DRIVER_PARTS.items():
+            lines.append(f"| {part} | {_cumulative(stats, wanted):.1f} |")
+        lines.append(f"| total (imports included) | {stats.total_tt:.1f} |")
+    return "\n".join(lines) + "\n"
