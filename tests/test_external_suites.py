@@ -27,7 +27,7 @@ from harness.signatures import signature_rows, under_test
 from helpers import ROOT, Run, assert_one_cause, shardcheck
 
 # What a suite imports of shardcheck: the case-writing API, nothing else.
-API_IMPORT = "from harness.case import Case, GradSum, Layout"
+API_IMPORT = "from shardcheck import Case, GradSum, Layout"
 
 # A vocab-parallel log-softmax (two collectives, one of them differentiable) and a row-parallel linear (an
 # all-reduce whose backward is the identity), as a team would write them: plain torch.distributed.
