@@ -26,7 +26,9 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    (a helper several ops share), the same warning over the module (float64 computed in float32 in
    every op), a rank dying of a crash signal (SIGSEGV, SIGABRT, SIGBUS, ...) under the same condition.
 
-Skipped rows are consequences (a hang's other items) and are not causes.
+Skipped rows are consequences (a hang's other items) and are not causes; neither are `xfail` rows (a case's
+KnownFailure that still fails: `known_failures` lists them, one line per mark).  An `xpass` row (a known failure
+that now passes) is a finding of its own: its mark must go.
 """
 
 from __future__ import annotations
@@ -242,6 +244,8 @@ def _worst_text(row, status: str, limit: int = 300) -> str:
         text = f"{_ranks(culprits)} died: {row.get('error_type')} (in {row.get('phase')}){then}"
     elif symptom == "hung":
         text = f"{_ranks(culprits)} did not finish (in {row.get('phase')})"
+    elif symptom == "xpass":
+        text = str(row.get("message") or "")
     else:
         ratio = _ratio(row)
         text = (f"err/budget {ratio:.3g}: " if status != "error" and math.isfinite(ratio) else "") + str(row.get("message") or "")
@@ -304,6 +308,8 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
         (r["rerun"] for r in records if isinstance(r.get("rerun"), str)), None)
     if (rows["check"] == SIGNATURE_CHECK).all():
         condition = "of the module, found before any case ran"
+    elif status == "xpass":  # where the mark no longer holds, rather than what separates it from the passing rows
+        condition = f"in {_items(rows)} item(s) {_where(rows)}"
     else:
         condition = separating_condition(rows, passing)
     return {"op": op, "ops": (op,), "status": status, "kind": kind, "symptoms": found, "signals": signals,
@@ -311,6 +317,16 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
             "worst": _worst_text(worst, status), "rerun": rerun, "rows": list(rows.index),
             "items": set(map(tuple, rows[ITEM].astype(str).values)),
             "error_key": (worst.get("error_type"), worst.get("error_where")) if symptom in ERRORS else None}
+
+
+def _items(rows: pd.DataFrame) -> int:
+    return len(rows.drop_duplicates(["op", *ITEM]))
+
+
+def _where(rows: pd.DataFrame) -> str:
+    """'at dp1-cp1-tp2, dp1-cp1-tp4 in float64': the topologies and dtypes of the rows."""
+    topologies = sorted({f"dp{r.dp}-cp{r.cp}-tp{r.tp}" for r in rows.itertuples()})
+    return f"at {', '.join(topologies)} in {', '.join(sorted(rows['dtype'].unique()))}"
 
 
 def _merge(group: list[dict], condition: str) -> dict:
@@ -333,7 +349,7 @@ def _is_crash(s: dict) -> bool:
 def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad: pd.DataFrame) -> list[dict]:
     """The causes of one op from its symptoms (module docstring, 3)."""
     failing = [s for s in symptoms if s["status"] in ("fail", "error")]
-    warnings = [s for s in symptoms if s["status"] == "warn"]
+    warnings = [s for s in symptoms if s["status"] not in ("fail", "error")]  # and known failures that pass: own lines
     if len(failing) < 2:
         return failing + warnings
 
@@ -353,7 +369,7 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
     if len(failing) == 1:
         return failing + warnings
 
-    ran = rows[(rows["check"] != SIGNATURE_CHECK) & (rows["status"] != "skip")]
+    ran = rows[(rows["check"] != SIGNATURE_CHECK) & ~rows["status"].isin(["skip", "xfail"])]  # evidence either way
     item_rows = ran.drop_duplicates(ITEM)
     item_key = item_rows[ITEM].astype(str).apply(tuple, axis=1)
     items = set(item_key)
@@ -440,3 +456,40 @@ def finding_lines(table: pd.DataFrame) -> list[str]:
         if isinstance(r.rerun, str):
             lines.append(f"    rerun: {r.rerun}")
     return lines
+
+
+# ------------------------------------------------------------------------------------------- known failures
+
+KNOWN_COLUMNS = ["op", "reason", "reference", "checks", "count", "items", "where", "rerun"]
+
+
+def known_failures(df: pd.DataFrame) -> pd.DataFrame:
+    """The run's `xfail` rows, one line per known failure (its reason and reference, harness.case.KnownFailure):
+    the ops and checks it covered, how many rows and items, where (topologies, dtypes) and one rerun line."""
+    if not len(df) or "status" not in df:
+        return pd.DataFrame(columns=KNOWN_COLUMNS)
+    rows = df[df["status"] == "xfail"]
+    if not len(rows):
+        return pd.DataFrame(columns=KNOWN_COLUMNS)
+    rows = rows.assign(_reason=rows["xfail_reason"].fillna("") if "xfail_reason" in rows else "",
+                       _reference=rows["xfail_reference"].fillna("") if "xfail_reference" in rows else "")
+    out = []
+    for (reason, reference), group in rows.groupby(["_reason", "_reference"], sort=False):
+        reruns = group["rerun"].dropna() if "rerun" in group else pd.Series(dtype=object)
+        out.append({"op": _display(list(dict.fromkeys(group["op"]))), "reason": reason, "reference": reference,
+                    "checks": ", ".join(sorted(group["check"].unique())), "count": len(group),
+                    "items": _items(group), "where": _where(group),
+                    "rerun": reruns.iloc[0] if len(reruns) else None})
+    return pd.DataFrame(out, columns=KNOWN_COLUMNS)
+
+
+def known_failure_text(r) -> str:
+    """One known failure for people: 'op: reason (reference)'."""
+    return f"{r.op}: {r.reason}" + (f" ({r.reference})" if r.reference else "")
+
+
+def known_failures_line(table: pd.DataFrame) -> str:
+    """The known failures of a run in one line, with their reasons (the CLI summary)."""
+    total = int(table["count"].sum())
+    return (f"Known failures ({total} xfail row(s), not failing the run): "
+            + "; ".join(f"{known_failure_text(r)}, {r.count} row(s)" for r in table.itertuples()))

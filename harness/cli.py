@@ -142,8 +142,9 @@ def cmd_run(args) -> int:
     counts = writer.counts
     _print_findings(rows)
     print(f"shardcheck: {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
-          f"{counts['error']} errors, {counts['skip']} skipped -> {run_dir / 'report.html'}")
-    if counts["fail"] or counts["error"]:
+          f"{counts['error']} errors, {counts['skip']} skipped, {counts['xfail']} xfailed, {counts['xpass']} xpassed "
+          f"-> {run_dir / 'report.html'}")
+    if counts["fail"] or counts["error"] or counts["xpass"]:
         _print_failures(run_dir, rows)
     elif counts["warn"] and args.strict:
         print(f"shardcheck: --strict: {counts['warn']} warning(s) fail the run")
@@ -151,14 +152,18 @@ def cmd_run(args) -> int:
 
 
 def _print_findings(rows) -> None:
-    """The run's non-passing rows grouped by cause (harness.causes): one line per (op, cause)."""
-    from harness.causes import causes, finding_lines
+    """The run's non-passing rows grouped by cause (harness.causes): one line per (op, cause); then the known
+    failures (xfail) in one line with their reasons."""
+    from harness.causes import causes, finding_lines, known_failures, known_failures_line
 
     table = causes(rows)
     if len(table):
         print(f"Findings ({len(table)}):")
         for line in finding_lines(table):
             print("  " + line)
+    known = known_failures(rows)
+    if len(known):
+        print(known_failures_line(known))
 
 
 def _write_ci_outputs(run_dir: Path, rows, run_id: str, junit_xml: Path | None) -> None:
@@ -178,7 +183,8 @@ def _write_ci_outputs(run_dir: Path, rows, run_id: str, junit_xml: Path | None) 
 
 
 def _print_failures(run_dir: Path, rows, limit: int = 20) -> None:
-    """Each failing item: its bad checks, then a `rerun:` line that runs it alone."""
+    """Each failing item (a known failure that passes included): its bad checks, then a `rerun:` line that runs
+    it alone."""
     from reports.report import failing_items, item_title
 
     items = failing_items(rows)

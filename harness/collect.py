@@ -15,9 +15,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from harness.artefacts import ArtefactBudget
-from harness.compare import NOT_PASSING, merge_ranks
+from harness.compare import merge_ranks
 from harness.events import PIECES
-from harness.items import DEFAULT_TIMEOUT, Item, Plan
+from harness.items import DEFAULT_TIMEOUT, Item, Plan, Xfail
 from harness.records import NO_CAUSE, PHASES, RecordWriter, ResultRow
 
 
@@ -204,6 +204,8 @@ class Collector:
                     r for r in merged["blocked_ranks"] + merged["culprit_ranks"] if r not in root["culprit_ranks"]]
                 merged.update({**root, "blocked_ranks": sorted(set(blocked))})
             rows[check] = merged
+        if item.xfail is not None:  # before the artefacts: a known failure spends none of the budget
+            rows = known_failure(rows, item.xfail)
         pieces = self.events_dir / PIECES / f"item{item.id}"
         failing = [c for c, m in rows.items() if m["status"] == "fail"]
         if pieces.is_dir():
@@ -226,9 +228,32 @@ class Collector:
             "world_size": item.world_size, "dtype": item.dtype, "device": self.plan.device, "backend": self.plan.backend,
             "seed": item.seed, "check": check, **merged,
         }
-        if merged["status"] in NOT_PASSING:
+        if merged["status"] not in ("pass", "skip"):  # findings, and known failures (the report lists their reruns)
             row["rerun"] = rerun_command(self.plan, item)
         return row
+
+
+def known_failure(rows: dict[str, dict], mark: Xfail) -> dict[str, dict]:
+    """An item's merged rows ({check: row}) with its KnownFailure applied to the checks it covers.  While a
+    covered check fails or errors on some rank (a hang or a death included) those are `xfail`, the finding kept
+    in the message, and the covered checks that pass stay `pass` (the defect is still there, the mark still
+    needed); once every covered check that ran passes on every rank they are `xpass`: the mark must go.
+    Skips and warnings stay as they are.  Covered rows carry the mark's reason and reference as fields."""
+    covered = {check for check in rows if mark.covers(check)}
+    fields = {"xfail_reason": mark.reason, "xfail_reference": mark.reference}
+    still_failing = any(rows[c]["status"] in ("fail", "error") for c in covered)
+    out = dict(rows)
+    for check in covered:
+        row = rows[check]
+        if row["status"] in ("fail", "error"):
+            out[check] = {**row, **fields, "status": "xfail",
+                          "message": "; ".join(m for m in (row["message"], mark.words()) if m)}
+        elif row["status"] == "pass" and not still_failing:
+            now = (f"passes on every rank, but is marked as a {mark.words()}: the defect looks fixed, "
+                   "remove the KnownFailure mark (or narrow its checks or `when`)")
+            out[check] = {**row, **fields, "status": "xpass", "symptom": "xpass",
+                          "message": "; ".join(m for m in (now, row["message"]) if m)}
+    return out
 
 
 def glob_escape(text: str) -> str:

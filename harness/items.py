@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from dataclasses import asdict, dataclass, field
 
@@ -9,6 +10,23 @@ import torch
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_TIMEOUT = 60.0  # seconds one case may take (a rerun line leaves it out when it is this)
+
+
+@dataclass
+class Xfail:
+    """A case's KnownFailure (harness.case) resolved for one item: the checks it covers become `xfail` while they
+    fail and `xpass` once they pass (harness.collect)."""
+
+    reason: str
+    reference: str
+    checks: list[str]  # fnmatch patterns over check names
+
+    def covers(self, check: str) -> bool:
+        return any(fnmatch.fnmatchcase(check, pattern) for pattern in self.checks)
+
+    def words(self) -> str:
+        """'known failure: <reason> (<reference>)', as rows and reports say it."""
+        return f"known failure: {self.reason}" + (f" ({self.reference})" if self.reference else "")
 
 
 @dataclass
@@ -23,6 +41,7 @@ class Item:
     seed: int
     checks: list[str]  # checks every participating rank must report
     params: dict = field(default_factory=dict)  # the case's parameters, recorded in each row
+    xfail: Xfail | None = None  # the case's known failure, where it applies to this item
 
 
 @dataclass
@@ -52,5 +71,6 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         raw = json.loads(text)
-        raw["items"] = [Item(**{**i, "topology": tuple(i["topology"])}) for i in raw["items"]]
+        raw["items"] = [Item(**{**i, "topology": tuple(i["topology"]),
+                                "xfail": Xfail(**i["xfail"]) if i.get("xfail") else None}) for i in raw["items"]]
         return cls(**raw)

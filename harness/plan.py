@@ -7,7 +7,7 @@ import fnmatch
 import zlib
 
 from harness.case import BAD_INPUT_CHECK, Case
-from harness.items import DTYPES, Item, Plan
+from harness.items import DTYPES, Item, Plan, Xfail
 from harness.module_under_test import resolve_impl
 from harness.suite_loader import default_impl, external_suite_files, load_suite, suite_cases, suite_file, suite_names
 from harness.topology import Topology, UsageError, default_topologies
@@ -43,6 +43,33 @@ def expected_checks(case: Case, bench: bool = False) -> list[str]:
     if not case.output_names and not case.comm:  # a properties-only case: its properties are named when they
         return ["property:properties"]  # run; this row stands for them when the op raises, is skipped or hangs
     return case.forward_checks + [f"grad:{n}" for n in case.grad_inputs] + (["property:comm"] if case.comm else [])
+
+
+def known_failure(case: Case, topology: Topology, dtype: str) -> Xfail | None:
+    """The case's KnownFailure resolved for its item at `topology` and `dtype`: None where it has none or its
+    `when` leaves that item out."""
+    mark = case.xfail
+    if mark is None:
+        return None
+    try:
+        applies = mark.applies(topology, dtype)
+    except Exception as exc:  # the suite's own callable: one line naming the case, never a traceback
+        raise UsageError(f"{case.op} [{case.case_id}]: KnownFailure.when({topology}, {dtype!r}) raised "
+                         f"{type(exc).__name__}: {exc}") from None
+    return Xfail(reason=mark.reason, reference=mark.reference, checks=list(mark.checks)) if applies else None
+
+
+def check_known_failure(case: Case) -> None:
+    """A KnownFailure pattern that can match none of the case's checks is a typo that would leave the mark
+    silently unused (properties are named when they run: `property:` patterns are taken on trust)."""
+    if case.xfail is None:
+        return
+    checks = case.forward_checks + [f"grad:{n}" for n in case.grad_inputs] + (["property:comm"] if case.comm else []) \
+        + ([BAD_INPUT_CHECK] if case.bad_input is not None else [])
+    for pattern in case.xfail.checks:
+        if not pattern.startswith("property:") and not any(fnmatch.fnmatchcase(c, pattern) for c in checks):
+            raise UsageError(f"{case.op} [{case.case_id}]: KnownFailure check pattern {pattern!r} matches none of "
+                             f"its checks ({', '.join(checks) or 'none'})")
 
 
 def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_patterns: list[str],
@@ -125,6 +152,8 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
                 bench=bench, bench_iters=bench_iters, bench_warmup=bench_warmup, missing_ops=missing,
                 suite_paths=suite_paths, default_impl=defaults)
     for suite_name, case in cases:
+        if not bench:
+            check_known_failure(case)
         for dtype in dtypes:
             if dtype not in case.dtypes:
                 continue
@@ -137,7 +166,7 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
                     id=len(plan.items), suite=suite_name, op=case.op, case_id=case.case_id, dtype=dtype,
                     topology=(topo.dp, topo.cp, topo.tp), world_size=topo.size if case.world_group else world_for(topo),
                     seed=item_seed(seed, case.op, case.case_id, dtype), checks=expected_checks(case, bench),
-                    params=case.params))
+                    params=case.params, xfail=known_failure(case, topo, dtype)))
     if not plan.items:
         raise UsageError("nothing to run: no case supports the selected topologies and dtypes")
     return plan

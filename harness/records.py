@@ -38,6 +38,7 @@ SYMPTOMS = {
     "blocked": "blocked or lost its connection after a peer failed",
     "missing": "no result from some ranks",
     "reference": "the reference failed on these inputs",
+    "xpass": "a known failure now passes: remove its KnownFailure mark",
 }
 PHASES = ("setup", "forward", "backward", "properties")  # in the order a case runs them
 
@@ -59,7 +60,7 @@ class _Row(TypedDict):
     backend: str
     seed: int
     check: str  # forward, forward:<output>, grad:<input>, property:<name>, bench
-    status: str  # pass, skip, warn, fail, error
+    status: str  # pass, skip, xfail, warn, xpass, fail, error (harness.compare.STATUS_ORDER)
     max_abs_err: Optional[float]
     max_rel_err: Optional[float]
     budget: Optional[float]
@@ -68,7 +69,8 @@ class _Row(TypedDict):
     mismatch: Optional[dict]  # the worst element: rank, coords, global_index, local_index, expected, got, kind
     message: str  # for people; harness.causes reads the fields below, never this
     per_rank: list[dict]  # rank, coords, status, max_abs_err, err_ratio of every participating rank
-    # What went wrong, as fields (None and [] on a passing row):
+    # What went wrong, as fields (None and [] on a passing row; an xfail row keeps its failure's, an xpass row
+    # says "xpass"):
     symptom: Optional[str]  # a key of SYMPTOMS
     culprit_ranks: list[int]  # the ranks whose own result is wrong (that raised, died or did not finish)
     blocked_ranks: list[int]  # the ranks that blocked or lost their connection because of a culprit
@@ -80,7 +82,9 @@ class _Row(TypedDict):
 
 class ResultRow(_Row, total=False):
     """One row of results.jsonl: one check of one item (op, case, topology, dtype)."""
-    rerun: str  # on fail/error/warn rows: a `shardcheck run` command that runs this item alone
+    rerun: str  # on every row but pass and skip: a `shardcheck run` command that runs this item alone
+    xfail_reason: str  # on xfail and xpass rows: the case's KnownFailure (harness.case), its reason
+    xfail_reference: str  # and its reference (an upstream issue), "" when it gives none
     item_seconds: float
     artefact: str  # failures/<item>/<check>.pt (the first failing items)
     error_map: str  # failures/<item>/<check>.png, drawn from the artefact by the report
@@ -126,7 +130,7 @@ class RecordWriter:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / RESULTS
         self.file = open(self.path, "a", buffering=1)
-        self.counts = {"pass": 0, "warn": 0, "fail": 0, "error": 0, "skip": 0}
+        self.counts = {"pass": 0, "warn": 0, "fail": 0, "error": 0, "skip": 0, "xfail": 0, "xpass": 0}
 
     def write(self, row: ResultRow) -> None:
         missing = [k for k in ROW_FIELDS if k not in row]

@@ -10,6 +10,7 @@ import datetime as dt
 from pathlib import Path
 
 from harness import shims
+from harness.compare import FAILING
 from harness.items import DEFAULT_TIMEOUT, Plan
 from harness.plan import build_plan
 from harness.records import RUN_META, RecordWriter, run_metadata, write_json
@@ -107,5 +108,7 @@ def close_run(run_dir: Path, writer: RecordWriter, meta: dict) -> None:
 
 
 def exit_code(counts: dict[str, int], strict: bool) -> int:
-    """1 when a check failed or errored, or warned under --strict; else 0."""
-    return EXIT_FAIL if counts["fail"] or counts["error"] or (strict and counts["warn"]) else EXIT_OK
+    """1 when a check failed or errored, a known failure passed (xpass: its mark must go), or a check warned
+    under --strict; else 0.  A known failure that still fails (xfail) never fails a run."""
+    failed = any(counts.get(status, 0) for status in FAILING)
+    return EXIT_FAIL if failed or (strict and counts.get("warn", 0)) else EXIT_OK

@@ -24,13 +24,14 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.records import RUN_META, load  # noqa: E402
-from reports.regression import change_notes  # noqa: E402
+from reports.regression import PASSED, change_notes  # noqa: E402
 
 DASHBOARD = "dashboard.html"
 LINE_KEY = ["dp", "cp", "tp", "dtype", "device", "device_name"]
 CHECK_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "device", "device_name", "check"]
-STATUSES = ["pass", "warn", "fail", "error", "skip"]
-STATUS_COLOURS = {"pass": "#4caf50", "warn": "#ffb300", "fail": "#e53935", "error": "#8e0000", "skip": "#bdbdbd"}
+STATUSES = ["pass", "warn", "fail", "error", "skip", "xfail", "xpass"]
+STATUS_COLOURS = {"pass": "#4caf50", "warn": "#ffb300", "fail": "#e53935", "error": "#8e0000", "skip": "#bdbdbd",
+                  "xfail": "#7986cb", "xpass": "#d81b60"}
 
 
 def load_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -57,8 +58,8 @@ def load_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def status_counts(runs: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
-    """Per run: pass/fail/error/skip counts of its checks (bench rows included), and the checks that
-    passed in the previous run of the same device and no longer do (compare's rule)."""
+    """Per run: the count of each status of its checks (bench rows included), and the checks that passed in the
+    previous run of the same device and now fail, error or are known failures (compare's rule)."""
     counts = rows.groupby("run")["status"].value_counts().unstack(fill_value=0).reindex(columns=STATUSES, fill_value=0)
     counts = counts.reindex(runs["index"], fill_value=0)
     table = runs[["index", "run_id", "start", "commit", "device_name"]].join(counts, on="index")
@@ -72,7 +73,7 @@ def _new_failures(rows: pd.DataFrame, run: int) -> int:
     now = rows[rows["run"] == run].set_index(CHECK_KEY)["status"]
     before = rows[rows["run"] < run].sort_values("run").groupby(CHECK_KEY)["status"].last()
     both = pd.concat([before.rename("before"), now.rename("now")], axis=1, join="inner")
-    return int(((both["before"] == "pass") & both["now"].isin(["fail", "error"])).sum())
+    return int((both["before"].isin(PASSED) & both["now"].isin(["fail", "error", "xfail"])).sum())
 
 
 def _band(row) -> tuple[float, float, float]:
@@ -172,8 +173,8 @@ def build_dashboard(run_dirs: list[Path], out_dir: Path, max_slowdown: float = 1
             f"<p>From {html.escape(str(runs['start'].iloc[0]))} to {html.escape(str(runs['start'].iloc[-1]))}. "
             f"Regression marks follow <code>shardcheck compare</code>'s rule against the previous run of the same line "
             f"(time beyond {max_slowdown:g}% and beyond the two runs' IQRs added; memory beyond {max_memory_growth:g}%; "
-            f"a check that passed and now fails).</p>",
-            "<h2>Runs</h2>", _table_html(table, bad_columns=("fail", "error", "new failures")),
+            f"a check that passed and now fails, or is marked as a known failure).</p>",
+            "<h2>Runs</h2>", _table_html(table, bad_columns=("fail", "error", "xpass", "new failures")),
             f"<img alt='checks per run' src='data:image/png;base64,{counts_figure(table, runs)}'>",
             f"<h2>Regressions ({len(marks)})</h2>"]
     if len(marks):

@@ -8,6 +8,11 @@ error, else a `fail` a failure; an item whose checks were all skipped is skipped
 check is a `warn` (a precision or communication finding, not a sharding bug) is a passing testcase
 whose <system-out> holds each warning and its rerun line: CI pages show it without failing the build,
 as `shardcheck run` exits 0 on warnings unless --strict (whose exit code then fails the job).
+
+Known failures (harness.case.KnownFailure), as JUnit readers expect of pytest's xfail: an item whose worst
+check is `xfail` is skipped, <skipped type="shardcheck.xfail" message="known failure: <reason> (<reference>)">,
+the findings it still shows in the text; an item with an `xpass` (the known failure now passes) is a failure,
+type `shardcheck.xpass`, saying so and that the mark must go, with its rerun line.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.compare import STATUS_ORDER
+from harness.compare import FAILING, STATUS_ORDER
 
 ITEM_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype"]
 
@@ -27,6 +32,17 @@ def _item_status(statuses: pd.Series) -> str:
     if worst == "skip" and (statuses == "pass").any():
         return "pass"  # a skipped property beside passing checks: the item passed
     return worst
+
+
+def _known_failure(row: pd.Series) -> str:
+    """'known failure: <reason> (<reference>)' of an xfail or xpass row."""
+    reason = row.get("xfail_reason") if isinstance(row.get("xfail_reason"), str) else "?"
+    reference = row.get("xfail_reference") if isinstance(row.get("xfail_reference"), str) else ""
+    return f"known failure: {reason}" + (f" ({reference})" if reference else "")
+
+
+def _rerun(rows: pd.DataFrame) -> str:
+    return "\nrerun: " + rows["rerun"].dropna().iloc[0] if "rerun" in rows and rows["rerun"].notna().any() else ""
 
 
 def _failure_type(row: pd.Series) -> str:
@@ -50,23 +66,26 @@ def junit_tree(df: pd.DataFrame, run_id: str) -> ET.ElementTree:
             status = _item_status(rows["status"])
             counts["tests"] += 1
             counts["time"] += seconds
-            if status in ("fail", "error"):
-                bad = rows[rows["status"].isin(["fail", "error"])]
-                first = bad.iloc[0]
-                text = "\n".join(f"{r['check']}: {r['status']}: {r['message']}" for _, r in bad.iterrows())
-                if "rerun" in rows and rows["rerun"].notna().any():
-                    text += "\nrerun: " + rows["rerun"].dropna().iloc[0]
-                tag = "failure" if status == "fail" else "error"
-                element = ET.SubElement(case, tag, message=f"{first['check']}: {first['message']}"[:1000],
-                                        type=_failure_type(first))
+            if status in FAILING:
+                bad = rows[rows["status"].isin(FAILING)]
+                first = bad[bad["status"] == status].iloc[0]  # the message and type: the item's worst check
+                text = "\n".join(f"{r['check']}: {r['status']}: {r['message']}" for _, r in bad.iterrows()) + _rerun(rows)
+                tag = "error" if status == "error" else "failure"
+                message = (f"{first['check']}: {_known_failure(first)} now passes on every rank; remove its mark"
+                           if first["status"] == "xpass" else f"{first['check']}: {first['message']}")
+                element = ET.SubElement(case, tag, message=message[:1000], type=_failure_type(first))
                 element.text = text
-                counts["failures" if status == "fail" else "errors"] += 1
+                counts["errors" if status == "error" else "failures"] += 1
             elif status == "warn":
-                warned = rows[rows["status"] == "warn"]
-                text = "\n".join(f"warn: {r['check']}: {r['message']}" for _, r in warned.iterrows())
-                if "rerun" in rows and rows["rerun"].notna().any():
-                    text += "\nrerun: " + rows["rerun"].dropna().iloc[0]
-                ET.SubElement(case, "system-out").text = text
+                noted = rows[rows["status"].isin(["warn", "xfail"])]  # a known failure beside it: shown too
+                text = "\n".join(f"{r['status']}: {r['check']}: {r['message']}" for _, r in noted.iterrows())
+                ET.SubElement(case, "system-out").text = text + _rerun(rows)
+            elif status == "xfail":
+                known = rows[rows["status"] == "xfail"]
+                element = ET.SubElement(case, "skipped", type="shardcheck.xfail",
+                                        message=_known_failure(known.iloc[0])[:1000])
+                element.text = "\n".join(f"{r['check']}: {r['message']}" for _, r in known.iterrows()) + _rerun(rows)
+                counts["skipped"] += 1
             elif status == "skip":
                 ET.SubElement(case, "skipped", message=str(rows["message"].iloc[0]))
                 counts["skipped"] += 1

@@ -1,20 +1,39 @@
 """`shardcheck compare BASE NEW`: the regression gate between two runs.
 
 Rows are matched by op, case, topology, dtype, device and check.  A regression is:
-- a check that passed in BASE and fails, errors or warns in NEW (a new finding, e.g. extra collectives);
+- a check that passed in BASE (`pass`, or `xpass`: a known failure that passed) and fails, errors or warns in
+  NEW (a new finding, e.g. extra collectives), or is a known failure there (`xfail`): a KnownFailure mark
+  acknowledges a failure, it does not undo it, so a check that stops passing is a regression whether or not
+  NEW marks it;
 - a slowdown beyond --max-slowdown percent that is also larger than the measured spread
   (the IQRs of both runs added), so noise alone does not trip it;
 - peak memory growth beyond --max-memory-growth percent (memory is deterministic).
+
+Other changes of a known failure get a line without being regressions: xfail -> xpass (the known failure now
+passes: NEW itself fails on it until the mark goes), xfail -> pass (fixed, mark removed), xfail -> fail or
+error (still failing, no longer marked), a failure newly marked (fail -> xfail), a mark added over a passing
+check (pass -> xpass).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from harness.compare import NOT_PASSING
 from harness.records import load
 
 KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "device", "check"]
+PASSED = ("pass", "xpass")  # the check's results were right
+STOPPED_PASSING = ("xfail", "warn", "fail", "error")  # from PASSED to one of these: a regression
+KNOWN_FAILURE_CHANGES = {  # (BASE, NEW) status -> what a person should read; none of them a regression
+    ("xfail", "xpass"): "known failure now passes: remove its KnownFailure mark",
+    ("xfail", "pass"): "known failure fixed",
+    ("xfail", "fail"): "known failure no longer marked",
+    ("xfail", "error"): "known failure no longer marked, now an error",
+    ("fail", "xfail"): "now marked as a known failure",
+    ("error", "xfail"): "now marked as a known failure",
+    ("pass", "xpass"): "a KnownFailure mark now covers this passing check",
+    ("xpass", "pass"): "KnownFailure mark removed",
+}
 
 
 def _with_defaults(df: pd.DataFrame) -> pd.DataFrame:
@@ -28,8 +47,12 @@ def change_notes(base: dict, new: dict, max_slowdown: float, max_memory_growth: 
     """The rule, for one check in two runs (dicts with status, time_ms, time_ms_iqr, peak_bytes):
     notes on what changed; those starting with 'REGRESSION' are regressions.  The dashboard uses it too."""
     notes = []
-    if base["status"] == "pass" and new["status"] in NOT_PASSING:  # a new finding too
-        notes.append(f"REGRESSION: {base['status']} -> {new['status']}")
+    statuses = (base["status"], new["status"])
+    if base["status"] in PASSED and new["status"] in STOPPED_PASSING:
+        notes.append(f"REGRESSION: {base['status']} -> {new['status']}"  # a new finding too
+                     + (" (passed in BASE, a known failure in NEW)" if new["status"] == "xfail" else ""))
+    elif statuses in KNOWN_FAILURE_CHANGES:
+        notes.append(f"{base['status']} -> {new['status']}: {KNOWN_FAILURE_CHANGES[statuses]}")
     tb, tn = base["time_ms"], new["time_ms"]
     if pd.notna(tb) and pd.notna(tn) and tb > 0:
         change = (tn / tb - 1) * 100

@@ -14,8 +14,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from harness.causes import causes, finding_lines  # noqa: E402
-from harness.compare import STATUS_ORDER  # noqa: E402
+from harness.causes import causes, finding_lines, known_failure_text, known_failures  # noqa: E402
+from harness.compare import FAILING, STATUS_ORDER  # noqa: E402
 from harness.records import RUN_META, load  # noqa: E402
 from reports import benchmark_json  # noqa: E402
 from reports.error_map import draw_artefact  # noqa: E402
@@ -40,7 +40,8 @@ def status_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def failures(df: pd.DataFrame) -> pd.DataFrame:
-    bad = df[df["status"].isin(["fail", "error"])].assign(topology=lambda d: _topology(d))
+    """Every row that fails the run: fail, error, and xpass (a known failure that passes: its mark must go)."""
+    bad = df[df["status"].isin(FAILING)].assign(topology=lambda d: _topology(d))
     return bad[["op", "case_id", "topology", "dtype", "check", "status", "message"]].reset_index(drop=True)
 
 
@@ -49,9 +50,10 @@ MAX_LISTED_ITEMS = 200  # failing items listed one by one in the report (all are
 
 
 def failing_items(df: pd.DataFrame) -> list[dict]:
-    """One entry per failing or erroring item (op, case, topology, dtype), in run order: its worst status,
-    its failing checks (check, status, message, error map path or None) and its rerun command."""
-    bad = df[df["status"].isin(["fail", "error"])]
+    """One entry per item (op, case, topology, dtype) that fails the run (a check failed, errored or passed
+    though marked as a known failure), in run order: its worst status, those checks (check, status, message,
+    error map path or None) and its rerun command."""
+    bad = df[df["status"].isin(FAILING)]
     items = []
     for key, rows in bad.groupby(ITEM_KEY, sort=False):
         op, case_id, dp, cp, tp, dtype = key
@@ -108,7 +110,37 @@ def _failures_html(items: list[dict], run_dir: Path) -> str:
     return "\n".join(parts)
 
 
-COUNTED = ["pass", "warn", "fail", "error", "skip"]
+COUNTED = ["pass", "warn", "fail", "error", "skip", "xfail", "xpass"]
+
+
+def known_failures_markdown(table: pd.DataFrame) -> list[str]:
+    """The Known failures section: per KnownFailure its reason and reference, what it covered and a rerun line."""
+    if not len(table):
+        return []
+    lines = [f"## Known failures ({int(table['count'].sum())} xfail rows, not failing the run)", ""]
+    for r in table.itertuples():
+        lines += [f"- **{known_failure_text(r)}**: {r.checks}; {r.count} row(s) in {r.items} item(s) {r.where}"]
+        if isinstance(r.rerun, str):
+            lines += ["", "  ```text", f"  rerun: {r.rerun}", "  ```"]
+    return lines + [""]
+
+
+def _known_failures_html(table: pd.DataFrame) -> str:
+    if not len(table):
+        return ""
+    items = []
+    for r in table.itertuples():
+        reference = html.escape(r.reference)
+        if r.reference.startswith(("http://", "https://")):
+            reference = f"<a href='{reference}'>{reference}</a>"
+        items.append(f"<li class='xfail'><b>XFAIL</b> <code>{html.escape(r.op)}</code>: {html.escape(r.reason)}"
+                     + (f" ({reference})" if r.reference else "")
+                     + f"<br><small>{html.escape(r.checks)}; {r.count} row(s) in {r.items} item(s) "
+                     f"{html.escape(r.where)}</small>"
+                     + (f"<pre class='rerun'>rerun: {html.escape(r.rerun)}</pre>" if isinstance(r.rerun, str) else "")
+                     + "</li>")
+    return (f"<h2>Known failures ({int(table['count'].sum())} xfail rows, not failing the run)</h2>"
+            f"<ul class='findings'>{''.join(items)}</ul>")
 
 
 def findings_markdown(table: pd.DataFrame) -> list[str]:
@@ -140,11 +172,11 @@ def summary_markdown(run_dir: str | Path, max_items: int = 30) -> str:
     meta = json.loads((run_dir / RUN_META).read_text()) if (run_dir / RUN_META).is_file() else {}
     counts = df["status"].value_counts().reindex(COUNTED, fill_value=0)
     items = failing_items(df)
-    mark = "❌" if counts["fail"] or counts["error"] else "⚠️" if counts["warn"] else "✅"
+    mark = "❌" if counts[list(FAILING)].any() else "⚠️" if counts["warn"] else "✅"
     lines = [f"## {mark} shardcheck run {meta.get('run_id', run_dir.name)}", "",
              f"**{len(df)} checks: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + "**"
              + (f" (commit {str(meta['git_commit'])[:10]})" if meta.get("git_commit") else ""), ""]
-    lines += findings_markdown(causes(df))
+    lines += findings_markdown(causes(df)) + known_failures_markdown(known_failures(df))
     checks = df[df["check"] != "bench"]
     if len(checks):
         lines += [status_table(checks).to_markdown(index=False), ""]
@@ -155,27 +187,39 @@ def summary_markdown(run_dir: str | Path, max_items: int = 30) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cell_status(statuses: pd.Series) -> str:
+    """A heatmap cell's label status: the worst of the checks that ran ("skip" only when none did)."""
+    ran = statuses[statuses != "skip"]
+    return _worst(ran) if len(ran) else "skip"
+
+
 def heatmap(df: pd.DataFrame, path: Path) -> None:
-    """op × topology coloured by the worst err/budget over dtypes, cases and checks (errors at the top)."""
+    """op × topology coloured by the worst err/budget over dtypes, cases and checks; what fails the run (fail,
+    error, xpass) is red, what was not judged (skip, xfail) grey; a cell whose worst check does not pass is
+    labelled with its status."""
     df = df.assign(topology=_topology(df))
-    ratio = df["err_ratio"].fillna(0.0).where(df["status"] == "pass", np.inf)
-    df = df.assign(ratio=ratio.where(df["status"] != "error", np.nan))
-    grid = df.pivot_table(index="op", columns="topology", values="ratio", aggfunc="max")
-    errors = df[df["status"] == "error"].assign(one=1).pivot_table(index="op", columns="topology", values="one", aggfunc="max")
-    errors = errors.reindex(index=grid.index, columns=grid.columns)
+    status = df["status"]
+    ratio = df["err_ratio"].fillna(0.0).where(status == "pass", np.nan)
+    ratio = ratio.where(~status.isin(FAILING), np.inf).where(status != "warn", df["err_ratio"].fillna(np.inf))
+    df = df.assign(ratio=ratio)
+    grid = df.pivot_table(index="op", columns="topology", values="ratio", aggfunc="max", dropna=False)
+    labels = df.pivot_table(index="op", columns="topology", values="status", aggfunc=_cell_status, fill_value="")
+    labels = labels.reindex(index=grid.index, columns=grid.columns, fill_value="")
     values = grid.to_numpy(dtype=float)
-    shown = np.clip(np.nan_to_num(values, nan=0.0, posinf=10.0), 1e-6, 10.0)
+    shown = np.log10(np.clip(np.nan_to_num(values, nan=np.nan, posinf=10.0), 1e-6, 10.0))  # NaN stays: grey
     fig, ax = plt.subplots(figsize=(3.5 + 1.1 * len(grid.columns), 1.2 + 0.45 * len(grid.index)), layout="constrained")
     # Passing cells (ratio <= 1, log <= 0) span green to yellow; failing ones are red.
     norm = matplotlib.colors.TwoSlopeNorm(vmin=-6, vcenter=0, vmax=1)
-    im = ax.imshow(np.log10(shown), cmap="RdYlGn_r", norm=norm, aspect="auto")
+    cmap = matplotlib.colormaps["RdYlGn_r"].with_extremes(bad="#d9d9d9")
+    im = ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, norm=norm, aspect="auto")
     for (i, j), v in np.ndenumerate(values):
-        err = errors.to_numpy(dtype=float)[i, j] == 1 if errors.size else False
-        label = "ERROR" if err else ("FAIL" if v == np.inf else ("" if np.isnan(v) else f"{v:.2g}"))
+        cell = labels.iat[i, j]
+        label = (f"{v:.2g}" if cell == "pass" and not np.isnan(v) else "" if cell in ("pass", "") else
+                 cell if cell == "skip" else cell.upper())
         ax.text(j, i, label, ha="center", va="center", fontsize=7, color="black")
     ax.set_xticks(range(len(grid.columns)), grid.columns, rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(len(grid.index)), grid.index, fontsize=8)
-    ax.set_title("worst err / budget (≤ 1 passes)", fontsize=9)
+    ax.set_title("worst err / budget (≤ 1 passes; grey: skipped or known failure)", fontsize=9)
     fig.colorbar(im, ax=ax, label="log10(err / budget)")
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -267,7 +311,9 @@ def build(run_dir: str | Path) -> list[Path]:
     header += [f"- {note}" for note in meta.get("shim_notes", [])]  # CPU shims the run used (harness/shims)
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
     findings = causes(df)  # grouping every non-passing row: once for both pages
+    known = known_failures(df)
     md = header + ["", f"**{len(df)} checks: {summary}**", ""] + findings_markdown(findings)
+    md += known_failures_markdown(known)
     if len(table):
         md += ["## Status: op × dtype × topology", "", table.to_markdown(index=False), ""]
     if len(bench):
@@ -282,8 +328,10 @@ def build(run_dir: str | Path) -> list[Path]:
     style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 6px}td.pass{background:#dfd}td.fail{background:#fbb}"
              "td.error{background:#f88;font-weight:bold}td.skip{background:#eee}td.warn{background:#fe9}"
+             "td.xfail{background:#dde4f4}td.xpass{background:#f9c;font-weight:bold}"
              "ul.findings li{margin-bottom:6px}li.warn b{color:#a60}li.fail b{color:#b00}li.error b{color:#700}"
-             "div.item{border-top:1px solid #ccc;margin-top:1em}h3.fail{color:#b00}h3.error{color:#700}"
+             "li.xfail b{color:#446}li.xpass b{color:#b06}"
+             "div.item{border-top:1px solid #ccc;margin-top:1em}h3.fail{color:#b00}h3.error{color:#700}h3.xpass{color:#b06}"
              "pre.rerun{background:#f4f4f4;padding:6px;white-space:pre-wrap;font-size:12px}"
              "img.errmap{max-width:1000px;border:1px solid #ddd}figcaption{font-size:12px;color:#555}")
     cells = table.to_html(index=False, escape=True) if len(table) else ""
@@ -295,6 +343,7 @@ def build(run_dir: str | Path) -> list[Path]:
             f"<style>{style}</style></head><body>", f"<h1>shardcheck run {html.escape(meta.get('run_id', run_dir.name))}</h1>",
             "<ul>" + "".join(f"<li>{html.escape(line[2:])}</li>" for line in header[2:]) + "</ul>",
             f"<p><b>{len(df)} checks: {html.escape(summary)}</b></p>", _findings_html(findings),
+            _known_failures_html(known),
             "<h2>Status: op × dtype × topology</h2>" + cells if cells else "",
             "<h2>Benchmarks</h2>" + bench.to_html(index=False, escape=True) if len(bench) else "", pictures,
             "<h2>Failures</h2>", bad.to_html(index=False, escape=True) if len(bad) else "<p>None.</p>",

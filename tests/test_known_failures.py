@@ -1,0 +1,341 @@
+"""Known failures (harness.case.KnownFailure): `xfail` while a marked check fails, `xpass` once it passes, from the
+plan through the driver's merge to the exit code, the CLI summary, the findings, the reports, JUnit and compare.
+
+Most tests merge seeded per-rank events with the driver's own Collector (no launch); the end-to-end tests run one
+small case of a broken implementation with a mark attached to the suite's case in the driver."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import xml.etree.ElementTree as ET
+
+import pandas as pd
+import pytest
+
+from helpers import BROKEN, cli
+from harness import plan as plan_module
+from harness.case import KnownFailure
+from harness.causes import causes, finding_lines, known_failures, known_failures_line
+from harness.cli import main
+from harness.collect import Collector
+from harness.events import Events, events_path
+from harness.items import Item, Plan, Xfail
+from harness.plan import build_plan
+from harness.records import load
+from harness.run import EXIT_FAIL, EXIT_OK, close_run, exit_code, open_run
+from harness.topology import Topology, UsageError
+from reports import junit
+from reports.dashboard import load_runs, status_counts
+from reports.regression import compare_runs
+from reports.report import build
+
+OP = "model_utils.DistributedLogprob"
+MARK = Xfail(reason="vocab offset off by one on ranks past the first shard", reference="https://example.org/issues/7",
+             checks=["*"])
+
+
+# ---- seeded rows: per-rank events merged by the driver's Collector ----------------------------------------------
+
+def _item(item_id, case_id, checks, dtype="float64", xfail=None, tp=2) -> Item:
+    return Item(id=item_id, suite="model_utils", op=OP, case_id=case_id, dtype=dtype, topology=(1, 1, tp),
+                world_size=tp, seed=item_id, checks=checks, params={"B": 4, "masked": 0.3}, xfail=xfail)
+
+
+def _check_event(status: str, rank: int) -> dict:
+    """One rank's result as the worker reports it: a wrong value on rank 1 is 1.98 where -0.097 was expected."""
+    if status == "fail":
+        return {"status": "fail", "message": "", "max_abs_err": 2.07, "err_ratio": 1.0e10, "budget": 2.07e-10,
+                "worst": {"local_index": [1, 2, 8], "global_index": [1, 2, 27], "expected": -0.0973, "got": 1.98},
+                "symptom": "values"}
+    if status == "warn":
+        return {"status": "warn", "message": "forward all_reduce@tp: 4 call(s) > allowed 3", "symptom": "comm"}
+    if status == "skip":
+        return {"status": "skip", "message": "needs the [megatron] extra"}
+    return {"status": "pass", "message": "", "max_abs_err": 1e-17, "err_ratio": 0.01 + 0.001 * rank, "budget": 1e-15}
+
+
+def _emit(events: dict[int, Events], item: Item, results: dict[str, dict[int, str]] | None) -> None:
+    """Rank events of `item`: every check's status per rank, or (results None) a hang: rank 1 never leaves forward."""
+    ranks = range(item.world_size)
+    for r in ranks:
+        events[r].emit("start", item.id)
+        events[r].emit("phase", item.id, phase="forward")
+    if results is None:
+        events[0].emit("stuck", item.id, missing=[1], waited=10.0)
+        return
+    for check, per_rank in results.items():
+        for r in ranks:
+            events[r].emit("check", item.id, check=check, coords={"dp": 0, "cp": 0, "tp": r},
+                           **_check_event(per_rank.get(r, "pass"), r))
+    for r in ranks:
+        events[r].emit("done", item.id, seconds=0.1)
+
+
+@pytest.fixture
+def seeded_run(tmp_path):
+    """A run of one op: a marked item still failing (grad:logits on rank 1), the same case unmarked in float32
+    (the mark's `when` left it out) failing, a marked item now passing, a marked item that hangs, and a marked item
+    with a skipped and a warning check.  Written as the driver writes runs: open_run, Collector, close_run."""
+    checks = ["forward", "grad:logits", "property:comm"]
+    items = [_item(0, "b4s6v37-masked0.3", checks, xfail=MARK),
+             _item(1, "b4s6v37-masked0.3", checks, dtype="float32"),
+             _item(2, "b4s6v37", checks, xfail=MARK),
+             _item(3, "b4s8v64", checks, xfail=MARK),
+             _item(4, "b2s4v16", checks, xfail=MARK)]
+    plan = Plan(run_id="seeded", quick=True, seed=0, timeout=10.0, device="cpu", backend="gloo",
+                impl={"model_utils": "distributed_impl.model_utils"}, items=items)
+    run_dir = tmp_path / "run"
+    events_dir = run_dir / "workers" / "w2-launch0"
+    events = {r: Events(events_path(events_dir, r), r) for r in range(2)}
+    _emit(events, items[0], {"grad:logits": {1: "fail"}, "forward": {}, "property:comm": {}})
+    _emit(events, items[1], {"forward": {}, "grad:logits": {1: "fail"}, "property:comm": {}})
+    _emit(events, items[2], {"forward": {}, "grad:logits": {}, "property:comm": {}})
+    _emit(events, items[3], None)
+    _emit(events, items[4], {"forward": {0: "skip", 1: "skip"}, "grad:logits": {}, "property:comm": {0: "warn", 1: "warn"}})
+    writer, meta = open_run(run_dir, plan, ["shardcheck", "run"])
+    collector = Collector(plan, items, events_dir, writer, 2)
+    collector.poll()
+    assert [i.id for i in collector.unfinished()] == [3]
+    collector.abort(items[3], "")  # the launch's hang path
+    close_run(run_dir, writer, meta)
+    return run_dir, writer.counts
+
+
+def _status(rows: pd.DataFrame, case_id: str, dtype: str = "float64") -> dict[str, str]:
+    of = rows[(rows["case_id"] == case_id) & (rows["dtype"] == dtype)]
+    return dict(zip(of["check"], of["status"]))
+
+
+def test_the_merge_turns_marked_failures_into_xfail_and_marked_passes_into_xpass(seeded_run):
+    run_dir, counts = seeded_run
+    rows = load(run_dir)
+    # still failing: the failing check is xfail, the finding kept; its passing checks stay pass (the mark is needed)
+    assert _status(rows, "b4s6v37-masked0.3") == {"forward": "pass", "grad:logits": "xfail", "property:comm": "pass"}
+    known = rows[rows["status"] == "xfail"].set_index(["case_id", "check"]).loc[("b4s6v37-masked0.3", "grad:logits")]
+    assert known["message"].startswith("rank 1 (dp=0, cp=0, tp=1): |err| 2.08 > budget 2.07e-10 at global (1, 2, 27)")
+    assert known["message"].endswith("; known failure: vocab offset off by one on ranks past the first shard "
+                                     "(https://example.org/issues/7)")
+    assert known["symptom"] == "values" and known["culprit_ranks"] == [1]  # what the known failure looks like
+    assert known["xfail_reason"] == MARK.reason and known["xfail_reference"] == MARK.reference
+    assert known["rerun"].startswith("shardcheck run --suite model_utils --op model_utils.DistributedLogprob")
+    # the mark's `when` left float32 out: a failure like any other
+    assert _status(rows, "b4s6v37-masked0.3", "float32")["grad:logits"] == "fail"
+    # every marked check passes on every rank: xpass, saying the mark must go
+    assert set(_status(rows, "b4s6v37").values()) == {"xpass"}
+    xpass = rows[rows["status"] == "xpass"].iloc[0]
+    assert "passes on every rank" in xpass["message"] and "remove the KnownFailure mark" in xpass["message"]
+    assert xpass["symptom"] == "xpass" and isinstance(xpass["rerun"], str)
+    # a hang of a marked item is a known failure too, its cause kept
+    hung = rows[rows["case_id"] == "b4s8v64"]
+    assert set(hung["status"]) == {"xfail"} and set(hung["symptom"]) == {"hung"}
+    assert hung["message"].str.contains("did not finish the case within 10s").all()
+    # skips stay skips, warnings warnings; with nothing marked failing, the passing grad:logits is xpass
+    assert _status(rows, "b2s4v16") == {"forward": "skip", "grad:logits": "xpass", "property:comm": "warn"}
+    # counted by the writer and in run.json
+    assert counts == {"pass": 4, "warn": 1, "fail": 1, "error": 0, "skip": 1, "xfail": 4, "xpass": 4}
+    assert json.loads((run_dir / "run.json").read_text())["summary"] == counts
+
+
+def test_xfail_never_fails_a_run_and_xpass_always_does():
+    none = {"pass": 5, "warn": 0, "fail": 0, "error": 0, "skip": 1, "xfail": 0, "xpass": 0}
+    assert exit_code({**none, "xfail": 7}, strict=True) == EXIT_OK
+    assert exit_code({**none, "xfail": 7, "xpass": 1}, strict=False) == EXIT_FAIL
+    assert exit_code({**none, "xfail": 7, "warn": 1}, strict=False) == EXIT_OK
+    assert exit_code({**none, "xfail": 7, "warn": 1}, strict=True) == EXIT_FAIL
+
+
+def test_xfail_rows_are_no_cause_and_an_xpass_is_a_finding_of_its_own(seeded_run):
+    run_dir, _ = seeded_run
+    rows = load(run_dir)
+    table = causes(rows)
+    assert list(table["status"]) == ["fail", "xpass", "warn"], "\n".join(finding_lines(table))
+    failed, xpass, _ = (table.iloc[i] for i in range(3))
+    assert failed["kind"] == "wrong values" and failed["count"] == 1  # the unmarked float32 row alone
+    assert xpass["kind"] == "a known failure now passes: remove its KnownFailure mark" and xpass["count"] == 4
+    assert xpass["condition"] == "in 2 item(s) at dp1-cp1-tp2 in float64"  # where the mark no longer holds
+    lines = finding_lines(table)
+    at = lines.index(next(line for line in lines if line.startswith("XPASS model_utils.DistributedLogprob: a known "
+                                                                         "failure now passes")))
+    assert lines[at + 1].startswith("    worst: passes on every rank, but is marked as a known failure")
+    assert lines[at + 2].startswith("    rerun: shardcheck run ")
+    known = known_failures(rows)
+    assert len(known) == 1
+    entry = known.iloc[0]
+    assert (entry["reason"], entry["reference"], entry["count"], entry["items"]) == (MARK.reason, MARK.reference, 4, 2)
+    assert entry["checks"] == "forward, grad:logits, property:comm" and entry["where"] == "at dp1-cp1-tp2 in float64"
+    assert known_failures_line(known) == ("Known failures (4 xfail row(s), not failing the run): "
+                                          f"{OP}: {MARK.reason} ({MARK.reference}), 4 row(s)")
+
+
+def test_junit_skips_a_known_failure_with_its_reason_and_fails_an_xpass(seeded_run):
+    run_dir, _ = seeded_run
+    root = ET.fromstring(ET.tostring(junit.junit_tree(load(run_dir), "seeded").getroot()))
+    assert {k: root.get(k) for k in ("tests", "failures", "errors", "skipped")} == {
+        "tests": "5", "failures": "3", "errors": "0", "skipped": "2"}
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    for name in ("b4s6v37-masked0.3 [dp1-cp1-tp2 float64]", "b4s8v64 [dp1-cp1-tp2 float64]"):
+        skipped = cases[name].find("skipped")
+        assert skipped.get("type") == "shardcheck.xfail" and cases[name].find("failure") is None
+        assert skipped.get("message") == f"known failure: {MARK.reason} ({MARK.reference})"
+        assert "rerun: shardcheck run" in skipped.text
+    xpass = cases["b4s6v37 [dp1-cp1-tp2 float64]"].find("failure")
+    assert xpass.get("type") == "shardcheck.xpass"
+    assert xpass.get("message") == (f"forward: known failure: {MARK.reason} ({MARK.reference}) now passes on every "
+                                    "rank; remove its mark")
+    assert "rerun: shardcheck run" in xpass.text
+    # an xpass beside a warning and a skip is still a failure
+    assert cases["b2s4v16 [dp1-cp1-tp2 float64]"].find("failure").get("type") == "shardcheck.xpass"
+    assert cases["b4s6v37-masked0.3 [dp1-cp1-tp2 float32]"].find("failure").get("type") == "shardcheck.values"
+
+
+def test_the_report_counts_colours_and_lists_known_failures_with_reason_reference_and_rerun(seeded_run):
+    run_dir, _ = seeded_run
+    build(run_dir)
+    md = (run_dir / "report.md").read_text()
+    assert "**15 checks: 4 pass, 1 warn, 1 fail, 0 error, 1 skip, 4 xfail, 4 xpass**" in md
+    section = md.split("## Known failures (4 xfail rows, not failing the run)")[1].split("\n## ")[0]
+    assert f"**{OP}: {MARK.reason} ({MARK.reference})**" in section
+    assert "forward, grad:logits, property:comm; 4 row(s) in 2 item(s) at dp1-cp1-tp2 in float64" in section
+    assert "rerun: shardcheck run --suite model_utils --op model_utils.DistributedLogprob" in section
+    # the xpass items are failing items, with their rerun line; the known failures are not
+    failing = md.split("## Failing items")[1]
+    assert "### XPASS model_utils.DistributedLogprob [b4s6v37] dp1-cp1-tp2 float64" in failing
+    assert "### FAIL model_utils.DistributedLogprob [b4s6v37-masked0.3] dp1-cp1-tp2 float32" in failing
+    assert "[b4s8v64]" not in failing
+    page = (run_dir / "report.html").read_text()
+    assert "<h2>Known failures (4 xfail rows, not failing the run)</h2>" in page
+    assert f"<a href='{MARK.reference}'>{MARK.reference}</a>" in page
+    assert '<td class="xpass">xpass</td>' in page and "td.xfail{" in page
+
+
+def test_compare_says_how_known_failures_changed_and_gates_a_check_that_stopped_passing(tmp_path):
+    def run(name, statuses):
+        d = tmp_path / name
+        d.mkdir()
+        rows = [{"run_id": name, "op": OP, "case_id": case, "dp": 1, "cp": 1, "tp": 2, "dtype": "float64",
+                 "device": "cpu", "check": "forward", "status": status} for case, status in statuses.items()]
+        (d / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return d
+
+    base = run("base", {"fixed": "xfail", "fixed-unmarked": "xfail", "broke-marked": "pass", "still": "xfail",
+                        "was-xpass": "xpass", "unmarked": "xfail"})
+    new = run("new", {"fixed": "xpass", "fixed-unmarked": "pass", "broke-marked": "xfail", "still": "xfail",
+                      "was-xpass": "fail", "unmarked": "fail"})
+    table, regressions = compare_runs(base, new, 10.0, 5.0)
+    change = dict(zip(table["case_id"], table["change"]))
+    assert change == {
+        "fixed": "xfail -> xpass: known failure now passes: remove its KnownFailure mark",
+        "fixed-unmarked": "xfail -> pass: known failure fixed",
+        "broke-marked": "REGRESSION: pass -> xfail (passed in BASE, a known failure in NEW)",
+        "was-xpass": "REGRESSION: xpass -> fail",
+        "unmarked": "xfail -> fail: known failure no longer marked",
+    }
+    assert regressions == 2
+    proc = cli("compare", str(base), str(new))
+    assert proc.returncode == 1 and "**2 regression(s)**" in proc.stdout
+
+
+def test_the_dashboard_counts_known_failures_per_run(seeded_run):
+    run_dir, _ = seeded_run
+    runs, rows = load_runs([run_dir])
+    table = status_counts(runs, rows)
+    assert (int(table["xfail"][0]), int(table["xpass"][0])) == (4, 4)
+
+
+# ---- the plan resolves a case's mark per item ------------------------------------------------------------------
+
+def _marked(monkeypatch, mark: KnownFailure, case_glob: str = "*") -> None:
+    """Attach `mark` to the DistributedLogprob cases matching `case_glob` where the driver plans (the ranks run the
+    suite's cases as they are: a mark is the driver's business)."""
+    import fnmatch
+
+    real = plan_module.suite_cases
+
+    def suite_cases(name, quick, bench=False):
+        return [dataclasses.replace(c, xfail=mark) if c.op == OP and fnmatch.fnmatchcase(c.case_id, case_glob) else c
+                for c in real(name, quick, bench)]
+
+    monkeypatch.setattr(plan_module, "suite_cases", suite_cases)
+
+
+def _plan(**over) -> Plan:
+    args = dict(run_id="p", suites_wanted=["model_utils"], ops=[OP], case_patterns=["b4s6v37-masked0.3"],
+                world_sizes=None, topologies=[Topology(1, 1, 1), Topology(1, 1, 2)], dtypes=["float64", "float32"],
+                impl={}, quick=True, seed=0, timeout=60.0, device="cpu", backend="gloo")
+    return build_plan(**{**args, **over})
+
+
+def test_the_plan_resolves_when_per_item_and_plan_json_carries_it(monkeypatch):
+    _marked(monkeypatch, KnownFailure("wrong past the first shard", "upstream#7", checks="grad:*",
+                                      when=lambda topology, dtype: topology.tp >= 2 and dtype == "float64"))
+    plan = _plan()
+    marked = {(i.topology, i.dtype): i.xfail for i in plan.items}
+    assert marked[((1, 1, 2), "float64")] == Xfail("wrong past the first shard", "upstream#7", ["grad:*"])
+    assert [k for k, v in marked.items() if v is not None] == [((1, 1, 2), "float64")]
+    again = Plan.from_json(plan.to_json())
+    assert [i.xfail for i in again.items] == [i.xfail for i in plan.items]
+    assert again.items[0].xfail is None or isinstance(again.items[0].xfail, Xfail)
+    assert Xfail("r", "", ["grad:*"]).covers("grad:logits") and not Xfail("r", "", ["grad:*"]).covers("forward")
+
+
+def test_a_mark_that_can_match_no_check_or_whose_when_raises_is_one_usage_line(monkeypatch):
+    _marked(monkeypatch, KnownFailure("typo", checks=("grad:logit",)))
+    with pytest.raises(UsageError, match=r"KnownFailure check pattern 'grad:logit' matches none of its checks "
+                                         r"\(forward, grad:logits"):
+        _plan()
+    _marked(monkeypatch, KnownFailure("bad when", when=lambda topology, dtype: topology.pp > 1))
+    with pytest.raises(UsageError, match=r"KnownFailure.when\(dp1-cp1-tp1, 'float64'\) raised AttributeError"):
+        _plan()
+    with pytest.raises(ValueError, match="needs a reason"):
+        KnownFailure("  ")
+    assert KnownFailure("r", checks="forward").checks == ("forward",)
+
+
+# ---- end to end: a broken implementation with its defect marked ------------------------------------------------
+
+WRONG_OFFSET = f"model_utils={BROKEN / 'model_utils' / 'wrong_vocab_offset.py'}"
+ONE_CASE = ("--op", OP, "--case", "b4s6v37-masked0.3", "--topology", "dp=1,cp=1,tp=2", "--quick", "--no-progress")
+REASON, REFERENCE = "targets looked up one vocab id too far past the first shard", "https://example.org/issues/19"
+
+
+def _run(capsys, tmp_path, name, *args) -> tuple[int, str, pd.DataFrame, ET.Element]:
+    out, xml = tmp_path / name, tmp_path / f"{name}.xml"
+    code = main(["run", *ONE_CASE, *args, "--out", str(out), "--junit-xml", str(xml), "--strict"])
+    return code, capsys.readouterr().out, load(out), ET.parse(xml).getroot()
+
+
+def test_a_known_failure_is_xfail_and_the_run_passes_while_unmarked_parts_still_fail(monkeypatch, capsys, tmp_path):
+    _marked(monkeypatch, KnownFailure(REASON, REFERENCE, when=lambda topology, dtype: dtype == "float64"))
+    code, out, rows, xml = _run(capsys, tmp_path, "marked", "--impl", WRONG_OFFSET, "--dtype", "float64")
+    assert code == 0, out
+    assert (rows.loc[rows["check"] == "grad:logits", "status"] == "xfail").all() and "fail" not in set(rows["status"])
+    assert f"0 failed, 0 errors, 0 skipped, {(rows['status'] == 'xfail').sum()} xfailed, 0 xpassed" in out
+    assert f"Known failures ({(rows['status'] == 'xfail').sum()} xfail row(s), not failing the run): " \
+           f"{OP}: {REASON} ({REFERENCE})" in out
+    assert "Findings" not in out and "rerun:" not in out  # known failures are not printed as failures
+    assert xml.get("skipped") == "1" and xml.get("failures") == "0"
+    assert xml.find(".//skipped").get("message") == f"known failure: {REASON} ({REFERENCE})"
+    report = (tmp_path / "marked" / "report.md").read_text()
+    assert f"**{OP}: {REASON} ({REFERENCE})**" in report and "rerun: shardcheck run" in report
+
+    # float32 is outside the mark's `when`: the same defect fails there as ever
+    code, out, rows, _ = _run(capsys, tmp_path, "outside", "--impl", WRONG_OFFSET, "--dtype", "float64,float32")
+    assert code == 1, out
+    assert set(rows.loc[rows["dtype"] == "float32", "status"]) >= {"fail"}
+    assert "xfail" not in set(rows.loc[rows["dtype"] == "float32", "status"])
+    assert set(rows.loc[rows["dtype"] == "float64", "status"]) <= {"pass", "xfail"}
+    assert f"FAIL {OP}: wrong values" in out and "rerun: shardcheck run" in out
+
+
+def test_a_known_failure_that_now_passes_is_xpass_and_fails_the_run(monkeypatch, capsys, tmp_path):
+    _marked(monkeypatch, KnownFailure(REASON, REFERENCE))
+    code, out, rows, xml = _run(capsys, tmp_path, "fixed", "--dtype", "float64")  # our own, correct implementation
+    assert code == 1, out
+    assert set(rows["status"]) == {"xpass"}
+    assert f"0 xfailed, {len(rows)} xpassed" in out
+    assert f"XPASS {OP}: a known failure now passes: remove its KnownFailure mark" in out
+    assert f"XPASS {OP} [b4s6v37-masked0.3] dp1-cp1-tp2 float64" in out and "\nrerun: shardcheck run" in out
+    failure = xml.find(".//failure")
+    assert xml.get("failures") == "1" and failure.get("type") == "shardcheck.xpass"
+    assert f"known failure: {REASON} ({REFERENCE}) now passes on every rank; remove its mark" in failure.get("message")
