@@ -244,7 +244,9 @@ class BadInput:
 
 @dataclass
 class RankContext:
-    """What `Case.run` may ask about the rank it runs on."""
+    """What `Case.run` (and a case's properties, comm contract and output checks) may ask about the rank it
+    runs on: the mesh and its groups (`group("tp")`, `rank("tp")`, `size("tp")`), the topology, the dtype the
+    inputs come in, the case's `params`, and the full shape and range of each input's local piece."""
 
     mesh: DeviceMesh
     topology: Topology
@@ -254,6 +256,7 @@ class RankContext:
     input_layouts: dict[str, Layout]
     impl: ModuleType | None = None  # the module under test, for properties that call the op again
     full_inputs: Tensors | None = None  # the full inputs (what index rules such as PackedHeadTail read)
+    params: dict = field(default_factory=dict)  # the case's params: a run shared by many cases reads its own here
     # What a run keeps open until its item's backward has run (`keep_open`); the harness closes it.
     contexts: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     kept_open: bool = False
@@ -302,33 +305,49 @@ PropertiesFn = Callable[[RankContext, Tensors, Tensors, tuple], list[Property]]
 OutputCheck = Callable[[torch.Tensor, torch.Tensor, Tensors, Tensors, RankContext], tuple[bool, str]]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Case:
+    """One case of one op: its inputs, the two calls, the layouts, and what else is checked.
+
+    Keyword-only.  Only `op`, `case_id`, `make_inputs`, `reference` and `run` are required; a case whose
+    inputs and outputs are all replicated needs nothing else, a sharded one adds its layouts.  The fields
+    below are grouped by purpose."""
+
+    # ---- what the case is
     op: str  # "family.Name": Name must exist in the module under test
-    case_id: str  # unique within the op
-    make_inputs: Callable[[torch.Generator], Tensors]  # full inputs; floats in float64
-    reference: Callable[[Tensors], Any]  # full inputs -> full output(s)
-    run: RunFn
+    case_id: str  # unique within the op; what `--case GLOB` matches
+
+    # ---- the inputs and the two calls
+    make_inputs: Callable[[torch.Generator], Tensors]  # full inputs; floats in float64 (the harness casts them)
+    reference: Callable[[Tensors], Any]  # full inputs -> full output(s), on one device
+    run: RunFn  # (module under test, ctx, this rank's local inputs) -> this rank's local output(s)
+
+    # ---- layouts: how each full tensor maps to a rank's piece
     input_layouts: dict[str, Layout] = field(default_factory=dict)  # absent = replicated
-    output_layouts: tuple[Layout, ...] = (REPLICATED,)
-    output_names: tuple[str, ...] = ("out",)
-    grad_inputs: tuple[str, ...] = ()  # inputs whose gradients are checked
+    output_layouts: tuple[Layout, ...] = (REPLICATED,)  # one per output
+    output_names: tuple[str, ...] = ("out",)  # one per output; () for a properties-only case
+
+    # ---- gradients
+    grad_inputs: tuple[str, ...] = ()  # inputs whose gradients are checked (floating inputs only)
     # Mesh dims along which each rank's output is a separate summand of the loss
     # (e.g. a CP all-gather used by every CP rank): each rank then gets its own
     # upstream gradient and the golden gradient is that of the sum.
     summed_over: tuple[str, ...] = ()
-    params: dict = field(default_factory=dict)  # recorded as-is
+
+    # ---- extra checks
     output_checks: dict[str, OutputCheck] = field(default_factory=dict)  # replaces the numeric forward check
-    properties: PropertiesFn | None = None
+    properties: PropertiesFn | None = None  # each Property it returns is a `property:<name>` row
+    # Communication contract: ctx -> {"forward"|"backward": {"<kind>@<mesh dim>": (max calls, max bytes)}}
+    # per rank; doing more (or a kind/dim not listed) is reported on `property:comm`.
+    comm: Callable[[RankContext], dict] | None = None
     # Input outside the op's contract: the op must raise or return the documented interpretation's answer
     # (`BadInput`); one `property:bad_input` row unless it returns.
     bad_input: BadInput | None = None
-    # Communication contract: ctx -> {"forward"|"backward": {"<kind>@<mesh dim>": (max calls, max bytes)}}
-    # per rank; doing more (or a kind/dim not listed) fails `property:comm`.
-    comm: Callable[[RankContext], dict] | None = None
     # A known defect of the code under test (an upstream issue): the checks it covers are recorded `xfail`
     # while they fail and `xpass` once they pass on every rank (`KnownFailure`).
     xfail: KnownFailure | None = None
+
+    # ---- where it runs
     dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")
     supports: Callable[[Topology], bool] = lambda topology: True
     # Whether the case exercises the CP axis.  None: derived from the layouts (something is
@@ -336,14 +355,39 @@ class Case:
     # the same computation on every CP rank, so topologies with cp > 1 skip it.  Ops that shard
     # over CP by themselves (full inputs in, e.g. cp_utils' context) say True.
     context_parallel: bool | None = None
-    # Set when the case cannot run here (e.g. an optional dependency is missing): every check of every
-    # item is recorded `skip` with this reason, and nothing of the case is called.
-    skip_reason: str | None = None
     # The op communicates over the default (world) process group rather than the mesh's groups (e.g.
     # inbatch_neg_utils' gathers): each topology then runs only in a launch whose world size equals
     # its size, so no spare rank is missing from the op's collectives; a topology whose size is not
     # one of the launched world sizes is skipped for this case.
     world_group: bool = False
+    # Set when the case cannot run here (e.g. an optional dependency is missing): every check of every
+    # item is recorded `skip` with this reason, and nothing of the case is called.
+    skip_reason: str | None = None
+
+    # ---- parameters: recorded with every row, and what `run` (and every other callable given a ctx) reads
+    # as `ctx.params`
+    params: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        # Mistakes a suite author makes, caught when the suite is loaded rather than as a silent no-op later.
+        where = f"case {self.op}[{self.case_id}]"
+        family, dot, name = self.op.partition(".")
+        if not (family and dot and name):
+            raise ValueError(f"{where}: op must be 'family.Name', got {self.op!r}")
+        if len(set(self.output_names)) != len(self.output_names):
+            raise ValueError(f"{where}: duplicate output name in {self.output_names}")
+        if len(self.output_layouts) != len(self.output_names):
+            raise ValueError(f"{where}: {len(self.output_layouts)} output layout(s) for {len(self.output_names)} "
+                             f"output(s) {self.output_names}: give one Layout per output")
+        unknown = sorted(set(self.output_checks) - set(self.output_names))
+        if unknown:
+            raise ValueError(f"{where}: output_checks for {unknown}, not among the outputs {self.output_names}")
+        if not set(self.summed_over) <= set(MESH_DIMS):
+            raise ValueError(f"{where}: summed_over {self.summed_over} names a dim outside {MESH_DIMS}")
+        for name, layout in [*self.input_layouts.items(), *zip(self.output_names, self.output_layouts)]:
+            if not isinstance(layout, Layout):
+                raise ValueError(f"{where}: the layout of {name!r} is {layout!r}; expected a Layout, "
+                                 "e.g. Layout(tp=Shard(-1))")
 
     def runs_on(self, topology: Topology) -> bool:
         """Whether the plan gives this case `topology`."""

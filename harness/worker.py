@@ -229,7 +229,8 @@ class Worker:
             return
         ctx = RankContext(mesh=mesh, topology=topo, device=self.device, dtype=dtype,
                           full_shapes={k: tuple(v.shape) for k, v in golden.inputs.items()},
-                          input_layouts=case.input_layouts, impl=impl, full_inputs=golden.inputs, contexts=contexts)
+                          input_layouts=case.input_layouts, impl=impl, full_inputs=golden.inputs, contexts=contexts,
+                          params=case.params)
         local = {}
         for name, full in golden.inputs.items():
             piece = case.input_layouts.get(name, REPLICATED).local(full, mesh, golden.inputs).clone().to(self.device)

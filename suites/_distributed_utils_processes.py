@@ -14,8 +14,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from harness.case import Property
 from harness.processes import ProcessRun, RankOutcome, RankProcess, load_module
+from shardcheck import Property
 
 PROCESS_DEADLINE_S = 20.0  # a fresh rank still running then is killed: a hang costs this much
 BARRIER_TIMEOUT_S = 1.0  # the timeout a late rank misses

@@ -14,9 +14,8 @@ import copy
 import importlib.util
 
 import torch
-from torch.distributed.tensor import Shard
 
-from harness.case import REPLICATED, GradSum, Layout
+from shardcheck import REPLICATED, GradSum, Layout, Shard
 
 LAYERS, HIDDEN, HEADS, FFN, VOCAB, SEQ, BATCH = 2, 64, 4, 256, 128, 16, 2
 COLUMN, ROW = Layout(tp=Shard(0)), Layout(tp=Shard(1))  # column-parallel (and vocab) rows; row-parallel columns

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.case import Property
 from reference import model_utils as ref
+from shardcheck import Property
 from suites._model_utils_inputs import BATCH, Sampling, tie_straddles
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import torch
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor
 
-from harness.case import IndexRule, Layout
 from reference import model_utils as ref
+from shardcheck import HeadTail, Layout, PackedHeadTail, Permuted, Shard
 
 LOGITS = Layout(dp=Shard(0), tp=Shard(-1))  # [B, S, V]: batch over DP, vocab over TP
 BATCH = Layout(dp=Shard(0))  # [B, ...]: batch over DP, replicated over TP
@@ -248,7 +248,8 @@ def dtensor(ctx, local: torch.Tensor, name: str, layout: Layout) -> DTensor:
     """The DTensor whose local piece on this rank is `local` (uneven shards included).  A dim laid out by a
     CP index rule is a Shard of the (permuted) sequence, as upstream builds it."""
     shape = torch.Size(ctx.full_shapes[name])
-    placements = [Shard(p.dim % len(shape)) if isinstance(p, (Shard, IndexRule)) else p for p in layout.placements]
+    placements = [Shard(p.dim % len(shape)) if isinstance(p, (Shard, HeadTail, PackedHeadTail, Permuted)) else p
+                  for p in layout.placements]
     stride = torch.empty(shape, device="meta").stride()
     return DTensor.from_local(local, ctx.mesh, placements, run_check=False, shape=shape, stride=stride)
 

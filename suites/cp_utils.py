@@ -29,13 +29,18 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.tensor import Partial, Shard
 
-from harness.case import BadInput, Case, GradSum, Layout, Property, head_tail_positions
 from reference import cp_utils as ref
+from shardcheck import BadInput, Case, GradSum, HeadTail, Layout, Partial, Property, Shard
 
 FAMILY = "cp_utils"
 OP = FAMILY + "."
+
+
+def head_tail(length: int, cp: int, r: int) -> torch.Tensor:
+    """Positions CP rank r holds of `length` in the load-balanced layout: the harness's own rule (HeadTail)."""
+    return HeadTail(dim=0).positions(length, cp, r, {})
+
 
 N_HEADS = 2
 SENTINEL = -1000
@@ -305,7 +310,7 @@ def _batch_layout_properties(ctx, full, local, outs):
     padded = ref.padded_batch({k: full[k] for k in ("input_ids", "labels", "loss_mask", "padding_mask", "attention_mask")},
                               cp)
     s_pad = padded["input_ids"].shape[1]
-    index = head_tail_positions(s_pad, cp, r)
+    index = head_tail(s_pad, cp, r)
     props = [Property("attention_mask_dropped", "attention_mask" not in res["inside"], None,
                       "" if "attention_mask" not in res["inside"] else "attention_mask is still in the batch")]
     for k in ("input_ids", "labels", "position_ids", "loss_mask", "padding_mask"):
@@ -348,7 +353,7 @@ def _ctx_layout_properties(ctx, full, local, outs):
     props = [Property("sdpa_patched_inside", bool(res["patched"]) or cp == 1, None, ""),
              Property("sdpa_restored_after", bool(res["unpatched"]), None, "")]
     for k, dim in LAYOUT_BUFFERS:
-        index = head_tail_positions(full[k].shape[dim], cp, r)
+        index = head_tail(full[k].shape[dim], cp, r)
         shard = full[k].index_select(dim, index)
         props.append(_equal(f"created:{k}", res["untouched"][k], full[k], " before enter"))
         props.append(_equal(f"inside:{k}", res["inside"][k], shard, f" (dim {dim}, head-tail positions {index.tolist()})"))
@@ -461,7 +466,7 @@ THD_TOKEN_KEYS = {"input_ids": None, "labels": -100, "position_ids": 0, "padding
 
 def _thd_local(full_row: torch.Tensor, bounds: list[int], cp: int, r: int) -> torch.Tensor:
     """This rank's tokens of one THD chunk: the harness's head-tail rule applied per sequence."""
-    index = torch.cat([a + head_tail_positions(b - a, cp, r) for a, b in zip(bounds[:-1], bounds[1:])])
+    index = torch.cat([a + head_tail(b - a, cp, r) for a, b in zip(bounds[:-1], bounds[1:])])
     return full_row.index_select(0, index)
 
 
@@ -512,7 +517,7 @@ def _reassembled(ctx, got: dict, golden: dict, cp: int) -> list[Property]:
         dist.all_gather(pieces, mine.contiguous(), group=ctx.group("cp"))
         whole = torch.empty_like(golden[k])
         for rank, piece in enumerate(pieces):
-            index = torch.cat([a + head_tail_positions(b - a, cp, rank) for a, b in zip(bounds[:-1], bounds[1:])])
+            index = torch.cat([a + head_tail(b - a, cp, rank) for a, b in zip(bounds[:-1], bounds[1:])])
             whole[index] = piece.cpu()
         props.append(_equal(f"reassembled:{k}", whole, golden[k], " (all ranks' pieces put back)"))
     return props

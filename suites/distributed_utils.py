@@ -32,12 +32,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Partial, Shard
+from torch.distributed.tensor import DTensor
 
-from harness.case import REPLICATED, BadInput, Case, Layout, Property
 from harness.measure import CommCounter, group_dims
 from harness.processes import module_ref, run_ranks
 from reference import distributed_utils as ref
+from shardcheck import REPLICATED, BadInput, Case, Layout, Partial, Property, Shard
 from suites._distributed_utils_processes import (BARRIER_TIMEOUT_S, BLOCK_S, PROCESS_DEADLINE_S, SLACK_S, STAGGER_S,
                                                  barrier_log_scenario, first_rank_scenario, gloo_group_scenario,
                                                  judge_barrier_log, judge_first_rank_order, judge_first_rank_raise,

@@ -29,10 +29,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor import Partial, Shard
 
-from harness.case import REPLICATED, BadInput, Case, GradSum, Layout, Property
 from reference import inbatch_neg_utils as ref
+from shardcheck import REPLICATED, BadInput, Case, GradSum, Layout, Partial, Property, Shard
 
 FAMILY = "inbatch_neg_utils"
 OP = FAMILY + "."

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import DTensor
 
-from harness.case import BadInput, Case, Layout, Property
 from harness.compare import budget
 from reference import kd_loss as ref
+from shardcheck import BadInput, Case, Layout, Partial, Property, Replicate, Shard
 
 FAMILY = "kd_loss"
 OP = FAMILY + "."

@@ -20,8 +20,8 @@ from types import SimpleNamespace
 
 import torch
 
-from harness.case import REPLICATED, BadInput, Case, GradSum
 from reference import model_utils as ref
+from shardcheck import REPLICATED, BadInput, Case, GradSum
 from suites._model_utils_bench import bench_cases  # noqa: F401  (the suite's benchmarks)
 from suites._model_utils_checks import (any_tied_survivor, chunked_equals_unchunked, combine, entropy_nonpositive,
                                         survivors_sum_to_1, topk_ids_valid, topk_values_exact)

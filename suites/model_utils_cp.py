@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.distributed.tensor import Partial, Shard
 
-from harness.case import REPLICATED, BadInput, Case, GradSum, HeadTail, Layout, PackedHeadTail, Permuted
 from reference import model_utils as ref
+from shardcheck import REPLICATED, BadInput, Case, GradSum, HeadTail, Layout, PackedHeadTail, Partial, Permuted, Shard
 from suites._model_utils_comm import (AG_CP, A2A_CP, compute_bytes, contract, cp_gather_comm, distillation_comm,
                                       gather_logits_comm, hidden_comm, merge, next_token_comm, rows, s_local,
                                       with_cp_gather)

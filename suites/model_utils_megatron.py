@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch.distributed.tensor import Shard
 
-from harness.case import REPLICATED, BadInput, Case, Layout, Property
+from shardcheck import REPLICATED, BadInput, Case, Layout, Property, Shard
 from suites._megatron_model import (BATCH, HEADS, HIDDEN, LAYERS, ONE_RANK, SEQ, VOCAB, UnderShims, build_model,
                                     call_model, check_names, make_params, megatron_missing, megatron_shims,
                                     param_layouts, sharded_params)

@@ -1,0 +1,48 @@
+"""shardcheck's API for writing cases: everything a suite imports, from one place.
+
+A suite is a Python module (`suites/<name>.py` here, or any file given to `shardcheck run --suite-path`)
+that defines:
+
+    FAMILY: str                          the family its ops belong to; op ids are "FAMILY.Name", and Name
+                                         must exist in the module under test
+    cases(quick: bool) -> list[Case]     its correctness cases (quick: a smaller set, for `--quick`)
+    bench_cases(quick: bool) -> list[Case]   optional: its benchmark cases, realistic sizes (`--bench`)
+    IMPLEMENTATION: str                  optional: the default module under test of FAMILY when no
+                                         `--impl FAMILY=...` is given: a dotted module name or a path to a
+                                         .py file (relative to the suite file; `__file__` for a suite that
+                                         holds its own implementation). Absent: shardcheck's own module of
+                                         a built-in family.
+
+The harness builds each case's full inputs (`make_inputs`, float64), the golden output and gradients from the
+single-device `reference`, hands every rank its piece of the inputs, calls `run` with the module under test,
+and compares every rank's outputs and input gradients with its piece of the golden.  The names:
+
+    Case            one case of one op: inputs, the two calls, layouts, gradients, extra checks, where it runs
+    Layout          how a full tensor maps to a rank's piece: one placement per mesh dim (dp, cp, tp)
+    REPLICATED      Layout(): the full tensor on every rank
+    Shard           torch's placement Shard(d): dim d split over a mesh dim (torch.chunk sizes)
+    Replicate       torch's placement Replicate(): the same full tensor on every rank of a mesh dim
+    Partial         torch's placement Partial(): the full value is the sum of the ranks' values (outputs)
+    HeadTail        CP index rule: rank r of n holds chunks r and 2n-1-r of 2n (load-balanced causal attention)
+    PackedHeadTail  CP index rule: HeadTail per packed sequence, boundaries from an input (cu_seqlens_padded)
+    Permuted        CP index rule: an explicit permutation held in an input (seq_index)
+    GradSum         GradSum.apply(x, groups): identity whose backward sums the gradient over groups (DDP's role)
+    Property        the result of one `property:<name>` check on one rank (Case.properties returns a list)
+    BadInput        Case.bad_input: input outside the op's contract, judged "loud or right"
+    RankContext     what run / properties / comm / output checks get: mesh, groups, ranks, dtype, params, shapes
+    Topology        (dp, cp, tp) sizes of a run; Case.supports(topology) limits where a case runs
+    KnownFailure    Case.xfail: an expected failure with its reason and reference (xfail / xpass)
+
+docs/writing-a-suite.md is the guide, with a complete worked example.
+"""
+
+from torch.distributed.tensor import Partial, Replicate, Shard
+
+from harness.case import (REPLICATED, BadInput, Case, GradSum, HeadTail, KnownFailure, Layout, PackedHeadTail, Permuted,
+                          Property, RankContext)
+from harness.topology import Topology
+
+__all__ = [
+    "Case", "Layout", "REPLICATED", "Shard", "Replicate", "Partial", "HeadTail", "PackedHeadTail", "Permuted",
+    "GradSum", "Property", "BadInput", "RankContext", "Topology", "KnownFailure",
+]
