@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
-from harness.case import REPLICATED, BadInput, Case, KnownFailure, Layout, Partial, Replicate, Shard
+from shardcheck import REPLICATED, BadInput, Case, KnownFailure, Layout, Partial, Replicate, Shard
 
 FAMILY = "torch_loss_parallel"
 IMPLEMENTATION = "_torch_loss_parallel_ops.py"
@@ -132,7 +132,9 @@ def make_inputs(spec: Spec):
         else:
             target = torch.randint(0, spec.v, target_shape(spec.n, spec.s), generator=gen)
             if spec.masked:
-                target = target.masked_fill(torch.rand(target.shape, generator=gen) < spec.masked, spec.ignore_index)
+                ignored = torch.rand(target.shape, generator=gen) < spec.masked
+                ignored.view(spec.n, -1)[::2, 0] = True  # every DP piece (2 rows or more) holds one: ranks alike
+                target = target.masked_fill(ignored, spec.ignore_index)
             if spec.out_of_range:
                 target.view(-1)[1], target.view(-1)[-2] = spec.v, -1
             x["target"] = target
