@@ -141,9 +141,9 @@ def cmd_run(args) -> int:
     _write_ci_outputs(run_dir, rows, run_id, args.junit_xml)
     counts = writer.counts
     _print_findings(rows)
+    known = "".join(f", {counts[s]} {s}ed" for s in ("xfail", "xpass") if counts["xfail"] or counts["xpass"])
     print(f"shardcheck: {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
-          f"{counts['error']} errors, {counts['skip']} skipped, {counts['xfail']} xfailed, {counts['xpass']} xpassed "
-          f"-> {run_dir / 'report.html'}")
+          f"{counts['error']} errors, {counts['skip']} skipped{known} -> {run_dir / 'report.html'}")
     if counts["fail"] or counts["error"] or counts["xpass"]:
         _print_failures(run_dir, rows)
     elif counts["warn"] and args.strict:

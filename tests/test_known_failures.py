@@ -1,8 +1,8 @@
 """Known failures (harness.case.KnownFailure): `xfail` while a marked check fails, `xpass` once it passes, from the
 plan through the driver's merge to the exit code, the CLI summary, the findings, the reports, JUnit and compare.
 
-Most tests merge seeded per-rank events with the driver's own Collector (no launch); the end-to-end tests run one
-small case of a broken implementation with a mark attached to the suite's case in the driver."""
+Most tests merge seeded per-rank events with the driver's own Collector (no launch); two end-to-end runs (one
+launch of two ranks each) put an external suite whose op has a marked defect under test (tests/fixtures/known_failures)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,10 @@ import xml.etree.ElementTree as ET
 import pandas as pd
 import pytest
 
-from helpers import BROKEN, cli
+from helpers import FIXTURES, Run, cli, shardcheck
 from harness import plan as plan_module
 from harness.case import KnownFailure
 from harness.causes import causes, finding_lines, known_failures, known_failures_line
-from harness.cli import main
 from harness.collect import Collector
 from harness.events import Events, events_path
 from harness.items import Item, Plan, Xfail
@@ -245,97 +244,100 @@ def test_the_dashboard_counts_known_failures_per_run(seeded_run):
 
 # ---- the plan resolves a case's mark per item ------------------------------------------------------------------
 
-def _marked(monkeypatch, mark: KnownFailure, case_glob: str = "*") -> None:
-    """Attach `mark` to the DistributedLogprob cases matching `case_glob` where the driver plans (the ranks run the
-    suite's cases as they are: a mark is the driver's business)."""
-    import fnmatch
+KNOWN = FIXTURES / "known_failures" / "known_failing.py"  # an external suite: a marked op with a known defect
+FIXTURE_REASON, FIXTURE_REFERENCE = "partial row sums are never all-reduced over TP", \
+    "https://example.org/known_failing/issues/1"
 
+
+def _plan(**over) -> Plan:
+    args = dict(run_id="p", suites_wanted=[], ops=[], case_patterns=[], world_sizes=None,
+                topologies=[Topology(1, 1, 1), Topology(1, 1, 2)], dtypes=["float64", "float32"], impl={}, quick=True,
+                seed=0, timeout=60.0, device="cpu", backend="gloo", suite_paths=[str(KNOWN)])
+    return build_plan(**{**args, **over})
+
+
+def test_the_plan_resolves_when_per_item_and_plan_json_carries_it():
+    plan = _plan()
+    marked = {(i.case_id, i.topology, i.dtype): i.xfail for i in plan.items}
+    assert len(marked) == 8
+    mark = Xfail(FIXTURE_REASON, FIXTURE_REFERENCE, ["*"])
+    # known-b4v37 is marked in float64 only (its `when`), fixed-b4v37 everywhere
+    assert {k for k, v in marked.items() if v is not None} == {
+        ("known-b4v37", (1, 1, 1), "float64"), ("known-b4v37", (1, 1, 2), "float64"),
+        *((("fixed-b4v37", t, d) for t in ((1, 1, 1), (1, 1, 2)) for d in ("float64", "float32")))}
+    assert all(v in (None, mark) for v in marked.values())
+    again = Plan.from_json(plan.to_json())
+    assert [i.xfail for i in again.items] == [i.xfail for i in plan.items]
+    assert Xfail("r", "", ["grad:*"]).covers("grad:logits") and not Xfail("r", "", ["grad:*"]).covers("forward")
+
+
+def _marked(monkeypatch, mark: KnownFailure) -> None:
+    """Attach `mark` to DistributedLogprob's cases where the driver plans them."""
     real = plan_module.suite_cases
 
-    def suite_cases(name, quick, bench=False):
-        return [dataclasses.replace(c, xfail=mark) if c.op == OP and fnmatch.fnmatchcase(c.case_id, case_glob) else c
-                for c in real(name, quick, bench)]
+    def suite_cases(*args, **kwargs):
+        return [dataclasses.replace(c, xfail=mark) if c.op == OP else c for c in real(*args, **kwargs)]
 
     monkeypatch.setattr(plan_module, "suite_cases", suite_cases)
 
 
-def _plan(**over) -> Plan:
-    args = dict(run_id="p", suites_wanted=["model_utils"], ops=[OP], case_patterns=["b4s6v37-masked0.3"],
-                world_sizes=None, topologies=[Topology(1, 1, 1), Topology(1, 1, 2)], dtypes=["float64", "float32"],
-                impl={}, quick=True, seed=0, timeout=60.0, device="cpu", backend="gloo")
-    return build_plan(**{**args, **over})
-
-
-def test_the_plan_resolves_when_per_item_and_plan_json_carries_it(monkeypatch):
-    _marked(monkeypatch, KnownFailure("wrong past the first shard", "upstream#7", checks="grad:*",
-                                      when=lambda topology, dtype: topology.tp >= 2 and dtype == "float64"))
-    plan = _plan()
-    marked = {(i.topology, i.dtype): i.xfail for i in plan.items}
-    assert marked[((1, 1, 2), "float64")] == Xfail("wrong past the first shard", "upstream#7", ["grad:*"])
-    assert [k for k, v in marked.items() if v is not None] == [((1, 1, 2), "float64")]
-    again = Plan.from_json(plan.to_json())
-    assert [i.xfail for i in again.items] == [i.xfail for i in plan.items]
-    assert again.items[0].xfail is None or isinstance(again.items[0].xfail, Xfail)
-    assert Xfail("r", "", ["grad:*"]).covers("grad:logits") and not Xfail("r", "", ["grad:*"]).covers("forward")
-
-
 def test_a_mark_that_can_match_no_check_or_whose_when_raises_is_one_usage_line(monkeypatch):
+    selection = dict(suites_wanted=["model_utils"], ops=[OP], case_patterns=["b4s6v37-masked0.3"], suite_paths=[])
     _marked(monkeypatch, KnownFailure("typo", checks=("grad:logit",)))
     with pytest.raises(UsageError, match=r"KnownFailure check pattern 'grad:logit' matches none of its checks "
                                          r"\(forward, grad:logits"):
-        _plan()
+        _plan(**selection)
     _marked(monkeypatch, KnownFailure("bad when", when=lambda topology, dtype: topology.pp > 1))
     with pytest.raises(UsageError, match=r"KnownFailure.when\(dp1-cp1-tp1, 'float64'\) raised AttributeError"):
-        _plan()
+        _plan(**selection)
     with pytest.raises(ValueError, match="needs a reason"):
         KnownFailure("  ")
     assert KnownFailure("r", checks="forward").checks == ("forward",)
 
 
-# ---- end to end: a broken implementation with its defect marked ------------------------------------------------
+# ---- end to end: an external suite with its op's defect marked -------------------------------------------------
 
-WRONG_OFFSET = f"model_utils={BROKEN / 'model_utils' / 'wrong_vocab_offset.py'}"
-ONE_CASE = ("--op", OP, "--case", "b4s6v37-masked0.3", "--topology", "dp=1,cp=1,tp=2", "--quick", "--no-progress")
-REASON, REFERENCE = "targets looked up one vocab id too far past the first shard", "https://example.org/issues/19"
-
-
-def _run(capsys, tmp_path, name, *args) -> tuple[int, str, pd.DataFrame, ET.Element]:
-    out, xml = tmp_path / name, tmp_path / f"{name}.xml"
-    code = main(["run", *ONE_CASE, *args, "--out", str(out), "--junit-xml", str(xml), "--strict"])
-    return code, capsys.readouterr().out, load(out), ET.parse(xml).getroot()
+def _run(tmp_path, name, *args) -> tuple[Run, ET.Element]:
+    xml = tmp_path / f"{name}.xml"
+    run = shardcheck("run", "--suite-path", str(KNOWN), "--topology", "dp=1,cp=1,tp=2", *args, "--junit-xml", str(xml),
+                     out=tmp_path / name)
+    return run, ET.parse(xml).getroot()
 
 
-def test_a_known_failure_is_xfail_and_the_run_passes_while_unmarked_parts_still_fail(monkeypatch, capsys, tmp_path):
-    _marked(monkeypatch, KnownFailure(REASON, REFERENCE, when=lambda topology, dtype: dtype == "float64"))
-    code, out, rows, xml = _run(capsys, tmp_path, "marked", "--impl", WRONG_OFFSET, "--dtype", "float64")
-    assert code == 0, out
-    assert (rows.loc[rows["check"] == "grad:logits", "status"] == "xfail").all() and "fail" not in set(rows["status"])
-    assert f"0 failed, 0 errors, 0 skipped, {(rows['status'] == 'xfail').sum()} xfailed, 0 xpassed" in out
-    assert f"Known failures ({(rows['status'] == 'xfail').sum()} xfail row(s), not failing the run): " \
-           f"{OP}: {REASON} ({REFERENCE})" in out
-    assert "Findings" not in out and "rerun:" not in out  # known failures are not printed as failures
-    assert xml.get("skipped") == "1" and xml.get("failures") == "0"
-    assert xml.find(".//skipped").get("message") == f"known failure: {REASON} ({REFERENCE})"
-    report = (tmp_path / "marked" / "report.md").read_text()
-    assert f"**{OP}: {REASON} ({REFERENCE})**" in report and "rerun: shardcheck run" in report
-
-    # float32 is outside the mark's `when`: the same defect fails there as ever
-    code, out, rows, _ = _run(capsys, tmp_path, "outside", "--impl", WRONG_OFFSET, "--dtype", "float64,float32")
-    assert code == 1, out
-    assert set(rows.loc[rows["dtype"] == "float32", "status"]) >= {"fail"}
-    assert "xfail" not in set(rows.loc[rows["dtype"] == "float32", "status"])
-    assert set(rows.loc[rows["dtype"] == "float64", "status"]) <= {"pass", "xfail"}
-    assert f"FAIL {OP}: wrong values" in out and "rerun: shardcheck run" in out
+def test_a_known_failure_is_xfail_and_the_run_passes(tmp_path):
+    run, xml = _run(tmp_path, "known", "--case", "known-*", "--dtype", "float64")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert _status(run.rows, "known-b4v37") == {"forward": "xfail", "grad:x": "pass"}  # the defect is in the values
+    known = run.rows[run.rows["status"] == "xfail"].iloc[0]
+    assert "> budget" in known["message"] and "failing rank(s): 0, 1" in known["message"]  # the finding, kept
+    assert known["message"].endswith(f"; known failure: {FIXTURE_REASON} ({FIXTURE_REFERENCE})")
+    assert "shardcheck: 1 passed, 0 warnings, 0 failed, 0 errors, 0 skipped, 1 xfailed, 0 xpassed" in run.stdout
+    assert (f"Known failures (1 xfail row(s), not failing the run): known_failing.tp_row_sum: {FIXTURE_REASON} "
+            f"({FIXTURE_REFERENCE}), 1 row(s)") in run.stdout
+    assert "Findings" not in run.stdout and "rerun:" not in run.stdout  # not printed as a failure
+    assert json.loads((run.out / "run.json").read_text())["summary"]["xfail"] == 1
+    assert (xml.get("tests"), xml.get("skipped"), xml.get("failures")) == ("1", "1", "0")
+    assert xml.find(".//skipped").get("message") == f"known failure: {FIXTURE_REASON} ({FIXTURE_REFERENCE})"
+    report = (run.out / "report.md").read_text()
+    assert f"**known_failing.tp_row_sum: {FIXTURE_REASON} ({FIXTURE_REFERENCE})**" in report
+    assert f"rerun: shardcheck run --suite-path {KNOWN} --suite known_failing" in report
 
 
-def test_a_known_failure_that_now_passes_is_xpass_and_fails_the_run(monkeypatch, capsys, tmp_path):
-    _marked(monkeypatch, KnownFailure(REASON, REFERENCE))
-    code, out, rows, xml = _run(capsys, tmp_path, "fixed", "--dtype", "float64")  # our own, correct implementation
-    assert code == 1, out
-    assert set(rows["status"]) == {"xpass"}
-    assert f"0 xfailed, {len(rows)} xpassed" in out
-    assert f"XPASS {OP}: a known failure now passes: remove its KnownFailure mark" in out
-    assert f"XPASS {OP} [b4s6v37-masked0.3] dp1-cp1-tp2 float64" in out and "\nrerun: shardcheck run" in out
-    failure = xml.find(".//failure")
-    assert xml.get("failures") == "1" and failure.get("type") == "shardcheck.xpass"
-    assert f"known failure: {REASON} ({REFERENCE}) now passes on every rank; remove its mark" in failure.get("message")
+def test_outside_its_when_the_defect_fails_and_a_fixed_one_is_xpass(tmp_path):
+    run, xml = _run(tmp_path, "both", "--dtype", "float64,float32")
+    assert run.returncode == 1, run.stdout + run.stderr
+    rows = run.rows
+    assert _status(rows, "known-b4v37") == {"forward": "xfail", "grad:x": "pass"}
+    assert _status(rows, "known-b4v37", "float32") == {"forward": "fail", "grad:x": "pass"}  # outside `when`
+    for dtype in ("float64", "float32"):  # the mark of the fixed op has no `when`: xpass in both
+        assert _status(rows, "fixed-b4v37", dtype) == {"forward": "xpass", "grad:x": "xpass"}
+    assert "2 passed, 0 warnings, 1 failed, 0 errors, 0 skipped, 1 xfailed, 4 xpassed" in run.stdout
+    assert "FAIL known_failing.tp_row_sum: wrong values" in run.stdout
+    assert "XPASS known_failing.tp_row_sum_fixed: a known failure now passes: remove its KnownFailure mark" in run.stdout
+    title = "XPASS known_failing.tp_row_sum_fixed [fixed-b4v37] dp1-cp1-tp2 float64"
+    assert title in run.stdout
+    rerun = run.stdout.split(title)[1].split("\nrerun: ")[1].splitlines()[0]
+    assert rerun.startswith(f"shardcheck run --suite-path {KNOWN} --suite known_failing --op known_failing.tp_row_sum_fixed")
+    assert (xml.get("tests"), xml.get("failures"), xml.get("skipped")) == ("4", "3", "1")
+    xpass = [f for f in xml.iter("failure") if f.get("type") == "shardcheck.xpass"]
+    assert len(xpass) == 2 and all("now passes on every rank; remove its mark" in f.get("message") for f in xpass)
