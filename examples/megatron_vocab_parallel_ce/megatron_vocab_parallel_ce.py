@@ -131,7 +131,7 @@ def make_inputs(spec: Spec):
 def reference(spec: Spec):
     def ref(x):
         loss = cross_entropy(x["logits"], x["target"], spec.label_smoothing)
-        if "loss_mask" in x:  # what a Megatron job does with the per-token loss
+        if "loss_mask" in x:  # what a Megatron job does with the per-token loss (the -100s' NaN taken out first)
             loss = torch.where(x["loss_mask"] > 0, loss, 0.0) * x["loss_mask"]
         return loss
     return ref
@@ -168,7 +168,8 @@ def tp_ranks_agree(ctx, full, local, outs) -> list[Property]:
 
 def logits_unchanged(layout: Layout):
     """The caller's logits after the call and its backward are what it passed (a loss that overwrites them
-    silently corrupts whatever else reads them: a z-loss, logging, a second loss on the same logits)."""
+    silently corrupts whatever else reads them: a z-loss, logging, a second loss on the same logits); with
+    tp_ranks_agree, as a case has one properties function."""
     def check(ctx, full, local, outs) -> list[Property]:
         props = tp_ranks_agree(ctx, full, local, outs)
         passed = layout.local(full["logits"], ctx.mesh, full).to(local["logits"].device)
