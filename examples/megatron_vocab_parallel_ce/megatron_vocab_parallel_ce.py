@@ -21,6 +21,7 @@ The module under test is `_megatron_ce.py`: Megatron's function, given the case'
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 from dataclasses import dataclass
@@ -269,3 +270,14 @@ def bad_input_cases() -> list[Case]:
         case(Spec(label_smoothing=1.0), dtypes=("float64",), bad_input=BadInput(
             "label_smoothing = 1 (the docstring's range is [0, 1))")),  # Megatron asserts: loud
     ]
+
+
+def bench_cases(quick: bool) -> list[Case]:
+    """`shardcheck run --bench`: the loss of S tokens over a vocabulary of 8,192, forward and backward, float32
+    logits (the CLI's dtype).  Sweep "S" at one rank; sweep "tp": one case at TP 1, 2 and 4 (dp = cp = 1)."""
+    def bench(sweep: str, s: int, supports) -> Case:
+        spec = Spec(s=s, b=1, v=8192)
+        return dataclasses.replace(case(spec), case_id=f"bench-{sweep}-s{s}v{spec.v}", properties=None,
+                                   params={**spec.params, "sweep": sweep}, supports=supports)
+    lengths = (256, 1024) if quick else (512, 1024, 2048, 4096)
+    return [bench("S", s, lambda t: t.size == 1) for s in lengths] + [bench("tp", 2048, lambda t: t.dp == t.cp == 1)]

@@ -19,6 +19,7 @@ What a run finds is in the README, section "Third-party ops (examples/)".
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -327,3 +328,14 @@ def bad_input_cases() -> list[Case]:
             "the backward after the loss_parallel context has closed (documented: it must run inside)",
             interpretation="the gradient of the cross-entropy")),
     ]
+
+
+def bench_cases(quick: bool) -> list[Case]:
+    """`shardcheck run --bench`: F.cross_entropy (mean) of N tokens over a vocabulary of 8,192 inside loss_parallel,
+    forward and backward, in the CLI's dtype.  Sweep "n" at one rank; sweep "tp": one case at TP 1, 2 and 4."""
+    def bench(sweep: str, n: int, supports) -> Case:
+        spec = Spec(n=n, v=8192)
+        return dataclasses.replace(case(spec), case_id=f"bench-{sweep}-n{n}v{spec.v}",
+                                   params={**spec.params, "sweep": sweep}, supports=supports)
+    tokens = (256, 1024) if quick else (512, 1024, 2048, 4096)
+    return [bench("n", n, lambda t: t.size == 1) for n in tokens] + [bench("tp", 2048, lambda t: t.dp == t.cp == 1)]
