@@ -1,0 +1,46 @@
+"""`shardcheck run --profile` (where a run's time goes), and the collective counter on a 1-rank world, where
+every mesh dim is the default group."""
+
+from __future__ import annotations
+
+import pstats
+
+from harness.measure import CommCounter
+from helpers import shardcheck
+
+
+def test_profile_writes_every_ranks_profile_and_a_breakdown(tmp_path):
+    run = shardcheck("run", "--op", "model_utils.DistributedLogprob", "--quick", "--dtype", "float64",
+                     "--topology", "dp=1,cp=1,tp=2", "--topology", "dp=1,cp=1,tp=1", "--profile", out=tmp_path / "run")
+    assert run.returncode == 0, run.stdout + run.stderr
+    profile = run.out / "profile"
+    ranks = sorted(p.name.split("-")[:2] for p in profile.glob("w*-rank*.prof"))
+    assert ranks == [["w1", "rank0"], ["w2", "rank0"], ["w2", "rank1"]]  # one launch per size, every rank
+    stats = pstats.Stats(str(next(profile.glob("w2-rank1-*.prof"))))
+    assert any(name == "_call_op" for (_, _, name) in stats.stats)  # the op under test ran under the profiler
+    breakdown = (profile / "breakdown.md").read_text()
+    assert "| op forward |" in breakdown and "| golden |" in breakdown and "world 2 (2 ranks)" in breakdown
+    item_loop = next(line for line in breakdown.splitlines() if line.startswith("| item loop |"))
+    assert all(float(x) > 0 for x in item_loop.strip("|").split("|")[1:])
+    assert (profile / "driver.prof").is_file() and "profile ->" in run.stdout
+
+
+def _counted(group_dims: dict[str, str], seen: dict) -> CommCounter:
+    counter = CommCounter(group_dims)
+    for phase, kinds in seen.items():
+        for key, calls in kinds.items():
+            counter.counts[phase][key] = {"calls": calls, "bytes": 8 * calls}
+    return counter
+
+
+def test_shared_group_counts_under_the_dim_the_contract_lists():
+    counter = _counted({"0": "dp|cp|tp"}, {"forward": {"all_reduce@dp|cp|tp": 2, "all_gather@dp|cp|tp": 1}})
+    allowed = {"forward": {"all_reduce@cp": (2, 16), "all_gather@tp": (1, 8)}}
+    assert counter.as_dict(allowed) == {"forward": {"all_gather@tp": {"calls": 1, "bytes": 8},
+                                                    "all_reduce@cp": {"calls": 2, "bytes": 16}}}
+    # without a contract (or one listing none of them): the first dim, so more than allowed is still seen
+    assert counter.as_dict() == {"forward": {"all_gather@dp": {"calls": 1, "bytes": 8},
+                                             "all_reduce@dp": {"calls": 2, "bytes": 16}}}
+    # counts of the same kind and dim from a shared and an own group add up
+    both = _counted({}, {"backward": {"all_reduce@tp": 1, "all_reduce@dp|cp|tp": 1}})
+    assert both.as_dict({"backward": {"all_reduce@tp": (2, 16)}}) == {"backward": {"all_reduce@tp": {"calls": 2, "bytes": 16}}}
