@@ -61,7 +61,7 @@ def breakdown(profile_dir: Path) -> str:
     lines.append("|---|" + "---:|" * len(launches))
     rows = [*RANK_PARTS, "item loop"]
     for part in rows:
-        lines.append(f"| {part} | " + " | ".join(f"{by_launch[w][part]:.1f}" for w in launches) + " |")
+        lines.append(f"| {part} | " + " | ".join(f"{by_launch[w][part]:.2f}" for w in launches) + " |")
     driver = profile_dir / "driver.prof"
     if driver.is_file():
         stats = pstats.Stats(str(driver))

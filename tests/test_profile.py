@@ -21,7 +21,8 @@ def test_profile_writes_every_ranks_profile_and_a_breakdown(tmp_path):
     breakdown = (profile / "breakdown.md").read_text()
     assert "| op forward |" in breakdown and "| golden |" in breakdown and "world 2 (2 ranks)" in breakdown
     item_loop = next(line for line in breakdown.splitlines() if line.startswith("| item loop |"))
-    assert all(float(x) > 0 for x in item_loop.strip("|").split("|")[1:])
+    seconds = [float(x) for x in item_loop.strip("|").split("|")[1:]]
+    assert len(seconds) == 2 and min(seconds) >= 0 and sum(seconds) > 0  # a launch's few quick items may round to 0
     assert (profile / "driver.prof").is_file() and "profile ->" in run.stdout
 
 
