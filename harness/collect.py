@@ -96,6 +96,10 @@ class Collector:
     def all_finished(self) -> bool:
         return len(self.finished) == len(self.state)
 
+    def _mark_finished(self, item: Item) -> None:
+        self.finished.add(item.id)
+        self._started_unfinished.discard(item.id)
+
     def abort(self, item: Item, reason: str, deaths: dict[int, str] | None = None) -> str:
         """Finish `item` as an error: ranks that did not report a check are named, with what they were doing.
         `deaths` maps the ranks whose process died by itself (not in the teardown) to how ('SIGKILL',
@@ -185,8 +189,7 @@ class Collector:
                                                       "budget": None, "err_ratio": None, "err_naive": None,
                                                       "mismatch": None, "message": reason, "per_rank": [],
                                                       **NO_CAUSE}))
-        self.finished.add(item.id)
-        self._started_unfinished.discard(item.id)
+        self._mark_finished(item)
 
     def _finish(self, item: Item, extra_message: str = "", root: dict | None = None) -> None:
         """Merge every check's rank results into its row and write the rows.  `root`: the cause of an aborted
@@ -228,8 +231,7 @@ class Collector:
         seconds = round(max(st.done.values()), 4) if st.done else None
         for check, merged in rows.items():
             self.writer.write({**self._row(item, check, merged), "item_seconds": seconds})
-        self.finished.add(item.id)
-        self._started_unfinished.discard(item.id)
+        self._mark_finished(item)
 
     def _row(self, item: Item, check: str, merged: dict) -> ResultRow:
         dp, cp, tp = item.topology
