@@ -7,6 +7,7 @@ that defines:
                                          must exist in the module under test
     cases(quick: bool) -> list[Case]     its correctness cases (quick: a smaller set, for `--quick`)
     bench_cases(quick: bool) -> list[Case]   optional: its benchmark cases, realistic sizes (`--bench`)
+    fuzz_spaces() -> list[FuzzSpace]     optional: the parameter space of each op, for `shardcheck fuzz`
     IMPLEMENTATION: str                  optional: the default module under test of FAMILY when no
                                          `--impl FAMILY=...` is given: a dotted module name or a path to a
                                          .py file (relative to the suite file; `__file__` for a suite that
@@ -32,17 +33,18 @@ and compares every rank's outputs and input gradients with its piece of the gold
     RankContext     what run / properties / comm / output checks get: mesh, groups, ranks, dtype, params, shapes
     Topology        (dp, cp, tp) sizes of a run; Case.supports(topology) limits where a case runs
     KnownFailure    Case.xfail: an expected failure with its reason and reference (xfail / xpass)
+    FuzzSpace       fuzz_spaces() -> list[FuzzSpace]: where `shardcheck fuzz` draws an op's cases from
 
 docs/writing-a-suite.md is the guide, with a complete worked example.
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
 
-from harness.case import (REPLICATED, BadInput, Case, GradSum, HeadTail, KnownFailure, Layout, PackedHeadTail, Permuted,
-                          Property, RankContext)
+from harness.case import (REPLICATED, BadInput, Case, FuzzSpace, GradSum, HeadTail, KnownFailure, Layout,
+                          PackedHeadTail, Permuted, Property, RankContext)
 from harness.topology import Topology
 
 __all__ = [
     "Case", "Layout", "REPLICATED", "Shard", "Replicate", "Partial", "HeadTail", "PackedHeadTail", "Permuted",
-    "GradSum", "Property", "BadInput", "RankContext", "Topology", "KnownFailure",
+    "GradSum", "Property", "BadInput", "RankContext", "Topology", "KnownFailure", "FuzzSpace",
 ]
