@@ -4,15 +4,20 @@ warnings allowed unless `run --strict`), 1 a check failed (a regression), 2 bad 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import os
 import secrets
 import sys
 from pathlib import Path
 
+from harness.items import DEFAULT_TIMEOUT
 from harness.run import (EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args, add_suite_path_arg, close_run, exit_code,
-                         open_run, plan_from_args, suite_paths)
+                         impl_map, open_run, plan_from_args, str_list, suite_paths)
 from harness.topology import Topology, UsageError, default_topologies
+
+
+DEFAULT_FUZZ_EXAMPLES = 100
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,6 +48,27 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--junit-xml", type=Path, metavar="PATH", help="also write JUnit XML (one testcase per item)")
     run.add_argument("--profile", action="store_true",
                      help="cProfile the driver and every rank: <run>/profile/*.prof and breakdown.md (where the time goes)")
+    fz = sub.add_parser("fuzz", help="draw cases from each op's fuzz space, shrink the first failure, save it to "
+                                     "the corpus `run` replays")
+    add_suite_path_arg(fz)
+    fz.add_argument("--suite", action="append", help="suite name (repeatable, or comma-separated)")
+    fz.add_argument("--op", action="append", help="op id family.Name (repeatable, or comma-separated)")
+    fz.add_argument("--impl", action="append", help="FAMILY=MODULE or FAMILY=path/to/file.py")
+    fz.add_argument("--examples", type=int, help=f"examples per op (default {DEFAULT_FUZZ_EXAMPLES}; with --time: "
+                                                 "until the time is up)")
+    fz.add_argument("--time", type=float, metavar="SECONDS", help="wall-clock budget of the whole search")
+    fz.add_argument("--seed", type=int, default=0, help="the same seed draws the same examples")
+    fz.add_argument("--topology", action="append", help="dp=1,cp=1,tp=2 (repeatable): the topologies to draw from")
+    fz.add_argument("--world-sizes", type=_int_list, help="draw from every topology of these sizes (default 1,2,4)")
+    fz.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    fz.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds one example may take on any rank")
+    fz.add_argument("--no-hang-budget", action="store_true", help="(as for run; an example is a single item)")
+    fz.add_argument("--no-shims", action="store_true", help="do not install shardcheck's CPU shims (as for run)")
+    fz.add_argument("--out", type=Path, help="run directory (default shardcheck-runs/fuzz-<run-id>)")
+    fz.add_argument("--corpus", type=Path, metavar="DIR",
+                    help="where shrunk failures are saved (default: [tool.shardcheck] fuzz-corpus of ./pyproject.toml, "
+                         "else ./fuzz-corpus)")
+    fz.add_argument("--no-progress", action="store_true", help="no line per example")
     lst = sub.add_parser("list", help="ops, suites and default topologies")
     lst.add_argument("--quick", action="store_true")
     add_suite_path_arg(lst)
@@ -131,18 +157,11 @@ def _run(args) -> int:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
     if args.junit_xml:
         _check_writable_file(args.junit_xml, "--junit-xml")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is available")
     topologies = [Topology.parse(t) for t in args.topology or []]
     world_sizes = args.world_sizes
-    max_world = max([t.size for t in topologies] + (world_sizes or [4]))
-    # nccl needs a GPU per rank; otherwise gloo (with CUDA tensors on a shared GPU).
-    backend = "nccl" if device == "cuda" and torch.cuda.device_count() >= max_world else "gloo"
+    device, backend = _device_and_backend(args.device, topologies, world_sizes)
     run_id = dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
-    run_dir = args.out or Path("shardcheck-runs") / run_id
-    if (run_dir / "results.jsonl").exists():
-        raise UsageError(f"--out {run_dir}: already holds a run; choose another directory")
+    run_dir = _run_dir(args.out, run_id)
     plan = plan_from_args(args, run_id=run_id, world_sizes=world_sizes, topologies=topologies, device=device,
                           backend=backend, default_dtypes=_default_dtypes(args.bench, device), bench=args.bench,
                           bench_iters=args.bench_iters)
@@ -174,6 +193,144 @@ def _run(args) -> int:
     elif counts["warn"] and args.strict:
         print(f"shardcheck: --strict: {counts['warn']} warning(s) fail the run")
     return exit_code(counts, args.strict)
+
+
+def _device_and_backend(wanted: str | None, topologies: list[Topology], world_sizes: list[int] | None
+                        ) -> tuple[str, str]:
+    import torch
+
+    device = wanted or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available")
+    max_world = max([t.size for t in topologies] + (world_sizes or [4]))
+    # nccl needs a GPU per rank; otherwise gloo (with CUDA tensors on a shared GPU).
+    backend = "nccl" if device == "cuda" and torch.cuda.device_count() >= max_world else "gloo"
+    return device, backend
+
+
+def _run_dir(out: Path | None, run_id: str) -> Path:
+    run_dir = out or Path("shardcheck-runs") / run_id
+    if (run_dir / "results.jsonl").exists():
+        raise UsageError(f"--out {run_dir}: already holds a run; choose another directory")
+    return run_dir
+
+
+def cmd_fuzz(args) -> int:
+    import json
+
+    from harness import shims
+    from harness.corpus import CorpusEntry, corpus_dir, load_corpus, save_entry
+    from harness.fuzz import FuzzSession
+    from harness.launch import run_plan
+    from harness.plan import DEFAULT_WORLD_SIZES, build_fuzz_case, fuzz_item, plan_fuzz
+    from harness.records import load
+    from reports.report import build
+
+    if args.examples is not None and args.examples <= 0:
+        raise UsageError(f"--examples must be positive, got {args.examples}")
+    if args.time is not None and args.time <= 0:
+        raise UsageError(f"--time must be positive, got {args.time:g}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    if args.world_sizes is not None and any(w <= 0 for w in args.world_sizes):
+        raise UsageError(f"world sizes must be positive, got {args.world_sizes}")
+    topologies = [Topology.parse(t) for t in args.topology or []]
+    device, backend = _device_and_backend(args.device, topologies, args.world_sizes)
+    topologies = topologies or default_topologies(args.world_sizes or list(DEFAULT_WORLD_SIZES))
+    run_id = "fuzz-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+    run_dir = _run_dir(args.out, run_id)
+    corpus = corpus_dir(args.corpus).resolve()
+    load_corpus(corpus)  # a corrupt corpus is bad usage before the search, not after it
+    if not args.no_shims:
+        shims.install(device)
+    base, spaces, skipped = plan_fuzz(run_id=run_id, suites_wanted=str_list(args.suite), ops=str_list(args.op),
+                                      impl=impl_map(args.impl), seed=args.seed, timeout=args.timeout, device=device,
+                                      backend=backend, suite_paths=suite_paths(args), corpus_dir=str(corpus))
+    base.shims = not args.no_shims
+    for what, reason in skipped.items():
+        print(f"skip {what}: {reason}")
+    if not spaces:
+        raise UsageError("nothing to fuzz: no selected op has a fuzz space")
+    examples = args.examples or (MAX_FUZZ_EXAMPLES if args.time else DEFAULT_FUZZ_EXAMPLES)
+    session = FuzzSession(base, topologies, run_dir.resolve(), examples=examples, seconds=args.time,
+                          hang_budget=not args.no_hang_budget)
+    budget = f"{args.examples} examples per op" if args.examples else ""
+    budget += (" and " if budget else "") + (f"{args.time:g} s in all" if args.time else "")
+    print(f"shardcheck fuzz: {len(spaces)} op(s), {budget or f'{examples} examples per op'}, seed {args.seed}, "
+          f"topologies {' '.join(map(str, topologies))} ({device}, {backend}) -> {run_dir}", file=sys.stderr)
+    show = not args.no_progress and sys.stderr.isatty()
+
+    def progress(search, example) -> None:
+        if show:
+            state = "ok" if example.signature is None else " ".join(example.signature)
+            print(f"\r  {search.op}: example {search.examples}: {state}\033[K", end="", file=sys.stderr, flush=True)
+
+    searches = []
+    for suite, space in spaces:
+        found = session.search(suite, space, on_example=progress)
+        if show:
+            print("\r\033[K", end="", file=sys.stderr)
+        searches.append(found)
+        print(_search_line(found))
+    (run_dir / "fuzz.json").write_text(json.dumps({"seed": args.seed, "impl": base.impl,
+                                                   "ops": [s.to_json() for s in searches]}, indent=1))
+    failures = [s for s in searches if s.failure]
+    if not failures:
+        print(f"shardcheck fuzz: no failure in {sum(s.examples for s in searches)} examples -> {run_dir}")
+        return EXIT_OK
+    # Each shrunk failure saved to the corpus, then replayed as `shardcheck run` replays the corpus: its rows, the
+    # report, the rerun line.
+    plan = dataclasses.replace(base, items=[])
+    for found in failures:
+        entry = CorpusEntry(suite=found.suite, op=found.op, params=found.failure.params, seed=args.seed,
+                            signature=list(found.failure.signature), impl=base.impl.get(found.op.split(".", 1)[0]))
+        print(f"shardcheck fuzz: saved {save_entry(corpus, entry)}")
+        case = build_fuzz_case(found.suite, _space(spaces, found.op), entry.params, "shrunk params")
+        plan.items.append(fuzz_item(len(plan.items), found.suite, case, entry.params, args.seed))
+    writer, meta = open_run(run_dir, plan, sys.argv)
+    try:
+        run_plan(plan, run_dir, writer, show_progress=False, hang_budget=not args.no_hang_budget)
+    finally:
+        close_run(run_dir, writer, meta)
+    build(run_dir)
+    rows = load(run_dir)
+    _print_findings(rows)
+    counts = writer.counts
+    print(f"shardcheck fuzz: {len(failures)} op(s) failed; the shrunk cases: {counts['pass']} passed, "
+          f"{counts['fail']} failed, {counts['error']} errors -> {run_dir / 'report.html'}")
+    _print_failures(run_dir, rows)
+    return EXIT_FAIL
+
+
+MAX_FUZZ_EXAMPLES = 1_000_000  # --time alone: examples are drawn until the time is up
+
+
+def _space(spaces, op: str):
+    return next(space for _, space in spaces if space.op == op)
+
+
+def _search_line(found) -> str:
+    """One op's verdict: examples run, and the shrunk failure with its params."""
+    head = f"{found.op}: {found.examples} example(s) in {found.seconds:.0f} s"
+    if found.failure is None:
+        why = f" ({found.stopped})" if found.stopped else ""
+        return f"PASS {head}, no failure{why}" + (f"; {found.note}" if found.note else "")
+    first, shrunk = found.first, found.failure
+    lines = [f"FAIL {head}: {' '.join(shrunk.signature)}, first at example {found.examples_to_failure}, shrunk from",
+             f"    {_params_text(first.params)}",
+             "  to",
+             f"    {_params_text(shrunk.params)}"]
+    if found.stopped:
+        lines.append(f"  ({found.stopped})")
+    if found.note:
+        lines.append(f"  ({found.note})")
+    return "\n".join(lines)
+
+
+def _params_text(params: dict) -> str:
+    dp, cp, tp = params["topology"]
+    rest = ", ".join(f"{k}={v}" for k, v in params.items() if k not in ("topology", "dtype"))
+    return f"dp{dp}-cp{cp}-tp{tp} {params['dtype']}: {rest}"
 
 
 def _print_findings(rows) -> None:
@@ -278,8 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = make_parser().parse_args(argv)
         if args.command is None:
-            raise UsageError("missing command: run, list, report, compare or dashboard (see shardcheck --help)")
-        commands = {"run": cmd_run, "list": cmd_list, "report": cmd_report, "compare": cmd_compare,
+            raise UsageError("missing command: run, fuzz, list, report, compare or dashboard (see shardcheck --help)")
+        commands = {"run": cmd_run, "fuzz": cmd_fuzz, "list": cmd_list, "report": cmd_report, "compare": cmd_compare,
                     "dashboard": cmd_dashboard}
         return commands[args.command](args)
     except UsageError as exc:

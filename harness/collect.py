@@ -291,6 +291,8 @@ def rerun_command(plan: Plan, item: Item) -> str:
         if spec.endswith(".py") or "/" in spec:
             spec = str(Path(spec).resolve())  # the command works from any directory
         args += ["--impl", f"{family}={spec}"]
+    if item.fuzz is not None and plan.corpus:  # a fuzz case: the corpus rebuilds it from the params saved there
+        args += ["--corpus", plan.corpus]
     if plan.quick:
         args.append("--quick")
     if plan.bench:

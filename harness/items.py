@@ -42,6 +42,9 @@ class Item:
     checks: list[str]  # checks every participating rank must report
     params: dict = field(default_factory=dict)  # the case's parameters, recorded in each row
     xfail: Xfail | None = None  # the case's known failure, where it applies to this item
+    # A fuzz case's drawn parameters: every rank rebuilds the case from them through its suite's FuzzSpace
+    # (harness/fuzz_cases.py); None for a case of the suite's cases().
+    fuzz: dict | None = None
 
 
 @dataclass
@@ -65,6 +68,7 @@ class Plan:
     # compared with; None for a new family whose suites name no IMPLEMENTATION.
     default_impl: dict[str, str | None] = field(default_factory=dict)
     profile: str = ""  # a folder: each rank writes its cProfile there (`shardcheck run --profile`); "" = off
+    corpus: str = ""  # the fuzz corpus its fuzz items come from (absolute), for their rerun lines
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -6,10 +6,15 @@ from __future__ import annotations
 import fnmatch
 import zlib
 
-from harness.case import BAD_INPUT_CHECK, Case
+from dataclasses import replace
+
+from harness.case import BAD_INPUT_CHECK, Case, FuzzSpace
+from harness.corpus import CorpusEntry
+from harness.fuzz_cases import fuzz_case
 from harness.items import DTYPES, Item, Plan, Xfail
 from harness.module_under_test import resolve_impl
-from harness.suite_loader import default_impl, external_suite_files, load_suite, suite_cases, suite_file, suite_names
+from harness.suite_loader import (default_impl, external_suite_files, load_suite, suite_cases, suite_file,
+                                  suite_fuzz_spaces, suite_names)
 from harness.topology import Topology, UsageError, default_topologies
 
 DEFAULT_DTYPES = ("float64", "float32", "bfloat16")
@@ -72,14 +77,47 @@ def check_known_failure(case: Case) -> None:
                              f"its checks ({', '.join(checks) or 'none'})")
 
 
+def resolve_modules(ops: list[tuple[str, str]], impl: dict[str, str], suite_paths: list[str],
+                    ) -> tuple[dict[str, str], dict[str, str | None], dict[str, str]]:
+    """(impl, defaults, missing) of the selected (suite, op id)s: every family's module under test (`impl` with the
+    defaults filled in), each family's default module, and {op: suite} of the ops the module does not define.
+    Every module must import and define some selected op (UsageError otherwise)."""
+    # Without --impl a family runs on its default: our seed module, or the IMPLEMENTATION its suite names.
+    impl = dict(impl)
+    modules, defaults, origins = {}, {}, {}
+    for family in sorted({op.split(".", 1)[0] for _, op in ops}):
+        defaults[family] = default_impl(family, suite_paths)
+        if family in impl:
+            origins[family] = f"--impl {family}={impl[family]}"
+        elif defaults[family] is not None:
+            impl[family] = defaults[family]
+            origins[family] = f"{family}'s default implementation {impl[family]}"
+        else:
+            suite_name = next(n for n, op in ops if op.split(".", 1)[0] == family)
+            raise UsageError(f"family {family!r} has no implementation: set IMPLEMENTATION in suite "
+                             f"{suite_file(suite_name, suite_paths)} or pass --impl {family}=MODULE")
+        modules[family] = resolve_impl(family, impl[family], origins[family])
+    # An op the module under test does not define is one finding (harness/signatures.py), not a TypeError
+    # per item; a module that defines none of the selected ops is the wrong module.
+    missing = {op: suite_name for suite_name, op in ops
+               if not hasattr(modules[op.split(".", 1)[0]], op.split(".", 1)[1])}
+    if len(missing) == len({op for _, op in ops}):
+        family, name = next(iter(missing)).split(".", 1)
+        raise UsageError(f"{origins[family]}: module has none of the selected ops "
+                         f"(no {name!r}, needed by {family}.{name}); is it the right file?")
+    return impl, defaults, missing
+
+
 def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_patterns: list[str],
                world_sizes: list[int] | None,
                topologies: list[Topology], dtypes: list[str], impl: dict[str, str], quick: bool, seed: int,
                timeout: float, device: str, backend: str, bench: bool = False, bench_iters: int = 10,
-               bench_warmup: int = 2, suite_paths: list[str] = ()) -> Plan:
+               bench_warmup: int = 2, suite_paths: list[str] = (), corpus: list[CorpusEntry] = (),
+               corpus_dir: str = "") -> Plan:
     """The plan of a selection.  `suite_paths`: external suites (files or folders); without `suites_wanted`
     a run with external suites runs those (name built-in ones with --suite to add them), unless `ops` are
-    named, which are looked up in every suite."""
+    named, which are looked up in every suite.  `corpus`: saved fuzz failures (harness/corpus.py, found in
+    `corpus_dir`); those of the selected suites, ops and cases whose topology and dtype the run has come first."""
     for d in dtypes:
         if d not in DTYPES:
             raise UsageError(f"unknown dtype {d!r}; known: {', '.join(DTYPES)}")
@@ -96,15 +134,20 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
         if family not in families:
             raise UsageError(f"--impl: unknown family {family!r}; known: {', '.join(sorted(families))}")
     cases = [(n, c) for n in names for c in suite_cases(n, quick, bench, suite_paths)]
+    replays = [] if bench else corpus_cases(corpus, names, suite_paths)  # (suite, case, entry)
     known_ops = sorted({c.op for _, c in cases})
     for op in ops:
         if op not in known_ops:
             raise UsageError(f"unknown op {op!r}; known: {', '.join(known_ops)}")
     if ops:
         cases = [(n, c) for n, c in cases if c.op in ops]
+    if ops:
+        replays = [r for r in replays if r[1].op in ops]
     if case_patterns:
         cases = [(n, c) for n, c in cases if any(fnmatch.fnmatchcase(c.case_id, p) for p in case_patterns)]
-    if not cases:
+        replays = [r for r in replays if any(fnmatch.fnmatchcase(r[1].case_id, p) for p in case_patterns)]
+    replays = [r for r in replays if r[2].params["dtype"] in dtypes]
+    if not cases and not replays:
         raise UsageError("nothing to run: no case matches the selected suites, ops and cases")
 
     requested_worlds = set(world_sizes or [])
@@ -127,33 +170,19 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
     # own), else those of the topologies.
     group_worlds = requested_worlds or set(world_sizes)
 
-    # Every module under test must import and name every op its selected cases call.  Without --impl a family
-    # runs on its default: our seed module, or the IMPLEMENTATION its suite names.
-    modules, defaults, origins = {}, {}, {}
-    for family in sorted({c.family for _, c in cases}):
-        defaults[family] = default_impl(family, suite_paths)
-        if family in impl:
-            origins[family] = f"--impl {family}={impl[family]}"
-        elif defaults[family] is not None:
-            impl[family] = defaults[family]
-            origins[family] = f"{family}'s default implementation {impl[family]}"
-        else:
-            suite_name = next(n for n, c in cases if c.family == family)
-            raise UsageError(f"family {family!r} has no implementation: set IMPLEMENTATION in suite "
-                             f"{suite_file(suite_name, suite_paths)} or pass --impl {family}=MODULE")
-        modules[family] = resolve_impl(family, impl[family], origins[family])
-    # An op the module under test does not define is one finding (harness/signatures.py), not a TypeError
-    # per item; a module that defines none of the selected ops is the wrong module.
-    missing = {case.op: suite_name for suite_name, case in cases if not hasattr(modules[case.family], case.name)}
-    if len(missing) == len({case.op for _, case in cases}):
-        family, name = next(iter(missing)).split(".", 1)
-        raise UsageError(f"{origins[family]}: module has none of the selected ops "
-                         f"(no {name!r}, needed by {family}.{name}); is it the right file?")
+    impl, defaults, missing = resolve_modules([(n, c.op) for n, c in cases] + [(n, c.op) for n, c, _ in replays],
+                                              impl, suite_paths)
     cases = [(n, c) for n, c in cases if c.op not in missing]
+    replays = [r for r in replays if r[1].op not in missing]
 
     plan = Plan(run_id=run_id, quick=quick, seed=seed, timeout=timeout, device=device, backend=backend, impl=impl,
                 bench=bench, bench_iters=bench_iters, bench_warmup=bench_warmup, missing_ops=missing,
-                suite_paths=suite_paths, default_impl=defaults)
+                suite_paths=suite_paths, default_impl=defaults, corpus=corpus_dir)
+    for suite_name, case, entry in replays:  # the saved failures first: a regression shows at once
+        topo = Topology(*entry.params["topology"])
+        if topo in topologies:
+            plan.items.append(fuzz_item(len(plan.items), suite_name, case, entry.params, entry.seed,
+                                        topo.size if case.world_group else world_for(topo)))
     for suite_name, case in cases:
         if not bench:
             check_known_failure(case)
@@ -165,11 +194,105 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
                     continue
                 if case.world_group and topo.size not in group_worlds:
                     continue  # its default-group collectives need a launch of exactly this size
-                plan.items.append(Item(
-                    id=len(plan.items), suite=suite_name, op=case.op, case_id=case.case_id, dtype=dtype,
-                    topology=(topo.dp, topo.cp, topo.tp), world_size=topo.size if case.world_group else world_for(topo),
-                    seed=item_seed(seed, case.op, case.case_id, dtype), checks=expected_checks(case, bench),
-                    params=case.params, xfail=known_failure(case, topo, dtype)))
+                plan.items.append(_item(len(plan.items), suite_name, case, dtype, topo,
+                                        topo.size if case.world_group else world_for(topo), seed, bench))
     if not plan.items:
         raise UsageError("nothing to run: no case supports the selected topologies and dtypes")
     return plan
+
+
+def _item(item_id: int, suite_name: str, case: Case, dtype: str, topo: Topology, world_size: int, seed: int,
+          bench: bool = False, fuzz: dict | None = None) -> Item:
+    return Item(id=item_id, suite=suite_name, op=case.op, case_id=case.case_id, dtype=dtype,
+                topology=(topo.dp, topo.cp, topo.tp), world_size=world_size,
+                seed=item_seed(seed, case.op, case.case_id, dtype), checks=expected_checks(case, bench),
+                params=case.params, xfail=known_failure(case, topo, dtype), fuzz=fuzz)
+
+
+# ---- fuzz cases ----------------------------------------------------------------------------------------------
+
+def build_fuzz_case(suite_name: str, space: FuzzSpace, params: dict, where: str) -> Case:
+    """The fuzz case of `params`; its space raising on them is a UsageError naming `where` they come from."""
+    try:
+        return fuzz_case(space, params)
+    except Exception as exc:
+        raise UsageError(f"{where}: suite {suite_name}'s fuzz space of {space.op} cannot build the case: "
+                         f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
+
+
+def fuzz_item(item_id: int, suite_name: str, case: Case, params: dict, seed: int, world_size: int | None = None) -> Item:
+    """The one item of a fuzz case: its own topology and dtype (in a launch of its size unless told); inputs drawn
+    from `seed` (the fuzz run's), so a saved case replays the same inputs under any `run --seed`."""
+    topo = Topology(*params["topology"])
+    return _item(item_id, suite_name, case, params["dtype"], topo, world_size or topo.size, seed, fuzz=params)
+
+
+def corpus_cases(corpus: list[CorpusEntry], names: list[str], suite_paths: list[str]) -> list[tuple[str, Case, CorpusEntry]]:
+    """(suite, case, entry) of the corpus entries of the suites `names`.  An entry whose op has no fuzz space
+    any more, or whose params its space refuses: UsageError naming it."""
+    spaces = {}
+    out = []
+    for entry in corpus:
+        if entry.suite not in names:
+            continue
+        if entry.suite not in spaces:
+            spaces[entry.suite] = suite_fuzz_spaces(entry.suite, suite_paths) or {}
+        where = f"fuzz corpus entry {entry.file_name()}"
+        if entry.op not in spaces[entry.suite]:
+            raise UsageError(f"{where}: suite {entry.suite} declares no fuzz space of {entry.op}")
+        if entry.params["dtype"] not in DTYPES:
+            raise UsageError(f"{where}: unknown dtype {entry.params['dtype']!r}")
+        out.append((entry.suite, build_fuzz_case(entry.suite, spaces[entry.suite][entry.op], entry.params, where),
+                    entry))
+    return out
+
+
+def plan_fuzz_example(base: Plan, suite_name: str, space: FuzzSpace, params: dict) -> Plan:
+    """`base` (the fuzz run's settings, no items) with the one item of the fuzz case `params` describes."""
+    case = build_fuzz_case(suite_name, space, params, "drawn params")
+    return replace(base, items=[fuzz_item(0, suite_name, case, params, base.seed)])
+
+
+def plan_fuzz(*, run_id: str, suites_wanted: list[str], ops: list[str], impl: dict[str, str], seed: int,
+              timeout: float, device: str, backend: str, suite_paths: list[str] = (), corpus_dir: str = "",
+              ) -> tuple[Plan, list[tuple[str, FuzzSpace]], dict[str, str]]:
+    """What `shardcheck fuzz` searches: (the run's settings as a Plan without items, the (suite, space) of every
+    selected op that has one, {suite or op: why it is skipped}).  The selection is `build_plan`'s: `--suite`
+    (a family selects its suites), `--op`, external suites."""
+    external = external_suite_files(suite_paths)
+    suite_paths = [str(p) for p in external.values()]
+    if suites_wanted:
+        names = expand_suites(suites_wanted, suite_paths)
+    else:
+        names = sorted(external) if external and not ops else suite_names(suite_paths)
+    families = {load_suite(n, suite_paths).FAMILY for n in suite_names(suite_paths)}
+    for family in impl:
+        if family not in families:
+            raise UsageError(f"--impl: unknown family {family!r}; known: {', '.join(sorted(families))}")
+    known_ops = {c.op: n for n in names for c in suite_cases(n, False, False, suite_paths)}
+    for op in ops:
+        if op not in known_ops:
+            raise UsageError(f"unknown op {op!r}; known: {', '.join(sorted(known_ops))}")
+    selected, skipped = [], {}
+    for name in names:
+        spaces = suite_fuzz_spaces(name, suite_paths)
+        suite_ops = [op for op, n in known_ops.items() if n == name and (not ops or op in ops)]
+        if spaces is None:
+            if suite_ops:
+                skipped[name] = "the suite declares no fuzz space (no fuzz_spaces())"
+            continue
+        for op in suite_ops:
+            if op in spaces:
+                selected.append((name, spaces[op]))
+            else:
+                skipped[op] = f"suite {name} declares no fuzz space for it"
+    plan = Plan(run_id=run_id, quick=False, seed=seed, timeout=timeout, device=device, backend=backend, impl=impl,
+                suite_paths=suite_paths, corpus=corpus_dir)
+    if not selected:
+        return plan, [], skipped
+    plan.impl, plan.default_impl, missing = resolve_modules([(n, s.op) for n, s in selected], impl, suite_paths)
+    plan.missing_ops = missing
+    for op in missing:
+        skipped[op] = "not defined in the module under test"
+    return plan, [(n, s) for n, s in selected if s.op not in missing], skipped
+

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from harness import shims
 from harness.compare import FAILING
+from harness.corpus import corpus_dir, load_corpus
 from harness.items import DEFAULT_TIMEOUT, Plan
 from harness.plan import build_plan
 from harness.records import RUN_META, RecordWriter, run_metadata, write_json
@@ -64,6 +65,9 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-shims", action="store_true",
                    help="do not install shardcheck's CPU shims (torch CP attention on CPU, a Transformer Engine "
                         "stand-in): code under test that needs them then fails as it would without them")
+    p.add_argument("--corpus", type=Path, metavar="DIR",
+                   help="the fuzz corpus whose saved failures run first (default: [tool.shardcheck] fuzz-corpus of "
+                        "./pyproject.toml, else ./fuzz-corpus)")
     p.add_argument("--strict", action="store_true",
                    help="a warning (float64 computed in float32, bfloat16 math, collectives beyond the contract, "
                         "a signature difference) fails the run too")
@@ -76,11 +80,13 @@ def plan_from_args(args: argparse.Namespace, *, run_id: str, world_sizes: list[i
     The shims are installed first: planning imports the module under test, which may import what they stand in for."""
     if not args.no_shims:
         shims.install(device)
+    corpus = corpus_dir(args.corpus).resolve()
     plan = build_plan(run_id=run_id, suites_wanted=str_list(args.suite), ops=str_list(args.op),
                       case_patterns=str_list(args.case), world_sizes=world_sizes, topologies=topologies,
                       dtypes=str_list(args.dtype) or default_dtypes, impl=impl_map(args.impl), quick=args.quick,
                       seed=args.seed, timeout=args.timeout, device=device, backend=backend, bench=bench,
-                      bench_iters=bench_iters, suite_paths=suite_paths(args))
+                      bench_iters=bench_iters, suite_paths=suite_paths(args), corpus=load_corpus(corpus),
+                      corpus_dir=str(corpus))
     plan.shims = not args.no_shims
     return plan
 

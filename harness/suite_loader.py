@@ -20,13 +20,13 @@ from pathlib import Path
 from types import ModuleType
 
 import suites
-from harness.case import Case
+from harness.case import Case, FuzzSpace
 from harness.module_under_test import is_path
 from harness.topology import UsageError
 
 BENCH_FALLBACK_CASES = 2  # per op without benchmark cases
 BUILTIN_DIR = Path(suites.__file__).resolve().parent
-CONFIG_KEYS = ("suite-paths",)
+CONFIG_KEYS = ("suite-paths", "fuzz-corpus")
 
 
 def builtin_suite_names() -> list[str]:
@@ -153,6 +153,27 @@ def suite_cases(name: str, quick: bool, bench: bool = False, suite_paths: Sequen
     return cases
 
 
+def suite_fuzz_spaces(name: str, suite_paths: Sequence[str] = ()) -> dict[str, FuzzSpace] | None:
+    """{op: its FuzzSpace} of the suite's `fuzz_spaces()`, or None when the suite defines none (`shardcheck fuzz`
+    skips it and says so).  A malformed declaration is a UsageError."""
+    suite = load_suite(name, suite_paths)
+    if not hasattr(suite, "fuzz_spaces"):
+        return None
+    try:
+        spaces = list(suite.fuzz_spaces())
+    except Exception as exc:
+        raise UsageError(f"suite {name}: fuzz_spaces() raised {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    out: dict[str, FuzzSpace] = {}
+    for space in spaces:
+        if not isinstance(space, FuzzSpace):
+            raise UsageError(f"suite {name}: fuzz_spaces() returned a {type(space).__name__}, expected FuzzSpace objects")
+        if space.op.partition(".")[0] != suite.FAMILY or space.op in out:
+            raise UsageError(f"suite {name}: fuzz space of {space.op!r}: "
+                             + ("declared twice" if space.op in out else f"not an op of FAMILY {suite.FAMILY}"))
+        out[space.op] = space
+    return out
+
+
 def default_impl(family: str, suite_paths: Sequence[str] = ()) -> str | None:
     """The module a family's ops run on without `--impl`, and that an `--impl` module's signatures are compared
     with: the IMPLEMENTATION its suites name (a path made absolute), else our `distributed_impl.<family>` for a
@@ -179,12 +200,13 @@ def default_impl(family: str, suite_paths: Sequence[str] = ()) -> str | None:
     return next(iter(named), None)
 
 
-def config_suite_paths(directory: Path) -> list[str]:
-    """The absolute paths `[tool.shardcheck] suite-paths` names in `directory`/pyproject.toml (relative to it);
-    [] without the file or the key.  A malformed table, or a path that does not exist: UsageError."""
+def _config(directory: Path) -> tuple[dict, str]:
+    """`[tool.shardcheck]` of `directory`/pyproject.toml ({} without the file or the table) and where it is, for
+    messages.  A malformed table, or an unknown key: UsageError."""
     pyproject = directory / "pyproject.toml"
+    where = f"{pyproject} [tool.shardcheck]"
     if not pyproject.is_file():
-        return []
+        return {}, where
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10: the tomli package, if installed
@@ -194,17 +216,23 @@ def config_suite_paths(directory: Path) -> list[str]:
             if "[tool.shardcheck]" in pyproject.read_text(errors="replace"):
                 raise UsageError(f"{pyproject}: reading [tool.shardcheck] needs Python 3.11 or the tomli package") \
                     from None
-            return []
+            return {}, where
     try:
         config = tomllib.loads(pyproject.read_text()).get("tool", {}).get("shardcheck", {})
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"{pyproject}: cannot read: {exc}".splitlines()[0]) from None
-    where = f"{pyproject} [tool.shardcheck]"
     if not isinstance(config, dict):
         raise UsageError(f"{where}: expected a table, got {type(config).__name__}")
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     if unknown:
         raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(CONFIG_KEYS)}")
+    return config, where
+
+
+def config_suite_paths(directory: Path) -> list[str]:
+    """The absolute paths `[tool.shardcheck] suite-paths` names in `directory`/pyproject.toml (relative to it);
+    [] without the file or the key.  A malformed table, or a path that does not exist: UsageError."""
+    config, where = _config(directory)
     paths = config.get("suite-paths", [])
     if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
         raise UsageError(f"{where}: suite-paths must be a list of paths (strings), got {paths!r}")
@@ -215,3 +243,14 @@ def config_suite_paths(directory: Path) -> list[str]:
             raise UsageError(f"{where}: suite-paths: {given}: no such file or directory ({path})")
         out.append(str(path))
     return out
+
+
+def config_fuzz_corpus(directory: Path) -> Path | None:
+    """The folder `[tool.shardcheck] fuzz-corpus` names in `directory`/pyproject.toml (relative to it), or None."""
+    config, where = _config(directory)
+    given = config.get("fuzz-corpus")
+    if given is None:
+        return None
+    if not isinstance(given, str) or not given:
+        raise UsageError(f"{where}: fuzz-corpus must be a folder (a string), got {given!r}")
+    return (directory / Path(given).expanduser()).resolve()

@@ -39,7 +39,8 @@ from harness.events import EXIT_PEER_STUCK, PIECES, Events, events_path
 from harness.items import DTYPES, Item, Plan
 from harness.measure import CommCounter, comm_violations, group_dims, split_comm
 from harness.signatures import under_test
-from harness.suite_loader import suite_cases
+from harness.fuzz_cases import fuzz_case
+from harness.suite_loader import suite_cases, suite_fuzz_spaces
 from harness.topology import Topology, build_mesh, mesh_coords, mesh_dims
 from reference import low_precision_math
 
@@ -134,9 +135,13 @@ class Worker:
         self.events = Events(events_path(events_dir, self.rank), self.rank)
         self.meshes = {}
         self.cases: dict[tuple[str, str], Case] = {}
-        for suite in sorted({i.suite for i in plan.items}):
+        for suite in sorted({i.suite for i in plan.items if i.fuzz is None}):
             self.cases.update({(c.op, c.case_id): c
                                for c in suite_cases(suite, plan.quick, plan.bench, plan.suite_paths)})
+        for item in plan.items:  # fuzz cases: rebuilt from their drawn params
+            if item.fuzz is not None:
+                space = suite_fuzz_spaces(item.suite, plan.suite_paths)[item.op]
+                self.cases[(item.op, item.case_id)] = fuzz_case(space, item.fuzz)
         # someone else's module: its ops are called by the seed's parameter names (harness/signatures.py)
         self.impls = {fam: under_test(fam, spec, plan.default_impl.get(fam)) for fam, spec in plan.impl.items()}
         self._golden_key, self._golden = None, None
