@@ -254,8 +254,9 @@ def cmd_fuzz(args) -> int:
     examples = args.examples or (MAX_FUZZ_EXAMPLES if args.time else DEFAULT_FUZZ_EXAMPLES)
     session = FuzzSession(base, topologies, run_dir.resolve(), examples=examples, seconds=args.time,
                           hang_budget=not args.no_hang_budget)
-    budget = f"{args.examples} examples per op" if args.examples else ""
-    budget += (" and " if budget else "") + (f"{args.time:g} s in all" if args.time else "")
+    budget = [f"{args.examples} examples per op"] if args.examples else []
+    budget += [f"{args.time:g} s in all"] if args.time else []
+    budget = " and ".join(budget)
     print(f"shardcheck fuzz: {len(spaces)} op(s), {budget or f'{examples} examples per op'}, seed {args.seed}, "
           f"topologies {' '.join(map(str, topologies))} ({device}, {backend}) -> {run_dir}", file=sys.stderr)
     show = not args.no_progress and sys.stderr.isatty()

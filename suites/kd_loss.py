@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from harness.compare import budget
 from reference import kd_loss as ref
-from shardcheck import BadInput, Case, Layout, Partial, Property, Replicate, Shard
+from shardcheck import BadInput, Case, FuzzSpace, Layout, Partial, Property, Replicate, Shard
 
 FAMILY = "kd_loss"
 OP = FAMILY + "."
@@ -455,3 +455,63 @@ def bench_cases(quick: bool = False) -> list[Case]:
             + [bench_case("V", 1, 256, v) for v in (4096, 8192, 16384, 32768)]  # V up to 32k
             + [bench_case("chunk_size", 1, 2048, 2048, chunk) for chunk in (128, 512, 2048)]  # 2048: one chunk
             + [bench_case("tp", 1, 1024, 4096)])  # V_local 4096, 2048, 1024 at tp 1, 2, 4
+
+
+# ---- fuzz space (`shardcheck fuzz`) -----------------------------------------------------------
+# The matrix above generalised: any mode, sizes (V down to 1, which leaves TP ranks empty shards), valid tokens per
+# row (none to all), chunk sizes (0: one chunk), temperatures, ignore_index 0 with -100 labels among the valid ones,
+# the three forms of num_batch_labels, huge logits and teacher -inf, every dtype; the teacher gradient in float64 on
+# well-conditioned inputs (as kd_case).
+
+def _kd_params(topologies):
+    from suites._fuzz_draws import DTYPES, multiple_of, st, topology
+
+    s = st()
+
+    @s.composite
+    def draw(d):
+        nbl = d(s.sampled_from(["tensor", "int", "none"]))
+        topo = d(topology(topologies, (lambda t: t.dp == 1) if nbl == "none" else (lambda t: True)))
+        b, sl = d(multiple_of(topo[0], 2)), d(s.integers(1, 8))
+        scale, dtype = d(s.sampled_from([3.0, 300.0])), d(s.sampled_from(DTYPES))
+        ignore_index = d(s.sampled_from([-100, 0]))
+        valid = d(s.lists(s.integers(0, sl), min_size=b, max_size=b))
+        # num_batch_labels counts every micro-batch's tokens: 0 only when none has any (0 / 0, no loss defined)
+        extra = d(s.integers(0 if sum(valid) else 1, 3)) if nbl != "none" else 0
+        return {"topology": topo, "dtype": dtype, "mode": d(s.sampled_from(MODES)), "B": b, "S": sl,
+                "V": d(s.integers(1, 40)), "valid_per_row": valid,
+                "temperature": d(s.sampled_from([1.0, 0.5, 2.0, 3.0])), "fp32_upcast": d(s.booleans()),
+                "ignore_index": ignore_index, "m100": d(s.sampled_from([0.0, 0.3])) if ignore_index != -100 else 0.0,
+                "num_batch_labels": nbl, "nbl_extra": extra,
+                "chunk_size": d(s.integers(0, 6)), "scale": scale, "teacher_neg_inf": d(s.sampled_from([0.0, 0.3])),
+                "teacher_grad": dtype == "float64" and scale < 100 and d(s.booleans())}
+    return draw()
+
+
+def _kd_fuzz_case(p: dict) -> Case:
+    spec = Spec(p["mode"], b=p["B"], s=p["S"], v=p["V"], valid=tuple(p["valid_per_row"]), temperature=p["temperature"],
+                fp32_upcast=p["fp32_upcast"], ignore_index=p["ignore_index"], m100=p["m100"],
+                nbl=p["num_batch_labels"], nbl_extra=p["nbl_extra"], chunk=p["chunk_size"], scale=p["scale"],
+                neg_inf=p["teacher_neg_inf"])
+    return kd_case(spec, teacher_grad=p["teacher_grad"])
+
+
+def _infer_params(topologies):
+    from suites._fuzz_draws import st, topology
+
+    s = st()
+    return s.fixed_dictionaries({"topology": topology(topologies), "dtype": s.just("float64"),
+                                 "shape": s.lists(s.integers(1, 6), min_size=3, max_size=3)})
+
+
+def _infer_fuzz_case(p: dict) -> Case:
+    shape = tuple(p["shape"])
+    return Case(
+        op=OP + "_infer_tp_group_from_dtensor", case_id="placements", params={"shape": list(shape)},
+        make_inputs=lambda gen: {"logits": make_logits(gen, shape)}, reference=lambda x: (), run=_infer_run,
+        output_layouts=(), output_names=(), properties=_infer_properties, dtypes=("float64",))
+
+
+def fuzz_spaces() -> list[FuzzSpace]:
+    return [FuzzSpace(OP + "KDLoss", _kd_params, _kd_fuzz_case),
+            FuzzSpace(OP + "_infer_tp_group_from_dtensor", _infer_params, _infer_fuzz_case)]

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import torch
 
 from reference import model_utils as ref
-from shardcheck import REPLICATED, BadInput, Case, GradSum
+from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, GradSum, Topology
 from suites._model_utils_bench import bench_cases  # noqa: F401  (the suite's benchmarks)
 from suites._model_utils_checks import (any_tied_survivor, chunked_equals_unchunked, combine, entropy_nonpositive,
                                         survivors_sum_to_1, topk_ids_valid, topk_values_exact)
@@ -792,3 +792,196 @@ def cases(quick: bool = False) -> list[Case]:
             + hidden_states_cases(quick)
             + [sampling_next_token_case(s) for s in (QUICK_SAMPLING_NEXT_TOKEN if quick else SAMPLING_NEXT_TOKEN_SPECS)]
             + [front_end_case(s) for s in (QUICK_FRONT_END if quick else FRONT_END_SPECS)])
+
+
+# ---- fuzz spaces (`shardcheck fuzz`) --------------------------------------------------------------
+# Each op's cases above generalised: the topology first (B over DP; where the layout needs it, B·S rows and V over
+# TP), then sizes down to 1 (V below TP leaves ranks empty vocab shards), chunk sizes that do or do not divide S,
+# masking ratios up to every target, huge logits, ties, -inf, k up to V, every dtype.  The same factories build
+# the case as for the fixed matrix.
+
+def _draw_of(p: dict) -> Draw:
+    return Draw(scale=p["scale"], ties=p["ties"], neg_inf=p["neg_inf"], masked=p.get("masked", 0.0))
+
+
+def _space(op: str, build, sizes, legal=lambda t: True):
+    """A FuzzSpace of `op`: the topology (legal ones, smallest first), a dtype, then `sizes(d, topo)` draws the
+    op's own parameters with hypothesis's draw function `d`; `build(params)` is the case."""
+    def params(topologies):
+        from suites._fuzz_draws import DTYPES, st, topology
+
+        @st().composite
+        def draw(d):
+            topo = d(topology(topologies, legal))
+            return {"topology": topo, "dtype": d(st().sampled_from(DTYPES)), **sizes(d, Topology(*topo))}
+        return draw()
+    return FuzzSpace(OP + op, params, build)
+
+
+def _logits_sizes(masked: bool = False, chunk: str = "none", b_most: int = 2, v_most: int = 40):
+    """B (a multiple of DP), S, V, the Draw fields, and `chunk`: "none", "int" (1..9) or "optional"."""
+    def sizes(d, t):
+        from suites._fuzz_draws import chunk_or_none, logits_draw, masked as masked_ratio, multiple_of, st
+
+        p = {"B": d(multiple_of(t.dp, b_most)), "S": d(st().integers(1, 9)), "V": d(st().integers(1, v_most)),
+             **d(logits_draw())}
+        if masked:
+            p["masked"] = d(masked_ratio())
+        if chunk != "none":
+            p["chunk_size"] = d(st().integers(1, 9) if chunk == "int" else chunk_or_none())
+        return p
+    return sizes
+
+
+def _shape(p: dict, masked: bool = True) -> Shape:
+    return Shape(p["B"], p["S"], p["V"], replace(_draw_of(p), masked=p.get("masked", 0.0) if masked else 0.0))
+
+
+def _sampling_sizes(next_token: bool = False):
+    """B·S rows over TP and V over TP (the sampling all-to-all), top-k up to V, top-p, temperature."""
+    def sizes(d, t):
+        from suites._fuzz_draws import chunk_or_none, masked, multiple_of, st
+
+        s = st()
+        v = t.tp * d(s.integers(-(-3 // t.tp), max(2, 32 // t.tp)))  # V >= 3: a third of the targets is a top-3 id
+        p = {"B": d(multiple_of(t.dp, 2)), "S": d(multiple_of(t.tp, max(1, 8 // t.tp))), "V": v,
+             "scale": d(s.sampled_from([3.0, 300.0])), "ties": d(s.booleans()), "neg_inf": 0.0, "masked": d(masked()),
+             "top_k": d(s.one_of(s.none(), s.integers(0, v + 2))), "top_p": d(s.sampled_from([1.0, 0.9, 0.5, 1e-6])),
+             "chunk_size": d(chunk_or_none())}
+        if next_token:
+            p["temperature"] = d(s.sampled_from([1.0, 0.5, 2.0]))
+        return p
+    return sizes
+
+
+def _sampling(p: dict) -> Sampling:
+    return Sampling(top_k=p["top_k"], top_p=p["top_p"], temperature=p.get("temperature", 1.0))
+
+
+def _hidden_sizes(via: bool):
+    def sizes(d, t):
+        from suites._fuzz_draws import chunk_or_none, masked, multiple_of, st
+
+        s = st()
+        p = {"S": d(multiple_of(t.tp, max(1, 8 // t.tp))), "B": d(multiple_of(t.dp, 2)), "H": d(s.integers(1, 8)),
+             "V": d(s.integers(1, 40)), "chunk_size": d(chunk_or_none() if via else s.integers(1, 9)),
+             "scale": d(s.sampled_from([1.0, 10.0])), "masked": d(masked())}
+        if via:
+            p["weight_via"] = d(s.sampled_from(["output_weight", "layer_module", "layer_tensor"]))
+        return p
+    return sizes
+
+
+def _hidden_case(p: dict) -> Case:
+    return hidden_states_case(HiddenSpec(p["S"], p["B"], p["H"], p["V"], p["chunk_size"], p.get("weight_via"),
+                                         p["scale"], p["masked"]))
+
+
+def _gather_sizes(chunk: str, tp_group: bool = False):
+    def sizes(d, t):
+        from suites._fuzz_draws import st
+
+        p = _logits_sizes(masked=True, chunk=chunk)(d, t)
+        p["K"] = d(st().integers(1, 8))
+        if tp_group:
+            p["tp_group"] = d(st().sampled_from(["tp", "none"]))
+        return p
+    return sizes
+
+
+def _gather_spec(p: dict) -> GatherSpec:
+    return GatherSpec(p["B"], p["S"], p["V"], p["K"], _draw_of(p), p.get("chunk_size"), p.get("tp_group", "tp"))
+
+
+def _topk_sizes(d, t):
+    from suites._fuzz_draws import st
+
+    p = _logits_sizes(chunk="optional")(d, t)
+    p["k"] = d(st().integers(1, p["V"]))  # k > V: our implementation raises (docs/ops)
+    return p
+
+
+def _distill_sizes(d, t):
+    from suites._fuzz_draws import multiple_of, st
+
+    s = st()
+    path = d(s.sampled_from(["group", "dtensor", "plain"]))
+    v = d(multiple_of(t.tp, max(1, 40 // t.tp))) if path == "group" else d(s.integers(1, 40))
+    return {"B": d(multiple_of(t.dp, 2)), "S": d(s.integers(2, 9)), "V": v, "K": d(s.integers(1, min(v, 8))),
+            "zero_outside_topk": d(s.booleans()), "calculate_entropy": d(s.booleans()), "path": path,
+            "scale": d(s.sampled_from([3.0, 300.0])), "ties": d(s.booleans()), "neg_inf": d(s.sampled_from([0.0, 0.3]))}
+
+
+def _distill_case(p: dict) -> Case:
+    return distillation_case(DistillSpec(p["B"], p["S"], p["V"], p["K"], p["zero_outside_topk"],
+                                         p["calculate_entropy"], p["path"], _draw_of(p)))
+
+
+def _front_end_sizes(op: str):
+    variants = {"get_logprobs_from_vocab_parallel_logits": ("dtensor_ids", "tp_sharded", "vocab_replicated"),
+                "get_next_token_logprobs_from_logits": ("vocab_parallel_group", "dtensor", "plain"),
+                "dtensor_from_parallel_logits_to_logprobs": ("plain_target", "dtensor_target")}[op]
+
+    def sizes(d, t):
+        from suites._fuzz_draws import st
+
+        p = _sampling_sizes(next_token=True)(d, t)
+        p["variant"] = d(st().sampled_from(variants))
+        return p
+    return sizes
+
+
+def _next_token_spec(p: dict) -> NextTokenSpec:
+    draw = Draw(scale=p["scale"], ties=p["ties"], masked=p["masked"])
+    return NextTokenSpec(p["B"], p["S"], p["V"], _sampling(p), p["chunk_size"], draw)
+
+
+def fuzz_spaces() -> list[FuzzSpace]:
+    spaces = [_space(op, lambda p, op=op: softmax_case(op, _shape(p, masked=False)), _logits_sizes())
+              for op in SOFTMAX_REFERENCES]
+    spaces += [
+        _space("DistributedLogprob", lambda p: logprob_case(_shape(p)), _logits_sizes(masked=True)),
+        _space("ChunkedDistributedLogprob", lambda p: logprob_case(_shape(p), p["chunk_size"]),
+               _logits_sizes(masked=True, chunk="int")),
+        _space("from_parallel_logits_to_logprobs", lambda p: next_token_case(_shape(p), p["chunk_size"]),
+               _logits_sizes(masked=True, chunk="optional")),
+        _space("DistributedCrossEntropy", lambda p: cross_entropy_case(_shape(p, masked=False)), _logits_sizes()),
+    ]
+    for op in ALL_TO_ALL_LAYOUTS:
+        spaces.append(_space(op, lambda p, op=op: all_to_all_case(op, p["BS"], p["V"]),
+                             lambda d, t: {"BS": d(_multiple(t.dp * t.tp, 4)), "V": d(_multiple(t.tp, 6))}))
+    spaces += [
+        _space("DistributedLogprobWithSampling",
+               lambda p: sampling_case(SamplingSpec(p["B"], p["S"], p["V"], _sampling(p), _no_inf_draw(p))),
+               _sampling_sizes()),
+        _space("ChunkedDistributedLogprobWithSampling",
+               lambda p: sampling_case(SamplingSpec(p["B"], p["S"], p["V"], _sampling(p), _no_inf_draw(p)),
+                                       p["chunk_size"] or 1),
+               _sampling_sizes()),
+        _space("ChunkedDistributedGatherLogprob", lambda p: gather_logprob_case(_gather_spec(p)), _gather_sizes("int")),
+        _space("gather_logits_at_global_indices", lambda p: gather_logits_case(_gather_spec(p)),
+               _gather_sizes("optional", tp_group=True)),
+        _space("distributed_vocab_topk",
+               lambda p: topk_case(TopkSpec(p["B"], p["S"], p["V"], p["k"], _draw_of(p), p["chunk_size"])), _topk_sizes),
+        _space("get_distillation_topk_logprobs_from_logits", _distill_case, _distill_sizes),
+        _space("ChunkedDistributedEntropy",
+               lambda p: entropy_case(EntropySpec(p["B"], p["S"], p["V"], p["chunk_size"], _draw_of(p))),
+               _logits_sizes(chunk="int")),
+        _space("ChunkedDistributedHiddenStatesToLogprobs", _hidden_case, _hidden_sizes(via=False)),
+        _space("from_parallel_hidden_states_to_logprobs", _hidden_case, _hidden_sizes(via=True)),
+    ]
+    for op in ("get_logprobs_from_vocab_parallel_logits", "get_next_token_logprobs_from_logits",
+               "dtensor_from_parallel_logits_to_logprobs"):
+        spaces.append(_space(op, lambda p, op=op: front_end_case(FrontEndSpec(op, p["variant"], _next_token_spec(p))),
+                             _front_end_sizes(op)))
+    return spaces
+
+
+def _multiple(n: int, most: int):
+    from suites._fuzz_draws import multiple_of
+
+    return multiple_of(n, most)
+
+
+def _no_inf_draw(p: dict) -> Draw:
+    return Draw(scale=p["scale"], ties=p["ties"], masked=p["masked"])

@@ -1,0 +1,47 @@
+"""What the built-in suites' fuzz spaces draw (`fuzz_spaces()`, `shardcheck fuzz`): hypothesis strategies of the
+topology, the dtype, sizes that divide over the drawn topology, and how logits are drawn.  Each op's space draws
+its topology first, among the legal ones, then sizes that fit it, so every drawn dict is a case the op runs on.
+Smallest first everywhere: hypothesis shrinks toward the first topology and the smallest sizes."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from shardcheck import Topology
+
+DTYPES = ("float64", "float32", "bfloat16")
+
+
+def st():
+    """hypothesis.strategies, imported when a space is drawn from (suites load without hypothesis)."""
+    from hypothesis import strategies
+
+    return strategies
+
+
+def topology(topologies: list[Topology], legal: Callable[[Topology], bool] = lambda t: True, cp: bool = False):
+    """A legal topology among `topologies` (cp > 1 only when `cp`), smallest first, as [dp, cp, tp]."""
+    ok = sorted((t for t in topologies if (cp or t.cp == 1) and legal(t)), key=lambda t: (t.size, t.tp, t.cp, t.dp))
+    return st().sampled_from([[t.dp, t.cp, t.tp] for t in ok]) if ok else st().nothing()
+
+
+def multiple_of(n: int, most: int):
+    """n, 2n, ... up to `most` multiples of n."""
+    return st().integers(1, most).map(lambda m: m * n)
+
+
+def chunk_or_none(most: int = 9):
+    """A chunk size (1 .. most) or None (unchunked)."""
+    return st().one_of(st().none(), st().integers(1, most))
+
+
+def logits_draw():
+    """Draw fields (suites._model_utils_inputs.Draw): the usual scale or huge logits, ties, a -inf fraction."""
+    s = st()
+    return s.fixed_dictionaries({"scale": s.sampled_from([3.0, 300.0]), "ties": s.booleans(),
+                                 "neg_inf": s.sampled_from([0.0, 0.2, 0.5])})
+
+
+def masked():
+    """Fraction of targets outside [0, V) (-100, and a quarter as many V + 3)."""
+    return st().sampled_from([0.0, 0.2, 0.5, 1.0])
