@@ -71,6 +71,7 @@ def make_parser() -> argparse.ArgumentParser:
     fz.add_argument("--no-progress", action="store_true", help="no line per example")
     lst = sub.add_parser("list", help="ops, suites and default topologies")
     lst.add_argument("--quick", action="store_true")
+    lst.add_argument("--corpus", type=Path, metavar="DIR", help="the fuzz corpus to count (default as for run)")
     add_suite_path_arg(lst)
     rep = sub.add_parser("report", help="(re)build the report of run directories")
     rep.add_argument("dirs", nargs="+", type=Path)
@@ -382,6 +383,7 @@ def _print_failures(run_dir: Path, rows, limit: int = 20) -> None:
 
 
 def cmd_list(args) -> int:
+    from harness.corpus import corpus_dir, load_corpus
     from harness.plan import DEFAULT_DTYPES, DEFAULT_WORLD_SIZES
     from harness.suite_loader import external_suite_files, suite_cases, suite_names
 
@@ -395,6 +397,11 @@ def cmd_list(args) -> int:
             print(f"  {op}  ({n} case{'s' if n != 1 else ''})")
     print("default topologies: " + " ".join(str(t) for t in default_topologies(list(DEFAULT_WORLD_SIZES))))
     print("default dtypes: " + ",".join(DEFAULT_DTYPES))
+    corpus = corpus_dir(args.corpus)
+    entries = load_corpus(corpus)
+    per_suite = ", ".join(f"{suite} {sum(e.suite == suite for e in entries)}" for suite in sorted({e.suite for e in entries}))
+    print(f"fuzz corpus {corpus}: {len(entries)} saved case{'s' if len(entries) != 1 else ''}"
+          + (f" ({per_suite}); `run` replays them first" if entries else ""))
     return EXIT_OK
 
 
