@@ -7,6 +7,7 @@ import argparse
 import datetime as dt
 import os
 import secrets
+import shutil
 import sys
 from pathlib import Path
 
@@ -121,7 +122,8 @@ def cmd_run(args) -> int:
 def _run(args) -> int:
     import torch
 
-    from harness.launch import run_plan
+    from harness.launch import LaunchSettings, WorkerPool, run_plan
+    from harness.plan import DEFAULT_WORLD_SIZES
     from harness.records import load
     from reports.report import build
 
@@ -143,24 +145,39 @@ def _run(args) -> int:
     run_dir = args.out or Path("shardcheck-runs") / run_id
     if (run_dir / "results.jsonl").exists():
         raise UsageError(f"--out {run_dir}: already holds a run; choose another directory")
-    plan = plan_from_args(args, run_id=run_id, world_sizes=world_sizes, topologies=topologies, device=device,
-                          backend=backend, default_dtypes=_default_dtypes(args.bench, device), bench=args.bench,
-                          bench_iters=args.bench_iters)
-    if args.profile:
-        args.profile_dir = (run_dir / "profile").resolve()
-        args.profile_dir.mkdir(parents=True, exist_ok=True)
-        plan.profile = str(args.profile_dir)
-    writer, meta = open_run(run_dir, plan, sys.argv)
-    worlds = sorted({i.world_size for i in plan.items})
-    print(f"shardcheck: {len(plan.items)} cases on world size(s) {', '.join(map(str, worlds))} "
-          f"({device}, {backend}) -> {run_dir}", file=sys.stderr)
-    if meta["shim_notes"]:
-        print("shardcheck: " + "; ".join(meta["shim_notes"]), file=sys.stderr)
-    try:
-        run_plan(plan, run_dir, writer, show_progress=not args.no_progress and sys.stderr.isatty(),
-                 hang_budget=not args.no_hang_budget)
-    finally:
-        close_run(run_dir, writer, meta)
+    run_dir_existed = run_dir.exists()
+    with WorkerPool(run_dir) as pool:
+        try:
+            # Where the world sizes are known before planning (given, or the default run's), the launches start now:
+            # their start-up (a torch import per rank, the rendezvous) overlaps the planning.
+            known_worlds = world_sizes or sorted({t.size for t in topologies})
+            if not known_worlds and not (args.suite or args.op or args.case or suite_paths(args)):
+                known_worlds = DEFAULT_WORLD_SIZES
+            pool.start(known_worlds, LaunchSettings(device, backend, args.timeout, not args.no_shims))
+            plan = plan_from_args(args, run_id=run_id, world_sizes=world_sizes, topologies=topologies, device=device,
+                                  backend=backend, default_dtypes=_default_dtypes(args.bench, device),
+                                  bench=args.bench, bench_iters=args.bench_iters)
+        except BaseException:
+            pool.close()
+            if not run_dir_existed:
+                shutil.rmtree(run_dir, ignore_errors=True)  # a run that never began leaves nothing behind
+            raise
+        worlds = sorted({i.world_size for i in plan.items})
+        pool.keep_only(worlds)
+        if args.profile:
+            args.profile_dir = (run_dir / "profile").resolve()
+            args.profile_dir.mkdir(parents=True, exist_ok=True)
+            plan.profile = str(args.profile_dir)
+        writer, meta = open_run(run_dir, plan, sys.argv)
+        print(f"shardcheck: {len(plan.items)} cases on world size(s) {', '.join(map(str, worlds))} "
+              f"({device}, {backend}) -> {run_dir}", file=sys.stderr)
+        if meta["shim_notes"]:
+            print("shardcheck: " + "; ".join(meta["shim_notes"]), file=sys.stderr)
+        try:
+            run_plan(plan, run_dir, writer, show_progress=not args.no_progress and sys.stderr.isatty(),
+                     hang_budget=not args.no_hang_budget, pool=pool)
+        finally:
+            close_run(run_dir, writer, meta)
     build(run_dir)
     rows = load(run_dir)
     _write_ci_outputs(run_dir, rows, run_id, args.junit_xml)
