@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import glob
 import os
 import secrets
 import shutil
 import sys
 from pathlib import Path
 
-from harness.run import (EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args, add_suite_path_arg, close_run, exit_code,
-                         open_run, plan_from_args, suite_paths)
+from harness.options import (DEFAULT_WORLD_SIZES, EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args,
+                             add_suite_path_arg)
 from harness.topology import Topology, UsageError, default_topologies
 
 
@@ -119,13 +120,13 @@ def cmd_run(args) -> int:
             print(f"shardcheck: profile -> {args.profile_dir / 'breakdown.md'}")
 
 
-def _run(args) -> int:
-    import torch
+def _no_gpu_here() -> bool:
+    """True when this machine has no GPU device node (NVIDIA or AMD): the run is on CPU, known without importing torch."""
+    return not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"))
 
-    from harness.launch import LaunchSettings, WorkerPool, run_plan
-    from harness.plan import DEFAULT_WORLD_SIZES
-    from harness.records import load
-    from reports.report import build
+
+def _run(args) -> int:
+    from harness.workers import LaunchSettings, WorkerPool
 
     if args.bench_iters <= 0:
         raise UsageError(f"--bench-iters must be positive, got {args.bench_iters}")
@@ -133,27 +134,36 @@ def _run(args) -> int:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
     if args.junit_xml:
         _check_writable_file(args.junit_xml, "--junit-xml")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is available")
     topologies = [Topology.parse(t) for t in args.topology or []]
     world_sizes = args.world_sizes
-    max_world = max([t.size for t in topologies] + (world_sizes or [4]))
-    # nccl needs a GPU per rank; otherwise gloo (with CUDA tensors on a shared GPU).
-    backend = "nccl" if device == "cuda" and torch.cuda.device_count() >= max_world else "gloo"
     run_id = dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
     run_dir = args.out or Path("shardcheck-runs") / run_id
     if (run_dir / "results.jsonl").exists():
         raise UsageError(f"--out {run_dir}: already holds a run; choose another directory")
     run_dir_existed = run_dir.exists()
+    # Where the world sizes are known before planning (given, or the default run's) and the device is the CPU, the
+    # launches start before the driver imports torch and plans: the ranks' start-up (a torch import each, the
+    # rendezvous) overlaps the driver's.
+    known_worlds = world_sizes or sorted({t.size for t in topologies})
+    if not known_worlds and not (args.suite or args.op or args.case or args.suite_path):
+        known_worlds = list(DEFAULT_WORLD_SIZES)
+    early = (args.device == "cpu" or (args.device is None and _no_gpu_here())) and known_worlds
     with WorkerPool(run_dir) as pool:
         try:
-            # Where the world sizes are known before planning (given, or the default run's), the launches start now:
-            # their start-up (a torch import per rank, the rendezvous) overlaps the planning.
-            known_worlds = world_sizes or sorted({t.size for t in topologies})
-            if not known_worlds and not (args.suite or args.op or args.case or suite_paths(args)):
-                known_worlds = DEFAULT_WORLD_SIZES
-            pool.start(known_worlds, LaunchSettings(device, backend, args.timeout, not args.no_shims))
+            if early:
+                pool.start(known_worlds, LaunchSettings("cpu", "gloo", args.timeout, not args.no_shims))
+            import torch
+
+            from harness.run import plan_from_args
+
+            device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+            if device == "cuda" and not torch.cuda.is_available():
+                raise UsageError("--device cuda: no CUDA device is available")
+            max_world = max([t.size for t in topologies] + (world_sizes or [4]))
+            # nccl needs a GPU per rank; otherwise gloo (with CUDA tensors on a shared GPU).
+            backend = "nccl" if device == "cuda" and torch.cuda.device_count() >= max_world else "gloo"
+            if not early and known_worlds:
+                pool.start(known_worlds, LaunchSettings(device, backend, args.timeout, not args.no_shims))
             plan = plan_from_args(args, run_id=run_id, world_sizes=world_sizes, topologies=topologies, device=device,
                                   backend=backend, default_dtypes=_default_dtypes(args.bench, device),
                                   bench=args.bench, bench_iters=args.bench_iters)
@@ -162,6 +172,11 @@ def _run(args) -> int:
             if not run_dir_existed:
                 shutil.rmtree(run_dir, ignore_errors=True)  # a run that never began leaves nothing behind
             raise
+        from harness.launch import run_plan
+        from harness.records import load
+        from harness.run import close_run, exit_code, open_run
+        from reports.report import build  # (imported while the ranks start)
+
         worlds = sorted({i.world_size for i in plan.items})
         pool.keep_only(worlds)
         if args.profile:
@@ -242,6 +257,7 @@ def _print_failures(run_dir: Path, rows, limit: int = 20) -> None:
 
 def cmd_list(args) -> int:
     from harness.plan import DEFAULT_DTYPES, DEFAULT_WORLD_SIZES
+    from harness.run import suite_paths
     from harness.suite_loader import external_suite_files, suite_cases, suite_names
 
     paths = suite_paths(args)

@@ -15,7 +15,7 @@ from pathlib import Path
 PIECES = "pieces"  # per launch: pieces/item<id>/rank<R>.pt, written by the workers for failing items
 
 # A worker's exit code when it ends because a peer is stuck or dead: a consequence, never counted as that
-# rank's death (harness.launch._Launch.deaths).
+# rank's death (harness.workers.Launch.deaths).
 EXIT_PEER_STUCK = 3
 
 STOP = "stop"  # a plan file holding only this ends a launch: its ranks exit 0 (harness.worker.serve)

@@ -9,12 +9,12 @@ import zlib
 from harness.case import BAD_INPUT_CHECK, Case
 from harness.items import DTYPES, Item, Plan, Xfail
 from harness.module_under_test import resolve_impl
+from harness.options import DEFAULT_WORLD_SIZES
 from harness.suite_loader import (default_impl, external_suite_files, suite_cases, suite_family,
                                   suite_file, suite_names)
 from harness.topology import Topology, UsageError, default_topologies
 
 DEFAULT_DTYPES = ("float64", "float32", "bfloat16")
-DEFAULT_WORLD_SIZES = (1, 2, 4)
 
 
 def expand_suites(wanted: list[str], suite_paths: list[str] = ()) -> list[str]:
