@@ -533,10 +533,12 @@ def _rendezvous(launch_dir: Path, rank: int, world: int, timeout: float) -> dist
     return dist.TCPStore("127.0.0.1", int(port_file.read_text()), world, is_master=False, timeout=wait)
 
 
-def _wait_for(path: Path, seconds: float) -> bool:
+def _wait_for(path: Path, seconds: float, driver: int) -> bool:
+    """Whether `path` appeared within `seconds` while the driver (pid `driver`) lived: a rank orphaned by a driver
+    killed outright does not wait out the rest."""
     deadline = time.time() + seconds
     while not path.exists():
-        if time.time() > deadline:
+        if time.time() > deadline or os.getppid() != driver:
             return False
         time.sleep(0.01)
     return True
@@ -546,12 +548,13 @@ def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, timeout
     """The driver's rank: rendezvous, then run LAUNCH_DIR/plan0.json, plan1.json, ... as they come; exit when a plan
     file says STOP or none comes within `plan_wait` seconds."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    driver = os.getppid()
     store = _rendezvous(launch_dir, rank, world, timeout)
     worker = Worker(device, backend, timeout, use_shims, store=store, rank=rank, world=world)
     profile = None
     for k in itertools.count():
         path = launch_dir / f"plan{k}.json"
-        if not _wait_for(path, plan_wait):
+        if not _wait_for(path, plan_wait, driver):
             break
         text = path.read_text()
         if text == STOP:
