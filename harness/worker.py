@@ -548,7 +548,7 @@ def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, timeout
     """The driver's rank: rendezvous, then run LAUNCH_DIR/plan0.json, plan1.json, ... as they come; exit when a plan
     file says STOP or none comes within `plan_wait` seconds."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    driver = os.getppid()
+    driver = int(os.environ.get("SHARDCHECK_DRIVER_PID", os.getppid()))
     store = _rendezvous(launch_dir, rank, world, timeout)
     worker = Worker(device, backend, timeout, use_shims, store=store, rank=rank, world=world)
     profile = None

@@ -33,7 +33,8 @@ def _worker_env(rank: int, world_size: int) -> dict:
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-               GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world_size))
+               GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world_size),
+               SHARDCHECK_DRIVER_PID=str(os.getpid()))  # a rank orphaned by a killed driver exits
     return env
 
 
