@@ -6,14 +6,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import glob
 import os
 import secrets
+import shutil
 import sys
 from pathlib import Path
 
-from harness.items import DEFAULT_TIMEOUT
-from harness.run import (EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args, add_suite_path_arg, close_run, exit_code,
-                         impl_map, open_run, plan_from_args, str_list, suite_paths)
+from harness.options import (DEFAULT_TIMEOUT, DEFAULT_WORLD_SIZES, EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args,
+                             add_suite_path_arg, impl_map, str_list)
 from harness.topology import Topology, UsageError, default_topologies
 
 
@@ -145,12 +146,13 @@ def cmd_run(args) -> int:
             print(f"shardcheck: profile -> {args.profile_dir / 'breakdown.md'}")
 
 
-def _run(args) -> int:
-    import torch
+def _no_gpu_here() -> bool:
+    """True when this machine has no GPU device node (NVIDIA or AMD): the run is on CPU, known without importing torch."""
+    return not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"))
 
-    from harness.launch import run_plan
-    from harness.records import load
-    from reports.report import build
+
+def _run(args) -> int:
+    from harness.workers import LaunchSettings, WorkerPool
 
     if args.bench_iters <= 0:
         raise UsageError(f"--bench-iters must be positive, got {args.bench_iters}")
@@ -160,27 +162,54 @@ def _run(args) -> int:
         _check_writable_file(args.junit_xml, "--junit-xml")
     topologies = [Topology.parse(t) for t in args.topology or []]
     world_sizes = args.world_sizes
-    device, backend = _device_and_backend(args.device, topologies, world_sizes)
     run_id = dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
     run_dir = _run_dir(args.out, run_id)
-    plan = plan_from_args(args, run_id=run_id, world_sizes=world_sizes, topologies=topologies, device=device,
-                          backend=backend, default_dtypes=_default_dtypes(args.bench, device), bench=args.bench,
-                          bench_iters=args.bench_iters)
-    if args.profile:
-        args.profile_dir = (run_dir / "profile").resolve()
-        args.profile_dir.mkdir(parents=True, exist_ok=True)
-        plan.profile = str(args.profile_dir)
-    writer, meta = open_run(run_dir, plan, sys.argv)
-    worlds = sorted({i.world_size for i in plan.items})
-    print(f"shardcheck: {len(plan.items)} cases on world size(s) {', '.join(map(str, worlds))} "
-          f"({device}, {backend}) -> {run_dir}", file=sys.stderr)
-    if meta["shim_notes"]:
-        print("shardcheck: " + "; ".join(meta["shim_notes"]), file=sys.stderr)
-    try:
-        run_plan(plan, run_dir, writer, show_progress=not args.no_progress and sys.stderr.isatty(),
-                 hang_budget=not args.no_hang_budget)
-    finally:
-        close_run(run_dir, writer, meta)
+    run_dir_existed = run_dir.exists()
+    # Where the world sizes are known before planning (given, or the default run's) and the device is the CPU, the
+    # launches start before the driver imports torch and plans: the ranks' start-up (a torch import each, the
+    # rendezvous) overlaps the driver's.
+    known_worlds = world_sizes or sorted({t.size for t in topologies})
+    if not known_worlds and not (args.suite or args.op or args.case or args.suite_path):
+        known_worlds = list(DEFAULT_WORLD_SIZES)
+    early = (args.device == "cpu" or (args.device is None and _no_gpu_here())) and known_worlds
+    with WorkerPool(run_dir) as pool:
+        try:
+            if early:
+                pool.start(known_worlds, LaunchSettings("cpu", "gloo", args.timeout, not args.no_shims))
+            from harness.run import plan_from_args
+
+            device, backend = _device_and_backend(args.device, topologies, world_sizes)
+            if not early and known_worlds:
+                pool.start(known_worlds, LaunchSettings(device, backend, args.timeout, not args.no_shims))
+            plan = plan_from_args(args, run_id=run_id, world_sizes=world_sizes, topologies=topologies, device=device,
+                                  backend=backend, default_dtypes=_default_dtypes(args.bench, device),
+                                  bench=args.bench, bench_iters=args.bench_iters)
+        except BaseException:
+            pool.close()
+            if not run_dir_existed:
+                shutil.rmtree(run_dir, ignore_errors=True)  # a run that never began leaves nothing behind
+            raise
+        from harness.launch import run_plan
+        from harness.records import load
+        from harness.run import close_run, exit_code, open_run
+        from reports.report import build  # (imported while the ranks start)
+
+        worlds = sorted({i.world_size for i in plan.items})
+        pool.keep_only(worlds)
+        if args.profile:
+            args.profile_dir = (run_dir / "profile").resolve()
+            args.profile_dir.mkdir(parents=True, exist_ok=True)
+            plan.profile = str(args.profile_dir)
+        writer, meta = open_run(run_dir, plan, sys.argv)
+        print(f"shardcheck: {len(plan.items)} cases on world size(s) {', '.join(map(str, worlds))} "
+              f"({device}, {backend}) -> {run_dir}", file=sys.stderr)
+        if meta["shim_notes"]:
+            print("shardcheck: " + "; ".join(meta["shim_notes"]), file=sys.stderr)
+        try:
+            run_plan(plan, run_dir, writer, show_progress=not args.no_progress and sys.stderr.isatty(),
+                     hang_budget=not args.no_hang_budget, pool=pool)
+        finally:
+            close_run(run_dir, writer, meta)
     build(run_dir)
     rows = load(run_dir)
     _write_ci_outputs(run_dir, rows, run_id, args.junit_xml)
@@ -217,15 +246,12 @@ def _run_dir(out: Path | None, run_id: str) -> Path:
 
 
 def cmd_fuzz(args) -> int:
-    import json
-
     from harness import shims
-    from harness.corpus import CorpusEntry, corpus_dir, load_corpus, save_entry
+    from harness.corpus import corpus_dir, load_corpus
     from harness.fuzz import FuzzSession
-    from harness.launch import run_plan
-    from harness.plan import DEFAULT_WORLD_SIZES, build_fuzz_case, fuzz_item, plan_fuzz
-    from harness.records import load
-    from reports.report import build
+    from harness.plan import plan_fuzz
+    from harness.run import suite_paths
+    from harness.workers import WorkerPool
 
     if args.examples is not None and args.examples <= 0:
         raise UsageError(f"--examples must be positive, got {args.examples}")
@@ -253,8 +279,24 @@ def cmd_fuzz(args) -> int:
     if not spaces:
         raise UsageError("nothing to fuzz: no selected op has a fuzz space")
     examples = args.examples or (MAX_FUZZ_EXAMPLES if args.time else DEFAULT_FUZZ_EXAMPLES)
-    session = FuzzSession(base, topologies, run_dir.resolve(), examples=examples, seconds=args.time,
-                          hang_budget=not args.no_hang_budget)
+    with WorkerPool(run_dir.resolve()) as pool:
+        session = FuzzSession(base, topologies, run_dir.resolve(), pool, examples=examples, seconds=args.time,
+                              hang_budget=not args.no_hang_budget)
+        return _fuzz(args, session, spaces, base, run_dir, corpus, device, backend, topologies, examples)
+
+
+def _fuzz(args, session, spaces, base, run_dir: Path, corpus: Path, device: str, backend: str, topologies,
+          examples: int) -> int:
+    """cmd_fuzz's search and its report, on the session's ranks."""
+    import json
+
+    from harness.corpus import CorpusEntry, save_entry
+    from harness.launch import run_plan
+    from harness.plan import build_fuzz_case, fuzz_item
+    from harness.records import load
+    from harness.run import close_run, open_run
+    from reports.report import build
+
     budget = [f"{args.examples} examples per op"] if args.examples else []
     budget += [f"{args.time:g} s in all"] if args.time else []
     budget = " and ".join(budget)
@@ -291,7 +333,7 @@ def cmd_fuzz(args) -> int:
         plan.items.append(fuzz_item(len(plan.items), found.suite, case, entry.params, args.seed))
     writer, meta = open_run(run_dir, plan, sys.argv)
     try:
-        run_plan(plan, run_dir, writer, show_progress=False, hang_budget=not args.no_hang_budget)
+        run_plan(plan, run_dir, writer, show_progress=False, hang_budget=not args.no_hang_budget, pool=session.pool)
     finally:
         close_run(run_dir, writer, meta)
     build(run_dir)
@@ -385,6 +427,7 @@ def _print_failures(run_dir: Path, rows, limit: int = 20) -> None:
 def cmd_list(args) -> int:
     from harness.corpus import corpus_dir, load_corpus
     from harness.plan import DEFAULT_DTYPES, DEFAULT_WORLD_SIZES
+    from harness.run import suite_paths
     from harness.suite_loader import external_suite_files, suite_cases, suite_names
 
     paths = suite_paths(args)

@@ -17,7 +17,8 @@ from pathlib import Path
 from harness.artefacts import ArtefactBudget
 from harness.compare import merge_ranks
 from harness.events import PIECES
-from harness.items import DEFAULT_TIMEOUT, Item, Plan, Xfail
+from harness.items import Item, Plan, Xfail
+from harness.options import DEFAULT_TIMEOUT
 from harness.records import NO_CAUSE, PHASES, RecordWriter, ResultRow
 
 

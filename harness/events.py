@@ -1,6 +1,6 @@
 """What the ranks tell the driver: one event log per rank, read back by harness.collect.
 
-Each rank appends JSON lines to DIR/rank<R>.jsonl, one per event, flushed at once (a crash loses
+Each rank appends JSON lines to DIR/rank<R>.jsonl (DIR: a launch's plan<k>/), one per event, flushed at once (a crash loses
 nothing): `start` (an item begins), `phase` (setup, forward, backward), `check` (one check's
 result on this rank), `stuck` (a peer did not arrive at the item's barrier: `missing` ranks),
 `done` (the item is over here).  For an item that failed somewhere, every rank saves the
@@ -15,8 +15,10 @@ from pathlib import Path
 PIECES = "pieces"  # per launch: pieces/item<id>/rank<R>.pt, written by the workers for failing items
 
 # A worker's exit code when it ends because a peer is stuck or dead: a consequence, never counted as that
-# rank's death (harness.launch.dead_ranks).
+# rank's death (harness.workers.Launch.deaths).
 EXIT_PEER_STUCK = 3
+
+STOP = "stop"  # a plan file holding only this ends a launch: its ranks exit 0 (harness.worker.serve)
 
 
 def events_path(events_dir: Path, rank: int) -> Path:

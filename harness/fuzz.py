@@ -26,11 +26,10 @@ from harness.case import FuzzSpace
 from harness.compare import FAILING
 from harness.items import Plan
 from harness.launch import run_plan
+from harness.workers import WorkerPool
 from harness.plan import plan_fuzz_example
 from harness.records import RESULTS, RecordWriter
 from harness.topology import Topology
-
-
 
 
 @dataclass
@@ -89,11 +88,13 @@ class _OutOfTime(BaseException):
 @dataclass
 class FuzzSession:
     """What every example of a `shardcheck fuzz` run shares: the run's settings (`base`, a Plan without items),
-    the topologies the spaces draw from, and where examples run."""
+    the topologies the spaces draw from, where examples run, and the ranks they run on (`pool`: one start-up per
+    world size for the whole session, not one per example)."""
 
     base: Plan
     topologies: list[Topology]
     run_dir: Path
+    pool: WorkerPool
     examples: int = 100
     seconds: float | None = None  # --time: the whole run's wall-clock budget
     hang_budget: bool = True
@@ -111,7 +112,7 @@ class FuzzSession:
         writer = RecordWriter(scratch)
         try:
             run_plan(plan_fuzz_example(self.base, suite, space, params), scratch, writer, show_progress=False,
-                     hang_budget=self.hang_budget)
+                     hang_budget=self.hang_budget, pool=self.pool)
         finally:
             writer.close()
         rows = [json.loads(line) for line in (scratch / RESULTS).read_text().splitlines() if line.strip()]

@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEFAULT_TIMEOUT = 60.0  # seconds one case may take (a rerun line leaves it out when it is this)
 
 
 @dataclass

@@ -13,12 +13,12 @@ from harness.corpus import CorpusEntry
 from harness.fuzz_cases import fuzz_case
 from harness.items import DTYPES, Item, Plan, Xfail
 from harness.module_under_test import resolve_impl
-from harness.suite_loader import (default_impl, external_suite_files, load_suite, suite_cases, suite_file,
-                                  suite_fuzz_spaces, suite_names)
+from harness.options import DEFAULT_WORLD_SIZES
+from harness.suite_loader import (default_impl, external_suite_files, load_suite, suite_cases, suite_family,
+                                  suite_file, suite_fuzz_spaces, suite_names)
 from harness.topology import Topology, UsageError, default_topologies
 
 DEFAULT_DTYPES = ("float64", "float32", "bfloat16")
-DEFAULT_WORLD_SIZES = (1, 2, 4)
 
 
 def expand_suites(wanted: list[str], suite_paths: list[str] = ()) -> list[str]:
@@ -26,7 +26,7 @@ def expand_suites(wanted: list[str], suite_paths: list[str] = ()) -> list[str]:
     its TP, CP and Megatron suites), any other name that suite alone."""
     by_family: dict[str, list[str]] = {}
     for name in suite_names(suite_paths):
-        by_family.setdefault(load_suite(name, suite_paths).FAMILY, []).append(name)
+        by_family.setdefault(suite_family(name, suite_paths), []).append(name)
     out = []
     for name in wanted:
         if name not in by_family:
@@ -129,7 +129,7 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
         names = expand_suites(suites_wanted, suite_paths)
     else:
         names = sorted(external) if external and not ops else suite_names(suite_paths)
-    families = {load_suite(n, suite_paths).FAMILY: n for n in suite_names(suite_paths)}
+    families = {suite_family(n, suite_paths): n for n in suite_names(suite_paths)}
     for family in impl:
         if family not in families:
             raise UsageError(f"--impl: unknown family {family!r}; known: {', '.join(sorted(families))}")
@@ -265,7 +265,7 @@ def plan_fuzz(*, run_id: str, suites_wanted: list[str], ops: list[str], impl: di
         names = expand_suites(suites_wanted, suite_paths)
     else:
         names = sorted(external) if external and not ops else suite_names(suite_paths)
-    families = {load_suite(n, suite_paths).FAMILY for n in suite_names(suite_paths)}
+    families = {suite_family(n, suite_paths) for n in suite_names(suite_paths)}
     for family in impl:
         if family not in families:
             raise UsageError(f"--impl: unknown family {family!r}; known: {', '.join(sorted(families))}")

@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardcheck worker: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     events_dir = args.out / "workers" / "standalone"
-    worker = Worker(plan, events_dir)
+    worker = Worker(device, backend, plan.timeout, plan.shims)
+    worker.load(plan, events_dir)
     if rank != 0:
         worker.run()
         dist.barrier()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
+import re
 import sys
 import zlib
 from collections.abc import Sequence
@@ -108,6 +109,16 @@ def _check_module(module: ModuleType, path: Path) -> None:
     impl = getattr(module, "IMPLEMENTATION", None)
     if impl is not None and (not isinstance(impl, str) or not impl):
         raise UsageError(f"suite {path}: IMPLEMENTATION must be a module name or a .py path, got {impl!r}")
+
+
+_FAMILY_LINE = re.compile(r"""^FAMILY\s*=\s*["']([A-Za-z_]\w*)["']""", re.M)
+
+
+def suite_family(name: str, suite_paths: Sequence[str] = ()) -> str:
+    """The suite's FAMILY, read from its source where it is a plain string assignment (selecting one suite need not
+    import every other one), else from the imported module."""
+    found = _FAMILY_LINE.findall(suite_file(name, suite_paths).read_text())
+    return found[0] if len(found) == 1 else load_suite(name, suite_paths).FAMILY
 
 
 def load_suite(name: str, suite_paths: Sequence[str] = ()) -> ModuleType:

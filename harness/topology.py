@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch.distributed.device_mesh import DeviceMesh
+if TYPE_CHECKING:  # torch is imported where a mesh is built: the CLI parses topologies before it imports torch
+    from torch.distributed.device_mesh import DeviceMesh
 
 MESH_DIMS = ("dp", "cp", "tp")
 
@@ -94,6 +94,9 @@ def build_mesh(topology: Topology, world_size: int, device_type: str) -> DeviceM
     """
     if world_size % topology.size:
         raise UsageError(f"topology {topology} (size {topology.size}) does not divide world size {world_size}")
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
     ranks = torch.arange(world_size).view(world_size // topology.size, topology.dp, topology.cp, topology.tp)
     full = DeviceMesh(device_type, ranks, mesh_dim_names=("replica",) + MESH_DIMS)
     return full[MESH_DIMS]

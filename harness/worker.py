@@ -1,16 +1,18 @@
-"""Worker: one process per rank, started by torchrun, runs every item of a plan.
+"""Worker: one process per rank; runs the items of one plan after another.
 
-    torchrun --nproc-per-node 4 -m harness.worker --plan PLAN.json --events DIR
+    python -m harness.worker --launch-dir DIR ...          # started by the driver (harness.launch), RANK/WORLD_SIZE set
     torchrun --nnodes 2 ... -m harness.worker --suite model_utils --out shardcheck-runs/x   # by hand
 
-Each rank appends its own events (start, phase, check, error, done) to DIR/rank<R>.jsonl.
-The driver (harness.launch) merges them into result rows; when started by hand, rank 0
-does the merging itself (the out dir must then be on a filesystem all nodes share).
+Started by the driver, the ranks rendezvous first (rank 0 hosts the store on a free port and writes it to
+DIR/store-port), then wait for DIR/plan0.json, run it, wait for DIR/plan1.json, and so on: a launch is started
+before its plan is known and serves every plan of its world size (`shardcheck fuzz` sends one per example).  Each
+rank appends its events of plan k (start, phase, check, error, done) to DIR/plan<k>/rank<R>.jsonl; the driver
+merges them into result rows.  When started by hand, rank 0 does the merging itself (the out dir must then be on
+a filesystem all nodes share).
 
-Never hang: after each item every rank checks in at a store barrier.  If a peer does not
-arrive within the plan's timeout (it skipped a collective, or is blocked in one, or died)
-the ranks that did arrive record who is missing and exit; torchrun tears the rest down
-and the driver relaunches for the remaining items.
+Never hang: after each item every rank checks in at a store barrier.  If a peer does not arrive within the plan's
+timeout (it skipped a collective, or is blocked in one, or died) the ranks that did arrive record who is missing
+and exit; the driver ends the launch and relaunches for the remaining items.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import itertools
 import os
 import re
 import sys
@@ -35,7 +38,7 @@ from harness import shims
 from harness.bench import run_bench_item
 from harness.case import BAD_INPUT_CHECK, REPLICATED, Case, RankContext, as_tuple, is_float
 from harness.compare import budget, compare, judge
-from harness.events import EXIT_PEER_STUCK, PIECES, Events, events_path
+from harness.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path
 from harness.items import DTYPES, Item, Plan
 from harness.measure import CommCounter, comm_violations, group_dims, split_comm
 from harness.signatures import under_test
@@ -119,21 +122,37 @@ class Golden:
 
 
 class Worker:
-    def __init__(self, plan: Plan, events_dir: Path):
-        self.plan = plan
-        self.device = torch.device(plan.device)
-        self.backend = plan.backend
+    """One rank: its process group, kept for every plan it runs (`load` one, then `run` it)."""
+
+    def __init__(self, device: str, backend: str, timeout: float, use_shims: bool,
+                 store: dist.Store | None = None, rank: int | None = None, world: int | None = None):
+        self.device = torch.device(device)
+        self.backend = backend
         if self.device.type == "cuda":
             # nccl: one GPU per rank; gloo on a shared GPU: ranks share device 0 (or wrap around)
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
-        dist.init_process_group(self.backend, timeout=timedelta(seconds=plan.timeout + 120))
-        if plan.shims:  # before any module under test runs
+        pg_timeout = timedelta(seconds=timeout + 120)
+        if store is None:  # torchrun's environment
+            dist.init_process_group(backend, timeout=pg_timeout)
+        else:
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=pg_timeout)
+        if use_shims:  # before any module under test runs
             shims.install(self.device.type)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.store = dist.PrefixStore("shardcheck-items", dist.distributed_c10d._get_default_store())
-        self.events = Events(events_path(events_dir, self.rank), self.rank)
         self.meshes = {}
+        self.plans_loaded = 0
+        self.events = None
+
+    def load(self, plan: Plan, events_dir: Path) -> None:
+        """Make `plan` the one `run` runs; its events go to `events_dir`."""
+        self.plan = plan
+        # Item ids start at 0 in every plan: each plan checks in under keys of its own.
+        self.store = dist.PrefixStore(f"shardcheck-items/{self.plans_loaded}", dist.distributed_c10d._get_default_store())
+        self.plans_loaded += 1
+        if self.events is not None:
+            self.events.file.close()
+        self.events = Events(events_path(events_dir, self.rank), self.rank)
         self.cases: dict[tuple[str, str], Case] = {}
         for suite in sorted({i.suite for i in plan.items if i.fuzz is None}):
             self.cases.update({(c.op, c.case_id): c
@@ -188,7 +207,7 @@ class Worker:
                 self.events.file.flush()
                 if on_stuck:
                     on_stuck(item)
-                os._exit(EXIT_PEER_STUCK)  # a peer is blocked or dead: let torchrun tear the group down
+                os._exit(EXIT_PEER_STUCK)  # a peer is blocked or dead: the driver ends the launch
             if pieces and self.store.check([f"failed/{item.id}"]):
                 self.save_pieces(item, pieces)
             self.events.emit("done", item.id, seconds=time.time() - started)
@@ -500,31 +519,79 @@ def _judge(got, expected, gold_full, ref_full, dtype, lay, mesh, inputs) -> tupl
     return stats, status, ratio, limit
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.worker")
-    parser.add_argument("--plan", type=Path, help="plan written by `shardcheck run` (driver mode)")
-    parser.add_argument("--events", type=Path, help="directory for per-rank event files (driver mode)")
-    parser.add_argument("--plan-wait", type=float, default=0.0,
-                        help="seconds to wait for the plan file (a launch started ahead, before its plan is known)")
-    args, rest = parser.parse_known_args(argv)
-    if args.plan:
-        deadline = time.time() + args.plan_wait
-        while not args.plan.exists() and time.time() < deadline:
-            time.sleep(0.05)
-        if args.plan_wait and not args.plan.exists():
-            return 0  # a standby launch that was never needed
-        plan = Plan.from_json(args.plan.read_text())
-        if plan.profile:  # `shardcheck run --profile`: this rank's cProfile, read by reports/profile.py
+def _rendezvous(launch_dir: Path, rank: int, world: int, timeout: float) -> dist.Store:
+    """The launch's store: rank 0 hosts it on a port the system picks and writes the port to
+    LAUNCH_DIR/store-port (written whole, then renamed); the others wait for that file and connect."""
+    port_file = launch_dir / "store-port"
+    wait = timedelta(seconds=timeout + 120)
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=wait, wait_for_workers=False)
+        tmp = port_file.with_suffix(".tmp")
+        tmp.write_text(str(store.port))
+        os.replace(tmp, port_file)
+        return store
+    deadline = time.time() + wait.total_seconds()
+    while not port_file.exists():
+        if time.time() > deadline:
+            raise TimeoutError(f"rank 0 wrote no {port_file}")
+        time.sleep(0.01)
+    return dist.TCPStore("127.0.0.1", int(port_file.read_text()), world, is_master=False, timeout=wait)
+
+
+def _wait_for(path: Path, seconds: float, driver: int) -> bool:
+    """Whether `path` appeared within `seconds` while the driver (pid `driver`) lived: a rank orphaned by a driver
+    killed outright does not wait out the rest."""
+    deadline = time.time() + seconds
+    while not path.exists():
+        if time.time() > deadline or os.getppid() != driver:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, timeout: float, use_shims: bool) -> int:
+    """The driver's rank: rendezvous, then run LAUNCH_DIR/plan0.json, plan1.json, ... as they come; exit when a plan
+    file says STOP or none comes within `plan_wait` seconds."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    driver = int(os.environ.get("SHARDCHECK_DRIVER_PID", os.getppid()))
+    store = _rendezvous(launch_dir, rank, world, timeout)
+    worker = Worker(device, backend, timeout, use_shims, store=store, rank=rank, world=world)
+    profile = None
+    for k in itertools.count():
+        path = launch_dir / f"plan{k}.json"
+        if not _wait_for(path, plan_wait, driver):
+            break
+        text = path.read_text()
+        if text == STOP:
+            break
+        plan = Plan.from_json(text)
+        if plan.profile and profile is None:  # `shardcheck run --profile`: this rank's cProfile, read by reports/profile.py
             profile = cProfile.Profile()
             profile.enable()
-        Worker(plan, args.events).run()
-        if plan.profile:
+        worker.load(plan, launch_dir / f"plan{k}")
+        worker.run()
+        if profile is not None:
             profile.disable()
-            path = Path(plan.profile) / f"w{dist.get_world_size()}-rank{dist.get_rank()}-{os.getpid()}.prof"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            profile.dump_stats(path)
-        dist.destroy_process_group()
-        return 0
+            out = Path(plan.profile) / f"w{world}-rank{rank}-{os.getpid()}.prof"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            profile.dump_stats(out)
+            profile.enable()
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.worker")
+    parser.add_argument("--launch-dir", type=Path, help="the launch's folder: plans come, events go there (driver mode)")
+    parser.add_argument("--plan-wait", type=float, default=900.0, help="seconds to wait for each plan")
+    parser.add_argument("--launch-device", default="cpu")
+    parser.add_argument("--launch-backend", default="gloo")
+    parser.add_argument("--launch-timeout", type=float, default=60.0, help="the run's --timeout")
+    parser.add_argument("--launch-no-shims", action="store_true")
+    args, rest = parser.parse_known_args(argv)
+    if args.launch_dir:
+        return serve(args.launch_dir, args.plan_wait, args.launch_device, args.launch_backend, args.launch_timeout,
+                     not args.launch_no_shims)
     # Started by a torchrun command written by hand: this process becomes harness.standalone, which builds
     # the plan and collects (the driver's side); the rank side never imports the driver.
     sys.stdout.flush()

@@ -97,7 +97,7 @@ def test_killed_rank_is_named_with_its_signal_and_the_run_goes_on(tmp_path):
                              "--out", str(out), "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        events = out / "workers" / "w2-launch0" / "rank1.jsonl"
+        events = out / "workers" / "w2-launch0" / "plan0" / "rank1.jsonl"
         deadline = time.time() + 120
         pid = None
         while time.time() < deadline:  # wait for rank 1 to be in the (slow) forward of the first case

@@ -170,7 +170,7 @@ def test_world_group_cases_run_in_a_launch_of_their_size():
 
 
 def test_default_run_includes_the_suite():
-    from harness.plan import suite_names
+    from harness.suite_loader import suite_names
 
     assert "inbatch_neg_utils" in suite_names()
     plan = _plan(None)  # the default world sizes, as `shardcheck run` with no arguments

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from harness.plan import load_suite, suite_names
+from harness.suite_loader import load_suite, suite_names
 from helpers import ROOT
 
 SUITES = ROOT / "suites"

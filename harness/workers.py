@@ -1,0 +1,201 @@
+"""The ranks of a run: a launch of worker processes per world size, and the pool that keeps launches between plans.
+
+Torch-free on purpose: `shardcheck run` starts its launches before it imports torch and plans, so that the ranks'
+start-up (a torch import each, the rendezvous) overlaps the driver's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.events import EXIT_PEER_STUCK, STOP
+
+if TYPE_CHECKING:
+    from harness.items import Plan
+
+STANDBY_WAIT = 900.0  # seconds a launch's ranks wait for their next plan before they exit
+
+
+def _worker_env(rank: int, world_size: int) -> dict:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores; one thread each avoids thrashing
+    env["PYTHONUNBUFFERED"] = "1"
+    # The source tree must be importable by the workers whether or not it is installed.
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+               GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world_size),
+               SHARDCHECK_DRIVER_PID=str(os.getpid()))  # a rank orphaned by a killed driver exits
+    return env
+
+
+def _exit_words(returncode: int) -> str:
+    """'SIGKILL' for a process killed by a signal, else 'exit code N'."""
+    return _signal_name(-returncode) if returncode < 0 else f"exit code {returncode}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """What a launch's ranks are started with; a plan runs only on a launch of its own settings."""
+
+    device: str
+    backend: str
+    timeout: float
+    shims: bool
+
+    @classmethod
+    def of(cls, plan: Plan) -> "LaunchSettings":
+        return cls(plan.device, plan.backend, plan.timeout, plan.shims)
+
+
+class WorkerPool:
+    """Launches kept up between plans, at most one idle launch per world size: a plan run with the pool takes its
+    launches from it and gives them back when every item finished, so a session of many small plans (`shardcheck
+    fuzz`: one per example) pays one start-up per world size.  `start` starts launches before any plan exists (their
+    imports and rendezvous overlap the driver's planning).  Use as a context manager: leaving it ends every launch."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.idle: dict[int, Launch] = {}
+        self._launches: dict[int, int] = {}  # world size -> launches started (their folders: w<size>-launch<n>)
+        self._lock = threading.Lock()
+
+    def start(self, world_sizes, settings: LaunchSettings) -> None:
+        for world_size in sorted(set(world_sizes)):
+            with self._lock:
+                if world_size not in self.idle:
+                    self.idle[world_size] = self._new(world_size, settings)
+
+    def _new(self, world_size: int, settings: LaunchSettings) -> "Launch":
+        n = self._launches.get(world_size, 0)
+        self._launches[world_size] = n + 1
+        return Launch(self.run_dir / "workers" / f"w{world_size}-launch{n}", world_size, settings)
+
+    def take(self, world_size: int, settings: LaunchSettings) -> "Launch":
+        """An idle launch of this size and settings that is still up, else a new one."""
+        with self._lock:
+            launch = self.idle.pop(world_size, None)
+            if launch is not None and (launch.settings != settings or launch.ended()):
+                launch.discard()
+                launch = None
+            return launch or self._new(world_size, settings)
+
+    def give_back(self, launch: "Launch") -> None:
+        with self._lock:
+            old = self.idle.get(launch.world_size)
+            if old is not None and old is not launch:
+                old.discard()
+            self.idle[launch.world_size] = launch
+
+    def standby(self, world_size: int, settings: LaunchSettings) -> "Launch":
+        """A launch started ahead for the next attempt of a world size (not idle: it belongs to the caller)."""
+        with self._lock:
+            return self._new(world_size, settings)
+
+    def keep_only(self, world_sizes) -> None:
+        """End the idle launches of other world sizes (started ahead for a plan that turned out not to need them)."""
+        with self._lock:
+            for world_size in [w for w in self.idle if w not in set(world_sizes)]:
+                self.idle.pop(world_size).discard()
+
+    def close(self) -> None:
+        with self._lock:
+            for launch in self.idle.values():
+                launch.discard()
+            self.idle.clear()
+        folder = self.run_dir / "workers"
+        try:
+            folder.rmdir()  # only when empty: a launch whose events hold rows keeps its folder
+        except OSError:
+            pass
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Launch:
+    """`world_size` worker processes writing to `launch_dir`; they rendezvous, then wait for plan<k>.json, so a
+    launch can be started (imports, rendezvous) before its plan is known, and serve plan after plan."""
+
+    def __init__(self, launch_dir: Path, world_size: int, settings: LaunchSettings):
+        launch_dir.mkdir(parents=True, exist_ok=True)
+        self.dir, self.world_size, self.settings = launch_dir, world_size, settings
+        self.log_path = launch_dir / "workers.log"
+        self.plans_given = 0
+        self.killed = False
+        cmd = [sys.executable, "-m", "harness.worker", "--launch-dir", str(launch_dir),
+               "--plan-wait", f"{STANDBY_WAIT:g}", "--launch-device", settings.device,
+               "--launch-backend", settings.backend, "--launch-timeout", f"{settings.timeout:g}",
+               *([] if settings.shims else ["--launch-no-shims"])]
+        with open(self.log_path, "ab") as log:  # every rank appends to the one log
+            self.procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_worker_env(rank, world_size),
+                                           start_new_session=True) for rank in range(world_size)]
+
+    def give_plan(self, plan: Plan) -> tuple[Path, float]:
+        """Write the next plan (atomically: the ranks poll for it); returns the folder its events go to, and when."""
+        k = self.plans_given
+        self.plans_given += 1
+        tmp = self.dir / f"plan{k}.json.tmp"
+        tmp.write_text(plan.to_json())
+        os.replace(tmp, self.dir / f"plan{k}.json")
+        return self.dir / f"plan{k}", time.time()
+
+    def stop(self, wait: float) -> None:
+        """Ask the ranks to exit (after their current plan) and wait up to `wait` seconds; then kill what is left."""
+        tmp = self.dir / f"plan{self.plans_given}.json.tmp"
+        tmp.write_text(STOP)
+        os.replace(tmp, self.dir / f"plan{self.plans_given}.json")
+        deadline = time.time() + wait
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(deadline - time.time(), 0.01))
+            except subprocess.TimeoutExpired:
+                break
+        self.kill()
+
+    def ended(self) -> bool:
+        """Whether some rank has exited (a launch is only ever ended whole)."""
+        return any(proc.poll() is not None for proc in self.procs)
+
+    def deaths(self) -> dict[int, str]:
+        """Ranks whose process ended by itself ({rank: 'SIGKILL' | 'exit code 13'}), read before `kill`: an external
+        kill -9, the OOM killer, a segfault, an exit.  Our own exit after a stuck peer is not one."""
+        return {rank: _exit_words(proc.returncode) for rank, proc in enumerate(self.procs)
+                if proc.poll() is not None and proc.returncode != EXIT_PEER_STUCK}
+
+    def kill(self) -> None:
+        """End every rank (each leads a session of its own: what it started goes too)."""
+        self.killed = True
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            proc.wait()
+
+    def discard(self) -> None:
+        """End it; its folder goes too unless it ran a plan (its events and log are the run's)."""
+        self.kill()
+        if not self.plans_given:
+            shutil.rmtree(self.dir, ignore_errors=True)

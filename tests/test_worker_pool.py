@@ -1,0 +1,64 @@
+"""A WorkerPool keeps a launch's ranks between plans (what `shardcheck fuzz` runs its examples on): the same
+processes serve plan after plan, item ids restart per plan without mixing their check-ins, and a plan whose op
+hangs ends the launch, the next plan getting a fresh one."""
+
+from __future__ import annotations
+
+from harness.launch import WorkerPool, run_plan
+from harness.plan import build_plan
+from harness.records import RecordWriter, load
+from harness.topology import Topology
+from tests.helpers import FIXTURES
+
+TP2 = [Topology(1, 1, 2)]
+
+
+def _plan(op: str, cases: list[str], impl: dict | None = None, timeout: float = 60.0):
+    return build_plan(run_id="pool", suites_wanted=["model_utils"], ops=[op], case_patterns=cases, world_sizes=None,
+                      topologies=TP2, dtypes=["float64"], impl=dict(impl or {}), quick=True, seed=0, timeout=timeout,
+                      device="cpu", backend="gloo")
+
+
+def _statuses(run_dir) -> dict[str, set[str]]:
+    rows = load(run_dir)
+    return rows.groupby("case_id")["status"].agg(set).to_dict()
+
+
+def test_pool_serves_plan_after_plan_on_the_same_ranks(tmp_path):
+    first = _plan("model_utils.DistributedLogprob", ["*"])
+    second = _plan("model_utils.DistributedCrossEntropy", ["*"])
+    with WorkerPool(tmp_path / "run") as pool:
+        writer = RecordWriter(tmp_path / "run")
+        run_plan(first, tmp_path / "run", writer, show_progress=False, pool=pool)
+        launch = pool.idle[2]
+        pids = [p.pid for p in launch.procs]
+        run_plan(second, tmp_path / "run", writer, show_progress=False, pool=pool)
+        assert pool.idle[2] is launch and [p.pid for p in launch.procs] == pids
+        assert not launch.ended()
+        writer.close()
+    assert launch.ended()  # leaving the pool ends its ranks
+    rows = load(tmp_path / "run")
+    assert set(rows["op"]) == {"model_utils.DistributedLogprob", "model_utils.DistributedCrossEntropy"}
+    assert (rows["status"] == "pass").all(), rows[rows["status"] != "pass"]
+    # both plans' items (ids from 0 in each), a row for every check of every item
+    events = tmp_path / "run" / "workers" / "w2-launch0"
+    assert sorted(p.name for p in events.glob("plan*") if p.is_dir()) == ["plan0", "plan1"]
+    assert len(rows) == sum(len(i.checks) for p in (first, second) for i in p.items)
+
+
+def test_a_hang_ends_the_launch_and_the_next_plan_gets_a_fresh_one(tmp_path):
+    skips = {"model_utils": str(FIXTURES / "model_utils" / "skips_collective.py")}
+    hanging = _plan("model_utils.DistributedLogprob", ["*"], impl=skips, timeout=3)
+    clean = _plan("model_utils.DistributedLogprob", ["*"], timeout=3)
+    with WorkerPool(tmp_path / "run") as pool:
+        writer = RecordWriter(tmp_path / "hang")
+        run_plan(hanging, tmp_path / "run", writer, show_progress=False, pool=pool)
+        writer.close()
+        hung = pool.idle.get(2)
+        writer = RecordWriter(tmp_path / "clean")
+        run_plan(clean, tmp_path / "run", writer, show_progress=False, pool=pool)
+        writer.close()
+        assert pool.idle[2] is not hung
+    hang_rows = load(tmp_path / "hang")
+    assert set(hang_rows["status"]) == {"error", "skip"}  # the first item hangs, the op's others are skipped
+    assert (load(tmp_path / "clean")["status"] == "pass").all()
