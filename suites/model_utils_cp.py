@@ -583,13 +583,13 @@ def _filtering(p: dict) -> bool:
 
 
 def _draw_sizes(draw, st, topology: list[int], even_rows: bool, even_vocab: bool, max_chunks: int = 3) -> dict:
-    """B = DP·k, S a multiple of 2·CP (any S ≥ 2 at CP 1), V from 2 (empty shards at TP 4); `even_rows`: the local
+    """B = DP·k, S a multiple of 2·CP (any S ≥ 2 at CP 1), V from 3 (empty shards at TP 4); `even_rows`: the local
     B·S/CP rows split over TP (the all-to-all layouts), `even_vocab`: V divisible by TP."""
     dp, cp, tp = topology
     k = draw(st.integers(1, 2))
     unit, lo, hi = (1, 2, 9) if cp == 1 else (2 * cp, 1, max_chunks)
     m = draw(st.integers(lo, hi).filter(lambda m: not even_rows or (k * unit * m // cp) % tp == 0))
-    v = draw(st.integers(2, 40).filter(lambda v: not even_vocab or v % tp == 0))
+    v = draw(st.integers(3, 40).filter(lambda v: not even_vocab or v % tp == 0))
     return {"B": dp * k, "S": unit * m, "V": v}
 
 
@@ -645,10 +645,13 @@ def _all_gather_body(draw, st, topology):
     return {"shape": shape, "seq_dim": seq_dim, "upstream": draw(st.sampled_from(["none", "sum_last", "sum_all"]))}
 
 
-def _next_token_body(draw, st, topology, even_vocab: bool = False):
+def _next_token_body(draw, st, topology, even_vocab: bool = False, short_target: bool = True):
+    """`short_target`: a target shorter than the logits' sequence (padded by the op); the fronts that take the ids
+    as a DTensor laid out like the logits get the full length."""
     p = _draw_sampling(draw, st)
     p.update(_draw_sizes(draw, st, topology, _filtering(p), _filtering(p) or even_vocab))
-    p.update(chunk_size=_chunk(draw, st), target_len=draw(st.integers(2, p["S"])), **_draw_logits(draw, st))
+    p.update(chunk_size=_chunk(draw, st), target_len=draw(st.integers(2, p["S"])) if short_target else p["S"],
+             **_draw_logits(draw, st))
     return p
 
 
@@ -664,7 +667,8 @@ def _front_end_body(op: str):
 
     def body(draw, st, topology):
         variant = draw(st.sampled_from(variants))
-        p = {"variant": variant, **_next_token_body(draw, st, topology, even_vocab=variant == "vocab_parallel_group")}
+        p = {"variant": variant, **_next_token_body(draw, st, topology, even_vocab=variant == "vocab_parallel_group",
+                                                    short_target=variant in ("plain", "vocab_parallel_group"))}
         if variant == "plain":
             p["chunk_size"] = None  # the plain path takes no chunk size
         p["permutation"] = "random" if variant == "seq_index" or (variant == "dtensor" and draw(st.booleans())) else None
@@ -697,7 +701,7 @@ def _hidden_body(draw, st, topology):
     unit = 1 if cp == 1 else 2 * cp
     m = draw(st.integers(2 if cp == 1 else 1, 9 if cp == 1 else 3).filter(lambda m: (unit * m // cp) % tp == 0))
     s = unit * m
-    return {"B": dp * draw(st.integers(1, 2)), "S": s, "H": draw(st.integers(1, 8)), "V": draw(st.integers(2, 40)),
+    return {"B": dp * draw(st.integers(1, 2)), "S": s, "H": draw(st.integers(1, 8)), "V": draw(st.integers(3, 40)),
             "chunk_size": _chunk(draw, st), "target_len": draw(st.integers(2, s)),
             "scale": draw(st.sampled_from([1.0, 3.0])), "masked": draw(st.sampled_from([0.0, 0.2]))}
 
@@ -710,7 +714,7 @@ def _packed_body(draw, st, topology):
          "chunk_size": _chunk(draw, st), "pre_rolled": draw(st.booleans()), **_draw_sampling(draw, st)}
     if _filtering(p) and (sum(padded) // cp) % tp:  # the all-to-all needs the local rows to split over TP
         p.update(top_k=None, top_p=1.0)
-    p["V"] = draw(st.integers(2, 40).filter(lambda v: not _filtering(p) or v % tp == 0))
+    p["V"] = draw(st.integers(3, 40).filter(lambda v: not _filtering(p) or v % tp == 0))
     return {**p, **_draw_logits(draw, st)}
 
 
