@@ -68,12 +68,12 @@ def cases(quick=False):
 '''
 
 
-def example_suite(folder: Path, suite: str, examples: list[tuple[str, dict]], impl: str | None = None) -> Path:
-    """A suite file `fuzz_<suite>.py` in `folder` running `examples` ((op, params) pairs) on `impl` (default: ours)."""
+def example_suite(folder: Path, suite: str, examples: list[tuple[str, dict]]) -> Path:
+    """A suite file `fuzz_<suite>.py` in `folder` running `examples` ((op, params) pairs); its default module under
+    test is the suite's own (ours), another one comes with `--impl`."""
     family = importlib.import_module(f"suites.{suite}").FAMILY
     path = folder / f"fuzz_{suite}.py"
-    path.write_text(EXAMPLE_SUITE.format(suite=suite, impl=impl or f"distributed_impl.{family}",
-                                         examples=json.dumps(examples)))
+    path.write_text(EXAMPLE_SUITE.format(suite=suite, impl=f"distributed_impl.{family}", examples=json.dumps(examples)))
     return path
 
 
@@ -105,3 +105,64 @@ def test_space_draws_legal_valid_cases(suite, op):
     # A run that allows only one rank draws only one-rank topologies.
     one = draw_examples(space.params([Topology()]), 10, at=2)
     assert all(p["topology"] == [1, 1, 1] for p in one)
+
+
+# ---- broken implementations the fixed matrix misses, each failing on its smallest drawn example -------------
+#
+# The minimal failing params were found by shrinking by hand along the space's own order (smallest topology, first
+# choices, smallest integers): each one is the example `shardcheck fuzz` must shrink to.
+
+MISSED = {
+    "reduce_loss_equal_counts": dict(
+        suite="distributed_utils", broken="distributed_utils/loss_count_assumes_equal_ranks.py",
+        op="distributed_utils.reduce_loss", check="forward:denominator",
+        minimal={"topology": [2, 1, 1], "dtype": "float64", "per_token_loss": False, "dp_group": True, "n_losses": 3,
+                 "n_token_slices": 1, "tokens_over_int32": False},
+        # one loss fewer is even over 2 ranks: right there
+        passing=[{"n_losses": 2}, {"per_token_loss": True}, {"dp_group": False}]),
+    "thd_max_seqlen_first_chunk": dict(
+        suite="cp_utils", broken="cp_utils/max_seqlen_of_first_chunk.py", op="cp_utils.make_cp_batch_for_te",
+        check="property:max_seqlen",
+        minimal={"topology": [1, 1, 1], "dtype": "float64", "lens": [[[1, 2]], [[1, 4]]], "S": 4, "padding_token_id": 0,
+                 "num_chunks": 2, "position_ids": False, "embeds": 0},
+        # the longest sequence in the first chunk, or one chunk: right there
+        passing=[{"lens": [[[1, 4]], [[1, 2]]]}, {"num_chunks": 1}]),
+}
+
+
+@pytest.fixture(scope="module")
+def missed_runs(tmp_path_factory):
+    """Per broken implementation: its fixed-matrix run (the op's default cases) and the run of its minimal failing
+    example beside the variants one step smaller or simpler, which it gets right."""
+    runs = {}
+    for name, m in MISSED.items():
+        folder = tmp_path_factory.mktemp(name)
+        impl = str(BROKEN / m["broken"])
+        family = importlib.import_module(f"suites.{m['suite']}").FAMILY
+        fixed = shardcheck("run", "--suite", m["suite"], "--op", m["op"], "--impl", f"{family}={impl}",
+                           out=folder / "fixed")
+        examples = [(m["op"], m["minimal"])] + [(m["op"], {**m["minimal"], **change}) for change in m["passing"]]
+        suite = example_suite(folder, m["suite"], examples)
+        drawn = shardcheck("run", "--suite-path", str(suite), "--suite", suite.stem, "--impl", f"{family}={impl}",
+                           "--world-sizes", world_sizes(examples), out=folder / "drawn")
+        runs[name] = (fixed, drawn)
+    return runs
+
+
+@pytest.mark.parametrize("name", list(MISSED))
+def test_fixed_matrix_misses_the_bug(missed_runs, name):
+    fixed, _ = missed_runs[name]
+    assert fixed.returncode == 0, fixed.stdout[-3000:] + fixed.stderr[-2000:]
+    assert (fixed.rows["status"] == "pass").all() and len(fixed.rows) > 20
+
+
+@pytest.mark.parametrize("name", list(MISSED))
+def test_minimal_drawn_example_fails_on_the_right_check(missed_runs, name):
+    m = MISSED[name]
+    _, drawn = missed_runs[name]
+    assert drawn.returncode == 1, drawn.stdout[-3000:] + drawn.stderr[-2000:]
+    failed = drawn.failed()
+    assert set(failed["case_id"]) == {"ex0"}, failed[["case_id", "check", "message"]].to_string()
+    assert set(failed["check"]) == {m["check"]} and set(failed["status"]) == {"fail"}
+    assert failed.iloc[0]["params"]["topology"] == m["minimal"]["topology"]
+    assert_one_cause(drawn)
