@@ -669,8 +669,8 @@ def _front_end_body(op: str):
         variant = draw(st.sampled_from(variants))
         p = {"variant": variant, **_next_token_body(draw, st, topology, even_vocab=variant == "vocab_parallel_group",
                                                     short_target=variant in ("plain", "vocab_parallel_group"))}
-        if variant == "plain":
-            p["chunk_size"] = None  # the plain path takes no chunk size
+        if op == "get_next_token_logprobs_from_logits":
+            p["chunk_size"] = None  # the dispatcher takes no chunk size
         p["permutation"] = "random" if variant == "seq_index" or (variant == "dtensor" and draw(st.booleans())) else None
         return p
     return body
