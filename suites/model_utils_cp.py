@@ -642,7 +642,9 @@ def _all_gather_body(draw, st, topology):
     shape = [draw(st.integers(1, 3)) for _ in range(ndim)]
     shape[seq_dim] = 2 * topology[1] * draw(st.integers(1, 4))
     shape[batch_dim] = topology[0] * draw(st.integers(1, 2))
-    return {"shape": shape, "seq_dim": seq_dim, "upstream": draw(st.sampled_from(["none", "sum_last", "sum_all"]))}
+    # "sum_last" only where the last dim is neither the batch (laid out over DP) nor the sequence
+    upstreams = ["none", "sum_last", "sum_all"] if ndim - 1 not in (seq_dim, batch_dim) else ["none", "sum_all"]
+    return {"shape": shape, "seq_dim": seq_dim, "upstream": draw(st.sampled_from(upstreams))}
 
 
 def _next_token_body(draw, st, topology, even_vocab: bool = False, short_target: bool = True):
