@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from reference import cp_utils as ref
-from shardcheck import BadInput, Case, GradSum, HeadTail, Layout, Partial, Property, Shard
+from shardcheck import BadInput, Case, FuzzSpace, GradSum, HeadTail, Layout, Partial, Property, Shard
 
 FAMILY = "cp_utils"
 OP = FAMILY + "."
@@ -670,3 +670,120 @@ def bench_cases(quick: bool = False) -> list[Case]:
         return [bench_case(s, hidden=16, vocab=32) for s in (64, 128)]
     return [bench_case(s, via, rotate) for via, rotate in (("batch", "allgather"), ("ctx", "alltoall"))
             for s in (1024, 2048, 4096)]
+
+
+# ---- fuzz spaces (`shardcheck fuzz`) -----------------------------------------------------------------
+#
+# The training step through both entries (sizes, padding to 2·CP, ids or trainable embeddings, given / mRoPE
+# positions, masks, both rotations) and the THD conversion (rows of packed sequences of random real and padded
+# lengths, absent packs, rows that do not fill S, num_chunks, pad ids equal to real ids).  `_build_position_ids`
+# has no space: its one parameter is S, and its two cases (missing, present) are the whole of its behaviour.
+
+def _fuzz_topologies(topologies, legal):
+    """The legal topologies among those the run allows, smallest first (what hypothesis shrinks towards)."""
+    from hypothesis import strategies as st
+
+    allowed = sorted({t for t in topologies if legal(t)}, key=lambda t: (t.size, t.tp, t.cp, t.dp))
+    return st.sampled_from([[t.dp, t.cp, t.tp] for t in allowed]) if allowed else st.nothing()
+
+
+DTYPES = ["float64", "float32", "bfloat16"]
+
+
+def _step_params(draw, st, topology: list[int], via: str) -> dict:
+    dp, cp = topology[0], topology[1]
+    if via == "batch":  # any S: the op pads it to a multiple of 2·CP
+        s = draw(st.integers(2, 20))
+        rotate, embeds = "allgather", draw(st.booleans())
+        positions = draw(st.sampled_from(["none", "given", "mrope"]))
+        attention_mask = draw(st.booleans())
+    else:  # the caller's buffers go in as they are: S a multiple of 2·CP
+        s = 2 * cp * draw(st.integers(1, 4))
+        rotate, embeds, positions, attention_mask = draw(st.sampled_from(["allgather", "alltoall"])), False, "none", False
+    return {"via": via, "B": dp * draw(st.integers(1, 2)), "S": s, "hidden": draw(st.sampled_from([4, 8])),
+            "V": draw(st.integers(2, 13)), "rotate": rotate, "inputs_embeds": embeds, "positions": positions,
+            "loss_mask": draw(st.booleans()), "attention_mask": attention_mask}
+
+
+def _step_spec(p: dict) -> StepSpec:
+    return StepSpec(p["via"], b=p["B"], s=p["S"], hidden=p["hidden"], vocab=p["V"], rotate=p["rotate"],
+                    embeds=p["inputs_embeds"], positions=p["positions"], loss_mask=p["loss_mask"],
+                    attention_mask=p["attention_mask"])
+
+
+def _thd_params(draw, st, cp: int, num_chunks: int) -> dict:
+    """Rows of 1–3 packs, each padded to a multiple of 2·CP (1–3 tokens per chunk) with 1 to all of them real,
+    sometimes an absent (sentinel) pack after them; S the longest row plus 0–3 tokens no pack covers."""
+    rows = num_chunks * draw(st.integers(1, 4 // num_chunks))
+    lens = []
+    for _ in range(rows):
+        row = []
+        for _ in range(draw(st.integers(1, 3))):
+            padded = 2 * cp * draw(st.integers(1, 3))
+            row.append([draw(st.integers(1, padded)), padded])
+        if draw(st.booleans()):
+            row.append([SENTINEL, SENTINEL])
+        lens.append(row)
+    longest = max(sum(p for _, p in row if p != SENTINEL) for row in lens)
+    return {"lens": lens, "S": longest + draw(st.integers(0, 3)), "padding_token_id": draw(st.integers(0, 3)),
+            "num_chunks": num_chunks, "position_ids": draw(st.booleans()), "embeds": draw(st.sampled_from([0, 3]))}
+
+
+def _thd_spec(p: dict, direct: bool = False, use_te: bool = False) -> ThdSpec:
+    lens = tuple(tuple(tuple(pack) for pack in row) for row in p["lens"])
+    return ThdSpec("fuzz", lens=lens, s=p["S"], padding_token_id=p["padding_token_id"], num_chunks=p["num_chunks"],
+                   positions=p["position_ids"], embeds=p["embeds"], direct=direct, use_te=use_te)
+
+
+def _batch_params(topologies):
+    """make_cp_batch_and_ctx: the training step on a padded, sharded batch, or (use_te) the THD conversion."""
+    from hypothesis import strategies as st
+
+    te_legal = any(_cp_only(t) for t in topologies)
+
+    @st.composite
+    def params(draw):
+        use_te = draw(st.booleans()) if te_legal else False
+        topology = draw(_fuzz_topologies(topologies, _cp_only if use_te else _cp_or_single))
+        if use_te:
+            return {"topology": topology, "dtype": "float64", "use_te": True, **_thd_params(draw, st, topology[1], 1)}
+        return {"topology": topology, "dtype": draw(st.sampled_from(DTYPES)), "use_te": False,
+                **_step_params(draw, st, topology, "batch")}
+    return params()
+
+
+def _batch_case(p: dict) -> Case:
+    return thd_case(_thd_spec(p, use_te=True)) if p["use_te"] else step_case(_step_spec(p))
+
+
+def _ctx_params(topologies):
+    """create_context_parallel_ctx + get_train_context: the step on the caller's own buffers, both rotations."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def params(draw):
+        topology = draw(_fuzz_topologies(topologies, _cp_or_single))
+        return {"topology": topology, "dtype": draw(st.sampled_from(DTYPES)), **_step_params(draw, st, topology, "ctx")}
+    return params()
+
+
+def _thd_space_params(topologies, chunks: bool):
+    from hypothesis import strategies as st
+
+    @st.composite
+    def params(draw):
+        topology = draw(_fuzz_topologies(topologies, _single_dp))
+        num_chunks = draw(st.sampled_from([1, 2])) if chunks else 1
+        return {"topology": topology, "dtype": "float64", **_thd_params(draw, st, topology[1], num_chunks)}
+    return params()
+
+
+def fuzz_spaces() -> list[FuzzSpace]:
+    return [
+        FuzzSpace(OP + "make_cp_batch_and_ctx", _batch_params, _batch_case),
+        FuzzSpace(OP + "create_context_parallel_ctx", _ctx_params, lambda p: step_case(_step_spec(p))),
+        FuzzSpace(OP + "make_cp_batch_for_te", lambda ts: _thd_space_params(ts, chunks=True),
+                  lambda p: thd_case(_thd_spec(p))),
+        FuzzSpace(OP + "_shard_thd_chunk_for_te", lambda ts: _thd_space_params(ts, chunks=False),
+                  lambda p: thd_case(_thd_spec(p, direct=True))),
+    ]

@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor
 from harness.measure import CommCounter, group_dims
 from harness.processes import module_ref, run_ranks
 from reference import distributed_utils as ref
-from shardcheck import REPLICATED, BadInput, Case, Layout, Partial, Property, Shard
+from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, Layout, Partial, Property, Shard
 from suites._distributed_utils_processes import (BARRIER_TIMEOUT_S, BLOCK_S, PROCESS_DEADLINE_S, SLACK_S, STAGGER_S,
                                                  barrier_log_scenario, first_rank_scenario, gloo_group_scenario,
                                                  judge_barrier_log, judge_first_rank_order, judge_first_rank_raise,
@@ -68,20 +68,23 @@ class LossSpec:
     per_token: bool
     dp_group: bool
     big: bool = False  # token counts whose sum exceeds int32 (on every rank)
+    n_losses: int = N_LOSSES  # micro-batch losses over the DP group (torch.chunk sizes: uneven per rank when DP does not divide)
+    n_slices: int = N_SLICES  # token counts over the DP group (a rank may hold none: 0 tokens)
 
     @property
     def case_id(self) -> str:
+        sizes = [] if (self.n_losses, self.n_slices) == (N_LOSSES, N_SLICES) else [f"l{self.n_losses}t{self.n_slices}"]
         return "-".join(["per-token" if self.per_token else "per-loss", "dp-group" if self.dp_group else "local",
-                         *(["tokens-over-int32"] if self.big else [])])
+                         *(["tokens-over-int32"] if self.big else []), *sizes])
 
 
 def _loss_inputs(spec: LossSpec):
     def make(gen: torch.Generator) -> dict[str, torch.Tensor]:
-        losses = torch.rand(N_LOSSES, generator=gen, dtype=torch.float64) * 4 + 0.5
+        losses = torch.rand(spec.n_losses, generator=gen, dtype=torch.float64) * 4 + 0.5
         if spec.big:  # each slice alone exceeds int32: so does every rank's count
-            tokens = torch.randint(INT32_MAX + 1, 2 * INT32_MAX, (N_SLICES,), generator=gen)
+            tokens = torch.randint(INT32_MAX + 1, 2 * INT32_MAX, (spec.n_slices,), generator=gen)
         else:
-            tokens = torch.randint(1, 5000, (N_SLICES,), generator=gen)
+            tokens = torch.randint(1, 5000, (spec.n_slices,), generator=gen)
         return {"losses": losses, "num_tokens": tokens}
     return make
 
@@ -138,7 +141,7 @@ def loss_case(spec: LossSpec) -> Case:
     return Case(
         op=OP + "reduce_loss", case_id=spec.case_id,
         params={"per_token_loss": spec.per_token, "dp_group": spec.dp_group, "tokens_over_int32": spec.big,
-                "n_losses": N_LOSSES},
+                "n_losses": spec.n_losses, "n_token_slices": spec.n_slices},
         make_inputs=_loss_inputs(spec), reference=lambda x, s=spec: ref.reduce_loss(x["losses"], x["num_tokens"], s.per_token),
         run=_loss_run(spec), input_layouts={"losses": DP_SHARDED, "num_tokens": DP_SHARDED},
         output_layouts=(layout, layout), output_names=("loss", "denominator"),
@@ -283,12 +286,14 @@ MICRO_BATCHES, BATCH, FEATURES, HIDDEN, OUT = 3, 8, 6, 5, 2
 MODEL_KINDS = ("ddp", "fsdp2-deferred", "fsdp2-every-step", "plain")
 
 
-def _sync_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
-    def randn(*shape):
-        return torch.randn(shape, generator=gen, dtype=torch.float64)
-    return {"x": randn(MICRO_BATCHES, BATCH, FEATURES), "y": randn(MICRO_BATCHES, BATCH, OUT),
-            "w1": randn(HIDDEN, FEATURES) * 0.5, "b1": randn(HIDDEN) * 0.1, "w2": randn(OUT, HIDDEN) * 0.5,
-            "b2": randn(OUT) * 0.1}
+def _sync_inputs(micro_batches: int = MICRO_BATCHES, batch: int = BATCH):
+    def make(gen: torch.Generator) -> dict[str, torch.Tensor]:
+        def randn(*shape):
+            return torch.randn(shape, generator=gen, dtype=torch.float64)
+        return {"x": randn(micro_batches, batch, FEATURES), "y": randn(micro_batches, batch, OUT),
+                "w1": randn(HIDDEN, FEATURES) * 0.5, "b1": randn(HIDDEN) * 0.1, "w2": randn(OUT, HIDDEN) * 0.5,
+                "b2": randn(OUT) * 0.1}
+    return make
 
 
 def _model(x: dict, dtype: torch.dtype) -> torch.nn.Sequential:
@@ -316,9 +321,10 @@ def _sync_run(kind: str):
         # each takes 1/DP of the mean over its rows.
         scale = 1.0 / dp if kind == "plain" else 1.0
         per_micro_batch = []
-        for m in range(MICRO_BATCHES):
+        micro_batches = x["x"].shape[0]
+        for m in range(micro_batches):
             counter = CommCounter(group_dims(ctx.mesh))
-            with counter, impl.get_sync_ctx(model, m == MICRO_BATCHES - 1, defer):
+            with counter, impl.get_sync_ctx(model, m == micro_batches - 1, defer):
                 loss = ((model(x["x"][m]) - x["y"][m]) ** 2).mean() * scale
                 loss.backward()
             per_micro_batch.append(counter.as_dict().get("forward", {}))
@@ -354,16 +360,16 @@ def _sync_properties(kind: str):
     return properties
 
 
-def sync_case(kind: str) -> Case:
+def sync_case(kind: str, micro_batches: int = MICRO_BATCHES, batch: int = BATCH) -> Case:
     return Case(
-        op=OP + "get_sync_ctx", case_id=f"{kind}-{MICRO_BATCHES}-micro-batches",
-        params={"model": kind, "micro_batches": MICRO_BATCHES, "batch": BATCH, "defer_fsdp_grad_sync": kind != "fsdp2-every-step"},
-        make_inputs=_sync_inputs,
+        op=OP + "get_sync_ctx", case_id=f"{kind}-{micro_batches}-micro-batches" + (f"-b{batch}" if batch != BATCH else ""),
+        params={"model": kind, "micro_batches": micro_batches, "batch": batch, "defer_fsdp_grad_sync": kind != "fsdp2-every-step"},
+        make_inputs=_sync_inputs(micro_batches, batch),
         reference=lambda x: ref.accumulated_gradients(x["x"], x["y"], x["w1"], x["b1"], x["w2"], x["b2"]),
         run=_sync_run(kind), input_layouts={"x": Layout(dp=Shard(1)), "y": Layout(dp=Shard(1))},
         output_layouts=(DP_SUM if kind == "plain" else REPLICATED,), output_names=("grads",),
         properties=_sync_properties(kind), dtypes=("float64", "float32"),
-        supports=lambda t: _dp_only(t) and BATCH % t.dp == 0)
+        supports=lambda t: _dp_only(t) and batch % t.dp == 0)
 
 
 def _process_case(op: str, case_id: str, run, properties, params: dict) -> Case:
@@ -432,3 +438,75 @@ def cases(quick: bool = False) -> list[Case]:
     out += [eval_case(kind, n) for kind in CONFIGS for n in sizes] + eval_bad_input_cases()[: 1 if quick else None]
     out += [sync_case(kind) for kind in MODEL_KINDS]
     return out + process_cases()
+
+
+# ---- fuzz spaces (`shardcheck fuzz`) -----------------------------------------------------------------
+#
+# The value ops only.  The process-level ops (FirstRankPerNode, _barrier_with_timeout, _create_gloo_group,
+# barrier_and_log) have no parameter space: their cases are fixed scenarios on fresh ranks (ordering, deadlines,
+# exits), whose only sizes are the world and node counts of the scenario itself.
+
+def _fuzz_topologies(topologies, legal):
+    """The legal topologies among those the run allows, smallest first (what hypothesis shrinks towards)."""
+    from hypothesis import strategies as st
+
+    allowed = sorted({t for t in topologies if legal(t)}, key=lambda t: (t.size, t.tp, t.cp, t.dp))
+    return st.sampled_from([[t.dp, t.cp, t.tp] for t in allowed]) if allowed else st.nothing()
+
+
+def _chunk_sizes(n: int, parts: int) -> list[int]:
+    """torch.chunk sizes of n items over `parts` ranks (the Shard layout): trailing ranks may get fewer, or none."""
+    size = -(-n // parts) if n else 0
+    return [max(0, min(size, n - r * size)) for r in range(parts)]
+
+
+def _reduce_loss_params(topologies):
+    """Uneven micro-batch counts per DP rank (never none: an empty loss_store is bad input), uneven token slices
+    (a rank may count 0 tokens), counts past int32, with and without dp_group."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def params(draw):
+        topology = draw(_fuzz_topologies(topologies, _dp_only))
+        dp = topology[0]
+        n_losses = draw(st.integers(dp, 3 * dp + 3).filter(lambda n: min(_chunk_sizes(n, dp)) > 0))
+        return {"topology": topology, "dtype": draw(st.sampled_from(["float64", "float32", "bfloat16"])),
+                "per_token_loss": draw(st.booleans()), "dp_group": draw(st.booleans()),
+                "n_losses": n_losses, "n_token_slices": draw(st.integers(1, 2 * dp + 3)),
+                "tokens_over_int32": draw(st.booleans())}
+    return params()
+
+
+def _reduce_loss_case(p: dict) -> Case:
+    return loss_case(LossSpec(p["per_token_loss"], p["dp_group"], p["tokens_over_int32"], p["n_losses"],
+                              p["n_token_slices"]))
+
+
+def _eval_shard_params(topologies):
+    """Every config kind on every sample count up to past 2·DP (the coverage property checks every N up to 2·DP + 1)."""
+    from hypothesis import strategies as st
+
+    return st.fixed_dictionaries({"topology": _fuzz_topologies(topologies, _dp_only), "dtype": st.just("float64"),
+                                  "config": st.sampled_from(list(CONFIGS)), "n_samples": st.integers(1, 13)})
+
+
+def _sync_params(topologies):
+    """DDP, FSDP2 with and without deferral, a plain model; 1 to 4 micro-batches (1: every step is the optimizer
+    step), the local batch 1 to 3 rows."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def params(draw):
+        topology = draw(_fuzz_topologies(topologies, _dp_only))
+        return {"topology": topology, "dtype": draw(st.sampled_from(["float64", "float32"])),
+                "model": draw(st.sampled_from(list(MODEL_KINDS))), "micro_batches": draw(st.integers(1, 4)),
+                "batch": topology[0] * draw(st.integers(1, 3))}
+    return params()
+
+
+def fuzz_spaces() -> list[FuzzSpace]:
+    return [
+        FuzzSpace(OP + "reduce_loss", _reduce_loss_params, _reduce_loss_case),
+        FuzzSpace(OP + "dp_eval_sample_shard", _eval_shard_params, lambda p: eval_case(p["config"], p["n_samples"])),
+        FuzzSpace(OP + "get_sync_ctx", _sync_params, lambda p: sync_case(p["model"], p["micro_batches"], p["batch"])),
+    ]

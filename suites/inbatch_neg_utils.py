@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from reference import inbatch_neg_utils as ref
-from shardcheck import REPLICATED, BadInput, Case, GradSum, Layout, Partial, Property, Shard
+from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, GradSum, Layout, Partial, Property, Shard
 
 FAMILY = "inbatch_neg_utils"
 OP = FAMILY + "."
@@ -72,6 +72,16 @@ def make_doc_ids(gen: torch.Generator, b: int, n: int) -> torch.Tensor:
     return ids
 
 
+def random_doc_ids(gen: torch.Generator, b: int, n: int, duplicates: float) -> torch.Tensor:
+    """Doc ids [b·n] for any b and n: distinct, then each passage after the first, with probability `duplicates`,
+    the doc of a random passage (any rank's, a positive or a negative; 1.0: everything one doc)."""
+    ids = torch.randperm(10 * b * n, generator=gen)[:b * n] + 100
+    for j in range(1, b * n):
+        if float(torch.rand((), generator=gen)) < duplicates:
+            ids[j] = ids[int(torch.randint(0, j, (), generator=gen))]
+    return ids
+
+
 def make_passage_features(gen: torch.Generator, doc_ids: torch.Tensor, d_in: int) -> torch.Tensor:
     """Features [b·n, d_in]; passages with the same doc id get the same features (a duplicate doc is the
     same text: tied scores)."""
@@ -93,21 +103,25 @@ class Step:
     d_in: int = 6
     d_out: int = 5
     temperature: float = 0.5
+    duplicates: float | None = None  # None: make_doc_ids' placed duplicates (b >= 4); else random_doc_ids'
 
     @property
     def case_id(self) -> str:
         mode = "preserve" if self.preserve_grad else f"local-only-dp{self.dp}"
-        return f"step-b{self.b}n{self.n}-d{self.d_in}x{self.d_out}-T{self.temperature:g}-{mode}"
+        dup = "" if self.duplicates is None else f"-dup{self.duplicates:g}"
+        return f"step-b{self.b}n{self.n}-d{self.d_in}x{self.d_out}-T{self.temperature:g}{dup}-{mode}"
 
     @property
     def params(self) -> dict:
         return {"B": self.b, "train_n_passages": self.n, "d_in": self.d_in, "d_out": self.d_out,
-                "temperature": self.temperature, "preserve_grad": self.preserve_grad, "local_only_dp": self.dp}
+                "temperature": self.temperature, "preserve_grad": self.preserve_grad, "local_only_dp": self.dp,
+                **({} if self.duplicates is None else {"duplicates": self.duplicates})}
 
 
 def _step_inputs(step: Step):
     def make(gen: torch.Generator) -> dict[str, torch.Tensor]:
-        doc_ids = make_doc_ids(gen, step.b, step.n)
+        doc_ids = make_doc_ids(gen, step.b, step.n) if step.duplicates is None \
+            else random_doc_ids(gen, step.b, step.n, step.duplicates)
         return {"query_features": torch.randn((step.b, step.d_in), generator=gen, dtype=torch.float64),
                 "passage_features": make_passage_features(gen, doc_ids, step.d_in),
                 "passage_doc_ids": doc_ids,
@@ -392,15 +406,22 @@ class Mask:
     b: int  # global batch
     n: int  # train_n_passages
     all_same_doc: bool = False  # every passage is the same doc: all but the positive masked
+    duplicates: float | None = None  # None: make_doc_ids' placed duplicates (b >= 4); else random_doc_ids'
 
     @property
     def case_id(self) -> str:
-        return f"b{self.b}n{self.n}" + ("-all-same-doc" if self.all_same_doc else "")
+        dup = "" if self.duplicates is None else f"-dup{self.duplicates:g}"
+        return f"b{self.b}n{self.n}" + ("-all-same-doc" if self.all_same_doc else "") + dup
 
 
 def _mask_inputs(spec: Mask):
     def make(gen: torch.Generator) -> dict[str, torch.Tensor]:
-        ids = torch.full((spec.b * spec.n,), 42) if spec.all_same_doc else make_doc_ids(gen, spec.b, spec.n)
+        if spec.all_same_doc:
+            ids = torch.full((spec.b * spec.n,), 42)
+        elif spec.duplicates is None:
+            ids = make_doc_ids(gen, spec.b, spec.n)
+        else:
+            ids = random_doc_ids(gen, spec.b, spec.n, spec.duplicates)
         scores = torch.randn((spec.b, spec.b * spec.n), generator=gen, dtype=torch.float64) * 3
         scores[:, 1::2] = scores[:, 0::2][:, :scores[:, 1::2].shape[1]]  # ties between neighbouring columns
         return {"scores": scores, "passage_doc_ids": ids}
@@ -447,7 +468,8 @@ def _positive_kept(spec: Mask):
 
 def mask_case(spec: Mask) -> Case:
     return Case(
-        op=MASK, case_id=spec.case_id, params={"B": spec.b, "train_n_passages": spec.n, "all_same_doc": spec.all_same_doc},
+        op=MASK, case_id=spec.case_id, params={"B": spec.b, "train_n_passages": spec.n, "all_same_doc": spec.all_same_doc,
+                                               **({} if spec.duplicates is None else {"duplicates": spec.duplicates})},
         make_inputs=_mask_inputs(spec), reference=lambda x: ref.masked_scores(x["scores"], x["passage_doc_ids"], spec.n, 0, spec.b),
         run=_mask_run(spec), input_layouts={"scores": ROWS}, output_names=("scores",), output_layouts=(ROWS,),
         grad_inputs=("scores",), output_checks={"scores": _mask_check(spec)}, properties=_positive_kept(spec),
@@ -502,3 +524,92 @@ def cases(quick: bool = False) -> list[Case]:
         bad = mask_bad_input_cases()
     return ([step_case(s) for s in steps] + gather_cases() + [padded_case(p) for p in padded] + padded_extra_cases()
             + [mask_case(m) for m in masks] + bad)
+
+
+# ---- fuzz spaces (`shardcheck fuzz`) -----------------------------------------------------------------
+#
+# Every op at every DP size the run allows (world-group ops: (dp, 1, 1) only), any number of rows per rank,
+# passages per query, feature sizes and temperatures, doc ids from all distinct to all one doc; the dim-1 padding
+# with per-row lengths (so per-rank dim-1 sizes) from 1, a padding value equal to real data, trailing feature dims.
+
+DUPLICATES = [0.0, 0.3, 1.0]
+
+
+def _fuzz_topologies(topologies, legal):
+    """The legal topologies among those the run allows, smallest first (what hypothesis shrinks towards)."""
+    from hypothesis import strategies as st
+
+    allowed = sorted({t for t in topologies if legal(t)}, key=lambda t: (t.size, t.tp, t.cp, t.dp))
+    return st.sampled_from([[t.dp, t.cp, t.tp] for t in allowed]) if allowed else st.nothing()
+
+
+def _gather_params(topologies):
+    """dist_gather_tensor: a float tensor (autograd-aware, local-only, without grad), int ids, or the contrastive
+    step around it."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def params(draw):
+        topology = draw(_fuzz_topologies(topologies, _dp_only))
+        dp = topology[0]
+        kind = draw(st.sampled_from(["float-preserve", "float-local-only", "float-no-grad", "ids", "step"]))
+        p = {"topology": topology, "kind": kind, "B": dp * draw(st.integers(1, 3))}
+        if kind == "step":
+            p.update(train_n_passages=draw(st.integers(1, 4)), d_in=draw(st.integers(1, 6)),
+                     d_out=draw(st.integers(1, 5)), temperature=draw(st.sampled_from([1.0, 0.5, 0.05])),
+                     preserve_grad=not draw(st.booleans()), duplicates=draw(st.sampled_from(DUPLICATES)))
+        else:
+            p["H"] = draw(st.integers(1, 4))
+        p["dtype"] = draw(st.sampled_from(["float64"] if kind == "ids" else ["float64", "float32", "bfloat16"]))
+        return p
+    return params()
+
+
+def _gather_case(p: dict) -> Case:
+    if p["kind"] == "step":
+        preserve = p["preserve_grad"]
+        return step_case(Step(p["train_n_passages"], preserve, None if preserve else p["topology"][0], p["B"], p["d_in"],
+                              p["d_out"], p["temperature"], p["duplicates"]))
+    prefix = "ids-int64" if p["kind"] == "ids" else p["kind"].replace("float-", "float-b{B}h{H}-".format(**p))
+    return next(c for c in gather_cases(p["B"], p.get("H", 1)) if c.case_id.startswith(prefix))
+
+
+def _padded_params(topologies):
+    from hypothesis import strategies as st
+
+    @st.composite
+    def params(draw):
+        topology = draw(_fuzz_topologies(topologies, _dp_only))
+        kind = draw(st.sampled_from(["float", "bool", "int64"]))
+        rows = topology[0] * draw(st.integers(1, 3))
+        values = {"float": [0.0, -2.5, 1e4], "bool": [False, True], "int64": [0, 3, -1]}[kind]
+        return {"topology": topology, "kind": kind,
+                "dtype": draw(st.sampled_from(["float64", "float32", "bfloat16"] if kind == "float" else ["float64"])),
+                "lengths": draw(st.lists(st.integers(1, 6), min_size=rows, max_size=rows)),
+                "padding_value": draw(st.sampled_from(values)),
+                "preserve_grad": kind == "float" and draw(st.booleans()), "H": draw(st.integers(0, 3))}
+    return params()
+
+
+def _padded_case(p: dict) -> Case:
+    return padded_case(Padded(p["kind"], tuple(p["lengths"]), p["padding_value"], p["preserve_grad"], p["H"]))
+
+
+def _mask_params(topologies):
+    from hypothesis import strategies as st
+
+    @st.composite
+    def params(draw):
+        topology = draw(_fuzz_topologies(topologies, _dp_only))
+        return {"topology": topology, "dtype": draw(st.sampled_from(["float64", "float32", "bfloat16"])),
+                "B": topology[0] * draw(st.integers(1, 3)), "train_n_passages": draw(st.integers(1, 4)),
+                "duplicates": draw(st.sampled_from(DUPLICATES))}
+    return params()
+
+
+def fuzz_spaces() -> list[FuzzSpace]:
+    return [
+        FuzzSpace(GATHER, _gather_params, _gather_case),
+        FuzzSpace(GATHER_PADDED, _padded_params, _padded_case),
+        FuzzSpace(MASK, _mask_params, lambda p: mask_case(Mask(p["B"], p["train_n_passages"], duplicates=p["duplicates"]))),
+    ]

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from reference import model_utils as ref
-from shardcheck import REPLICATED, BadInput, Case, GradSum, HeadTail, Layout, PackedHeadTail, Partial, Permuted, Shard
+from shardcheck import (REPLICATED, BadInput, Case, FuzzSpace, GradSum, HeadTail, Layout, PackedHeadTail, Partial,
+                        Permuted, Shard)
 from suites._model_utils_comm import (AG_CP, A2A_CP, compute_bytes, contract, cp_gather_comm, distillation_comm,
                                       gather_logits_comm, hidden_comm, merge, next_token_comm, rows, s_local,
                                       with_cp_gather)
@@ -170,9 +171,9 @@ def layout_cases(quick: bool) -> list[Case]:
 
 # ---- next-token log-probs: from_parallel_logits_to_logprobs and its fronts --------------------
 
-def next_token_inputs(gen, b: int, v: int, smp: Sampling, target_len: int = S, draw: Draw = Draw()):
+def next_token_inputs(gen, b: int, v: int, smp: Sampling, target_len: int = S, draw: Draw = Draw(), s: int = S):
     """Logits [B, S, V]; an unshifted target [B, target_len] (the op pads a shorter one)."""
-    x = sampling_inputs(gen, b, S, v, smp, draw, shift=True)
+    x = sampling_inputs(gen, b, s, v, smp, draw, shift=True)
     x["target"] = x["target"][:, :target_len].contiguous()
     return x
 
@@ -194,9 +195,10 @@ class NextTokenSpec:
     chunk: int | None = None
     target_len: int = S
     draw: Draw = Draw()
+    s: int = S
 
     def inputs(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        return next_token_inputs(gen, self.b, self.v, self.sampling, self.target_len, self.draw)
+        return next_token_inputs(gen, self.b, self.v, self.sampling, self.target_len, self.draw, self.s)
 
 
 NEXT_TOKEN_SPECS = (
@@ -220,19 +222,19 @@ def next_token_case(spec: NextTokenSpec) -> Case:
     n = spec.target_len
     return Case(
         op=OP + "from_parallel_logits_to_logprobs",
-        case_id=_case_id(f"cp-b{spec.b}s{S}v{spec.v}", f"target{n}" if n != S else "", smp.tag(), f"chunk{spec.chunk}",
-                         *tags(spec.draw)),
-        params={"B": spec.b, "S": S, "V": spec.v, "target_len": n, "chunk_size": spec.chunk, **spec.draw.extra,
+        case_id=_case_id(f"cp-b{spec.b}s{spec.s}v{spec.v}", f"target{n}" if n != spec.s else "", smp.tag(),
+                         f"chunk{spec.chunk}", *tags(spec.draw)),
+        params={"B": spec.b, "S": spec.s, "V": spec.v, "target_len": n, "chunk_size": spec.chunk, **spec.draw.extra,
                 **smp.params()},
         make_inputs=spec.inputs, reference=next_token_reference(smp), run=run,
         input_layouts={"logits": CP_LOGITS, "target": BATCH}, output_layouts=(BATCH,), grad_inputs=("logits",),
-        summed_over=SUMMED, supports=cp_fits(spec.b, S, spec.v) if smp.filtering else cp_fits(spec.b),
+        summed_over=SUMMED, supports=cp_fits(spec.b, spec.s, spec.v) if smp.filtering else cp_fits(spec.b),
         comm=with_cp_gather(lambda ctx: next_token_comm(ctx, s_local(ctx), smp, spec.chunk), rows))
 
 
-def _permutation(gen, kind: str) -> torch.Tensor:
+def _permutation(gen, kind: str, length: int = S) -> torch.Tensor:
     if kind == "random":
-        return torch.randperm(S, generator=gen)
+        return torch.randperm(length, generator=gen)
     # the head-tail layout of CP = 2 written as a permutation (how a trainer describes it)
     return torch.cat([torch.arange(0, 4), torch.arange(12, 16), torch.arange(4, 12)])
 
@@ -259,7 +261,7 @@ class FrontEndSpec:
     def inputs(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
         x = self.logits.inputs(gen)
         if self.permutation is not None:
-            x["seq_index"] = _permutation(gen, self.permutation)
+            x["seq_index"] = _permutation(gen, self.permutation, self.logits.s)
         return x
 
 
@@ -309,12 +311,12 @@ def front_end_case(spec: FrontEndSpec) -> Case:
         (lambda ctx: next_token_comm(ctx, s_local(ctx), smp, lg.chunk))
     even = spec.variant == "vocab_parallel_group"
     supports = cp_fits(lg.b) if replicated else \
-        cp_fits(lg.b, S if smp.filtering else None, lg.v if smp.filtering or even else None)
+        cp_fits(lg.b, lg.s if smp.filtering else None, lg.v if smp.filtering or even else None)
     return Case(
         op=OP + spec.op,
-        case_id=_case_id("cp", spec.variant, f"b{lg.b}s{S}v{lg.v}", smp.tag(), f"chunk{lg.chunk}" if lg.chunk else "",
+        case_id=_case_id("cp", spec.variant, f"b{lg.b}s{lg.s}v{lg.v}", smp.tag(), f"chunk{lg.chunk}" if lg.chunk else "",
                          spec.permutation and f"perm_{spec.permutation}", *tags(lg.draw)),
-        params={"variant": spec.variant, "B": lg.b, "S": S, "V": lg.v, "chunk_size": lg.chunk,
+        params={"variant": spec.variant, "B": lg.b, "S": lg.s, "V": lg.v, "chunk_size": lg.chunk,
                 "permutation": spec.permutation, **lg.draw.extra, **smp.params()},
         make_inputs=spec.inputs, reference=next_token_reference(smp), run=run,
         input_layouts={"logits": logits_layout, "target": ids_layout}, output_layouts=(BATCH,),
@@ -333,6 +335,7 @@ class GatherSpec:
     k: int
     tp_group: str = "tp"
     draw: Draw = Draw()
+    s: int = S
 
 
 GATHER_SPECS = (GatherSpec(4, 37, 5, draw=Draw(masked=0.2)), GatherSpec(2, 32, 4, draw=Draw(scale=300.0)),
@@ -352,9 +355,9 @@ def gather_case(spec: GatherSpec) -> Case:
     tp_contract = (lambda ctx: gather_logits_comm(ctx, spec.k)) if sharded else (lambda ctx: ({}, {}))
     return Case(
         op=OP + "gather_logits_at_global_indices",
-        case_id=_case_id(f"cp-b{spec.b}s{S}v{spec.v}-k{spec.k}-dup", f"tp_group_{spec.tp_group}", *tags(spec.draw)),
-        params={"B": spec.b, "S": S, "V": spec.v, "K": spec.k, "tp_group": spec.tp_group, **spec.draw.extra},
-        make_inputs=lambda gen: gather_inputs(gen, spec.b, S, spec.v, spec.k, spec.draw),
+        case_id=_case_id(f"cp-b{spec.b}s{spec.s}v{spec.v}-k{spec.k}-dup", f"tp_group_{spec.tp_group}", *tags(spec.draw)),
+        params={"B": spec.b, "S": spec.s, "V": spec.v, "K": spec.k, "tp_group": spec.tp_group, **spec.draw.extra},
+        make_inputs=lambda gen: gather_inputs(gen, spec.b, spec.s, spec.v, spec.k, spec.draw),
         reference=lambda x: ref.gather_logits(x["logits"], x["indices"]), run=run,
         input_layouts={"logits": CP_LOGITS if sharded else CP_BATCH, "indices": BATCH},
         output_layouts=(BATCH,), grad_inputs=("logits",), summed_over=SUMMED, supports=cp_fits(spec.b),
@@ -370,6 +373,7 @@ class DistillSpec:
     calculate_entropy: bool
     path: str = "group"  # "group" (vocab_parallel_rank and group) or "plain" (full vocab)
     draw: Draw = Draw()
+    s: int = S
 
 
 DISTILL_SPECS = (DistillSpec(2, 32, 4, False, True), DistillSpec(2, 32, 4, True, True),
@@ -397,11 +401,11 @@ def distillation_case(spec: DistillSpec) -> Case:
 
     return Case(
         op=OP + "get_distillation_topk_logprobs_from_logits",
-        case_id=_case_id(f"cp-b{spec.b}s{S}v{spec.v}-k{spec.k}", f"zero_outside_{zero}", f"entropy_{ent}", spec.path,
+        case_id=_case_id(f"cp-b{spec.b}s{spec.s}v{spec.v}-k{spec.k}", f"zero_outside_{zero}", f"entropy_{ent}", spec.path,
                          *tags(spec.draw)),
-        params={"B": spec.b, "S": S, "V": spec.v, "K": spec.k, "zero_outside_topk": zero, "calculate_entropy": ent,
+        params={"B": spec.b, "S": spec.s, "V": spec.v, "K": spec.k, "zero_outside_topk": zero, "calculate_entropy": ent,
                 "path": spec.path, **spec.draw.extra},
-        make_inputs=lambda gen: distill_inputs(gen, spec.b, S, spec.v, spec.k, spec.draw),
+        make_inputs=lambda gen: distill_inputs(gen, spec.b, spec.s, spec.v, spec.k, spec.draw),
         reference=lambda x: ref.distillation_topk_logprobs(
             x["student_logits"], x["teacher_topk_logits"], x["teacher_topk_indices"], zero, ent),
         run=run, input_layouts={"student_logits": CP_LOGITS if spec.path == "group" else CP_BATCH,
@@ -422,6 +426,7 @@ class HiddenSpec:
     target_len: int = S
     scale: float = 1.0
     masked: float = 0.0
+    s: int = S
 
     @property
     def extra(self) -> dict:
@@ -429,7 +434,7 @@ class HiddenSpec:
         return {k: x for k, x, default in (("scale", self.scale, 1.0), ("masked", self.masked, 0.0)) if x != default}
 
     def inputs(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        x = hidden_inputs(gen, S, self.b, self.h, self.v, self.scale, self.masked)
+        x = hidden_inputs(gen, self.s, self.b, self.h, self.v, self.scale, self.masked)
         x["target"] = x["target"][:, :self.target_len].contiguous()
         return x
 
@@ -445,7 +450,7 @@ def hidden_states_case(spec: HiddenSpec) -> Case:
             cp_group=ctx.group("cp"), chunk_size=spec.chunk)
 
     def comm(ctx):
-        s_cp = S // ctx.size("cp")
+        s_cp = spec.s // ctx.size("cp")
         fwd, bwd = hidden_comm(ctx, s_cp, spec.chunk)
         if ctx.size("cp") > 1:  # the DDP stand-in sums the weight gradient over CP too
             bwd = merge(bwd, {"all_reduce@cp": (1, ctx.local_shape("weight")[0] * ctx.full_shapes["weight"][1]
@@ -456,15 +461,15 @@ def hidden_states_case(spec: HiddenSpec) -> Case:
     n = spec.target_len
     return Case(
         op=OP + "from_parallel_hidden_states_to_logprobs",
-        case_id=_case_id(f"cp-s{S}b{spec.b}h{spec.h}v{spec.v}", f"target{n}" if n != S else "", f"chunk{spec.chunk}",
-                         *[f"{k}{x}" for k, x in spec.extra.items()]),
-        params={"S": S, "B": spec.b, "H": spec.h, "V": spec.v, "target_len": n, "chunk_size": spec.chunk,
+        case_id=_case_id(f"cp-s{spec.s}b{spec.b}h{spec.h}v{spec.v}", f"target{n}" if n != spec.s else "",
+                         f"chunk{spec.chunk}", *[f"{k}{x}" for k, x in spec.extra.items()]),
+        params={"S": spec.s, "B": spec.b, "H": spec.h, "V": spec.v, "target_len": n, "chunk_size": spec.chunk,
                 **spec.extra},
         make_inputs=spec.inputs,
         reference=lambda x: ref.hidden_states_to_logprobs(x["hidden"][: x["target"].shape[1]], x["weight"], x["target"]),
         run=run, input_layouts={"hidden": HIDDEN_CP, "weight": WEIGHT, "target": BATCH}, output_layouts=(BATCH,),
         grad_inputs=("hidden", "weight"), summed_over=SUMMED, comm=contract(comm),
-        supports=lambda t: spec.b % t.dp == 0 and (S // t.cp) % t.tp == 0)
+        supports=lambda t: spec.b % t.dp == 0 and (spec.s // t.cp) % t.tp == 0)
 
 
 # ---- packed sequences ------------------------------------------------------------------------
@@ -546,3 +551,203 @@ def cases(quick: bool = False) -> list[Case]:
             + [front_end_case(s) for s in FRONT_END_SPECS] + [gather_case(s) for s in GATHER_SPECS]
             + [distillation_case(s) for s in DISTILL_SPECS] + [hidden_states_case(s) for s in HIDDEN_SPECS]
             + [packed_case(s) for s in PACKED_SPECS])
+
+
+# ---- fuzz spaces (`shardcheck fuzz`) -----------------------------------------------------------------
+#
+# Every op of this suite at every topology the run allows where its case runs: sequence lengths any multiple of
+# 2·CP (any length at CP 1), targets shorter than the logits (padded by the op), uneven and empty vocab shards,
+# B over DP, chunk sizes from 1 past the local sequence, top-k from 1 past a shard's vocabulary, top-p, temperature,
+# masked and out-of-range ids, ties, huge and -inf logits, random seq_index permutations, packed rows of 1-3
+# sequences of any padded length (a multiple of 2·CP) with rows narrower or wider than the sequences.
+
+def _fuzz_topologies(topologies, legal):
+    """The legal topologies among those the run allows, smallest first (what hypothesis shrinks towards)."""
+    from hypothesis import strategies as st
+
+    allowed = sorted({t for t in topologies if legal(t)}, key=lambda t: (t.size, t.tp, t.cp, t.dp))
+    return st.sampled_from([[t.dp, t.cp, t.tp] for t in allowed]) if allowed else st.nothing()
+
+
+DTYPES = ["float64", "float32", "bfloat16"]
+
+
+def _draw_sampling(draw, st) -> dict:
+    """top_k None, or 1 to past a vocab shard (12 > V_local of most draws at TP 4); top_p; temperature."""
+    return {"top_k": draw(st.one_of(st.none(), st.integers(1, 12))), "top_p": draw(st.sampled_from([1.0, 0.9, 0.5])),
+            "temperature": draw(st.sampled_from([1.0, 0.7, 1.5]))}
+
+
+def _filtering(p: dict) -> bool:
+    return Sampling(p["top_k"], p["top_p"], p["temperature"]).filtering
+
+
+def _draw_sizes(draw, st, topology: list[int], even_rows: bool, even_vocab: bool, max_chunks: int = 3) -> dict:
+    """B = DP·k, S a multiple of 2·CP (any S ≥ 2 at CP 1), V from 3 (empty shards at TP 4); `even_rows`: the local
+    B·S/CP rows split over TP (the all-to-all layouts), `even_vocab`: V divisible by TP."""
+    dp, cp, tp = topology
+    k = draw(st.integers(1, 2))
+    unit, lo, hi = (1, 2, 9) if cp == 1 else (2 * cp, 1, max_chunks)
+    m = draw(st.integers(lo, hi).filter(lambda m: not even_rows or (k * unit * m // cp) % tp == 0))
+    v = draw(st.integers(3, 40).filter(lambda v: not even_vocab or v % tp == 0))
+    return {"B": dp * k, "S": unit * m, "V": v}
+
+
+def _draw_logits(draw, st, neg_inf: bool = False) -> dict:
+    p = {"scale": draw(st.sampled_from([3.0, 300.0])), "ties": draw(st.booleans()),
+         "masked": draw(st.sampled_from([0.0, 0.2, 0.5]))}
+    if neg_inf:
+        p["neg_inf"] = draw(st.sampled_from([0.0, 0.3]))
+    return p
+
+
+def _draw(p: dict) -> Draw:
+    return Draw(scale=p["scale"], ties=p["ties"], neg_inf=p.get("neg_inf", 0.0), masked=p["masked"])
+
+
+def _chunk(draw, st):
+    return draw(st.one_of(st.none(), st.integers(1, 7)))
+
+
+def _space(legal, body):
+    """params(topologies): a topology legal for the op, a dtype, then `body(draw, st, topology)`'s parameters."""
+    def params(topologies):
+        from hypothesis import strategies as st
+
+        @st.composite
+        def draw_params(draw):
+            topology = draw(_fuzz_topologies(topologies, legal))
+            p = {"topology": topology, **body(draw, st, topology)}
+            p.setdefault("dtype", draw(st.sampled_from(DTYPES)))
+            return p
+        return draw_params()
+    return params
+
+
+def _tokens_body(draw, st, topology):
+    ndim = draw(st.integers(1, 3))
+    seq_dim = draw(st.integers(0, ndim - 1))
+    shape = [2 * topology[1] * draw(st.integers(1, 4)) if d == seq_dim else draw(st.integers(1, 3)) for d in range(ndim)]
+    kind = draw(st.sampled_from(["float", "int64", "bool"]))
+    p = {"shape": shape, "seq_dim": seq_dim, "kind": kind}
+    if kind != "float":
+        p["dtype"] = "float64"
+    return p
+
+
+def _all_gather_body(draw, st, topology):
+    ndim = draw(st.integers(2, 3))
+    seq_dim = draw(st.integers(0, ndim - 1))
+    batch_dim = 1 if seq_dim == 0 else 0
+    shape = [draw(st.integers(1, 3)) for _ in range(ndim)]
+    shape[seq_dim] = 2 * topology[1] * draw(st.integers(1, 4))
+    shape[batch_dim] = topology[0] * draw(st.integers(1, 2))
+    # "sum_last" only where the last dim is neither the batch (laid out over DP) nor the sequence
+    upstreams = ["none", "sum_last", "sum_all"] if ndim - 1 not in (seq_dim, batch_dim) else ["none", "sum_all"]
+    return {"shape": shape, "seq_dim": seq_dim, "upstream": draw(st.sampled_from(upstreams))}
+
+
+def _next_token_body(draw, st, topology, even_vocab: bool = False, short_target: bool = True):
+    """`short_target`: a target shorter than the logits' sequence (padded by the op); the fronts that take the ids
+    as a DTensor laid out like the logits get the full length."""
+    p = _draw_sampling(draw, st)
+    p.update(_draw_sizes(draw, st, topology, _filtering(p), _filtering(p) or even_vocab))
+    p.update(chunk_size=_chunk(draw, st), target_len=draw(st.integers(2, p["S"])) if short_target else p["S"],
+             **_draw_logits(draw, st))
+    return p
+
+
+def _next_token_spec(p: dict) -> NextTokenSpec:
+    return NextTokenSpec(p["B"], p["V"], Sampling(p["top_k"], p["top_p"], p["temperature"]), p["chunk_size"],
+                         p["target_len"], _draw(p), p["S"])
+
+
+def _front_end_body(op: str):
+    variants = {"dtensor_from_parallel_logits_to_logprobs": ["seq_index"],
+                "get_logprobs_from_vocab_parallel_logits": ["shard1", "seq_index"],
+                "get_next_token_logprobs_from_logits": ["plain", "vocab_parallel_group", "dtensor"]}[op]
+
+    def body(draw, st, topology):
+        variant = draw(st.sampled_from(variants))
+        p = {"variant": variant, **_next_token_body(draw, st, topology, even_vocab=variant == "vocab_parallel_group",
+                                                    short_target=variant in ("plain", "vocab_parallel_group"))}
+        if op == "get_next_token_logprobs_from_logits":
+            p["chunk_size"] = None  # the dispatcher takes no chunk size
+        p["permutation"] = "random" if variant == "seq_index" or (variant == "dtensor" and draw(st.booleans())) else None
+        return p
+    return body
+
+
+def _front_end_case(op: str):
+    def case(p: dict) -> Case:
+        return front_end_case(FrontEndSpec(op, p["variant"], _next_token_spec(p), p["permutation"]))
+    return case
+
+
+def _gather_body(draw, st, topology):
+    tp_group = draw(st.sampled_from(["tp", "none"]))
+    p = {"tp_group": tp_group, **_draw_sizes(draw, st, topology, False, False), "K": draw(st.integers(1, 6))}
+    return {**p, **_draw_logits(draw, st, neg_inf=True)}
+
+
+def _distill_body(draw, st, topology):
+    path = draw(st.sampled_from(["group", "plain"]))
+    p = {"path": path, **_draw_sizes(draw, st, topology, False, path == "group")}
+    p.update(K=draw(st.integers(1, min(6, p["V"]))), zero_outside_topk=draw(st.booleans()),
+             calculate_entropy=draw(st.booleans()), scale=draw(st.sampled_from([3.0, 300.0])), ties=draw(st.booleans()))
+    return p
+
+
+def _hidden_body(draw, st, topology):
+    dp, cp, tp = topology
+    unit = 1 if cp == 1 else 2 * cp
+    m = draw(st.integers(2 if cp == 1 else 1, 9 if cp == 1 else 3).filter(lambda m: (unit * m // cp) % tp == 0))
+    s = unit * m
+    return {"B": dp * draw(st.integers(1, 2)), "S": s, "H": draw(st.integers(1, 8)), "V": draw(st.integers(3, 40)),
+            "chunk_size": _chunk(draw, st), "target_len": draw(st.integers(2, s)),
+            "scale": draw(st.sampled_from([1.0, 3.0])), "masked": draw(st.sampled_from([0.0, 0.2]))}
+
+
+def _packed_body(draw, st, topology):
+    cp, tp = topology[1], topology[2]
+    padded = [2 * cp * draw(st.integers(1, 3)) for _ in range(draw(st.integers(1, 3)))]
+    real = [draw(st.integers(1, n)) for n in padded]
+    p = {"padded": padded, "real": real, "unpacked_seqlen": draw(st.integers(2, max(padded) + 3)),
+         "chunk_size": _chunk(draw, st), "pre_rolled": draw(st.booleans()), **_draw_sampling(draw, st)}
+    if _filtering(p) and (sum(padded) // cp) % tp:  # the all-to-all needs the local rows to split over TP
+        p.update(top_k=None, top_p=1.0)
+    p["V"] = draw(st.integers(3, 40).filter(lambda v: not _filtering(p) or v % tp == 0))
+    return {**p, **_draw_logits(draw, st)}
+
+
+def _packed_case(p: dict) -> Case:
+    return packed_case(PackedSpec(tuple(p["padded"]), tuple(p["real"]), p["V"], p["unpacked_seqlen"],
+                                  Sampling(p["top_k"], p["top_p"], p["temperature"]), p["chunk_size"], p["pre_rolled"],
+                                  _draw(p)))
+
+
+def fuzz_spaces() -> list[FuzzSpace]:
+    tp1 = lambda t: t.tp == 1  # noqa: E731
+    front_ends = ("dtensor_from_parallel_logits_to_logprobs", "get_logprobs_from_vocab_parallel_logits",
+                  "get_next_token_logprobs_from_logits")
+    return [
+        FuzzSpace(OP + "_get_tokens_on_this_cp_rank", _space(lambda t: t.tp == 1 and t.dp == 1, _tokens_body),
+                  lambda p: tokens_case(TokensSpec(tuple(p["shape"]), p["seq_dim"], p["kind"]))),
+        *[FuzzSpace(OP + name, _space(tp1, _all_gather_body),
+                    lambda p, name=name: all_gather_case(AllGatherSpec(name, tuple(p["shape"]), p["seq_dim"], p["upstream"])))
+          for name in ("allgather_cp_sharded_tensor", "AllGatherCPTensor")],
+        FuzzSpace(OP + "from_parallel_logits_to_logprobs", _space(lambda t: True, _next_token_body),
+                  lambda p: next_token_case(_next_token_spec(p))),
+        *[FuzzSpace(OP + op, _space(lambda t: True, _front_end_body(op)), _front_end_case(op)) for op in front_ends],
+        FuzzSpace(OP + "gather_logits_at_global_indices", _space(lambda t: True, _gather_body),
+                  lambda p: gather_case(GatherSpec(p["B"], p["V"], p["K"], p["tp_group"], _draw(p), p["S"]))),
+        FuzzSpace(OP + "get_distillation_topk_logprobs_from_logits", _space(lambda t: True, _distill_body),
+                  lambda p: distillation_case(DistillSpec(p["B"], p["V"], p["K"], p["zero_outside_topk"],
+                                                          p["calculate_entropy"], p["path"],
+                                                          Draw(scale=p["scale"], ties=p["ties"]), p["S"]))),
+        FuzzSpace(OP + "from_parallel_hidden_states_to_logprobs", _space(lambda t: True, _hidden_body),
+                  lambda p: hidden_states_case(HiddenSpec(p["B"], p["H"], p["V"], p["chunk_size"], p["target_len"],
+                                                          p["scale"], p["masked"], p["S"]))),
+        FuzzSpace(OP + "from_parallel_logits_to_logprobs_packed_sequences", _space(lambda t: t.dp == 1, _packed_body),
+                  _packed_case),
+    ]

@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from shardcheck import REPLICATED, BadInput, Case, Layout, Property, Shard
+from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, Layout, Property, Shard
 from suites._megatron_model import (BATCH, HEADS, HIDDEN, LAYERS, ONE_RANK, SEQ, VOCAB, UnderShims, build_model,
                                     call_model, check_names, make_params, megatron_missing, megatron_shims,
                                     param_layouts, sharded_params)
@@ -126,12 +126,12 @@ def run_flag_off(impl, ctx, x: dict, tied: bool, patched: bool = True, labels: b
     return UnderShims.apply(fn, ctx.device, tp_group, x["input_ids"], x["labels"], *[x[n] for n in names])
 
 
-def _same_without_grad(ctx, full, local, outs, tied, chunk):
+def _same_without_grad(ctx, full, local, outs, tied, chunk, vocab: int = VOCAB):
     """The fused forward under torch.no_grad (nothing saved for backward), patched twice (chunk 1, then `chunk`: the
     second call only updates the chunk size), gives the same values."""
     x = {k: v.detach() for k, v in local.items()}
     with torch.no_grad():
-        again = run_fused(ctx.impl, ctx, x, tied, chunk, twice=True)
+        again = run_fused(ctx.impl, ctx, x, tied, chunk, vocab=vocab, twice=True)
     same = torch.equal(again, outs[0].detach())
     return [Property("no_grad_same", same, float((again - outs[0].detach()).abs().max()),
                      "" if same else "torch.no_grad() after a second patch call changes the fused log-probs")]
@@ -208,10 +208,14 @@ class FusionSpec:
     chunk: int
     masked: float = 0.0
     labels_are_ids: bool = False
+    seq: int = SEQ
+    vocab: int = VOCAB
+    batch: int = BATCH
 
     @property
     def extra(self) -> dict:
-        return {k: x for k, x, default in (("masked", self.masked, 0.0), ("labels_are_ids", self.labels_are_ids, False))
+        return {k: x for k, x, default in (("masked", self.masked, 0.0), ("labels_are_ids", self.labels_are_ids, False),
+                                           ("S", self.seq, SEQ), ("V", self.vocab, VOCAB), ("B", self.batch, BATCH))
                 if x != default}
 
     @property
@@ -224,7 +228,10 @@ class FusionSpec:
         return {"tied": self.tied, "chunk_size": self.chunk, "S": SEQ, "B": BATCH, "H": HIDDEN, "V": VOCAB, **self.extra}
 
     def inputs(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        return make_inputs(gen, self.tied, self.masked, self.labels_are_ids)
+        return make_inputs(gen, self.tied, self.masked, self.labels_are_ids, self.vocab, self.batch, self.seq)
+
+    def supports(self, t) -> bool:
+        return supports(t, self.seq, self.vocab)
 
 
 FUSION_SPECS = (FusionSpec(True, 5), FusionSpec(False, 5), FusionSpec(True, 4), FusionSpec(False, 16),
@@ -235,12 +242,13 @@ def fused_case(spec: FusionSpec, skip: str | None) -> Case:
     """Values and every parameter gradient in float64, and the same values under torch.no_grad after a second patch."""
     return Case(
         op=PATCH_OP, case_id=spec.case_id, params=spec.params, make_inputs=spec.inputs,
-        reference=lambda x: reference_logprobs(x, spec.tied),
-        run=lambda impl, ctx, x: run_fused(impl, ctx, x, spec.tied, spec.chunk),
+        reference=lambda x: reference_logprobs(x, spec.tied, spec.vocab),
+        run=lambda impl, ctx, x: run_fused(impl, ctx, x, spec.tied, spec.chunk, vocab=spec.vocab),
         input_layouts=param_layouts(spec.tied), output_layouts=(REPLICATED,), grad_inputs=tuple(param_layouts(spec.tied)),
-        properties=lambda ctx, full, local, outs: _same_without_grad(ctx, full, local, outs, spec.tied, spec.chunk),
-        comm=lambda ctx: fused_comm(ctx, spec.tied, spec.chunk), dtypes=("float64",), supports=supports,
-        skip_reason=skip)
+        properties=lambda ctx, full, local, outs: _same_without_grad(ctx, full, local, outs, spec.tied, spec.chunk,
+                                                                     spec.vocab),
+        comm=lambda ctx: fused_comm(ctx, spec.tied, spec.chunk, spec.seq, spec.vocab, spec.batch), dtypes=("float64",),
+        supports=spec.supports, skip_reason=skip)
 
 
 def fused_values_case(spec: FusionSpec, skip: str | None) -> Case:
@@ -249,10 +257,11 @@ def fused_values_case(spec: FusionSpec, skip: str | None) -> Case:
     the float64 cases check every gradient sharply."""
     return Case(
         op=PATCH_OP, case_id=f"{spec.case_id}-values", params=spec.params, make_inputs=spec.inputs,
-        reference=lambda x: reference_logprobs(x, spec.tied),
-        run=lambda impl, ctx, x: run_fused(impl, ctx, x, spec.tied, spec.chunk), input_layouts=param_layouts(spec.tied),
-        output_layouts=(REPLICATED,), comm=lambda ctx: fused_comm(ctx, spec.tied, spec.chunk), dtypes=("float32",),
-        supports=supports, skip_reason=skip)
+        reference=lambda x: reference_logprobs(x, spec.tied, spec.vocab),
+        run=lambda impl, ctx, x: run_fused(impl, ctx, x, spec.tied, spec.chunk, vocab=spec.vocab),
+        input_layouts=param_layouts(spec.tied), output_layouts=(REPLICATED,),
+        comm=lambda ctx: fused_comm(ctx, spec.tied, spec.chunk, spec.seq, spec.vocab, spec.batch), dtypes=("float32",),
+        supports=spec.supports, skip_reason=skip)
 
 
 def flag_off_case(tied: bool, skip: str | None) -> Case:
@@ -344,3 +353,38 @@ def bench_cases(quick: bool = False) -> list[Case]:
     skip = megatron_missing()
     sizes = [(256, 8192, 32)] if quick else [(512, 8192, 32), (512, 32768, 32)]
     return [bench_case(tied, s, v, chunk, skip) for s, v, chunk in sizes for tied in (True, False)]
+
+
+# ---- fuzz space (`shardcheck fuzz`) ------------------------------------------------------------------
+#
+# The fused forward: tied or untied, chunk sizes from 1 past S (a last chunk of any length), masked labels, labels
+# equal to the ids, S, V and B of the model (S and V divisible by TP: Megatron's sequence parallelism and vocab
+# split need it).  float64 checks values and every parameter gradient, float32 the values (as the fixed cases).
+# `_gpt_forward_with_linear_ce_fusion` has no space: with the flag off it is Megatron's own forward, bit for bit,
+# whatever the sizes (its fixed cases check exactly that), and with the flag on it is the patched op's path above.
+
+
+def _fuzz_params(topologies):
+    from hypothesis import strategies as st
+
+    allowed = sorted({t for t in topologies if supports(t, t.tp * 4, t.tp * 8)}, key=lambda t: (t.size, t.tp, t.cp, t.dp))
+    topology = st.sampled_from([[t.dp, t.cp, t.tp] for t in allowed]) if allowed else st.nothing()
+
+    @st.composite
+    def params(draw):
+        dp, cp, tp = draw(topology)
+        seq = tp * draw(st.integers(-(-2 // tp), 12 // tp + 1))  # S ≥ 2: one next-token log-prob at least
+        return {"topology": [dp, cp, tp], "dtype": draw(st.sampled_from(["float64", "float32"])),
+                "tied": draw(st.booleans()), "S": seq, "V": tp * draw(st.integers(2, 40 // tp)),
+                "B": draw(st.integers(1, 2)), "chunk_size": draw(st.integers(1, seq + 2)),
+                "masked": draw(st.sampled_from([0.0, 0.25, 0.9])), "labels_are_ids": draw(st.booleans())}
+    return params()
+
+
+def _fuzz_case(p: dict) -> Case:
+    spec = FusionSpec(p["tied"], p["chunk_size"], p["masked"], p["labels_are_ids"], p["S"], p["V"], p["B"])
+    return (fused_case if p["dtype"] == "float64" else fused_values_case)(spec, megatron_missing())
+
+
+def fuzz_spaces() -> list[FuzzSpace]:
+    return [FuzzSpace(PATCH_OP, _fuzz_params, _fuzz_case)]
