@@ -13,89 +13,107 @@ import pytest
 
 from helpers import BROKEN, FIXTURES, cli, shardcheck
 
-TOPK_TAIL = BROKEN / "model_utils" / "topk_chunk_tail.py"
-KD_SQUEEZE = BROKEN / "kd_loss" / "unchunked_squeeze.py"
 SMALL = ("--world-sizes", "1,2", "--seed", "0")
 
+# Four broken implementations whose bug the fixed matrix misses: {op: (family, file, the failure's check, the check
+# on its shrunk params)}.  Each shrunk case is the smallest that shows the bug along its space's own order.
+MISSED = {
+    # the top-k chunk loop stops one position early: a last chunk of one position is lost
+    "model_utils.distributed_vocab_topk": (
+        "model_utils", BROKEN / "model_utils" / "topk_chunk_tail.py", "forward:ids",
+        lambda p: (p["B"], p["S"], p["V"], p["k"], p["topology"]) == (1, 1, 1, 1, [1, 1, 1])),
+    # chunk_size 0 squeezes the token dim: one valid token on a rank becomes a [V] vector
+    "kd_loss.KDLoss": (
+        "kd_loss", BROKEN / "kd_loss" / "unchunked_squeeze.py", "forward",
+        lambda p: p["chunk_size"] == 0 and p["valid_per_row"] == [1]
+        and (p["B"], p["S"], p["V"], p["topology"]) == (1, 1, 1, [1, 1, 1])),
+    # the loss count taken as this rank's count times DP: wrong as soon as the losses split unevenly
+    "distributed_utils.reduce_loss": (
+        "distributed_utils", BROKEN / "distributed_utils" / "loss_count_assumes_equal_ranks.py", "forward:denominator",
+        lambda p: p == {"topology": [2, 1, 1], "dtype": "float64", "per_token_loss": False, "dp_group": True,
+                        "n_losses": 3, "n_token_slices": 1, "tokens_over_int32": False}),
+    # max_seqlen of the first chunk only: wrong when a later chunk holds the longest sequence
+    "cp_utils.make_cp_batch_for_te": (
+        "cp_utils", BROKEN / "cp_utils" / "max_seqlen_of_first_chunk.py", "property:max_seqlen",
+        lambda p: p == {"topology": [1, 1, 1], "dtype": "float64", "lens": [[[1, 2]], [[1, 4]]], "S": 4,
+                        "padding_token_id": 0, "num_chunks": 2, "position_ids": False, "embeds": 0}),
+}
+SELECT = [arg for op, (family, path, _, _) in MISSED.items() for arg in ("--op", op, "--impl", f"{family}={path}")]
 
-def _fuzz(tmp: Path, name: str, *args: str, timeout: float = 1500):
+
+def _fuzz(tmp: Path, name: str, *args: str, timeout: float = 900):
     run = shardcheck("fuzz", *args, "--corpus", str(tmp / "corpus"), out=tmp / name, timeout=timeout)
     summary = json.loads((tmp / name / "fuzz.json").read_text()) if (tmp / name / "fuzz.json").exists() else None
     return run, summary
 
 
 @pytest.fixture(scope="module")
-def topk_tail(tmp_path_factory):
-    """One fuzz run of the top-k chunk-tail bug, shared by the tests below."""
-    tmp = tmp_path_factory.mktemp("topk")
-    run, summary = _fuzz(tmp, "fuzz", "--op", "model_utils.distributed_vocab_topk",
-                         "--impl", f"model_utils={TOPK_TAIL}", "--examples", "40", *SMALL)
-    return tmp, run, summary
+def missed(tmp_path_factory):
+    """One fuzz run of the four broken implementations (one session: every example on the same ranks)."""
+    tmp = tmp_path_factory.mktemp("missed")
+    run, summary = _fuzz(tmp, "fuzz", *SELECT, "--examples", "100", *SMALL)
+    return tmp, run, {op["op"]: op for op in summary["ops"]}
 
 
-def test_matrix_misses_the_topk_chunk_tail(tmp_path):
-    run = shardcheck("run", "--suite", "model_utils", "--op", "model_utils.distributed_vocab_topk",
-                     "--impl", f"model_utils={TOPK_TAIL}", "--dtype", "float64", "--corpus", str(tmp_path / "none"),
-                     out=tmp_path / "run")
+def test_the_fixed_matrix_misses_all_four(tmp_path):
+    run = shardcheck("run", *SELECT, "--dtype", "float64", "--corpus", str(tmp_path / "none"), out=tmp_path / "run")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    rows = run.rows
+    assert set(rows["op"]) == set(MISSED) and (rows["status"] == "pass").all() and len(rows) > 1000
 
 
-def test_fuzz_finds_and_shrinks_the_topk_chunk_tail(topk_tail):
-    tmp, run, summary = topk_tail
+@pytest.mark.parametrize("op", list(MISSED))
+def test_fuzz_finds_and_shrinks_it(missed, op):
+    tmp, run, ops = missed
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
-    (op,) = summary["ops"]
-    shrunk = op["failure"]["params"]
-    step = shrunk["chunk_size"] or shrunk["S"]
-    assert shrunk["S"] % step == 1 or step == 1  # the last chunk holds one position: the bug's condition
-    # nothing larger than needed: one row, one id, one rank
-    assert (shrunk["B"], shrunk["V"], shrunk["k"], shrunk["topology"]) == (1, 1, 1, [1, 1, 1])
-    assert shrunk["S"] <= 2
-    assert f"FAIL model_utils.distributed_vocab_topk" in run.stdout and "shrunk from" in run.stdout
-    assert "rerun: shardcheck run --suite model_utils --op model_utils.distributed_vocab_topk --case fuzz-" \
-           in run.stdout and "--corpus" in run.stdout
+    _, _, check, smallest = MISSED[op]
+    found = ops[op]
+    assert found["verdict"] == "fail" and found["failure"]["signature"][0] == check
+    assert found["examples"] <= 100  # a bounded search, shrinking included
+    assert smallest(found["failure"]["params"]), found["failure"]["params"]
+    saved = [json.loads(f.read_text()) for f in (tmp / "corpus").glob(f"{op}--*.json")]
+    assert [entry["params"] for entry in saved] == [found["failure"]["params"]]
+    assert f"FAIL {op}: " in run.stdout
+
+
+def test_the_report_and_rerun_lines_of_the_shrunk_cases(missed):
+    tmp, run, _ = missed
     assert (tmp / "fuzz" / "report.html").is_file()
-    saved = list((tmp / "corpus").glob("*.json"))
-    assert len(saved) == 1 and json.loads(saved[0].read_text())["params"] == shrunk
+    for op in MISSED:
+        assert f"rerun: shardcheck run --suite " in run.stdout and f"--op {op} --case fuzz-" in run.stdout
+    assert run.stdout.count("--corpus") >= len(MISSED)
 
 
-def test_run_replays_the_corpus_first(topk_tail):
-    tmp, _, summary = topk_tail
+def test_run_replays_the_corpus_first(missed):
+    tmp, _, ops = missed
+    op = "distributed_utils.reduce_loss"
+    family, path, check, _ = MISSED[op]
     corpus = ["--corpus", str(tmp / "corpus")]
-    broken = shardcheck("run", "--suite", "model_utils", "--op", "model_utils.distributed_vocab_topk",
-                        "--impl", f"model_utils={TOPK_TAIL}", "--dtype", "float64", "--world-sizes", "1", *corpus,
-                        out=tmp / "replay-broken")
+    broken = shardcheck("run", "--op", op, "--impl", f"{family}={path}", "--dtype", "float64", "--world-sizes", "2",
+                        *corpus, out=tmp / "replay-broken")
     assert broken.returncode == 1
     rows = broken.rows
-    assert rows.iloc[0]["case_id"].startswith("fuzz-")  # the saved failure runs first
+    first = rows.iloc[0]["case_id"]
+    assert first.startswith("fuzz-")  # the saved failure runs first
     failed = broken.failed()
-    assert set(failed["case_id"]) == {rows.iloc[0]["case_id"]}
+    assert set(failed["case_id"]) == {first} and set(failed["check"]) == {check}
     rerun = failed.iloc[0]["rerun"]
-    assert "--corpus" in rerun and f"--case {rows.iloc[0]['case_id']}" in rerun
-    ours = shardcheck("run", "--suite", "model_utils", "--op", "model_utils.distributed_vocab_topk",
-                      "--case", "fuzz-*", "--dtype", "float64", "--world-sizes", "1", *corpus, out=tmp / "replay-ours")
+    assert "--corpus" in rerun and f"--case {first}" in rerun
+    ours = shardcheck("run", "--op", op, "--case", "fuzz-*", "--dtype", "float64", "--world-sizes", "2", *corpus,
+                      out=tmp / "replay-ours")
     assert ours.returncode == 0 and len(ours.rows) > 0, ours.stdout[-2000:]
     listed = cli("list", *corpus)
-    assert "fuzz corpus" in listed.stdout and "1 saved case " in listed.stdout
+    assert "fuzz corpus" in listed.stdout and f"{len(MISSED)} saved case" in listed.stdout
 
 
-def test_fuzz_is_deterministic_for_a_seed(topk_tail, tmp_path):
-    _, _, first = topk_tail
-    _, again = _fuzz(tmp_path, "again", "--op", "model_utils.distributed_vocab_topk",
-                     "--impl", f"model_utils={TOPK_TAIL}", "--examples", "40", *SMALL)
-    assert again["ops"][0]["failure"] == first["ops"][0]["failure"]
-    assert again["ops"][0]["examples"] == first["ops"][0]["examples"]
-
-
-def test_fuzz_finds_and_shrinks_the_kd_loss_squeeze(tmp_path):
-    matrix = shardcheck("run", "--suite", "kd_loss", "--op", "kd_loss.KDLoss", "--impl", f"kd_loss={KD_SQUEEZE}",
-                        "--dtype", "float64", "--corpus", str(tmp_path / "none"), out=tmp_path / "run")
-    assert matrix.returncode == 0, matrix.stdout[-2000:]
-    run, summary = _fuzz(tmp_path, "fuzz", "--op", "kd_loss.KDLoss", "--impl", f"kd_loss={KD_SQUEEZE}",
-                         "--examples", "40", *SMALL)
-    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
-    shrunk = summary["ops"][0]["failure"]["params"]
-    assert shrunk["chunk_size"] == 0 and sum(shrunk["valid_per_row"]) == 1  # one valid token, one chunk
-    assert (shrunk["B"], shrunk["S"], shrunk["V"], shrunk["topology"]) == (1, 1, 1, [1, 1, 1])
+def test_fuzz_is_deterministic_for_a_seed(missed, tmp_path):
+    _, _, ops = missed
+    op = "distributed_utils.reduce_loss"
+    family, path, _, _ = MISSED[op]
+    _, again = _fuzz(tmp_path, "again", "--op", op, "--impl", f"{family}={path}", "--examples", "100", *SMALL)
+    (found,) = again["ops"]
+    assert found["failure"] == ops[op]["failure"] and found["first"] == ops[op]["first"]
+    assert found["examples"] == ops[op]["examples"]
 
 
 def test_our_kd_loss_survives_a_small_budget(tmp_path):
