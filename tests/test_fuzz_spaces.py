@@ -1,4 +1,5 @@
-"""Fuzz spaces of cp_utils, inbatch_neg_utils, distributed_utils, model_utils_cp and model_utils_megatron.
+"""Fuzz spaces of every suite (model_utils, kd_loss, cp_utils, inbatch_neg_utils, distributed_utils, model_utils_cp,
+model_utils_megatron).
 
 Each space draws only legal, valid, cheap cases (a Case builds, runs on its own topology, its inputs are small), and
 the broken implementations in tests/broken/ whose bug the fixed matrix misses fail on the smallest drawn example that
@@ -20,7 +21,8 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from harness.topology import Topology, default_topologies
 from helpers import BROKEN, ROOT, assert_one_cause, shardcheck
 
-SUITES = ("cp_utils", "inbatch_neg_utils", "distributed_utils", "model_utils_cp", "model_utils_megatron")
+SUITES = ("model_utils", "kd_loss", "cp_utils", "inbatch_neg_utils", "distributed_utils", "model_utils_cp",
+          "model_utils_megatron")
 TOPOLOGIES = default_topologies([1, 2, 4])
 
 
