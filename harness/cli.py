@@ -355,7 +355,7 @@ def _space(spaces, op: str):
 
 def _search_line(found) -> str:
     """One op's verdict: examples run, and the shrunk failure with its params."""
-    head = f"{found.op}: {found.examples} example(s) in {found.seconds:.0f} s"
+    head = f"{found.op}: {found.examples} example(s) of suite {found.suite} in {found.seconds:.0f} s"
     if found.failure is None:
         why = f" ({found.stopped})" if found.stopped else ""
         return f"PASS {head}, no failure{why}" + (f"; {found.note}" if found.note else "")

@@ -269,23 +269,24 @@ def plan_fuzz(*, run_id: str, suites_wanted: list[str], ops: list[str], impl: di
     for family in impl:
         if family not in families:
             raise UsageError(f"--impl: unknown family {family!r}; known: {', '.join(sorted(families))}")
-    known_ops = {c.op: n for n in names for c in suite_cases(n, False, False, suite_paths)}
+    suite_ops = {n: sorted({c.op for c in suite_cases(n, False, False, suite_paths)}) for n in names}
+    known_ops = {op for n in names for op in suite_ops[n]}  # an op may be in several suites (model_utils, _cp)
     for op in ops:
         if op not in known_ops:
             raise UsageError(f"unknown op {op!r}; known: {', '.join(sorted(known_ops))}")
     selected, skipped = [], {}
     for name in names:
         spaces = suite_fuzz_spaces(name, suite_paths)
-        suite_ops = [op for op, n in known_ops.items() if n == name and (not ops or op in ops)]
+        wanted = [op for op in suite_ops[name] if not ops or op in ops]
         if spaces is None:
-            if suite_ops:
+            if wanted:
                 skipped[name] = "the suite declares no fuzz space (no fuzz_spaces())"
             continue
-        for op in suite_ops:
+        for op in wanted:
             if op in spaces:
                 selected.append((name, spaces[op]))
             else:
-                skipped[op] = f"suite {name} declares no fuzz space for it"
+                skipped[f"{op} (suite {name})"] = "the suite declares no fuzz space for it"
     plan = Plan(run_id=run_id, quick=False, seed=seed, timeout=timeout, device=device, backend=backend, impl=impl,
                 suite_paths=suite_paths, corpus=corpus_dir)
     if not selected:
