@@ -473,14 +473,20 @@ def _kd_params(topologies):
         nbl = d(s.sampled_from(["tensor", "int", "none"]))
         topo = d(topology(topologies, (lambda t: t.dp == 1) if nbl == "none" else (lambda t: True)))
         b, sl = d(multiple_of(topo[0], 2)), d(s.integers(1, 8))
-        scale, dtype = d(s.sampled_from([3.0, 300.0])), d(s.sampled_from(DTYPES))
+        dtype, fp32_upcast = d(s.sampled_from(DTYPES)), d(s.booleans())
+        # Huge logits in bfloat16/float32 math (no upcast) only where the budget can judge them: the KL gradient of
+        # near-one-hot distributions is a difference of probabilities near 1, whose rounding is set by their scale,
+        # not by the gradient's; correct code lands beyond the per-row budget (fuzz found it: V=2 at tp 2, bfloat16,
+        # scale 300, grad 0 against -0.0014).  float64 and upcast draws cover huge logits.
+        huge_ok = dtype == "float64" or fp32_upcast
+        scale = d(s.sampled_from([3.0, 300.0] if huge_ok else [3.0]))
         ignore_index = d(s.sampled_from([-100, 0]))
         valid = d(s.lists(s.integers(0, sl), min_size=b, max_size=b))
         # num_batch_labels counts every micro-batch's tokens: 0 only when none has any (0 / 0, no loss defined)
         extra = d(s.integers(0 if sum(valid) else 1, 3)) if nbl != "none" else 0
         return {"topology": topo, "dtype": dtype, "mode": d(s.sampled_from(MODES)), "B": b, "S": sl,
                 "V": d(s.integers(1, 40)), "valid_per_row": valid,
-                "temperature": d(s.sampled_from([1.0, 0.5, 2.0, 3.0])), "fp32_upcast": d(s.booleans()),
+                "temperature": d(s.sampled_from([1.0, 0.5, 2.0, 3.0])), "fp32_upcast": fp32_upcast,
                 "ignore_index": ignore_index, "m100": d(s.sampled_from([0.0, 0.3])) if ignore_index != -100 else 0.0,
                 "num_batch_labels": nbl, "nbl_extra": extra,
                 "chunk_size": d(s.integers(0, 6)), "scale": scale, "teacher_neg_inf": d(s.sampled_from([0.0, 0.3])),
