@@ -480,12 +480,15 @@ def _kd_params(topologies):
         # scale 300, grad 0 against -0.0014).  float64 and upcast draws cover huge logits.
         huge_ok = dtype == "float64" or fp32_upcast
         scale = d(s.sampled_from([3.0, 300.0] if huge_ok else [3.0]))
-        ignore_index = d(s.sampled_from([-100, 0]))
+        v = d(s.integers(1, 40))
+        # ignore_index 0 needs a vocab with another id: at V = 1 every label would be ignored while valid_per_row counts
+        # some as valid, and num_batch_labels 0 makes the loss 0 / 0 (fuzz found it: the reference NaN, ours 0)
+        ignore_index = d(s.sampled_from([-100, 0] if v >= 2 else [-100]))
         valid = d(s.lists(s.integers(0, sl), min_size=b, max_size=b))
         # num_batch_labels counts every micro-batch's tokens: 0 only when none has any (0 / 0, no loss defined)
         extra = d(s.integers(0 if sum(valid) else 1, 3)) if nbl != "none" else 0
         return {"topology": topo, "dtype": dtype, "mode": d(s.sampled_from(MODES)), "B": b, "S": sl,
-                "V": d(s.integers(1, 40)), "valid_per_row": valid,
+                "V": v, "valid_per_row": valid,
                 "temperature": d(s.sampled_from([1.0, 0.5, 2.0, 3.0])), "fp32_upcast": fp32_upcast,
                 "ignore_index": ignore_index, "m100": d(s.sampled_from([0.0, 0.3])) if ignore_index != -100 else 0.0,
                 "num_batch_labels": nbl, "nbl_extra": extra,
