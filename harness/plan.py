@@ -14,7 +14,7 @@ from harness.fuzz_cases import fuzz_case
 from harness.items import DTYPES, Item, Plan, Xfail
 from harness.module_under_test import resolve_impl
 from harness.options import DEFAULT_WORLD_SIZES
-from harness.suite_loader import (default_impl, external_suite_files, load_suite, suite_cases, suite_family,
+from harness.suite_loader import (default_impl, external_suite_files, suite_cases, suite_family,
                                   suite_file, suite_fuzz_spaces, suite_names)
 from harness.topology import Topology, UsageError, default_topologies
 
@@ -108,6 +108,24 @@ def resolve_modules(ops: list[tuple[str, str]], impl: dict[str, str], suite_path
     return impl, defaults, missing
 
 
+def select_suites(suites_wanted: list[str], ops: list[str], impl: dict[str, str], suite_paths: list[str] = (),
+                  ) -> tuple[list[str], list[str]]:
+    """(suite names, absolute external suite files) of a selection: `--suite` (a family selects its suites), else
+    the external suites when some are given and no `--op` is, else every suite.  An `--impl` of an unknown family:
+    UsageError."""
+    external = external_suite_files(suite_paths)
+    suite_paths = [str(p) for p in external.values()]
+    if suites_wanted:
+        names = expand_suites(suites_wanted, suite_paths)
+    else:
+        names = sorted(external) if external and not ops else suite_names(suite_paths)
+    families = {suite_family(n, suite_paths) for n in suite_names(suite_paths)}
+    for family in impl:
+        if family not in families:
+            raise UsageError(f"--impl: unknown family {family!r}; known: {', '.join(sorted(families))}")
+    return names, suite_paths
+
+
 def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_patterns: list[str],
                world_sizes: list[int] | None,
                topologies: list[Topology], dtypes: list[str], impl: dict[str, str], quick: bool, seed: int,
@@ -123,16 +141,7 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
             raise UsageError(f"unknown dtype {d!r}; known: {', '.join(DTYPES)}")
     if world_sizes is not None and any(w <= 0 for w in world_sizes):
         raise UsageError(f"world sizes must be positive, got {world_sizes}")
-    external = external_suite_files(suite_paths)
-    suite_paths = [str(p) for p in external.values()]
-    if suites_wanted:
-        names = expand_suites(suites_wanted, suite_paths)
-    else:
-        names = sorted(external) if external and not ops else suite_names(suite_paths)
-    families = {suite_family(n, suite_paths): n for n in suite_names(suite_paths)}
-    for family in impl:
-        if family not in families:
-            raise UsageError(f"--impl: unknown family {family!r}; known: {', '.join(sorted(families))}")
+    names, suite_paths = select_suites(suites_wanted, ops, impl, suite_paths)
     cases = [(n, c) for n in names for c in suite_cases(n, quick, bench, suite_paths)]
     replays = [] if bench else corpus_cases(corpus, names, suite_paths)  # (suite, case, entry)
     known_ops = sorted({c.op for _, c in cases})
@@ -259,16 +268,7 @@ def plan_fuzz(*, run_id: str, suites_wanted: list[str], ops: list[str], impl: di
     """What `shardcheck fuzz` searches: (the run's settings as a Plan without items, the (suite, space) of every
     selected op that has one, {suite or op: why it is skipped}).  The selection is `build_plan`'s: `--suite`
     (a family selects its suites), `--op`, external suites."""
-    external = external_suite_files(suite_paths)
-    suite_paths = [str(p) for p in external.values()]
-    if suites_wanted:
-        names = expand_suites(suites_wanted, suite_paths)
-    else:
-        names = sorted(external) if external and not ops else suite_names(suite_paths)
-    families = {suite_family(n, suite_paths) for n in suite_names(suite_paths)}
-    for family in impl:
-        if family not in families:
-            raise UsageError(f"--impl: unknown family {family!r}; known: {', '.join(sorted(families))}")
+    names, suite_paths = select_suites(suites_wanted, ops, impl, suite_paths)
     suite_ops = {n: sorted({c.op for c in suite_cases(n, False, False, suite_paths)}) for n in names}
     known_ops = {op for n in names for op in suite_ops[n]}  # an op may be in several suites (model_utils, _cp)
     for op in ops:
