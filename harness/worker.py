@@ -47,6 +47,9 @@ from harness.suite_loader import suite_cases, suite_fuzz_spaces
 from harness.topology import Topology, build_mesh, mesh_coords, mesh_dims
 from reference import low_precision_math
 
+RAISED_GRACE = 10.0  # seconds the ranks at an item's barrier still wait for their peers once one of them raised
+BARRIER_SLICE = 1.0  # how often a rank waiting at the barrier looks whether a peer raised
+
 PEER_FAILURE = re.compile(r"closed by peer|reset by peer|Broken pipe|Connection refused|timed out|Timeout|aborted", re.I)
 
 
@@ -224,14 +227,23 @@ class Worker:
         self.failures_saved += 1
 
     def barrier(self, item: Item, deadline: float) -> list[int]:
-        """Store-based check-in (does not touch the process groups a stuck peer may hold)."""
+        """Store-based check-in (does not touch the process groups a stuck peer may hold).  Once some rank raised in
+        the item, the others wait at most RAISED_GRACE more: a peer still missing then is blocked in a collective
+        the raiser left (the item is an error either way), and waiting out the whole --timeout finds nothing more."""
         self.store.set(f"{item.id}/{self.rank}", "1")
         keys = [f"{item.id}/{r}" for r in range(self.world)]
-        try:
-            self.store.wait(keys, timedelta(seconds=max(deadline - time.time(), 0.01)))
-            return []
-        except Exception:  # DistStoreError on timeout
-            return [r for r, k in enumerate(keys) if not self.store.check([k])]
+        raised = f"raised/{item.id}"
+        while True:
+            now = time.time()
+            if raised and self.store.check([raised]):
+                deadline = min(deadline, now + min(RAISED_GRACE, self.plan.timeout))
+                raised = ""  # the grace counts from when this rank first saw it
+            try:
+                self.store.wait(keys, timedelta(seconds=max(min(deadline - now, BARRIER_SLICE), 0.01)))
+                return []
+            except Exception:  # DistStoreError on timeout
+                if time.time() >= deadline:
+                    return [r for r, k in enumerate(keys) if not self.store.check([k])]
 
     def run_item(self, item: Item, topo: Topology, mesh) -> None:
         with contextlib.ExitStack() as contexts:  # what the case's run keeps open (RankContext.contexts)
@@ -379,6 +391,8 @@ class Worker:
 
         def emit_check(check: str, status: str, **fields):
             self.events.emit("check", item.id, check=check, status=status, coords=coords, **fields)
+            if status == "error" and not fields.get("secondary"):
+                self.store.set(f"raised/{item.id}", "1")  # the peers at the barrier stop waiting sooner (barrier)
 
         return emit_check
 
