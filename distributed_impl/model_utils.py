@@ -96,7 +96,9 @@ def _gather_owned(
     V_local = values.shape[-1]
     owned = (ids >= vocab_start_index) & (ids < vocab_start_index + V_local)
     if V_local == 0:  # an empty shard (torch.chunk of a tiny vocab) owns nothing
-        return values.new_zeros(ids.shape), owned
+        # zeros that stay in the autograd graph (a sum over the empty vocab), so this rank's backward
+        # runs like its peers' and hands back its empty gradient instead of raising
+        return values.sum(-1, keepdim=True).expand(ids.shape).contiguous(), owned
     picked = gather(values, torch.where(owned, ids - vocab_start_index, 0))
     return torch.where(owned, picked, torch.zeros((), dtype=picked.dtype)), owned
 

@@ -362,6 +362,8 @@ GATHER_LOGITS_SPECS = (
     GatherSpec(4, 6, 32, 5, Draw(masked=0.2), tp_group="none"),
     # ids on -inf logits: the owner's -inf must come through the TP sum, with no NaN from a non-owner's -inf x 0
     GatherSpec(4, 6, 37, 5, Draw(neg_inf=0.3)),
+    # V = 6: TP rank 3 of 4 holds an empty shard; its zeros must still carry the gradient (an empty one)
+    GatherSpec(2, 4, 6, 3),
 )
 QUICK_GATHER_LOGITS = (GATHER_LOGITS_SPECS[0], GATHER_LOGITS_SPECS[2], GATHER_LOGITS_SPECS[3])
 
