@@ -1288,7 +1288,8 @@ class ChunkedDistributedHiddenStatesToLogprobs(torch.autograd.Function):
             )  # [B,c,V_local]
             grad_full[s0:s1] = torch.matmul(grad_logits, weight_c).transpose(0, 1)
             h = full[s0:s1].transpose(0, 1).to(compute)  # [B,c,H]
-            grad_weight += grad_logits.reshape(-1, weight.shape[0]).t() @ h.reshape(-1, H)
+            # flatten, not reshape(-1, V_local): an empty vocab shard (V_local = 0) has no -1 to infer
+            grad_weight += grad_logits.flatten(0, 1).t() @ h.flatten(0, 1)
         # Every rank used the whole gathered sequence: sum the partial gradients, keep our shard.
         grad_hidden = _reduce_scatter_seq(grad_full, ctx.tp_group)
         return grad_hidden.to(hidden.dtype), None, grad_weight.to(weight.dtype), None, None, None, None, None
