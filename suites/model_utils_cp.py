@@ -378,7 +378,10 @@ class DistillSpec:
 
 DISTILL_SPECS = (DistillSpec(2, 32, 4, False, True), DistillSpec(2, 32, 4, True, True),
                  DistillSpec(4, 24, 3, True, False, "plain", Draw(ties=True)),
-                 DistillSpec(2, 32, 4, False, False, draw=Draw(scale=300.0)))
+                 DistillSpec(2, 32, 4, False, False, draw=Draw(scale=300.0)),
+                 # almost one-hot rows, full vocab: only the entropy's gradient is left (the log-softmax over K = 1
+                 # id is 0), ~1e-28 at the row's max, where autograd through p log p gives 0
+                 DistillSpec(2, 5, 1, False, True, "plain", Draw(scale=300.0)))
 
 
 def distillation_case(spec: DistillSpec) -> Case:
