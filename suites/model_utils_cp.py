@@ -15,7 +15,7 @@ Inputs, output checks and communication contracts are shared with the TP suite (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -608,6 +608,17 @@ def _draw(p: dict) -> Draw:
     return Draw(scale=p["scale"], ties=p["ties"], neg_inf=p.get("neg_inf", 0.0), masked=p["masked"])
 
 
+# The log-prob gradient of a next-token row is (onehot − p)/T: on a row more one-hot than ~e^−8 whose target is the
+# argmax it is 1 − p_max, below float64's own rounding of p_max (~1e-16·|g|).  A rank whose scored rows are all
+# such (few positions, masked targets, ×100 logits) gets a float64 check (1e-10 of its largest element) that the
+# golden fails by 1e-8..1e-4 itself, so these draws keep each row's runner-up within TOP_GAP of its max.
+TOP_GAP = 4.0
+
+
+def _sampling_draw(p: dict) -> Draw:
+    return replace(_draw(p), top_gap=TOP_GAP)
+
+
 def _chunk(draw, st):
     return draw(st.one_of(st.none(), st.integers(1, 7)))
 
@@ -662,7 +673,7 @@ def _next_token_body(draw, st, topology, even_vocab: bool = False, short_target:
 
 def _next_token_spec(p: dict) -> NextTokenSpec:
     return NextTokenSpec(p["B"], p["V"], Sampling(p["top_k"], p["top_p"], p["temperature"]), p["chunk_size"],
-                         p["target_len"], _draw(p), p["S"])
+                         p["target_len"], _sampling_draw(p), p["S"])
 
 
 def _front_end_body(op: str):
@@ -726,7 +737,7 @@ def _packed_body(draw, st, topology):
 def _packed_case(p: dict) -> Case:
     return packed_case(PackedSpec(tuple(p["padded"]), tuple(p["real"]), p["V"], p["unpacked_seqlen"],
                                   Sampling(p["top_k"], p["top_p"], p["temperature"]), p["chunk_size"], p["pre_rolled"],
-                                  _draw(p)))
+                                  _sampling_draw(p)))
 
 
 def fuzz_spaces() -> list[FuzzSpace]:
