@@ -96,7 +96,9 @@ def _gather_owned(
     V_local = values.shape[-1]
     owned = (ids >= vocab_start_index) & (ids < vocab_start_index + V_local)
     if V_local == 0:  # an empty shard (torch.chunk of a tiny vocab) owns nothing
-        return values.new_zeros(ids.shape), owned
+        # zeros that stay in the autograd graph (a sum over the empty vocab), so this rank's backward
+        # runs like its peers' and hands back its empty gradient instead of raising
+        return values.sum(-1, keepdim=True).expand(ids.shape).contiguous(), owned
     picked = gather(values, torch.where(owned, ids - vocab_start_index, 0))
     return torch.where(owned, picked, torch.zeros((), dtype=picked.dtype)), owned
 
@@ -1125,11 +1127,25 @@ def gather_logits_at_global_indices(
     return _gather_cp(picked, cp_group, 1, positions)
 
 
-def _local_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """sum_v p_v log p_v on a full-vocab local tensor (terms with p_v = 0 count as 0), differentiable."""
-    log_p = torch.log_softmax(_upcast(logits), dim=-1)
-    p = log_p.exp()
-    return (p * torch.where(p > 0, log_p, torch.zeros((), dtype=log_p.dtype))).sum(-1)
+class _LocalEntropy(torch.autograd.Function):
+    """sum_v p_v log p_v on a full-vocab local tensor (terms with p_v = 0 count as 0), with the closed-form
+    gradient p * (log p - H) * g as ChunkedDistributedEntropy has.  Autograd through p * log p subtracts two
+    nearly equal terms at the row's max and loses an almost one-hot row's gradient there entirely."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor) -> torch.Tensor:
+        log_p = torch.log_softmax(_upcast(logits), dim=-1)
+        p = log_p.exp()
+        safe_log_p = log_p.masked_fill_(p == 0, 0.0)
+        h = (p * safe_log_p).sum(-1)
+        ctx.save_for_backward(p, safe_log_p, h)
+        ctx.input_dtype = logits.dtype
+        return h
+
+    @staticmethod
+    def backward(ctx: Any, grad_h: torch.Tensor) -> torch.Tensor:
+        p, safe_log_p, h = ctx.saved_tensors
+        return (p * (safe_log_p - h[..., None]) * grad_h[..., None].to(p.dtype)).to(ctx.input_dtype)
 
 
 def get_distillation_topk_logprobs_from_logits(
@@ -1183,7 +1199,8 @@ def get_distillation_topk_logprobs_from_logits(
         student = torch.log_softmax(picked, dim=-1)
     h_all = None
     if calculate_entropy:
-        h_all = ChunkedDistributedEntropy.apply(local, chunk_size, group, False) if group is not None else _local_entropy(local)
+        h_all = (ChunkedDistributedEntropy.apply(local, chunk_size, group, False) if group is not None
+                 else _LocalEntropy.apply(local))
         h_all = _gather_cp(h_all, context_parallel_group, 1, positions)[:, :-1]
     teacher = torch.log_softmax(_upcast(teacher_topk_logits.to(local.device)), dim=-1)
     return student[:, :-1], teacher[:, :-1], h_all
@@ -1286,7 +1303,8 @@ class ChunkedDistributedHiddenStatesToLogprobs(torch.autograd.Function):
             )  # [B,c,V_local]
             grad_full[s0:s1] = torch.matmul(grad_logits, weight_c).transpose(0, 1)
             h = full[s0:s1].transpose(0, 1).to(compute)  # [B,c,H]
-            grad_weight += grad_logits.reshape(-1, weight.shape[0]).t() @ h.reshape(-1, H)
+            # flatten, not reshape(-1, V_local): an empty vocab shard (V_local = 0) has no -1 to infer
+            grad_weight += grad_logits.flatten(0, 1).t() @ h.flatten(0, 1)
         # Every rank used the whole gathered sequence: sum the partial gradients, keep our shard.
         grad_hidden = _reduce_scatter_seq(grad_full, ctx.tp_group)
         return grad_hidden.to(hidden.dtype), None, grad_weight.to(weight.dtype), None, None, None, None, None

@@ -35,6 +35,7 @@ class Draw:
     huge_close_top: bool = False  # huge logits with ~15% of each row close to its max (entropy gradients)
     tie_choice: bool = False  # sampling: tied logits top-p keeps in part (any tied survivor is right)
     masked: float = 0.0  # this fraction of the targets -100, a quarter as many V+3 (both outside [0, V))
+    top_gap: float | None = None  # sampling inputs: each row's runner-up at most this far below its max
 
     @property
     def extra(self) -> dict:
@@ -150,11 +151,27 @@ def tie_straddles(x: torch.Tensor, top_k: int | None, top_p: float) -> torch.Ten
     return top_k_kept & some_kept & some_dropped
 
 
+def cap_top_gap(x: torch.Tensor, gap: float) -> torch.Tensor:
+    """Rows whose runner-up is more than `gap` below the max get it (every id at that value) moved up to the
+    bf16-exact value nearest max − gap.  A softmax more one-hot than e^−gap has a log-prob gradient at its argmax,
+    1 − p_max, below float64's own rounding of p_max: no golden can referee it to 1e-10 of its size."""
+    if x.shape[-1] < 2:
+        return x
+    top2 = x.topk(2, dim=-1).values
+    far = (top2[..., :1] - top2[..., 1:]) > gap
+    return torch.where(far & (x == top2[..., 1:]), bf16_exact(top2[..., :1] - gap), x)
+
+
+def _sampling_rows(gen, shape, draw: Draw) -> torch.Tensor:
+    logits = bf16_exact(make_logits(gen, shape, draw.scale, draw.ties))
+    return logits if draw.top_gap is None else cap_top_gap(logits, draw.top_gap)
+
+
 def sampling_logits(gen, shape, sampling: Sampling, draw: Draw = Draw()) -> torch.Tensor:
     """bf16-exact logits whose top-p decisions are not on a knife edge (rows too close are redrawn), and,
     unless `draw.tie_choice`, whose tied logits top-p keeps all or none of (so every valid implementation
-    gives the same values and gradients)."""
-    logits = bf16_exact(make_logits(gen, shape, draw.scale, draw.ties))
+    gives the same values and gradients).  `draw.top_gap`: see cap_top_gap."""
+    logits = _sampling_rows(gen, shape, draw)
     if sampling.top_p >= 1.0:
         return logits
     for _ in range(200):
@@ -164,7 +181,7 @@ def sampling_logits(gen, shape, sampling: Sampling, draw: Draw = Draw()) -> torc
             bad |= tie_straddles(scaled, sampling.top_k, sampling.top_p).any(-1)
         if not bad.any():
             return logits
-        logits[bad] = bf16_exact(make_logits(gen, (int(bad.sum()), shape[-1]), draw.scale, draw.ties))
+        logits[bad] = _sampling_rows(gen, (int(bad.sum()), shape[-1]), draw)
     raise RuntimeError(f"could not draw logits {shape} away from the top_p={sampling.top_p} edges")
 
 

@@ -362,6 +362,8 @@ GATHER_LOGITS_SPECS = (
     GatherSpec(4, 6, 32, 5, Draw(masked=0.2), tp_group="none"),
     # ids on -inf logits: the owner's -inf must come through the TP sum, with no NaN from a non-owner's -inf x 0
     GatherSpec(4, 6, 37, 5, Draw(neg_inf=0.3)),
+    # V = 6: TP rank 3 of 4 holds an empty shard; its zeros must still carry the gradient (an empty one)
+    GatherSpec(2, 4, 6, 3),
 )
 QUICK_GATHER_LOGITS = (GATHER_LOGITS_SPECS[0], GATHER_LOGITS_SPECS[2], GATHER_LOGITS_SPECS[3])
 
@@ -577,7 +579,8 @@ class HiddenSpec:
 
 
 CHUNKED_HIDDEN_SPECS = (HiddenSpec(8, 2, 8, 32, 3), HiddenSpec(4, 4, 6, 37, 64, masked=0.2),
-                        HiddenSpec(8, 2, 8, 24, 2, scale=10.0))
+                        HiddenSpec(8, 2, 8, 24, 2, scale=10.0),
+                        HiddenSpec(4, 2, 5, 6, 3))  # V = 6: TP rank 3 of 4 holds an empty weight shard
 HIDDEN_SPECS = (HiddenSpec(8, 2, 8, 32, None, "output_weight"), HiddenSpec(8, 2, 8, 32, 3, "layer_module"),
                 HiddenSpec(4, 4, 6, 37, 3, "layer_tensor", masked=0.2))
 HIDDEN_IO = dict(input_layouts={"hidden": SEQ_HIDDEN, "weight": WEIGHT, "target": BATCH}, output_layouts=(BATCH,),

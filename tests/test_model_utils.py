@@ -116,3 +116,26 @@ def test_every_new_op_runs_at_tp8(run_shardcheck):
     assert set(rows["tp"]) == {8}
     assert set(rows["op"]) == {f"model_utils.{op}" for op in NEW_OPS}  # every op has a case that fits TP 8
     assert (rows["status"] == "pass").all()
+
+
+def test_empty_vocab_shard_keeps_the_gradient(run_shardcheck):
+    """V = 6 at TP 4 leaves rank 3 an empty vocab shard: our gather and hidden-states ops pass there (rank 3's
+    backward once raised in both), and an implementation whose empty shard hands back detached zeros for the
+    gathered logits fails on rank 3 alone."""
+    ops = ("gather_logits_at_global_indices", "ChunkedDistributedHiddenStatesToLogprobs")
+    at_tp4 = ("--case", "*v6-*", *_topology(4), "--dtype", "float64")
+    ours = run_shardcheck("run", *_ops(ops), *at_tp4)
+    assert ours.returncode == 0, ours.stdout + ours.stderr
+    assert set(ours.rows["op"]) == {f"model_utils.{op}" for op in ops}
+    assert {"grad:logits", "grad:hidden", "grad:weight"} <= set(ours.rows["check"])
+    assert (ours.rows["status"] == "pass").all()
+
+    broken = run_shardcheck("run", "--impl", f"model_utils={BROKEN / 'model_utils' / 'empty_shard_detached.py'}",
+                            *_ops(ops[:1]), *at_tp4)
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    bad = broken.failed()
+    grad = bad[bad["check"] == "grad:logits"].iloc[0]
+    assert grad["status"] == "error" and grad["error_type"] == "RuntimeError", grad["message"]
+    assert grad["message"].startswith("rank 3 (dp=0, cp=0, tp=3): RuntimeError"), grad["message"]
+    assert {r["rank"] for r in grad["per_rank"] if r["status"] == "error"} == {3}
+    assert set(bad["check"]) <= {"grad:logits", "property:comm"}  # the forward is right on every rank

@@ -79,3 +79,20 @@ def test_broken_cp_implementations_are_caught(run_shardcheck, module, ops, check
         if positions is not None:  # the global token position named is one that really is wrong
             assert m["global_index"][1] in positions, row["message"]
     assert "FAIL" in run.stdout
+
+
+def test_almost_one_hot_entropy_gradient(run_shardcheck):
+    """The full-vocab distillation path's entropy gradient on almost one-hot rows (×100 logits, K = 1): ours
+    passes; an implementation differentiating p log p by autograd gets 0 at each row's max and fails there."""
+    case = ("--suite", "model_utils_cp", "--op", "model_utils.get_distillation_topk_logprobs_from_logits",
+            "--case", "*v5-k1-*", "--topology", "dp=1,cp=2,tp=1", "--dtype", "float32")
+    ours = run_shardcheck("run", *case)
+    assert ours.returncode == 0, ours.stdout[-3000:] + ours.stderr[-3000:]
+    assert (ours.rows["status"] == "pass").all() and "grad:student_logits" in set(ours.rows["check"])
+
+    broken = run_shardcheck("run", *_impl("entropy_through_autograd"), *case)
+    assert broken.returncode == 1, broken.stdout[-3000:] + broken.stderr[-3000:]
+    bad = broken.failed()
+    assert set(bad["check"]) == {"grad:student_logits"} and (bad["status"] == "fail").all()
+    m = bad.iloc[0]["mismatch"]
+    assert m["got"] == 0 and m["expected"] != 0 and m["coords"]["cp"] == m["rank"]
