@@ -52,7 +52,7 @@ def _fuzz(tmp: Path, name: str, *args: str, timeout: float = 900):
 def missed(tmp_path_factory):
     """One fuzz run of the four broken implementations (one session: every example on the same ranks)."""
     tmp = tmp_path_factory.mktemp("missed")
-    run, summary = _fuzz(tmp, "fuzz", *SELECT, "--examples", "100", *SMALL)
+    run, summary = _fuzz(tmp, "fuzz", *SELECT, "--examples", "100", "--timeout", "20", *SMALL)
     return tmp, run, {op["op"]: op for op in summary["ops"]}
 
 
