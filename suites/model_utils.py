@@ -145,9 +145,15 @@ def logprob_cases(shapes, quick: bool) -> list[Case]:
 def cross_entropy_case(shape: Shape) -> Case:
     shape = shape.unmasked()
 
-    def make(gen):  # the target's logits are finite everywhere (p > 0)
-        return {"student_logits": shape.draw.logits(gen, (shape.b, shape.s, shape.v)),
-                "target_logits": replace(shape.draw, neg_inf=0.0).logits(gen, (shape.b, shape.s, shape.v))}
+    def make(gen):  # the target's logits are finite (p > 0: a student -inf there gives H = +inf) ...
+        student = shape.draw.logits(gen, (shape.b, shape.s, shape.v))
+        target = replace(shape.draw, neg_inf=0.0).logits(gen, (shape.b, shape.s, shape.v))
+        if shape.draw.scale > 10:
+            # ... except with huge logits, where a p that is tiny in float64 underflows to 0 in float32, so the
+            # same H is +inf in one dtype and finite in the other: there the student is -inf only where the
+            # target is -inf too (p = 0 exactly in every dtype: the term counts as 0).
+            target = target.masked_fill(student.isneginf(), float("-inf"))
+        return {"student_logits": student, "target_logits": target}
 
     return Case(
         op=OP + "DistributedCrossEntropy", case_id=shape.case_id, params=shape.params, make_inputs=make,
@@ -156,6 +162,10 @@ def cross_entropy_case(shape: Shape) -> Case:
                                                                     ctx.group("tp")),
         input_layouts={"student_logits": LOGITS, "target_logits": LOGITS}, output_layouts=(BATCH,),
         grad_inputs=("student_logits",), supports=batch_divides(shape.b), comm=contract(cross_entropy_comm))
+
+
+# huge logits with -inf in the student, and there in the target too (p = 0: those terms count as 0)
+CROSS_ENTROPY_HUGE_NEG_INF = Shape(2, 5, 33, Draw(scale=300.0, neg_inf=0.2))
 
 
 def cross_entropy_shape_mismatch_case() -> Case:
@@ -335,6 +345,8 @@ GATHER_LOGPROB_SPECS = (
     GatherSpec(2, 5, 33, 3, Draw(scale=300.0), chunk=2),  # huge logits
     GatherSpec(4, 4, 24, 5, Draw(ties=True, neg_inf=0.2), chunk=1),  # ids on -inf logits: logprob -inf
     GatherSpec(2, 8, 20, 5, chunk=64),  # a single chunk
+    # V = 1: every id repeats and the softmax is exactly 1, so the gradient is exactly 0 (TP ranks > 0: empty shards)
+    GatherSpec(2, 4, 1, 4, chunk=3),
 )
 QUICK_GATHER_LOGPROB = (GATHER_LOGPROB_SPECS[0], GATHER_LOGPROB_SPECS[4])
 
@@ -781,7 +793,8 @@ def cases(quick: bool = False) -> list[Case]:
     shapes = QUICK_SHAPES if quick else SHAPES
     return ([softmax_case(op, s) for s in shapes for op in SOFTMAX_REFERENCES]
             + logprob_cases(shapes, quick)
-            + [cross_entropy_case(s) for s in shapes] + [cross_entropy_shape_mismatch_case()]
+            + [cross_entropy_case(s) for s in shapes] + [cross_entropy_case(CROSS_ENTROPY_HUGE_NEG_INF)]
+            + [cross_entropy_shape_mismatch_case()]
             + all_to_all_cases(quick)
             + sampling_cases(quick)
             + [gather_logprob_case(s) for s in (QUICK_GATHER_LOGPROB if quick else GATHER_LOGPROB_SPECS)]
@@ -798,7 +811,8 @@ def cases(quick: bool = False) -> list[Case]:
 # Each op's cases above generalised: the topology first (B over DP; where the layout needs it, B·S rows and V over
 # TP), then sizes down to 1 (V below TP leaves ranks empty vocab shards), chunk sizes that do or do not divide S,
 # masking ratios up to every target, huge logits, ties, -inf, k up to V, every dtype.  The same factories build
-# the case as for the fixed matrix.
+# the case as for the fixed matrix.  Next-token ops draw S >= 2: their unshifted target [B, L] needs L >= 2 (our
+# implementation raises below that, a one-token target has no next token to score).
 
 def _draw_of(p: dict) -> Draw:
     return Draw(scale=p["scale"], ties=p["ties"], neg_inf=p["neg_inf"], masked=p.get("masked", 0.0))
@@ -818,12 +832,12 @@ def _space(op: str, build, sizes, legal=lambda t: True):
     return FuzzSpace(OP + op, params, build)
 
 
-def _logits_sizes(masked: bool = False, chunk: str = "none", b_most: int = 2, v_most: int = 40):
-    """B (a multiple of DP), S, V, the Draw fields, and `chunk`: "none", "int" (1..9) or "optional"."""
+def _logits_sizes(masked: bool = False, chunk: str = "none", b_most: int = 2, v_most: int = 40, s_least: int = 1):
+    """B (a multiple of DP), S (s_least..9), V, the Draw fields, and `chunk`: "none", "int" (1..9) or "optional"."""
     def sizes(d, t):
         from suites._fuzz_draws import chunk_or_none, logits_draw, masked as masked_ratio, multiple_of, st
 
-        p = {"B": d(multiple_of(t.dp, b_most)), "S": d(st().integers(1, 9)), "V": d(st().integers(1, v_most)),
+        p = {"B": d(multiple_of(t.dp, b_most)), "S": d(st().integers(s_least, 9)), "V": d(st().integers(1, v_most)),
              **d(logits_draw())}
         if masked:
             p["masked"] = d(masked_ratio())
@@ -844,7 +858,8 @@ def _sampling_sizes(next_token: bool = False):
 
         s = st()
         v = t.tp * d(s.integers(-(-3 // t.tp), max(2, 32 // t.tp)))  # V >= 3: a third of the targets is a top-3 id
-        p = {"B": d(multiple_of(t.dp, 2)), "S": d(multiple_of(t.tp, max(1, 8 // t.tp))), "V": v,
+        s_least = 2 if next_token else 1
+        p = {"B": d(multiple_of(t.dp, 2)), "S": d(multiple_of(t.tp, max(1, 8 // t.tp), s_least)), "V": v,
              "scale": d(s.sampled_from([3.0, 300.0])), "ties": d(s.booleans()), "neg_inf": 0.0, "masked": d(masked()),
              "top_k": d(s.one_of(s.none(), s.integers(0, v + 2))), "top_p": d(s.sampled_from([1.0, 0.9, 0.5, 1e-6])),
              "chunk_size": d(chunk_or_none())}
@@ -863,8 +878,10 @@ def _hidden_sizes(via: bool):
         from suites._fuzz_draws import chunk_or_none, masked, multiple_of, st
 
         s = st()
-        p = {"S": d(multiple_of(t.tp, max(1, 8 // t.tp))), "B": d(multiple_of(t.dp, 2)), "H": d(s.integers(1, 8)),
-             "V": d(s.integers(1, 40)), "chunk_size": d(chunk_or_none() if via else s.integers(1, 9)),
+        s_least = 2 if via else 1  # via: the next-token op (unshifted target)
+        p = {"S": d(multiple_of(t.tp, max(1, 8 // t.tp), s_least)), "B": d(multiple_of(t.dp, 2)),
+             "H": d(s.integers(1, 8)), "V": d(s.integers(1, 40)),
+             "chunk_size": d(chunk_or_none() if via else s.integers(1, 9)),
              "scale": d(s.sampled_from([1.0, 10.0])), "masked": d(masked())}
         if via:
             p["weight_via"] = d(s.sampled_from(["output_weight", "layer_module", "layer_tensor"]))
@@ -944,7 +961,7 @@ def fuzz_spaces() -> list[FuzzSpace]:
         _space("ChunkedDistributedLogprob", lambda p: logprob_case(_shape(p), p["chunk_size"]),
                _logits_sizes(masked=True, chunk="int")),
         _space("from_parallel_logits_to_logprobs", lambda p: next_token_case(_shape(p), p["chunk_size"]),
-               _logits_sizes(masked=True, chunk="optional")),
+               _logits_sizes(masked=True, chunk="optional", s_least=2)),
         _space("DistributedCrossEntropy", lambda p: cross_entropy_case(_shape(p, masked=False)), _logits_sizes()),
     ]
     for op in ALL_TO_ALL_LAYOUTS:
