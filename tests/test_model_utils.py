@@ -92,6 +92,27 @@ def test_broken_modules_fail_on_the_right_check(run_shardcheck, module, op, chec
     assert "FAIL" in run.stdout
 
 
+def test_gather_logprob_gradient_is_exactly_zero_at_v1(run_shardcheck):
+    """V = 1: the softmax is exactly 1 and every id repeats, so the gather log-prob's gradient is exactly 0 (the
+    golden's, and so the budget's, too).  Ours gives that 0 at TP 1 and 2 (rank 1: an empty shard) in every dtype;
+    a backward that adds the g_k after subtracting their sum leaves a rounding residue, caught on rank 0."""
+    case = ("--op", "model_utils.ChunkedDistributedGatherLogprob", "--case", "b2s4v1-*")
+    ours = run_shardcheck("run", *case, *_topology(1), *_topology(2))
+    assert ours.returncode == 0, ours.stdout + ours.stderr
+    assert set(ours.rows["tp"]) == {1, 2} and "grad:logits" in set(ours.rows["check"])
+    assert (ours.rows["status"] == "pass").all()
+
+    broken = run_shardcheck("run", "--impl", f"model_utils={BROKEN / 'model_utils' / 'gather_grad_residue.py'}",
+                            *case, *_topology(1), "--dtype", "float64,float32")
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    bad = broken.failed()
+    assert set(bad["check"]) == {"grad:logits"} and (bad["status"] == "fail").all(), bad["message"].tolist()
+    assert set(bad["dtype"]) == {"float64", "float32"}
+    for _, row in bad.iterrows():
+        assert row["message"].startswith("rank 0 (dp=0, cp=0, tp=0)"), row["message"]
+        assert row["mismatch"]["expected"] == 0 and row["mismatch"]["got"] != 0, row["mismatch"]
+
+
 def test_new_ops_pass_at_tp2_and_tp4(run_shardcheck):
     run = run_shardcheck("run", *_ops(NEW_OPS), "--quick", *_topology(2), *_topology(4))
     assert run.returncode == 0, run.stdout + run.stderr
