@@ -145,13 +145,17 @@ def logprob_cases(shapes, quick: bool) -> list[Case]:
 def cross_entropy_case(shape: Shape) -> Case:
     shape = shape.unmasked()
 
-    def make(gen):  # the target's logits are finite (p > 0: a student -inf there gives H = +inf) ...
+    def make(gen):  # the target's logits are finite (p > 0: a student -inf there gives H = +inf), except below
         student = shape.draw.logits(gen, (shape.b, shape.s, shape.v))
-        target = replace(shape.draw, neg_inf=0.0).logits(gen, (shape.b, shape.s, shape.v))
-        if shape.draw.scale > 10:
-            # ... except with huge logits, where a p that is tiny in float64 underflows to 0 in float32, so the
-            # same H is +inf in one dtype and finite in the other: there the student is -inf only where the
-            # target is -inf too (p = 0 exactly in every dtype: the term counts as 0).
+        huge = shape.draw.scale > 10
+        # Huge logits are the student's; the target's stay at the usual scale.  With both huge, q and p can be
+        # one-hot at the same id, where q - p is a difference of two probabilities near 1 whose rounding (an ulp of
+        # 1) is all there is of the gradient: no budget relative to it can judge it (fuzz: float64, one row, a
+        # gradient of 3e-16); and a p tiny in float64 underflows to 0 in float32 (H +inf in one dtype only).
+        target = replace(shape.draw, neg_inf=0.0, scale=3.0 if huge else shape.draw.scale).logits(
+            gen, (shape.b, shape.s, shape.v))
+        if huge:  # the student's -inf go onto the target too (p = 0: those terms count as 0), so the rows stay
+            # finite and their gradients are checked; at the usual scale they make H = +inf
             target = target.masked_fill(student.isneginf(), float("-inf"))
         return {"student_logits": student, "target_logits": target}
 
