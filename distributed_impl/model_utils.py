@@ -119,15 +119,20 @@ def _sum_with_owner_count(
 def _gather_logprob_grad(
     softmax: torch.Tensor, ids: torch.Tensor, valid: torch.Tensor, grad_output: torch.Tensor, vocab_start_index: int
 ) -> torch.Tensor:
-    """Local-shard gradient of sum_k g_k * logp[ids_k]: -softmax * sum_k g_k, plus g_k at each owned id."""
+    """Local-shard gradient of sum_k g_k * logp[ids_k]: g_k added at each owned id, minus softmax * sum_k g_k.
+
+    The one-hot part is built first and the total summed from it (plus the ids other ranks own), as the
+    autograd of log_softmax and gather does: where the softmax is exactly 1 (V = 1, a one-hot row) and the
+    ids repeat, the two cancel exactly to the true 0 instead of leaving a rounding residue of sum_k g_k.
+    """
     g = torch.where(valid, grad_output.to(softmax.dtype), torch.zeros((), dtype=softmax.dtype))
-    grad = softmax * -g.sum(-1, keepdim=True)
     V_local = softmax.shape[-1]
-    if V_local == 0:
-        return grad
     owned = (ids >= vocab_start_index) & (ids < vocab_start_index + V_local)
-    grad.scatter_add_(-1, torch.where(owned, ids - vocab_start_index, 0), torch.where(owned, g, 0.0))
-    return grad
+    grad = torch.zeros_like(softmax)
+    if V_local > 0:
+        grad.scatter_add_(-1, torch.where(owned, ids - vocab_start_index, 0), torch.where(owned, g, 0.0))
+    total = grad.sum(-1, keepdim=True) + torch.where(owned, 0.0, g).sum(-1, keepdim=True)
+    return grad.addcmul_(softmax, total, value=-1)
 
 
 def _check_same_across(group: dist.ProcessGroup, device: torch.device, what: str, **sizes: int) -> None:

@@ -25,9 +25,9 @@ def topology(topologies: list[Topology], legal: Callable[[Topology], bool] = lam
     return st().sampled_from([[t.dp, t.cp, t.tp] for t in ok]) if ok else st().nothing()
 
 
-def multiple_of(n: int, most: int):
-    """n, 2n, ... up to `most` multiples of n."""
-    return st().integers(1, most).map(lambda m: m * n)
+def multiple_of(n: int, most: int, least: int = 1):
+    """The multiples of n that are at least `least`, up to `most` multiples of n."""
+    return st().integers(max(1, -(-least // n)), most).map(lambda m: m * n)
 
 
 def chunk_or_none(most: int = 9):

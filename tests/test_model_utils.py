@@ -6,8 +6,13 @@ wrong.  Small runs: --quick, float64 (the sharp check) for the bugs.
 from __future__ import annotations
 
 import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, seed, settings
 
+from harness.topology import default_topologies
 from helpers import BROKEN
+from suites import model_utils as suite
+from suites._model_utils_inputs import Draw
 
 NEW_OPS = [
     "DistributedLogprobWithSampling", "ChunkedDistributedLogprobWithSampling", "ChunkedDistributedGatherLogprob",
@@ -90,6 +95,70 @@ def test_broken_modules_fail_on_the_right_check(run_shardcheck, module, op, chec
             assert row["mismatch"]["global_index"] is not None
             assert row["err_ratio"] > 100  # a sharding bug, not rounding
     assert "FAIL" in run.stdout
+
+
+def test_gather_logprob_gradient_is_exactly_zero_at_v1(run_shardcheck):
+    """V = 1: the softmax is exactly 1 and every id repeats, so the gather log-prob's gradient is exactly 0 (the
+    golden's, and so the budget's, too).  Ours gives that 0 at TP 1 and 2 (rank 1: an empty shard) in every dtype;
+    a backward that adds the g_k after subtracting their sum leaves a rounding residue, caught on rank 0."""
+    case = ("--op", "model_utils.ChunkedDistributedGatherLogprob", "--case", "b2s4v1-*")
+    ours = run_shardcheck("run", *case, *_topology(1), *_topology(2))
+    assert ours.returncode == 0, ours.stdout + ours.stderr
+    assert set(ours.rows["tp"]) == {1, 2} and "grad:logits" in set(ours.rows["check"])
+    assert (ours.rows["status"] == "pass").all()
+
+    broken = run_shardcheck("run", "--impl", f"model_utils={BROKEN / 'model_utils' / 'gather_grad_residue.py'}",
+                            *case, *_topology(1), "--dtype", "float64,float32")
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    bad = broken.failed()
+    assert set(bad["check"]) == {"grad:logits"} and (bad["status"] == "fail").all(), bad["message"].tolist()
+    assert set(bad["dtype"]) == {"float64", "float32"}
+    for _, row in bad.iterrows():
+        assert row["message"].startswith("rank 0 (dp=0, cp=0, tp=0)"), row["message"]
+        assert row["mismatch"]["expected"] == 0 and row["mismatch"]["got"] != 0, row["mismatch"]
+
+
+def _drawn(op: str, n: int = 60) -> list[dict]:
+    """n params the op's fuzz space draws (seed 0), as `shardcheck fuzz` draws them."""
+    space, out = {s.op: s for s in suite.fuzz_spaces()}[f"model_utils.{op}"], []
+
+    @seed(0)
+    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(space.params(default_topologies([1, 2, 4])))
+    def collect(params):
+        out.append(params)
+
+    collect()
+    return out
+
+
+def test_spaces_stay_where_the_checks_can_judge():
+    """What the model_utils fuzz spaces leave out, and why (suites/model_utils.py): next-token ops draw S >= 2 (a
+    one-token target raises), hidden states at scale 10 only in float64 (the low-precision projection's rounding,
+    amplified in almost one-hot rows, is beyond the per-row budget), and the cross entropy with huge logits draws
+    them for the student only (q - p of two one-hot rows is all rounding) and puts each student -inf on the target
+    too (the rows stay finite)."""
+    for op in ("from_parallel_logits_to_logprobs", "from_parallel_hidden_states_to_logprobs",
+               "get_logprobs_from_vocab_parallel_logits", "get_next_token_logprobs_from_logits",
+               "dtensor_from_parallel_logits_to_logprobs"):
+        sizes = {p["S"] for p in _drawn(op)}
+        assert min(sizes) == 2, (op, sorted(sizes))
+    for op in ("ChunkedDistributedHiddenStatesToLogprobs", "from_parallel_hidden_states_to_logprobs"):
+        huge = [p["dtype"] for p in _drawn(op) if p["scale"] == 10.0]
+        assert huge and set(huge) == {"float64"}, (op, huge)
+
+    def ce_inputs(scale: float) -> dict[str, torch.Tensor]:
+        case = suite.cross_entropy_case(suite.Shape(2, 5, 33, Draw(scale=scale, neg_inf=0.5)))
+        return case.make_inputs(torch.Generator().manual_seed(0))
+
+    x = ce_inputs(300.0)
+    student_inf = x["student_logits"].isneginf()
+    assert student_inf.any() and x["target_logits"][student_inf].isneginf().all()
+    assert x["target_logits"][~student_inf].isfinite().all()
+    assert x["target_logits"][~student_inf].abs().max() < 30  # the target at the usual scale: p is never one-hot
+    x = ce_inputs(3.0)  # usual logits: p > 0 in every dtype, so a student -inf gives H = +inf everywhere
+    assert x["student_logits"].isneginf().any() and x["target_logits"].isfinite().all()
 
 
 def test_new_ops_pass_at_tp2_and_tp4(run_shardcheck):
