@@ -48,6 +48,8 @@ def segments(dim: int, shards: dict[int, dict]) -> list[tuple[int, int, str]]:
         coords = shards[ranks[0]]["coords"]
         label = ",".join(f"{m}{coords[m]}" for m in varying) or "r" + ",".join(map(str, ranks))
         pos = sorted(positions)
+        if not pos:  # a rank holding none of this dim (an empty vocab shard at V < TP) marks no segment
+            continue
         start = prev = pos[0]
         for p in pos[1:] + [None]:
             if p is None or p != prev + 1:

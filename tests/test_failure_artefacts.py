@@ -66,6 +66,9 @@ def test_shard_boundaries_are_labelled_by_rank_with_two_segments_per_head_tail_r
     assert shown_dims(3, shards) == [1, 2]  # all sharded: the later dims (sequence x vocab)
     tp_only = reassemble(_pieces(Layout(tp=Shard(2)), (4, 6, 37), {"dp": 1, "cp": 1, "tp": 2}, lambda c, g: None))
     assert shown_dims(3, tp_only["shards"]) == [1, 2] and segments(0, tp_only["shards"]) == []
+    # V below TP: torch.chunk leaves tp rank 3 no vocab at all; it marks no segment (and the map is still drawn)
+    empty = reassemble(_pieces(Layout(tp=Shard(2)), (2, 3, 3), {"dp": 1, "cp": 1, "tp": 4}, lambda c, g: None))
+    assert segments(2, empty["shards"]) == [(0, 1, "tp0"), (1, 2, "tp1"), (2, 3, "tp2")]
 
 
 def test_error_map_is_drawn_for_odd_shapes(tmp_path):
