@@ -4,6 +4,7 @@ warnings allowed unless `run --strict`), 1 a check failed (a regression), 2 bad 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import glob
@@ -12,10 +13,14 @@ import secrets
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.options import (DEFAULT_TIMEOUT, DEFAULT_WORLD_SIZES, EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args,
                              add_suite_path_arg, impl_map, str_list)
 from harness.topology import Topology, UsageError, default_topologies
+
+if TYPE_CHECKING:
+    from harness.workers import WorkerPool
 
 
 DEFAULT_FUZZ_EXAMPLES = 100
@@ -172,7 +177,8 @@ def _run(args) -> int:
     if not known_worlds and not (args.suite or args.op or args.case or args.suite_path):
         known_worlds = list(DEFAULT_WORLD_SIZES)
     early = (args.device == "cpu" or (args.device is None and _no_gpu_here())) and known_worlds
-    with WorkerPool(run_dir) as pool:
+    shared = args.pool  # a pool that outlives this run (main's `pool`): its launches are not ours to end
+    with contextlib.nullcontext(shared) if shared else WorkerPool(run_dir) as pool:
         try:
             if early:
                 pool.start(known_worlds, LaunchSettings("cpu", "gloo", args.timeout, not args.no_shims))
@@ -185,7 +191,8 @@ def _run(args) -> int:
                                   backend=backend, default_dtypes=_default_dtypes(args.bench, device),
                                   bench=args.bench, bench_iters=args.bench_iters)
         except BaseException:
-            pool.close()
+            if not shared:
+                pool.close()
             if not run_dir_existed:
                 shutil.rmtree(run_dir, ignore_errors=True)  # a run that never began leaves nothing behind
             raise
@@ -195,12 +202,13 @@ def _run(args) -> int:
         from reports.report import build  # (imported while the ranks start)
 
         worlds = sorted({i.world_size for i in plan.items})
-        pool.keep_only(worlds)
+        if not shared:
+            pool.keep_only(worlds)
         if args.profile:
             args.profile_dir = (run_dir / "profile").resolve()
             args.profile_dir.mkdir(parents=True, exist_ok=True)
             plan.profile = str(args.profile_dir)
-        writer, meta = open_run(run_dir, plan, sys.argv)
+        writer, meta = open_run(run_dir, plan, args.argv)
         print(f"shardcheck: {len(plan.items)} cases on world size(s) {', '.join(map(str, worlds))} "
               f"({device}, {backend}) -> {run_dir}", file=sys.stderr)
         if meta["shim_notes"]:
@@ -279,7 +287,7 @@ def cmd_fuzz(args) -> int:
     if not spaces:
         raise UsageError("nothing to fuzz: no selected op has a fuzz space")
     examples = args.examples or (MAX_FUZZ_EXAMPLES if args.time else DEFAULT_FUZZ_EXAMPLES)
-    with WorkerPool(run_dir.resolve()) as pool:
+    with contextlib.nullcontext(args.pool) if args.pool else WorkerPool(run_dir.resolve()) as pool:
         session = FuzzSession(base, topologies, run_dir.resolve(), pool, examples=examples, seconds=args.time,
                               hang_budget=not args.no_hang_budget)
         return _fuzz(args, session, spaces, base, run_dir, corpus, device, backend, topologies, examples)
@@ -331,7 +339,7 @@ def _fuzz(args, session, spaces, base, run_dir: Path, corpus: Path, device: str,
         print(f"shardcheck fuzz: saved {save_entry(corpus, entry)}")
         case = build_fuzz_case(found.suite, _space(spaces, found.op), entry.params, "shrunk params")
         plan.items.append(fuzz_item(len(plan.items), found.suite, case, entry.params, args.seed))
-    writer, meta = open_run(run_dir, plan, sys.argv)
+    writer, meta = open_run(run_dir, plan, args.argv)
     try:
         run_plan(plan, run_dir, writer, show_progress=False, hang_budget=not args.no_hang_budget, pool=session.pool)
     finally:
@@ -482,9 +490,13 @@ def cmd_dashboard(args) -> int:
     return EXIT_OK
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, pool: WorkerPool | None = None) -> int:
+    """The command line `shardcheck ARGV` (default: sys.argv); its exit code.  `pool`: the ranks of `run` and `fuzz`
+    come from it and go back to it (a caller running many commands pays one start-up per world size and settings)
+    instead of a pool of the command's own."""
     try:
         args = make_parser().parse_args(argv)
+        args.pool, args.argv = pool, sys.argv if argv is None else ["shardcheck", *argv]
         if args.command is None:
             raise UsageError("missing command: run, fuzz, list, report, compare or dashboard (see shardcheck --help)")
         commands = {"run": cmd_run, "fuzz": cmd_fuzz, "list": cmd_list, "report": cmd_report, "compare": cmd_compare,

@@ -17,14 +17,32 @@
 
 from __future__ import annotations
 
+import importlib.util
 import time
 import weakref
 from collections import defaultdict
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
-from torch.distributed._tools.fake_collectives import CollectiveOp, collective_ops
+import torch.distributed
 from torch.distributed.tensor import DTensor
+
+
+def _fake_collectives():
+    """torch's `torch.distributed._tools.fake_collectives` (the collective ops, and the helper that finds their
+    process group), loaded from its file alone: importing it by name first runs its package's __init__, which
+    imports the memory and runtime estimators and, through them, inductor: about 0.5 s in every process of a
+    run (the driver and each rank) for a module that needs none of it."""
+    path = Path(torch.distributed.__file__).parent / "_tools" / "fake_collectives.py"
+    spec = importlib.util.spec_from_file_location("shardcheck_torch_fake_collectives", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_fake = _fake_collectives()
+CollectiveOp, collective_ops = _fake.CollectiveOp, _fake.collective_ops
 
 # c10d ops whose first argument is the output buffer: what this rank sends is the second.
 _SENDS_ARG1 = {"_allgather_base_", "allgather_", "allgather_coalesced_", "allgather_into_tensor_coalesced_",

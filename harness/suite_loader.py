@@ -191,9 +191,9 @@ def default_impl(family: str, suite_paths: Sequence[str] = ()) -> str | None:
     built-in family; None for a new family whose suites name none.  Suites naming different ones: UsageError."""
     named: dict[str, str] = {}  # implementation -> the suite naming it
     for name in suite_names(suite_paths):
-        suite = load_suite(name, suite_paths)
-        if suite.FAMILY != family:
+        if suite_family(name, suite_paths) != family:  # (from the source: other families' suites stay unimported)
             continue
+        suite = load_suite(name, suite_paths)
         path = suite_file(name, suite_paths)
         spec = getattr(suite, "IMPLEMENTATION", None)
         if spec is None and path.parent == BUILTIN_DIR:

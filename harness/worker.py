@@ -555,11 +555,13 @@ def _rendezvous(launch_dir: Path, rank: int, world: int, timeout: float) -> dist
 def _wait_for(path: Path, seconds: float, driver: int) -> bool:
     """Whether `path` appeared within `seconds` while the driver (pid `driver`) lived: a rank orphaned by a driver
     killed outright does not wait out the rest."""
-    deadline = time.time() + seconds
+    start = time.time()
     while not path.exists():
-        if time.time() > deadline or os.getppid() != driver:
+        waited = time.time() - start
+        if waited > seconds or os.getppid() != driver:
             return False
-        time.sleep(0.01)
+        # 10 ms while a plan is due (the driver writes the next at once), 50 ms for a launch kept idle in a pool
+        time.sleep(0.01 if waited < 1.0 else 0.05)
     return True
 
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from harness.items import Plan
 
 STANDBY_WAIT = 900.0  # seconds a launch's ranks wait for their next plan before they exit
+MAX_IDLE_RANKS = 16  # a pool shared by many runs of different settings keeps at most this many ranks idle
 
 
 def _worker_env(rank: int, world_size: int) -> dict:
@@ -65,22 +66,23 @@ class LaunchSettings:
 
 
 class WorkerPool:
-    """Launches kept up between plans, at most one idle launch per world size: a plan run with the pool takes its
-    launches from it and gives them back when every item finished, so a session of many small plans (`shardcheck
-    fuzz`: one per example) pays one start-up per world size.  `start` starts launches before any plan exists (their
-    imports and rendezvous overlap the driver's planning).  Use as a context manager: leaving it ends every launch."""
+    """Launches kept up between plans, at most one idle launch per world size and settings: a plan run with the pool
+    takes its launches from it and gives them back when every item finished, so a session of many small plans
+    (`shardcheck fuzz`: one per example; a test session's runs, `cli.main(argv, pool=...)`) pays one start-up per world
+    size.  `start` starts launches before any plan exists (their imports and rendezvous overlap the driver's
+    planning).  Use as a context manager: leaving it ends every launch.  `run_dir` holds the launches' folders."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
-        self.idle: dict[int, Launch] = {}
+        self.idle: dict[tuple[int, LaunchSettings], Launch] = {}  # in the order given back: the oldest first
         self._launches: dict[int, int] = {}  # world size -> launches started (their folders: w<size>-launch<n>)
         self._lock = threading.Lock()
 
     def start(self, world_sizes, settings: LaunchSettings) -> None:
         for world_size in sorted(set(world_sizes)):
             with self._lock:
-                if world_size not in self.idle:
-                    self.idle[world_size] = self._new(world_size, settings)
+                if (world_size, settings) not in self.idle:
+                    self.idle[world_size, settings] = self._new(world_size, settings)
 
     def _new(self, world_size: int, settings: LaunchSettings) -> "Launch":
         n = self._launches.get(world_size, 0)
@@ -90,18 +92,21 @@ class WorkerPool:
     def take(self, world_size: int, settings: LaunchSettings) -> "Launch":
         """An idle launch of this size and settings that is still up, else a new one."""
         with self._lock:
-            launch = self.idle.pop(world_size, None)
-            if launch is not None and (launch.settings != settings or launch.ended()):
+            launch = self.idle.pop((world_size, settings), None)
+            if launch is not None and launch.ended():
                 launch.discard()
                 launch = None
             return launch or self._new(world_size, settings)
 
     def give_back(self, launch: "Launch") -> None:
         with self._lock:
-            old = self.idle.get(launch.world_size)
+            key = (launch.world_size, launch.settings)
+            old = self.idle.pop(key, None)
             if old is not None and old is not launch:
                 old.discard()
-            self.idle[launch.world_size] = launch
+            self.idle[key] = launch
+            while sum(w for w, _ in self.idle) > MAX_IDLE_RANKS and len(self.idle) > 1:
+                self.idle.pop(next(iter(self.idle))).discard()  # the least recently used
 
     def standby(self, world_size: int, settings: LaunchSettings) -> "Launch":
         """A launch started ahead for the next attempt of a world size (not idle: it belongs to the caller)."""
@@ -111,8 +116,8 @@ class WorkerPool:
     def keep_only(self, world_sizes) -> None:
         """End the idle launches of other world sizes (started ahead for a plan that turned out not to need them)."""
         with self._lock:
-            for world_size in [w for w in self.idle if w not in set(world_sizes)]:
-                self.idle.pop(world_size).discard()
+            for key in [k for k in self.idle if k[0] not in set(world_sizes)]:
+                self.idle.pop(key).discard()
 
     def close(self) -> None:
         with self._lock:

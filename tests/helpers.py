@@ -1,18 +1,25 @@
-"""What tests share: run the `shardcheck` CLI in a subprocess, read what it wrote, and the paths of the
-deliberately wrong or different implementations (broken/, fixtures/, impls/).  pytest fixtures: conftest.py."""
+"""What tests share: run the `shardcheck` CLI, read what it wrote, and the paths of the deliberately wrong or
+different implementations (broken/, fixtures/, impls/).  pytest fixtures: conftest.py."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import io
 import subprocess
 import sys
+import tempfile
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from harness import cli as shardcheck_cli
 from harness.causes import causes, finding_lines
 from harness.compare import NOT_PASSING
 from harness.records import load
+from harness.workers import WorkerPool
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN = ROOT / "tests" / "broken"  # <suite>/<bug>.py: an op bug the suite must catch, with one cause
@@ -41,19 +48,56 @@ class Run:
         return causes(self.rows)
 
 
-def shardcheck(*args: str, out: Path, timeout: float = 600, strict: bool = True) -> Run:
-    """`shardcheck ARGS --out OUT` as a user would run it (exit code, output, records).  A `run` is
-    `--strict` unless told otherwise: our implementations may not even warn."""
+_POOL: WorkerPool | None = None
+
+
+def shared_pool() -> WorkerPool:
+    """The ranks every in-process run of this test session takes its launches from (one start-up per world size and
+    settings, not one per test); ended when the session's process exits."""
+    global _POOL
+    if _POOL is None:
+        _POOL = WorkerPool(Path(tempfile.mkdtemp(prefix="shardcheck-test-ranks-")))
+        atexit.register(_POOL.close)
+    return _POOL
+
+
+def in_process(argv: list[str]) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `shardcheck ARGV` run by this process on the shared pool's ranks: what the
+    command prints and returns, without a process of its own (its imports) or ranks of its own (theirs)."""
+    assert Path.cwd() == ROOT, "the CLI reads ./pyproject.toml: tests run from the repository root"
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = shardcheck_cli.main(argv, pool=shared_pool())
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except Exception:  # what the interpreter would print and exit with
+            traceback.print_exc()
+            code = 1
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def shardcheck(*args: str, out: Path, timeout: float = 600, strict: bool = True, fresh: bool = False) -> Run:
+    """`shardcheck ARGS --out OUT` (exit code, output, records).  A `run` is `--strict` unless told otherwise: our
+    implementations may not even warn.  It runs in this process on the session's shared ranks; `fresh`: in a
+    process of its own, with ranks of its own, as a user runs it (a test of what a run leaves in its folder, of
+    process-wide state, of the CLI's own start-up).  `--no-shims` runs are always fresh: the shims the other runs
+    installed in this process would stay."""
     extra = ["--strict"] if strict and args and args[0] == "run" else []
-    cmd = [sys.executable, "-m", "harness.cli", *args, *extra, "--out", str(out), "--no-progress"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    return Run(proc.returncode, proc.stdout, proc.stderr, out)
+    argv = [*args, *extra, "--out", str(out), "--no-progress"]
+    if fresh or "--no-shims" in args:
+        proc = subprocess.run([sys.executable, "-m", "harness.cli", *argv], cwd=ROOT, capture_output=True, text=True,
+                              timeout=timeout)
+        return Run(proc.returncode, proc.stdout, proc.stderr, out)
+    return Run(*in_process(argv), out)
 
 
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Any shardcheck command line (no --out added)."""
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+def cli(*args: str, timeout: float = 120, fresh: bool = False) -> subprocess.CompletedProcess:
+    """Any shardcheck command line (no --out added); in this process unless `fresh` (as `shardcheck`)."""
+    if fresh:
+        return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=timeout)
+    return subprocess.CompletedProcess(["shardcheck", *args], *in_process(list(args)))
 
 
 def assert_one_cause(run: Run) -> pd.Series:

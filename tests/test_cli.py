@@ -41,7 +41,7 @@ def test_bad_usage_is_one_line_and_exit_2(args, words, capsys, tmp_path, monkeyp
 
 
 def test_console_script_usage_error_has_no_traceback():
-    proc = cli("run", "--topology", "dp=0")
+    proc = cli("run", "--topology", "dp=0", fresh=True)  # the process: no traceback reaches the terminal
     assert proc.returncode == 2
     assert proc.stderr.strip() == "shardcheck: error: bad topology 'dp=0': dp must be positive, got 0"
 

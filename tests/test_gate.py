@@ -23,7 +23,8 @@ def test_hanging_op_costs_one_timeout_per_topology(tmp_path, monkeypatch):
     started = time.time()
     # world size 2: tp1 and dp2 pass (no TP peer to skip), tp2 hangs in its first of 3 quick cases
     run = shardcheck("run", *SKIPS_COLLECTIVE, "--op", "model_utils.DistributedLogprob", "--world-sizes", "2",
-                     *FLOAT64_QUICK, "--timeout", "5", "--junit-xml", str(junit), out=tmp_path / "run", timeout=300)
+                     *FLOAT64_QUICK, "--timeout", "5", "--junit-xml", str(junit), out=tmp_path / "run", timeout=300,
+                     fresh=True)  # (its launches counted in its own folder)
     elapsed = time.time() - started
     assert run.returncode == 1, run.stdout + run.stderr
     rows = run.rows
@@ -60,7 +61,7 @@ def test_hanging_op_costs_one_timeout_per_topology(tmp_path, monkeypatch):
 def test_no_hang_budget_tries_every_item(tmp_path):
     run = shardcheck("run", *SKIPS_COLLECTIVE, "--op", "model_utils.DistributedLogprob", "--topology", "tp=2",
                      "--case", "b4s6v37-masked0.3", "--case", "b2s5*", *FLOAT64_QUICK, "--timeout", "5",
-                     "--no-hang-budget", out=tmp_path / "run", timeout=300)
+                     "--no-hang-budget", out=tmp_path / "run", timeout=300, fresh=True)
     assert run.returncode == 1, run.stdout + run.stderr
     rows = run.rows
     assert set(rows["status"]) == {"error"} and rows["case_id"].nunique() == 2

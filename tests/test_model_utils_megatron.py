@@ -77,7 +77,8 @@ def test_without_megatron_the_cases_are_skipped_with_the_reason(run_shardcheck, 
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("")
     monkeypatch.setenv("PYTHONPATH", f"{shadow.parent}:{ROOT}")
-    run = run_shardcheck("run", *SUITE, "--quick", "--topology", "dp=1,cp=1,tp=1", timeout=300)
+    run = run_shardcheck("run", *SUITE, "--quick", "--topology", "dp=1,cp=1,tp=1", timeout=300,
+                         fresh=True)  # a process of its own: the PYTHONPATH above
     assert run.returncode == 0, run.stdout + run.stderr
     rows = run.rows
     assert len(rows) and (rows["status"] == "skip").all()

@@ -24,7 +24,7 @@ def quick_matrix(tmp_path_factory):
     other ops' quick matrices: test_model_utils, test_model_utils_cp, test_model_utils_megatron)."""
     ops = [arg for name in CLASSIC_OPS for arg in ("--op", f"model_utils.{name}")]
     return shardcheck("run", "--suite", "model_utils", *ops, "--quick", "--world-sizes", "1,2,4",
-                      out=tmp_path_factory.mktemp("e2e") / "quick")
+                      out=tmp_path_factory.mktemp("e2e") / "quick", fresh=True)  # as a user runs it, launches and all
 
 
 def test_quick_matrix_passes_with_records_and_report(quick_matrix):

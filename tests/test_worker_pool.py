@@ -5,6 +5,7 @@ hangs ends the launch, the next plan getting a fresh one."""
 from __future__ import annotations
 
 from harness.launch import WorkerPool, run_plan
+from harness.workers import LaunchSettings
 from harness.plan import build_plan
 from harness.records import RecordWriter, load
 from harness.topology import Topology
@@ -30,10 +31,10 @@ def test_pool_serves_plan_after_plan_on_the_same_ranks(tmp_path):
     with WorkerPool(tmp_path / "run") as pool:
         writer = RecordWriter(tmp_path / "run")
         run_plan(first, tmp_path / "run", writer, show_progress=False, pool=pool)
-        launch = pool.idle[2]
+        launch = pool.idle[2, LaunchSettings.of(first)]
         pids = [p.pid for p in launch.procs]
         run_plan(second, tmp_path / "run", writer, show_progress=False, pool=pool)
-        assert pool.idle[2] is launch and [p.pid for p in launch.procs] == pids
+        assert pool.idle[2, LaunchSettings.of(second)] is launch and [p.pid for p in launch.procs] == pids
         assert not launch.ended()
         writer.close()
     assert launch.ended()  # leaving the pool ends its ranks
@@ -54,11 +55,47 @@ def test_a_hang_ends_the_launch_and_the_next_plan_gets_a_fresh_one(tmp_path):
         writer = RecordWriter(tmp_path / "hang")
         run_plan(hanging, tmp_path / "run", writer, show_progress=False, pool=pool)
         writer.close()
-        hung = pool.idle.get(2)
+        hung = pool.idle.get((2, LaunchSettings.of(hanging)))
         writer = RecordWriter(tmp_path / "clean")
         run_plan(clean, tmp_path / "run", writer, show_progress=False, pool=pool)
         writer.close()
-        assert pool.idle[2] is not hung
+        assert pool.idle[2, LaunchSettings.of(clean)] is not hung
     hang_rows = load(tmp_path / "hang")
     assert set(hang_rows["status"]) == {"error", "skip"}  # the first item hangs, the op's others are skipped
     assert (load(tmp_path / "clean")["status"] == "pass").all()
+
+
+class _FakeLaunch:
+    """A launch without processes: what the pool's bookkeeping needs."""
+
+    def __init__(self, launch_dir, world_size, settings):
+        self.world_size, self.settings, self.discarded = world_size, settings, False
+
+    def ended(self) -> bool:
+        return self.discarded
+
+    def discard(self) -> None:
+        self.discarded = True
+
+
+def test_pool_keeps_a_launch_per_settings_and_at_most_max_idle_ranks(tmp_path, monkeypatch):
+    """Runs of a shared pool differ in settings (a test's --timeout): each keeps its launch; past MAX_IDLE_RANKS the
+    least recently given back goes."""
+    from harness import workers
+
+    monkeypatch.setattr(workers, "Launch", _FakeLaunch)
+    monkeypatch.setattr(workers, "MAX_IDLE_RANKS", 8)
+    short, long = LaunchSettings("cpu", "gloo", 5.0, True), LaunchSettings("cpu", "gloo", 60.0, True)
+    pool = workers.WorkerPool(tmp_path)
+    a, b = pool.take(4, short), pool.take(4, long)
+    assert a is not b
+    pool.give_back(a)
+    pool.give_back(b)
+    assert pool.take(4, short) is a and not b.discarded  # each settings its own idle launch
+    pool.give_back(a)
+    c = pool.take(2, long)
+    pool.give_back(c)  # 4 + 4 + 2 ranks idle > 8: b (given back before a) goes
+    assert b.discarded and not a.discarded and not c.discarded
+    assert set(pool.idle) == {(4, short), (2, long)}
+    pool.close()
+    assert a.discarded and c.discarded and not pool.idle
