@@ -146,6 +146,10 @@ class Collector:
         for check in item.checks or ["forward"]:
             per_rank = st.checks[check]
             reported = {ev["rank"]: ev for ev in per_rank}
+            # A rank that reported a wrong result here comes before one that reported nothing: the blocked rank's
+            # own error ("connection closed by peer", a consequence) may or may not reach its events before the
+            # launch is ended, and the row must not name a different rank depending on which.
+            reported_bad = any(ev["status"] in ("fail", "error") and not ev.get("secondary") for ev in per_rank)
             for r in participants:
                 phase = st.phase.get(r, "setup")
                 where = f"still in {phase}" if r in st.started else "never started the case"
@@ -159,7 +163,7 @@ class Collector:
                     # a consequence, unless the item hung or this is the rank that raised
                     after_peer = root["symptom"] != "hung" and r not in root["culprit_ranks"]
                     per_rank.append({"rank": r, "coords": None, "check": check, "status": "error",
-                                     "secondary": after_peer, "message": "; ".join([first, *notes]),
+                                     "secondary": after_peer or reported_bad, "message": "; ".join([first, *notes]),
                                      "symptom": "blocked" if after_peer else root["symptom"], "phase": phase})
                 elif deaths and reported[r]["status"] == "error" and reported[r].get("secondary"):
                     reported[r]["message"] = f"waiting on {waiting_on}: {reported[r]['message']}"

@@ -69,8 +69,8 @@ def in_process(argv: list[str]) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
             code = shardcheck_cli.main(argv, pool=shared_pool())
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
+        except SystemExit as exc:  # as the interpreter reads it: None is 0, a message is 1
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
         except Exception:  # what the interpreter would print and exit with
             traceback.print_exc()
             code = 1

@@ -35,3 +35,45 @@ def test_hangs_errors_and_deaths_become_error_rows(run_shardcheck, module, culpr
     # the remaining cases ran in a relaunch and pass
     chunked = rows[rows["op"] == "model_utils.ChunkedDistributedLogprob"]
     assert len(chunked) and (chunked["status"] == "pass").all()
+
+
+@pytest.mark.parametrize("blocked_rank_reported", [True, False])
+def test_a_rank_that_skipped_a_collective_is_named_whether_or_not_the_blocked_rank_reported(tmp_path,
+                                                                                             blocked_rank_reported):
+    """Rank 1 skips an all-reduce (a wrong forward value), rank 0 blocks in it; rank 1 reports rank 0 missing at the
+    barrier and exits, which closes rank 0's collective with "connection closed by peer".  Whether that error
+    reaches rank 0's events before the driver ends the launch is a race: the forward row names rank 1 either way."""
+    from harness.collect import Collector
+    from harness.events import Events, events_path
+    from harness.items import Item, Plan
+    from harness.records import load
+    from harness.run import close_run, open_run
+
+    item = Item(id=0, suite="model_utils", op="model_utils.DistributedLogprob", case_id="b2s5v33", dtype="float64",
+                topology=(1, 1, 2), world_size=2, seed=0, checks=["forward"], params={"B": 2})
+    plan = Plan(run_id="race", quick=True, seed=0, timeout=5.0, device="cpu", backend="gloo",
+                impl={"model_utils": "distributed_impl.model_utils"}, items=[item])
+    run_dir = tmp_path / "run"
+    events = {r: Events(events_path(run_dir / "events", r), r) for r in range(2)}
+    for r in range(2):
+        events[r].emit("start", 0)
+        events[r].emit("phase", 0, phase="forward")
+    events[1].emit("check", 0, check="forward", coords={"dp": 0, "cp": 0, "tp": 1}, status="fail", message="",
+                   max_abs_err=294.0, err_ratio=2.1e9, budget=1.4e-7, symptom="values",
+                   worst={"local_index": [0, 3], "global_index": [0, 3], "expected": -294.0, "got": 0.0})
+    events[1].emit("stuck", 0, missing=[0], waited=5.0)
+    if blocked_rank_reported:
+        events[0].emit("check", 0, check="forward", coords={"dp": 0, "cp": 0, "tp": 0}, status="error",
+                       message="RuntimeError: Connection closed by peer", secondary=True, symptom="exception",
+                       error_type="RuntimeError", phase="forward")
+    for e in events.values():
+        e.file.flush()
+    writer, meta = open_run(run_dir, plan, ["shardcheck", "run"])
+    collector = Collector(plan, [item], run_dir / "events", writer, 2)
+    collector.poll()
+    collector.abort(item, "")
+    close_run(run_dir, writer, meta)
+    forward = load(run_dir).iloc[0]
+    assert forward["status"] == "error" and forward["mismatch"]["rank"] == 1, forward["message"]
+    assert forward["message"].startswith("rank 1 (dp=0, cp=0, tp=1): |err| 294")
+    assert "rank(s) 0 did not finish the case within 5s" in forward["message"]
