@@ -151,13 +151,21 @@ def cmd_run(args) -> int:
             print(f"shardcheck: profile -> {args.profile_dir / 'breakdown.md'}")
 
 
+def _pool(args, run_dir: Path):
+    """The ranks' pool of a command, as a context manager: main's `pool` (left open on exit: it outlives the
+    command), else one of the command's own in `run_dir` (closed on exit)."""
+    from harness.workers import WorkerPool
+
+    return contextlib.nullcontext(args.pool) if args.pool is not None else WorkerPool(run_dir)
+
+
 def _no_gpu_here() -> bool:
     """True when this machine has no GPU device node (NVIDIA or AMD): the run is on CPU, known without importing torch."""
     return not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"))
 
 
 def _run(args) -> int:
-    from harness.workers import LaunchSettings, WorkerPool
+    from harness.workers import LaunchSettings
 
     if args.bench_iters <= 0:
         raise UsageError(f"--bench-iters must be positive, got {args.bench_iters}")
@@ -177,8 +185,8 @@ def _run(args) -> int:
     if not known_worlds and not (args.suite or args.op or args.case or args.suite_path):
         known_worlds = list(DEFAULT_WORLD_SIZES)
     early = (args.device == "cpu" or (args.device is None and _no_gpu_here())) and known_worlds
-    shared = args.pool  # a pool that outlives this run (main's `pool`): its launches are not ours to end
-    with contextlib.nullcontext(shared) if shared else WorkerPool(run_dir) as pool:
+    shared = args.pool is not None  # main's `pool` outlives this run: its launches are not ours to end
+    with _pool(args, run_dir) as pool:
         try:
             if early:
                 pool.start(known_worlds, LaunchSettings("cpu", "gloo", args.timeout, not args.no_shims))
@@ -259,7 +267,6 @@ def cmd_fuzz(args) -> int:
     from harness.fuzz import FuzzSession
     from harness.plan import plan_fuzz
     from harness.run import suite_paths
-    from harness.workers import WorkerPool
 
     if args.examples is not None and args.examples <= 0:
         raise UsageError(f"--examples must be positive, got {args.examples}")
@@ -287,7 +294,7 @@ def cmd_fuzz(args) -> int:
     if not spaces:
         raise UsageError("nothing to fuzz: no selected op has a fuzz space")
     examples = args.examples or (MAX_FUZZ_EXAMPLES if args.time else DEFAULT_FUZZ_EXAMPLES)
-    with contextlib.nullcontext(args.pool) if args.pool else WorkerPool(run_dir.resolve()) as pool:
+    with _pool(args, run_dir.resolve()) as pool:
         session = FuzzSession(base, topologies, run_dir.resolve(), pool, examples=examples, seconds=args.time,
                               hang_budget=not args.no_hang_budget)
         return _fuzz(args, session, spaces, base, run_dir, corpus, device, backend, topologies, examples)

@@ -81,20 +81,16 @@ def shardcheck(*args: str, out: Path, timeout: float = 600, strict: bool = True,
     """`shardcheck ARGS --out OUT` (exit code, output, records).  A `run` is `--strict` unless told otherwise: our
     implementations may not even warn.  It runs in this process on the session's shared ranks; `fresh`: in a
     process of its own, with ranks of its own, as a user runs it (a test of what a run leaves in its folder, of
-    process-wide state, of the CLI's own start-up).  `--no-shims` runs are always fresh: the shims the other runs
-    installed in this process would stay."""
+    process-wide state, of the CLI's own start-up)."""
     extra = ["--strict"] if strict and args and args[0] == "run" else []
-    argv = [*args, *extra, "--out", str(out), "--no-progress"]
-    if fresh or "--no-shims" in args:
-        proc = subprocess.run([sys.executable, "-m", "harness.cli", *argv], cwd=ROOT, capture_output=True, text=True,
-                              timeout=timeout)
-        return Run(proc.returncode, proc.stdout, proc.stderr, out)
-    return Run(*in_process(argv), out)
+    proc = cli(*args, *extra, "--out", str(out), "--no-progress", timeout=timeout, fresh=fresh)
+    return Run(proc.returncode, proc.stdout, proc.stderr, out)
 
 
 def cli(*args: str, timeout: float = 120, fresh: bool = False) -> subprocess.CompletedProcess:
-    """Any shardcheck command line (no --out added); in this process unless `fresh` (as `shardcheck`)."""
-    if fresh:
+    """Any shardcheck command line (no --out added); in this process unless `fresh` (as `shardcheck`).  `--no-shims`
+    runs are always fresh: the shims the other runs installed in this process would stay."""
+    if fresh or "--no-shims" in args:
         return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=timeout)
     return subprocess.CompletedProcess(["shardcheck", *args], *in_process(list(args)))
