@@ -135,10 +135,12 @@ class Collector:
             notes.append(f"rank(s) {', '.join(map(str, waiting))} waiting on rank(s) {', '.join(map(str, sorted(deaths)))} ("
                          + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in waiting) + ")")
         if stuck_ranks:
-            waited = max(ev["waited"] for ev in st.stuck)
+            # The budget, not the measured wait: the barrier's poll and a loaded machine add a tenth or two, and
+            # the user set --timeout (the event keeps the measured wait).
+            budget = self.plan.timeout
             why = (f"blocked after rank(s) {', '.join(map(str, raised['culprit_ranks']))} raised {raised.get('error_type')}"
                    if root["symptom"] != "hung" and not deaths else "blocked or dead")
-            notes.append(f"rank(s) {', '.join(map(str, stuck_ranks))} did not finish the case within {waited:g}s "
+            notes.append(f"rank(s) {', '.join(map(str, stuck_ranks))} did not finish the case within {budget:g}s "
                          f"({why}; " + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in stuck_ranks) + ")")
         if reason:
             notes.append(reason)
