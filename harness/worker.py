@@ -230,20 +230,28 @@ class Worker:
         """Store-based check-in (does not touch the process groups a stuck peer may hold).  Once some rank raised in
         the item, the others wait at most RAISED_GRACE more: a peer still missing then is blocked in a collective
         the raiser left (the item is an error either way), and waiting out the whole --timeout finds nothing more."""
-        self.store.set(f"{item.id}/{self.rank}", "1")
-        keys = [f"{item.id}/{r}" for r in range(self.world)]
-        raised = f"raised/{item.id}"
-        while True:
-            now = time.time()
-            if raised and self.store.check([raised]):
-                deadline = min(deadline, now + min(RAISED_GRACE, self.plan.timeout))
-                raised = ""  # the grace counts from when this rank first saw it
-            try:
-                self.store.wait(keys, timedelta(seconds=max(min(deadline - now, BARRIER_SLICE), 0.01)))
-                return []
-            except Exception:  # DistStoreError on timeout
-                if time.time() >= deadline:
-                    return [r for r, k in enumerate(keys) if not self.store.check([k])]
+        try:
+            self.store.set(f"{item.id}/{self.rank}", "1")
+            keys = [f"{item.id}/{r}" for r in range(self.world)]
+            raised = f"raised/{item.id}"
+            while True:
+                now = time.time()
+                if raised and self.store.check([raised]):
+                    deadline = min(deadline, now + min(RAISED_GRACE, self.plan.timeout))
+                    raised = ""  # the grace counts from when this rank first saw it
+                try:
+                    self.store.wait(keys, timedelta(seconds=max(min(deadline - now, BARRIER_SLICE), 0.01)))
+                    return []
+                except dist.DistNetworkError:
+                    raise
+                except Exception:  # DistStoreError on timeout
+                    if time.time() >= deadline:
+                        return [r for r, k in enumerate(keys) if not self.store.check([k])]
+        except dist.DistNetworkError:
+            # The store's host, rank 0, has exited: it found a peer stuck (or died), and the driver is ending the
+            # launch.  Exit as it did, not with a traceback a quick exit would make look like a death of our own.
+            self.events.file.flush()
+            os._exit(EXIT_PEER_STUCK)
 
     def run_item(self, item: Item, topo: Topology, mesh) -> None:
         with contextlib.ExitStack() as contexts:  # what the case's run keeps open (RankContext.contexts)
@@ -552,13 +560,22 @@ def _rendezvous(launch_dir: Path, rank: int, world: int, timeout: float) -> dist
     return dist.TCPStore("127.0.0.1", int(port_file.read_text()), world, is_master=False, timeout=wait)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only whether the process exists
+    except (ProcessLookupError, PermissionError):  # (PermissionError: another user's process took the pid)
+        return False
+    return True
+
+
 def _wait_for(path: Path, seconds: float, driver: int) -> bool:
     """Whether `path` appeared within `seconds` while the driver (pid `driver`) lived: a rank orphaned by a driver
-    killed outright does not wait out the rest."""
+    killed outright does not wait out the rest.  (The driver, not the parent: a forked rank's parent is the fork
+    server, which lives as long as any process it forked.)"""
     start = time.time()
     while not path.exists():
         waited = time.time() - start
-        if waited > seconds or os.getppid() != driver:
+        if waited > seconds or not _alive(driver):
             return False
         # 10 ms while a plan is due (the driver writes the next at once), 50 ms for a launch kept idle in a pool
         time.sleep(0.01 if waited < 1.0 else 0.05)
@@ -570,6 +587,8 @@ def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, timeout
     file says STOP or none comes within `plan_wait` seconds."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     driver = int(os.environ.get("SHARDCHECK_DRIVER_PID", os.getppid()))
+    # (forked ranks all show the fork server's command line: this names the process of each rank)
+    (launch_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
     store = _rendezvous(launch_dir, rank, world, timeout)
     worker = Worker(device, backend, timeout, use_shims, store=store, rank=rank, world=world)
     profile = None

@@ -1,11 +1,14 @@
 """The ranks of a run: a launch of worker processes per world size, and the pool that keeps launches between plans.
 
-Torch-free on purpose: `shardcheck run` starts its launches before it imports torch and plans, so that the ranks'
-start-up (a torch import each, the rendezvous) overlaps the driver's.
+Torch-free on purpose: `shardcheck run` starts its ranks' start-up before it imports torch and plans, so that the
+two overlap.  CPU ranks are forked from a fork server that has imported what a rank needs, once per driver; CUDA
+ranks are processes of their own, each importing torch.
 """
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing
 import os
 import shutil
 import signal
@@ -13,7 +16,9 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +44,51 @@ def _worker_env(rank: int, world_size: int) -> dict:
     return env
 
 
+# CPU ranks are forked from one process per driver that has imported what a rank needs (harness/rank_imports.py): a
+# launch of N ranks then costs no import, where N fresh processes cost N (about 2.5 s of CPU each, most of a one-item
+# run).  multiprocessing's fork server: nothing has run there (no thread, no process group) when it forks.  CUDA
+# ranks are fresh processes: a fork after CUDA has been touched is not safe, and their host has the cores to import
+# side by side.
+RANK_PRELOAD = ["harness.rank_imports"]
+
+
+def _fork_server():
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(RANK_PRELOAD)
+    return context
+
+
+def _forked_rank(env: dict, log_path: str, worker_argv: list[str]) -> None:
+    """A rank's life in a process forked from the fork server: `python -m harness.worker WORKER_ARGV`, as if started
+    afresh with `env`, output to `log_path`, in a session of its own."""
+    os.setsid()  # Launch.kill ends the rank's session: whatever it started goes too
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    os.environ.clear()
+    os.environ.update(env)
+    import torch
+
+    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))  # the server's OpenMP read its own environment
+    from harness.worker import main
+
+    sys.exit(main(worker_argv))
+
+
+_LIVE_LAUNCHES: "weakref.WeakSet[Launch]" = weakref.WeakSet()
+
+
+@atexit.register  # (registered after multiprocessing's own exit function, so run before it)
+def _end_live_launches() -> None:
+    """A driver that exits ends its ranks, pool closed or not: multiprocessing would otherwise wait at exit for
+    its forked ranks, idle ones for up to STANDBY_WAIT."""
+    for launch in list(_LIVE_LAUNCHES):
+        launch.kill()
+
+
 def _exit_words(returncode: int) -> str:
     """'SIGKILL' for a process killed by a signal, else 'exit code N'."""
     return _signal_name(-returncode) if returncode < 0 else f"exit code {returncode}"
@@ -49,6 +99,23 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+def _returncode(proc) -> int | None:
+    """A rank's exit status as subprocess gives it (-N: killed by signal N), None while it runs."""
+    return proc.poll() if isinstance(proc, subprocess.Popen) else proc.exitcode
+
+
+def _wait(proc, timeout: float | None) -> bool:
+    """Wait up to `timeout` seconds (None: for ever) for a rank to exit; whether it did."""
+    if isinstance(proc, subprocess.Popen):
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    proc.join(timeout)
+    return proc.exitcode is not None
 
 
 @dataclass(frozen=True)
@@ -79,6 +146,12 @@ class WorkerPool:
         self._lock = threading.Lock()
 
     def start(self, world_sizes, settings: LaunchSettings) -> None:
+        """Start the ranks' start-up before their plans exist, without waiting for it: on CPU the fork server (its
+        imports; a launch is then forked in milliseconds when taken), elsewhere a launch of each world size."""
+        if settings.device == "cpu":
+            _fork_server()
+            forkserver.ensure_running()
+            return
         for world_size in sorted(set(world_sizes)):
             with self._lock:
                 if (world_size, settings) not in self.idle:
@@ -151,9 +224,19 @@ class Launch:
                "--plan-wait", f"{STANDBY_WAIT:g}", "--launch-device", settings.device,
                "--launch-backend", settings.backend, "--launch-timeout", f"{settings.timeout:g}",
                *([] if settings.shims else ["--launch-no-shims"])]
-        with open(self.log_path, "ab") as log:  # every rank appends to the one log
-            self.procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_worker_env(rank, world_size),
-                                           start_new_session=True) for rank in range(world_size)]
+        _LIVE_LAUNCHES.add(self)
+        if settings.device == "cpu":
+            server = _fork_server()
+            self.procs = [server.Process(target=_forked_rank, args=(_worker_env(rank, world_size), str(self.log_path),
+                                                                      cmd[3:]))
+                          for rank in range(world_size)]
+            for proc in self.procs:
+                proc.start()
+        else:
+            with open(self.log_path, "ab") as log:  # every rank appends to the one log
+                self.procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                               env=_worker_env(rank, world_size), start_new_session=True)
+                              for rank in range(world_size)]
 
     def give_plan(self, plan: Plan) -> tuple[Path, float]:
         """Write the next plan (atomically: the ranks poll for it); returns the folder its events go to, and when."""
@@ -171,33 +254,31 @@ class Launch:
         os.replace(tmp, self.dir / f"plan{self.plans_given}.json")
         deadline = time.time() + wait
         for proc in self.procs:
-            try:
-                proc.wait(timeout=max(deadline - time.time(), 0.01))
-            except subprocess.TimeoutExpired:
+            if not _wait(proc, max(deadline - time.time(), 0.01)):
                 break
         self.kill()
 
     def ended(self) -> bool:
         """Whether some rank has exited (a launch is only ever ended whole)."""
-        return any(proc.poll() is not None for proc in self.procs)
+        return any(_returncode(proc) is not None for proc in self.procs)
 
     def deaths(self) -> dict[int, str]:
         """Ranks whose process ended by itself ({rank: 'SIGKILL' | 'exit code 13'}), read before `kill`: an external
         kill -9, the OOM killer, a segfault, an exit.  Our own exit after a stuck peer is not one."""
-        return {rank: _exit_words(proc.returncode) for rank, proc in enumerate(self.procs)
-                if proc.poll() is not None and proc.returncode != EXIT_PEER_STUCK}
+        codes = {rank: _returncode(proc) for rank, proc in enumerate(self.procs)}
+        return {rank: _exit_words(code) for rank, code in codes.items() if code not in (None, EXIT_PEER_STUCK)}
 
     def kill(self) -> None:
         """End every rank (each leads a session of its own: what it started goes too)."""
         self.killed = True
         for proc in self.procs:
-            if proc.poll() is None:
+            if _returncode(proc) is None:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
         for proc in self.procs:
-            proc.wait()
+            _wait(proc, None)
 
     def discard(self) -> None:
         """End it; its folder goes too unless it ran a plan (its events and log are the run's)."""
