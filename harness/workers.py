@@ -220,22 +220,22 @@ class Launch:
         self.log_path = launch_dir / "workers.log"
         self.plans_given = 0
         self.killed = False
-        cmd = [sys.executable, "-m", "harness.worker", "--launch-dir", str(launch_dir),
-               "--plan-wait", f"{STANDBY_WAIT:g}", "--launch-device", settings.device,
-               "--launch-backend", settings.backend, "--launch-timeout", f"{settings.timeout:g}",
-               *([] if settings.shims else ["--launch-no-shims"])]
+        worker_argv = ["--launch-dir", str(launch_dir), "--plan-wait", f"{STANDBY_WAIT:g}",
+                       "--launch-device", settings.device, "--launch-backend", settings.backend,
+                       "--launch-timeout", f"{settings.timeout:g}", *([] if settings.shims else ["--launch-no-shims"])]
         _LIVE_LAUNCHES.add(self)
         if settings.device == "cpu":
             server = _fork_server()
-            self.procs = [server.Process(target=_forked_rank, args=(_worker_env(rank, world_size), str(self.log_path),
-                                                                      cmd[3:]))
+            self.procs = [server.Process(target=_forked_rank,
+                                         args=(_worker_env(rank, world_size), str(self.log_path), worker_argv))
                           for rank in range(world_size)]
             for proc in self.procs:
                 proc.start()
         else:
             with open(self.log_path, "ab") as log:  # every rank appends to the one log
-                self.procs = [subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                               env=_worker_env(rank, world_size), start_new_session=True)
+                self.procs = [subprocess.Popen([sys.executable, "-m", "harness.worker", *worker_argv], stdout=log,
+                                               stderr=subprocess.STDOUT, env=_worker_env(rank, world_size),
+                                               start_new_session=True)
                               for rank in range(world_size)]
 
     def give_plan(self, plan: Plan) -> tuple[Path, float]:
