@@ -41,9 +41,18 @@ def _standby_after(plan: Plan) -> float:
     return min(10.0, max(2.0, plan.timeout / 4))
 
 
+# The last line of a Python traceback ("ValueError: ...", "[rank1]: torch.distributed.DistStoreError: ..."), unlike
+# torch's C++ stack lines ("frame #2: c10::DistNetworkError::...", "Exception raised from ...").
+_EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception)\b")
+
+
 def _error_lines(log_text: str) -> str:
-    lines = [ln for ln in log_text.splitlines() if re.search(r"Error|error:|Exception|Killed", ln)]
-    return lines[-1].strip()[:300] if lines else ""
+    """Why a launch's ranks failed to start, from their log: the first exception a rank raised (the others' come
+    after it, often because of it: a peer that lost rank 0's store), else the last line that names an error."""
+    lines = log_text.splitlines()
+    raised = [ln for ln in lines if _EXCEPTION_LINE.match(ln)]
+    named = [ln for ln in lines if re.search(r"Error|error:|Exception|Killed", ln)]
+    return (raised[:1] or named[-1:] or [""])[0].strip()[:300]
 
 
 def run_plan(plan: Plan, run_dir: Path, writer: RecordWriter, show_progress: bool, hang_budget: bool = True,
