@@ -204,7 +204,13 @@ class Worker:
             # (a known failure's checks keep the artefact budget for real ones)
             if any(p["failed"] and not (item.xfail and item.xfail.covers(c)) for c, p in pieces.items()):
                 self.store.set(f"failed/{item.id}", "1")  # the other ranks save their pieces too
-            missing = self.barrier(item, started + self.plan.timeout)
+            try:
+                missing = self.barrier(item, started + self.plan.timeout)
+            except dist.DistNetworkError:
+                # The store's host, rank 0, has exited: it found a peer stuck (or died), and the driver is ending
+                # the launch.  Exit as it did, not with a traceback a quick exit would make look like a death.
+                self.events.file.flush()
+                os._exit(EXIT_PEER_STUCK)
             if missing:
                 self.events.emit("stuck", item.id, missing=missing, waited=round(time.time() - started, 1))
                 self.events.file.flush()
@@ -230,28 +236,22 @@ class Worker:
         """Store-based check-in (does not touch the process groups a stuck peer may hold).  Once some rank raised in
         the item, the others wait at most RAISED_GRACE more: a peer still missing then is blocked in a collective
         the raiser left (the item is an error either way), and waiting out the whole --timeout finds nothing more."""
-        try:
-            self.store.set(f"{item.id}/{self.rank}", "1")
-            keys = [f"{item.id}/{r}" for r in range(self.world)]
-            raised = f"raised/{item.id}"
-            while True:
-                now = time.time()
-                if raised and self.store.check([raised]):
-                    deadline = min(deadline, now + min(RAISED_GRACE, self.plan.timeout))
-                    raised = ""  # the grace counts from when this rank first saw it
-                try:
-                    self.store.wait(keys, timedelta(seconds=max(min(deadline - now, BARRIER_SLICE), 0.01)))
-                    return []
-                except dist.DistNetworkError:
-                    raise
-                except Exception:  # DistStoreError on timeout
-                    if time.time() >= deadline:
-                        return [r for r, k in enumerate(keys) if not self.store.check([k])]
-        except dist.DistNetworkError:
-            # The store's host, rank 0, has exited: it found a peer stuck (or died), and the driver is ending the
-            # launch.  Exit as it did, not with a traceback a quick exit would make look like a death of our own.
-            self.events.file.flush()
-            os._exit(EXIT_PEER_STUCK)
+        self.store.set(f"{item.id}/{self.rank}", "1")
+        keys = [f"{item.id}/{r}" for r in range(self.world)]
+        raised = f"raised/{item.id}"
+        while True:
+            now = time.time()
+            if raised and self.store.check([raised]):
+                deadline = min(deadline, now + min(RAISED_GRACE, self.plan.timeout))
+                raised = ""  # the grace counts from when this rank first saw it
+            try:
+                self.store.wait(keys, timedelta(seconds=max(min(deadline - now, BARRIER_SLICE), 0.01)))
+                return []
+            except dist.DistNetworkError:  # the store is gone: for the caller
+                raise
+            except Exception:  # DistStoreError on timeout
+                if time.time() >= deadline:
+                    return [r for r, k in enumerate(keys) if not self.store.check([k])]
 
     def run_item(self, item: Item, topo: Topology, mesh) -> None:
         with contextlib.ExitStack() as contexts:  # what the case's run keeps open (RankContext.contexts)

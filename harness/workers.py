@@ -136,8 +136,8 @@ class WorkerPool:
     """Launches kept up between plans, at most one idle launch per world size and settings: a plan run with the pool
     takes its launches from it and gives them back when every item finished, so a session of many small plans
     (`shardcheck fuzz`: one per example; a test session's runs, `cli.main(argv, pool=...)`) pays one start-up per world
-    size.  `start` starts launches before any plan exists (their imports and rendezvous overlap the driver's
-    planning).  Use as a context manager: leaving it ends every launch.  `run_dir` holds the launches' folders."""
+    size.  `start` starts the ranks' start-up before any plan exists, to overlap the driver's planning.  Use as a
+    context manager: leaving it ends every launch.  `run_dir` holds the launches' folders."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
