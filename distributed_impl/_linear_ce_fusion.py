@@ -1,6 +1,6 @@
 """Linear + log-prob fusion for Megatron-Core's ``GPTModel``: the machinery behind the seed names
 ``patch_gpt_model_forward_for_linear_ce_fusion`` and ``_gpt_forward_with_linear_ce_fusion``, which
-``distributed_impl.model_utils`` defines over its own ``from_parallel_hidden_states_to_logprobs`` (this module
+``shardcheck.distributed_impl.model_utils`` defines over its own ``from_parallel_hidden_states_to_logprobs`` (this module
 imports nothing of it).
 
 ``patch_gpt_model_forward_for_linear_ce_fusion(chunk_size=c)`` replaces ``GPTModel.forward`` (the class attribute) by
@@ -22,7 +22,7 @@ In the terms of docs/ops/model_utils.md#megatron-core-gptmodel-fusion:
   ``ValueError``. A pipeline stage without the output layer (``post_process=False``) returns its hidden states, as
   the original forward does.
 
-Megatron-Core is imported lazily: importing this module (or ``distributed_impl.model_utils``) never needs it.
+Megatron-Core is imported lazily: importing this module (or ``shardcheck.distributed_impl.model_utils``) never needs it.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from distributed_impl import _linear_ce_fusion
+from shardcheck.distributed_impl import _linear_ce_fusion
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """Calibrate the low-precision budget constants KAPPA and FLOOR_ULPS (per output dtype) on data.
 
-    python -m harness.calibrate --seeds 4 [--out DIR] [--suite S]... [shardcheck run options]
+    python -m shardcheck.harness.calibrate --seeds 4 [--out DIR] [--suite S]... [shardcheck run options]
 
 Runs the matrix once per seed with the *correct* implementations and reports, over every
 low-precision check, the ratio err_sharded / err_naive (how much worse the sharded op is
 than the single-device reference in the same dtype) at the worst element, against the
-reference's error in that element's row (budgets are per row: harness/compare.py).  KAPPA must
+reference's error in that element's row (budgets are per row: harness/core/compare.py).  KAPPA must
 sit well above the largest ratio ever seen, so that correct code never flakes; the floor term
 (FLOOR_ULPS ulps of the output dtype at the row's scale) covers rows whose err_naive is small
 by luck.  A row whose golden and reference are exact zeros has budget 0: any error there is
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from harness.compare import FLOOR_ULPS, KAPPA
-from harness.records import load
+from shardcheck.harness.core.compare import FLOOR_ULPS, KAPPA
+from shardcheck.harness.core.records import load
 
 
 def _by_name(constants: dict) -> dict:
@@ -32,7 +32,7 @@ def _by_name(constants: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.calibrate")
+    p = argparse.ArgumentParser(prog="python -m shardcheck.harness.calibrate")
     p.add_argument("--seeds", type=int, default=8)
     p.add_argument("--out", type=Path, help="keep the runs here (default: a temporary directory)")
     args, run_args = p.parse_known_args(argv)
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(args.seeds):
             out = root / f"seed{seed}"
             if not (out / "results.jsonl").exists():
-                subprocess.run([sys.executable, "-m", "harness.cli", "run", "--seed", str(seed), "--dtype",
+                subprocess.run([sys.executable, "-m", "shardcheck.harness.cli", "run", "--seed", str(seed), "--dtype",
                                 "float32,bfloat16", "--out", str(out), "--no-progress", *run_args], check=False)
             outs.append(out)
         rows = load(*outs)

@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.options import (DEFAULT_TIMEOUT, DEFAULT_WORLD_SIZES, EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args,
+from shardcheck.harness.core.options import (DEFAULT_TIMEOUT, DEFAULT_WORLD_SIZES, EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args,
                              add_suite_path_arg, impl_map, str_list)
-from harness.topology import Topology, UsageError, default_topologies
+from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
 
 if TYPE_CHECKING:
-    from harness.workers import WorkerPool
+    from shardcheck.harness.driver.pool import WorkerPool
 
 
 DEFAULT_FUZZ_EXAMPLES = 100
@@ -107,7 +107,7 @@ def _check_writable_file(path: Path, option: str) -> None:
 
 
 def cmd_compare(args) -> int:
-    from reports.regression import compare_runs
+    from shardcheck.reports.regression import compare_runs
 
     for d in (args.base, args.new):
         if not (d / "results.jsonl").is_file():
@@ -126,7 +126,7 @@ def cmd_compare(args) -> int:
 
 
 def _default_dtypes(bench: bool, device: str) -> list[str]:
-    from harness.plan import DEFAULT_DTYPES
+    from shardcheck.harness.driver.planner import DEFAULT_DTYPES
 
     if bench:  # what training runs in on a GPU; float32 on CPU, where bf16 math is emulated and slow
         return ["bfloat16"] if device == "cuda" else ["float32"]
@@ -145,7 +145,7 @@ def cmd_run(args) -> int:
     finally:
         profile.disable()
         if getattr(args, "profile_dir", None) is not None:  # the run got as far as its plan
-            from reports.profile import breakdown
+            from shardcheck.reports.profile import breakdown
 
             profile.dump_stats(args.profile_dir / "driver.prof")
             (args.profile_dir / "breakdown.md").write_text(breakdown(args.profile_dir))
@@ -155,7 +155,7 @@ def cmd_run(args) -> int:
 def _pool(args, run_dir: Path):
     """The ranks' pool of a command, as a context manager: main's `pool` (left open on exit: it outlives the
     command), else one of the command's own in `run_dir` (closed on exit)."""
-    from harness.workers import WorkerPool
+    from shardcheck.harness.driver.pool import WorkerPool
 
     return contextlib.nullcontext(args.pool) if args.pool is not None else WorkerPool(run_dir)
 
@@ -182,7 +182,7 @@ def _no_gpu_here() -> bool:
 
 
 def _run(args) -> int:
-    from harness.workers import LaunchSettings
+    from shardcheck.harness.driver.pool import LaunchSettings
 
     if args.bench_iters <= 0:
         raise UsageError(f"--bench-iters must be positive, got {args.bench_iters}")
@@ -207,7 +207,7 @@ def _run(args) -> int:
             if early:
                 pool.start(known_worlds, LaunchSettings("cpu", "gloo", args.timeout, not args.no_shims))
             with _collector_off(freeze=args.own_process):
-                from harness.run import plan_from_args
+                from shardcheck.harness.driver.run import plan_from_args
 
                 device, backend = _device_and_backend(args.device, topologies, world_sizes)
                 if not early and known_worlds:
@@ -215,10 +215,10 @@ def _run(args) -> int:
                 plan = plan_from_args(args, run_id=run_id, world_sizes=world_sizes, topologies=topologies,
                                       device=device, backend=backend, default_dtypes=_default_dtypes(args.bench, device),
                                       bench=args.bench, bench_iters=args.bench_iters)
-                from harness.launch import run_plan
-                from harness.records import load
-                from harness.run import close_run, exit_code, open_run
-                from reports.report import build
+                from shardcheck.harness.driver.launch import run_plan
+                from shardcheck.harness.core.records import load
+                from shardcheck.harness.driver.run import close_run, exit_code, open_run
+                from shardcheck.reports.report import build
         except BaseException:
             if not shared:
                 pool.close()
@@ -278,11 +278,11 @@ def _run_dir(out: Path | None, run_id: str) -> Path:
 
 
 def cmd_fuzz(args) -> int:
-    from harness import shims
-    from harness.corpus import corpus_dir, load_corpus
-    from harness.fuzz import FuzzSession
-    from harness.plan import plan_fuzz
-    from harness.run import suite_paths
+    from shardcheck.harness.rank import shims
+    from shardcheck.harness.driver.corpus import corpus_dir, load_corpus
+    from shardcheck.harness.driver.fuzz import FuzzSession
+    from shardcheck.harness.driver.planner import plan_fuzz
+    from shardcheck.harness.driver.run import suite_paths
 
     if args.examples is not None and args.examples <= 0:
         raise UsageError(f"--examples must be positive, got {args.examples}")
@@ -321,12 +321,12 @@ def _fuzz(args, session, spaces, base, run_dir: Path, corpus: Path, device: str,
     """cmd_fuzz's search and its report, on the session's ranks."""
     import json
 
-    from harness.corpus import CorpusEntry, save_entry
-    from harness.launch import run_plan
-    from harness.plan import build_fuzz_case, fuzz_item
-    from harness.records import load
-    from harness.run import close_run, open_run
-    from reports.report import build
+    from shardcheck.harness.driver.corpus import CorpusEntry, save_entry
+    from shardcheck.harness.driver.launch import run_plan
+    from shardcheck.harness.driver.planner import build_fuzz_case, fuzz_item
+    from shardcheck.harness.core.records import load
+    from shardcheck.harness.driver.run import close_run, open_run
+    from shardcheck.reports.report import build
 
     budget = [f"{args.examples} examples per op"] if args.examples else []
     budget += [f"{args.time:g} s in all"] if args.time else []
@@ -409,9 +409,9 @@ def _params_text(params: dict) -> str:
 
 
 def _print_findings(rows) -> None:
-    """The run's non-passing rows grouped by cause (harness.causes): one line per (op, cause); then the known
+    """The run's non-passing rows grouped by cause (shardcheck.harness.findings.causes): one line per (op, cause); then the known
     failures (xfail) in one line with their reasons."""
-    from harness.causes import causes, finding_lines, known_failures, known_failures_line
+    from shardcheck.harness.findings.causes import causes, finding_lines, known_failures, known_failures_line
 
     table = causes(rows)
     if len(table):
@@ -425,8 +425,8 @@ def _print_findings(rows) -> None:
 
 def _write_ci_outputs(run_dir: Path, rows, run_id: str, junit_xml: Path | None) -> None:
     """--junit-xml, and the Markdown summary appended to $GITHUB_STEP_SUMMARY when CI sets it."""
-    from reports import junit
-    from reports.report import summary_markdown
+    from shardcheck.reports import junit
+    from shardcheck.reports.report import summary_markdown
 
     if junit_xml:
         junit.write(rows, run_id, junit_xml)
@@ -442,7 +442,7 @@ def _write_ci_outputs(run_dir: Path, rows, run_id: str, junit_xml: Path | None) 
 def _print_failures(run_dir: Path, rows, limit: int = 20) -> None:
     """Each failing item (a known failure that passes included): its bad checks, then a `rerun:` line that runs
     it alone."""
-    from reports.report import failing_items, item_title
+    from shardcheck.reports.report import failing_items, item_title
 
     items = failing_items(rows)
     for item in items[:limit]:
@@ -456,10 +456,10 @@ def _print_failures(run_dir: Path, rows, limit: int = 20) -> None:
 
 
 def cmd_list(args) -> int:
-    from harness.corpus import corpus_dir, load_corpus
-    from harness.plan import DEFAULT_DTYPES, DEFAULT_WORLD_SIZES
-    from harness.run import suite_paths
-    from harness.suite_loader import external_suite_files, suite_cases, suite_names
+    from shardcheck.harness.driver.corpus import corpus_dir, load_corpus
+    from shardcheck.harness.driver.planner import DEFAULT_DTYPES, DEFAULT_WORLD_SIZES
+    from shardcheck.harness.driver.run import suite_paths
+    from shardcheck.harness.rank.suite_loader import external_suite_files, suite_cases, suite_names
 
     paths = suite_paths(args)
     external = external_suite_files(paths)
@@ -480,7 +480,7 @@ def cmd_list(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from reports.report import build
+    from shardcheck.reports.report import build
 
     for d in args.dirs:
         if not (d / "results.jsonl").is_file():
@@ -494,7 +494,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_dashboard(args) -> int:
-    from reports.dashboard import build_dashboard
+    from shardcheck.reports.dashboard import build_dashboard
 
     for d in args.runs:
         if not (d / "results.jsonl").is_file():

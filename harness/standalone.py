@@ -1,10 +1,9 @@
 """The worker started by a torchrun command written by hand (several nodes, SLURM, ...).
 
-    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:PORT -m harness.worker \\
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint HOST:PORT -m shardcheck.harness.standalone \\
         --suite model_utils --out /nfs/shardcheck-runs/x
 
-(`-m harness.worker` without a plan hands its process over to this module; `-m harness.standalone`
-is the same.)  Every rank builds the same plan from the same arguments (no communication
+Every rank builds the same plan from the same arguments (no communication
 needed; an external suite's `--suite-path` must then name a file every node sees); the world
 runs every selected topology whose size divides it.  Rank 0 merges the
 per-rank events into results.jsonl after each case, so --out must be on a filesystem that every
@@ -21,16 +20,16 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from harness.collect import Collector
-from harness.plan import DEFAULT_DTYPES
-from harness.run import EXIT_OK, EXIT_USAGE, add_selection_args, close_run, exit_code, open_run, plan_from_args
-from harness.topology import Topology, UsageError, default_topologies
-from harness.worker import Worker
-from reports.report import build
+from shardcheck.harness.driver.collect import Collector
+from shardcheck.harness.driver.planner import DEFAULT_DTYPES
+from shardcheck.harness.driver.run import EXIT_OK, EXIT_USAGE, add_selection_args, close_run, exit_code, open_run, plan_from_args
+from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
+from shardcheck.harness.rank.worker import Worker
+from shardcheck.reports.report import build
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.worker")
+    p = argparse.ArgumentParser(prog="python -m shardcheck.harness.standalone")
     add_selection_args(p)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from reference import math_dtype
+from shardcheck.reference import math_dtype
 
 
 def gather(pieces: Sequence[torch.Tensor]) -> torch.Tensor:

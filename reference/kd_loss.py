@@ -9,7 +9,7 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from reference import math_dtype
+from shardcheck.reference import math_dtype
 
 
 def _compute_dtype(student_dtype: torch.dtype, teacher_dtype: torch.dtype, fp32_upcast: bool) -> torch.dtype:

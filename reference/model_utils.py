@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from reference import math_dtype
+from shardcheck.reference import math_dtype
 
 
 def _upcast(x: torch.Tensor) -> torch.Tensor:

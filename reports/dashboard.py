@@ -5,7 +5,7 @@ figure: median time with its interquartile band, and peak memory, across runs; o
 (topology, dtype, device), so runs from different devices or dtypes are never mixed in a line.
 A point where compare's rule (reports/regression.change_notes, against the line's previous run)
 flags a regression is marked.  Pass/fail counts per run head the page.  Reads only what
-harness.records.load reads, plus run.json for start time, commit and device name.
+shardcheck.harness.core.records.load reads, plus run.json for start time, commit and device name.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from harness.records import RUN_META, load  # noqa: E402
-from reports.regression import PASSED, change_notes  # noqa: E402
+from shardcheck.harness.core.records import RUN_META, load  # noqa: E402
+from shardcheck.reports.regression import PASSED, change_notes  # noqa: E402
 
 DASHBOARD = "dashboard.html"
 LINE_KEY = ["dp", "cp", "tp", "dtype", "device", "device_name"]

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from harness.topology import MESH_DIMS  # noqa: E402
+from shardcheck.harness.core.topology import MESH_DIMS  # noqa: E402
 
 MAX_CELLS = 240  # per displayed axis; longer axes are max-pooled into bins
 RATIO_FLOOR = 1e-3  # ratios below show as the floor colour
@@ -185,7 +185,7 @@ def _segment_stats(dim: int | None, shards: dict[int, dict], ratio: np.ndarray, 
 
 
 def draw_artefact(artefact: Path, path: Path, worst: list[int] | None = None) -> Path:
-    """The error map of a saved failure artefact (`failures/<item>/<check>.pt`, harness/artefacts.py), to `path`."""
+    """The error map of a saved failure artefact (`failures/<item>/<check>.pt`, harness/rank/artefacts.py), to `path`."""
     full = torch.load(artefact, weights_only=False)
     topo = full["topology"]
     title = (f"{full['op']} [{full['case_id']}] dp{topo['dp']}-cp{topo['cp']}-tp{topo['tp']} {full['dtype']} "

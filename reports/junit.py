@@ -9,7 +9,7 @@ check is a `warn` (a precision or communication finding, not a sharding bug) is 
 whose <system-out> holds each warning and its rerun line: CI pages show it without failing the build,
 as `shardcheck run` exits 0 on warnings unless --strict (whose exit code then fails the job).
 
-Known failures (harness.case.KnownFailure), as JUnit readers expect of pytest's xfail: an item whose worst
+Known failures (shardcheck.harness.core.case.KnownFailure), as JUnit readers expect of pytest's xfail: an item whose worst
 check is `xfail` is skipped, <skipped type="shardcheck.xfail" message="known failure: <reason> (<reference>)">,
 the findings it still shows in the text; an item with an `xpass` (the known failure now passes) is a failure,
 type `shardcheck.xpass`, saying so and that the mark must go, with its rerun line.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.compare import FAILING, STATUS_ORDER
+from shardcheck.harness.core.compare import FAILING, STATUS_ORDER
 
 ITEM_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype"]
 
@@ -46,7 +46,7 @@ def _rerun(rows: pd.DataFrame) -> str:
 
 
 def _failure_type(row: pd.Series) -> str:
-    """The exception's type for an exception, else what went wrong (harness.records.SYMPTOMS): shardcheck.values."""
+    """The exception's type for an exception, else what went wrong (shardcheck.harness.core.records.SYMPTOMS): shardcheck.values."""
     symptom = row.get("symptom")
     if symptom in ("exception", "reference") and isinstance(row.get("error_type"), str):
         return row["error_type"]

@@ -17,21 +17,21 @@ from pathlib import Path
 
 # part -> (file name ending, function name) whose cumulative time is the part's
 RANK_PARTS = {
-    "golden": [("harness/worker.py", "golden")],
-    "inputs sliced": [("harness/worker.py", "_local_inputs")],
-    "op forward": [("harness/worker.py", "_call_op")],
-    "op backward": [("harness/worker.py", "_backward")],
-    "checks": [("harness/worker.py", "_emit_compare"), ("harness/worker.py", "emit_comm"),
-               ("harness/worker.py", "_emit_properties")],
-    "benchmark": [("harness/bench.py", "run_bench_item")],
-    "events": [("harness/events.py", "emit")],
-    "barrier": [("harness/worker.py", "barrier")],
-    "mesh built": [("harness/worker.py", "mesh")],
+    "golden": [("harness/rank/worker.py", "golden")],
+    "inputs sliced": [("harness/rank/worker.py", "_local_inputs")],
+    "op forward": [("harness/rank/worker.py", "_call_op")],
+    "op backward": [("harness/rank/worker.py", "_backward")],
+    "checks": [("harness/rank/worker.py", "_emit_compare"), ("harness/rank/worker.py", "emit_comm"),
+               ("harness/rank/worker.py", "_emit_properties")],
+    "benchmark": [("harness/rank/bench.py", "run_bench_item")],
+    "events": [("harness/core/events.py", "emit")],
+    "barrier": [("harness/rank/worker.py", "barrier")],
+    "mesh built": [("harness/rank/worker.py", "mesh")],
 }
 DRIVER_PARTS = {
-    "plan": [("harness/run.py", "plan_from_args")],
-    "launches (waiting on the ranks)": [("harness/launch.py", "run_plan")],
-    "events merged into rows": [("harness/collect.py", "poll")],
+    "plan": [("harness/driver/run.py", "plan_from_args")],
+    "launches (waiting on the ranks)": [("harness/driver/launch.py", "run_plan")],
+    "events merged into rows": [("harness/driver/collect.py", "poll")],
     "report": [("reports/report.py", "build")],
 }
 
@@ -54,7 +54,7 @@ def breakdown(profile_dir: Path) -> str:
         parts["ranks"] += 1
         for part, wanted in RANK_PARTS.items():
             parts[part] += _cumulative(stats, wanted)
-        parts["item loop"] += _cumulative(stats, [("harness/worker.py", "run")])
+        parts["item loop"] += _cumulative(stats, [("harness/rank/worker.py", "run")])
     lines = ["## Rank side (seconds, summed over the ranks of the launch)", ""]
     launches = sorted(by_launch, key=lambda w: int(w[1:]))
     lines.append("| part | " + " | ".join(f"world {w[1:]} ({int(by_launch[w]['ranks'])} ranks)" for w in launches) + " |")

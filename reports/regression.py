@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.records import load
+from shardcheck.harness.core.records import load
 
 KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "device", "check"]
 PASSED = ("pass", "xpass")  # the check's results were right

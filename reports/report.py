@@ -14,11 +14,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from harness.causes import causes, finding_lines, known_failure_text, known_failures  # noqa: E402
-from harness.compare import FAILING, STATUS_ORDER  # noqa: E402
-from harness.records import RUN_META, load  # noqa: E402
-from reports import benchmark_json  # noqa: E402
-from reports.error_map import draw_artefact  # noqa: E402
+from shardcheck.harness.findings.causes import causes, finding_lines, known_failure_text, known_failures  # noqa: E402
+from shardcheck.harness.core.compare import FAILING, STATUS_ORDER  # noqa: E402
+from shardcheck.harness.core.records import RUN_META, load  # noqa: E402
+from shardcheck.reports import benchmark_json  # noqa: E402
+from shardcheck.reports.error_map import draw_artefact  # noqa: E402
 
 HEATMAP = "agreement_heatmap.png"
 
@@ -144,7 +144,7 @@ def _known_failures_html(table: pd.DataFrame) -> str:
 
 
 def findings_markdown(table: pd.DataFrame) -> list[str]:
-    """The Findings section of a run's causes table (harness.causes): one entry per (op, cause),
+    """The Findings section of a run's causes table (shardcheck.harness.findings.causes): one entry per (op, cause),
     failures before warnings."""
     if not len(table):
         return ["## Findings", "", "None: every check passed.", ""]
@@ -275,7 +275,7 @@ def sweep_plots(df: pd.DataFrame, run_dir: Path) -> list[Path]:
 
 
 def draw_error_maps(df: pd.DataFrame, run_dir: Path) -> None:
-    """The error map of each check with a failure artefact (harness/artefacts.py), where it is not drawn yet."""
+    """The error map of each check with a failure artefact (harness/rank/artefacts.py), where it is not drawn yet."""
     if "artefact" not in df:
         return
     for _, row in df[df["artefact"].map(lambda a: isinstance(a, str))].iterrows():

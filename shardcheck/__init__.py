@@ -38,13 +38,41 @@ and compares every rank's outputs and input gradients with its piece of the gold
 docs/writing-a-suite.md is the guide, with a complete worked example.
 """
 
-from torch.distributed.tensor import Partial, Replicate, Shard
+from __future__ import annotations
 
-from harness.case import (REPLICATED, BadInput, Case, FuzzSpace, GradSum, HeadTail, KnownFailure, Layout,
-                          PackedHeadTail, Permuted, Property, RankContext)
-from harness.topology import Topology
+import importlib
+from typing import TYPE_CHECKING
+
+# The names load on first use (PEP 562), so that `import shardcheck.harness.core.options` -- what the CLI reads
+# before torch is imported, to answer bad usage at once -- does not import torch through this package.
+_SOURCES = {
+    "Partial": "torch.distributed.tensor", "Replicate": "torch.distributed.tensor", "Shard": "torch.distributed.tensor",
+    "Topology": "shardcheck.harness.core.topology",
+    **{name: "shardcheck.harness.core.case" for name in (
+        "REPLICATED", "BadInput", "Case", "FuzzSpace", "GradSum", "HeadTail", "KnownFailure", "Layout",
+        "PackedHeadTail", "Permuted", "Property", "RankContext")},
+}
 
 __all__ = [
     "Case", "Layout", "REPLICATED", "Shard", "Replicate", "Partial", "HeadTail", "PackedHeadTail", "Permuted",
     "GradSum", "Property", "BadInput", "RankContext", "Topology", "KnownFailure", "FuzzSpace",
 ]
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    from shardcheck.harness.core.case import (REPLICATED, BadInput, Case, FuzzSpace, GradSum, HeadTail, KnownFailure,
+                                              Layout, PackedHeadTail, Permuted, Property, RankContext)
+    from shardcheck.harness.core.topology import Topology
+
+
+def __getattr__(name: str):
+    if name not in _SOURCES:
+        raise AttributeError(f"module 'shardcheck' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_SOURCES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

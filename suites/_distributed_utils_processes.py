@@ -1,4 +1,4 @@
-"""distributed_utils suite: the process-level ops' scenarios, run on fresh ranks (harness.processes.run_ranks), and
+"""distributed_utils suite: the process-level ops' scenarios, run on fresh ranks (shardcheck.harness.core.processes.run_ranks), and
 the properties judged from what the ranks did (exit codes, return values, ordered events, log records).
 
 Each scenario loads the module under test by reference in its rank, so the ops may use the default (world)
@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from harness.processes import ProcessRun, RankOutcome, RankProcess, load_module
+from shardcheck.harness.core.processes import ProcessRun, RankOutcome, RankProcess, load_module
 from shardcheck import Property
 
 PROCESS_DEADLINE_S = 20.0  # a fresh rank still running then is killed: a hang costs this much

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from reference import model_utils as ref
+from shardcheck.reference import model_utils as ref
 from shardcheck import Case
-from suites._model_utils_comm import contract, cross_entropy_comm, entropy_comm, hidden_comm, logprob_comm, sampling_comm
-from suites._model_utils_inputs import BATCH, LOGITS, SEQ_HIDDEN, WEIGHT, Sampling, make_logits, vocab_range
+from shardcheck.suites._model_utils_comm import contract, cross_entropy_comm, entropy_comm, hidden_comm, logprob_comm, sampling_comm
+from shardcheck.suites._model_utils_inputs import BATCH, LOGITS, SEQ_HIDDEN, WEIGHT, Sampling, make_logits, vocab_range
 
 OP = "model_utils."
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from reference import model_utils as ref
+from shardcheck.reference import model_utils as ref
 from shardcheck import Property
-from suites._model_utils_inputs import BATCH, Sampling, tie_straddles
+from shardcheck.suites._model_utils_inputs import BATCH, Sampling, tie_straddles
 
 
 def combine(*fns):

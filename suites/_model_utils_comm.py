@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from suites._model_utils_inputs import Sampling
+from shardcheck.suites._model_utils_inputs import Sampling
 
 
 # ---- on the TP axis -------------------------------------------------------------------------
@@ -15,7 +15,7 @@ from suites._model_utils_inputs import Sampling
 # score S positions and drop the last), V_local = this rank's vocab shard, K = ids per position,
 # c = number of chunks, e = bytes of the compute dtype (promote(dtype, float32)), e_in = bytes of
 # the dtype the logits reach the op in.
-# Bytes are what this rank sends (harness.measure.CommCounter): the elements it hands to the
+# Bytes are what this rank sends (shardcheck.harness.core.measure.CommCounter): the elements it hands to the
 # collective; an all-gather counts its own piece, an all-to-all its whole send buffer. Each
 # contract is exactly what the reference implementation needs; its comment gives the lower bound.
 # At tp = 1 the ops still call the collectives on a 1-rank group (free, but counted): same formulas.
@@ -141,7 +141,7 @@ def hidden_comm(ctx, s: int, chunk: int | None):
     backward: the same all-gather again (the forward keeps only the local shard), the softmax per chunk
              (2c calls, 2·B·S·e) and the hidden-state gradient reduce-scattered as one all-to-all of the
              [S, B, H] partial sums (compute dtype); the weight gradient is local.
-    Plus the suite's own DDP stand-in (harness.case.GradSum): one all_reduce@dp of the [V_local, H]
+    Plus the suite's own DDP stand-in (shardcheck.harness.core.case.GradSum): one all_reduce@dp of the [V_local, H]
     weight gradient (compute dtype) in the backward when dp > 1.
     Lower bound: sequence-parallel input needs the [S, B, H] gather (O(S·B·H), independent of V) and a
     reduce-scatter of its gradient; the vocab side per-row scalars only, never [B, S, V] logits."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch.distributed.tensor import DTensor
 
-from reference import model_utils as ref
+from shardcheck.reference import model_utils as ref
 from shardcheck import HeadTail, Layout, PackedHeadTail, Permuted, Shard
 
 LOGITS = Layout(dp=Shard(0), tp=Shard(-1))  # [B, S, V]: batch over DP, vocab over TP

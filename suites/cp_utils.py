@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from reference import cp_utils as ref
+from shardcheck.reference import cp_utils as ref
 from shardcheck import BadInput, Case, FuzzSpace, GradSum, HeadTail, Layout, Partial, Property, Shard
 
 FAMILY = "cp_utils"

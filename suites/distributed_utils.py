@@ -17,7 +17,7 @@ Values, on the worker's ranks (DP topologies, tp = cp = 1; the ops take the mesh
   micro-batch) must show no gradient all-reduce / reduce-scatter before the optimizer step when
   sync is deferred, and one on every micro-batch when it is not.
 
-Processes, in fresh ranks (`harness.processes.run_ranks`, from rank 0 of a size-1 topology): the
+Processes, in fresh ranks (`shardcheck.harness.core.processes.run_ranks`, from rank 0 of a size-1 topology): the
 ops use the default (world) group, can abort the job or block, so they never run in the worker.
 Each case starts its ranks (gloo on 127.0.0.1; 2 simulated nodes of 2 ranks where nodes matter),
 records events with a global order, and turns exit codes, return values, events and log records
@@ -34,11 +34,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from harness.measure import CommCounter, group_dims
-from harness.processes import module_ref, run_ranks
-from reference import distributed_utils as ref
+from shardcheck.harness.core.measure import CommCounter, group_dims
+from shardcheck.harness.core.processes import module_ref, run_ranks
+from shardcheck.reference import distributed_utils as ref
 from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, Layout, Partial, Property, Shard
-from suites._distributed_utils_processes import (BARRIER_TIMEOUT_S, BLOCK_S, PROCESS_DEADLINE_S, SLACK_S, STAGGER_S,
+from shardcheck.suites._distributed_utils_processes import (BARRIER_TIMEOUT_S, BLOCK_S, PROCESS_DEADLINE_S, SLACK_S, STAGGER_S,
                                                  barrier_log_scenario, first_rank_scenario, gloo_group_scenario,
                                                  judge_barrier_log, judge_first_rank_order, judge_first_rank_raise,
                                                  judge_gloo_group, judge_late_rank, judge_no_distributed,

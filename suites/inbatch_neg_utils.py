@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from reference import inbatch_neg_utils as ref
+from shardcheck.reference import inbatch_neg_utils as ref
 from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, GradSum, Layout, Partial, Property, Shard
 
 FAMILY = "inbatch_neg_utils"

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from harness.compare import budget
-from reference import kd_loss as ref
+from shardcheck.harness.core.compare import budget
+from shardcheck.reference import kd_loss as ref
 from shardcheck import BadInput, Case, FuzzSpace, Layout, Partial, Property, Replicate, Shard
 
 FAMILY = "kd_loss"
@@ -464,7 +464,7 @@ def bench_cases(quick: bool = False) -> list[Case]:
 # well-conditioned inputs (as kd_case).
 
 def _kd_params(topologies):
-    from suites._fuzz_draws import DTYPES, multiple_of, st, topology
+    from shardcheck.suites._fuzz_draws import DTYPES, multiple_of, st, topology
 
     s = st()
 
@@ -506,7 +506,7 @@ def _kd_fuzz_case(p: dict) -> Case:
 
 
 def _infer_params(topologies):
-    from suites._fuzz_draws import st, topology
+    from shardcheck.suites._fuzz_draws import st, topology
 
     s = st()
     return s.fixed_dictionaries({"topology": topology(topologies), "dtype": s.just("float64"),

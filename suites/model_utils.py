@@ -20,15 +20,15 @@ from types import SimpleNamespace
 
 import torch
 
-from reference import model_utils as ref
+from shardcheck.reference import model_utils as ref
 from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, GradSum, Topology
-from suites._model_utils_bench import bench_cases  # noqa: F401  (the suite's benchmarks)
-from suites._model_utils_checks import (any_tied_survivor, chunked_equals_unchunked, combine, entropy_nonpositive,
+from shardcheck.suites._model_utils_bench import bench_cases  # noqa: F401  (the suite's benchmarks)
+from shardcheck.suites._model_utils_checks import (any_tied_survivor, chunked_equals_unchunked, combine, entropy_nonpositive,
                                         survivors_sum_to_1, topk_ids_valid, topk_values_exact)
-from suites._model_utils_comm import (NO_COMM, all_to_all_comm, contract, cross_entropy_comm, distillation_comm,
+from shardcheck.suites._model_utils_comm import (NO_COMM, all_to_all_comm, contract, cross_entropy_comm, distillation_comm,
                                       entropy_comm, gather_logits_comm, hidden_comm, logprob_comm, next_token_comm,
                                       sampling_comm, softmax_comm, topk_comm)
-from suites._model_utils_inputs import (BATCH, LOGITS, NO_SAMPLING, ROWS, ROWS_VOCAB, SEQ_HIDDEN, WEIGHT, Draw,
+from shardcheck.suites._model_utils_inputs import (BATCH, LOGITS, NO_SAMPLING, ROWS, ROWS_VOCAB, SEQ_HIDDEN, WEIGHT, Draw,
                                         Sampling, all_to_all_fits, batch_divides, distill_inputs, dtensor, even_vocab,
                                         gather_inputs, hidden_inputs, hidden_logits, logits_and_target, make_logits,
                                         sampling_inputs, sampling_params, vocab_range)
@@ -830,7 +830,7 @@ def _space(op: str, build, sizes, legal=lambda t: True, by_dtype: bool = False):
     `sizes(d, topo, dtype)`) draws the op's own parameters with hypothesis's draw function `d`; `build(params)` is
     the case."""
     def params(topologies):
-        from suites._fuzz_draws import DTYPES, st, topology
+        from shardcheck.suites._fuzz_draws import DTYPES, st, topology
 
         @st().composite
         def draw(d):
@@ -844,7 +844,7 @@ def _space(op: str, build, sizes, legal=lambda t: True, by_dtype: bool = False):
 def _logits_sizes(masked: bool = False, chunk: str = "none", b_most: int = 2, v_most: int = 40, s_least: int = 1):
     """B (a multiple of DP), S (s_least..9), V, the Draw fields, and `chunk`: "none", "int" (1..9) or "optional"."""
     def sizes(d, t):
-        from suites._fuzz_draws import chunk_or_none, logits_draw, masked as masked_ratio, multiple_of, st
+        from shardcheck.suites._fuzz_draws import chunk_or_none, logits_draw, masked as masked_ratio, multiple_of, st
 
         p = {"B": d(multiple_of(t.dp, b_most)), "S": d(st().integers(s_least, 9)), "V": d(st().integers(1, v_most)),
              **d(logits_draw())}
@@ -863,7 +863,7 @@ def _shape(p: dict, masked: bool = True) -> Shape:
 def _sampling_sizes(next_token: bool = False):
     """B·S rows over TP and V over TP (the sampling all-to-all), top-k up to V, top-p, temperature."""
     def sizes(d, t):
-        from suites._fuzz_draws import chunk_or_none, masked, multiple_of, st
+        from shardcheck.suites._fuzz_draws import chunk_or_none, masked, multiple_of, st
 
         s = st()
         v = t.tp * d(s.integers(-(-3 // t.tp), max(2, 32 // t.tp)))  # V >= 3: a third of the targets is a top-3 id
@@ -884,7 +884,7 @@ def _sampling(p: dict) -> Sampling:
 
 def _hidden_sizes(via: bool):
     def sizes(d, t, dtype):
-        from suites._fuzz_draws import chunk_or_none, masked, multiple_of, st
+        from shardcheck.suites._fuzz_draws import chunk_or_none, masked, multiple_of, st
 
         s = st()
         # Huge hidden states (scale 10: logits in the hundreds) in float64 only.  The op projects in the input dtype,
@@ -911,7 +911,7 @@ def _hidden_case(p: dict) -> Case:
 
 def _gather_sizes(chunk: str, tp_group: bool = False):
     def sizes(d, t):
-        from suites._fuzz_draws import st
+        from shardcheck.suites._fuzz_draws import st
 
         p = _logits_sizes(masked=True, chunk=chunk)(d, t)
         p["K"] = d(st().integers(1, 8))
@@ -926,7 +926,7 @@ def _gather_spec(p: dict) -> GatherSpec:
 
 
 def _topk_sizes(d, t):
-    from suites._fuzz_draws import st
+    from shardcheck.suites._fuzz_draws import st
 
     p = _logits_sizes(chunk="optional")(d, t)
     p["k"] = d(st().integers(1, p["V"]))  # k > V: our implementation raises (docs/ops)
@@ -934,7 +934,7 @@ def _topk_sizes(d, t):
 
 
 def _distill_sizes(d, t):
-    from suites._fuzz_draws import multiple_of, st
+    from shardcheck.suites._fuzz_draws import multiple_of, st
 
     s = st()
     path = d(s.sampled_from(["group", "dtensor", "plain"]))
@@ -955,7 +955,7 @@ def _front_end_sizes(op: str):
                 "dtensor_from_parallel_logits_to_logprobs": ("plain_target", "dtensor_target")}[op]
 
     def sizes(d, t):
-        from suites._fuzz_draws import st
+        from shardcheck.suites._fuzz_draws import st
 
         p = _sampling_sizes(next_token=True)(d, t)
         p["variant"] = d(st().sampled_from(variants))
@@ -1010,7 +1010,7 @@ def fuzz_spaces() -> list[FuzzSpace]:
 
 
 def _multiple(n: int, most: int):
-    from suites._fuzz_draws import multiple_of
+    from shardcheck.suites._fuzz_draws import multiple_of
 
     return multiple_of(n, most)
 

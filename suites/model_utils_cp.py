@@ -19,13 +19,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from reference import model_utils as ref
+from shardcheck.reference import model_utils as ref
 from shardcheck import (REPLICATED, BadInput, Case, FuzzSpace, GradSum, HeadTail, Layout, PackedHeadTail, Partial,
                         Permuted, Shard)
-from suites._model_utils_comm import (AG_CP, A2A_CP, compute_bytes, contract, cp_gather_comm, distillation_comm,
+from shardcheck.suites._model_utils_comm import (AG_CP, A2A_CP, compute_bytes, contract, cp_gather_comm, distillation_comm,
                                       gather_logits_comm, hidden_comm, merge, next_token_comm, rows, s_local,
                                       with_cp_gather)
-from suites._model_utils_inputs import (NO_SAMPLING, Draw, Sampling, distill_inputs, dtensor, gather_inputs, hidden_inputs,
+from shardcheck.suites._model_utils_inputs import (NO_SAMPLING, Draw, Sampling, distill_inputs, dtensor, gather_inputs, hidden_inputs,
                                         make_logits, sampling_inputs, sampling_params)
 
 FAMILY = "model_utils"

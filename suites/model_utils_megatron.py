@@ -13,7 +13,7 @@ embedding / output weights `Shard(0)`, row-parallel weights `Shard(1)`, norms an
 rank runs its TP-sharded GPTModel with `torch.func.functional_call` on its local pieces, so the gradient of every
 parameter lands on the harness's local input and is compared, on every rank, with its slice of the golden gradient.
 Replicated parameters used on a sequence shard (norms, row-parallel biases: Megatron tags them `sequence_parallel`)
-get partial gradients; the case sums them over TP as Megatron's finalize_model_grads does (harness.case.GradSum).
+get partial gradients; the case sums them over TP as Megatron's finalize_model_grads does (shardcheck.harness.core.case.GradSum).
 
 Golden (`reference`): the unpatched single-device model's logits -> log-softmax in float64 (float32 for lower
 precisions) -> gathered at the shifted labels; 0 where a label is outside [0, V).
@@ -28,10 +28,10 @@ from typing import Callable
 import torch
 
 from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, Layout, Property, Shard
-from suites._megatron_model import (BATCH, HEADS, HIDDEN, LAYERS, ONE_RANK, SEQ, VOCAB, UnderShims, build_model,
+from shardcheck.suites._megatron_model import (BATCH, HEADS, HIDDEN, LAYERS, ONE_RANK, SEQ, VOCAB, UnderShims, build_model,
                                     call_model, check_names, make_params, megatron_missing, megatron_shims,
                                     param_layouts, sharded_params)
-from suites._model_utils_comm import merge
+from shardcheck.suites._model_utils_comm import merge
 
 FAMILY = "model_utils"
 PATCH_OP = "model_utils.patch_gpt_model_forward_for_linear_ce_fusion"

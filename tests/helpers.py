@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness import cli as shardcheck_cli
-from harness.causes import causes, finding_lines
-from harness.compare import NOT_PASSING
-from harness.records import load
-from harness.workers import WorkerPool
+from shardcheck.harness import cli as shardcheck_cli
+from shardcheck.harness.findings.causes import causes, finding_lines
+from shardcheck.harness.core.compare import NOT_PASSING
+from shardcheck.harness.core.records import load
+from shardcheck.harness.driver.pool import WorkerPool
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN = ROOT / "tests" / "broken"  # <suite>/<bug>.py: an op bug the suite must catch, with one cause
@@ -91,7 +91,7 @@ def cli(*args: str, timeout: float = 120, fresh: bool = False) -> subprocess.Com
     """Any shardcheck command line (no --out added); in this process unless `fresh` (as `shardcheck`).  `--no-shims`
     runs are always fresh: the shims the other runs installed in this process would stay."""
     if fresh or "--no-shims" in args:
-        return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=ROOT, capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "shardcheck.harness.cli", *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=timeout)
     return subprocess.CompletedProcess(["shardcheck", *args], *in_process(list(args)))
 

@@ -4,7 +4,7 @@ interpretation's answer, and fails on a silent return or a wrong answer."""
 
 from __future__ import annotations
 
-from harness.case import BadInput
+from shardcheck.harness.core.case import BadInput
 from helpers import BROKEN, IMPLS
 
 

@@ -14,7 +14,7 @@ import json
 import pandas as pd
 import pytest
 
-from harness.suite_loader import suite_cases, suite_names
+from shardcheck.harness.rank.suite_loader import suite_cases, suite_names
 from helpers import BROKEN, FIXTURES, cli, shardcheck
 
 MEASURED = ("time_ms", "time_ms_iqr", "peak_bytes", "comm_calls", "comm_bytes")

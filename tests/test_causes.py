@@ -1,4 +1,4 @@
-"""Findings on foreign code: causes (harness.causes), warnings and --strict."""
+"""Findings on foreign code: causes (shardcheck.harness.findings.causes), warnings and --strict."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import json
 import pandas as pd
 
 from helpers import BROKEN, IMPLS, ROOT, assert_one_cause, shardcheck
-from harness.causes import blank_numbers, causes, finding_lines, separating_condition
-from harness.records import load
+from shardcheck.harness.findings.causes import blank_numbers, causes, finding_lines, separating_condition
+from shardcheck.harness.core.records import load
 
 TP2 = ("--topology", "dp=1,cp=1,tp=2", "--quick")
 FP32_IMPL = IMPLS / "fp32_extra_collectives_model_utils.py"
 
 
 def _row(status, check="forward", tp=2, dtype="float64", op="model_utils.X", masked=0.0, message="", dp=1, **extra):
-    """A result row as harness.collect writes it (the cause fields given as keywords)."""
+    """A result row as shardcheck.harness.driver.collect writes it (the cause fields given as keywords)."""
     symptom = extra.pop("symptom", {"fail": "values", "warn": "comm", "error": "exception"}.get(status))
     return {"op": op, "case_id": extra.pop("case_id", f"m{masked}"), "status": status, "check": check, "dp": dp,
             "cp": 1, "tp": tp, "dtype": dtype, "params": extra.pop("params", {"B": 2, "masked": masked}),
@@ -262,7 +262,7 @@ def test_float32_math_and_extra_collectives_warn_and_pass_unless_strict(run_shar
 def test_junit_warn_is_a_passing_testcase_with_the_warning_in_system_out():
     import xml.etree.ElementTree as ET
 
-    from reports.junit import junit_tree
+    from shardcheck.reports.junit import junit_tree
 
     def row(check, status, message=""):
         return {"op": "model_utils.DistributedLogprob", "case_id": "b4", "dp": 1, "cp": 1, "tp": 2, "dtype": "float64",

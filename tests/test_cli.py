@@ -7,7 +7,7 @@ import json
 import pytest
 
 from helpers import ROOT, cli
-from harness.cli import main
+from shardcheck.harness.cli import main
 
 
 @pytest.mark.parametrize("args, words", [

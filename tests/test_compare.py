@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from harness.compare import FLOOR_ULPS, KAPPA, RTOL_FLOAT64, budget, compare, judge, merge_ranks
+from shardcheck.harness.core.compare import FLOOR_ULPS, KAPPA, RTOL_FLOAT64, budget, compare, judge, merge_ranks
 
 
 def _gen():

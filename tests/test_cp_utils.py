@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from distributed_impl import cp_utils as impl
-from harness.case import head_tail_positions
-from reference import cp_utils as ref
+from shardcheck.distributed_impl import cp_utils as impl
+from shardcheck.harness.core.case import head_tail_positions
+from shardcheck.reference import cp_utils as ref
 from helpers import BROKEN
 
 SENTINEL = -1000
@@ -182,7 +182,7 @@ def test_reference_attention_mask_of_ones_is_causal():
 # ---- the suite's structure -------------------------------------------------------------------------
 
 def test_quick_cases_cover_the_ops_and_both_rotations():
-    from suites import cp_utils as suite
+    from shardcheck.suites import cp_utils as suite
 
     quick = suite.cases(quick=True)
     assert {c.op for c in quick} == {"cp_utils.make_cp_batch_and_ctx", "cp_utils.create_context_parallel_ctx",

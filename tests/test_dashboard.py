@@ -8,7 +8,7 @@ import json
 import pandas as pd
 
 from helpers import cli
-from reports.dashboard import build_dashboard, load_runs, regressions, status_counts
+from shardcheck.reports.dashboard import build_dashboard, load_runs, regressions, status_counts
 
 
 def _bench(time_ms, peak=1000, iqr=0.2, dtype="float32", device="cpu", case_id="bench-S-1024", status="pass"):

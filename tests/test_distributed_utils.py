@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from helpers import BROKEN
-from distributed_impl import distributed_utils as impl
-from reference import distributed_utils as ref
+from shardcheck.distributed_impl import distributed_utils as impl
+from shardcheck.reference import distributed_utils as ref
 
 TIMEOUT = ("--timeout", "120")  # above the suite's 20 s process deadline, with room for a loaded machine
 DP2 = ("--topology", "dp=2,cp=1,tp=1", "--dtype", "float64", *TIMEOUT)
@@ -72,7 +72,7 @@ def test_dp_eval_sample_shard_values():
         with pytest.raises(ValueError):
             impl.dp_eval_sample_shard(impl.DDPConfig(), rank, size)
     # the configs the suite hands any module under test: stand-ins of upstream's, told apart by class name
-    from suites import distributed_utils as suite
+    from shardcheck.suites import distributed_utils as suite
 
     assert impl.dp_eval_sample_shard(suite.DDPConfig(), 1, 4) == (1, 4)
     assert impl.dp_eval_sample_shard(suite.FSDP2Config(), 1, 4) is None
@@ -96,7 +96,7 @@ def test_single_process_behaviour(caplog, monkeypatch):
 # ---- the suite ----------------------------------------------------------------------------------
 
 def test_quick_cases_cover_every_op():
-    from suites import distributed_utils as suite
+    from shardcheck.suites import distributed_utils as suite
 
     quick = suite.cases(quick=True)
     assert {c.op.split(".")[1] for c in quick} == {"reduce_loss", "dp_eval_sample_shard", "get_sync_ctx", "FirstRankPerNode",
@@ -104,7 +104,7 @@ def test_quick_cases_cover_every_op():
     ids = [(c.op, c.case_id) for c in suite.cases(quick=False)]
     assert len(ids) == len(set(ids))
     # fresh-rank cases run once, on the size-1 topology, and within the worker's default timeout
-    from harness.topology import Topology
+    from shardcheck.harness.core.topology import Topology
 
     process = [c for c in quick if not c.output_names]
     assert process and all(c.runs_on(Topology()) and not c.runs_on(Topology(dp=2)) for c in process)
@@ -201,7 +201,7 @@ def test_broken_barrier_raises_on_late_rank(run_shardcheck):
 
 
 def test_broken_barrier_hangs_on_late_rank_ends_at_the_deadline(run_shardcheck):
-    from suites.distributed_utils import PROCESS_DEADLINE_S
+    from shardcheck.suites.distributed_utils import PROCESS_DEADLINE_S
 
     rows, took = _broken(run_shardcheck, "barrier_hangs_on_late_rank", "_barrier_with_timeout", PROCESS_TOPOLOGY)
     ends = _failed(rows, "property:ranks_end")

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.suite_loader import load_suite
+from shardcheck.harness.rank.suite_loader import load_suite
 from helpers import BROKEN, ROOT, shardcheck
 
 EXAMPLES = ROOT / "examples"

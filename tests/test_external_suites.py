@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.cli import main
-from harness.plan import build_plan
-from harness.records import load
-from harness.signatures import signature_rows, under_test
+from shardcheck.harness.cli import main
+from shardcheck.harness.driver.planner import build_plan
+from shardcheck.harness.core.records import load
+from shardcheck.harness.rank.signatures import signature_rows, under_test
 from helpers import ROOT, Run, assert_one_cause, shardcheck
 
 # What a suite imports of shardcheck: the case-writing API, nothing else.
@@ -197,7 +197,7 @@ def broken(suite_file, team, tmp_path_factory) -> Run:
 def _from(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`shardcheck ARGS` run from `cwd` (this checkout's harness, whatever is installed)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "shardcheck.harness.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -297,7 +297,7 @@ def test_hand_launched_worker_runs_the_external_suite(suite_file, tmp_path):
     out = tmp_path / "by-hand"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "harness.worker", "--suite-path", str(suite_file), "--suite", "my_tp_ops",
+                           "-m", "shardcheck.harness.standalone", "--suite-path", str(suite_file), "--suite", "my_tp_ops",
                            "--dtype", "float64", "--strict", "--out", str(out)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -14,11 +14,11 @@ import torch
 from torch.distributed.tensor import Shard
 
 from helpers import BROKEN, ROOT
-from harness.artefacts import ArtefactBudget, reassemble
-from harness.case import HeadTail, Layout
-from harness.collect import glob_escape, rerun_command
-from harness.items import Item, Plan
-from reports.error_map import draw_artefact, draw_error_map, segments, shown_dims
+from shardcheck.harness.rank.artefacts import ArtefactBudget, reassemble
+from shardcheck.harness.core.case import HeadTail, Layout
+from shardcheck.harness.driver.collect import glob_escape, rerun_command
+from shardcheck.harness.core.plan_data import Item, Plan
+from shardcheck.reports.error_map import draw_artefact, draw_error_map, segments, shown_dims
 
 WRONG_OFFSET = ("--impl", f"model_utils={BROKEN / 'model_utils' / 'wrong_vocab_offset.py'}")
 TP2 = ("--topology", "dp=1,cp=1,tp=2", "--dtype", "float64", "--quick")
@@ -107,7 +107,7 @@ def _item(i: int, case_id: str = "b2[x]*?", impl: str = "") -> Item:
 
 def test_rerun_command_selects_exactly_its_item():
     plan = Plan(run_id="r", quick=True, seed=7, timeout=5, device="cpu", backend="gloo",
-                impl={"model_utils": "tests/broken/model_utils/one_rank_off.py", "kd_loss": "distributed_impl.kd_loss"})
+                impl={"model_utils": "tests/broken/model_utils/one_rank_off.py", "kd_loss": "shardcheck.distributed_impl.kd_loss"})
     args = shlex.split(rerun_command(plan, _item(0)))
     assert args[:2] == ["shardcheck", "run"]
     opts = {a: b for a, b in zip(args, args[1:]) if a.startswith("--") and not b.startswith("--")}
@@ -155,7 +155,7 @@ def test_failing_run_leaves_artefacts_error_maps_and_rerun_lines_that_reproduce(
     # a rerun line runs that item alone and fails the same way
     line = next(lr for lr in lines if "b4s6v37" in lr)
     out = run.out.parent / "rerun"
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", *shlex.split(line)[1:], "--out", str(out), "--no-progress"],
+    proc = subprocess.run([sys.executable, "-m", "shardcheck.harness.cli", *shlex.split(line)[1:], "--out", str(out), "--no-progress"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     again = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]

@@ -18,7 +18,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from harness.topology import Topology, default_topologies
+from shardcheck.harness.core.topology import Topology, default_topologies
 from helpers import BROKEN, ROOT, assert_one_cause, shardcheck
 
 SUITES = ("model_utils", "kd_loss", "cp_utils", "inbatch_neg_utils", "distributed_utils", "model_utils_cp",
@@ -27,7 +27,7 @@ TOPOLOGIES = default_topologies([1, 2, 4])
 
 
 def spaces(suite: str) -> dict:
-    return {s.op: s for s in importlib.import_module(f"suites.{suite}").fuzz_spaces()}
+    return {s.op: s for s in importlib.import_module(f"shardcheck.suites.{suite}").fuzz_spaces()}
 
 
 def draw_examples(strategy, n: int, at: int = 0) -> list[dict]:
@@ -53,7 +53,7 @@ import json
 
 from shardcheck import Topology
 
-_suite = importlib.import_module("suites.{suite}")
+_suite = importlib.import_module("shardcheck.suites.{suite}")
 FAMILY = _suite.FAMILY
 IMPLEMENTATION = {impl!r}
 EXAMPLES = json.loads({examples!r})
@@ -73,9 +73,9 @@ def cases(quick=False):
 def example_suite(folder: Path, suite: str, examples: list[tuple[str, dict]]) -> Path:
     """A suite file `fuzz_<suite>.py` in `folder` running `examples` ((op, params) pairs); its default module under
     test is the suite's own (ours), another one comes with `--impl`."""
-    family = importlib.import_module(f"suites.{suite}").FAMILY
+    family = importlib.import_module(f"shardcheck.suites.{suite}").FAMILY
     path = folder / f"fuzz_{suite}.py"
-    path.write_text(EXAMPLE_SUITE.format(suite=suite, impl=f"distributed_impl.{family}", examples=json.dumps(examples)))
+    path.write_text(EXAMPLE_SUITE.format(suite=suite, impl=f"shardcheck.distributed_impl.{family}", examples=json.dumps(examples)))
     return path
 
 
@@ -85,7 +85,7 @@ def world_sizes(examples: list[tuple[str, dict]]) -> str:
 
 # ---- every space draws only legal, valid, cheap cases -----------------------------------------------
 
-ALL_SPACES = [(suite, op) for suite in SUITES if hasattr(importlib.import_module(f"suites.{suite}"), "fuzz_spaces") for op in spaces(suite)]
+ALL_SPACES = [(suite, op) for suite in SUITES if hasattr(importlib.import_module(f"shardcheck.suites.{suite}"), "fuzz_spaces") for op in spaces(suite)]
 
 
 @pytest.mark.parametrize("suite, op", ALL_SPACES, ids=[op for _, op in ALL_SPACES])
@@ -141,7 +141,7 @@ def missed_runs(tmp_path_factory):
     for name, m in MISSED.items():
         folder = tmp_path_factory.mktemp(name)
         impl = str(BROKEN / m["broken"])
-        family = importlib.import_module(f"suites.{m['suite']}").FAMILY
+        family = importlib.import_module(f"shardcheck.suites.{m['suite']}").FAMILY
         examples = [(m["op"], m["minimal"])] + [(m["op"], {**m["minimal"], **change}) for change in m["passing"]]
         suite = example_suite(folder, m["suite"], examples)
         drawn = shardcheck("run", "--suite-path", str(suite), "--suite", suite.stem, "--impl", f"{family}={impl}",

@@ -78,11 +78,11 @@ def test_killed_rank_is_named_with_its_signal_and_the_run_goes_on(tmp_path):
     import subprocess
     import sys
 
-    from harness.records import load
+    from shardcheck.harness.core.records import load
 
     impl = FIXTURES / "model_utils" / "sleeps_in_forward.py"
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--impl", f"model_utils={impl}",
+    proc = subprocess.Popen([sys.executable, "-m", "shardcheck.harness.cli", "run", "--impl", f"model_utils={impl}",
                              "--op", "model_utils.DistributedLogprob", "--op", "model_utils.ChunkedDistributedLogprob",
                              "--case", "b2s5*", "--topology", "tp=2", *FLOAT64_QUICK, "--timeout", "60",
                              "--out", str(out), "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE,

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from helpers import BROKEN
-from distributed_impl import inbatch_neg_utils as impl
-from reference import inbatch_neg_utils as ref
+from shardcheck.distributed_impl import inbatch_neg_utils as impl
+from shardcheck.reference import inbatch_neg_utils as ref
 
 BROKEN_RUN = ("--suite", "inbatch_neg_utils", "--quick", "--dtype", "float64", "--topology", "dp=2", "--timeout", "120")
 STEP_PRESERVE = "step-b4n4-d6x5-T0.5-preserve"
@@ -48,7 +48,7 @@ def test_reference_mask_by_hand():
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n", [1, 4])
 def test_impl_mask_equals_reference_on_every_rank(dtype, n):
-    from suites.inbatch_neg_utils import make_doc_ids
+    from shardcheck.suites.inbatch_neg_utils import make_doc_ids
 
     b = 4
     ids = make_doc_ids(torch.Generator().manual_seed(3), b, n)
@@ -66,7 +66,7 @@ def test_impl_mask_equals_reference_on_every_rank(dtype, n):
 
 
 def test_doc_ids_duplicate_across_ranks():
-    from suites.inbatch_neg_utils import make_doc_ids
+    from shardcheck.suites.inbatch_neg_utils import make_doc_ids
 
     for n in (1, 4):
         ids = make_doc_ids(torch.Generator().manual_seed(0), 4, n)
@@ -111,7 +111,7 @@ def _step_grads(fn, x):
 def test_reference_contrastive_step():
     """The global loss is the mean cross entropy over all queries; local-only has the same value, its own
     gradient at dp > 1 (so the suite's local-only cases check something the preserve cases do not)."""
-    from suites.inbatch_neg_utils import Step, _step_inputs
+    from shardcheck.suites.inbatch_neg_utils import Step, _step_inputs
 
     step = Step(n=4)
     x = _step_inputs(step)(torch.Generator().manual_seed(0))
@@ -139,7 +139,7 @@ def test_reference_contrastive_step():
 # ---- placement on the default group (no launch) ---------------------------------------------
 
 def _plan(world_sizes, topologies=()):
-    from harness.plan import build_plan
+    from shardcheck.harness.driver.planner import build_plan
 
     return build_plan(run_id="t", suites_wanted=["inbatch_neg_utils"], ops=[], case_patterns=[],
                       world_sizes=world_sizes, topologies=list(topologies), dtypes=["float64"], impl={}, quick=True,
@@ -147,8 +147,8 @@ def _plan(world_sizes, topologies=()):
 
 
 def test_world_group_cases_run_in_a_launch_of_their_size():
-    from harness.topology import Topology
-    from suites.inbatch_neg_utils import MASK, cases
+    from shardcheck.harness.core.topology import Topology
+    from shardcheck.suites.inbatch_neg_utils import MASK, cases
 
     gathering = [c for c in cases() if c.op != MASK]
     assert gathering and all(c.world_group for c in gathering)
@@ -170,7 +170,7 @@ def test_world_group_cases_run_in_a_launch_of_their_size():
 
 
 def test_default_run_includes_the_suite():
-    from harness.suite_loader import suite_names
+    from shardcheck.harness.rank.suite_loader import suite_names
 
     assert "inbatch_neg_utils" in suite_names()
     plan = _plan(None)  # the default world sizes, as `shardcheck run` with no arguments

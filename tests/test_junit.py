@@ -6,8 +6,8 @@ import xml.etree.ElementTree as ET
 
 import pandas as pd
 
-from harness.cli import main
-from reports.junit import junit_tree
+from shardcheck.harness.cli import main
+from shardcheck.reports.junit import junit_tree
 
 
 def _row(case_id, check, status, op="model_utils.DistributedLogprob", tp=2, dtype="float64", message="", rerun=None,

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import BROKEN
-from reference import kd_loss as ref
+from shardcheck.reference import kd_loss as ref
 
 TOPOS = ("--topology", "dp=1,cp=1,tp=2", "--topology", "dp=2,cp=1,tp=2")
 BROKEN_RUN = ("--suite", "kd_loss", "--quick", "--dtype", "float64", *TOPOS)
@@ -110,7 +110,7 @@ def test_reference_rejects_bad_shapes():
 # ---- the suite's structure (no launch) -----------------------------------------------------------
 
 def test_quick_cases_cover_modes_dp_masking_chunking():
-    from suites import kd_loss as suite
+    from shardcheck.suites import kd_loss as suite
 
     quick = suite.cases(quick=True)
     ops = {c.op for c in quick}

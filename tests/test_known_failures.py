@@ -1,4 +1,4 @@
-"""Known failures (harness.case.KnownFailure): `xfail` while a marked check fails, `xpass` once it passes, from the
+"""Known failures (shardcheck.harness.core.case.KnownFailure): `xfail` while a marked check fails, `xpass` once it passes, from the
 plan through the driver's merge to the exit code, the CLI summary, the findings, the reports, JUnit and compare.
 
 Most tests merge seeded per-rank events with the driver's own Collector (no launch); two end-to-end runs (one
@@ -14,20 +14,20 @@ import pandas as pd
 import pytest
 
 from helpers import FIXTURES, Run, cli, shardcheck
-from harness import plan as plan_module
-from harness.case import KnownFailure
-from harness.causes import causes, finding_lines, known_failures, known_failures_line
-from harness.collect import Collector
-from harness.events import Events, events_path
-from harness.items import Item, Plan, Xfail
-from harness.plan import build_plan
-from harness.records import load
-from harness.run import EXIT_FAIL, EXIT_OK, close_run, exit_code, open_run
-from harness.topology import Topology, UsageError
-from reports import junit
-from reports.dashboard import load_runs, status_counts
-from reports.regression import compare_runs
-from reports.report import build
+from shardcheck.harness.driver import planner as plan_module
+from shardcheck.harness.core.case import KnownFailure
+from shardcheck.harness.findings.causes import causes, finding_lines, known_failures, known_failures_line
+from shardcheck.harness.driver.collect import Collector
+from shardcheck.harness.core.events import Events, events_path
+from shardcheck.harness.core.plan_data import Item, Plan, Xfail
+from shardcheck.harness.driver.planner import build_plan
+from shardcheck.harness.core.records import load
+from shardcheck.harness.driver.run import EXIT_FAIL, EXIT_OK, close_run, exit_code, open_run
+from shardcheck.harness.core.topology import Topology, UsageError
+from shardcheck.reports import junit
+from shardcheck.reports.dashboard import load_runs, status_counts
+from shardcheck.reports.regression import compare_runs
+from shardcheck.reports.report import build
 
 OP = "model_utils.DistributedLogprob"
 MARK = Xfail(reason="vocab offset off by one on ranks past the first shard", reference="https://example.org/issues/7",
@@ -83,7 +83,7 @@ def seeded_run(tmp_path):
              _item(3, "b4s8v64", checks, xfail=MARK),
              _item(4, "b2s4v16", checks, xfail=MARK)]
     plan = Plan(run_id="seeded", quick=True, seed=0, timeout=10.0, device="cpu", backend="gloo",
-                impl={"model_utils": "distributed_impl.model_utils"}, items=items)
+                impl={"model_utils": "shardcheck.distributed_impl.model_utils"}, items=items)
     run_dir = tmp_path / "run"
     events_dir = run_dir / "workers" / "w2-launch0"
     events = {r: Events(events_path(events_dir, r), r) for r in range(2)}

@@ -9,10 +9,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from harness.topology import default_topologies
+from shardcheck.harness.core.topology import default_topologies
 from helpers import BROKEN
-from suites import model_utils as suite
-from suites._model_utils_inputs import Draw
+from shardcheck.suites import model_utils as suite
+from shardcheck.suites._model_utils_inputs import Draw
 
 NEW_OPS = [
     "DistributedLogprobWithSampling", "ChunkedDistributedLogprobWithSampling", "ChunkedDistributedGatherLogprob",

@@ -1,4 +1,4 @@
-"""harness.processes: fresh ranks with torchrun's environment, events in one global order, logs,
+"""shardcheck.harness.core.processes: fresh ranks with torchrun's environment, events in one global order, logs,
 exceptions, deaths, and a deadline that ends hangs.
 
 The functions run in the ranks live at module level (the ranks import this module to find them).
@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from harness.processes import run_ranks
+from shardcheck.harness.core.processes import run_ranks
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR")
 

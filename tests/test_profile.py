@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pstats
 
-from harness.measure import CommCounter
+from shardcheck.harness.core.measure import CommCounter
 from helpers import shardcheck
 
 

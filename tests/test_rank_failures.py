@@ -43,16 +43,16 @@ def test_a_rank_that_skipped_a_collective_is_named_whether_or_not_the_blocked_ra
     """Rank 1 skips an all-reduce (a wrong forward value), rank 0 blocks in it; rank 1 reports rank 0 missing at the
     barrier and exits, which closes rank 0's collective with "connection closed by peer".  Whether that error
     reaches rank 0's events before the driver ends the launch is a race: the forward row names rank 1 either way."""
-    from harness.collect import Collector
-    from harness.events import Events, events_path
-    from harness.items import Item, Plan
-    from harness.records import load
-    from harness.run import close_run, open_run
+    from shardcheck.harness.driver.collect import Collector
+    from shardcheck.harness.core.events import Events, events_path
+    from shardcheck.harness.core.plan_data import Item, Plan
+    from shardcheck.harness.core.records import load
+    from shardcheck.harness.driver.run import close_run, open_run
 
     item = Item(id=0, suite="model_utils", op="model_utils.DistributedLogprob", case_id="b2s5v33", dtype="float64",
                 topology=(1, 1, 2), world_size=2, seed=0, checks=["forward"], params={"B": 2})
     plan = Plan(run_id="race", quick=True, seed=0, timeout=5.0, device="cpu", backend="gloo",
-                impl={"model_utils": "distributed_impl.model_utils"}, items=[item])
+                impl={"model_utils": "shardcheck.distributed_impl.model_utils"}, items=[item])
     run_dir = tmp_path / "run"
     events = {r: Events(events_path(run_dir / "events", r), r) for r in range(2)}
     for r in range(2):

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from helpers import ROOT, shardcheck
-from harness.records import load
+from shardcheck.harness.core.records import load
 
 
 CLASSIC_OPS = ("_compute_distributed_log_softmax", "_compute_distributed_softmax", "DistributedLogprob",
@@ -72,7 +72,7 @@ def test_report_rebuilds_from_records_and_load_reads_many_runs(quick_matrix, run
     b = run_shardcheck("run", "--op", "model_utils.all_to_all_sq2vp", "--quick", "--topology", "tp=2")
     assert b.returncode == 0
     (a.out / "report.md").unlink()
-    proc = subprocess.run([sys.executable, "-m", "harness.cli", "report", str(a.out)], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "shardcheck.harness.cli", "report", str(a.out)], cwd=ROOT, capture_output=True,
                           text=True)
     assert proc.returncode == 0 and "report.md" in proc.stdout and (a.out / "report.md").exists()
     both = load(a.out, b.out)
@@ -84,7 +84,7 @@ def test_worker_runs_under_a_hand_written_torchrun(tmp_path):
     out = tmp_path / "by-hand"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "harness.worker", "--op", "model_utils.DistributedLogprob", "--quick",
+                           "-m", "shardcheck.harness.standalone", "--op", "model_utils.DistributedLogprob", "--quick",
                            "--dtype", "float64", "--strict", "--out", str(out)], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from harness import shims
-from harness.processes import run_ranks
-from harness.shims import te_thd_partition, torch_cp_attention
-from harness.shims.te_thd_partition import thd_get_partitioned_indices
+from shardcheck.harness.rank import shims
+from shardcheck.harness.core.processes import run_ranks
+from shardcheck.harness.rank.shims import te_thd_partition, torch_cp_attention
+from shardcheck.harness.rank.shims.te_thd_partition import thd_get_partitioned_indices
 from helpers import BROKEN, ROOT
 
 TORCH_CP_IMPL = ROOT / "tests" / "impls" / "torch_cp_cp_utils.py"
@@ -41,7 +41,7 @@ def _cp_attention(proc, seq_len: int) -> dict:
     from torch.distributed.tensor.experimental import context_parallel
     from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
 
-    from distributed_impl import cp_utils as ours
+    from shardcheck.distributed_impl import cp_utils as ours
 
     torch_cp_attention.install()
     world, rank = dist.get_world_size(), dist.get_rank()

@@ -1,4 +1,4 @@
-"""Signatures of a module under test against the seed's (harness.signatures)."""
+"""Signatures of a module under test against the seed's (shardcheck.harness.rank.signatures)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import FIXTURES, IMPLS, assert_one_cause
-from harness.signatures import KeywordCalls, call_signature, check_names, differences, seed_module
+from shardcheck.harness.rank.signatures import KeywordCalls, call_signature, check_names, differences, seed_module
 
 TP2 = ("--topology", "dp=1,cp=1,tp=2", "--quick")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from harness.suite_loader import load_suite, suite_names
+from shardcheck.harness.rank.suite_loader import load_suite, suite_names
 from helpers import ROOT
 
 SUITES = ROOT / "suites"
@@ -21,7 +21,7 @@ def test_no_suite_imports_another_suite_or_a_private_name():
     """Shared code lives in private modules (suites/_*.py) under public names: no suite is another's library."""
     for path in sorted(SUITES.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("suites."):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("shardcheck.suites."):
                 assert node.module.split(".")[-1].startswith("_"), f"{path.name} imports the suite {node.module}"
                 private = [a.name for a in node.names if a.name.startswith("_")]
                 assert not private, f"{path.name} imports private {private} from {node.module}"

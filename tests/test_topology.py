@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.topology import Topology, UsageError, default_topologies
+from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
 
 
 def test_parse_and_defaults():

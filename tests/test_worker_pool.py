@@ -4,11 +4,11 @@ hangs ends the launch, the next plan getting a fresh one."""
 
 from __future__ import annotations
 
-from harness.launch import WorkerPool, run_plan
-from harness.workers import LaunchSettings
-from harness.plan import build_plan
-from harness.records import RecordWriter, load
-from harness.topology import Topology
+from shardcheck.harness.driver.launch import WorkerPool, run_plan
+from shardcheck.harness.driver.pool import LaunchSettings
+from shardcheck.harness.driver.planner import build_plan
+from shardcheck.harness.core.records import RecordWriter, load
+from shardcheck.harness.core.topology import Topology
 from tests.helpers import FIXTURES
 
 TP2 = [Topology(1, 1, 2)]
@@ -81,7 +81,7 @@ class _FakeLaunch:
 def test_pool_keeps_a_launch_per_settings_and_at_most_max_idle_ranks(tmp_path, monkeypatch):
     """Runs of a shared pool differ in settings (a test's --timeout): each keeps its launch; past MAX_IDLE_RANKS the
     least recently given back goes."""
-    from harness import workers
+    from shardcheck.harness.driver import pool as workers
 
     monkeypatch.setattr(workers, "Launch", _FakeLaunch)
     monkeypatch.setattr(workers, "MAX_IDLE_RANKS", 8)

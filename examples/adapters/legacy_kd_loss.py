@@ -26,7 +26,7 @@ from typing import Optional, Union
 import torch
 import torch.distributed as dist
 
-from distributed_impl.kd_loss import _kl_forward_chunked, _kl_forward_tp
+from shardcheck.distributed_impl.kd_loss import _kl_forward_chunked, _kl_forward_tp
 
 
 class KDLoss(torch.nn.Module):

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from distributed_impl import model_utils as _base
+from shardcheck.distributed_impl import model_utils as _base
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
 from real_module import export_real_module  # noqa: E402

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from distributed_impl import model_utils as good
+from shardcheck.distributed_impl import model_utils as good
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
 from real_module import export_real_module  # noqa: E402

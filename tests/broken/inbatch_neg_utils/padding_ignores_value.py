@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from distributed_impl import inbatch_neg_utils as good
+from shardcheck.distributed_impl import inbatch_neg_utils as good
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
 from real_module import export_real_module  # noqa: E402

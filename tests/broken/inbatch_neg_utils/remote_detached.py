@@ -4,7 +4,7 @@ back in), so a rank's passages get the gradient of its own loss only, not of eve
 import sys
 from pathlib import Path
 
-from distributed_impl import inbatch_neg_utils as good
+from shardcheck.distributed_impl import inbatch_neg_utils as good
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
 from real_module import export_real_module  # noqa: E402

@@ -4,7 +4,7 @@ gather_logits_at_global_indices' result does not require grad there and that ran
 import sys
 from pathlib import Path
 
-from distributed_impl import model_utils as good
+from shardcheck.distributed_impl import model_utils as good
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
 from real_module import export_real_module  # noqa: E402

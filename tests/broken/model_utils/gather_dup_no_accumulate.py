@@ -5,8 +5,8 @@ from pathlib import Path
 
 import torch
 
-from distributed_impl import model_utils as good
-from distributed_impl.model_utils import _chunks, _compute_distributed_softmax
+from shardcheck.distributed_impl import model_utils as good
+from shardcheck.distributed_impl.model_utils import _chunks, _compute_distributed_softmax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
 from real_module import export_real_module  # noqa: E402

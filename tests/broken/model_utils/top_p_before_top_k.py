@@ -6,8 +6,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from distributed_impl import model_utils as good
-from distributed_impl.model_utils import _check_ids, _check_logits, _gather_chunk_rows, _upcast, _vp2sq
+from shardcheck.distributed_impl import model_utils as good
+from shardcheck.distributed_impl.model_utils import _check_ids, _check_logits, _gather_chunk_rows, _upcast, _vp2sq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
 from real_module import export_real_module  # noqa: E402

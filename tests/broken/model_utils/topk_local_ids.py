@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from distributed_impl.model_utils import _chunks, _upcast
+from shardcheck.distributed_impl.model_utils import _chunks, _upcast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
 from real_module import export_real_module  # noqa: E402

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from distributed_impl import model_utils as good
+from shardcheck.distributed_impl import model_utils as good
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
 from real_module import export_real_module  # noqa: E402

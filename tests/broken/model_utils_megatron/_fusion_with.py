@@ -2,7 +2,7 @@
 function (`make(fn)` gives the two seed functions that use it: the replacements a broken module exports with
 tests/real_module.py). Not a module under test itself."""
 
-from distributed_impl import _linear_ce_fusion as good
+from shardcheck.distributed_impl import _linear_ce_fusion as good
 
 
 def make(hidden_states_to_logprobs):

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from distributed_impl import model_utils as good
-from distributed_impl.model_utils import (_all_gather_seq, _check_saved, _chunks, _compute_distributed_softmax,
+from shardcheck.distributed_impl import model_utils as good
+from shardcheck.distributed_impl.model_utils import (_all_gather_seq, _check_saved, _chunks, _compute_distributed_softmax,
                                           _compute_dtype, _gather_logprob_grad, _hidden_chunk_logits)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/

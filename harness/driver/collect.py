@@ -3,7 +3,7 @@
 Besides the rows, the collector writes what a failing item leaves for debugging: a `rerun`
 command that runs that item alone (on every fail/error row), and, for the first failures of
 a run, the full expected and actual tensors reassembled from every rank's piece, with an
-error map (harness/artefacts.py, reports/error_map.py)."""
+error map (harness/rank/artefacts.py, reports/error_map.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import shutil
 from collections import defaultdict
 from pathlib import Path
 
-from harness.artefacts import ArtefactBudget
-from harness.compare import merge_ranks
-from harness.events import PIECES
-from harness.items import Item, Plan, Xfail
-from harness.options import DEFAULT_TIMEOUT
-from harness.records import NO_CAUSE, PHASES, RecordWriter, ResultRow
+from shardcheck.harness.rank.artefacts import ArtefactBudget
+from shardcheck.harness.core.compare import merge_ranks
+from shardcheck.harness.core.events import PIECES
+from shardcheck.harness.core.plan_data import Item, Plan, Xfail
+from shardcheck.harness.core.options import DEFAULT_TIMEOUT
+from shardcheck.harness.core.records import NO_CAUSE, PHASES, RecordWriter, ResultRow
 
 
 class _ItemState:
@@ -294,7 +294,7 @@ def rerun_command(plan: Plan, item: Item) -> str:
     # Any module but our seed module is named, the default IMPLEMENTATION of an external suite's family too: the
     # command then needs nothing else of the run to test the same module.
     spec = plan.impl.get(family)
-    if spec and spec != f"distributed_impl.{family}":
+    if spec and spec != f"shardcheck.distributed_impl.{family}":
         if spec.endswith(".py") or "/" in spec:
             spec = str(Path(spec).resolve())  # the command works from any directory
         args += ["--impl", f"{family}={spec}"]

@@ -3,7 +3,7 @@ first failure to the smallest case that still fails the same way.
 
 Per op, one hypothesis search: `@given(space.params(topologies))`, seeded by `--seed` (the same seed draws the same
 examples), `--examples` of them (or until `--time` runs out).  An example is one item, run exactly as `shardcheck
-run` runs an item (harness.launch.run_plan: the same --timeout, hang budget and watchdog), its rows read back.  The
+run` runs an item (shardcheck.harness.driver.launch.run_plan: the same --timeout, hang budget and watchdog), its rows read back.  The
 first failing example fixes the failure's signature (its first failing check, the status and the symptom or error
 type: `grad:logits fail values`); from then on only examples failing with that signature count as failing, so
 hypothesis shrinks toward a smaller case of the same failure rather than wander off to another.  The example
@@ -11,7 +11,7 @@ hypothesis ends on is the smallest it found.
 
 Hypothesis's example database lives in the run directory (<out>/hypothesis/), new for every run: a later run
 never replays an earlier run's examples, so the same --seed gives the same search.  The memory of failures across
-runs is the corpus (harness/corpus.py), which `shardcheck run` replays.
+runs is the corpus (harness/driver/corpus.py), which `shardcheck run` replays.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.case import FuzzSpace
-from harness.compare import FAILING
-from harness.items import Plan
-from harness.launch import run_plan
-from harness.workers import WorkerPool
-from harness.plan import plan_fuzz_example
-from harness.records import RESULTS, RecordWriter
-from harness.topology import Topology
+from shardcheck.harness.core.case import FuzzSpace
+from shardcheck.harness.core.compare import FAILING
+from shardcheck.harness.core.plan_data import Plan
+from shardcheck.harness.driver.launch import run_plan
+from shardcheck.harness.driver.pool import WorkerPool
+from shardcheck.harness.driver.planner import plan_fuzz_example
+from shardcheck.harness.core.records import RESULTS, RecordWriter
+from shardcheck.harness.core.topology import Topology
 
 
 @dataclass

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 RESULTS = "results.jsonl"
 RUN_META = "run.json"
 
-# What went wrong in a non-passing row (`ResultRow.symptom`), as harness.causes names it.
+# What went wrong in a non-passing row (`ResultRow.symptom`), as shardcheck.harness.findings.causes names it.
 SYMPTOMS = {
     "values": "wrong values",
     "nonfinite": "non-finite values differ (NaN/±inf)",
@@ -42,6 +42,7 @@ SYMPTOMS = {
     "xpass": "a known failure now passes: remove its KnownFailure mark",
 }
 PHASES = ("setup", "forward", "backward", "properties")  # in the order a case runs them
+SIGNATURE_CHECK = "property:signature"  # the row of an --impl whose public names or parameters drift from the seed
 
 
 class _Row(TypedDict):
@@ -61,14 +62,14 @@ class _Row(TypedDict):
     backend: str
     seed: int
     check: str  # forward, forward:<output>, grad:<input>, property:<name>, bench
-    status: str  # pass, skip, xfail, warn, xpass, fail, error (harness.compare.STATUS_ORDER)
+    status: str  # pass, skip, xfail, warn, xpass, fail, error (shardcheck.harness.core.compare.STATUS_ORDER)
     max_abs_err: Optional[float]
     max_rel_err: Optional[float]
     budget: Optional[float]
     err_ratio: Optional[float]
     err_naive: Optional[float]
     mismatch: Optional[dict]  # the worst element: rank, coords, global_index, local_index, expected, got, kind
-    message: str  # for people; harness.causes reads the fields below, never this
+    message: str  # for people; shardcheck.harness.findings.causes reads the fields below, never this
     per_rank: list[dict]  # rank, coords, status, max_abs_err, err_ratio of every participating rank
     # What went wrong, as fields (None and [] on a passing row; an xfail row keeps its failure's, an xpass row
     # says "xpass"):
@@ -84,12 +85,12 @@ class _Row(TypedDict):
 class ResultRow(_Row, total=False):
     """One row of results.jsonl: one check of one item (op, case, topology, dtype)."""
     rerun: str  # on every row but pass and skip: a `shardcheck run` command that runs this item alone
-    xfail_reason: str  # on xfail and xpass rows: the case's KnownFailure (harness.case), its reason
+    xfail_reason: str  # on xfail and xpass rows: the case's KnownFailure (shardcheck.harness.core.case), its reason
     xfail_reference: str  # and its reference (an upstream issue), "" when it gives none
     item_seconds: float
     artefact: str  # failures/<item>/<check>.pt (the first failing items)
     error_map: str  # failures/<item>/<check>.png, drawn from the artefact by the report
-    time_ms: float  # benchmarks (harness/bench.py): times, memory and collectives
+    time_ms: float  # benchmarks (harness/rank/bench.py): times, memory and collectives
     time_ms_iqr: float
     time_fwd_ms: float
     time_bwd_ms: float

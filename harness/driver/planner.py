@@ -8,15 +8,15 @@ import zlib
 
 from dataclasses import replace
 
-from harness.case import BAD_INPUT_CHECK, Case, FuzzSpace
-from harness.corpus import CorpusEntry
-from harness.fuzz_cases import fuzz_case
-from harness.items import DTYPES, Item, Plan, Xfail
-from harness.module_under_test import resolve_impl
-from harness.options import DEFAULT_WORLD_SIZES
-from harness.suite_loader import (default_impl, external_suite_files, suite_cases, suite_family,
+from shardcheck.harness.core.case import BAD_INPUT_CHECK, Case, FuzzSpace
+from shardcheck.harness.driver.corpus import CorpusEntry
+from shardcheck.harness.rank.fuzz_cases import fuzz_case
+from shardcheck.harness.core.plan_data import DTYPES, Item, Plan, Xfail
+from shardcheck.harness.core.modules import resolve_impl
+from shardcheck.harness.core.options import DEFAULT_WORLD_SIZES
+from shardcheck.harness.rank.suite_loader import (default_impl, external_suite_files, suite_cases, suite_family,
                                   suite_file, suite_fuzz_spaces, suite_names)
-from harness.topology import Topology, UsageError, default_topologies
+from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
 
 DEFAULT_DTYPES = ("float64", "float32", "bfloat16")
 
@@ -97,7 +97,7 @@ def resolve_modules(ops: list[tuple[str, str]], impl: dict[str, str], suite_path
             raise UsageError(f"family {family!r} has no implementation: set IMPLEMENTATION in suite "
                              f"{suite_file(suite_name, suite_paths)} or pass --impl {family}=MODULE")
         modules[family] = resolve_impl(family, impl[family], origins[family])
-    # An op the module under test does not define is one finding (harness/signatures.py), not a TypeError
+    # An op the module under test does not define is one finding (harness/rank/signatures.py), not a TypeError
     # per item; a module that defines none of the selected ops is the wrong module.
     missing = {op: suite_name for suite_name, op in ops
                if not hasattr(modules[op.split(".", 1)[0]], op.split(".", 1)[1])}
@@ -134,7 +134,7 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
                corpus_dir: str = "") -> Plan:
     """The plan of a selection.  `suite_paths`: external suites (files or folders); without `suites_wanted`
     a run with external suites runs those (name built-in ones with --suite to add them), unless `ops` are
-    named, which are looked up in every suite.  `corpus`: saved fuzz failures (harness/corpus.py, found in
+    named, which are looked up in every suite.  `corpus`: saved fuzz failures (harness/driver/corpus.py, found in
     `corpus_dir`); those of the selected suites, ops and cases whose topology and dtype the run has come first."""
     for d in dtypes:
         if d not in DTYPES:
@@ -171,7 +171,7 @@ def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_pa
         if not fits:
             raise UsageError(f"topology {t} (size {t.size}) divides none of the world sizes {world_sizes}")
         # A launch of the topology's own size when one is asked for (or, without --world-sizes, always): no spare
-        # rank waits at every item's barrier, and launches of different sizes run side by side (harness/launch.py).
+        # rank waits at every item's barrier, and launches of different sizes run side by side (harness/driver/launch.py).
         # Else the largest that it divides (a hand-started worker's world runs every topology dividing it).
         return t.size if t.size in (requested_worlds or set(world_sizes)) else max(fits)
 

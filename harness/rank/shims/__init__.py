@@ -17,7 +17,7 @@ before it imports the module under test (`--no-shims`: none); the run records th
 
 from __future__ import annotations
 
-from harness.shims import te_thd_partition, torch_cp_attention
+from shardcheck.harness.rank.shims import te_thd_partition, torch_cp_attention
 
 
 def select(device: str) -> tuple[list, list[str]]:

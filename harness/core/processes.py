@@ -54,7 +54,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from harness.module_under_test import resolve_impl
+from shardcheck.harness.core.modules import resolve_impl
 
 HOST = "127.0.0.1"
 # Variables a launcher sets: removed in every fresh rank (it may have been forked from a worker
@@ -203,7 +203,7 @@ class _StoreLogHandler(logging.Handler):
 
 def module_ref(module: ModuleType) -> str:
     """How a fresh rank finds `module` again: its file when it was loaded from one by
-    `harness.module_under_test.resolve_impl` (`--impl FAMILY=path.py`), else its dotted name."""
+    `shardcheck.harness.core.modules.resolve_impl` (`--impl FAMILY=path.py`), else its dotted name."""
     if module.__name__.startswith("shardcheck_impl_") and getattr(module, "__file__", None):
         return module.__file__
     return module.__name__
@@ -254,7 +254,7 @@ def _rank_main(fn: Callable, args: tuple, rank: int, world_size: int, nodes: int
 
 # Imported once in the forkserver, so that a fresh rank does not pay for them (seconds each on a
 # loaded machine): torch, and what process-level ops on models use (DDP, FSDP2).
-PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.distributed.fsdp", "harness.processes")
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.distributed.fsdp", "shardcheck.harness.core.processes")
 _FORKSERVER_READY = False
 
 

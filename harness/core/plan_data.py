@@ -13,8 +13,8 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.
 
 @dataclass
 class Xfail:
-    """A case's KnownFailure (harness.case) resolved for one item: the checks it covers become `xfail` while they
-    fail and `xpass` once they pass (harness.collect)."""
+    """A case's KnownFailure (shardcheck.harness.core.case) resolved for one item: the checks it covers become `xfail` while they
+    fail and `xpass` once they pass (shardcheck.harness.driver.collect)."""
 
     reason: str
     reference: str
@@ -42,7 +42,7 @@ class Item:
     params: dict = field(default_factory=dict)  # the case's parameters, recorded in each row
     xfail: Xfail | None = None  # the case's known failure, where it applies to this item
     # A fuzz case's drawn parameters: every rank rebuilds the case from them through its suite's FuzzSpace
-    # (harness/fuzz_cases.py); None for a case of the suite's cases().
+    # (harness/rank/fuzz_cases.py); None for a case of the suite's cases().
     fuzz: dict | None = None
 
 
@@ -59,11 +59,11 @@ class Plan:
     bench: bool = False  # measure time, memory and collectives instead of checking values
     bench_iters: int = 10  # timed iterations, the same on every rank
     bench_warmup: int = 2
-    failure_artefacts: int = 0  # failing items whose tensors the ranks still save (harness/artefacts.py)
+    failure_artefacts: int = 0  # failing items whose tensors the ranks still save (harness/rank/artefacts.py)
     missing_ops: dict[str, str] = field(default_factory=dict)  # {op: suite} selected but not in the module under test
     shims: bool = True  # install harness/shims on every rank (only where the real thing cannot run)
-    suite_paths: list[str] = field(default_factory=list)  # absolute files of the external suites (harness/suite_loader.py)
-    # {family: its default module (harness.suite_loader.default_impl)}: what an --impl module's signatures are
+    suite_paths: list[str] = field(default_factory=list)  # absolute files of the external suites (harness/rank/suite_loader.py)
+    # {family: its default module (shardcheck.harness.rank.suite_loader.default_impl)}: what an --impl module's signatures are
     # compared with; None for a new family whose suites name no IMPLEMENTATION.
     default_impl: dict[str, str | None] = field(default_factory=dict)
     profile: str = ""  # a folder: each rank writes its cProfile there (`shardcheck run --profile`); "" = off

@@ -1,7 +1,7 @@
 """Driver: a launch of worker processes per world size, kept up for all its items (and, in a
 `WorkerPool`, for every later plan of that size).
 
-The driver starts the ranks itself (`python -m harness.worker`, one process each, RANK and
+The driver starts the ranks itself (`python -m shardcheck.harness.rank.worker`, one process each, RANK and
 WORLD_SIZE set): no torchrun between them, so a rank's exit status is known directly.  A
 launch that ends early (a peer stuck past --timeout, a rank that crashed or was killed) turns
 the item in flight into error rows naming the ranks, and the remaining items get a new
@@ -23,11 +23,11 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harness.artefacts import ArtefactBudget
-from harness.collect import Collector
-from harness.items import Item, Plan
-from harness.records import RecordWriter
-from harness.workers import Launch, LaunchSettings, WorkerPool
+from shardcheck.harness.rank.artefacts import ArtefactBudget
+from shardcheck.harness.driver.collect import Collector
+from shardcheck.harness.core.plan_data import Item, Plan
+from shardcheck.harness.core.records import RecordWriter
+from shardcheck.harness.driver.pool import Launch, LaunchSettings, WorkerPool
 
 WATCHDOG_GRACE = 60.0  # start-up of a launch (imports, rendezvous) counts against the watchdog too
 POLL_SECONDS = 0.05

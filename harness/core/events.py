@@ -1,10 +1,10 @@
-"""What the ranks tell the driver: one event log per rank, read back by harness.collect.
+"""What the ranks tell the driver: one event log per rank, read back by shardcheck.harness.driver.collect.
 
 Each rank appends JSON lines to DIR/rank<R>.jsonl (DIR: a launch's plan<k>/), one per event, flushed at once (a crash loses
 nothing): `start` (an item begins), `phase` (setup, forward, backward), `check` (one check's
 result on this rank), `stuck` (a peer did not arrive at the item's barrier: `missing` ranks),
 `done` (the item is over here).  For an item that failed somewhere, every rank saves the
-tensors it compared to DIR/pieces/item<id>/rank<R>.pt (harness.artefacts reassembles them)."""
+tensors it compared to DIR/pieces/item<id>/rank<R>.pt (shardcheck.harness.rank.artefacts reassembles them)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from pathlib import Path
 PIECES = "pieces"  # per launch: pieces/item<id>/rank<R>.pt, written by the workers for failing items
 
 # A worker's exit code when it ends because a peer is stuck or dead: a consequence, never counted as that
-# rank's death (harness.workers.Launch.deaths).
+# rank's death (shardcheck.harness.driver.pool.Launch.deaths).
 EXIT_PEER_STUCK = 3
 
-STOP = "stop"  # a plan file holding only this ends a launch: its ranks exit 0 (harness.worker.serve)
+STOP = "stop"  # a plan file holding only this ends a launch: its ranks exit 0 (shardcheck.harness.rank.worker.serve)
 
 
 def events_path(events_dir: Path, rank: int) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.topology import UsageError
+from shardcheck.harness.core.topology import UsageError
 
 DEFAULT_TIMEOUT = 60.0  # seconds one case may take (a rerun line leaves it out when it is this)
 DEFAULT_WORLD_SIZES = (1, 2, 4)  # the launches of a run that names neither world sizes nor topologies

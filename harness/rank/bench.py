@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from harness.case import REPLICATED, Case, RankContext, as_tuple, is_float
-from harness.measure import CommCounter, Timer, group_dims, peak_memory, split_comm
-from harness.items import DTYPES, Item
-from harness.topology import Topology, mesh_dims
+from shardcheck.harness.core.case import REPLICATED, Case, RankContext, as_tuple, is_float
+from shardcheck.harness.core.measure import CommCounter, Timer, group_dims, peak_memory, split_comm
+from shardcheck.harness.core.plan_data import DTYPES, Item
+from shardcheck.harness.core.topology import Topology, mesh_dims
 
 
 def median_iqr(values) -> tuple[float, float]:

@@ -22,10 +22,10 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.events import EXIT_PEER_STUCK, STOP
+from shardcheck.harness.core.events import EXIT_PEER_STUCK, STOP
 
 if TYPE_CHECKING:
-    from harness.items import Plan
+    from shardcheck.harness.core.plan_data import Plan
 
 STANDBY_WAIT = 900.0  # seconds a launch's ranks wait for their next plan before they exit
 MAX_IDLE_RANKS = 16  # a pool shared by many runs of different settings keeps at most this many ranks idle
@@ -35,21 +35,18 @@ def _worker_env(rank: int, world_size: int) -> dict:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores; one thread each avoids thrashing
     env["PYTHONUNBUFFERED"] = "1"
-    # The source tree must be importable by the workers whether or not it is installed.
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
                GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world_size),
                SHARDCHECK_DRIVER_PID=str(os.getpid()))  # a rank orphaned by a killed driver exits
     return env
 
 
-# CPU ranks are forked from one process per driver that has imported what a rank needs (harness/rank_imports.py): a
+# CPU ranks are forked from one process per driver that has imported what a rank needs (harness/rank/preload.py): a
 # launch of N ranks then costs no import, where N fresh processes cost N (about 2.5 s of CPU each, most of a one-item
 # run).  multiprocessing's fork server: nothing has run there (no thread, no process group) when it forks.  CUDA
 # ranks are fresh processes: a fork after CUDA has been touched is not safe, and their host has the cores to import
 # side by side.
-RANK_PRELOAD = ["harness.rank_imports"]
+RANK_PRELOAD = ["shardcheck.harness.rank.preload"]
 
 
 def _fork_server():
@@ -59,9 +56,12 @@ def _fork_server():
 
 
 def _forked_rank(env: dict, log_path: str, worker_argv: list[str]) -> None:
-    """A rank's life in a process forked from the fork server: `python -m harness.worker WORKER_ARGV`, as if started
-    afresh with `env`, output to `log_path`, in a session of its own."""
+    """A rank's life in a process forked from the fork server: `python -P -m shardcheck.harness.rank.worker
+    WORKER_ARGV`, as if started afresh with `env`, output to `log_path`, in a session of its own."""
     os.setsid()  # Launch.kill ends the rank's session: whatever it started goes too
+    # A rank imports nothing from the working directory by accident (the server inherited the driver's sys.path,
+    # which `python -m ...` or `python script.py` starts with it): a user's `reference.py` is no module of ours.
+    sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -73,7 +73,7 @@ def _forked_rank(env: dict, log_path: str, worker_argv: list[str]) -> None:
     import torch
 
     torch.set_num_threads(int(env["OMP_NUM_THREADS"]))  # the server's OpenMP read its own environment
-    from harness.worker import main
+    from shardcheck.harness.rank.worker import main
 
     sys.exit(main(worker_argv))
 
@@ -233,7 +233,8 @@ class Launch:
                 proc.start()
         else:
             with open(self.log_path, "ab") as log:  # every rank appends to the one log
-                self.procs = [subprocess.Popen([sys.executable, "-m", "harness.worker", *worker_argv], stdout=log,
+                self.procs = [subprocess.Popen([sys.executable, "-P", "-m", "shardcheck.harness.rank.worker", *worker_argv],
+                                               stdout=log,
                                                stderr=subprocess.STDOUT, env=_worker_env(rank, world_size),
                                                start_new_session=True)
                               for rank in range(world_size)]

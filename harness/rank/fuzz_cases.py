@@ -1,5 +1,5 @@
 """A fuzz case: the ordinary Case a suite's FuzzSpace builds from one drawn parameter dict, with the id, dtype and
-topology of that dict.  The driver (harness/fuzz.py, harness/plan.py) and every rank (harness/worker.py) build it
+topology of that dict.  The driver (harness/driver/fuzz.py, harness/driver/planner.py) and every rank (harness/rank/worker.py) build it
 the same way from the same dict, so an item needs to carry only the dict (Item.fuzz)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import hashlib
 import json
 from dataclasses import replace
 
-from harness.case import Case, FuzzSpace
-from harness.topology import Topology
+from shardcheck.harness.core.case import Case, FuzzSpace
+from shardcheck.harness.core.topology import Topology
 
 FUZZ_PREFIX = "fuzz-"
 

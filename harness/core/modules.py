@@ -1,4 +1,4 @@
-"""The module under test of a family: its default (our `distributed_impl.<family>`, or the IMPLEMENTATION its
+"""The module under test of a family: its default (our `shardcheck.distributed_impl.<family>`, or the IMPLEMENTATION its
 suite names) or what `--impl FAMILY=SPEC` names.  A spec is a dotted module name or a path to a .py file."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import zlib
 from pathlib import Path
 from types import ModuleType
 
-from harness.topology import UsageError
+from shardcheck.harness.core.topology import UsageError
 
 
 def is_path(spec: str) -> bool:
@@ -27,6 +27,29 @@ def same_module(a: str | None, b: str | None) -> bool:
     return a == b
 
 
+def import_file(path: Path, prefix: str) -> ModuleType:
+    """The module of a .py file, imported once per process under a name unique to its path.  As for `python
+    file.py`, its folder comes *first* on sys.path, so that its own siblings (an adapter's older module, a suite's
+    `reference.py`) win over anything installed; shardcheck itself is only importable as `shardcheck.*`, so it is
+    never shadowed.  A failed import leaves nothing behind: a later attempt runs the file again."""
+    mod_name = f"{prefix}_{zlib.crc32(str(path).encode()):08x}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    folder = str(path.parent)
+    if folder in sys.path:
+        sys.path.remove(folder)
+    sys.path.insert(0, folder)
+    module_spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[mod_name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[mod_name]
+        raise
+    return module
+
+
 def resolve_impl(family: str, spec: str, origin: str | None = None) -> ModuleType:
     """Import the module under test: a dotted module name or a path to a .py file.  `origin` names where the
     spec comes from in an error (default: `--impl FAMILY=SPEC`)."""
@@ -36,22 +59,7 @@ def resolve_impl(family: str, spec: str, origin: str | None = None) -> ModuleTyp
             path = Path(spec).resolve()
             if not path.is_file():
                 raise UsageError(f"{origin}: no such file")
-            # As for `python file.py`, the file's own folder is importable: a module under test may import its
-            # siblings (an adapter the older module it adapts).  Appended, so it shadows nothing installed.
-            if str(path.parent) not in sys.path:
-                sys.path.append(str(path.parent))
-            mod_name = f"shardcheck_impl_{family}_{zlib.crc32(str(path).encode()):08x}"
-            if mod_name in sys.modules:
-                return sys.modules[mod_name]
-            module_spec = importlib.util.spec_from_file_location(mod_name, path)
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[mod_name] = module
-            try:
-                module_spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[mod_name]  # a later attempt imports it again rather than a half-run module
-                raise
-            return module
+            return import_file(path, f"shardcheck_impl_{family}")
         return importlib.import_module(spec)
     except UsageError:
         raise

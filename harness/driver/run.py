@@ -9,17 +9,17 @@ import argparse
 import datetime as dt
 from pathlib import Path
 
-from harness import shims
-from harness.compare import FAILING
-from harness.corpus import corpus_dir, load_corpus
-from harness.items import Plan
-from harness.options import (EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args, add_suite_path_arg, impl_map,  # noqa: F401
+from shardcheck.harness.rank import shims
+from shardcheck.harness.core.compare import FAILING
+from shardcheck.harness.driver.corpus import corpus_dir, load_corpus
+from shardcheck.harness.core.plan_data import Plan
+from shardcheck.harness.core.options import (EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args, add_suite_path_arg, impl_map,  # noqa: F401
                              str_list)
-from harness.plan import build_plan
-from harness.records import RUN_META, RecordWriter, run_metadata, write_json
-from harness.signatures import signature_rows
-from harness.suite_loader import config_suite_paths
-from harness.topology import Topology, UsageError
+from shardcheck.harness.driver.planner import build_plan
+from shardcheck.harness.core.records import RUN_META, RecordWriter, run_metadata, write_json
+from shardcheck.harness.rank.signatures import signature_rows
+from shardcheck.harness.rank.suite_loader import config_suite_paths
+from shardcheck.harness.core.topology import Topology, UsageError
 
 
 def suite_paths(args: argparse.Namespace) -> list[str]:

@@ -57,7 +57,7 @@ def sent_bytes(func, args) -> int:
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from harness.topology import mesh_dims
+from shardcheck.harness.core.topology import mesh_dims
 
 _NOT_COUNTED = {"wait_tensor", "barrier", "monitored_barrier"}
 _KIND = {  # dispatcher op name -> collective kind

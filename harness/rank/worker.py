@@ -1,7 +1,7 @@
 """Worker: one process per rank; runs the items of one plan after another.
 
-    python -m harness.worker --launch-dir DIR ...          # started by the driver (harness.launch), RANK/WORLD_SIZE set
-    torchrun --nnodes 2 ... -m harness.worker --suite model_utils --out shardcheck-runs/x   # by hand
+    python -m shardcheck.harness.rank.worker --launch-dir DIR ...          # started by the driver (shardcheck.harness.driver.launch), RANK/WORLD_SIZE set
+    torchrun --nnodes 2 ... -m shardcheck.harness.standalone --suite model_utils --out shardcheck-runs/x   # by hand
 
 Started by the driver, the ranks rendezvous first (rank 0 hosts the store on a free port and writes it to
 DIR/store-port), then wait for DIR/plan0.json, run it, wait for DIR/plan1.json, and so on: a launch is started
@@ -33,19 +33,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from harness.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
-from harness import shims
-from harness.bench import run_bench_item
-from harness.case import BAD_INPUT_CHECK, REPLICATED, Case, RankContext, as_tuple, is_float
-from harness.compare import budget, compare, judge
-from harness.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path
-from harness.items import DTYPES, Item, Plan
-from harness.measure import CommCounter, comm_violations, group_dims, split_comm
-from harness.signatures import under_test
-from harness.fuzz_cases import fuzz_case
-from harness.suite_loader import suite_cases, suite_fuzz_spaces
-from harness.topology import Topology, build_mesh, mesh_coords, mesh_dims
-from reference import low_precision_math
+from shardcheck.harness.rank.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
+from shardcheck.harness.rank import shims
+from shardcheck.harness.rank.bench import run_bench_item
+from shardcheck.harness.core.case import BAD_INPUT_CHECK, REPLICATED, Case, RankContext, as_tuple, is_float
+from shardcheck.harness.core.compare import budget, compare, judge
+from shardcheck.harness.core.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path
+from shardcheck.harness.core.plan_data import DTYPES, Item, Plan
+from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
+from shardcheck.harness.rank.signatures import under_test
+from shardcheck.harness.rank.fuzz_cases import fuzz_case
+from shardcheck.harness.rank.suite_loader import suite_cases, suite_fuzz_spaces
+from shardcheck.harness.core.topology import Topology, build_mesh, mesh_coords, mesh_dims
+from shardcheck.reference import low_precision_math
 
 RAISED_GRACE = 10.0  # seconds the ranks at an item's barrier still wait for their peers once one of them raised
 BARRIER_SLICE = 1.0  # how often a rank waiting at the barrier looks whether a peer raised
@@ -164,7 +164,7 @@ class Worker:
             if item.fuzz is not None:
                 space = suite_fuzz_spaces(item.suite, plan.suite_paths)[item.op]
                 self.cases[(item.op, item.case_id)] = fuzz_case(space, item.fuzz)
-        # someone else's module: its ops are called by the seed's parameter names (harness/signatures.py)
+        # someone else's module: its ops are called by the seed's parameter names (harness/rank/signatures.py)
         self.impls = {fam: under_test(fam, spec, plan.default_impl.get(fam)) for fam, spec in plan.impl.items()}
         self._golden_key, self._golden = None, None
         self.events_dir = events_dir
@@ -224,7 +224,7 @@ class Worker:
                 on_item_done(item)
 
     def save_pieces(self, item: Item, pieces: dict[str, dict]) -> None:
-        """This rank's pieces of a failing item, for the driver to reassemble (harness/artefacts.py)."""
+        """This rank's pieces of a failing item, for the driver to reassemble (harness/rank/artefacts.py)."""
         path = self.events_dir / PIECES / f"item{item.id}" / f"rank{self.rank}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
         pieces = {c: {**p, "got": p["got"].cpu(), "expected": p["expected"].cpu()} for c, p in pieces.items()}
@@ -532,7 +532,7 @@ def _error_fields(exc: BaseException) -> dict:
 
 def _judge(got, expected, gold_full, ref_full, dtype, lay, mesh, inputs) -> tuple[dict, str, float, torch.Tensor]:
     """(stats, status, err/budget, this rank's budgets) of a local tensor against its slice of the golden,
-    with the budgets of a reference `ref_full` run in `dtype` (harness.compare.budget)."""
+    with the budgets of a reference `ref_full` run in `dtype` (shardcheck.harness.core.compare.budget)."""
     b_full, naive_err_full = budget(gold_full, ref_full, dtype)
     limit = lay.local(b_full, mesh, inputs)
     err_naive = lay.local(naive_err_full, mesh, inputs) if naive_err_full is not None else None
@@ -616,22 +616,20 @@ def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, timeout
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.worker")
+    parser = argparse.ArgumentParser(prog="python -m shardcheck.harness.rank.worker")
     parser.add_argument("--launch-dir", type=Path, help="the launch's folder: plans come, events go there (driver mode)")
     parser.add_argument("--plan-wait", type=float, default=900.0, help="seconds to wait for each plan")
     parser.add_argument("--launch-device", default="cpu")
     parser.add_argument("--launch-backend", default="gloo")
     parser.add_argument("--launch-timeout", type=float, default=60.0, help="the run's --timeout")
     parser.add_argument("--launch-no-shims", action="store_true")
-    args, rest = parser.parse_known_args(argv)
-    if args.launch_dir:
-        return serve(args.launch_dir, args.plan_wait, args.launch_device, args.launch_backend, args.launch_timeout,
-                     not args.launch_no_shims)
-    # Started by a torchrun command written by hand: this process becomes harness.standalone, which builds
-    # the plan and collects (the driver's side); the rank side never imports the driver.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "harness.standalone", *rest])
+    parser.epilog = ("started by the driver; a torchrun written by hand runs `-m shardcheck.harness.standalone`, "
+                     "which plans, runs this worker on every rank and collects")
+    args = parser.parse_args(argv)
+    if not args.launch_dir:
+        parser.error("--launch-dir is required (a torchrun written by hand runs -m shardcheck.harness.standalone)")
+    return serve(args.launch_dir, args.plan_wait, args.launch_device, args.launch_backend, args.launch_timeout,
+                 not args.launch_no_shims)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from harness.topology import MESH_DIMS, Topology, mesh_dims
+from shardcheck.harness.core.topology import MESH_DIMS, Topology, mesh_dims
 
 Tensors = dict[str, torch.Tensor]
 
@@ -460,7 +460,7 @@ class FuzzSpace:
     holds "topology": [dp, cp, tp] and "dtype": a dtype name, beside the case's own parameters (sizes, chunking,
     masking ratios, which special values, ...).  `case(params)` builds the ordinary Case those parameters
     describe; every rank rebuilds it from the same dict, so it must be a pure function of it.  The harness gives
-    the case its id, its one dtype and its one topology (harness/fuzz_cases.py)."""
+    the case its id, its one dtype and its one topology (harness/rank/fuzz_cases.py)."""
 
     op: str
     params: Callable[[list[Topology]], Any]  # -> hypothesis SearchStrategy[dict]

@@ -1,7 +1,7 @@
 """Signatures of a module under test against its family's default module, and calls by keyword.
 
-A family's default module (`Plan.default_impl`, harness/suite_loader.py) is its seed module (our
-`distributed_impl.<family>`) for the five built-in families, the IMPLEMENTATION its suite names for a
+A family's default module (`Plan.default_impl`, harness/rank/suite_loader.py) is its seed module (our
+`shardcheck.distributed_impl.<family>`) for the five built-in families, the IMPLEMENTATION its suite names for a
 new one; "the seed" below is that module.  Before a run with `--impl FAMILY=...`, every selected op of
 that family is compared with the seed's signature (`inspect.signature`; an autograd Function by its
 `forward` without ctx, another class by its `__init__` without self).  Each op a caller of the seed API
@@ -23,11 +23,11 @@ from typing import Any, Callable
 
 import torch
 
-from harness.module_under_test import resolve_impl, same_module
-from harness.records import NO_CAUSE
+from shardcheck.harness.core.modules import resolve_impl, same_module
+from shardcheck.harness.core.records import NO_CAUSE, SIGNATURE_CHECK
 
 SEED_PACKAGE = "distributed_impl"
-SIGNATURE_CHECK = "property:signature"
+
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 

@@ -12,7 +12,7 @@ gets budget 0: correct code gives exact zeros there.  A tensor-wide scale let hu
 in rows of zeros (x100 bfloat16 logits: a gradient error of ~1 at masked targets passed).  The
 floor matters where err_naive is small by luck (a scalar loss: one rounding).  Where each rank's
 output is its own summand of the loss (summed_over), the reference backpropagates each summand and
-adds the gradients in its dtype, as the ranks do.  Calibrated with `python -m harness.calibrate
+adds the gradients in its dtype, as the ranks do.  Calibrated with `python -m shardcheck.harness.calibrate
 --seeds 4` (the full default matrix, every suite; 4 x 4,963 float32/bfloat16 values and gradients of
 correct code; README, Calibration): with KAPPA 20 and 8 ulps for both dtypes float32 reached 0.85
 (err/err_naive 30, on 37-wide rows of from_parallel_logits_to_logprobs' gradient, at tp = cp = 1 as
@@ -26,7 +26,7 @@ Statuses: pass < skip < xfail < warn < xpass < fail < error.  `warn` is a findin
 bug: a float64 result within the float32 budget (float64 computed in float32), a bfloat16 result within
 the budget of bfloat16 math, collectives beyond the communication contract.  It fails a run only
 under `--strict`.  `xfail` and `xpass` are set by the driver on the checks a case's KnownFailure covers
-(harness.collect): a known failure that still fails (never fails a run), and one that now passes on every
+(shardcheck.harness.driver.collect): a known failure that still fails (never fails a run), and one that now passes on every
 rank (fails a run: the mark must go).  Ranks report pass, skip, warn, fail and error only.
 """
 
@@ -37,7 +37,7 @@ import math
 import torch
 
 RTOL_FLOAT64 = 1e-10
-# Per output dtype (harness.calibrate on the full default matrix): float32 rows are short (a 37-token
+# Per output dtype (shardcheck.harness.calibrate on the full default matrix): float32 rows are short (a 37-token
 # vocab) and their err_naive is small by luck more often than bfloat16's, which input rounding dominates.
 KAPPA = {torch.float32: 30.0, torch.bfloat16: 20.0, torch.float16: 20.0}
 FLOOR_ULPS = {torch.float32: 24.0, torch.bfloat16: 8.0, torch.float16: 8.0}
@@ -219,7 +219,7 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
 
 
 def rank_symptom(rank_result: dict) -> str:
-    """What went wrong on one rank (a key of harness.records.SYMPTOMS): as the worker named it, else from
+    """What went wrong on one rank (a key of shardcheck.harness.core.records.SYMPTOMS): as the worker named it, else from
     the check and what the comparison found."""
     if rank_result.get("symptom"):
         return rank_result["symptom"]
@@ -238,7 +238,7 @@ def rank_symptom(rank_result: dict) -> str:
 
 
 def cause_fields(bad: list[dict], missing: list[int]) -> dict:
-    """The structured cause of a merged row (harness.records.ResultRow): `bad` its not-passing rank results,
+    """The structured cause of a merged row (shardcheck.harness.core.records.ResultRow): `bad` its not-passing rank results,
     likely cause first, `missing` the ranks that reported nothing.  The culprits are the ranks with the cause's
     status that failed on their own; the ranks whose error followed a peer's failure, and those that reported
     nothing, are blocked."""

@@ -14,9 +14,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.fuzz_cases import canonical, fuzz_case_id
-from harness.suite_loader import config_fuzz_corpus
-from harness.topology import UsageError
+from shardcheck.harness.rank.fuzz_cases import canonical, fuzz_case_id
+from shardcheck.harness.rank.suite_loader import config_fuzz_corpus
+from shardcheck.harness.core.topology import UsageError
 
 DEFAULT_CORPUS = "fuzz-corpus"
 FIELDS = {"suite": str, "op": str, "params": dict, "seed": int, "signature": list, "impl": (str, type(None)),
@@ -28,7 +28,7 @@ class CorpusEntry:
     suite: str
     op: str
     params: dict  # the drawn dict: "topology", "dtype" and the op's own parameters
-    seed: int  # the fuzz run's --seed: the case's inputs are drawn from it (harness.plan.item_seed)
+    seed: int  # the fuzz run's --seed: the case's inputs are drawn from it (shardcheck.harness.driver.planner.item_seed)
     signature: list[str]  # the failure: [check, status, symptom or error type]
     impl: str | None  # the module it failed on (None: the family's default)
     found: str = field(default_factory=lambda: dt.date.today().isoformat())

@@ -1,6 +1,6 @@
 """Group a run's non-passing rows into causes: what a person would find reading them all by hand.
 
-Everything is read from the structured fields of the rows (harness.records.ResultRow: the symptom,
+Everything is read from the structured fields of the rows (shardcheck.harness.core.records.ResultRow: the symptom,
 the culprit ranks, the exception's type, message and raising location, the phase), never parsed out
 of the messages; only an exception's own message has its numbers blanked, so alike errors group.
 
@@ -8,7 +8,7 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    message, raising line), a rank that died, a hang, or per check a wrong value, dtype, shape, a
    missing gradient; a property that does not hold; a warning's finding.  A rank that raised and the
    peers that then blocked or lost their connection are one symptom, named by the exception
-   (harness.collect records the raising rank as the item's cause on every error row of the item).
+   (shardcheck.harness.driver.collect records the raising rank as the item's cause on every error row of the item).
 2. Conditions.  Each symptom gets the condition that separates its rows from the op's passing rows:
    the smallest conjunction of predicates over the check, dtype, mesh dims and case parameters that
    holds on every row of the symptom and on no passing row ("exactly in grad:logits, at tp ≥ 2");
@@ -41,9 +41,8 @@ from typing import Callable
 
 import pandas as pd
 
-from harness.compare import NOT_PASSING, STATUS_ORDER
-from harness.records import SYMPTOMS
-from harness.signatures import SIGNATURE_CHECK
+from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
+from shardcheck.harness.core.records import SIGNATURE_CHECK, SYMPTOMS
 
 COLUMNS = ["op", "ops", "status", "kind", "checks", "count", "condition", "worst", "rerun"]
 MESH = ("dp", "cp", "tp")
@@ -464,7 +463,7 @@ KNOWN_COLUMNS = ["op", "reason", "reference", "checks", "count", "items", "where
 
 
 def known_failures(df: pd.DataFrame) -> pd.DataFrame:
-    """The run's `xfail` rows, one line per known failure (its reason and reference, harness.case.KnownFailure):
+    """The run's `xfail` rows, one line per known failure (its reason and reference, shardcheck.harness.core.case.KnownFailure):
     the ops and checks it covered, how many rows and items, where (topologies, dtypes) and one rerun line."""
     if not len(df) or "status" not in df:
         return pd.DataFrame(columns=KNOWN_COLUMNS)

@@ -1,4 +1,4 @@
-"""What the fork server imports once for every CPU rank it forks (`harness/workers.py`): the worker, torch and
+"""What the fork server imports once for every CPU rank it forks (`harness/driver/pool.py`): the worker, torch and
 DTensor, and torch._dynamo, which DTensor's first op imports (~0.8 s, else paid by each rank inside its first item).
 
 Python's pattern for a process that forks without exec (the `gc` module's documentation): the collector off while
@@ -11,7 +11,7 @@ import gc
 gc.disable()
 import torch._dynamo  # noqa: E402,F401
 
-import harness.worker  # noqa: E402,F401
+import shardcheck.harness.rank.worker  # noqa: E402,F401
 
 gc.freeze()
 gc.enable()

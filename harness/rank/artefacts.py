@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from harness.items import Item
+from shardcheck.harness.core.plan_data import Item
 
 MAX_FAILURE_ITEMS = 8  # items per run whose failing tensors are kept
 MAX_NUMEL = 4 * 2 ** 20  # per full tensor: 32 MiB in float64; larger ones are not saved
@@ -48,7 +48,7 @@ def reassemble(pieces: dict[int, dict]) -> dict:
     expected = torch.full(shape, torch.nan, dtype=torch.float64)
     actual = torch.full(shape, torch.nan, dtype=torch.float64)
     err = torch.full(shape, -1.0, dtype=torch.float64)
-    limit = torch.full(shape, torch.nan, dtype=torch.float64)  # per-element budgets (harness.compare.budget)
+    limit = torch.full(shape, torch.nan, dtype=torch.float64)  # per-element budgets (shardcheck.harness.core.compare.budget)
     for rank in sorted(pieces):
         p = pieces[rank]
         grid = torch.meshgrid(*[ix.long() for ix in p["indices"]], indexing="ij") if shape else ()

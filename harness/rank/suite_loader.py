@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
-import suites
-from harness.case import Case, FuzzSpace
-from harness.module_under_test import is_path
-from harness.topology import UsageError
+from shardcheck import suites
+from shardcheck.harness.core.case import Case, FuzzSpace
+from shardcheck.harness.core.modules import import_file, is_path
+from shardcheck.harness.core.topology import UsageError
 
 BENCH_FALLBACK_CASES = 2  # per op without benchmark cases
 BUILTIN_DIR = Path(suites.__file__).resolve().parent
@@ -81,22 +81,11 @@ def is_external(name: str, suite_paths: Sequence[str] = ()) -> bool:
 
 
 def _import_file(path: Path) -> ModuleType:
-    """An external suite imported from its file, once per process; its folder appended to sys.path (as for
-    `python file.py`, appended so that it shadows nothing installed)."""
-    mod_name = f"shardcheck_suite_{path.stem}_{zlib.crc32(str(path).encode()):08x}"
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    if str(path.parent) not in sys.path:
-        sys.path.append(str(path.parent))
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
+    """An external suite imported from its file, once per process (its folder first on sys.path)."""
     try:
-        spec.loader.exec_module(module)
+        return import_file(path, f"shardcheck_suite_{path.stem}")
     except BaseException as exc:  # an import can raise anything, SystemExit included
-        del sys.modules[mod_name]
         raise UsageError(f"suite {path}: cannot import: {type(exc).__name__}: {exc}".splitlines()[0]) from None
-    return module
 
 
 def _check_module(module: ModuleType, path: Path) -> None:
@@ -123,7 +112,7 @@ def suite_family(name: str, suite_paths: Sequence[str] = ()) -> str:
 
 def load_suite(name: str, suite_paths: Sequence[str] = ()) -> ModuleType:
     path = suite_file(name, suite_paths)
-    module = importlib.import_module(f"suites.{name}") if path.parent == BUILTIN_DIR else _import_file(path)
+    module = importlib.import_module(f"shardcheck.suites.{name}") if path.parent == BUILTIN_DIR else _import_file(path)
     _check_module(module, path)
     return module
 
@@ -187,7 +176,7 @@ def suite_fuzz_spaces(name: str, suite_paths: Sequence[str] = ()) -> dict[str, F
 
 def default_impl(family: str, suite_paths: Sequence[str] = ()) -> str | None:
     """The module a family's ops run on without `--impl`, and that an `--impl` module's signatures are compared
-    with: the IMPLEMENTATION its suites name (a path made absolute), else our `distributed_impl.<family>` for a
+    with: the IMPLEMENTATION its suites name (a path made absolute), else our `shardcheck.distributed_impl.<family>` for a
     built-in family; None for a new family whose suites name none.  Suites naming different ones: UsageError."""
     named: dict[str, str] = {}  # implementation -> the suite naming it
     for name in suite_names(suite_paths):
@@ -197,7 +186,7 @@ def default_impl(family: str, suite_paths: Sequence[str] = ()) -> str | None:
         path = suite_file(name, suite_paths)
         spec = getattr(suite, "IMPLEMENTATION", None)
         if spec is None and path.parent == BUILTIN_DIR:
-            spec = f"distributed_impl.{family}"
+            spec = f"shardcheck.distributed_impl.{family}"
         elif spec is not None and is_path(spec):
             spec = str((path.parent / spec).resolve())
             if not Path(spec).is_file():
