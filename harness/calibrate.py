@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from shardcheck.harness.core.compare import FLOOR_ULPS, KAPPA
-from shardcheck.harness.core.records import load
+from shardcheck.harness.core.records import Status, load
 
 
 def _by_name(constants: dict) -> dict:
@@ -58,11 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     print(naive_led.assign(r=ratio).groupby("dtype")["r"].describe(percentiles=[0.5, 0.99]).to_markdown())
     print("\nerr / budget, every low-precision check:")
     print(rows.groupby("dtype")["err_ratio"].describe(percentiles=[0.5, 0.99]).to_markdown())
-    zero_rows = rows[(rows["budget"] == 0) & (rows["status"] != "pass")]
+    zero_rows = rows[(rows["budget"] == 0) & (rows["status"] != Status.PASS)]
     print(f"\nerrors in rows whose golden and reference are exact zeros: {len(zero_rows)}")
     worst = rows.sort_values("err_ratio", ascending=False).head(5)
     print(worst[["op", "case_id", "dp", "tp", "dtype", "check", "err_ratio"]].to_markdown(index=False))
-    failed = int((rows["status"] != "pass").sum())
+    failed = int((rows["status"] != Status.PASS).sum())
     print(f"\nchecks: {len(rows)} ({failed} not passing); largest err/err_naive {ratio.max():.3f} "
           f"(KAPPA {_by_name(KAPPA)}, FLOOR_ULPS {_by_name(FLOOR_ULPS)}); largest err/budget {rows['err_ratio'].max():.3f}")
     return 0 if failed == 0 and rows["err_ratio"].max() <= 0.5 else 1

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from shardcheck.harness.core.options import (DEFAULT_TIMEOUT, DEFAULT_WORLD_SIZES, EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args,
                              add_suite_path_arg, impl_map, str_list)
 from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
+from shardcheck.harness.core.records import Status
 
 if TYPE_CHECKING:
     from shardcheck.harness.driver.pool import WorkerPool
@@ -247,12 +248,12 @@ def _run(args) -> int:
     _write_ci_outputs(run_dir, rows, run_id, args.junit_xml)
     counts = writer.counts
     _print_findings(rows)
-    known = "".join(f", {counts[s]} {s}ed" for s in ("xfail", "xpass") if counts["xfail"] or counts["xpass"])
+    known = "".join(f", {counts[s]} {s}ed" for s in (Status.XFAIL, Status.XPASS) if counts[Status.XFAIL] or counts[Status.XPASS])
     print(f"shardcheck: {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
           f"{counts['error']} errors, {counts['skip']} skipped{known} -> {run_dir / 'report.html'}")
-    if counts["fail"] or counts["error"] or counts["xpass"]:
+    if counts[Status.FAIL] or counts[Status.ERROR] or counts[Status.XPASS]:
         _print_failures(run_dir, rows)
-    elif counts["warn"] and args.strict:
+    elif counts[Status.WARN] and args.strict:
         print(f"shardcheck: --strict: {counts['warn']} warning(s) fail the run")
     return exit_code(counts, args.strict)
 

@@ -23,13 +23,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from shardcheck.harness.core.records import RUN_META, load  # noqa: E402
+from shardcheck.harness.core.records import RUN_META, Status, load  # noqa: E402
 from shardcheck.reports.regression import PASSED, change_notes  # noqa: E402
 
 DASHBOARD = "dashboard.html"
 LINE_KEY = ["dp", "cp", "tp", "dtype", "device", "device_name"]
 CHECK_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "device", "device_name", "check"]
-STATUSES = ["pass", "warn", "fail", "error", "skip", "xfail", "xpass"]
+STATUSES = [Status.PASS, Status.WARN, Status.FAIL, Status.ERROR, Status.SKIP, Status.XFAIL, Status.XPASS]
 STATUS_COLOURS = {"pass": "#4caf50", "warn": "#ffb300", "fail": "#e53935", "error": "#8e0000", "skip": "#bdbdbd",
                   "xfail": "#7986cb", "xpass": "#d81b60"}
 
@@ -73,7 +73,7 @@ def _new_failures(rows: pd.DataFrame, run: int) -> int:
     now = rows[rows["run"] == run].set_index(CHECK_KEY)["status"]
     before = rows[rows["run"] < run].sort_values("run").groupby(CHECK_KEY)["status"].last()
     both = pd.concat([before.rename("before"), now.rename("now")], axis=1, join="inner")
-    return int((both["before"].isin(PASSED) & both["now"].isin(["fail", "error", "xfail"])).sum())
+    return int((both["before"].isin(PASSED) & both["now"].isin([Status.FAIL, Status.ERROR, Status.XFAIL])).sum())
 
 
 def _band(row) -> tuple[float, float, float]:
@@ -174,7 +174,7 @@ def build_dashboard(run_dirs: list[Path], out_dir: Path, max_slowdown: float = 1
             f"Regression marks follow <code>shardcheck compare</code>'s rule against the previous run of the same line "
             f"(time beyond {max_slowdown:g}% and beyond the two runs' IQRs added; memory beyond {max_memory_growth:g}%; "
             f"a check that passed and now fails, or is marked as a known failure).</p>",
-            "<h2>Runs</h2>", _table_html(table, bad_columns=("fail", "error", "xpass", "new failures")),
+            "<h2>Runs</h2>", _table_html(table, bad_columns=(Status.FAIL, Status.ERROR, Status.XPASS, "new failures")),
             f"<img alt='checks per run' src='data:image/png;base64,{counts_figure(table, runs)}'>",
             f"<h2>Regressions ({len(marks)})</h2>"]
     if len(marks):

@@ -23,14 +23,15 @@ from pathlib import Path
 import pandas as pd
 
 from shardcheck.harness.core.compare import FAILING, STATUS_ORDER
+from shardcheck.harness.core.records import Status
 
 ITEM_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype"]
 
 
 def _item_status(statuses: pd.Series) -> str:
     worst = max(statuses, key=STATUS_ORDER.__getitem__)
-    if worst == "skip" and (statuses == "pass").any():
-        return "pass"  # a skipped property beside passing checks: the item passed
+    if worst == Status.SKIP and (statuses == Status.PASS).any():
+        return Status.PASS  # a skipped property beside passing checks: the item passed
     return worst
 
 
@@ -72,21 +73,21 @@ def junit_tree(df: pd.DataFrame, run_id: str) -> ET.ElementTree:
                 text = "\n".join(f"{r['check']}: {r['status']}: {r['message']}" for _, r in bad.iterrows()) + _rerun(rows)
                 tag = "error" if status == "error" else "failure"
                 message = (f"{first['check']}: {_known_failure(first)} now passes on every rank; remove its mark"
-                           if first["status"] == "xpass" else f"{first['check']}: {first['message']}")
+                           if first["status"] == Status.XPASS else f"{first['check']}: {first['message']}")
                 element = ET.SubElement(case, tag, message=message[:1000], type=_failure_type(first))
                 element.text = text
                 counts["errors" if status == "error" else "failures"] += 1
-            elif status == "warn":
-                noted = rows[rows["status"].isin(["warn", "xfail"])]  # a known failure beside it: shown too
+            elif status == Status.WARN:
+                noted = rows[rows["status"].isin([Status.WARN, Status.XFAIL])]  # a known failure beside it: shown too
                 text = "\n".join(f"{r['status']}: {r['check']}: {r['message']}" for _, r in noted.iterrows())
                 ET.SubElement(case, "system-out").text = text + _rerun(rows)
-            elif status == "xfail":
-                known = rows[rows["status"] == "xfail"]
+            elif status == Status.XFAIL:
+                known = rows[rows["status"] == Status.XFAIL]
                 element = ET.SubElement(case, "skipped", type="shardcheck.xfail",
                                         message=_known_failure(known.iloc[0])[:1000])
                 element.text = "\n".join(f"{r['check']}: {r['message']}" for _, r in known.iterrows()) + _rerun(rows)
                 counts["skipped"] += 1
-            elif status == "skip":
+            elif status == Status.SKIP:
                 ET.SubElement(case, "skipped", message=str(rows["message"].iloc[0]))
                 counts["skipped"] += 1
         for key, value in counts.items():

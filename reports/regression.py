@@ -19,20 +19,20 @@ from __future__ import annotations
 
 import pandas as pd
 
-from shardcheck.harness.core.records import load
+from shardcheck.harness.core.records import Status, load
 
 KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "device", "check"]
-PASSED = ("pass", "xpass")  # the check's results were right
-STOPPED_PASSING = ("xfail", "warn", "fail", "error")  # from PASSED to one of these: a regression
+PASSED = (Status.PASS, Status.XPASS)  # the check's results were right
+STOPPED_PASSING = (Status.XFAIL, Status.WARN, Status.FAIL, Status.ERROR)  # from PASSED to one of these: a regression
 KNOWN_FAILURE_CHANGES = {  # (BASE, NEW) status -> what a person should read; none of them a regression
-    ("xfail", "xpass"): "known failure now passes: remove its KnownFailure mark",
-    ("xfail", "pass"): "known failure fixed",
-    ("xfail", "fail"): "known failure no longer marked",
-    ("xfail", "error"): "known failure no longer marked, now an error",
-    ("fail", "xfail"): "now marked as a known failure",
-    ("error", "xfail"): "now marked as a known failure",
-    ("pass", "xpass"): "a KnownFailure mark now covers this passing check",
-    ("xpass", "pass"): "KnownFailure mark removed",
+    (Status.XFAIL, Status.XPASS): "known failure now passes: remove its KnownFailure mark",
+    (Status.XFAIL, Status.PASS): "known failure fixed",
+    (Status.XFAIL, Status.FAIL): "known failure no longer marked",
+    (Status.XFAIL, Status.ERROR): "known failure no longer marked, now an error",
+    (Status.FAIL, Status.XFAIL): "now marked as a known failure",
+    (Status.ERROR, Status.XFAIL): "now marked as a known failure",
+    (Status.PASS, Status.XPASS): "a KnownFailure mark now covers this passing check",
+    (Status.XPASS, Status.PASS): "KnownFailure mark removed",
 }
 
 
@@ -50,7 +50,7 @@ def change_notes(base: dict, new: dict, max_slowdown: float, max_memory_growth: 
     statuses = (base["status"], new["status"])
     if base["status"] in PASSED and new["status"] in STOPPED_PASSING:
         notes.append(f"REGRESSION: {base['status']} -> {new['status']}"  # a new finding too
-                     + (" (passed in BASE, a known failure in NEW)" if new["status"] == "xfail" else ""))
+                     + (" (passed in BASE, a known failure in NEW)" if new["status"] == Status.XFAIL else ""))
     elif statuses in KNOWN_FAILURE_CHANGES:
         notes.append(f"{base['status']} -> {new['status']}: {KNOWN_FAILURE_CHANGES[statuses]}")
     tb, tn = base["time_ms"], new["time_ms"]

@@ -16,7 +16,7 @@ import pandas as pd  # noqa: E402
 
 from shardcheck.harness.findings.causes import causes, finding_lines, known_failure_text, known_failures  # noqa: E402
 from shardcheck.harness.core.compare import FAILING, STATUS_ORDER  # noqa: E402
-from shardcheck.harness.core.records import RUN_META, load  # noqa: E402
+from shardcheck.harness.core.records import RUN_META, Status, load  # noqa: E402
 from shardcheck.reports import benchmark_json  # noqa: E402
 from shardcheck.reports.error_map import draw_artefact  # noqa: E402
 
@@ -110,7 +110,7 @@ def _failures_html(items: list[dict], run_dir: Path) -> str:
     return "\n".join(parts)
 
 
-COUNTED = ["pass", "warn", "fail", "error", "skip", "xfail", "xpass"]
+COUNTED = [Status.PASS, Status.WARN, Status.FAIL, Status.ERROR, Status.SKIP, Status.XFAIL, Status.XPASS]
 
 
 def known_failures_markdown(table: pd.DataFrame) -> list[str]:
@@ -172,7 +172,7 @@ def summary_markdown(run_dir: str | Path, max_items: int = 30) -> str:
     meta = json.loads((run_dir / RUN_META).read_text()) if (run_dir / RUN_META).is_file() else {}
     counts = df["status"].value_counts().reindex(COUNTED, fill_value=0)
     items = failing_items(df)
-    mark = "❌" if counts[list(FAILING)].any() else "⚠️" if counts["warn"] else "✅"
+    mark = "❌" if counts[list(FAILING)].any() else "⚠️" if counts[Status.WARN] else "✅"
     lines = [f"## {mark} shardcheck run {meta.get('run_id', run_dir.name)}", "",
              f"**{len(df)} checks: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + "**"
              + (f" (commit {str(meta['git_commit'])[:10]})" if meta.get("git_commit") else ""), ""]
@@ -188,9 +188,9 @@ def summary_markdown(run_dir: str | Path, max_items: int = 30) -> str:
 
 
 def _cell_status(statuses: pd.Series) -> str:
-    """A heatmap cell's label status: the worst of the checks that ran ("skip" only when none did)."""
-    ran = statuses[statuses != "skip"]
-    return _worst(ran) if len(ran) else "skip"
+    """A heatmap cell's label status: the worst of the checks that ran (Status.SKIP only when none did)."""
+    ran = statuses[statuses != Status.SKIP]
+    return _worst(ran) if len(ran) else Status.SKIP
 
 
 def heatmap(df: pd.DataFrame, path: Path) -> None:
@@ -199,8 +199,8 @@ def heatmap(df: pd.DataFrame, path: Path) -> None:
     labelled with its status."""
     df = df.assign(topology=_topology(df))
     status = df["status"]
-    ratio = df["err_ratio"].fillna(0.0).where(status == "pass", np.nan)
-    ratio = ratio.where(~status.isin(FAILING), np.inf).where(status != "warn", df["err_ratio"].fillna(np.inf))
+    ratio = df["err_ratio"].fillna(0.0).where(status == Status.PASS, np.nan)
+    ratio = ratio.where(~status.isin(FAILING), np.inf).where(status != Status.WARN, df["err_ratio"].fillna(np.inf))
     df = df.assign(ratio=ratio)
     grid = df.pivot_table(index="op", columns="topology", values="ratio", aggfunc="max", dropna=False)
     labels = df.pivot_table(index="op", columns="topology", values="status", aggfunc=_cell_status, fill_value="")
@@ -214,8 +214,8 @@ def heatmap(df: pd.DataFrame, path: Path) -> None:
     im = ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, norm=norm, aspect="auto")
     for (i, j), v in np.ndenumerate(values):
         cell = labels.iat[i, j]
-        label = (f"{v:.2g}" if cell == "pass" and not np.isnan(v) else "" if cell in ("pass", "") else
-                 cell if cell == "skip" else cell.upper())
+        label = (f"{v:.2g}" if cell == Status.PASS and not np.isnan(v) else "" if cell in (Status.PASS, "") else
+                 cell if cell == Status.SKIP else cell.upper())
         ax.text(j, i, label, ha="center", va="center", fontsize=7, color="black")
     ax.set_xticks(range(len(grid.columns)), grid.columns, rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(len(grid.index)), grid.index, fontsize=8)

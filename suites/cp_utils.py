@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from shardcheck.reference import cp_utils as ref
 from shardcheck import BadInput, Case, FuzzSpace, GradSum, HeadTail, Layout, Partial, Property, Shard
+from shardcheck.suites._fuzz_draws import topology as fuzz_topology, DTYPES
 
 FAMILY = "cp_utils"
 OP = FAMILY + "."
@@ -679,17 +680,6 @@ def bench_cases(quick: bool = False) -> list[Case]:
 # lengths, absent packs, rows that do not fill S, num_chunks, pad ids equal to real ids).  `_build_position_ids`
 # has no space: its one parameter is S, and its two cases (missing, present) are the whole of its behaviour.
 
-def _fuzz_topologies(topologies, legal):
-    """The legal topologies among those the run allows, smallest first (what hypothesis shrinks towards)."""
-    from hypothesis import strategies as st
-
-    allowed = sorted({t for t in topologies if legal(t)}, key=lambda t: (t.size, t.tp, t.cp, t.dp))
-    return st.sampled_from([[t.dp, t.cp, t.tp] for t in allowed]) if allowed else st.nothing()
-
-
-DTYPES = ["float64", "float32", "bfloat16"]
-
-
 def _step_params(draw, st, topology: list[int], via: str) -> dict:
     dp, cp = topology[0], topology[1]
     if via == "batch":  # any S: the op pads it to a multiple of 2·CP
@@ -744,7 +734,7 @@ def _batch_params(topologies):
     @st.composite
     def params(draw):
         use_te = draw(st.booleans()) if te_legal else False
-        topology = draw(_fuzz_topologies(topologies, _cp_only if use_te else _cp_or_single))
+        topology = draw(fuzz_topology(topologies, cp=True, legal=_cp_only if use_te else _cp_or_single))
         if use_te:
             return {"topology": topology, "dtype": "float64", "use_te": True, **_thd_params(draw, st, topology[1], 1)}
         return {"topology": topology, "dtype": draw(st.sampled_from(DTYPES)), "use_te": False,
@@ -762,7 +752,7 @@ def _ctx_params(topologies):
 
     @st.composite
     def params(draw):
-        topology = draw(_fuzz_topologies(topologies, _cp_or_single))
+        topology = draw(fuzz_topology(topologies, cp=True, legal=_cp_or_single))
         return {"topology": topology, "dtype": draw(st.sampled_from(DTYPES)), **_step_params(draw, st, topology, "ctx")}
     return params()
 
@@ -772,7 +762,7 @@ def _thd_space_params(topologies, chunks: bool):
 
     @st.composite
     def params(draw):
-        topology = draw(_fuzz_topologies(topologies, _single_dp))
+        topology = draw(fuzz_topology(topologies, cp=True, legal=_single_dp))
         num_chunks = draw(st.sampled_from([1, 2])) if chunks else 1
         return {"topology": topology, "dtype": "float64", **_thd_params(draw, st, topology[1], num_chunks)}
     return params()

@@ -43,6 +43,7 @@ from shardcheck.suites._distributed_utils_processes import (BARRIER_TIMEOUT_S, B
                                                  judge_barrier_log, judge_first_rank_order, judge_first_rank_raise,
                                                  judge_gloo_group, judge_late_rank, judge_no_distributed,
                                                  late_rank_scenario)
+from shardcheck.suites._fuzz_draws import topology as fuzz_topology
 
 FAMILY = "distributed_utils"
 OP = FAMILY + "."
@@ -446,14 +447,6 @@ def cases(quick: bool = False) -> list[Case]:
 # barrier_and_log) have no parameter space: their cases are fixed scenarios on fresh ranks (ordering, deadlines,
 # exits), whose only sizes are the world and node counts of the scenario itself.
 
-def _fuzz_topologies(topologies, legal):
-    """The legal topologies among those the run allows, smallest first (what hypothesis shrinks towards)."""
-    from hypothesis import strategies as st
-
-    allowed = sorted({t for t in topologies if legal(t)}, key=lambda t: (t.size, t.tp, t.cp, t.dp))
-    return st.sampled_from([[t.dp, t.cp, t.tp] for t in allowed]) if allowed else st.nothing()
-
-
 def _chunk_sizes(n: int, parts: int) -> list[int]:
     """torch.chunk sizes of n items over `parts` ranks (the Shard layout): trailing ranks may get fewer, or none."""
     size = -(-n // parts) if n else 0
@@ -467,7 +460,7 @@ def _reduce_loss_params(topologies):
 
     @st.composite
     def params(draw):
-        topology = draw(_fuzz_topologies(topologies, _dp_only))
+        topology = draw(fuzz_topology(topologies, cp=True, legal=_dp_only))
         dp = topology[0]
         n_losses = draw(st.integers(dp, 3 * dp + 3).filter(lambda n: min(_chunk_sizes(n, dp)) > 0))
         return {"topology": topology, "dtype": draw(st.sampled_from(["float64", "float32", "bfloat16"])),
@@ -486,7 +479,7 @@ def _eval_shard_params(topologies):
     """Every config kind on every sample count up to past 2·DP (the coverage property checks every N up to 2·DP + 1)."""
     from hypothesis import strategies as st
 
-    return st.fixed_dictionaries({"topology": _fuzz_topologies(topologies, _dp_only), "dtype": st.just("float64"),
+    return st.fixed_dictionaries({"topology": fuzz_topology(topologies, cp=True, legal=_dp_only), "dtype": st.just("float64"),
                                   "config": st.sampled_from(list(CONFIGS)), "n_samples": st.integers(1, 13)})
 
 
@@ -497,7 +490,7 @@ def _sync_params(topologies):
 
     @st.composite
     def params(draw):
-        topology = draw(_fuzz_topologies(topologies, _dp_only))
+        topology = draw(fuzz_topology(topologies, cp=True, legal=_dp_only))
         return {"topology": topology, "dtype": draw(st.sampled_from(["float64", "float32"])),
                 "model": draw(st.sampled_from(list(MODEL_KINDS))), "micro_batches": draw(st.integers(1, 4)),
                 "batch": topology[0] * draw(st.integers(1, 3))}

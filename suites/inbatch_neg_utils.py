@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from shardcheck.reference import inbatch_neg_utils as ref
 from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, GradSum, Layout, Partial, Property, Shard
+from shardcheck.suites._fuzz_draws import topology as fuzz_topology
 
 FAMILY = "inbatch_neg_utils"
 OP = FAMILY + "."
@@ -535,14 +536,6 @@ def cases(quick: bool = False) -> list[Case]:
 DUPLICATES = [0.0, 0.3, 1.0]
 
 
-def _fuzz_topologies(topologies, legal):
-    """The legal topologies among those the run allows, smallest first (what hypothesis shrinks towards)."""
-    from hypothesis import strategies as st
-
-    allowed = sorted({t for t in topologies if legal(t)}, key=lambda t: (t.size, t.tp, t.cp, t.dp))
-    return st.sampled_from([[t.dp, t.cp, t.tp] for t in allowed]) if allowed else st.nothing()
-
-
 def _gather_params(topologies):
     """dist_gather_tensor: a float tensor (autograd-aware, local-only, without grad), int ids, or the contrastive
     step around it."""
@@ -550,7 +543,7 @@ def _gather_params(topologies):
 
     @st.composite
     def params(draw):
-        topology = draw(_fuzz_topologies(topologies, _dp_only))
+        topology = draw(fuzz_topology(topologies, cp=True, legal=_dp_only))
         dp = topology[0]
         kind = draw(st.sampled_from(["float-preserve", "float-local-only", "float-no-grad", "ids", "step"]))
         p = {"topology": topology, "kind": kind, "B": dp * draw(st.integers(1, 3))}
@@ -579,7 +572,7 @@ def _padded_params(topologies):
 
     @st.composite
     def params(draw):
-        topology = draw(_fuzz_topologies(topologies, _dp_only))
+        topology = draw(fuzz_topology(topologies, cp=True, legal=_dp_only))
         kind = draw(st.sampled_from(["float", "bool", "int64"]))
         rows = topology[0] * draw(st.integers(1, 3))
         values = {"float": [0.0, -2.5, 1e4], "bool": [False, True], "int64": [0, 3, -1]}[kind]
@@ -600,7 +593,7 @@ def _mask_params(topologies):
 
     @st.composite
     def params(draw):
-        topology = draw(_fuzz_topologies(topologies, _dp_only))
+        topology = draw(fuzz_topology(topologies, cp=True, legal=_dp_only))
         return {"topology": topology, "dtype": draw(st.sampled_from(["float64", "float32", "bfloat16"])),
                 "B": topology[0] * draw(st.integers(1, 3)), "train_n_passages": draw(st.integers(1, 4)),
                 "duplicates": draw(st.sampled_from(DUPLICATES))}

@@ -27,6 +27,7 @@ from shardcheck.suites._model_utils_comm import (AG_CP, A2A_CP, compute_bytes, c
                                       with_cp_gather)
 from shardcheck.suites._model_utils_inputs import (NO_SAMPLING, Draw, Sampling, distill_inputs, dtensor, gather_inputs, hidden_inputs,
                                         make_logits, sampling_inputs, sampling_params)
+from shardcheck.suites._fuzz_draws import topology as fuzz_topology, DTYPES
 
 FAMILY = "model_utils"
 OP = FAMILY + "."
@@ -564,17 +565,6 @@ def cases(quick: bool = False) -> list[Case]:
 # masked and out-of-range ids, ties, huge and -inf logits, random seq_index permutations, packed rows of 1-3
 # sequences of any padded length (a multiple of 2·CP) with rows narrower or wider than the sequences.
 
-def _fuzz_topologies(topologies, legal):
-    """The legal topologies among those the run allows, smallest first (what hypothesis shrinks towards)."""
-    from hypothesis import strategies as st
-
-    allowed = sorted({t for t in topologies if legal(t)}, key=lambda t: (t.size, t.tp, t.cp, t.dp))
-    return st.sampled_from([[t.dp, t.cp, t.tp] for t in allowed]) if allowed else st.nothing()
-
-
-DTYPES = ["float64", "float32", "bfloat16"]
-
-
 def _draw_sampling(draw, st) -> dict:
     """top_k None, or 1 to past a vocab shard (12 > V_local of most draws at TP 4); top_p; temperature."""
     return {"top_k": draw(st.one_of(st.none(), st.integers(1, 12))), "top_p": draw(st.sampled_from([1.0, 0.9, 0.5])),
@@ -633,7 +623,7 @@ def _space(legal, body):
 
         @st.composite
         def draw_params(draw):
-            topology = draw(_fuzz_topologies(topologies, legal))
+            topology = draw(fuzz_topology(topologies, cp=True, legal=legal))
             p = {"topology": topology, **body(draw, st, topology)}
             p.setdefault("dtype", draw(st.sampled_from(DTYPES)))
             return p

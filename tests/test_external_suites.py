@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from shardcheck.harness.cli import main
-from shardcheck.harness.driver.planner import build_plan
+from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.core.records import load
 from shardcheck.harness.rank.signatures import signature_rows, under_test
 from helpers import ROOT, Run, assert_one_cause, shardcheck
@@ -363,9 +363,9 @@ def test_implementation_by_module_name_from_the_suite_folder(tmp_path):
     """IMPLEMENTATION as a module name: a sibling of the suite file (its folder is on sys.path)."""
     (tmp_path / "sibling_tp_impl.py").write_text(SUITE)
     (tmp_path / "sibling_tp.py").write_text(SUITE.replace("IMPLEMENTATION = __file__", "IMPLEMENTATION = 'sibling_tp_impl'"))
-    plan = build_plan(run_id="r", suites_wanted=[], ops=[], case_patterns=[], world_sizes=[2], topologies=[],
+    plan = build_plan(Selection(run_id="r", suites_wanted=[], ops=[], case_patterns=[], world_sizes=[2], topologies=[],
                       dtypes=["float64"], impl={}, quick=True, seed=0, timeout=60, device="cpu", backend="gloo",
-                      suite_paths=[str(tmp_path / "sibling_tp.py")])
+                      suite_paths=[str(tmp_path / "sibling_tp.py")]))
     assert plan.impl == plan.default_impl == {"my_tp": "sibling_tp_impl"}
     assert plan.suite_paths == [str(tmp_path / "sibling_tp.py")] and {i.suite for i in plan.items} == {"sibling_tp"}
 
@@ -375,9 +375,9 @@ def test_impl_of_a_new_family_is_held_to_the_signatures_of_its_implementation(su
     swapped = tmp_path / "swapped_tp.py"
     swapped.write_text("def vocab_parallel_log_softmax(logits, group):\n    return logits\n\n"
                        "def row_parallel_linear(weight, x, group):\n    return x @ weight.T\n")
-    plan = build_plan(run_id="r", suites_wanted=["my_tp"], ops=[], case_patterns=[], world_sizes=[1], topologies=[],
+    plan = build_plan(Selection(run_id="r", suites_wanted=["my_tp"], ops=[], case_patterns=[], world_sizes=[1], topologies=[],
                       dtypes=["float64"], impl={"my_tp": str(swapped)}, quick=True, seed=0, timeout=60, device="cpu",
-                      backend="gloo", suite_paths=[str(suite_file)])
+                      backend="gloo", suite_paths=[str(suite_file)]))
     assert plan.default_impl == {"my_tp": str(suite_file)} and plan.impl == {"my_tp": str(swapped)}
     rows = signature_rows(plan, {})
     assert [(r["op"], r["status"]) for r in rows] == [("my_tp.row_parallel_linear", "fail")]
@@ -398,3 +398,16 @@ def test_bad_pyproject_config_is_one_line(tmp_path, capsys, monkeypatch, config,
     monkeypatch.chdir(tmp_path)
     assert words in _usage_error(capsys, "list")
     assert words in _usage_error(capsys, "run", "--out", str(tmp_path / "run"))
+
+
+def test_a_suite_imports_its_own_sibling_before_anything_of_the_same_name(tmp_path):
+    """A suite's folder comes first on sys.path: its `reference.py` wins over the checkout's `reference/` folder
+    (first on sys.path here: pytest runs from the repository root), in the driver and in the ranks."""
+    folder = tmp_path / "sib"
+    folder.mkdir()
+    (folder / "reference.py").write_text("OWN_REFERENCE = True\n")
+    (folder / "sib_tp.py").write_text(SUITE.replace(API_IMPORT, API_IMPORT + "\nfrom reference import OWN_REFERENCE  # noqa"))
+    run = shardcheck("run", "--suite-path", str(folder / "sib_tp.py"), "--op", OPS[0], "--world-sizes", "1",
+                     "--dtype", "float64", out=tmp_path / "run")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert set(run.rows["status"]) == {"pass"} and len(run.rows) >= 2

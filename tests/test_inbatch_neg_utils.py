@@ -139,11 +139,11 @@ def test_reference_contrastive_step():
 # ---- placement on the default group (no launch) ---------------------------------------------
 
 def _plan(world_sizes, topologies=()):
-    from shardcheck.harness.driver.planner import build_plan
+    from shardcheck.harness.driver.planner import Selection, build_plan
 
-    return build_plan(run_id="t", suites_wanted=["inbatch_neg_utils"], ops=[], case_patterns=[],
+    return build_plan(Selection(run_id="t", suites_wanted=["inbatch_neg_utils"], ops=[], case_patterns=[],
                       world_sizes=world_sizes, topologies=list(topologies), dtypes=["float64"], impl={}, quick=True,
-                      seed=0, timeout=60, device="cpu", backend="gloo")
+                      seed=0, timeout=60, device="cpu", backend="gloo"))
 
 
 def test_world_group_cases_run_in_a_launch_of_their_size():

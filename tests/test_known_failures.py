@@ -20,7 +20,7 @@ from shardcheck.harness.findings.causes import causes, finding_lines, known_fail
 from shardcheck.harness.driver.collect import Collector
 from shardcheck.harness.core.events import Events, events_path
 from shardcheck.harness.core.plan_data import Item, Plan, Xfail
-from shardcheck.harness.driver.planner import build_plan
+from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.core.records import load
 from shardcheck.harness.driver.run import EXIT_FAIL, EXIT_OK, close_run, exit_code, open_run
 from shardcheck.harness.core.topology import Topology, UsageError
@@ -58,17 +58,17 @@ def _emit(events: dict[int, Events], item: Item, results: dict[str, dict[int, st
     """Rank events of `item`: every check's status per rank, or (results None) a hang: rank 1 never leaves forward."""
     ranks = range(item.world_size)
     for r in ranks:
-        events[r].emit("start", item.id)
-        events[r].emit("phase", item.id, phase="forward")
+        events[r].started(item.id)
+        events[r].phase(item.id, "forward")
     if results is None:
-        events[0].emit("stuck", item.id, missing=[1], waited=10.0)
+        events[0].stuck(item.id, [1], 10.0)
         return
     for check, per_rank in results.items():
         for r in ranks:
-            events[r].emit("check", item.id, check=check, coords={"dp": 0, "cp": 0, "tp": r},
+            events[r].checked(item.id, check=check, coords={"dp": 0, "cp": 0, "tp": r},
                            **_check_event(per_rank.get(r, "pass"), r))
     for r in ranks:
-        events[r].emit("done", item.id, seconds=0.1)
+        events[r].done(item.id, 0.1)
 
 
 @pytest.fixture
@@ -253,7 +253,7 @@ def _plan(**over) -> Plan:
     args = dict(run_id="p", suites_wanted=[], ops=[], case_patterns=[], world_sizes=None,
                 topologies=[Topology(1, 1, 1), Topology(1, 1, 2)], dtypes=["float64", "float32"], impl={}, quick=True,
                 seed=0, timeout=60.0, device="cpu", backend="gloo", suite_paths=[str(KNOWN)])
-    return build_plan(**{**args, **over})
+    return build_plan(Selection(**{**args, **over}))
 
 
 def test_the_plan_resolves_when_per_item_and_plan_json_carries_it():

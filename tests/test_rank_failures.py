@@ -56,14 +56,14 @@ def test_a_rank_that_skipped_a_collective_is_named_whether_or_not_the_blocked_ra
     run_dir = tmp_path / "run"
     events = {r: Events(events_path(run_dir / "events", r), r) for r in range(2)}
     for r in range(2):
-        events[r].emit("start", 0)
-        events[r].emit("phase", 0, phase="forward")
-    events[1].emit("check", 0, check="forward", coords={"dp": 0, "cp": 0, "tp": 1}, status="fail", message="",
+        events[r].started(0)
+        events[r].phase(0, "forward")
+    events[1].checked(0, check="forward", coords={"dp": 0, "cp": 0, "tp": 1}, status="fail", message="",
                    max_abs_err=294.0, err_ratio=2.1e9, budget=1.4e-7, symptom="values",
                    worst={"local_index": [0, 3], "global_index": [0, 3], "expected": -294.0, "got": 0.0})
-    events[1].emit("stuck", 0, missing=[0], waited=5.0)
+    events[1].stuck(0, [0], 5.0)
     if blocked_rank_reported:
-        events[0].emit("check", 0, check="forward", coords={"dp": 0, "cp": 0, "tp": 0}, status="error",
+        events[0].checked(0, check="forward", coords={"dp": 0, "cp": 0, "tp": 0}, status="error",
                        message="RuntimeError: Connection closed by peer", secondary=True, symptom="exception",
                        error_type="RuntimeError", phase="forward")
     for e in events.values():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from shardcheck.harness.driver.launch import WorkerPool, run_plan
 from shardcheck.harness.driver.pool import LaunchSettings
-from shardcheck.harness.driver.planner import build_plan
+from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.core.records import RecordWriter, load
 from shardcheck.harness.core.topology import Topology
 from tests.helpers import FIXTURES
@@ -15,9 +15,9 @@ TP2 = [Topology(1, 1, 2)]
 
 
 def _plan(op: str, cases: list[str], impl: dict | None = None, timeout: float = 60.0):
-    return build_plan(run_id="pool", suites_wanted=["model_utils"], ops=[op], case_patterns=cases, world_sizes=None,
+    return build_plan(Selection(run_id="pool", suites_wanted=["model_utils"], ops=[op], case_patterns=cases, world_sizes=None,
                       topologies=TP2, dtypes=["float64"], impl=dict(impl or {}), quick=True, seed=0, timeout=timeout,
-                      device="cpu", backend="gloo")
+                      device="cpu", backend="gloo"))
 
 
 def _statuses(run_dir) -> dict[str, set[str]]:

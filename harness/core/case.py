@@ -20,6 +20,7 @@ from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from shardcheck.harness.core.topology import MESH_DIMS, Topology, mesh_dims
+from shardcheck.harness.core.records import Status
 
 Tensors = dict[str, torch.Tensor]
 
@@ -234,8 +235,8 @@ class BadInput:
         raised = f"raised {type(exc).__name__}" + (f": {first}" if first else "")
         if self.documented and not isinstance(exc, self.documented):
             names = " or ".join(t.__name__ for t in self.documented)
-            return "warn", f"{raised}; the seed documents {names} for {self.what}"
-        return "pass", raised
+            return Status.WARN, f"{raised}; the seed documents {names} for {self.what}"
+        return Status.PASS, raised
 
     def silent_return(self) -> str:
         """The message of a silent return where no interpretation exists."""

@@ -35,15 +35,16 @@ from __future__ import annotations
 import math
 
 import torch
+from shardcheck.harness.core.records import Status, Symptom
 
 RTOL_FLOAT64 = 1e-10
 # Per output dtype (shardcheck.harness.calibrate on the full default matrix): float32 rows are short (a 37-token
 # vocab) and their err_naive is small by luck more often than bfloat16's, which input rounding dominates.
 KAPPA = {torch.float32: 30.0, torch.bfloat16: 20.0, torch.float16: 20.0}
 FLOOR_ULPS = {torch.float32: 24.0, torch.bfloat16: 8.0, torch.float16: 8.0}
-STATUS_ORDER = {"pass": 0, "skip": 1, "xfail": 2, "warn": 3, "xpass": 4, "fail": 5, "error": 6}
-NOT_PASSING = ("warn", "xpass", "fail", "error")  # findings (an xfail is known, not a finding)
-FAILING = ("xpass", "fail", "error")  # statuses that fail a run whatever --strict says
+STATUS_ORDER = {status: status.order for status in Status}
+NOT_PASSING = (Status.WARN, Status.XPASS, Status.FAIL, Status.ERROR)  # findings (an xfail is known, not a finding)
+FAILING = (Status.XPASS, Status.FAIL, Status.ERROR)  # statuses that fail a run whatever --strict says
 PRECISION_WARNINGS = ("float64 computed in float32", "bfloat16 math")  # how the worker words them
 
 
@@ -122,21 +123,21 @@ def judge(stats: dict, budget_value: float | None = None) -> tuple[str, float]:
     """(status, err_ratio) of one rank's stats against its budget (the per-element ratio `compare`
     computed when it was given budgets, else max_abs_err / budget_value)."""
     if "shape_mismatch" in stats or stats.get("nonfinite"):
-        return "fail", math.inf
+        return Status.FAIL, math.inf
     if "err_ratio" in stats:
         ratio = stats["err_ratio"]
     elif not budget_value:  # no budget (an empty tensor, or exact values): any error fails
         ratio = 0.0 if stats["max_abs_err"] == 0 else math.inf
     else:
         ratio = stats["max_abs_err"] / budget_value if budget_value > 0 else (0.0 if stats["max_abs_err"] == 0 else math.inf)
-    return ("pass" if ratio <= 1.0 else "fail"), ratio
+    return (Status.PASS if ratio <= 1.0 else Status.FAIL), ratio
 
 
 def describe(rank_result: dict) -> str:
     """One line saying where one rank went wrong, with every reason it failed (a wrong dtype, shape,
     non-finite values, an error over budget): a row never hides its cause behind another."""
     where = f"rank {rank_result['rank']} ({_coords(rank_result['coords'])})"
-    if rank_result.get("message") and rank_result["status"] == "error":
+    if rank_result.get("message") and rank_result["status"] == Status.ERROR:
         then = " (after a peer failed)" if rank_result.get("secondary") else ""
         return f"{where}{then}: {rank_result['message']}"
     reasons = [rank_result["message"]] if rank_result.get("message") else []
@@ -164,14 +165,14 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
     """Fold every rank's result for one check into the row's status, errors and mismatch."""
     seen = {r["rank"] for r in per_rank}
     missing = [r for r in expected_ranks if r not in seen]
-    precision = [r for r in per_rank if r["status"] == "warn" and rank_symptom(r).startswith("precision:")]
-    if precision and any(r["status"] == "pass" for r in per_rank):
+    precision = [r for r in per_rank if r["status"] == Status.WARN and rank_symptom(r).startswith("precision:")]
+    if precision and any(r["status"] == Status.PASS for r in per_rank):
         # float32 or bfloat16 math shows on every rank; an error on some ranks only (others exact) is a bug
-        per_rank = [{**r, "status": "fail", "symptom": "values", "message": "only some ranks are off (a precision "
+        per_rank = [{**r, "status": Status.FAIL, "symptom": Symptom.VALUES, "message": "only some ranks are off (a precision "
                      "choice would show on every rank): " + r["message"]} if r in precision else r for r in per_rank]
-    status = max((r["status"] for r in per_rank), key=STATUS_ORDER.__getitem__, default="error")
+    status = max((r["status"] for r in per_rank), key=STATUS_ORDER.__getitem__, default=Status.ERROR)
     if missing:
-        status = "error"
+        status = Status.ERROR
     def worst(key: str):
         return max((r[key] for r in per_rank if r.get(key) is not None), default=None)
 
@@ -203,14 +204,14 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
             "local_index": loc.get("local_index"),
             "expected": loc.get("expected"),
             "got": loc.get("got"),
-            "kind": "error" if worst["status"] == "error" else ("nonfinite" if worst.get("nonfinite") else
+            "kind": "error" if worst["status"] == Status.ERROR else ("nonfinite" if worst.get("nonfinite") else
                                                                "shape" if "shape_mismatch" in worst else "value"),
         }
         others = sorted({r["rank"] for r in bad})
         parts.append(f"failing rank(s): {', '.join(map(str, others))}")
     if missing:
         parts.append(f"no result from rank(s) {', '.join(map(str, missing))}")
-    if not parts and (status == "skip" or any(r.get("keep_message") for r in per_rank)):
+    if not parts and (status == Status.SKIP or any(r.get("keep_message") for r in per_rank)):
         # the reason the ranks gave (the same on every rank), or what a passing rank asked to record (e.g. what it raised)
         parts = [next((r["message"] for r in per_rank if r.get("message")), "")]
     row["message"] = "; ".join(parts)
@@ -224,7 +225,7 @@ def rank_symptom(rank_result: dict) -> str:
     if rank_result.get("symptom"):
         return rank_result["symptom"]
     check = str(rank_result.get("check", ""))
-    if rank_result["status"] == "error":
+    if rank_result["status"] == Status.ERROR:
         return "exception" if rank_result.get("error_type") else "missing"
     if check == "property:comm":
         return "comm"
@@ -243,12 +244,12 @@ def cause_fields(bad: list[dict], missing: list[int]) -> dict:
     status that failed on their own; the ranks whose error followed a peer's failure, and those that reported
     nothing, are blocked."""
     if not bad:
-        return {"symptom": "missing" if missing else None, "culprit_ranks": list(missing), "blocked_ranks": [],
+        return {"symptom": Symptom.MISSING if missing else None, "culprit_ranks": list(missing), "blocked_ranks": [],
                 "error_type": None, "error_message": None, "error_where": None, "phase": None}
     first = bad[0]
     primary = [r for r in bad if not r.get("secondary")]
     if not primary:  # every rank that failed did so after a peer: the cause is elsewhere in the item
-        return {"symptom": "blocked", "culprit_ranks": [], "blocked_ranks": sorted({r["rank"] for r in bad} | set(missing)),
+        return {"symptom": Symptom.BLOCKED, "culprit_ranks": [], "blocked_ranks": sorted({r["rank"] for r in bad} | set(missing)),
                 **{key: first.get(key) for key in ("error_type", "error_message", "error_where", "phase")}}
     culprits = sorted({r["rank"] for r in primary if r["status"] == first["status"]}) or [first["rank"]]
     blocked = sorted(({r["rank"] for r in bad if r.get("secondary")} | set(missing)) - set(culprits))

@@ -58,6 +58,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from shardcheck.harness.core.topology import mesh_dims
+from shardcheck.harness.core.records import Phase
 
 _NOT_COUNTED = {"wait_tensor", "barrier", "monitored_barrier"}
 _KIND = {  # dispatcher op name -> collective kind
@@ -89,7 +90,7 @@ class CommCounter(TorchDispatchMode):
         super().__init__()
         self.enabled = enabled
         self.group_dims = group_dims  # process group name -> mesh dim
-        self.phase = "forward"
+        self.phase = Phase.FORWARD
         self.counts: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"calls": 0, "bytes": 0}))
 
     def __enter__(self):

@@ -43,7 +43,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
-import re
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -54,6 +53,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from shardcheck.harness.core.peer_failure import is_peer_failure
 from shardcheck.harness.core.modules import resolve_impl
 
 HOST = "127.0.0.1"
@@ -62,8 +62,6 @@ HOST = "127.0.0.1"
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                 "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 KEY = "shardcheck-processes/"  # this module's keys in the store (the process group's keys have their own prefix)
-# An error that is the consequence of a peer's failure (its socket closed), not a cause.
-PEER_FAILURE = re.compile(r"closed by peer|reset by peer|Broken pipe|Connection refused|pair closure|aborted", re.I)
 
 
 @dataclass
@@ -139,7 +137,7 @@ class ProcessRun:
         else the first rank that ended non-zero, else one killed at the deadline."""
         failed = [r for r in self.ranks if r.error or (r.exitcode not in (0, None)) or r.killed]
         # a Python exception (it has a traceback) that is not a peer's closed connection; a bare death has none
-        own = [r for r in failed if r.error and r.traceback and not PEER_FAILURE.search(r.error)]
+        own = [r for r in failed if r.error and r.traceback and not is_peer_failure(r.error)]
         if own:
             return min(own, key=lambda r: r.events[-1].seq if r.events else -1)
         return failed[0] if failed else None

@@ -8,6 +8,7 @@ import platform
 import socket
 import subprocess
 import threading
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, TypedDict
 
@@ -19,29 +20,83 @@ if TYPE_CHECKING:
 RESULTS = "results.jsonl"
 RUN_META = "run.json"
 
-# What went wrong in a non-passing row (`ResultRow.symptom`), as shardcheck.harness.findings.causes names it.
+class Status(StrEnum):
+    """A check's verdict (`ResultRow.status`), from best to worst."""
+    PASS = "pass"
+    SKIP = "skip"
+    XFAIL = "xfail"  # a known failure (Case.xfail) that failed as expected
+    WARN = "warn"  # a clearly labelled difference, not a defect (fails the run only with --strict)
+    XPASS = "xpass"  # a known failure that now passes: its mark is stale
+    FAIL = "fail"
+    ERROR = "error"  # the check could not be judged: the op raised, a rank died or hung
+
+    @property
+    def order(self) -> int:
+        return _STATUS_ORDER.index(self)
+
+
+_STATUS_ORDER = list(Status)
+
+
+class Symptom(StrEnum):
+    """What went wrong in a non-passing row (`ResultRow.symptom`); `words` is how the findings name it."""
+    VALUES = "values"
+    NONFINITE = "nonfinite"
+    SHAPE = "shape"
+    DTYPE = "dtype"
+    OUTPUT_TYPE = "output_type"
+    OUTPUTS = "outputs"
+    NO_GRADIENT = "no_gradient"
+    PRECISION_FLOAT32 = "precision:float32"
+    PRECISION_BFLOAT16 = "precision:bfloat16"
+    COMM = "comm"
+    PROPERTY = "property"
+    SIGNATURE = "signature"
+    EXCEPTION = "exception"
+    DIED = "died"
+    HUNG = "hung"
+    BLOCKED = "blocked"
+    MISSING = "missing"
+    REFERENCE = "reference"
+    XPASS = "xpass"
+
+    @property
+    def words(self) -> str:
+        return SYMPTOMS[self]
+
+
 SYMPTOMS = {
-    "values": "wrong values",
-    "nonfinite": "non-finite values differ (NaN/±inf)",
-    "shape": "wrong shape",
-    "dtype": "wrong dtype",
-    "output_type": "wrong output type",
-    "outputs": "wrong number of outputs",
-    "no_gradient": "no gradient",
-    "precision:float32": "float64 computed in float32",
-    "precision:bfloat16": "bfloat16 math, docs/ops/README.md asks for float32",
-    "comm": "communication contract",
-    "property": "property does not hold",
-    "signature": "signature differs from the seed's",
-    "exception": "an exception",
-    "died": "a rank died",
-    "hung": "did not finish within the timeout (blocked in a collective or dead)",
-    "blocked": "blocked or lost its connection after a peer failed",
-    "missing": "no result from some ranks",
-    "reference": "the reference failed on these inputs",
-    "xpass": "a known failure now passes: remove its KnownFailure mark",
+    Symptom.VALUES: "wrong values",
+    Symptom.NONFINITE: "non-finite values differ (NaN/±inf)",
+    Symptom.SHAPE: "wrong shape",
+    Symptom.DTYPE: "wrong dtype",
+    Symptom.OUTPUT_TYPE: "wrong output type",
+    Symptom.OUTPUTS: "wrong number of outputs",
+    Symptom.NO_GRADIENT: "no gradient",
+    Symptom.PRECISION_FLOAT32: "float64 computed in float32",
+    Symptom.PRECISION_BFLOAT16: "bfloat16 math, docs/ops/README.md asks for float32",
+    Symptom.COMM: "communication contract",
+    Symptom.PROPERTY: "property does not hold",
+    Symptom.SIGNATURE: "signature differs from the seed's",
+    Symptom.EXCEPTION: "an exception",
+    Symptom.DIED: "a rank died",
+    Symptom.HUNG: "did not finish within the timeout (blocked in a collective or dead)",
+    Symptom.BLOCKED: "blocked or lost its connection after a peer failed",
+    Symptom.MISSING: "no result from some ranks",
+    Symptom.REFERENCE: "the reference failed on these inputs",
+    Symptom.XPASS: "a known failure now passes: remove its KnownFailure mark",
 }
-PHASES = ("setup", "forward", "backward", "properties")  # in the order a case runs them
+
+
+class Phase(StrEnum):
+    """Where in a case a rank was, in the order a case runs them."""
+    SETUP = "setup"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    PROPERTIES = "properties"
+
+
+PHASES = tuple(Phase)
 SIGNATURE_CHECK = "property:signature"  # the row of an --impl whose public names or parameters drift from the seed
 
 
@@ -133,7 +188,7 @@ class RecordWriter:
         self.path = run_dir / RESULTS
         self.file = open(self.path, "a", buffering=1)
         self._lock = threading.Lock()  # launches of different world sizes write from their own threads
-        self.counts = {"pass": 0, "warn": 0, "fail": 0, "error": 0, "skip": 0, "xfail": 0, "xpass": 0}
+        self.counts = {Status.PASS: 0, Status.WARN: 0, Status.FAIL: 0, Status.ERROR: 0, Status.SKIP: 0, Status.XFAIL: 0, Status.XPASS: 0}
 
     def write(self, row: ResultRow) -> None:
         missing = [k for k in ROW_FIELDS if k not in row]

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from shardcheck.harness.rank.artefacts import ArtefactBudget
 from shardcheck.harness.core.compare import merge_ranks
-from shardcheck.harness.core.events import PIECES
+from shardcheck.harness.core.events import PIECES, Checked, Done, Event, PhaseEntered, Started, Stuck
 from shardcheck.harness.core.plan_data import Item, Plan, Xfail
 from shardcheck.harness.core.options import DEFAULT_TIMEOUT
-from shardcheck.harness.core.records import NO_CAUSE, PHASES, RecordWriter, ResultRow
+from shardcheck.harness.core.records import NO_CAUSE, PHASES, Phase, RecordWriter, ResultRow, Status, Symptom
 
 
 class _ItemState:
@@ -28,7 +28,7 @@ class _ItemState:
         self.done: dict[int, float] = {}  # rank -> seconds the item took there
         self.phase: dict[int, str] = {}
         self.checks: dict[str, list[dict]] = defaultdict(list)
-        self.stuck: list[dict] = []
+        self.stuck: list[Stuck] = []
 
 
 class Collector:
@@ -57,7 +57,7 @@ class Collector:
             self._offsets[path] = self._offsets.get(path, 0) + len(data[:end].encode())
             for line in data[:end].splitlines():
                 if line.strip():
-                    self._event(json.loads(line))
+                    self._event(Event.from_json(line))
         newly = []
         for item_id in sorted(self._complete):
             if item_id not in self.finished:
@@ -66,26 +66,26 @@ class Collector:
         self._complete = []
         return newly
 
-    def _event(self, ev: dict) -> None:
-        st = self.state.get(ev["item"])
+    def _event(self, ev: Event) -> None:
+        st = self.state.get(ev.item)
         if st is None:
             return
-        self.last_event = max(self.last_event, ev["time"])
-        kind, rank = ev["t"], ev["rank"]
-        if kind == "start":
-            st.started[rank] = ev["time"]
-            if ev["item"] not in self.finished:
-                self._started_unfinished.add(ev["item"])
-        elif kind == "phase":
-            st.phase[rank] = ev["phase"]
-        elif kind == "check":
-            st.checks[ev["check"]].append(ev)
-        elif kind == "stuck":
-            st.stuck.append(ev)
-        elif kind == "done":
-            st.done[rank] = ev.get("seconds", 0.0)
-            if len(st.done) == self.world:
-                self._complete.append(ev["item"])
+        self.last_event = max(self.last_event, ev.time)
+        match ev:
+            case Started():
+                st.started[ev.rank] = ev.time
+                if ev.item not in self.finished:
+                    self._started_unfinished.add(ev.item)
+            case PhaseEntered():
+                st.phase[ev.rank] = ev.phase
+            case Checked():
+                st.checks[ev.check].append(ev.as_rank_result())
+            case Stuck():
+                st.stuck.append(ev)
+            case Done():
+                st.done[ev.rank] = ev.seconds
+                if len(st.done) == self.world:
+                    self._complete.append(ev.item)
 
     def in_flight(self) -> Item | None:
         """The earliest unfinished item that some rank has started."""
@@ -113,22 +113,22 @@ class Collector:
         st = self.state[item.id]
         participants = _participants(item)
         deaths = {r: how for r, how in deaths.items() if r in participants}
-        stuck_ranks = sorted({r for ev in st.stuck for r in ev["missing"]} - set(deaths))
+        stuck_ranks = sorted({r for ev in st.stuck for r in ev.missing} - set(deaths))
         raised = self._first_exception(item)
-        blocked_at = min((_phase_order(st.phase.get(r, "setup")) for r in stuck_ranks), default=len(PHASES))
+        blocked_at = min((_phase_order(st.phase.get(r, Phase.SETUP)) for r in stuck_ranks), default=len(PHASES))
         if deaths:
-            root = {"symptom": "died", "culprit_ranks": sorted(deaths),
+            root = {"symptom": Symptom.DIED, "culprit_ranks": sorted(deaths),
                     "blocked_ranks": [r for r in participants if r not in deaths],
                     "error_type": ", ".join(dict.fromkeys(how for _, how in sorted(deaths.items()))),
-                    "error_message": None, "error_where": None, "phase": st.phase.get(min(deaths), "setup")}
+                    "error_message": None, "error_where": None, "phase": st.phase.get(min(deaths), Phase.SETUP)}
         elif raised is not None and _phase_order(raised.get("phase")) <= blocked_at:
-            root = {"symptom": raised.get("symptom") or "exception", "culprit_ranks": raised["culprit_ranks"],
+            root = {"symptom": raised.get("symptom") or Symptom.EXCEPTION, "culprit_ranks": raised["culprit_ranks"],
                     "blocked_ranks": [r for r in stuck_ranks if r not in raised["culprit_ranks"]],
                     **{k: raised.get(k) for k in ("error_type", "error_message", "error_where", "phase")}}
         else:
             culprits = stuck_ranks or [r for r in participants if r not in st.done]
-            root = {**NO_CAUSE, "symptom": "hung", "culprit_ranks": culprits,
-                    "phase": st.phase.get(culprits[0], "setup") if culprits else None}
+            root = {**NO_CAUSE, "symptom": Symptom.HUNG, "culprit_ranks": culprits,
+                    "phase": st.phase.get(culprits[0], Phase.SETUP) if culprits else None}
         notes = [f"rank {r} died: {how}" for r, how in sorted(deaths.items())]
         waiting = [r for r in participants if r not in deaths]
         if deaths and waiting:
@@ -139,7 +139,7 @@ class Collector:
             # the user set --timeout (the event keeps the measured wait).
             budget = self.plan.timeout
             why = (f"blocked after rank(s) {', '.join(map(str, raised['culprit_ranks']))} raised {raised.get('error_type')}"
-                   if root["symptom"] != "hung" and not deaths else "blocked or dead")
+                   if root["symptom"] != Symptom.HUNG and not deaths else "blocked or dead")
             notes.append(f"rank(s) {', '.join(map(str, stuck_ranks))} did not finish the case within {budget:g}s "
                          f"({why}; " + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in stuck_ranks) + ")")
         if reason:
@@ -151,28 +151,28 @@ class Collector:
             # A rank that reported a wrong result here comes before one that reported nothing: the blocked rank's
             # own error ("connection closed by peer", a consequence) may or may not reach its events before the
             # launch is ended, and the row must not name a different rank depending on which.
-            reported_bad = any(ev["status"] in ("fail", "error") and not ev.get("secondary") for ev in per_rank)
+            reported_bad = any(ev["status"] in (Status.FAIL, Status.ERROR) and not ev.get("secondary") for ev in per_rank)
             for r in participants:
-                phase = st.phase.get(r, "setup")
+                phase = st.phase.get(r, Phase.SETUP)
                 where = f"still in {phase}" if r in st.started else "never started the case"
                 if r in deaths:  # whatever it reported, the case did not complete there
                     per_rank[:] = [ev for ev in per_rank if ev["rank"] != r]
-                    per_rank.append({"rank": r, "coords": None, "check": check, "status": "error", "secondary": False,
-                                     "message": f"died: {deaths[r]} (in {phase})", "symptom": "died",
+                    per_rank.append({"rank": r, "coords": None, "check": check, "status": Status.ERROR, "secondary": False,
+                                     "message": f"died: {deaths[r]} (in {phase})", "symptom": Symptom.DIED,
                                      "error_type": deaths[r], "phase": phase})
                 elif r not in reported:
                     first = f"waiting on {waiting_on}; no result ({where})" if deaths else f"no result ({where})"
                     # a consequence, unless the item hung or this is the rank that raised
-                    after_peer = root["symptom"] != "hung" and r not in root["culprit_ranks"]
-                    per_rank.append({"rank": r, "coords": None, "check": check, "status": "error",
+                    after_peer = root["symptom"] != Symptom.HUNG and r not in root["culprit_ranks"]
+                    per_rank.append({"rank": r, "coords": None, "check": check, "status": Status.ERROR,
                                      "secondary": after_peer or reported_bad, "message": "; ".join([first, *notes]),
-                                     "symptom": "blocked" if after_peer else root["symptom"], "phase": phase})
-                elif deaths and reported[r]["status"] == "error" and reported[r].get("secondary"):
+                                     "symptom": Symptom.BLOCKED if after_peer else root["symptom"], "phase": phase})
+                elif deaths and reported[r]["status"] == Status.ERROR and reported[r].get("secondary"):
                     reported[r]["message"] = f"waiting on {waiting_on}: {reported[r]['message']}"
         self._finish(item, extra_message="; ".join(notes), root=root)
         if deaths:
             return " and ".join(f"rank {r} died ({how})" for r, how in sorted(deaths.items()))
-        if root["symptom"] != "hung":
+        if root["symptom"] != Symptom.HUNG:
             return f"hung after rank(s) {', '.join(map(str, root['culprit_ranks']))} raised {root['error_type']}"
         return "hung" if stuck_ranks or reason else "ended its launch"
 
@@ -182,7 +182,7 @@ class Collector:
         st = self.state[item.id]
         own = [ev for check in [*item.checks, *(c for c in st.checks if c not in item.checks)]
                for ev in sorted(st.checks.get(check, []), key=lambda e: e["rank"])
-               if ev["status"] == "error" and not ev.get("secondary") and ev.get("error_type")]
+               if ev["status"] == Status.ERROR and not ev.get("secondary") and ev.get("error_type")]
         if not own:
             return None
         first = own[0]
@@ -192,7 +192,7 @@ class Collector:
     def skip(self, item: Item, reason: str) -> None:
         """Record every check of `item` as skipped, without running it."""
         for check in item.checks or ["forward"]:
-            self.writer.write(self._row(item, check, {"status": "skip", "max_abs_err": None, "max_rel_err": None,
+            self.writer.write(self._row(item, check, {"status": Status.SKIP, "max_abs_err": None, "max_rel_err": None,
                                                       "budget": None, "err_ratio": None, "err_naive": None,
                                                       "mismatch": None, "message": reason, "per_rank": [],
                                                       **NO_CAUSE}))
@@ -208,7 +208,7 @@ class Collector:
         if not aborted:
             raised = self._first_exception(item)
             root = None if raised is None else {
-                "symptom": raised.get("symptom") or "exception", "culprit_ranks": raised["culprit_ranks"], "blocked_ranks": [],
+                "symptom": raised.get("symptom") or Symptom.EXCEPTION, "culprit_ranks": raised["culprit_ranks"], "blocked_ranks": [],
                 **{k: raised.get(k) for k in ("error_type", "error_message", "error_where", "phase")}}
         rows = {}
         for check, per_rank in st.checks.items():
@@ -217,9 +217,9 @@ class Collector:
                 if r["coords"] is None:
                     r["coords"] = _coords_of(r["rank"], item.topology)
             merged = merge_ranks(per_rank, participants)
-            if extra_message and merged["status"] != "pass" and extra_message not in merged["message"]:
+            if extra_message and merged["status"] != Status.PASS and extra_message not in merged["message"]:
                 merged["message"] = "; ".join(m for m in (merged["message"], extra_message) if m)
-            if root and merged["status"] == "error" and (aborted or merged["symptom"] in ("missing", "blocked")):
+            if root and merged["status"] == Status.ERROR and (aborted or merged["symptom"] in (Symptom.MISSING, Symptom.BLOCKED)):
                 # the ranks that stopped after the culprit: the aborted item's, or those without a result here
                 blocked = root["blocked_ranks"] if aborted else [
                     r for r in merged["blocked_ranks"] + merged["culprit_ranks"] if r not in root["culprit_ranks"]]
@@ -228,7 +228,7 @@ class Collector:
         if item.xfail is not None:  # before the artefacts: a known failure spends none of the budget
             rows = known_failure(rows, item.xfail)
         pieces = self.events_dir / PIECES / f"item{item.id}"
-        failing = [c for c, m in rows.items() if m["status"] == "fail"]
+        failing = [c for c, m in rows.items() if m["status"] == Status.FAIL]
         if pieces.is_dir():
             if failing and self.artefacts is not None:
                 saved = self.artefacts.save(item, failing, pieces, self.writer.path.parent)
@@ -249,7 +249,7 @@ class Collector:
             "world_size": item.world_size, "dtype": item.dtype, "device": self.plan.device, "backend": self.plan.backend,
             "seed": item.seed, "check": check, **merged,
         }
-        if merged["status"] not in ("pass", "skip"):  # findings, and known failures (the report lists their reruns)
+        if merged["status"] not in (Status.PASS, Status.SKIP):  # findings, and known failures (the report lists their reruns)
             row["rerun"] = rerun_command(self.plan, item)
         return row
 
@@ -262,17 +262,17 @@ def known_failure(rows: dict[str, dict], mark: Xfail) -> dict[str, dict]:
     Skips and warnings stay as they are.  Covered rows carry the mark's reason and reference as fields."""
     covered = {check for check in rows if mark.covers(check)}
     fields = {"xfail_reason": mark.reason, "xfail_reference": mark.reference}
-    still_failing = any(rows[c]["status"] in ("fail", "error") for c in covered)
+    still_failing = any(rows[c]["status"] in (Status.FAIL, Status.ERROR) for c in covered)
     out = dict(rows)
     for check in covered:
         row = rows[check]
-        if row["status"] in ("fail", "error"):
-            out[check] = {**row, **fields, "status": "xfail",
+        if row["status"] in (Status.FAIL, Status.ERROR):
+            out[check] = {**row, **fields, "status": Status.XFAIL,
                           "message": "; ".join(m for m in (row["message"], mark.words()) if m)}
-        elif row["status"] == "pass" and not still_failing:
+        elif row["status"] == Status.PASS and not still_failing:
             now = (f"passes on every rank, but is marked as a {mark.words()}: the defect looks fixed, "
                    "remove the KnownFailure mark (or narrow its checks or `when`)")
-            out[check] = {**row, **fields, "status": "xpass", "symptom": "xpass",
+            out[check] = {**row, **fields, "status": Status.XPASS, "symptom": Symptom.XPASS,
                           "message": "; ".join(m for m in (now, row["message"]) if m)}
     return out
 
@@ -311,7 +311,7 @@ def rerun_command(plan: Plan, item: Item) -> str:
 
 def _phase_order(phase: str | None) -> int:
     """Where `phase` comes in a case (PHASES); an unknown phase (a benchmark's) counts as the forward."""
-    return PHASES.index(phase) if phase in PHASES else PHASES.index("forward")
+    return PHASES.index(phase) if phase in PHASES else PHASES.index(Phase.FORWARD)
 
 
 def _participants(item: Item) -> list[int]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import fnmatch
 import zlib
 
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from shardcheck.harness.core.case import BAD_INPUT_CHECK, Case, FuzzSpace
 from shardcheck.harness.driver.corpus import CorpusEntry
@@ -126,16 +127,42 @@ def select_suites(suites_wanted: list[str], ops: list[str], impl: dict[str, str]
     return names, suite_paths
 
 
-def build_plan(*, run_id: str, suites_wanted: list[str], ops: list[str], case_patterns: list[str],
-               world_sizes: list[int] | None,
-               topologies: list[Topology], dtypes: list[str], impl: dict[str, str], quick: bool, seed: int,
-               timeout: float, device: str, backend: str, bench: bool = False, bench_iters: int = 10,
-               bench_warmup: int = 2, suite_paths: list[str] = (), corpus: list[CorpusEntry] = (),
-               corpus_dir: str = "") -> Plan:
-    """The plan of a selection.  `suite_paths`: external suites (files or folders); without `suites_wanted`
-    a run with external suites runs those (name built-in ones with --suite to add them), unless `ops` are
-    named, which are looked up in every suite.  `corpus`: saved fuzz failures (harness/driver/corpus.py, found in
-    `corpus_dir`); those of the selected suites, ops and cases whose topology and dtype the run has come first."""
+@dataclass
+class Selection:
+    """What a run selects (suites, ops, cases, topologies, dtypes, modules under test) and how it runs them: the
+    one argument of build_plan.  `suite_paths`: external suites (files or folders); without `suites_wanted` a run
+    with external suites runs those (name built-in ones with --suite to add them), unless `ops` are named, which
+    are looked up in every suite.  `corpus`: saved fuzz failures (harness/driver/corpus.py, found in `corpus_dir`);
+    those of the selected suites, ops and cases whose topology and dtype the run has come first."""
+    run_id: str
+    seed: int
+    timeout: float
+    device: str
+    backend: str
+    suites_wanted: list[str] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    case_patterns: list[str] = field(default_factory=list)
+    world_sizes: list[int] | None = None
+    topologies: list[Topology] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=lambda: list(DEFAULT_DTYPES))
+    impl: dict[str, str] = field(default_factory=dict)
+    quick: bool = False
+    bench: bool = False
+    bench_iters: int = 10
+    bench_warmup: int = 2
+    suite_paths: Sequence[str] = ()
+    corpus: Sequence[CorpusEntry] = ()
+    corpus_dir: str = ""
+
+
+def build_plan(selection: Selection) -> Plan:
+    """The plan of a selection: its items, each in the world size that runs it."""
+    sel = selection
+    run_id, suites_wanted, ops, case_patterns = sel.run_id, sel.suites_wanted, sel.ops, sel.case_patterns
+    world_sizes, topologies, dtypes, impl = sel.world_sizes, list(sel.topologies), sel.dtypes, sel.impl
+    quick, seed, timeout, device, backend, bench = sel.quick, sel.seed, sel.timeout, sel.device, sel.backend, sel.bench
+    bench_iters, bench_warmup, suite_paths = sel.bench_iters, sel.bench_warmup, list(sel.suite_paths)
+    corpus, corpus_dir = sel.corpus, sel.corpus_dir
     for d in dtypes:
         if d not in DTYPES:
             raise UsageError(f"unknown dtype {d!r}; known: {', '.join(DTYPES)}")

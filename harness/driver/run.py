@@ -15,8 +15,8 @@ from shardcheck.harness.driver.corpus import corpus_dir, load_corpus
 from shardcheck.harness.core.plan_data import Plan
 from shardcheck.harness.core.options import (EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args, add_suite_path_arg, impl_map,  # noqa: F401
                              str_list)
-from shardcheck.harness.driver.planner import build_plan
-from shardcheck.harness.core.records import RUN_META, RecordWriter, run_metadata, write_json
+from shardcheck.harness.driver.planner import Selection, build_plan
+from shardcheck.harness.core.records import RUN_META, RecordWriter, Status, run_metadata, write_json
 from shardcheck.harness.rank.signatures import signature_rows
 from shardcheck.harness.rank.suite_loader import config_suite_paths
 from shardcheck.harness.core.topology import Topology, UsageError
@@ -35,12 +35,12 @@ def plan_from_args(args: argparse.Namespace, *, run_id: str, world_sizes: list[i
     if not args.no_shims:
         shims.install(device)
     corpus = corpus_dir(args.corpus).resolve()
-    plan = build_plan(run_id=run_id, suites_wanted=str_list(args.suite), ops=str_list(args.op),
-                      case_patterns=str_list(args.case), world_sizes=world_sizes, topologies=topologies,
-                      dtypes=str_list(args.dtype) or default_dtypes, impl=impl_map(args.impl), quick=args.quick,
-                      seed=args.seed, timeout=args.timeout, device=device, backend=backend, bench=bench,
-                      bench_iters=bench_iters, suite_paths=suite_paths(args), corpus=load_corpus(corpus),
-                      corpus_dir=str(corpus))
+    plan = build_plan(Selection(
+        run_id=run_id, seed=args.seed, timeout=args.timeout, device=device, backend=backend,
+        suites_wanted=str_list(args.suite), ops=str_list(args.op), case_patterns=str_list(args.case),
+        world_sizes=world_sizes, topologies=topologies, dtypes=str_list(args.dtype) or default_dtypes,
+        impl=impl_map(args.impl), quick=args.quick, bench=bench, bench_iters=bench_iters,
+        suite_paths=suite_paths(args), corpus=load_corpus(corpus), corpus_dir=str(corpus)))
     plan.shims = not args.no_shims
     return plan
 
@@ -71,4 +71,4 @@ def exit_code(counts: dict[str, int], strict: bool) -> int:
     """1 when a check failed or errored, a known failure passed (xpass: its mark must go), or a check warned
     under --strict; else 0.  A known failure that still fails (xfail) never fails a run."""
     failed = any(counts.get(status, 0) for status in FAILING)
-    return EXIT_FAIL if failed or (strict and counts.get("warn", 0)) else EXIT_OK
+    return EXIT_FAIL if failed or (strict and counts.get(Status.WARN, 0)) else EXIT_OK

@@ -42,14 +42,15 @@ from typing import Callable
 import pandas as pd
 
 from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
-from shardcheck.harness.core.records import SIGNATURE_CHECK, SYMPTOMS
+from shardcheck.harness.core.records import SIGNATURE_CHECK, SYMPTOMS, Status, Symptom
 
 COLUMNS = ["op", "ops", "status", "kind", "checks", "count", "condition", "worst", "rerun"]
 MESH = ("dp", "cp", "tp")
 ITEM = ["case_id", "dp", "cp", "tp", "dtype"]
-ERRORS = ("exception", "reference")  # symptoms named by an exception
-CRASHES = ("exception", "reference", "died", "hung", "outputs", "missing", "blocked")  # the whole item failed
-PER_CHECK = ("values", "nonfinite", "shape", "dtype", "output_type", "no_gradient")  # one symptom per check
+ERRORS = (Symptom.EXCEPTION, Symptom.REFERENCE)  # symptoms named by an exception
+CRASHES = (Symptom.EXCEPTION, Symptom.REFERENCE, Symptom.DIED, Symptom.HUNG, Symptom.OUTPUTS, Symptom.MISSING,
+           Symptom.BLOCKED)  # the whole item failed
+PER_CHECK = (Symptom.VALUES, Symptom.NONFINITE, Symptom.SHAPE, Symptom.DTYPE, Symptom.OUTPUT_TYPE, Symptom.NO_GRADIENT)  # one symptom per check
 MAX_CONJUNCTION = 3  # predicates tried together when searching for an exact condition
 CRASH_SIGNALS = {"SIGABRT", "SIGBUS", "SIGSEGV", "SIGFPE", "SIGILL"}
 
@@ -71,10 +72,10 @@ def _symptom_of(row) -> str | None:
         return "signature"
     if check == "property:comm":
         return "comm"
-    if status == "fail" and check.startswith("property:"):
+    if status == Status.FAIL and check.startswith("property:"):
         return "property"
-    if status == "fail":
-        return {"nonfinite": "nonfinite", "shape": "shape"}.get(mismatch.get("kind"), "values")
+    if status == Status.FAIL:
+        return {"nonfinite": Symptom.NONFINITE, "shape": Symptom.SHAPE}.get(mismatch.get("kind"), Symptom.VALUES)
     return None  # an old error or warning: its message, numbers blanked, names it
 
 
@@ -84,12 +85,12 @@ def kind_of(row) -> str:
     if symptom in ERRORS:
         where = Path(str(row.get("error_where") or "?")).name
         text = f"{row.get('error_type')}: {blank_numbers(row.get('error_message'))}".rstrip(": ")
-        return ("reference failed: " if symptom == "reference" else "") + f"{text[:160]} ({where})"
-    if symptom == "signature":
+        return ("reference failed: " if symptom == Symptom.REFERENCE else "") + f"{text[:160]} ({where})"
+    if symptom == Symptom.SIGNATURE:
         return str(row["message"])
-    if symptom == "comm":
-        return "more collectives than the contract allows" if status == "warn" else "communication contract failed"
-    if symptom == "property":
+    if symptom == Symptom.COMM:
+        return "more collectives than the contract allows" if status == Status.WARN else "communication contract failed"
+    if symptom == Symptom.PROPERTY:
         return f"{check} does not hold"
     if symptom in SYMPTOMS:
         return SYMPTOMS[symptom]
@@ -98,7 +99,7 @@ def kind_of(row) -> str:
 
 def _group_kind(row) -> str:
     """kind_of, except that wrong and non-finite values of one check are one symptom (the numbers are wrong)."""
-    return SYMPTOMS["values"] if _symptom_of(row) in ("values", "nonfinite") else kind_of(row)
+    return Symptom.VALUES.words if _symptom_of(row) in (Symptom.VALUES, Symptom.NONFINITE) else kind_of(row)
 
 
 def _part(row) -> str:
@@ -239,15 +240,15 @@ def _worst_text(row, status: str, limit: int = 300) -> str:
     if symptom in ERRORS:
         text = (f"{_ranks(culprits)} raised {row.get('error_type')} in {row.get('phase')} at {row.get('error_where')}: "
                 f"{row.get('error_message')}{then}")
-    elif symptom == "died":
+    elif symptom == Symptom.DIED:
         text = f"{_ranks(culprits)} died: {row.get('error_type')} (in {row.get('phase')}){then}"
-    elif symptom == "hung":
+    elif symptom == Symptom.HUNG:
         text = f"{_ranks(culprits)} did not finish (in {row.get('phase')})"
-    elif symptom == "xpass":
+    elif symptom == Symptom.XPASS:
         text = str(row.get("message") or "")
     else:
         ratio = _ratio(row)
-        text = (f"err/budget {ratio:.3g}: " if status != "error" and math.isfinite(ratio) else "") + str(row.get("message") or "")
+        text = (f"err/budget {ratio:.3g}: " if status != Status.ERROR and math.isfinite(ratio) else "") + str(row.get("message") or "")
     text = text if len(text) <= limit else text[:limit - 1] + "…"
     return f"{text} ({row['op']} [{row.get('case_id')}] dp{row['dp']}-cp{row['cp']}-tp{row['tp']} {row['dtype']})"
 
@@ -276,7 +277,7 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
     bad = bad.assign(_kind=[_group_kind(r) for r in bad.to_dict("records")],
                      _part=[_part(r) for r in bad.to_dict("records")],
                      _symptom=[_symptom_of(r) for r in bad.to_dict("records")])
-    passing = df[df["status"] == "pass"]
+    passing = df[df["status"] == Status.PASS]
     passing_of = {op: rows for op, rows in passing.groupby("op", sort=False)}
     empty = df.iloc[:0]
     symptoms = []
@@ -297,17 +298,17 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
     records = rows.to_dict("records")
     symptom = records[0]["_symptom"]
     found = set(rows["_symptom"])
-    if found <= {"values", "nonfinite"}:
-        kind = "; ".join(SYMPTOMS[x] for x in ("values", "nonfinite") if x in found)
-    signals = {how.strip() for r in records for how in str(r.get("error_type")).split(",")} if symptom == "died" else set()
-    if symptom == "died":  # a rank dying: one symptom whatever the signal, which the words then list
-        kind = f"{SYMPTOMS['died']} ({', '.join(sorted(signals))})"
-    worst = max(records, key=_ratio) if status != "error" else records[0]
+    if found <= {Symptom.VALUES, Symptom.NONFINITE}:
+        kind = "; ".join(x.words for x in (Symptom.VALUES, Symptom.NONFINITE) if x in found)
+    signals = {how.strip() for r in records for how in str(r.get("error_type")).split(",")} if symptom == Symptom.DIED else set()
+    if symptom == Symptom.DIED:  # a rank dying: one symptom whatever the signal, which the words then list
+        kind = f"{Symptom.DIED.words} ({', '.join(sorted(signals))})"
+    worst = max(records, key=_ratio) if status != Status.ERROR else records[0]
     rerun = worst.get("rerun") if isinstance(worst.get("rerun"), str) else next(
         (r["rerun"] for r in records if isinstance(r.get("rerun"), str)), None)
     if (rows["check"] == SIGNATURE_CHECK).all():
         condition = "of the module, found before any case ran"
-    elif status == "xpass":  # where the mark no longer holds, rather than what separates it from the passing rows
+    elif status == Status.XPASS:  # where the mark no longer holds, rather than what separates it from the passing rows
         condition = f"in {_items(rows)} item(s) {_where(rows)}"
     else:
         condition = separating_condition(rows, passing)
@@ -332,7 +333,7 @@ def _merge(group: list[dict], condition: str) -> dict:
     first = max(group, key=lambda s: (STATUS_ORDER[s["status"]], s["count"]))
     ops = list(dict.fromkeys(op for s in group for op in s["ops"]))
     signals = set().union(*(s["signals"] for s in group))
-    kind = (f"{SYMPTOMS['died']} ({', '.join(sorted(signals))})" if all(s["symptoms"] == {"died"} for s in group)
+    kind = (f"{Symptom.DIED.words} ({', '.join(sorted(signals))})" if all(s["symptoms"] == {Symptom.DIED} for s in group)
             else "; ".join(dict.fromkeys(s["kind"] for s in group)))
     return {**first, "op": _display(ops), "ops": tuple(ops), "kind": kind,
             "symptoms": set().union(*(s["symptoms"] for s in group)), "signals": signals, "count": sum(s["count"] for s in group),
@@ -347,8 +348,8 @@ def _is_crash(s: dict) -> bool:
 
 def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad: pd.DataFrame) -> list[dict]:
     """The causes of one op from its symptoms (module docstring, 3)."""
-    failing = [s for s in symptoms if s["status"] in ("fail", "error")]
-    warnings = [s for s in symptoms if s["status"] not in ("fail", "error")]  # and known failures that pass: own lines
+    failing = [s for s in symptoms if s["status"] in (Status.FAIL, Status.ERROR)]
+    warnings = [s for s in symptoms if s["status"] not in (Status.FAIL, Status.ERROR)]  # and known failures that pass: own lines
     if len(failing) < 2:
         return failing + warnings
 
@@ -368,7 +369,7 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
     if len(failing) == 1:
         return failing + warnings
 
-    ran = rows[(rows["check"] != SIGNATURE_CHECK) & ~rows["status"].isin(["skip", "xfail"])]  # evidence either way
+    ran = rows[(rows["check"] != SIGNATURE_CHECK) & ~rows["status"].isin([Status.SKIP, Status.XFAIL])]  # evidence either way
     item_rows = ran.drop_duplicates(ITEM)
     item_key = item_rows[ITEM].astype(str).apply(tuple, axis=1)
     items = set(item_key)
@@ -422,12 +423,12 @@ def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> 
         if len(c["ops"]) != 1 or len(c["symptoms"]) != 1:
             return None
         symptom = next(iter(c["symptoms"]))
-        if c["error_key"] is not None and c["status"] == "error":
+        if c["error_key"] is not None and c["status"] == Status.ERROR:
             return ("raised", c["error_key"])
-        if c["status"] == "warn" and (symptom == "comm" or str(symptom).startswith("precision:")):
+        if c["status"] == Status.WARN and (symptom == Symptom.COMM or str(symptom).startswith("precision:")):
             return ("warned", c["kind"])
-        if symptom == "died" and c["signals"] <= CRASH_SIGNALS:  # a crash, not a kill from outside or an exit
-            return ("died", c["condition"])
+        if symptom == Symptom.DIED and c["signals"] <= CRASH_SIGNALS:  # a crash, not a kill from outside or an exit
+            return (Symptom.DIED, c["condition"])
         return None
 
     groups: dict = {}
@@ -467,7 +468,7 @@ def known_failures(df: pd.DataFrame) -> pd.DataFrame:
     the ops and checks it covered, how many rows and items, where (topologies, dtypes) and one rerun line."""
     if not len(df) or "status" not in df:
         return pd.DataFrame(columns=KNOWN_COLUMNS)
-    rows = df[df["status"] == "xfail"]
+    rows = df[df["status"] == Status.XFAIL]
     if not len(rows):
         return pd.DataFrame(columns=KNOWN_COLUMNS)
     rows = rows.assign(_reason=rows["xfail_reason"].fillna("") if "xfail_reason" in rows else "",

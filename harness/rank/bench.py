@@ -13,6 +13,7 @@ from shardcheck.harness.core.case import REPLICATED, Case, RankContext, as_tuple
 from shardcheck.harness.core.measure import CommCounter, Timer, group_dims, peak_memory, split_comm
 from shardcheck.harness.core.plan_data import DTYPES, Item
 from shardcheck.harness.core.topology import Topology, mesh_dims
+from shardcheck.harness.core.records import Phase, Status
 
 
 def median_iqr(values) -> tuple[float, float]:
@@ -30,7 +31,7 @@ def run_bench_item(w, item: Item, topo: Topology, mesh) -> None:
     impl = w.impls[case.family]
     dtype = DTYPES[item.dtype]
     emit_check = w.check_emitter(item, mesh)
-    w.events.emit("phase", item.id, phase="forward")
+    w.events.phase(item.id, Phase.FORWARD)
     gen = torch.Generator().manual_seed(item.seed)
     full = {k: v.to(dtype) if is_float(v) else v for k, v in case.make_inputs(gen).items()}
     ctx = RankContext(mesh=mesh, topology=topo, device=w.device, dtype=dtype,
@@ -57,7 +58,7 @@ def run_bench_item(w, item: Item, topo: Topology, mesh) -> None:
         if not upstream:  # drawn once, never all ones
             upstream.extend(torch.randn(o.shape, generator=grad_gen, device=o.device, dtype=o.dtype) for o in diff)
         if counter is not None:
-            counter.phase = "backward"
+            counter.phase = Phase.BACKWARD
         with timer(bwd_times if bwd_times is not None else []):
             torch.autograd.backward(diff, upstream)
 
@@ -79,7 +80,7 @@ def run_bench_item(w, item: Item, topo: Topology, mesh) -> None:
         for d in ("dp", "cp", "tp"):  # per-iteration max over the sub-mesh
             torch.distributed.all_reduce(times, op=torch.distributed.ReduceOp.MAX, group=mesh_dims(mesh).groups[d])
     except Exception as exc:
-        w._emit_error(emit_check, item.checks, exc, "forward")
+        w._emit_error(emit_check, item.checks, exc, Phase.FORWARD)
         return
     total = times.sum(1)
     median, iqr = median_iqr(total)
@@ -94,7 +95,7 @@ def run_bench_item(w, item: Item, topo: Topology, mesh) -> None:
                   iters=w.plan.bench_iters, warmup=w.plan.bench_warmup)
     if topo.size == 1:  # the single-device reference on the same inputs, for the TP=1 overhead ratio
         fields.update(_bench_reference(w, case, local, timer))
-    emit_check("bench", "pass", **fields)
+    emit_check("bench", Status.PASS, **fields)
     w.emit_comm(case, ctx, counter, emit_check)
 
 

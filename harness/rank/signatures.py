@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from shardcheck.harness.core.modules import resolve_impl, same_module
-from shardcheck.harness.core.records import NO_CAUSE, SIGNATURE_CHECK
+from shardcheck.harness.core.records import NO_CAUSE, SIGNATURE_CHECK, Status, Symptom
 
 SEED_PACKAGE = "distributed_impl"
 
@@ -71,7 +71,7 @@ def call_signature(obj: Any) -> inspect.Signature | None:
 
 
 def differences(seed: inspect.Signature, impl: inspect.Signature) -> tuple[str, list[str]]:
-    """("pass", []) when every call of the seed API also calls `impl` with the same meaning, else ("fail", reasons):
+    """(Status.PASS, []) when every call of the seed API also calls `impl` with the same meaning, else (Status.FAIL, reasons):
     a seed parameter missing or renamed, taken at another position, by position only or by keyword only where the
     seed takes it either way, required where the seed gives it a default, or a parameter the seed lacks that is
     required or sits before a seed parameter callers pass by position.  Extra optional parameters after the seed's
@@ -114,7 +114,7 @@ def differences(seed: inspect.Signature, impl: inspect.Signature) -> tuple[str, 
     required = [n for n in i if n not in s and i[n].default is inspect.Parameter.empty]
     if required:
         fails.append("extra required parameter(s) " + ", ".join(required))
-    return ("fail", fails) if fails else ("pass", [])
+    return (Status.FAIL, fails) if fails else (Status.PASS, [])
 
 
 def check_names(family: str, module: ModuleType, names: list[str], default: str | None = None) -> dict[str, tuple[str, str]]:
@@ -127,14 +127,14 @@ def check_names(family: str, module: ModuleType, names: list[str], default: str 
         if seed_sig is None:
             continue
         if not hasattr(module, name):
-            out[name] = ("fail", f"signature: {name} is not defined in the module under test")
+            out[name] = (Status.FAIL, f"signature: {name} is not defined in the module under test")
             continue
         impl_sig = call_signature(getattr(module, name))
         if impl_sig is None:
-            out[name] = ("fail", f"signature: {name} is not callable like the seed's {name}{seed_sig}")
+            out[name] = (Status.FAIL, f"signature: {name} is not callable like the seed's {name}{seed_sig}")
             continue
         status, reasons = differences(seed_sig, impl_sig)
-        if status != "pass":
+        if status != Status.PASS:
             out[name] = (status, f"signature: {'; '.join(reasons)} (seed {name}{seed_sig}, under test {name}{impl_sig})")
     return out
 
@@ -156,7 +156,7 @@ def signature_rows(plan, meta: dict) -> list[dict]:
                          "dtype": "-", "device": plan.device, "backend": plan.backend, "seed": plan.seed,
                          "check": SIGNATURE_CHECK, "status": status, "max_abs_err": None, "max_rel_err": None,
                          "budget": None, "err_ratio": None, "err_naive": None, "mismatch": None, "message": message,
-                         "per_rank": [], **NO_CAUSE, "symptom": "signature"})
+                         "per_rank": [], **NO_CAUSE, "symptom": Symptom.SIGNATURE})
     return rows
 
 

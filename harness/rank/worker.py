@@ -22,22 +22,27 @@ import contextlib
 import cProfile
 import itertools
 import os
-import re
 import sys
 import sysconfig
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+import shardcheck.harness
+import shardcheck.reference
+import shardcheck.suites
 from shardcheck.harness.rank.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
 from shardcheck.harness.rank import shims
 from shardcheck.harness.rank.bench import run_bench_item
 from shardcheck.harness.core.case import BAD_INPUT_CHECK, REPLICATED, Case, RankContext, as_tuple, is_float
 from shardcheck.harness.core.compare import budget, compare, judge
+from shardcheck.harness.core.peer_failure import is_peer_failure
 from shardcheck.harness.core.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path
 from shardcheck.harness.core.plan_data import DTYPES, Item, Plan
 from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
@@ -46,15 +51,29 @@ from shardcheck.harness.rank.fuzz_cases import fuzz_case
 from shardcheck.harness.rank.suite_loader import suite_cases, suite_fuzz_spaces
 from shardcheck.harness.core.topology import Topology, build_mesh, mesh_coords, mesh_dims
 from shardcheck.reference import low_precision_math
+from shardcheck.harness.core.records import Phase, Status, Symptom
 
 RAISED_GRACE = 10.0  # seconds the ranks at an item's barrier still wait for their peers once one of them raised
 BARRIER_SLICE = 1.0  # how often a rank waiting at the barrier looks whether a peer raised
 
-PEER_FAILURE = re.compile(r"closed by peer|reset by peer|Broken pipe|Connection refused|timed out|Timeout|aborted", re.I)
-
 
 def _detach(t):
     return t.detach() if isinstance(t, torch.Tensor) else t  # an output may legitimately be None
+
+
+@dataclass
+class _Call:
+    """What one item's steps hand each other on this rank."""
+    item: Item
+    case: Case
+    impl: object  # the module under test
+    mesh: object
+    ctx: RankContext
+    golden: Golden
+    local: dict[str, torch.Tensor]  # this rank's pieces of the inputs
+    counter: CommCounter
+    emit_check: Callable
+    contexts: contextlib.ExitStack
 
 
 class Golden:
@@ -187,14 +206,14 @@ class Worker:
             if item.world_size != self.world:
                 continue
             started = time.time()
-            self.events.emit("start", item.id)
+            self.events.started(item.id)
             topo = Topology(*item.topology)
             mesh = self.mesh(topo)
             skip_reason = self.cases[(item.op, item.case_id)].skip_reason
             if self.rank < topo.size and skip_reason:  # the case cannot run here: every check is a skip
                 emit_check = self.check_emitter(item, mesh)
                 for check in item.checks:
-                    emit_check(check, "skip", message=skip_reason)
+                    emit_check(check, Status.SKIP, message=skip_reason)
             elif self.rank < topo.size:  # replica 0 runs the case; other replicas wait
                 if self.plan.bench:
                     run_bench_item(self, item, topo, mesh)
@@ -212,14 +231,14 @@ class Worker:
                 self.events.file.flush()
                 os._exit(EXIT_PEER_STUCK)
             if missing:
-                self.events.emit("stuck", item.id, missing=missing, waited=round(time.time() - started, 1))
+                self.events.stuck(item.id, missing, round(time.time() - started, 1))
                 self.events.file.flush()
                 if on_stuck:
                     on_stuck(item)
                 os._exit(EXIT_PEER_STUCK)  # a peer is blocked or dead: the driver ends the launch
             if pieces and self.store.check([f"failed/{item.id}"]):
                 self.save_pieces(item, pieces)
-            self.events.emit("done", item.id, seconds=time.time() - started)
+            self.events.done(item.id, time.time() - started)
             if on_item_done:
                 on_item_done(item)
 
@@ -258,106 +277,132 @@ class Worker:
             self._run_item(item, topo, mesh, contexts)
 
     def _run_item(self, item: Item, topo: Topology, mesh, contexts: contextlib.ExitStack) -> None:
+        """One item on this rank, step by step: golden, call, backward, judge.  A step that ends the item has
+        reported why (an error row, a bad-input verdict) and returns None."""
+        call = self._golden_step(item, topo, mesh, contexts)
+        if call is None:
+            return
+        outs = self._call_step(call)
+        if outs is None:
+            return
+        # A run that kept its train context open (RankContext.keep_open) gets its backward first, as a training
+        # loop runs it, and the context closed before the harness computes anything of its own (a precision
+        # run of the reference inside a CP context would meet the context's attention).
+        backward_error = self._backward_step(call, outs) if call.ctx.kept_open else None
+        if backward_error is not None and not call.case.grad_inputs:  # the kept context failed to close
+            self._emit_error(call.emit_check, item.checks, backward_error, Phase.BACKWARD)
+            return
+        self._judge_outputs(call, outs)
+        if call.case.grad_inputs:
+            if not call.ctx.kept_open:
+                backward_error = self._backward_step(call, outs)
+            if not self._judge_gradients(call, backward_error):
+                return
+        self.emit_comm(call.case, call.ctx, call.counter, call.emit_check)
+        self._emit_properties(call.case, call.ctx, call.golden, call.local, outs, call.emit_check)
+
+    def _golden_step(self, item: Item, topo: Topology, mesh, contexts: contextlib.ExitStack) -> _Call | None:
+        """The golden outputs and gradients, the rank's context and its pieces of the inputs."""
         case = self.cases[(item.op, item.case_id)]
-        impl = self.impls[case.family]
-        dtype = DTYPES[item.dtype]
         n_summands = 1
         for d in case.summed_over:
             n_summands *= mesh_dims(mesh).sizes[d]
         emit_check = self.check_emitter(item, mesh)
-        self.events.emit("phase", item.id, phase="forward")
+        self.events.phase(item.id, Phase.FORWARD)
         try:
             golden = self.golden(case, item, n_summands)
         except Exception as exc:
             for check in item.checks:
-                emit_check(check, "error", message=f"reference failed: {type(exc).__name__}: {exc}",
-                           symptom="reference", **_error_fields(exc), phase="setup")
-            return
-        ctx = RankContext(mesh=mesh, topology=topo, device=self.device, dtype=dtype,
+                emit_check(check, Status.ERROR, message=f"reference failed: {type(exc).__name__}: {exc}",
+                           symptom=Symptom.REFERENCE, **_error_fields(exc), phase=Phase.SETUP)
+            return None
+        impl = self.impls[case.family]
+        ctx = RankContext(mesh=mesh, topology=topo, device=self.device, dtype=DTYPES[item.dtype],
                           full_shapes={k: tuple(v.shape) for k, v in golden.inputs.items()},
                           input_layouts=case.input_layouts, impl=impl, full_inputs=golden.inputs, contexts=contexts,
                           params=case.params)
-        local = self._local_inputs(case, golden, mesh)
         counter = CommCounter(group_dims(mesh) if case.comm else {}, enabled=case.comm is not None)
+        return _Call(item, case, impl, mesh, ctx, golden, self._local_inputs(case, golden, mesh), counter, emit_check,
+                     contexts)
+
+    def _call_step(self, call: _Call) -> tuple | None:
+        """The op under test on this rank's pieces: its outputs, or None when that already decided the item (it
+        raised, answered bad input silently, is a properties-only case, or returned the wrong number of outputs)."""
+        case, emit_check = call.case, call.emit_check
         try:
-            outs = self._call_op(case, impl, ctx, local, counter)
+            outs = self._call_op(case, call.impl, call.ctx, call.local, call.counter)
         except Exception as exc:
             if case.bad_input is not None:  # loud: any exception will do
                 status, message = case.bad_input.judge_raise(exc)
                 emit_check(BAD_INPUT_CHECK, status, message=message, keep_message=True,
-                           symptom=None if status == "pass" else "property")
+                           symptom=None if status == Status.PASS else Symptom.PROPERTY)
             else:
-                self._emit_error(emit_check, item.checks, exc, "forward")
-            return
+                self._emit_error(emit_check, call.item.checks, exc, Phase.FORWARD)
+            return None
         if case.bad_input is not None and case.bad_input.interpretation is None:
-            emit_check(BAD_INPUT_CHECK, "fail", message=case.bad_input.silent_return(), symptom="property")
-            return
+            emit_check(BAD_INPUT_CHECK, Status.FAIL, message=case.bad_input.silent_return(), symptom=Symptom.PROPERTY)
+            return None
         # Bad input with a documented interpretation that the op answered: judged as any case from here on.
         if not case.output_names:  # a properties-only case: they get the raw result
-            self._emit_properties(case, ctx, golden, local, (outs,), emit_check)
-            return
+            self._emit_properties(case, call.ctx, call.golden, call.local, (outs,), emit_check)
+            return None
         outs = as_tuple(outs)
         if len(outs) != len(case.output_names):
-            for check in item.checks:
-                emit_check(check, "error", message=f"op returned {len(outs)} outputs, expected {len(case.output_names)}",
-                           symptom="outputs", phase="forward")
-            return
+            for check in call.item.checks:
+                emit_check(check, Status.ERROR, message=f"op returned {len(outs)} outputs, expected {len(case.output_names)}",
+                           symptom=Symptom.OUTPUTS, phase=Phase.FORWARD)
+            return None
+        return outs
 
-        # A run that kept its train context open (RankContext.keep_open) gets its backward first, as a training
-        # loop runs it, and the context closed before the harness computes anything of its own (a precision
-        # run of the reference inside a CP context would meet the context's attention).
-        backward_error = self._backward(item, case, outs, golden, mesh, counter, contexts) if ctx.kept_open else None
-        if backward_error is not None and not case.grad_inputs:  # the kept context failed to close
-            self._emit_error(emit_check, item.checks, backward_error, "backward")
-            return
-        fwd_names = case.forward_checks
-        for i, (name, check, got, gold, naive, lay) in enumerate(zip(case.output_names, fwd_names, outs, golden.outputs,
-                                                                     golden.naive_outputs, case.output_layouts)):
+    def _judge_outputs(self, call: _Call, outs: tuple) -> None:
+        """Every output against this rank's piece of the golden (or the case's own output check)."""
+        case, golden, mesh, emit_check = call.case, call.golden, call.mesh, call.emit_check
+        for i, (name, check, got, gold, naive, lay) in enumerate(zip(case.output_names, case.forward_checks, outs,
+                                                                     golden.outputs, golden.naive_outputs,
+                                                                     case.output_layouts)):
             if gold is None:  # the reference returns None here (e.g. an optional output): so must the op
-                emit_check(check, "pass" if got is None else "fail",
+                emit_check(check, Status.PASS if got is None else Status.FAIL,
                            message="" if got is None else f"expected None, got {type(got).__name__}",
-                           symptom=None if got is None else "output_type")
+                           symptom=None if got is None else Symptom.OUTPUT_TYPE)
                 continue
             expected = lay.local(gold, mesh, golden.inputs)
             if name in case.output_checks:
                 try:
-                    ok, msg = case.output_checks[name](got, expected, golden.inputs, local, ctx)
+                    ok, msg = case.output_checks[name](got, expected, golden.inputs, call.local, call.ctx)
                 except Exception as exc:
                     ok, msg = False, f"{type(exc).__name__}: {exc}"
-                emit_check(check, "pass" if ok else "fail", message=msg, symptom=None if ok else "values")
+                emit_check(check, Status.PASS if ok else Status.FAIL, message=msg, symptom=None if ok else Symptom.VALUES)
                 continue
             got_dtype = got.dtype if isinstance(got, torch.Tensor) else None
             if isinstance(got, torch.Tensor):
                 got = lay.reduce_partial(got, mesh)
             self._emit_compare(emit_check, check, got, expected, gold, naive, lay, mesh, golden.inputs,
                                expect_dtype=naive.dtype, got_dtype=got_dtype,
-                               precision=(golden, lambda run, i=i: run[0][i], dtype))
+                               precision=(golden, lambda run, i=i: run[0][i], call.ctx.dtype))
 
-        if case.grad_inputs:
-            grad_checks = [f"grad:{n}" for n in case.grad_inputs]
-            if not ctx.kept_open:
-                backward_error = self._backward(item, case, outs, golden, mesh, counter, contexts)
-            if backward_error is not None:
-                if case.bad_input is not None:  # loud, if late: its forward rows stand as they are
-                    status, message = case.bad_input.judge_raise(backward_error)
-                    emit_check(BAD_INPUT_CHECK, status, message=f"in backward: {message}", keep_message=True,
-                               symptom=None if status == "pass" else "property")
-                else:
-                    self._emit_error(emit_check, grad_checks, backward_error, "backward")
-                return
-            for name, check in zip(case.grad_inputs, grad_checks):
-                x = local[name]
-                if x.grad is None:
-                    emit_check(check, "fail", message=f"no gradient reached input {name!r}", symptom="no_gradient")
-                    continue
-                lay = case.input_layouts.get(name, REPLICATED)
-                expected = lay.local(golden.grads[name], mesh, golden.inputs)
-                self._emit_compare(emit_check, check, x.grad, expected, golden.grads[name],
-                                   golden.naive_grads[name], lay, mesh, golden.inputs, expect_dtype=x.dtype,
-                                   precision=(golden, lambda run, name=name: run[1][name], dtype))
-
-        self.emit_comm(case, ctx, counter, emit_check)
-        self._emit_properties(case, ctx, golden, local, outs, emit_check)
+    def _judge_gradients(self, call: _Call, backward_error: Exception | None) -> bool:
+        """Every checked input's gradient against its piece of the golden; False when the backward raised."""
+        case, golden, mesh, emit_check = call.case, call.golden, call.mesh, call.emit_check
+        grad_checks = [f"grad:{n}" for n in case.grad_inputs]
+        if backward_error is not None:
+            if case.bad_input is not None:  # loud, if late: its forward rows stand as they are
+                status, message = case.bad_input.judge_raise(backward_error)
+                emit_check(BAD_INPUT_CHECK, status, message=f"in backward: {message}", keep_message=True,
+                           symptom=None if status == Status.PASS else Symptom.PROPERTY)
+            else:
+                self._emit_error(emit_check, grad_checks, backward_error, Phase.BACKWARD)
+            return False
+        for name, check in zip(case.grad_inputs, grad_checks):
+            x = call.local[name]
+            if x.grad is None:
+                emit_check(check, Status.FAIL, message=f"no gradient reached input {name!r}", symptom=Symptom.NO_GRADIENT)
+                continue
+            lay = case.input_layouts.get(name, REPLICATED)
+            expected = lay.local(golden.grads[name], mesh, golden.inputs)
+            self._emit_compare(emit_check, check, x.grad, expected, golden.grads[name], golden.naive_grads[name], lay,
+                               mesh, golden.inputs, expect_dtype=x.dtype,
+                               precision=(golden, lambda run, name=name: run[1][name], call.ctx.dtype))
+        return True
 
     def _local_inputs(self, case: Case, golden: Golden, mesh) -> dict[str, torch.Tensor]:
         """This rank's pieces of the full inputs, on its device, requiring grad where the case checks it."""
@@ -373,18 +418,19 @@ class Worker:
         with counter:
             return case.run(impl, ctx, local)
 
-    def _backward(self, item: Item, case: Case, outs: tuple, golden: Golden, mesh, counter: CommCounter,
-                  contexts: contextlib.ExitStack) -> Exception | None:
+    def _backward_step(self, call: _Call, outs: tuple) -> Exception | None:
         """Backpropagate the golden upstream gradients (this rank's summand) from the outputs, then close
         what the run kept open; the exception, if any (reported on the gradient checks)."""
-        self.events.emit("phase", item.id, phase="backward")
+        item, case, golden, mesh, counter, contexts = (call.item, call.case, call.golden, call.mesh, call.counter,
+                                                       call.contexts)
+        self.events.phase(item.id, Phase.BACKWARD)
         pairs = []
         summand = self._summand_index(case, mesh)
         for got, up, lay in zip(outs, golden.upstream, case.output_layouts):
             if up is not None:
                 pairs.append((got, lay.local(up[summand], mesh, golden.inputs).to(got.dtype).to(self.device)))
         try:
-            counter.phase = "backward"
+            counter.phase = Phase.BACKWARD
             if pairs:
                 with counter:
                     torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
@@ -398,8 +444,8 @@ class Worker:
         coords = mesh_coords(mesh)
 
         def emit_check(check: str, status: str, **fields):
-            self.events.emit("check", item.id, check=check, status=status, coords=coords, **fields)
-            if status == "error" and not fields.get("secondary"):
+            self.events.checked(item.id, check=check, status=status, coords=coords, **fields)
+            if status == Status.ERROR and not fields.get("secondary"):
                 self.store.set(f"raised/{item.id}", "1")  # the peers at the barrier stop waiting sooner (barrier)
 
         return emit_check
@@ -417,8 +463,8 @@ class Worker:
             allowed, observed, too_much = None, counter.as_dict(), [f"contract failed: {type(exc).__name__}: {exc}"]
         calls, nbytes = split_comm(observed)
         # Beyond the contract is a performance finding (warn); a contract that cannot be evaluated fails.
-        status = "fail" if allowed is None else "warn" if too_much else "pass"
-        emit_check("property:comm", status, message="; ".join(too_much), symptom=None if status == "pass" else "comm",
+        status = Status.FAIL if allowed is None else Status.WARN if too_much else Status.PASS
+        emit_check("property:comm", status, message="; ".join(too_much), symptom=None if status == Status.PASS else Symptom.COMM,
                    comm_calls=calls, comm_bytes=nbytes, comm_allowed=allowed)
 
     def _emit_properties(self, case: Case, ctx, golden: Golden, local, outs: tuple, emit_check) -> None:
@@ -430,8 +476,8 @@ class Worker:
             self._emit_error(emit_check, ["property:properties"], exc, "properties")
             return
         for p in props:
-            emit_check(f"property:{p.name}", "pass" if p.passed else "fail", message=p.message,
-                       symptom=None if p.passed else "property", max_abs_err=p.value, max_rel_err=None, budget=None, err_ratio=None)
+            emit_check(f"property:{p.name}", Status.PASS if p.passed else Status.FAIL, message=p.message,
+                       symptom=None if p.passed else Symptom.PROPERTY, max_abs_err=p.value, max_rel_err=None, budget=None, err_ratio=None)
 
     @staticmethod
     def _summand_index(case: Case, mesh) -> int:
@@ -446,20 +492,20 @@ class Worker:
         = (golden, pick(run) -> this tensor of a Golden.precision_run, item dtype): a failing check that
         a legitimate precision difference explains becomes `warn`."""
         if not isinstance(got, torch.Tensor):
-            emit_check(check, "fail", message=f"got {type(got).__name__}, expected a tensor", symptom="output_type")
+            emit_check(check, Status.FAIL, message=f"got {type(got).__name__}, expected a tensor", symptom=Symptom.OUTPUT_TYPE)
             return
         stats, status, ratio, limit = _judge(got, expected, gold_full, naive_full, expect_dtype, lay, mesh, inputs)
         msg = ""
-        symptom = None if status == "pass" else ("shape" if "shape_mismatch" in stats else
-                                                 "nonfinite" if stats.get("nonfinite") else "values")
+        symptom = None if status == Status.PASS else (Symptom.SHAPE if "shape_mismatch" in stats else
+                                                 Symptom.NONFINITE if stats.get("nonfinite") else Symptom.VALUES)
         got_dtype = got_dtype or got.dtype
         if got_dtype != expect_dtype:
-            status, msg, symptom = "fail", f"dtype {str(got_dtype)[6:]}, expected {str(expect_dtype)[6:]}", "dtype"
-        if status == "fail" and precision is not None and "shape_mismatch" not in stats and not stats.get("nonfinite"):
+            status, msg, symptom = Status.FAIL, f"dtype {str(got_dtype)[6:]}, expected {str(expect_dtype)[6:]}", Symptom.DTYPE
+        if status == Status.FAIL and precision is not None and "shape_mismatch" not in stats and not stats.get("nonfinite"):
             finding, kind = self._precision_finding(got, expected, gold_full, lay, mesh, inputs, expect_dtype, got_dtype,
                                                     *precision)
             if finding:
-                status, msg, symptom = "warn", "; ".join(m for m in (finding, msg) if m), f"precision:{kind}"
+                status, msg, symptom = Status.WARN, "; ".join(m for m in (finding, msg) if m), Symptom(f"precision:{kind}")
         for key in ("worst", "nonfinite"):
             if stats.get(key):
                 stats[key]["global_index"] = list(lay.global_index(stats[key]["local_index"], gold_full.shape, mesh, inputs))
@@ -467,7 +513,7 @@ class Worker:
                 and gold_full.numel() <= MAX_ARTEFACT_NUMEL):
             self.pieces[check] = {"got": got.detach(), "expected": expected.detach(),
                                   "indices": lay.mesh_indices(gold_full.shape, mesh, inputs), "budget": limit,
-                                  "full_shape": tuple(gold_full.shape), "failed": status == "fail",
+                                  "full_shape": tuple(gold_full.shape), "failed": status == Status.FAIL,
                                   "coords": mesh_coords(mesh)}
         stats.pop("err_ratio", None)
         emit_check(check, status, err_ratio=ratio if ratio != float("inf") else None, message=msg, symptom=symptom,
@@ -488,7 +534,7 @@ class Worker:
         except Exception:  # the reference cannot run that way: no excuse for the error
             return "", ""
         _, status, ratio, _ = _judge(got, expected, gold_full, alt, low, lay, mesh, inputs)
-        if status != "pass":
+        if status != Status.PASS:
             return "", ""
         if kind == "float32":
             return f"float64 computed in float32 (err/budget {ratio:.2g} against the float32 budget)", "float32"
@@ -499,21 +545,21 @@ class Worker:
         fields = _error_fields(exc)
         msg = f"{fields['error_type']}: {fields['error_message']} ({Path(fields['error_where']).name})"
         # A collective failing because a peer died or left is a consequence, not the cause.
-        secondary = bool(PEER_FAILURE.search(fields["error_message"]))
+        secondary = is_peer_failure(exc)
         for check in checks:
-            emit_check(check, "error", message=msg, secondary=secondary, symptom="exception", phase=phase, **fields)
+            emit_check(check, Status.ERROR, message=msg, secondary=secondary, symptom=Symptom.EXCEPTION, phase=phase, **fields)
 
 
 # Frames of the harness, the suites, the references, torch and the standard library: not the code under test.
 _NOT_UNDER_TEST = tuple(str(p) + os.sep for p in (
-    Path(__file__).resolve().parent.parent / "harness", Path(__file__).resolve().parent.parent / "suites",
-    Path(__file__).resolve().parent.parent / "reference", Path(torch.__file__).resolve().parent,
+    *(Path(package.__file__).resolve().parent for package in (shardcheck.harness, shardcheck.suites,
+                                                               shardcheck.reference, torch)),
     Path(sysconfig.get_paths()["stdlib"]).resolve()))
 
 
 def raising_location(exc: BaseException) -> str:
     """path:line where `exc` was raised: the innermost frame of the code under test (the module under test or
-    what it calls, not torch nor the harness), else the innermost frame.  Paths inside the repository are
+    what it calls, not torch nor the harness), else the innermost frame.  Paths inside the working directory are
     relative to it."""
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
@@ -521,7 +567,7 @@ def raising_location(exc: BaseException) -> str:
     under_test = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_NOT_UNDER_TEST)]
     frame = (under_test or frames)[-1]
     path = Path(frame.filename).resolve()
-    root = Path(__file__).resolve().parent.parent
+    root = Path.cwd()  # where the user ran shardcheck: `tests/broken/x.py:12`, not a long absolute path
     return f"{path.relative_to(root) if path.is_relative_to(root) else path}:{frame.lineno}"
 
 
