@@ -87,6 +87,6 @@ def test_without_megatron_the_cases_are_skipped_with_the_reason(run_shardcheck, 
 
 
 def test_model_utils_imports_without_megatron():
-    code = "import sys, distributed_impl.model_utils as m; m.patch_gpt_model_forward_for_linear_ce_fusion; " \
+    code = "import sys, shardcheck.distributed_impl.model_utils as m; m.patch_gpt_model_forward_for_linear_ce_fusion; " \
            "assert not any(n.startswith('megatron') for n in sys.modules)"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=120)

@@ -102,7 +102,7 @@ class Golden:
     def precision_run(self, kind: str) -> tuple[tuple, dict]:
         """(outputs, grads) of the reference as code with a legitimate precision difference computes
         them: "float32" on the inputs rounded to float32 (for a float64 item), "bfloat16 math" in the
-        item's dtype without the float32 upcast (reference.low_precision_math).  Only run when a check
+        item's dtype without the float32 upcast (shardcheck.reference.low_precision_math).  Only run when a check
         fails, once per item."""
         if kind not in self._precision_runs:
             if kind == "float32":
