@@ -10,10 +10,10 @@
   storage (allocation and release through weak references), so the same code on the same shapes gives the same
   number on every run.  A DTensor op is followed down to the ops on its local tensors: what counts is the local
   storage a rank really holds, never the global shape of DTensor's wrapper; a view, an in-place op or a second
-  tensor on the same storage counts once.  A collective's *received* buffers count (an all-gather's output is
-  memory the rank holds); a tensor it only *sends* stops counting at that call: the backend's worker thread
-  drops its reference at a moment no program controls, which would make the peak vary from run to run.  On
-  CUDA: the allocator's peak above the baseline.
+  tensor on the same storage counts once.  A tensor handed to a collective (sent or received) stops counting at
+  that call: the backend's worker thread drops its reference at a moment no program controls, which would make
+  the peak vary from run to run (an all-gather's output counts through what the op makes of it: DTensor's
+  `full_tensor()` copies it once more).  On CUDA: the allocator's peak above the baseline.
 - Time: the caller brackets iterations with barriers; CUDA events on GPU.
 """
 
@@ -158,14 +158,12 @@ class LiveBytes(TorchDispatchMode):
             return NotImplemented
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func in collective_ops:  # the backend owns these buffers from here on (see module doc)
+            for storage in _storages(tree_leaves((args, out))).values():
+                self._forget(storage)
+            return out
+        # Views, in-place ops and detach() hand back an input's storage: not an allocation.
         inputs = _storages(tree_leaves((args, kwargs)))
-        if func in collective_ops:
-            received = _storages(_received(func, args, out))
-            for key, storage in inputs.items():
-                if key not in received:  # only sent: the backend lets go of it when it likes (module doc)
-                    self._forget(storage)
-        # Views, in-place ops and detach() hand back an input's storage: not an allocation (a c10d collective
-        # writes into buffers allocated before it, counted then; a functional one returns a new tensor).
         for key, storage in _storages(tree_leaves(out)).items():
             if key not in inputs:
                 self._track(key, storage)
@@ -190,15 +188,6 @@ def _storages(leaves) -> dict[int, torch.UntypedStorage]:
     storages = (t.untyped_storage() for t in leaves
                 if isinstance(t, torch.Tensor) and not hasattr(type(t), "__tensor_flatten__"))
     return {s._cdata: s for s in storages if s.device.type != "meta"}
-
-
-def _received(func, args, out) -> list:
-    """The tensors a collective writes into: its output (a functional collective's new tensor, a c10d op's
-    returned tensors), and a c10d op's output buffer (its first argument where it sends the second)."""
-    leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-    if func.namespace == "c10d" and func._overloadpacket.__name__ in _SENDS_ARG1:
-        leaves += [t for t in tree_leaves(args[0]) if isinstance(t, torch.Tensor)]
-    return leaves
 
 
 @contextmanager

@@ -101,6 +101,9 @@ class ResultRow(_Row, total=False):
     ref_time_ms_iqr: float
     ref_times_ms: list[float]
     ref_peak_bytes: int
+    expected_peak_bytes: int  # the case's MemoryModel (Case.memory), where it has one
+    saved_bytes: int
+    memory_model: str
     iters: int
     warmup: int
     comm_calls: dict  # {phase: {kind@dim: calls}}
