@@ -283,14 +283,20 @@ def _comm_text(calls) -> str:
     return " / ".join(", ".join(f"{n}×{k}" for k, n in calls.get(p, {}).items()) or "-" for p in ("forward", "backward"))
 
 
+MESH_AXES = ("dp", "cp", "tp")  # a sweep over a mesh dim: x is the topology's size there
+
+
 def sweep_plots(df: pd.DataFrame, run_dir: Path) -> list[Path]:
     """Time and peak memory against each swept parameter (params['sweep']), one line per op and topology."""
-    b = df[(df["check"] == "bench") & df["params"].map(lambda p: isinstance(p, dict) and "sweep" in p)]
+    # (a sweep naming no number of its params is refused at planning; rows of older runs are left out)
+    b = df[(df["check"] == "bench") & df["params"].map(
+        lambda p: isinstance(p, dict) and isinstance(p.get("sweep"), str)
+        and (p["sweep"] in MESH_AXES or isinstance(p.get(p["sweep"]), (int, float))))]
     paths = []
     for axis, rows in b.groupby(b["params"].map(lambda p: p["sweep"])):
-        x = rows["tp"] if axis == "tp" else rows["params"].map(lambda p: p[axis])
+        x = rows[axis] if axis in MESH_AXES else rows["params"].map(lambda p: p[axis])
         rows = rows.assign(x=x.astype(float), line=rows["op"].str.split(".").str[-1] + " " + (
-            "" if axis == "tp" else _topology(rows)) + " " + rows["dtype"])
+            "" if axis in MESH_AXES else _topology(rows)) + " " + rows["dtype"])
         fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
         for line, g in rows.sort_values("x").groupby("line"):
             ax_t.errorbar(g["x"], g["time_ms"], yerr=g["time_ms_iqr"] / 2, marker="o", capsize=3, label=line)
