@@ -84,6 +84,7 @@ class Collector:
             st.stuck.append(ev)
         elif kind == "done":
             st.done[rank] = ev.get("seconds", 0.0)
+            self.writer.count_shim_calls(ev.get("shim_calls") or {})
             if len(st.done) == self.world:
                 self._complete.append(ev["item"])
 
