@@ -62,7 +62,7 @@ def logprob_memory(chunk: int | None):
       the backward builds the gradient beside it (2·N·V_l·c), cast to the logits' dtype (+ N·V_l·i) below float32.
     - ChunkedDistributedLogprob: saves only the logits (an input); the backward's gradient of the logits (N·V_l·i)
       is filled chunk by chunk: a chunk's softmax and its gradient (2·B·chunk·V_l·c), and one more chunk, the
-      previous one's, which the loop's names hold until the new one is bound (3 chunks in all)."""
+      previous one's, which the loop's names hold until the new one is bound (3 chunks in all; 2 for a single chunk)."""
     def model(ctx) -> MemoryModel:
         b, s, v_local = ctx.local_shape("logits")
         c = torch.promote_types(ctx.dtype, torch.float32).itemsize
@@ -73,8 +73,9 @@ def logprob_memory(chunk: int | None):
             return MemoryModel(peak_bytes=2 * full * c + cast, saved_bytes=full * c,
                                terms=f"softmax + its gradient 2 × {_mib(full * c)}" + (f" + cast {_mib(cast)}" if cast else ""))
         work = b * min(chunk, s) * v_local * c
-        return MemoryModel(peak_bytes=full * i + 3 * work, saved_bytes=0,
-                           terms=f"logits' gradient {_mib(full * i)} + chunk workspace 3 × {_mib(work)}")
+        chunks = 3 if s > chunk else 2  # one chunk only: no previous one
+        return MemoryModel(peak_bytes=full * i + chunks * work, saved_bytes=0,
+                           terms=f"logits' gradient {_mib(full * i)} + chunk workspace {chunks} × {_mib(work)}")
     return model
 
 
