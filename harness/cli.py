@@ -108,7 +108,7 @@ def _check_writable_file(path: Path, option: str) -> None:
 
 
 def cmd_compare(args) -> int:
-    from shardcheck.reports.regression import compare_runs
+    from shardcheck.reports.regression import compare_runs, machine_note
 
     for d in (args.base, args.new):
         if not (d / "results.jsonl").is_file():
@@ -120,6 +120,9 @@ def cmd_compare(args) -> int:
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read runs: {exc}") from None
     print(f"## shardcheck compare: {args.base} -> {args.new}\n")
+    note = machine_note(args.base, args.new)
+    if note:
+        print(f"**Note:** {note}\n")
     print(table.to_markdown(index=False) if len(table) else "No changes beyond the thresholds.")
     print(f"\n**{regressions} regression(s)** (max slowdown {args.max_slowdown:g}% beyond the spread, "
           f"max memory growth {args.max_memory_growth:g}%)")

@@ -32,7 +32,7 @@ def write(run_dir: Path, df: pd.DataFrame, meta: dict) -> Path | None:
     for _, r in bench.iterrows():
         param = f"{r['case_id']}-dp{r['dp']}-cp{r['cp']}-tp{r['tp']}-{r['dtype']}"
         extra = {k: r[k] for k in ("peak_bytes", "peak_bytes_fwd", "time_fwd_ms", "time_bwd_ms", "comm_calls", "comm_bytes",
-                                   "ref_time_ms", "ref_peak_bytes", "world_size", "device", "backend") if k in r and _present(r[k])}
+                                   "ref_time_ms", "ref_peak_bytes", "expected_peak_bytes", "world_size", "device", "backend") if k in r and _present(r[k])}
         benchmarks.append({
             "group": r["op"], "name": f"{r['op']}[{param}]", "fullname": f"shardcheck::{r['op']}[{param}]",
             "params": {**(r["params"] or {}), "dp": int(r["dp"]), "cp": int(r["cp"]), "tp": int(r["tp"]), "dtype": r["dtype"]},

@@ -4,8 +4,10 @@ Runs are ordered by start time and labelled by git commit.  Per op and benchmark
 figure: median time with its interquartile band, and peak memory, across runs; one line per
 (topology, dtype, device), so runs from different devices or dtypes are never mixed in a line.
 A point where compare's rule (reports/regression.change_notes, against the line's previous run)
-flags a regression is marked.  Pass/fail counts per run head the page.  Reads only what
-shardcheck.harness.core.records.load reads, plus run.json for start time, commit and device name.
+flags a regression is marked; a time is judged only against a run of the same machine (run.json `machine`:
+CPU model, core count, GPU), the page says when its runs come from several.  Pass/fail counts per run head the page.
+Reads only what shardcheck.harness.core.records.load reads, plus run.json for start time, commit, device name and
+machine.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from shardcheck.harness.core.records import RUN_META, Status, load  # noqa: E402
+from shardcheck.harness.core.records import MACHINE_KEYS, RUN_META, Status, load, machine_label  # noqa: E402
 from shardcheck.reports.regression import PASSED, change_notes  # noqa: E402
 
 DASHBOARD = "dashboard.html"
@@ -44,8 +46,10 @@ def load_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
         run_id = meta.get("run_id") or (str(df["run_id"].iloc[0]) if "run_id" in df else d.name)
         runs.append({"run_id": run_id, "dir": str(d), "start": meta.get("start") or "",
                      "commit": (meta.get("git_commit") or "")[:8] + ("+dirty" if meta.get("git_dirty") else ""),
-                     "device_name": meta.get("device_name") or "", "backend": meta.get("backend") or ""})
-        frames.append(df.assign(run_dir=str(d), device_name=meta.get("device_name") or ""))
+                     "device_name": meta.get("device_name") or "", "backend": meta.get("backend") or "",
+                     "machine": machine_label(meta.get("machine"))})
+        frames.append(df.assign(run_dir=str(d), device_name=meta.get("device_name") or "",
+                                machine_key=_machine_key(meta.get("machine"))))
     runs = pd.DataFrame(runs).sort_values(["start", "run_id"], kind="stable").reset_index(drop=True)
     runs["index"] = range(len(runs))
     runs["label"] = [f"{r.commit or 'no commit'}\n{r.start.replace('T', ' ')[5:16]}" for r in runs.itertuples()]
@@ -57,12 +61,17 @@ def load_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     return runs, rows
 
 
+def _machine_key(machine: dict | None) -> str:
+    """The hardware a run's timings come from, as one string ("" when the run did not record it)."""
+    return json.dumps([machine.get(k) for k in MACHINE_KEYS]) if machine else ""
+
+
 def status_counts(runs: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
     """Per run: the count of each status of its checks (bench rows included), and the checks that passed in the
     previous run of the same device and now fail, error or are known failures (compare's rule)."""
     counts = rows.groupby("run")["status"].value_counts().unstack(fill_value=0).reindex(columns=STATUSES, fill_value=0)
     counts = counts.reindex(runs["index"], fill_value=0)
-    table = runs[["index", "run_id", "start", "commit", "device_name"]].join(counts, on="index")
+    table = runs[["index", "run_id", "start", "commit", "device_name", "machine"]].join(counts, on="index")
     table["new failures"] = [_new_failures(rows, i) for i in runs["index"]]
     return table
 
@@ -94,12 +103,26 @@ def regressions(rows: pd.DataFrame, max_slowdown: float, max_memory_growth: floa
         previous = None
         for _, r in line.iterrows():
             if previous is not None:
-                notes = [n for n in change_notes(previous, r, max_slowdown, max_memory_growth) if n.startswith("REGRESSION")]
+                # times from two machines do not compare: memory (and statuses) only
+                judge_time = not (previous["machine_key"] and r["machine_key"] and previous["machine_key"] != r["machine_key"])
+                notes = [n for n in change_notes(previous, r, max_slowdown, max_memory_growth, judge_time)
+                         if n.startswith("REGRESSION")]
                 if notes:
                     found.append({**dict(zip(["op", "case_id", *LINE_KEY], key)), "run": int(r["run"]),
                                   "note": "; ".join(n.removeprefix("REGRESSION: ") for n in notes)})
             previous = r
     return pd.DataFrame(found, columns=["op", "case_id", *LINE_KEY, "run", "note"])
+
+
+def machines_html(runs: pd.DataFrame, rows: pd.DataFrame) -> str:
+    """A warning when the runs' timings come from more than one machine (machines here differ about 2×)."""
+    known = sorted(set(rows["machine_key"]) - {""}) if "machine_key" in rows else []
+    if len(known) < 2:
+        return ""
+    labels = sorted(set(runs["machine"]) - {"machine not recorded"})
+    return (f"<p><b>These runs come from {len(known)} machines</b> ({html.escape('; '.join(labels))}): a time is "
+            "not judged against a previous run from another machine; memory, collectives and "
+            "statuses across all.  Read the time plots per machine (the Runs table names each run's).</p>")
 
 
 def _png(fig) -> str:
@@ -174,6 +197,7 @@ def build_dashboard(run_dirs: list[Path], out_dir: Path, max_slowdown: float = 1
             f"Regression marks follow <code>shardcheck compare</code>'s rule against the previous run of the same line "
             f"(time beyond {max_slowdown:g}% and beyond the two runs' IQRs added; memory beyond {max_memory_growth:g}%; "
             f"a check that passed and now fails, or is marked as a known failure).</p>",
+            machines_html(runs, rows),
             "<h2>Runs</h2>", _table_html(table, bad_columns=(Status.FAIL, Status.ERROR, Status.XPASS, "new failures")),
             f"<img alt='checks per run' src='data:image/png;base64,{counts_figure(table, runs)}'>",
             f"<h2>Regressions ({len(marks)})</h2>"]

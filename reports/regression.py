@@ -9,6 +9,9 @@ Rows are matched by op, case, topology, dtype, device and check.  A regression i
   (the IQRs of both runs added), so noise alone does not trip it;
 - peak memory growth beyond --max-memory-growth percent (memory is deterministic).
 
+Timings compare only on the same machine (run.json `machine`: CPU model, core count, GPU): when BASE and NEW come
+from different machines, compare says so and judges memory, collectives and statuses only.
+
 Other changes of a known failure get a line without being regressions: xfail -> xpass (the known failure now
 passes: NEW itself fails on it until the mark goes), xfail -> pass (fixed, mark removed), xfail -> fail or
 error (still failing, no longer marked), a failure newly marked (fail -> xfail), a mark added over a passing
@@ -17,9 +20,12 @@ check (pass -> xpass).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pandas as pd
 
-from shardcheck.harness.core.records import Status, load
+from shardcheck.harness.core.records import RUN_META, Status, load, machine_label, same_machine
 
 KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "device", "check"]
 PASSED = (Status.PASS, Status.XPASS)  # the check's results were right
@@ -43,9 +49,29 @@ def _with_defaults(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def change_notes(base: dict, new: dict, max_slowdown: float, max_memory_growth: float) -> list[str]:
+def run_machine(path) -> dict | None:
+    """run.json's `machine` of a run directory (None: not a single run's directory, or not recorded)."""
+    meta = Path(path) / RUN_META
+    try:
+        return json.loads(meta.read_text()).get("machine") if meta.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def machine_note(base_dir, new_dir) -> str | None:
+    """A line when BASE and NEW ran on different machines (their timings are then not judged), else None."""
+    base, new = run_machine(base_dir), run_machine(new_dir)
+    if same_machine(base, new) is False:
+        return (f"timings come from different machines (BASE: {machine_label(base)}; NEW: {machine_label(new)}): "
+                "not compared; memory, collectives and statuses judged only")
+    return None
+
+
+def change_notes(base: dict, new: dict, max_slowdown: float, max_memory_growth: float,
+                 judge_time: bool = True) -> list[str]:
     """The rule, for one check in two runs (dicts with status, time_ms, time_ms_iqr, peak_bytes):
-    notes on what changed; those starting with 'REGRESSION' are regressions.  The dashboard uses it too."""
+    notes on what changed; those starting with 'REGRESSION' are regressions.  `judge_time` False (the runs'
+    machines differ): times are left out.  The dashboard uses it too."""
     notes = []
     statuses = (base["status"], new["status"])
     if base["status"] in PASSED and new["status"] in STOPPED_PASSING:
@@ -54,7 +80,7 @@ def change_notes(base: dict, new: dict, max_slowdown: float, max_memory_growth: 
     elif statuses in KNOWN_FAILURE_CHANGES:
         notes.append(f"{base['status']} -> {new['status']}: {KNOWN_FAILURE_CHANGES[statuses]}")
     tb, tn = base["time_ms"], new["time_ms"]
-    if pd.notna(tb) and pd.notna(tn) and tb > 0:
+    if judge_time and pd.notna(tb) and pd.notna(tn) and tb > 0:
         change = (tn / tb - 1) * 100
         spread = _or0(base["time_ms_iqr"]) + _or0(new["time_ms_iqr"])
         if change > max_slowdown and tn - tb > spread:
@@ -76,7 +102,9 @@ def _or0(value) -> float:
 
 
 def compare_runs(base_dir, new_dir, max_slowdown: float, max_memory_growth: float) -> tuple[pd.DataFrame, int]:
-    """(table of changed rows, number of regressions)."""
+    """(table of changed rows, number of regressions); timings judged only when both runs come from the same
+    machine (or either did not record it: runs older than the record)."""
+    judge_time = machine_note(base_dir, new_dir) is None
     base = _with_defaults(load(base_dir))
     new = _with_defaults(load(new_dir))
     cols = KEY + ["status", "time_ms", "time_ms_iqr", "peak_bytes"]
@@ -92,7 +120,7 @@ def compare_runs(base_dir, new_dir, max_slowdown: float, max_memory_growth: floa
         else:
             base = {k: r[f"{k}_base"] for k in ("status", "time_ms", "time_ms_iqr", "peak_bytes")}
             new = {k: r[f"{k}_new"] for k in ("status", "time_ms", "time_ms_iqr", "peak_bytes")}
-            notes += change_notes(base, new, max_slowdown, max_memory_growth)
+            notes += change_notes(base, new, max_slowdown, max_memory_growth, judge_time)
         if notes:
             regressions += sum(n.startswith("REGRESSION") for n in notes)
             rows.append({**{k: r[k] for k in KEY}, "base": r.get("status_base"), "new": r.get("status_new"),

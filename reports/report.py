@@ -234,6 +234,10 @@ def bench_table(df: pd.DataFrame) -> pd.DataFrame:
         "time ms": b["time_ms"].map("{:.3f}".format) + " ± " + b["time_ms_iqr"].map("{:.2f}".format),
         "fwd ms": b["time_fwd_ms"].map("{:.3f}".format), "bwd ms": b["time_bwd_ms"].map("{:.3f}".format),
         "peak MiB": (b["peak_bytes"] / mib).map("{:.2f}".format), "fwd peak MiB": (b["peak_bytes_fwd"] / mib).map("{:.2f}".format),
+        # the case's model of its peak (Case.memory): a gap is a tracker error or a tensor the op should not make
+        "model MiB": (_column(b, "expected_peak_bytes") / mib).map(lambda v: "" if pd.isna(v) else f"{v:.2f}"),
+        "peak / model": (b["peak_bytes"] / _column(b, "expected_peak_bytes")).map(
+            lambda v: "" if pd.isna(v) else f"{v:.2f}x" + (" (!)" if _off_model(v) else "")),
         "ref ms": b.get("ref_time_ms", pd.Series(index=b.index, dtype=float)).map(lambda v: "" if pd.isna(v) else f"{v:.3f}"),
         "vs ref": (b["time_ms"] / b.get("ref_time_ms", pd.Series(index=b.index, dtype=float))).map(
             lambda v: "" if pd.isna(v) else f"{v:.2f}x"),
@@ -242,20 +246,57 @@ def bench_table(df: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
+def _column(df: pd.DataFrame, name: str) -> pd.Series:
+    """A numeric column that only some rows (or none) have: NaN where absent."""
+    return pd.to_numeric(df[name], errors="coerce") if name in df else pd.Series(float("nan"), index=df.index)
+
+
+MODEL_BAND = (2 / 3, 1.5)  # measured / modelled peak outside it is flagged: our ops' models hold within 10 %
+
+
+def _off_model(ratio: float) -> bool:
+    return not MODEL_BAND[0] <= ratio <= MODEL_BAND[1]
+
+
+def memory_gaps(df: pd.DataFrame) -> list[str]:
+    """Bench rows whose measured peak is outside MODEL_BAND × the case's memory model, in words: what the model
+    counted, and whether the gap exceeds what the forward saves for the backward."""
+    b = df[df["check"] == "bench"]
+    expected = _column(b, "expected_peak_bytes")
+    lines = []
+    for (_, r), e in zip(b.iterrows(), expected):
+        if pd.isna(e) or e <= 0 or not _off_model(r["peak_bytes"] / e):
+            continue
+        gap = r["peak_bytes"] - e
+        saved = r.get("saved_bytes")
+        beyond = "" if pd.isna(saved) else (" (more than the saved-for-backward tensors, "
+                                             f"{saved / 2 ** 20:.2f} MiB)" if abs(gap) > saved else "")
+        lines.append(f"{r['op']} [{r['case_id']}] dp{r['dp']}-cp{r['cp']}-tp{r['tp']} {r['dtype']}: measured "
+                     f"{r['peak_bytes'] / 2 ** 20:.2f} MiB, model {e / 2 ** 20:.2f} MiB ({r.get('memory_model', '')}): "
+                     f"{r['peak_bytes'] / e:.2f}x{beyond}")
+    return lines
+
+
 def _comm_text(calls) -> str:
     if not isinstance(calls, dict):
         return ""
     return " / ".join(", ".join(f"{n}×{k}" for k, n in calls.get(p, {}).items()) or "-" for p in ("forward", "backward"))
 
 
+MESH_AXES = ("dp", "cp", "tp")  # a sweep over a mesh dim: x is the topology's size there
+
+
 def sweep_plots(df: pd.DataFrame, run_dir: Path) -> list[Path]:
     """Time and peak memory against each swept parameter (params['sweep']), one line per op and topology."""
-    b = df[(df["check"] == "bench") & df["params"].map(lambda p: isinstance(p, dict) and "sweep" in p)]
+    # (a sweep naming no number of its params is refused at planning; rows of older runs are left out)
+    b = df[(df["check"] == "bench") & df["params"].map(
+        lambda p: isinstance(p, dict) and isinstance(p.get("sweep"), str)
+        and (p["sweep"] in MESH_AXES or isinstance(p.get(p["sweep"]), (int, float))))]
     paths = []
     for axis, rows in b.groupby(b["params"].map(lambda p: p["sweep"])):
-        x = rows["tp"] if axis == "tp" else rows["params"].map(lambda p: p[axis])
+        x = rows[axis] if axis in MESH_AXES else rows["params"].map(lambda p: p[axis])
         rows = rows.assign(x=x.astype(float), line=rows["op"].str.split(".").str[-1] + " " + (
-            "" if axis == "tp" else _topology(rows)) + " " + rows["dtype"])
+            "" if axis in MESH_AXES else _topology(rows)) + " " + rows["dtype"])
         fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
         for line, g in rows.sort_values("x").groupby("line"):
             ax_t.errorbar(g["x"], g["time_ms"], yerr=g["time_ms_iqr"] / 2, marker="o", capsize=3, label=line)
@@ -316,8 +357,11 @@ def build(run_dir: str | Path) -> list[Path]:
     md += known_failures_markdown(known)
     if len(table):
         md += ["## Status: op × dtype × topology", "", table.to_markdown(index=False), ""]
+    gaps = memory_gaps(df) if len(bench) else []
     if len(bench):
         md += ["## Benchmarks", "", bench.to_markdown(index=False), ""]
+        if gaps:
+            md += ["Peak memory off the op's memory model (beyond 1.5×, or under 2/3 of it):", ""] + [f"- {g}" for g in gaps] + [""]
     md += [f"![{title}]({path.name})" for title, path in images]
     items = failing_items(df)
     md += ["", "## Failures", "", bad.to_markdown(index=False) if len(bad) else "None."]
@@ -345,7 +389,9 @@ def build(run_dir: str | Path) -> list[Path]:
             f"<p><b>{len(df)} checks: {html.escape(summary)}</b></p>", _findings_html(findings),
             _known_failures_html(known),
             "<h2>Status: op × dtype × topology</h2>" + cells if cells else "",
-            "<h2>Benchmarks</h2>" + bench.to_html(index=False, escape=True) if len(bench) else "", pictures,
+            "<h2>Benchmarks</h2>" + bench.to_html(index=False, escape=True) if len(bench) else "",
+            ("<p>Peak memory off the op's memory model (beyond 1.5×, or under 2/3 of it):</p><ul>"
+             + "".join(f"<li>{html.escape(g)}</li>" for g in gaps) + "</ul>") if gaps else "", pictures,
             "<h2>Failures</h2>", bad.to_html(index=False, escape=True) if len(bad) else "<p>None.</p>",
             f"<h2>Failing items ({len(items)}): rerun lines and error maps</h2>" + _failures_html(items, run_dir) if items else "",
             "</body></html>"]

@@ -34,6 +34,7 @@ and compares every rank's outputs and input gradients with its piece of the gold
     Topology        (dp, cp, tp) sizes of a run; Case.supports(topology) limits where a case runs
     KnownFailure    Case.xfail: an expected failure with its reason and reference (xfail / xpass)
     FuzzSpace       fuzz_spaces() -> list[FuzzSpace]: where `shardcheck fuzz` draws an op's cases from
+    MemoryModel     Case.memory: the per-rank peak memory expected from the shapes (`--bench` reports it)
 
 docs/writing-a-suite.md is the guide, with a complete worked example.
 """
@@ -49,20 +50,20 @@ _SOURCES = {
     "Partial": "torch.distributed.tensor", "Replicate": "torch.distributed.tensor", "Shard": "torch.distributed.tensor",
     "Topology": "shardcheck.harness.core.topology",
     **{name: "shardcheck.harness.core.case" for name in (
-        "REPLICATED", "BadInput", "Case", "FuzzSpace", "GradSum", "HeadTail", "KnownFailure", "Layout",
+        "REPLICATED", "BadInput", "Case", "FuzzSpace", "GradSum", "HeadTail", "KnownFailure", "Layout", "MemoryModel",
         "PackedHeadTail", "Permuted", "Property", "RankContext")},
 }
 
 __all__ = [
     "Case", "Layout", "REPLICATED", "Shard", "Replicate", "Partial", "HeadTail", "PackedHeadTail", "Permuted",
-    "GradSum", "Property", "BadInput", "RankContext", "Topology", "KnownFailure", "FuzzSpace",
+    "GradSum", "Property", "BadInput", "RankContext", "Topology", "KnownFailure", "FuzzSpace", "MemoryModel",
 ]
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     from shardcheck.harness.core.case import (REPLICATED, BadInput, Case, FuzzSpace, GradSum, HeadTail, KnownFailure,
-                                              Layout, PackedHeadTail, Permuted, Property, RankContext)
+                                              Layout, MemoryModel, PackedHeadTail, Permuted, Property, RankContext)
     from shardcheck.harness.core.topology import Topology
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from shardcheck.reference import model_utils as ref
-from shardcheck import Case
+from shardcheck import Case, MemoryModel
 from shardcheck.suites._model_utils_comm import contract, cross_entropy_comm, entropy_comm, hidden_comm, logprob_comm, sampling_comm
 from shardcheck.suites._model_utils_inputs import BATCH, LOGITS, SEQ_HIDDEN, WEIGHT, Sampling, make_logits, vocab_range
 
@@ -49,6 +49,36 @@ def _hidden_inputs(s: int, b: int, h: int, v: int):
     return make
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2 ** 20:.2f} MiB"
+
+
+def logprob_memory(chunk: int | None):
+    """The per-rank peak of (Chunked)DistributedLogprob's forward and backward, from the shapes (distributed_impl/
+    model_utils.py).  N = B·S tokens, V_l the local vocab, c the compute dtype's size (float32 at least), i the
+    logits' own; the inputs exist before the step and do not count, the [N] vectors are left out (< 1 %).
+
+    - DistributedLogprob: the forward holds x − max and its exp at once (2·N·V_l·c), saves the softmax (N·V_l·c);
+      the backward builds the gradient beside it (2·N·V_l·c), cast to the logits' dtype (+ N·V_l·i) below float32.
+    - ChunkedDistributedLogprob: saves only the logits (an input); the backward's gradient of the logits (N·V_l·i)
+      is filled chunk by chunk: a chunk's softmax and its gradient (2·B·chunk·V_l·c), and one more chunk, the
+      previous one's, which the loop's names hold until the new one is bound (3 chunks in all; 2 for a single chunk)."""
+    def model(ctx) -> MemoryModel:
+        b, s, v_local = ctx.local_shape("logits")
+        c = torch.promote_types(ctx.dtype, torch.float32).itemsize
+        i = ctx.dtype.itemsize
+        full = b * s * v_local
+        if chunk is None:
+            cast = full * i if i != c else 0
+            return MemoryModel(peak_bytes=2 * full * c + cast, saved_bytes=full * c,
+                               terms=f"softmax + its gradient 2 × {_mib(full * c)}" + (f" + cast {_mib(cast)}" if cast else ""))
+        work = b * min(chunk, s) * v_local * c
+        chunks = 3 if s > chunk else 2  # one chunk only: no previous one
+        return MemoryModel(peak_bytes=full * i + chunks * work, saved_bytes=0,
+                           terms=f"logits' gradient {_mib(full * i)} + chunk workspace {chunks} × {_mib(work)}")
+    return model
+
+
 def bench_case(op: str, sweep: str, b: int, s: int, v: int, chunk: int | None = None, h: int | None = None) -> Case:
     """One benchmark case of `op` (B, S, total V; chunk_size; H for the hidden-states op)."""
     params = {"B": b, "S": s, "V": v, "tokens": b * s, "chunk_size": chunk, "sweep": sweep}
@@ -60,12 +90,12 @@ def bench_case(op: str, sweep: str, b: int, s: int, v: int, chunk: int | None = 
         spec = dict(run=lambda impl, ctx, x: impl.DistributedLogprob.apply(
                         x["logits"], x["target"], *vocab_range(ctx), ctx.group("tp")),
                     reference=lambda x: ref.logprob(x["logits"], x["target"]),
-                    comm=contract(lambda ctx: logprob_comm(ctx, s)), **logits_io)
+                    comm=contract(lambda ctx: logprob_comm(ctx, s)), memory=logprob_memory(None), **logits_io)
     elif op == "ChunkedDistributedLogprob":
         spec = dict(run=lambda impl, ctx, x: impl.ChunkedDistributedLogprob.apply(
                         x["logits"], x["target"], *vocab_range(ctx), chunk, ctx.group("tp")),
                     reference=lambda x: ref.logprob(x["logits"], x["target"]),
-                    comm=contract(lambda ctx: logprob_comm(ctx, s, chunk)), **logits_io)
+                    comm=contract(lambda ctx: logprob_comm(ctx, s, chunk)), memory=logprob_memory(chunk), **logits_io)
     elif op == "from_parallel_logits_to_logprobs":
         spec = dict(run=lambda impl, ctx, x: impl.from_parallel_logits_to_logprobs(
                         x["logits"], x["target"], *vocab_range(ctx), ctx.group("tp"), chunk_size=chunk),

@@ -141,7 +141,7 @@ def test_torch_loss_parallel_example_at_tp_1_and_2(ci_run):
 @pytest.mark.skipif(NO_MEGATRON is not None, reason=f"{NO_MEGATRON}: the Megatron example's cases are all skipped")
 def test_megatron_example_at_tp_1_and_2(ci_run):
     rows = ci_run.rows[ci_run.rows["suite"] == "megatron_vocab_parallel_ce"]
-    assert Counter(rows["status"]) == {"pass": 252, "warn": 46, "xfail": 32}
+    assert Counter(rows["status"]) == {"pass": 252, "warn": 44, "xfail": 34}
     # every warning: float64 logits computed in float32, on values and gradients
     warned = rows[rows["status"] == "warn"]
     assert set(warned["dtype"]) == {"float64"} and set(warned["check"]) == {"forward", "grad:logits"}
@@ -150,7 +150,9 @@ def test_megatron_example_at_tp_1_and_2(ci_run):
         ("s6b4v64-ls0.1", "forward"): 2, ("s6b4v64-ls0.1", "grad:logits"): 2,  # smoothing over each rank's piece
         ("s6b4v64-ls0.1", "property:tp_ranks_agree"): 2,
         ("s6b4v64-scale100-ls0.1", "forward"): 9,  # log(0) after the softmax underflows: +inf, at every TP
-        ("s6b4v64-scale100-ls0.1", "grad:logits"): 2,
+        # at TP 2 the gradients are off; at TP 1 (float64) only float32 math shows, within that budget: the mark
+        # covers grad:* at every TP, and a marked check is xfail whatever budget its error fits
+        ("s6b4v64-scale100-ls0.1", "grad:logits"): 4,
         ("caller-logits", "property:logits_unchanged"): 3,  # float32 logits overwritten in place
         ("s6b4v64-ids-out-of-range", "property:bad_input"): 3,  # no ignore_index, no refusal
         ("s6b4v37-uneven-vocab", "forward"): 3, ("s6b4v37-uneven-vocab", "grad:logits"): 3,  # unequal pieces

@@ -49,6 +49,9 @@ def _check_event(status: str, rank: int) -> dict:
                 "symptom": "values"}
     if status == "warn":
         return {"status": "warn", "message": "forward all_reduce@tp: 4 call(s) > allowed 3", "symptom": "comm"}
+    if status == "precision":  # a wrong value whose error fits the bfloat16-math budget
+        return {"status": "warn", "message": "|err| 0.02 fits the bfloat16-math budget", "max_abs_err": 0.02,
+                "err_ratio": 40.0, "budget": 5e-4, "symptom": "precision:bfloat16"}
     if status == "skip":
         return {"status": "skip", "message": "needs the [megatron] extra"}
     return {"status": "pass", "message": "", "max_abs_err": 1e-17, "err_ratio": 0.01 + 0.001 * rank, "budget": 1e-15}
@@ -134,6 +137,26 @@ def test_the_merge_turns_marked_failures_into_xfail_and_marked_passes_into_xpass
     # counted by the writer and in run.json
     assert counts == {"pass": 4, "warn": 1, "fail": 1, "error": 0, "skip": 1, "xfail": 4, "xpass": 4}
     assert json.loads((run_dir / "run.json").read_text())["summary"] == counts
+
+
+def test_a_marked_error_within_the_bfloat16_budget_is_xfail(tmp_path):
+    """A marked check whose error fits the bfloat16-math budget (a precision `warn` on every rank) is the known
+    failure all the same: `xfail`, not `warn`, and its passing sibling stays `pass` (the mark still needed)."""
+    item = _item(0, "b4s6v37", ["forward", "grad:logits"], dtype="bfloat16", xfail=MARK)
+    plan = Plan(run_id="bf16", quick=True, seed=0, timeout=10.0, device="cpu", backend="gloo",
+                impl={"model_utils": "shardcheck.distributed_impl.model_utils"}, items=[item])
+    run_dir = tmp_path / "run"
+    events_dir = run_dir / "workers" / "w2-launch0"
+    events = {r: Events(events_path(events_dir, r), r) for r in range(2)}
+    _emit(events, item, {"forward": {}, "grad:logits": {0: "precision", 1: "precision"}})
+    writer, meta = open_run(run_dir, plan, ["shardcheck", "run"])
+    Collector(plan, [item], events_dir, writer, 2).poll()
+    close_run(run_dir, writer, meta)
+    rows = load(run_dir)
+    assert _status(rows, "b4s6v37", "bfloat16") == {"forward": "pass", "grad:logits": "xfail"}
+    row = rows[rows["check"] == "grad:logits"].iloc[0]
+    assert row["symptom"] == "precision:bfloat16" and row["message"].endswith("(https://example.org/issues/7)")
+    assert writer.counts["warn"] == 0 and writer.counts["xfail"] == 1
 
 
 def test_xfail_never_fails_a_run_and_xpass_always_does():

@@ -24,6 +24,16 @@ def test_profile_writes_every_ranks_profile_and_a_breakdown(tmp_path):
     seconds = [float(x) for x in item_loop.strip("|").split("|")[1:]]
     assert len(seconds) == 2 and min(seconds) >= 0 and sum(seconds) > 0  # a launch's few quick items may round to 0
     assert (profile / "driver.prof").is_file() and "profile ->" in run.stdout
+    # the two launches ran side by side in threads of their own: each thread's profile is kept and merged, so the
+    # driver's merging of their events is counted (cProfile follows one thread: it read 0 before)
+    threads = sorted(p.name for p in profile.glob("driver-launch-w*.prof"))
+    assert threads == ["driver-launch-w1.prof", "driver-launch-w2.prof"]
+    polls = [calls for path in threads for (file, _, name), (_, calls, *_) in pstats.Stats(str(profile / path)).stats.items()
+             if file.endswith("harness/driver/collect.py") and name == "poll"]
+    assert polls and min(polls) > 0
+    assert "the main thread and 2 launch threads, summed" in breakdown
+    merged = next(line for line in breakdown.splitlines() if line.startswith("| events merged into rows |"))
+    assert float(merged.strip("|").split("|")[1]) > 0, merged
 
 
 def _counted(group_dims: dict[str, str], seen: dict) -> CommCounter:

@@ -194,8 +194,24 @@ def test_torch_cp_cp_utils_passes_with_the_shims(run_shardcheck):
     meta = json.loads((run.out / "run.json").read_text())
     assert meta["shims"] == [torch_cp_attention.NAME, te_thd_partition.NAME]
     report = (run.out / "report.md").read_text()
-    assert f"ran with shardcheck's CPU shim for {torch_cp_attention.NAME}" in report
-    assert f"ran with shardcheck's CPU shim for {te_thd_partition.NAME}" in report
+    assert meta["shim_calls"][torch_cp_attention.NAME] > 0 and meta["shim_calls"][te_thd_partition.NAME] > 0
+    assert f"used shardcheck's CPU shim for {torch_cp_attention.NAME}: " in report
+    assert f"used shardcheck's CPU shim for {te_thd_partition.NAME}: " in report
+
+
+def test_header_says_a_shim_was_used_or_only_installed(run_shardcheck):
+    """The attention handlers are reached by torch's CP under test (their calls counted on the ranks); the TE stand-in
+    by nothing these cases run: the header says which was used and which only installed."""
+    run = run_shardcheck("run", "--suite", "cp_utils", "--topology", "dp=1,cp=2,tp=1", "--dtype", "float64",
+                         "--case", "ctx-alltoall-b2s16*", "--impl", f"cp_utils={TORCH_CP_IMPL}")
+    assert run.returncode == 0, run.stdout + run.stderr
+    meta = json.loads((run.out / "run.json").read_text())
+    attention = meta["shim_calls"][torch_cp_attention.NAME]
+    assert attention > 0 and te_thd_partition.NAME not in meta["shim_calls"], meta["shim_calls"]
+    header = (run.out / "report.md").read_text().split("**")[0]
+    assert f"- used shardcheck's CPU shim for {torch_cp_attention.NAME}: {attention} call(s) on the ranks" in header
+    assert f"- installed shardcheck's CPU shim for {te_thd_partition.NAME}, never called by the code under test" in header
+    assert "ran with" not in header
 
 
 def test_torch_cp_cp_utils_fails_clearly_without_the_shims(run_shardcheck):

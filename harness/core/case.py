@@ -341,6 +341,9 @@ class Case:
     # Communication contract: ctx -> {"forward"|"backward": {"<kind>@<mesh dim>": (max calls, max bytes)}}
     # per rank; doing more (or a kind/dim not listed) is reported on `property:comm`.
     comm: Callable[[RankContext], dict] | None = None
+    # Memory model (`--bench`): ctx -> the per-rank peak the op should reach from its shapes (`MemoryModel`); the
+    # bench row and report put it beside the measured peak, so a tracker error or a materialised tensor shows.
+    memory: Callable[[RankContext], MemoryModel] | None = None
     # Input outside the op's contract: the op must raise or return the documented interpretation's answer
     # (`BadInput`); one `property:bad_input` row unless it returns.
     bad_input: BadInput | None = None
@@ -415,6 +418,22 @@ class Case:
     @property
     def name(self) -> str:
         return self.op.split(".", 1)[1]
+
+
+# ------------------------------------------------------------------------------------------- memory model
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """What one rank's forward and backward should allocate, from the shapes (`Case.memory`).
+
+    `peak_bytes`: the expected peak above what existed before the step (the inputs do not count; the gradients
+    the step produces do), as the CPU tracker and CUDA's allocator measure it.  `saved_bytes`: what the forward
+    saves for the backward beyond its inputs.  `terms`: how the peak is made up, in words (for the report)."""
+
+    peak_bytes: int
+    saved_bytes: int = 0
+    terms: str = ""
 
 
 # ------------------------------------------------------------------------------------------- known failures

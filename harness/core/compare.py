@@ -258,7 +258,7 @@ def cause_fields(bad: list[dict], missing: list[int]) -> dict:
 
 
 MEASURED_MAX = ("time_ms", "time_ms_iqr", "time_fwd_ms", "time_bwd_ms", "peak_bytes", "peak_bytes_fwd",
-                "ref_time_ms", "ref_time_ms_iqr", "ref_peak_bytes")
+                "ref_time_ms", "ref_time_ms_iqr", "ref_peak_bytes", "expected_peak_bytes", "saved_bytes")
 
 
 def merge_measurements(per_rank: list[dict]) -> dict:
@@ -277,6 +277,9 @@ def merge_measurements(per_rank: list[dict]) -> dict:
                     merged.setdefault(phase, {})[kind] = max(n, merged.get(phase, {}).get(kind, 0))
         if any(r.get(key) is not None for r in per_rank):
             out[key] = merged
+    modelled = [r for r in per_rank if r.get("expected_peak_bytes") is not None]
+    if modelled or any(r.get("memory_model") for r in per_rank):  # the words of the largest model (unequal shards)
+        out["memory_model"] = max(modelled or per_rank, key=lambda r: r.get("expected_peak_bytes") or 0).get("memory_model")
     for key in ("times_ms", "ref_times_ms", "iters", "warmup", "comm_allowed"):  # identical on every rank
         values = [r[key] for r in per_rank if r.get(key) is not None]
         if values:

@@ -107,6 +107,7 @@ class Stuck(Event):
 @dataclass(frozen=True)
 class Done(Event):
     seconds: float = 0.0
+    shim_calls: dict[str, int] | None = None  # the calls this rank's CPU shims handled in the item
     kind = EventKind.DONE
 
 
@@ -138,8 +139,8 @@ class Events:
     def stuck(self, item: int, missing: list[int], waited: float) -> None:
         self._write(Stuck(item, self.rank, time.time(), missing, waited))
 
-    def done(self, item: int, seconds: float) -> None:
-        self._write(Done(item, self.rank, time.time(), seconds))
+    def done(self, item: int, seconds: float, shim_calls: dict[str, int] | None = None) -> None:
+        self._write(Done(item, self.rank, time.time(), seconds, shim_calls))
 
     def _write(self, event: Event) -> None:
         self.file.write(event.to_json() + "\n")

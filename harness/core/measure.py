@@ -6,12 +6,14 @@
   per collective kind and mesh dim; bytes are those this rank *sends*: the elements of the
   tensors it hands over (a view counts its own elements, not its base's; an all-gather its
   own piece, not the gathered output).
-- Memory on CPU: peak *live tensor bytes* above what existed before, tracked by storage
-  (allocation and release through weak references), so the same code on the same shapes
-  gives the same number on every run.  A tensor handed to a collective stops counting at
-  that call: the backend's worker thread drops its reference at a moment no program controls,
-  which would make the peak vary from run to run.  On CUDA: the allocator's peak above the
-  baseline.
+- Memory on CPU: peak bytes of the *storages* this rank allocates above what existed before, tracked by
+  storage (allocation and release through weak references), so the same code on the same shapes gives the same
+  number on every run.  A DTensor op is followed down to the ops on its local tensors: what counts is the local
+  storage a rank really holds, never the global shape of DTensor's wrapper; a view, an in-place op or a second
+  tensor on the same storage counts once.  A tensor handed to a collective (sent or received) stops counting at
+  that call: the backend's worker thread drops its reference at a moment no program controls, which would make
+  the peak vary from run to run (an all-gather's output counts through what the op makes of it: DTensor's
+  `full_tensor()` copies it once more).  On CUDA: the allocator's peak above the baseline.
 - Time: the caller brackets iterations with barriers; CUDA events on GPU.
 """
 
@@ -138,7 +140,7 @@ class CommCounter(TorchDispatchMode):
 
 
 class LiveBytes(TorchDispatchMode):
-    """Peak bytes of tensor storages allocated inside the mode and still alive (CPU memory)."""
+    """Peak bytes of tensor storages allocated inside the mode and still alive (CPU memory), per storage."""
 
     def __init__(self):
         super().__init__()
@@ -151,28 +153,42 @@ class LiveBytes(TorchDispatchMode):
             self.live -= nbytes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        # A DTensor (any wrapper subclass) op: its own __torch_dispatch__ then runs the op on the local tensors with
+        # this mode still active, so the storages those allocate are what counts, not the wrapper's global shape.
+        if any(issubclass(t, DTensor) or hasattr(t, "__tensor_flatten__") for t in types):
+            return NotImplemented
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         if func in collective_ops:  # the backend owns these buffers from here on (see module doc)
-            for t in tree_leaves((args, out)):
-                if isinstance(t, torch.Tensor):
-                    self._forget(t.untyped_storage())
+            for storage in _storages(tree_leaves((args, out))).values():
+                self._forget(storage)
             return out
         # Views, in-place ops and detach() hand back an input's storage: not an allocation.
-        shared = {t.untyped_storage()._cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                storage = t.untyped_storage()
-                key = storage._cdata
-                if key not in self._alive and key not in shared:
-                    nbytes = storage.nbytes()
-                    self._alive[key] = weakref.ref(storage, lambda ref, k=key, n=nbytes: self._free(k, n, ref))
-                    self.live += nbytes
-                    self.peak = max(self.peak, self.live)
+        inputs = _storages(tree_leaves((args, kwargs)))
+        for key, storage in _storages(tree_leaves(out)).items():
+            if key not in inputs:
+                self._track(key, storage)
         return out
+
+    def _track(self, key: int, storage) -> None:
+        if key in self._alive:
+            return
+        nbytes = storage.nbytes()
+        self._alive[key] = weakref.ref(storage, lambda ref, k=key, n=nbytes: self._free(k, n, ref))
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
 
     def _forget(self, storage) -> None:
         if self._alive.pop(storage._cdata, None) is not None:
             self.live -= storage.nbytes()
+
+
+def _storages(leaves) -> dict[int, torch.UntypedStorage]:
+    """The storages of the plain tensors among `leaves`, by identity (a storage shared by views once)."""
+    # A fake tensor (DTensor's sharding propagation runs ops on them) reports a device but holds a meta storage.
+    storages = (t.untyped_storage() for t in leaves
+                if isinstance(t, torch.Tensor) and not hasattr(type(t), "__tensor_flatten__"))
+    return {s._cdata: s for s in storages if s.device.type != "meta"}
 
 
 @contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import socket
 import subprocess
@@ -156,6 +157,9 @@ class ResultRow(_Row, total=False):
     ref_time_ms_iqr: float
     ref_times_ms: list[float]
     ref_peak_bytes: int
+    expected_peak_bytes: int  # the case's MemoryModel (Case.memory), where it has one
+    saved_bytes: int
+    memory_model: str
     iters: int
     warmup: int
     comm_calls: dict  # {phase: {kind@dim: calls}}
@@ -189,6 +193,14 @@ class RecordWriter:
         self.file = open(self.path, "a", buffering=1)
         self._lock = threading.Lock()  # launches of different world sizes write from their own threads
         self.counts = {Status.PASS: 0, Status.WARN: 0, Status.FAIL: 0, Status.ERROR: 0, Status.SKIP: 0, Status.XFAIL: 0, Status.XPASS: 0}
+        self.shim_calls: dict[str, int] | None = None  # calls the ranks' CPU shims handled; None: never reported
+
+    def count_shim_calls(self, calls: dict[str, int]) -> None:
+        """Add the calls a rank's CPU shims handled in one item (a launch reports even when there are none)."""
+        with self._lock:
+            self.shim_calls = self.shim_calls or {}
+            for name, n in calls.items():
+                self.shim_calls[name] = self.shim_calls.get(name, 0) + int(n)
 
     def write(self, row: ResultRow) -> None:
         missing = [k for k in ROW_FIELDS if k not in row]
@@ -220,6 +232,40 @@ def git_state(path: Path) -> tuple[str | None, bool | None]:
         return None, None
 
 
+def _cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(device: str) -> dict:
+    """What timings depend on: CPU model, core count, the GPU (a CUDA run's), torch version (run.json `machine`)."""
+    gpu = torch.cuda.get_device_name(0) if device == "cuda" and torch.cuda.is_available() else None
+    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "gpu": gpu, "torch": torch.__version__}
+
+
+MACHINE_KEYS = ("cpu", "cores", "gpu")  # the hardware: runs that differ here have timings that do not compare
+
+
+def machine_label(machine: dict | None) -> str:
+    if not machine:
+        return "machine not recorded"
+    return (f"{machine.get('cpu')}, {machine.get('cores')} cores" + (f", {machine['gpu']}" if machine.get("gpu") else "")
+            + f", torch {machine.get('torch')}")
+
+
+def same_machine(a: dict | None, b: dict | None) -> bool | None:
+    """Whether two runs' timings come from the same hardware; None when a run did not record its machine."""
+    if not a or not b:
+        return None
+    return all(a.get(k) == b.get(k) for k in MACHINE_KEYS)
+
+
 def run_metadata(run_id: str, argv: list[str], device: str, backend: str) -> dict:
     commit, dirty = git_state(Path(__file__).resolve().parent.parent)
     if device == "cuda" and torch.cuda.is_available():
@@ -230,6 +276,7 @@ def run_metadata(run_id: str, argv: list[str], device: str, backend: str) -> dic
         "run_id": run_id, "argv": argv, "git_commit": commit, "git_dirty": dirty,
         "torch_version": torch.__version__, "python_version": platform.python_version(),
         "device": device, "device_name": device_name, "backend": backend, "host": socket.gethostname(),
+        "machine": machine_info(device),
     }
 
 

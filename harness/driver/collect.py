@@ -84,6 +84,7 @@ class Collector:
                 st.stuck.append(ev)
             case Done():
                 st.done[ev.rank] = ev.seconds
+                self.writer.count_shim_calls(ev.shim_calls or {})
                 if len(st.done) == self.world:
                     self._complete.append(ev.item)
 
@@ -259,14 +260,21 @@ def known_failure(rows: dict[str, dict], mark: Xfail) -> dict[str, dict]:
     covered check fails or errors on some rank (a hang or a death included) those are `xfail`, the finding kept
     in the message, and the covered checks that pass stay `pass` (the defect is still there, the mark still
     needed); once every covered check that ran passes on every rank they are `xpass`: the mark must go.
-    Skips and warnings stay as they are.  Covered rows carry the mark's reason and reference as fields."""
+    A wrong value is the defect whatever budget its error happens to fit: a `warn` for precision (an error within
+    the bfloat16-math budget, say) counts as failing too.  Skips and other warnings (collectives beyond the
+    contract) stay as they are.  Covered rows carry the mark's reason and reference as fields."""
     covered = {check for check in rows if mark.covers(check)}
     fields = {"xfail_reason": mark.reason, "xfail_reference": mark.reference}
-    still_failing = any(rows[c]["status"] in (Status.FAIL, Status.ERROR) for c in covered)
+
+    def failing(row: dict) -> bool:
+        return row["status"] in (Status.FAIL, Status.ERROR) or (row["status"] == Status.WARN
+                                                      and str(row.get("symptom") or "").startswith("precision:"))
+
+    still_failing = any(failing(rows[c]) for c in covered)
     out = dict(rows)
     for check in covered:
         row = rows[check]
-        if row["status"] in (Status.FAIL, Status.ERROR):
+        if failing(row):
             out[check] = {**row, **fields, "status": Status.XFAIL,
                           "message": "; ".join(m for m in (row["message"], mark.words()) if m)}
         elif row["status"] == Status.PASS and not still_failing:

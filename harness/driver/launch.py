@@ -14,6 +14,7 @@ backend does.
 
 from __future__ import annotations
 
+import cProfile
 import re
 import threading
 import time
@@ -98,6 +99,9 @@ def _run_world(plan: Plan, items: list[Item], world_size: int, run_dir: Path, wr
                progress: Progress, task, hang_budget: bool, artefacts: ArtefactBudget, stop: threading.Event,
                pool: WorkerPool) -> None:
     standby: list[Launch] = []  # at most one launch started ahead for the next attempt
+    # --profile: cProfile follows one thread; a launch thread beside the main one keeps its own profile, which the
+    # breakdown merges with the driver's (reports/profile.py)
+    profiler = _thread_profiler(plan)
     try:
         _run_launches(plan, items, world_size, writer, progress, task, hang_budget, artefacts, standby, stop, pool)
     except _Stopped:
@@ -105,6 +109,19 @@ def _run_world(plan: Plan, items: list[Item], world_size: int, run_dir: Path, wr
     finally:
         for launch in standby:  # started ahead but never needed
             launch.discard()
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(Path(plan.profile) / f"driver-launch-w{world_size}.prof")
+
+
+def _thread_profiler(plan: Plan) -> cProfile.Profile | None:
+    """A profiler of this launch thread, started, when the run is profiled and this is not the main thread (the
+    driver's own profiler covers that one)."""
+    if not plan.profile or threading.current_thread() is threading.main_thread():
+        return None
+    profiler = cProfile.Profile()
+    profiler.enable()
+    return profiler
 
 
 class _Stopped(Exception):

@@ -64,7 +64,8 @@ def open_run(run_dir: Path, plan: Plan, argv: list[str]) -> tuple[RecordWriter, 
 def close_run(run_dir: Path, writer: RecordWriter, meta: dict) -> None:
     """results.jsonl closed; run.json completed with the end and the counts of each status."""
     writer.close()
-    write_json(run_dir / RUN_META, {**meta, "end": _now(), "summary": writer.counts})
+    usage = {"shim_calls": writer.shim_calls, "shim_notes": shims.usage_notes(meta, writer.shim_calls)}
+    write_json(run_dir / RUN_META, {**meta, **usage, "end": _now(), "summary": writer.counts})
 
 
 def exit_code(counts: dict[str, int], strict: bool) -> int:

@@ -146,11 +146,30 @@ def suite_cases(name: str, quick: bool, bench: bool = False, suite_paths: Sequen
                          if sum(f.op == c.op for f in fallback[:i]) < BENCH_FALLBACK_CASES]
     seen = set()
     for case in cases:
+        if bench:
+            _check_sweep(name, case)
         key = (case.op, case.case_id)
         if key in seen:
             raise UsageError(f"suite {name}: duplicate case id {case.case_id!r} for {case.op}")
         seen.add(key)
     return cases
+
+
+SWEEP_AXES = ("dp", "cp", "tp")  # a sweep over a mesh dim reads the topology, not the params
+
+
+def _check_sweep(suite: str, case: Case) -> None:
+    """A benchmark's `params["sweep"]` names the parameter its plot varies: a mesh dim, or a number in its params."""
+    if "sweep" not in case.params:
+        return
+    axis = case.params["sweep"]
+    if axis in SWEEP_AXES:
+        return
+    value = case.params.get(axis) if isinstance(axis, str) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        why = "which its params lack" if isinstance(axis, str) and axis not in case.params else "not a number there"
+        raise UsageError(f"suite {suite}: bench case {case.op} [{case.case_id}]: params['sweep'] = {axis!r}, {why} "
+                         f"(name a numeric key of params, or one of {', '.join(SWEEP_AXES)})")
 
 
 def suite_fuzz_spaces(name: str, suite_paths: Sequence[str] = ()) -> dict[str, FuzzSpace] | None:

@@ -238,9 +238,16 @@ class Worker:
                 os._exit(EXIT_PEER_STUCK)  # a peer is blocked or dead: the driver ends the launch
             if pieces and self.store.check([f"failed/{item.id}"]):
                 self.save_pieces(item, pieces)
-            self.events.done(item.id, time.time() - started)
+            self.events.done(item.id, time.time() - started, self._new_shim_calls())
             if on_item_done:
                 on_item_done(item)
+
+    def _new_shim_calls(self) -> dict[str, int]:
+        """The calls each CPU shim handled since the last item (the run's notes say whether a shim was used)."""
+        now = shims.calls()
+        seen = getattr(self, "_shim_calls_seen", {})
+        self._shim_calls_seen = now
+        return {name: n - seen.get(name, 0) for name, n in now.items() if n > seen.get(name, 0)}
 
     def save_pieces(self, item: Item, pieces: dict[str, dict]) -> None:
         """This rank's pieces of a failing item, for the driver to reassemble (harness/rank/artefacts.py)."""

@@ -12,7 +12,8 @@ anything on a CPU machine, and its real bugs stay unseen.  Each shim lives in it
 
 The worker installs them on every rank before any case runs, and `shardcheck run` in its own process
 before it imports the module under test (`--no-shims`: none); the run records them in run.json
-(`shims`, `shim_notes`) and the report's header.
+(`shims`, `shim_notes`) and the report's header.  Each counts the calls it handles; the ranks report them with each
+item, and the run's notes say whether a shim was *used* (its calls on the ranks) or only *installed*.
 """
 
 from __future__ import annotations
@@ -50,5 +51,32 @@ def describe(device: str, enabled: bool) -> dict:
     if not enabled:
         notes = [f"ran without shardcheck's CPU shims (--no-shims): not installed for {', '.join(names)}"] if names else []
         return {"shims": [], "shims_off": names, "shim_notes": notes}
-    notes = [f"ran with shardcheck's CPU shim for {name}" for name in names]
+    notes = [f"installed shardcheck's CPU shim for {name}" for name in names]
     return {"shims": names, "shim_notes": notes + [f"not installed: {reason}" for reason in unavailable]}
+
+
+ALL = (torch_cp_attention, te_thd_partition)
+
+
+def calls() -> dict[str, int]:
+    """{shim name: calls it handled in this process so far} of every shim (0 for one not installed)."""
+    return {shim.NAME: shim.CALLS for shim in ALL}
+
+
+def usage_notes(meta: dict, counted: dict[str, int] | None) -> list[str]:
+    """run.json's shim notes once the run ended: each installed shim *used* (the calls it handled on the ranks) or
+    only *installed* (never reached by the code under test); `counted` None: the ranks did not report (a
+    hand-launched worker), the notes stay as they were."""
+    if counted is None:
+        return list(meta.get("shim_notes", []))
+    installed = set(meta.get("shims", []))
+    notes = []
+    for note in meta.get("shim_notes", []):
+        name = next((n for n in installed if note == f"installed shardcheck's CPU shim for {n}"), None)
+        if name is None:
+            notes.append(note)
+        elif counted.get(name, 0):
+            notes.append(f"used shardcheck's CPU shim for {name}: {counted[name]} call(s) on the ranks")
+        else:
+            notes.append(f"installed shardcheck's CPU shim for {name}, never called by the code under test")
+    return notes

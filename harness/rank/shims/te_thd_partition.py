@@ -23,11 +23,14 @@ import torch
 
 NAME = "Transformer Engine's thd_get_partitioned_indices (transformer_engine_torch)"
 MODULE = "transformer_engine_torch"
+CALLS = 0  # calls the stand-in took in this process: the run says whether it was used
 
 
 def thd_get_partitioned_indices(cu_seqlens: torch.Tensor, total_tokens: int, world_size: int,
                                 rank: int) -> torch.Tensor:
     """Indices of the tokens rank `rank` of `world_size` holds of a THD batch with boundaries `cu_seqlens`."""
+    global CALLS
+    CALLS += 1
     _check(cu_seqlens.dtype == torch.int32, f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
     _check(cu_seqlens.dim() == 1, f"cu_seqlens must be 1-D, got shape {tuple(cu_seqlens.shape)}")
     _check(cu_seqlens.shape[0] >= 2, f"cu_seqlens needs at least 2 entries, got {cu_seqlens.shape[0]}")

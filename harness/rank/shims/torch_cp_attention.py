@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
 NAME = "torch context parallelism (CPU SDPA ring attention)"
+CALLS = 0  # attention calls (forward or backward) this process's handlers took: the run says whether it was used
 TORCH_SERIES = "2.13."  # the private modules below are read as they are in this series
 SEQ_DIM = 2  # torch's CP shards q/k/v [B, H, S, D] on dim 2 (hard-coded there too)
 
@@ -93,6 +94,8 @@ def _by_name(op_call, args, kwargs) -> dict:
 
 def _cpu_sdpa_handler(op_call, args, kwargs):
     """DTensor handler of the CPU flash SDPA op and its backward inside torch's CP context."""
+    global CALLS
+    CALLS += 1
     attention = _attention_module()
     op_info = DTensor._op_dispatcher.unwrap_to_op_info(op_call, args, kwargs)
     mesh = op_info.compute_mesh
