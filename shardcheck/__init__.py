@@ -34,6 +34,8 @@ and compares every rank's outputs and input gradients with its piece of the gold
     Topology        (dp, cp, tp) sizes of a run; Case.supports(topology) limits where a case runs
     KnownFailure    Case.xfail: an expected failure with its reason and reference (xfail / xpass)
     FuzzSpace       fuzz_spaces() -> list[FuzzSpace]: where `shardcheck fuzz` draws an op's cases from
+    ModelCase       a model and its parallelization plan, checked module by module over one training step
+                    (cases() may return it beside Cases; it is the Case its .case() builds)
 
 docs/writing-a-suite.md is the guide, with a complete worked example.
 """
@@ -47,7 +49,7 @@ from typing import TYPE_CHECKING
 # before torch is imported, to answer bad usage at once -- does not import torch through this package.
 _SOURCES = {
     "Partial": "torch.distributed.tensor", "Replicate": "torch.distributed.tensor", "Shard": "torch.distributed.tensor",
-    "Topology": "shardcheck.harness.core.topology",
+    "Topology": "shardcheck.harness.core.topology", "ModelCase": "shardcheck.harness.core.model_case",
     **{name: "shardcheck.harness.core.case" for name in (
         "REPLICATED", "BadInput", "Case", "FuzzSpace", "GradSum", "HeadTail", "KnownFailure", "Layout",
         "PackedHeadTail", "Permuted", "Property", "RankContext")},
@@ -55,7 +57,7 @@ _SOURCES = {
 
 __all__ = [
     "Case", "Layout", "REPLICATED", "Shard", "Replicate", "Partial", "HeadTail", "PackedHeadTail", "Permuted",
-    "GradSum", "Property", "BadInput", "RankContext", "Topology", "KnownFailure", "FuzzSpace",
+    "GradSum", "Property", "BadInput", "RankContext", "Topology", "KnownFailure", "FuzzSpace", "ModelCase",
 ]
 
 if TYPE_CHECKING:
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
 
     from shardcheck.harness.core.case import (REPLICATED, BadInput, Case, FuzzSpace, GradSum, HeadTail, KnownFailure,
                                               Layout, PackedHeadTail, Permuted, Property, RankContext)
+    from shardcheck.harness.core.model_case import ModelCase
     from shardcheck.harness.core.topology import Topology
 
 
