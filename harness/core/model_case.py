@@ -29,6 +29,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from shardcheck.harness.core.case import REPLICATED, Case, KnownFailure, Layout, RankContext, Tensors
+from shardcheck.harness.core.compare import BudgetScope
 from shardcheck.harness.core.topology import MESH_DIMS, Topology
 
 PARAM_PREFIX = "param:"
@@ -84,7 +85,8 @@ class ModelCase:
         self._by_key = {_key_of(n): n for n in names}
         case = Case(op=self.op, case_id=self.case_id, make_inputs=self._make_inputs, reference=self._reference,
                     run=self._run, input_layouts=dict(self.input_layouts), output_names=tuple(names),
-                    output_layouts=tuple(REPLICATED for _ in names), dtypes=self.dtypes, supports=self.supports, context_parallel=self._uses_cp(),
+                    output_layouts=tuple(REPLICATED for _ in names), budget_scope=BudgetScope.TENSOR,
+                    dtypes=self.dtypes, supports=self.supports, context_parallel=self._uses_cp(),
                     xfail=self.xfail, skip_reason=self.skip_reason, params={"model": True, **self.params})
         self._case = case
         return case

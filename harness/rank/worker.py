@@ -37,7 +37,7 @@ from shardcheck.harness.rank.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
 from shardcheck.harness.rank import shims
 from shardcheck.harness.rank.bench import run_bench_item
 from shardcheck.harness.core.case import BAD_INPUT_CHECK, REPLICATED, Case, RankContext, as_tuple, is_float
-from shardcheck.harness.core.compare import budget, compare, judge
+from shardcheck.harness.core.compare import BudgetScope, budget, compare, judge
 from shardcheck.harness.core.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path
 from shardcheck.harness.core.plan_data import DTYPES, Item, Plan
 from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
@@ -145,6 +145,7 @@ class Worker:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.meshes = {}
         self.plans_loaded = 0
+        self.budget_scope = BudgetScope.ROW  # of the item being judged (Case.budget_scope)
         self.events = None
 
     def load(self, plan: Plan, events_dir: Path) -> None:
@@ -259,6 +260,7 @@ class Worker:
 
     def _run_item(self, item: Item, topo: Topology, mesh, contexts: contextlib.ExitStack) -> None:
         case = self.cases[(item.op, item.case_id)]
+        self.budget_scope = case.budget_scope
         impl = self.impls[case.family]
         dtype = DTYPES[item.dtype]
         n_summands = 1
@@ -448,7 +450,8 @@ class Worker:
         if not isinstance(got, torch.Tensor):
             emit_check(check, "fail", message=f"got {type(got).__name__}, expected a tensor", symptom="output_type")
             return
-        stats, status, ratio, limit = _judge(got, expected, gold_full, naive_full, expect_dtype, lay, mesh, inputs)
+        stats, status, ratio, limit = _judge(got, expected, gold_full, naive_full, expect_dtype, lay, mesh, inputs,
+                                             self.budget_scope)
         msg = ""
         symptom = None if status == "pass" else ("shape" if "shape_mismatch" in stats else
                                                  "nonfinite" if stats.get("nonfinite") else "values")
@@ -457,7 +460,7 @@ class Worker:
             status, msg, symptom = "fail", f"dtype {str(got_dtype)[6:]}, expected {str(expect_dtype)[6:]}", "dtype"
         if status == "fail" and precision is not None and "shape_mismatch" not in stats and not stats.get("nonfinite"):
             finding, kind = self._precision_finding(got, expected, gold_full, lay, mesh, inputs, expect_dtype, got_dtype,
-                                                    *precision)
+                                                    *precision, scope=self.budget_scope)
             if finding:
                 status, msg, symptom = "warn", "; ".join(m for m in (finding, msg) if m), f"precision:{kind}"
         for key in ("worst", "nonfinite"):
@@ -475,7 +478,7 @@ class Worker:
 
     @staticmethod
     def _precision_finding(got, expected, gold_full, lay, mesh, inputs, expect_dtype, got_dtype, golden, pick,
-                           item_dtype) -> tuple[str, str]:
+                           item_dtype, scope=BudgetScope.ROW) -> tuple[str, str]:
         """(words, "float32" | "bfloat16") of the precision difference that explains a failing check, or ("", ""):
         a float64 item within the float32 budget of the same item, a bfloat16 item within the budget of bfloat16
         math."""
@@ -487,7 +490,7 @@ class Worker:
             alt = pick(golden.precision_run(kind))
         except Exception:  # the reference cannot run that way: no excuse for the error
             return "", ""
-        _, status, ratio, _ = _judge(got, expected, gold_full, alt, low, lay, mesh, inputs)
+        _, status, ratio, _ = _judge(got, expected, gold_full, alt, low, lay, mesh, inputs, scope)
         if status != "pass":
             return "", ""
         if kind == "float32":
@@ -530,10 +533,11 @@ def _error_fields(exc: BaseException) -> dict:
             "error_where": raising_location(exc)}
 
 
-def _judge(got, expected, gold_full, ref_full, dtype, lay, mesh, inputs) -> tuple[dict, str, float, torch.Tensor]:
+def _judge(got, expected, gold_full, ref_full, dtype, lay, mesh, inputs,
+           scope: BudgetScope = BudgetScope.ROW) -> tuple[dict, str, float, torch.Tensor]:
     """(stats, status, err/budget, this rank's budgets) of a local tensor against its slice of the golden,
     with the budgets of a reference `ref_full` run in `dtype` (shardcheck.harness.core.compare.budget)."""
-    b_full, naive_err_full = budget(gold_full, ref_full, dtype)
+    b_full, naive_err_full = budget(gold_full, ref_full, dtype, scope)
     limit = lay.local(b_full, mesh, inputs)
     err_naive = lay.local(naive_err_full, mesh, inputs) if naive_err_full is not None else None
     stats = compare(got, expected, limit, err_naive)
