@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from shardcheck.harness.core.case import REPLICATED, Case, KnownFailure, Layout, RankContext, Tensors
 from shardcheck.harness.core.compare import BudgetScope
@@ -157,6 +157,8 @@ class ModelCase:
                     path = key.split("#")[0]
                     declared = next((lay for pat, lay in self.activation_layouts.items()
                                      if fnmatch.fnmatchcase(path if path != ROOT_NAME else "", pat)), None)
+                    if declared is not None and kind == "dact":  # a summand's gradient is the whole gradient
+                        declared = Layout(*[Replicate() if isinstance(p, Partial) else p for p in declared.placements])
                     layout = declared or _layout_by_shape(tuple(tensor.shape), self._shapes[name], default, ctx)
                 elif layout is None and kind in ("dparam", "step"):
                     layout = _param_layout(key, self.param_layouts)

@@ -304,7 +304,8 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
     if symptom == "died":  # a rank dying: one symptom whatever the signal, which the words then list
         kind = f"{SYMPTOMS['died']} ({', '.join(sorted(signals))})"
     worst = max(records, key=_ratio) if status != "error" else records[0]
-    worst = model_order.first_row(records, _ratio) or worst  # a model's step: its first divergence
+    if status != "error":  # a model's step: its first divergence (an exception is named by where it was raised)
+        worst = model_order.first_row(records, _ratio) or worst
     rerun = worst.get("rerun") if isinstance(worst.get("rerun"), str) else next(
         (r["rerun"] for r in records if isinstance(r.get("rerun"), str)), None)
     if (rows["check"] == SIGNATURE_CHECK).all():
@@ -314,7 +315,7 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
     else:
         condition = separating_condition(rows, passing)
     return {"op": op, "ops": (op,), "status": status, "kind": kind, "symptoms": found, "signals": signals,
-            "checks": _checks(list(rows["check"].unique())), "count": len(rows), "condition": condition,
+            "checks": _checks(list(rows["check"].unique()), status), "count": len(rows), "condition": condition,
             "worst": _worst_text(worst, status), "rerun": rerun, "rows": list(rows.index),
             "items": set(map(tuple, rows[ITEM].astype(str).values)), "all_checks": list(rows["check"].unique()),
             "error_key": (worst.get("error_type"), worst.get("error_where")) if symptom in ERRORS else None}
@@ -330,9 +331,9 @@ def _where(rows: pd.DataFrame) -> str:
     return f"at {', '.join(topologies)} in {', '.join(sorted(rows['dtype'].unique()))}"
 
 
-def _checks(checks: list[str]) -> str:
+def _checks(checks: list[str], status: str) -> str:
     """A cause's checks for people: a model step's first divergence and what follows from it, else the list."""
-    return model_order.summary(checks) or ", ".join(sorted(set(checks)))
+    return (status != "error" and model_order.summary(checks)) or ", ".join(sorted(set(checks)))
 
 
 def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -> dict:
@@ -341,12 +342,12 @@ def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -
     signals = set().union(*(s["signals"] for s in group))
     kind = (f"{SYMPTOMS['died']} ({', '.join(sorted(signals))})" if all(s["symptoms"] == {"died"} for s in group)
             else "; ".join(dict.fromkeys(s["kind"] for s in group)))
-    rows = bad.loc[[i for s in group for i in s["rows"]]] if bad is not None else None
+    rows = bad.loc[[i for s in group for i in s["rows"]]] if bad is not None and first["status"] != "error" else None
     model_first = model_order.first_row(rows.to_dict("records"), _ratio) if rows is not None else None
     worst = {"worst": _worst_text(model_first, model_first["status"]), "rerun": model_first.get("rerun")} if model_first else {}
     return {**first, **worst, "op": _display(ops), "ops": tuple(ops), "kind": kind,
             "symptoms": set().union(*(s["symptoms"] for s in group)), "signals": signals, "count": sum(s["count"] for s in group),
-            "checks": _checks([c for s in group for c in s["all_checks"]]), "all_checks": [c for s in group for c in s["all_checks"]],
+            "checks": _checks([c for s in group for c in s["all_checks"]], first["status"]), "all_checks": [c for s in group for c in s["all_checks"]],
             "condition": condition,
             "rows": [i for s in group for i in s["rows"]], "items": set().union(*(s["items"] for s in group)),
             "error_key": first["error_key"] if all(s["error_key"] == first["error_key"] for s in group) else None}
