@@ -20,6 +20,7 @@ first diverging module of a failing step.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,22 @@ from shardcheck.harness.core.topology import MESH_DIMS, Topology
 
 PARAM_PREFIX = "param:"
 ROOT_NAME = "model"  # the root module's name in check names (its path is "")
+
+
+# A model case's check names: its outputs' (`_name`), each `forward:<name>`.
+CHECK = re.compile(r"^forward:(?:(act|dact)(\d+):(.+)|(loss)|(dparam|step):(.+))$")
+_STAGE = {"act": 0, "loss": 1, "dact": 2, "dparam": 3, "step": 4}
+
+
+def step_order(check: str) -> tuple[int, int] | None:
+    """(stage, index) of a model case's check in its step (forward, loss, backward, gradients, step); None for any
+    other check.  The first failing one in this order is the step's first divergence."""
+    m = CHECK.match(str(check))
+    if m is None:
+        return None
+    if m.group(1):
+        return _STAGE[m.group(1)], int(m.group(2))
+    return (_STAGE["loss"], 0) if m.group(4) else (_STAGE[m.group(5)], 0)
 
 
 class ModelCaseError(ValueError):

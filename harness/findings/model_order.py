@@ -9,21 +9,11 @@ are its consequences, and the parameters whose gradients or stepped values are w
 from __future__ import annotations
 
 import math
-import re
 
-_CHECK = re.compile(r"^forward:(?:(act|dact)(\d+):(.+)|(loss)|(dparam|step):(.+))$")
-_STAGE = {"act": 0, "loss": 1, "dact": 2, "dparam": 3, "step": 4}
+from shardcheck.harness.core.model_case import CHECK as _CHECK
+from shardcheck.harness.core.model_case import step_order
+
 _WORDS = {"act": "output", "loss": "loss", "dact": "gradient at its output", "dparam": "gradient", "step": "after the step"}
-
-
-def step_order(check: str) -> tuple[int, int] | None:
-    """(stage, index) of a model case's check in its step; None for any other check."""
-    m = _CHECK.match(str(check))
-    if m is None:
-        return None
-    if m.group(1):
-        return _STAGE[m.group(1)], int(m.group(2))
-    return (_STAGE["loss"], 0) if m.group(4) else (_STAGE[m.group(5)], 0)
 
 
 def _subject(check: str) -> tuple[str, str]:

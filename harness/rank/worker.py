@@ -40,6 +40,7 @@ from shardcheck.harness.core.case import BAD_INPUT_CHECK, REPLICATED, Case, Rank
 from shardcheck.harness.core.compare import BudgetScope, budget, compare, judge
 from shardcheck.harness.core.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path
 from shardcheck.harness.core.plan_data import DTYPES, Item, Plan
+from shardcheck.harness.core.model_case import step_order
 from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
 from shardcheck.harness.rank.signatures import under_test
 from shardcheck.harness.rank.fuzz_cases import fuzz_case
@@ -205,6 +206,10 @@ class Worker:
             # (a known failure's checks keep the artefact budget for real ones)
             if any(p["failed"] and not (item.xfail and item.xfail.covers(c)) for c, p in pieces.items()):
                 self.store.set(f"failed/{item.id}", "1")  # the other ranks save their pieces too
+            first = min((c for c, p in pieces.items() if p["failed"] and step_order(c) is not None), key=step_order,
+                        default=None)
+            if first is not None:  # a model's step: the ranks agree on its first divergence (after the barrier)
+                self.store.set(f"first/{item.id}/{self.rank}", first)
             try:
                 missing = self.barrier(item, started + self.plan.timeout)
             except dist.DistNetworkError:
@@ -219,10 +224,20 @@ class Worker:
                     on_stuck(item)
                 os._exit(EXIT_PEER_STUCK)  # a peer is blocked or dead: the driver ends the launch
             if pieces and self.store.check([f"failed/{item.id}"]):
-                self.save_pieces(item, pieces)
+                self.save_pieces(item, self._first_divergence(item, pieces))
             self.events.emit("done", item.id, seconds=time.time() - started)
             if on_item_done:
                 on_item_done(item)
+
+    def _first_divergence(self, item: Item, pieces: dict[str, dict]) -> dict[str, dict]:
+        """The pieces to keep of a failing model step: its first divergence on any rank, not every module after it
+        (other checks' pieces as they are)."""
+        keys = [f"first/{item.id}/{r}" for r in range(self.world)]
+        firsts = [self.store.get(k).decode() for k in keys if self.store.check([k])]
+        if not firsts:
+            return pieces
+        first = min(firsts, key=step_order)
+        return {c: p for c, p in pieces.items() if step_order(c) is None or c == first}
 
     def save_pieces(self, item: Item, pieces: dict[str, dict]) -> None:
         """This rank's pieces of a failing item, for the driver to reassemble (harness/rank/artefacts.py)."""
