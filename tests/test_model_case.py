@@ -2,7 +2,7 @@
 
 The decoder example (examples/decoder_tp: torchtitan-style TP + sequence parallelism) passes at TP 1, 2, 4; each
 broken plan (tests/broken/decoder_tp) is one finding naming its first diverging module or parameter, and its rerun
-line reproduces it alone.  A user-style suite with plain local shards (tests/model_suites/plain_tp_mlp.py) passes,
+line reproduces it alone.  The guide's suite with plain local shards (docs/model-cases/plain_tp_mlp.py) passes,
 names its first divergence, and a parameter whose local shape matches no layout is one error naming it."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from shardcheck.harness.rank.suite_loader import load_suite, suite_cases
 from helpers import BROKEN, ROOT
 
 DECODER = ROOT / "examples" / "decoder_tp"
-MLP = ROOT / "tests" / "model_suites" / "plain_tp_mlp.py"
+MLP = ROOT / "docs" / "model-cases" / "plain_tp_mlp.py"  # the guide's worked example
 DECODER_RUN = ("run", "--suite-path", str(DECODER), "--suite", "decoder_tp", "--case", "mha")
 MLP_RUN = ("run", "--suite-path", str(MLP), "--suite", "plain_tp_mlp", "--world-sizes", "1,2")
 
@@ -62,7 +62,7 @@ def test_step_order_and_the_summary_name_the_first_divergence():
     assert "1 parameter(s) wrong after it" in text
     only_params = model_order.summary(["forward:step:n.weight", "forward:dparam:n.weight", "forward:dparam:m.weight"])
     assert only_params.startswith("first diverging: parameter n.weight (gradient)")
-    assert "wrong parameters: n.weight, m.weight" in only_params or "wrong parameters: m.weight, n.weight" in only_params
+    assert "wrong parameters: n.weight, m.weight" in only_params  # in the order of the case's outputs
 
 
 def test_a_tensor_budget_covers_rows_that_are_exact_zeros_on_one_device():
@@ -123,3 +123,11 @@ def test_a_parameter_matching_no_layout_is_one_error_naming_it(run_shardcheck):
     assert cause.status == "error" and "ModelCaseError" in cause.kind
     assert "parameter 'up.weight': local shape (8, 8) matches no layout" in cause.worst
     assert "param_layouts" in cause.worst
+
+
+def test_the_guide_shows_the_example_file_and_nothing_else():
+    import re
+    guide = (ROOT / "docs" / "model-cases.md").read_text()
+    blocks = re.findall(r"<!-- file: (\S+) -->\n```python\n(.*?)```\n", guide, re.S)
+    assert {path for path, _ in blocks} == {"docs/model-cases/plain_tp_mlp.py"}
+    assert "\n\n\n".join(code.strip("\n") for _, code in blocks) + "\n" == MLP.read_text()

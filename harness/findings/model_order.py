@@ -37,7 +37,8 @@ def first_row(rows: list[dict], ratio) -> dict | None:
 def summary(checks: list[str]) -> str | None:
     """'first diverging: module layers.0.attention.wo (output, forward); 12 checks after it; wrong parameters: ...'
     for a cause's checks, or None without model checks."""
-    model = sorted((c for c in set(checks) if step_order(c) is not None), key=step_order)
+    # (stable: parameters, which share their stage's place, stay in the order of the case's outputs)
+    model = sorted((c for c in dict.fromkeys(checks) if step_order(c) is not None), key=step_order)
     if not model:
         return None
     kind, name = _subject(model[0])
