@@ -35,6 +35,8 @@ and compares every rank's outputs and input gradients with its piece of the gold
     KnownFailure    Case.xfail: an expected failure with its reason and reference (xfail / xpass)
     FuzzSpace       fuzz_spaces() -> list[FuzzSpace]: where `shardcheck fuzz` draws an op's cases from
     MemoryModel     Case.memory: the per-rank peak memory expected from the shapes (`--bench` reports it)
+    ModelCase       a model and its parallelization plan, checked module by module over one training step
+                    (cases() may return it beside Cases; it is the Case its .case() builds)
 
 docs/writing-a-suite.md is the guide, with a complete worked example.
 """
@@ -48,7 +50,7 @@ from typing import TYPE_CHECKING
 # before torch is imported, to answer bad usage at once -- does not import torch through this package.
 _SOURCES = {
     "Partial": "torch.distributed.tensor", "Replicate": "torch.distributed.tensor", "Shard": "torch.distributed.tensor",
-    "Topology": "shardcheck.harness.core.topology",
+    "Topology": "shardcheck.harness.core.topology", "ModelCase": "shardcheck.harness.core.model_case",
     **{name: "shardcheck.harness.core.case" for name in (
         "REPLICATED", "BadInput", "Case", "FuzzSpace", "GradSum", "HeadTail", "KnownFailure", "Layout", "MemoryModel",
         "PackedHeadTail", "Permuted", "Property", "RankContext")},
@@ -56,7 +58,7 @@ _SOURCES = {
 
 __all__ = [
     "Case", "Layout", "REPLICATED", "Shard", "Replicate", "Partial", "HeadTail", "PackedHeadTail", "Permuted",
-    "GradSum", "Property", "BadInput", "RankContext", "Topology", "KnownFailure", "FuzzSpace", "MemoryModel",
+    "GradSum", "Property", "BadInput", "RankContext", "Topology", "KnownFailure", "FuzzSpace", "MemoryModel", "ModelCase",
 ]
 
 if TYPE_CHECKING:
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
 
     from shardcheck.harness.core.case import (REPLICATED, BadInput, Case, FuzzSpace, GradSum, HeadTail, KnownFailure,
                                               Layout, MemoryModel, PackedHeadTail, Permuted, Property, RankContext)
+    from shardcheck.harness.core.model_case import ModelCase
     from shardcheck.harness.core.topology import Topology
 
 

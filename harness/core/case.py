@@ -19,6 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from shardcheck.harness.core.compare import BudgetScope
 from shardcheck.harness.core.topology import MESH_DIMS, Topology, mesh_dims
 from shardcheck.harness.core.records import Status
 
@@ -350,6 +351,9 @@ class Case:
     # A known defect of the code under test (an upstream issue): the checks it covers are recorded `xfail`
     # while they fail and `xpass` once they pass on every rank (`KnownFailure`).
     xfail: KnownFailure | None = None
+
+    # What one low-precision budget covers: a row of each output and gradient (the last dim), or the whole tensor.
+    budget_scope: BudgetScope = BudgetScope.ROW
 
     # ---- where it runs
     dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")

@@ -32,6 +32,7 @@ rank (fails a run: the mark must go).  Ranks report pass, skip, warn, fail and e
 
 from __future__ import annotations
 
+import enum
 import math
 
 import torch
@@ -53,16 +54,29 @@ def _finite_max_abs(t: torch.Tensor) -> float:
     return float(t.abs().max()) if t.numel() else 0.0
 
 
-def budget(golden: torch.Tensor, naive: torch.Tensor | None, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+class BudgetScope(enum.StrEnum):
+    """What one low-precision budget covers: a row (the last dim: an op's token, vocab row), or the whole tensor (a
+    model's activations, whose rows can be exact zeros on one device and rounding noise when sharded: the gradient of
+    the first query under a causal mask)."""
+
+    ROW = "row"
+    TENSOR = "tensor"
+
+
+def budget(golden: torch.Tensor, naive: torch.Tensor | None, out_dtype: torch.dtype,
+           scope: BudgetScope = BudgetScope.ROW) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-element budgets for a tensor whose golden is `golden` (float64): (largest acceptable |err|
-    at each element, the reference's error in that element's row or None), both float64 in the
+    at each element, the reference's error in that element's row (or tensor, `scope`) or None), both float64 in the
     golden's shape (expanded views: slice them with the output's Layout like the golden)."""
     g = golden.detach().double()
     if not out_dtype.is_floating_point or g.numel() == 0:  # ids, masks, layouts: exact
         return torch.zeros_like(g), None
     if out_dtype == torch.float64 or naive is None:
         return torch.full_like(g, RTOL_FLOAT64 * max(_finite_max_abs(g), 1e-30)), None
-    rows = g.reshape(-1, g.shape[-1]) if g.ndim else g.reshape(1, 1)
+    if scope == BudgetScope.TENSOR:
+        rows = g.reshape(1, -1)
+    else:
+        rows = g.reshape(-1, g.shape[-1]) if g.ndim else g.reshape(1, 1)
     n = naive.detach().double().reshape(rows.shape)
     scale = torch.where(torch.isfinite(rows), rows.abs(), 0.0).amax(-1, keepdim=True)
     both = torch.isfinite(rows) & torch.isfinite(n)

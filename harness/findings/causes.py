@@ -43,6 +43,7 @@ import pandas as pd
 
 from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.records import SIGNATURE_CHECK, SYMPTOMS, Status, Symptom
+from shardcheck.harness.findings import model_order
 
 COLUMNS = ["op", "ops", "status", "kind", "checks", "count", "condition", "worst", "rerun"]
 MESH = ("dp", "cp", "tp")
@@ -304,6 +305,8 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
     if symptom == Symptom.DIED:  # a rank dying: one symptom whatever the signal, which the words then list
         kind = f"{Symptom.DIED.words} ({', '.join(sorted(signals))})"
     worst = max(records, key=_ratio) if status != Status.ERROR else records[0]
+    if status != Status.ERROR:  # a model's step: its first divergence (an exception is named by where it was raised)
+        worst = model_order.first_row(records, _ratio) or worst
     rerun = worst.get("rerun") if isinstance(worst.get("rerun"), str) else next(
         (r["rerun"] for r in records if isinstance(r.get("rerun"), str)), None)
     if (rows["check"] == SIGNATURE_CHECK).all():
@@ -313,9 +316,9 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
     else:
         condition = separating_condition(rows, passing)
     return {"op": op, "ops": (op,), "status": status, "kind": kind, "symptoms": found, "signals": signals,
-            "checks": ", ".join(sorted(rows["check"].unique())), "count": len(rows), "condition": condition,
+            "checks": _checks(list(rows["check"].unique()), status), "count": len(rows), "condition": condition,
             "worst": _worst_text(worst, status), "rerun": rerun, "rows": list(rows.index),
-            "items": set(map(tuple, rows[ITEM].astype(str).values)),
+            "items": set(map(tuple, rows[ITEM].astype(str).values)), "all_checks": list(rows["check"].unique()),
             "error_key": (worst.get("error_type"), worst.get("error_where")) if symptom in ERRORS else None}
 
 
@@ -329,15 +332,24 @@ def _where(rows: pd.DataFrame) -> str:
     return f"at {', '.join(topologies)} in {', '.join(sorted(rows['dtype'].unique()))}"
 
 
-def _merge(group: list[dict], condition: str) -> dict:
+def _checks(checks: list[str], status: str) -> str:
+    """A cause's checks for people: a model step's first divergence and what follows from it, else the list."""
+    return (status != Status.ERROR and model_order.summary(checks)) or ", ".join(sorted(set(checks)))
+
+
+def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -> dict:
     first = max(group, key=lambda s: (STATUS_ORDER[s["status"]], s["count"]))
     ops = list(dict.fromkeys(op for s in group for op in s["ops"]))
     signals = set().union(*(s["signals"] for s in group))
     kind = (f"{Symptom.DIED.words} ({', '.join(sorted(signals))})" if all(s["symptoms"] == {Symptom.DIED} for s in group)
             else "; ".join(dict.fromkeys(s["kind"] for s in group)))
-    return {**first, "op": _display(ops), "ops": tuple(ops), "kind": kind,
+    rows = bad.loc[[i for s in group for i in s["rows"]]] if bad is not None and first["status"] != Status.ERROR else None
+    model_first = model_order.first_row(rows.to_dict("records"), _ratio) if rows is not None else None
+    worst = {"worst": _worst_text(model_first, model_first["status"]), "rerun": model_first.get("rerun")} if model_first else {}
+    return {**first, **worst, "op": _display(ops), "ops": tuple(ops), "kind": kind,
             "symptoms": set().union(*(s["symptoms"] for s in group)), "signals": signals, "count": sum(s["count"] for s in group),
-            "checks": ", ".join(sorted({c for s in group for c in s["checks"].split(", ")})), "condition": condition,
+            "checks": _checks([c for s in group for c in s["all_checks"]], first["status"]), "all_checks": [c for s in group for c in s["all_checks"]],
+            "condition": condition,
             "rows": [i for s in group for i in s["rows"]], "items": set().union(*(s["items"] for s in group)),
             "error_key": first["error_key"] if all(s["error_key"] == first["error_key"] for s in group) else None}
 
@@ -355,7 +367,7 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
 
     def merged(group: list[dict]) -> dict:
         return group[0] if len(group) == 1 else _merge(group, separating_condition(
-            bad.loc[[i for s in group for i in s["rows"]]], passing))
+            bad.loc[[i for s in group for i in s["rows"]]], passing), bad)
 
     # the same items: one cause (two different crashes stay two)
     groups: list[list[dict]] = []
@@ -380,7 +392,7 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
         union = set().union(*(s["items"] for s in failing))
         condition = separating_condition(item_rows[item_key.isin(union)], clean, by_check=False)
         if condition.startswith("exactly"):
-            return [_merge(failing, condition)] + warnings
+            return [_merge(failing, condition, bad)] + warnings
 
     everywhere = [s for s in failing if not _is_crash(s) and s["items"] >= items]
     if everywhere:  # wrong in every item: that does not swallow the op's other symptoms
@@ -392,14 +404,14 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
         for s in rest:
             # a symptom with no sharp condition, or failing in each item its checks ran in (the sum of wrong
             # losses, wrong wherever it is checked), is the same wrong output seen again
-            ran_in = set().union(*(checked.get(c, set()) for c in s["checks"].split(", ")))
+            ran_in = set().union(*(checked.get(c, set()) for c in s["all_checks"]))
             if not _is_crash(s) and (not s["condition"].startswith("exactly") or ran_in <= s["items"]):
-                host = _merge([host, s], host["condition"])
+                host = _merge([host, s], host["condition"], bad)
             else:
                 own.append(s)
         return [host] + own + warnings
     if not len(clean) and crash_kinds <= 1:  # failing somewhere in every item, nowhere in all: one bug
-        return [_merge(failing, separating_condition(bad.loc[[i for s in failing for i in s["rows"]]], passing))] + warnings
+        return [_merge(failing, separating_condition(bad.loc[[i for s in failing for i in s["rows"]]], passing), bad)] + warnings
     # otherwise symptoms that share items are one cause (at most one crash each)
     components: list[list[dict]] = []
     for s in failing:
@@ -443,7 +455,7 @@ def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> 
         ops = [op for c in group for op in c["ops"]]
         condition = conditions.pop() if len(conditions) == 1 else separating_condition(
             bad.loc[[i for c in group for i in c["rows"]]], passing[passing["op"].isin(ops)])
-        out.append(_merge(group, condition))
+        out.append(_merge(group, condition, bad))
     return out
 
 

@@ -22,6 +22,7 @@ from types import ModuleType
 
 from shardcheck import suites
 from shardcheck.harness.core.case import Case, FuzzSpace
+from shardcheck.harness.core.model_case import ModelCase
 from shardcheck.harness.core.modules import import_file, is_path
 from shardcheck.harness.core.topology import UsageError
 
@@ -122,6 +123,10 @@ def _call_cases(suite: ModuleType, name: str, fn: str, quick: bool) -> list[Case
         cases = list(getattr(suite, fn)(quick=quick))
     except Exception as exc:
         raise UsageError(f"suite {name}: {fn}() raised {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    try:  # a model case is the ordinary Case it builds
+        cases = [c.case() if isinstance(c, ModelCase) else c for c in cases]
+    except Exception as exc:
+        raise UsageError(f"suite {name}: a model case raised {type(exc).__name__}: {exc}".splitlines()[0]) from None
     for case in cases:
         if not isinstance(case, Case):
             raise UsageError(f"suite {name}: {fn}() returned a {type(case).__name__}, expected Case objects")

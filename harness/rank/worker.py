@@ -41,10 +41,11 @@ from shardcheck.harness.rank.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
 from shardcheck.harness.rank import shims
 from shardcheck.harness.rank.bench import run_bench_item
 from shardcheck.harness.core.case import BAD_INPUT_CHECK, REPLICATED, Case, RankContext, as_tuple, is_float
-from shardcheck.harness.core.compare import budget, compare, judge
+from shardcheck.harness.core.compare import BudgetScope, budget, compare, judge
 from shardcheck.harness.core.peer_failure import is_peer_failure
 from shardcheck.harness.core.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path
 from shardcheck.harness.core.plan_data import DTYPES, Item, Plan
+from shardcheck.harness.core.model_case import step_order
 from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
 from shardcheck.harness.rank.signatures import under_test
 from shardcheck.harness.rank.fuzz_cases import fuzz_case
@@ -164,6 +165,7 @@ class Worker:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.meshes = {}
         self.plans_loaded = 0
+        self.budget_scope = BudgetScope.ROW  # of the item being judged (Case.budget_scope)
         self.events = None
 
     def load(self, plan: Plan, events_dir: Path) -> None:
@@ -223,6 +225,10 @@ class Worker:
             # (a known failure's checks keep the artefact budget for real ones)
             if any(p["failed"] and not (item.xfail and item.xfail.covers(c)) for c, p in pieces.items()):
                 self.store.set(f"failed/{item.id}", "1")  # the other ranks save their pieces too
+            first = min((c for c, p in pieces.items() if p["failed"] and step_order(c) is not None), key=step_order,
+                        default=None)
+            if first is not None:  # a model's step: the ranks agree on its first divergence (after the barrier)
+                self.store.set(f"first/{item.id}/{self.rank}", first)
             try:
                 missing = self.barrier(item, started + self.plan.timeout)
             except dist.DistNetworkError:
@@ -237,7 +243,7 @@ class Worker:
                     on_stuck(item)
                 os._exit(EXIT_PEER_STUCK)  # a peer is blocked or dead: the driver ends the launch
             if pieces and self.store.check([f"failed/{item.id}"]):
-                self.save_pieces(item, pieces)
+                self.save_pieces(item, self._first_divergence(item, pieces))
             self.events.done(item.id, time.time() - started, self._new_shim_calls())
             if on_item_done:
                 on_item_done(item)
@@ -248,6 +254,16 @@ class Worker:
         seen = getattr(self, "_shim_calls_seen", {})
         self._shim_calls_seen = now
         return {name: n - seen.get(name, 0) for name, n in now.items() if n > seen.get(name, 0)}
+
+    def _first_divergence(self, item: Item, pieces: dict[str, dict]) -> dict[str, dict]:
+        """The pieces to keep of a failing model step: its first divergence on any rank, not every module after it
+        (other checks' pieces as they are)."""
+        keys = [f"first/{item.id}/{r}" for r in range(self.world)]
+        firsts = [self.store.get(k).decode() for k in keys if self.store.check([k])]
+        if not firsts:
+            return pieces
+        first = min(firsts, key=step_order)
+        return {c: p for c, p in pieces.items() if step_order(c) is None or c == first}
 
     def save_pieces(self, item: Item, pieces: dict[str, dict]) -> None:
         """This rank's pieces of a failing item, for the driver to reassemble (harness/rank/artefacts.py)."""
@@ -311,6 +327,7 @@ class Worker:
     def _golden_step(self, item: Item, topo: Topology, mesh, contexts: contextlib.ExitStack) -> _Call | None:
         """The golden outputs and gradients, the rank's context and its pieces of the inputs."""
         case = self.cases[(item.op, item.case_id)]
+        self.budget_scope = case.budget_scope
         n_summands = 1
         for d in case.summed_over:
             n_summands *= mesh_dims(mesh).sizes[d]
@@ -501,7 +518,8 @@ class Worker:
         if not isinstance(got, torch.Tensor):
             emit_check(check, Status.FAIL, message=f"got {type(got).__name__}, expected a tensor", symptom=Symptom.OUTPUT_TYPE)
             return
-        stats, status, ratio, limit = _judge(got, expected, gold_full, naive_full, expect_dtype, lay, mesh, inputs)
+        stats, status, ratio, limit = _judge(got, expected, gold_full, naive_full, expect_dtype, lay, mesh, inputs,
+                                             self.budget_scope)
         msg = ""
         symptom = None if status == Status.PASS else (Symptom.SHAPE if "shape_mismatch" in stats else
                                                  Symptom.NONFINITE if stats.get("nonfinite") else Symptom.VALUES)
@@ -510,7 +528,7 @@ class Worker:
             status, msg, symptom = Status.FAIL, f"dtype {str(got_dtype)[6:]}, expected {str(expect_dtype)[6:]}", Symptom.DTYPE
         if status == Status.FAIL and precision is not None and "shape_mismatch" not in stats and not stats.get("nonfinite"):
             finding, kind = self._precision_finding(got, expected, gold_full, lay, mesh, inputs, expect_dtype, got_dtype,
-                                                    *precision)
+                                                    *precision, scope=self.budget_scope)
             if finding:
                 status, msg, symptom = Status.WARN, "; ".join(m for m in (finding, msg) if m), Symptom(f"precision:{kind}")
         for key in ("worst", "nonfinite"):
@@ -528,7 +546,7 @@ class Worker:
 
     @staticmethod
     def _precision_finding(got, expected, gold_full, lay, mesh, inputs, expect_dtype, got_dtype, golden, pick,
-                           item_dtype) -> tuple[str, str]:
+                           item_dtype, scope=BudgetScope.ROW) -> tuple[str, str]:
         """(words, "float32" | "bfloat16") of the precision difference that explains a failing check, or ("", ""):
         a float64 item within the float32 budget of the same item, a bfloat16 item within the budget of bfloat16
         math."""
@@ -540,7 +558,7 @@ class Worker:
             alt = pick(golden.precision_run(kind))
         except Exception:  # the reference cannot run that way: no excuse for the error
             return "", ""
-        _, status, ratio, _ = _judge(got, expected, gold_full, alt, low, lay, mesh, inputs)
+        _, status, ratio, _ = _judge(got, expected, gold_full, alt, low, lay, mesh, inputs, scope)
         if status != Status.PASS:
             return "", ""
         if kind == "float32":
@@ -583,10 +601,11 @@ def _error_fields(exc: BaseException) -> dict:
             "error_where": raising_location(exc)}
 
 
-def _judge(got, expected, gold_full, ref_full, dtype, lay, mesh, inputs) -> tuple[dict, str, float, torch.Tensor]:
+def _judge(got, expected, gold_full, ref_full, dtype, lay, mesh, inputs,
+           scope: BudgetScope = BudgetScope.ROW) -> tuple[dict, str, float, torch.Tensor]:
     """(stats, status, err/budget, this rank's budgets) of a local tensor against its slice of the golden,
     with the budgets of a reference `ref_full` run in `dtype` (shardcheck.harness.core.compare.budget)."""
-    b_full, naive_err_full = budget(gold_full, ref_full, dtype)
+    b_full, naive_err_full = budget(gold_full, ref_full, dtype, scope)
     limit = lay.local(b_full, mesh, inputs)
     err_naive = lay.local(naive_err_full, mesh, inputs) if naive_err_full is not None else None
     stats = compare(got, expected, limit, err_naive)

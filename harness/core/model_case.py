@@ -1,0 +1,309 @@
+"""A model under test: a parallelized module checked layer by layer against the single-device one.
+
+`ModelCase(...).case()` is an ordinary `Case` (so topologies, dtypes, --impl, rerun lines, xfail, JUnit and the
+report work unchanged) whose outputs are what one training step of the model produces, in execution order:
+
+    act<NN>:<module>     every submodule's output, forward order (forward hooks)
+    loss                 the loss
+    dact<NN>:<module>    the gradient arriving at every submodule's output, backward order
+    dparam:<param>       every parameter's gradient (each rank's shard against its slice of the full one)
+    step:<param>         every parameter after one optimizer step (SGD, or AdamW on request)
+
+The full weights are inputs of the case (`param:<name>`, drawn by `build(gen)`): both models get the same ones, the
+single-device one whole, the sharded one by each parameter's DTensor placements or, for a plain tensor, the
+declared layout whose glob matches its name.  Layouts of the sharded tensors are read on the rank as the step runs
+(DTensor placements; a plain activation's layout from its local shape, or a declared glob); the harness then
+slices the golden and judges each check as any case's output.  shardcheck.harness.findings.model_order names the
+first diverging module of a failing step.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+from shardcheck.harness.core.case import REPLICATED, Case, KnownFailure, Layout, RankContext, Tensors
+from shardcheck.harness.core.compare import BudgetScope
+from shardcheck.harness.core.topology import MESH_DIMS, Topology
+
+PARAM_PREFIX = "param:"
+ROOT_NAME = "model"  # the root module's name in check names (its path is "")
+
+
+# A model case's check names: its outputs' (`_name`), each `forward:<name>`.
+CHECK = re.compile(r"^forward:(?:(act|dact)(\d+):(.+)|(loss)|(dparam|step):(.+))$")
+_STAGE = {"act": 0, "loss": 1, "dact": 2, "dparam": 3, "step": 4}
+
+
+def step_order(check: str) -> tuple[int, int] | None:
+    """(stage, index) of a model case's check in its step (forward, loss, backward, gradients, step); None for any
+    other check.  The first failing one in this order is the step's first divergence."""
+    m = CHECK.match(str(check))
+    if m is None:
+        return None
+    if m.group(1):
+        return _STAGE[m.group(1)], int(m.group(2))
+    return (_STAGE["loss"], 0) if m.group(4) else (_STAGE[m.group(5)], 0)
+
+
+class ModelCaseError(ValueError):
+    """A model case that cannot be set up as declared (one line naming the parameter or module)."""
+
+
+@dataclass(kw_only=True)
+class ModelCase:
+    """One model, its parallelization plan and one training step on given inputs.
+
+    `build(gen)` returns the full model on one device, weights drawn from `gen`; `parallelize(model, ctx)` applies
+    the plan on this rank (torch's `parallelize_module`, `fully_shard`, or the user's own code holding local shards)
+    and returns the model to run.  `model_inputs` are the inputs passed to the model positionally; `loss(outputs,
+    inputs, ctx)` makes the scalar loss (ctx is None on the single device; absent: the model's output is the
+    loss)."""
+
+    op: str  # "family.Name": Name must exist in the module under test (e.g. the plan's function)
+    case_id: str
+    build: Callable[[torch.Generator], nn.Module]
+    parallelize: Callable[[nn.Module, RankContext], nn.Module]
+    make_inputs: Callable[[torch.Generator], Tensors]  # full inputs, floats in float64
+    model_inputs: tuple[str, ...] = ("tokens",)
+    loss: Callable[[Any, Tensors, RankContext | None], torch.Tensor] | None = None
+    input_layouts: dict[str, Layout] = field(default_factory=dict)
+    loss_layout: Layout = REPLICATED  # Layout(dp=Partial()) where each DP rank's loss is its summand
+    # Plain-tensor parameters (local shards of the user's own code): glob on the parameter name -> its layout.
+    param_layouts: dict[str, Layout] = field(default_factory=dict)
+    # Plain-tensor activations whose layout their local shape does not tell: glob on the module path -> layout.
+    activation_layouts: dict[str, Layout] = field(default_factory=dict)
+    batch: str | None = None  # the input whose dp/cp placements activations default to (None: the first model input)
+    optimizer: str = "sgd"  # "sgd" or "adamw"
+    lr: float = 0.1
+    dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")
+    supports: Callable[[Topology], bool] = lambda topology: True
+    context_parallel: bool | None = None
+    xfail: KnownFailure | None = None
+    skip_reason: str | None = None
+    params: dict = field(default_factory=dict)
+
+    def case(self) -> Case:
+        """The ordinary Case that runs this model's step (its output names from one float64 step on one device)."""
+        if self.optimizer not in ("sgd", "adamw"):
+            raise ModelCaseError(f"model case {self.op}[{self.case_id}]: optimizer {self.optimizer!r}; "
+                                 "expected 'sgd' or 'adamw'")
+        order = self._step_on_one_device(self._order_inputs())
+        names = list(order)
+        self._names = names
+        self._shapes = {n: tuple(t.shape) for n, t in order.items()}
+        self._by_key = {_key_of(n): n for n in names}
+        case = Case(op=self.op, case_id=self.case_id, make_inputs=self._make_inputs, reference=self._reference,
+                    run=self._run, input_layouts=dict(self.input_layouts), output_names=tuple(names),
+                    output_layouts=tuple(REPLICATED for _ in names), budget_scope=BudgetScope.TENSOR,
+                    dtypes=self.dtypes, supports=self.supports, context_parallel=self._uses_cp(),
+                    xfail=self.xfail, skip_reason=self.skip_reason, params={"model": True, **self.params})
+        self._case = case
+        return case
+
+    # ---------------------------------------------------------------------------------------------- inputs
+
+    def _make_inputs(self, gen: torch.Generator) -> Tensors:
+        model = self.build(gen)
+        inputs = self.make_inputs(gen)
+        clash = [n for n in inputs if n.startswith(PARAM_PREFIX)]
+        if clash:
+            raise ModelCaseError(f"model case {self.op}[{self.case_id}]: input names {clash} start with {PARAM_PREFIX!r}")
+        weights = {PARAM_PREFIX + n: p.detach().to(torch.float64) for n, p in model.named_parameters()}
+        return {**inputs, **weights}
+
+    def _order_inputs(self) -> Tensors:
+        return self._make_inputs(torch.Generator().manual_seed(0))
+
+    def _uses_cp(self) -> bool:
+        if self.context_parallel is not None:
+            return self.context_parallel
+        return any(not isinstance(lay.placements[1], Replicate) for lay in self.input_layouts.values())
+
+    # ---------------------------------------------------------------------------------------------- one device
+
+    def _fresh_model(self, inputs: Tensors, device: torch.device | None = None) -> nn.Module:
+        """The model with the case's full weights, in their dtype, on `device`."""
+        model = self.build(torch.Generator().manual_seed(0))
+        dtype = next((v.dtype for k, v in inputs.items() if k.startswith(PARAM_PREFIX)), torch.float64)
+        model = model.to(dtype=dtype, device=device)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(inputs[PARAM_PREFIX + name])
+        return model
+
+    def _step_on_one_device(self, inputs: Tensors) -> dict[str, torch.Tensor]:
+        """{output name: full tensor} of one step of the single-device model, names in execution order."""
+        model = self._fresh_model(inputs)
+        data = {k: v for k, v in inputs.items() if not k.startswith(PARAM_PREFIX)}
+        steps = self._step(model, data, None)
+        got = {}
+        for kind in ("act", "loss", "dact", "dparam", "step"):
+            for i, (key, tensor, _) in enumerate(steps[kind]):
+                got[_name(kind, i, key)] = tensor
+        return got
+
+    def _reference(self, inputs: Tensors) -> tuple:
+        got = self._step_on_one_device(inputs)
+        return tuple(got.get(n) for n in self._names)
+
+    # ---------------------------------------------------------------------------------------------- this rank
+
+    def _run(self, impl, ctx: RankContext, local: Tensors) -> tuple:
+        model = self._fresh_model(local, ctx.device)
+        model = self.parallelize(model, ctx)
+        self._put_full_weights(model, local, ctx)
+        data = {k: v for k, v in local.items() if not k.startswith(PARAM_PREFIX)}
+        steps = self._step(model, data, ctx)
+        batch = self.input_layouts.get(self.batch or self.model_inputs[0], REPLICATED)
+        default = Layout(dp=batch.placements[0], cp=batch.placements[1])
+        got: dict[str, tuple[torch.Tensor, Layout]] = {}
+        for kind in ("act", "loss", "dact", "dparam", "step"):
+            for key, tensor, layout in steps[kind]:
+                name = self._by_key.get((kind, key))
+                if name is None:  # a module call the single-device model does not make: nothing to compare with
+                    continue
+                if layout is None and kind in ("act", "dact"):
+                    path = key.split("#")[0]
+                    declared = next((lay for pat, lay in self.activation_layouts.items()
+                                     if fnmatch.fnmatchcase(path if path != ROOT_NAME else "", pat)), None)
+                    if declared is not None and kind == "dact":  # a summand's gradient is the whole gradient
+                        declared = Layout(*[Replicate() if isinstance(p, Partial) else p for p in declared.placements])
+                    layout = declared or _layout_by_shape(tuple(tensor.shape), self._shapes[name], default, ctx)
+                elif layout is None and kind in ("dparam", "step"):
+                    layout = _param_layout(key, self.param_layouts)
+                got[name] = (tensor, layout if layout is not None else self.loss_layout)
+        outs = [got.get(n, (None, REPLICATED)) for n in self._names]
+        self._case.output_layouts = tuple(lay for _, lay in outs)  # read by the harness after this run, this item
+        return tuple(t for t, _ in outs)
+
+    def _put_full_weights(self, model: nn.Module, local: Tensors, ctx: RankContext) -> None:
+        """Every parameter of the sharded model gets its piece of the same full weights the single-device one has."""
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                full = local.get(PARAM_PREFIX + name)
+                if full is None:
+                    raise ModelCaseError(f"the sharded model's parameter {name!r} is not a parameter of the model "
+                                         "build() returns: keep the parameter names (parallelize in place)")
+                if isinstance(p, DTensor):
+                    layout, target = _dtensor_layout(p), p.to_local()
+                else:
+                    layout, target = _param_layout(name, self.param_layouts), p
+                piece = layout.local(full, ctx.mesh)
+                if tuple(piece.shape) != tuple(target.shape):
+                    raise ModelCaseError(
+                        f"parameter {name!r}: local shape {tuple(target.shape)} matches no layout "
+                        f"({layout} gives {tuple(piece.shape)} of the full {tuple(full.shape)}); declare it in "
+                        "param_layouts, e.g. {'*.weight': Layout(tp=Shard(0))}")
+                target.copy_(piece)
+
+    # ---------------------------------------------------------------------------------------------- the step
+
+    def _step(self, model: nn.Module, data: Tensors, ctx: RankContext | None) -> dict[str, list]:
+        """One training step with hooks: per kind (act, loss, dact, dparam, step), in execution order, a list of
+        (key, tensor, layout): the local tensor of a DTensor and its layout; a plain tensor and None."""
+        fwd: list = []
+        bwd: list = []
+        calls: dict[str, int] = {}
+
+        def keep(t: torch.Tensor) -> tuple[torch.Tensor, Layout | None]:
+            # a detached copy: a module may change its output in place later
+            if isinstance(t, DTensor):
+                return t.to_local().detach().clone(), _dtensor_layout(t)
+            return t.detach().clone(), None
+
+        def on_forward(path: str):
+            def hook(module, args, out):
+                tensor = _first_float(out)
+                if tensor is None:
+                    return
+                k = calls.get(path, 0)
+                calls[path] = k + 1
+                key = (path or ROOT_NAME) + (f"#{k}" if k else "")
+                fwd.append((key, *keep(tensor)))
+                if tensor.requires_grad:
+                    tensor.register_hook(lambda g, key=key: bwd.append((key, *keep(g))) and None)
+            return hook
+
+        handles = [m.register_forward_hook(on_forward(path)) for path, m in model.named_modules()]
+        try:
+            with torch.enable_grad():
+                out = model(*[data[n] for n in self.model_inputs])
+                loss = self.loss(out, data, ctx) if self.loss is not None else out
+                if isinstance(loss, DTensor):
+                    loss = loss.full_tensor()
+                loss.backward()
+        finally:
+            for h in handles:
+                h.remove()
+        params = list(model.named_parameters())
+        # A DTensor gradient left Partial (a replicated norm weight under sequence parallelism) is the sum of the
+        # ranks' pieces, as DTensor defines it: compared so, while the step shows whether the optimizer reduced it.
+        dparam = [(name, *keep(p.grad)) for name, p in params if p.grad is not None]
+        opt = (torch.optim.SGD([p for _, p in params], lr=self.lr) if self.optimizer == "sgd"
+               else torch.optim.AdamW([p for _, p in params], lr=self.lr))
+        opt.step()
+        return {"act": fwd, "loss": [("loss", loss.detach().clone(), None)], "dact": bwd, "dparam": dparam,
+                "step": [(name, *keep(p)) for name, p in params]}
+
+
+def _name(kind: str, index: int, key: str) -> str:
+    """The output (check) name: activations carry their execution order, so that the first diverging one is known."""
+    if kind in ("act", "dact"):
+        return f"{kind}{index:02d}:{key}"
+    return "loss" if kind == "loss" else f"{kind}:{key}"
+
+
+def _key_of(name: str) -> tuple[str, str]:
+    """(kind, key) of an output name (_name's inverse)."""
+    if name == "loss":
+        return "loss", "loss"
+    head, _, key = name.partition(":")
+    return head.rstrip("0123456789"), key
+
+
+def _first_float(out) -> torch.Tensor | None:
+    """A module's compared output: the tensor, or the first floating tensor of a tuple/list."""
+    if isinstance(out, torch.Tensor):
+        return out if out.is_floating_point() else None
+    if isinstance(out, (tuple, list)):
+        return next((t for t in out if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+    return None
+
+
+def _dtensor_layout(t: DTensor) -> Layout:
+    """The Layout of a DTensor on (a sub-mesh of) the ("dp", "cp", "tp") mesh (Partial: the harness sums the pieces)."""
+    names = t.device_mesh.mesh_dim_names or ()
+    kw = {}
+    for name, placement in zip(names, t.placements):
+        if name not in MESH_DIMS:
+            raise ModelCaseError(f"a DTensor on mesh dim {name!r}: only {MESH_DIMS} (or sub-meshes of them) are mapped")
+        kw[name] = placement
+    return Layout(**kw)
+
+
+def _param_layout(name: str, layouts: dict[str, Layout]) -> Layout:
+    return next((lay for pat, lay in layouts.items() if fnmatch.fnmatchcase(name, pat)), REPLICATED)
+
+
+def _layout_by_shape(local_shape: tuple, full_shape: tuple, default: Layout, ctx: RankContext) -> Layout:
+    """A plain activation's layout: the batch's dp/cp placements, and over tp the one dim (if any) whose split
+    gives the local shape (a column-parallel projection's output, a sequence-parallel region's).  None fits: the
+    default, and the comparison names the shape."""
+    dp, cp, _ = default.placements
+    candidates = [default] + [Layout(dp=dp, cp=cp, tp=Shard(d)) for d in range(len(full_shape))]
+    for lay in candidates:
+        try:
+            shape = tuple(len(ix) for ix in lay.mesh_indices(full_shape, ctx.mesh, ctx.full_inputs))
+        except (IndexError, ValueError):  # a rule that does not fit this tensor's dims
+            continue
+        if shape == tuple(local_shape):
+            return lay
+    return default

@@ -1,0 +1,133 @@
+"""Model cases (shardcheck.ModelCase): a parallelized model checked module by module over one training step.
+
+The decoder example (examples/decoder_tp: torchtitan-style TP + sequence parallelism) passes at TP 1, 2, 4; each
+broken plan (tests/broken/decoder_tp) is one finding naming its first diverging module or parameter, and its rerun
+line reproduces it alone.  The guide's suite with plain local shards (docs/model-cases/plain_tp_mlp.py) passes,
+names its first divergence, and a parameter whose local shape matches no layout is one error naming it."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+import torch
+
+from shardcheck import ModelCase
+from shardcheck.harness.core.compare import BudgetScope, budget
+from shardcheck.harness.findings import model_order
+from shardcheck.harness.rank.suite_loader import load_suite, suite_cases
+from helpers import BROKEN, ROOT
+
+DECODER = ROOT / "examples" / "decoder_tp"
+MLP = ROOT / "docs" / "model-cases" / "plain_tp_mlp.py"  # the guide's worked example
+DECODER_RUN = ("run", "--suite-path", str(DECODER), "--suite", "decoder_tp", "--case", "mha")
+MLP_RUN = ("run", "--suite-path", str(MLP), "--suite", "plain_tp_mlp", "--world-sizes", "1,2")
+
+
+def _first_cause(run):
+    table = run.causes
+    assert len(table) == 1, run.stdout[-3000:]
+    return table.iloc[0]
+
+
+# ---- the API, without ranks ----------------------------------------------------------------------------------------
+
+def test_a_model_case_is_a_case_whose_outputs_follow_the_step():
+    suite = load_suite("plain_tp_mlp", [str(MLP)])
+    case = suite.cases()[0].case()
+    names = list(case.output_names)
+    assert names[:4] == ["act00:up", "act01:act", "act02:down", "act03:reduce"]  # forward order, leaves first
+    assert names[5] == "loss" and names[-1] == "step:down.weight"
+    dacts = [n for n in names if n.startswith("dact")]
+    assert dacts[-1].endswith(":up") and len(dacts) == 5  # backward order: the first module's output last
+    assert {f"dparam:{p}" for p in ("up.weight", "up.bias", "down.weight")} <= set(names)
+    assert all(f"param:{p}" in case.make_inputs(torch.Generator().manual_seed(3)) for p in ("up.weight", "down.weight"))
+    assert case.budget_scope == BudgetScope.TENSOR
+
+
+def test_suites_may_return_model_cases_and_a_bad_one_is_one_line():
+    cases = suite_cases("plain_tp_mlp", quick=False, suite_paths=[str(MLP)])
+    assert [c.case_id for c in cases] == ["tp", "no-layouts", "no-allreduce"]
+    with pytest.raises(ValueError, match="optimizer 'adam'"):
+        ModelCase(op="f.g", case_id="x", build=lambda g: torch.nn.Linear(2, 2), parallelize=lambda m, c: m,
+                  make_inputs=lambda g: {"tokens": torch.randn(2, 2, generator=g)}, optimizer="adam").case()
+
+
+def test_step_order_and_the_summary_name_the_first_divergence():
+    checks = ["forward:dparam:w", "forward:act12:b.c", "forward:act03:a", "forward:dact01:a", "forward:loss"]
+    assert sorted(checks, key=model_order.step_order)[0] == "forward:act03:a"
+    assert model_order.step_order("grad:logits") is None and model_order.summary(["forward", "grad:x"]) is None
+    text = model_order.summary(checks)
+    assert text.startswith("first diverging: module a (output, forward) [forward:act03:a]; 4 check(s) after it")
+    assert "1 parameter(s) wrong after it" in text
+    only_params = model_order.summary(["forward:step:n.weight", "forward:dparam:n.weight", "forward:dparam:m.weight"])
+    assert only_params.startswith("first diverging: parameter n.weight (gradient)")
+    assert "wrong parameters: n.weight, m.weight" in only_params  # in the order of the case's outputs
+
+
+def test_a_tensor_budget_covers_rows_that_are_exact_zeros_on_one_device():
+    gen = torch.Generator().manual_seed(0)
+    golden = torch.randn(4, 8, generator=gen, dtype=torch.float64)
+    golden[0] = 0.0  # the gradient of the first query under a causal mask
+    naive = golden.float().double()
+    row, _ = budget(golden, naive, torch.float32)
+    whole, _ = budget(golden, naive, torch.float32, BudgetScope.TENSOR)
+    assert float(row[0].max()) == 0.0 and float(whole[0].min()) > 0.0
+    assert torch.all(whole[1:] >= row[1:])
+
+
+# ---- runs ----------------------------------------------------------------------------------------------------------
+
+def test_decoder_tp_plan_passes_at_tp_1_2_4(run_shardcheck):
+    run = run_shardcheck("run", "--suite-path", str(DECODER), "--suite", "decoder_tp", "--world-sizes", "1,2,4",
+                         "--dtype", "float64,bfloat16")
+    assert run.returncode == 0, run.stdout[-3000:]
+    rows = run.rows
+    assert set(rows["tp"]) == {1, 2, 4} and set(rows["case_id"]) == {"mha", "gqa"}
+    checks = set(rows["check"])
+    assert {"forward:loss", "forward:act00:tok_embeddings", "forward:dparam:norm.weight",
+            "forward:step:output.weight"} <= checks
+
+
+@pytest.mark.parametrize("bug, first, params", [
+    ("norm_grad_not_reduced", "first diverging: parameter layers.0.attention_norm.weight (gradient)",
+     "wrong parameters: layers.0.attention_norm.weight, layers.1.attention_norm.weight"),
+    ("rowwise_output_partial", "first diverging: module layers.0.attention.wo (output, forward)", "parameter(s) wrong"),
+])
+def test_each_broken_plan_is_one_finding_at_its_first_divergence(run_shardcheck, bug, first, params):
+    impl = f"decoder_tp={BROKEN / 'decoder_tp' / bug}.py"
+    run = run_shardcheck(*DECODER_RUN, "--world-sizes", "1,2", "--dtype", "float64", "--impl", impl)
+    assert run.returncode == 1
+    cause = _first_cause(run)
+    assert cause.checks.startswith(first) and params in cause.checks, cause.checks
+    assert "tp=1" in cause.worst or "tp=0" in cause.worst  # a rank and its mesh coordinates
+    assert "dp1-cp1-tp2" in cause.worst and set(run.failed()["tp"]) == {2}
+    # its rerun line alone reproduces it
+    again = run_shardcheck(*shlex.split(cause.rerun)[1:])
+    assert again.returncode == 1 and _first_cause(again).checks.startswith(first)
+    assert set(zip(again.rows["tp"], again.rows["dtype"])) == {(2, "float64")}
+
+
+def test_a_plan_of_plain_local_shards_passes_and_names_its_first_divergence(run_shardcheck):
+    good = run_shardcheck(*MLP_RUN, "--case", "tp")
+    assert good.returncode == 0, good.stdout[-3000:]
+    broken = run_shardcheck(*MLP_RUN, "--case", "no-allreduce", "--dtype", "float64")
+    assert broken.returncode == 1
+    assert _first_cause(broken).checks.startswith("first diverging: module reduce (output, forward)")
+
+
+def test_a_parameter_matching_no_layout_is_one_error_naming_it(run_shardcheck):
+    run = run_shardcheck(*MLP_RUN, "--case", "no-layouts", "--dtype", "float64")
+    assert run.returncode == 1
+    cause = _first_cause(run)
+    assert cause.status == "error" and "ModelCaseError" in cause.kind
+    assert "parameter 'up.weight': local shape (8, 8) matches no layout" in cause.worst
+    assert "param_layouts" in cause.worst
+
+
+def test_the_guide_shows_the_example_file_and_nothing_else():
+    import re
+    guide = (ROOT / "docs" / "model-cases.md").read_text()
+    blocks = re.findall(r"<!-- file: (\S+) -->\n```python\n(.*?)```\n", guide, re.S)
+    assert {path for path, _ in blocks} == {"docs/model-cases/plain_tp_mlp.py"}
+    assert "\n\n\n".join(code.strip("\n") for _, code in blocks) + "\n" == MLP.read_text()
