@@ -11,6 +11,7 @@ import json
 import re
 import shlex
 import shutil
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -257,7 +258,9 @@ class Collector:
                 for check, paths in saved.items():
                     rows[check].update(paths)
             shutil.rmtree(pieces, ignore_errors=True)
-        seconds = round(max(st.done.values()), 4) if st.done else None
+        # an aborted item: from its start to its end by the driver (what a hang cost)
+        seconds = (round(max(st.done.values()), 4) if st.done and not aborted else
+                   round(time.time() - min(st.started.values()), 4) if aborted and st.started else None)
         for check, merged in rows.items():
             self.writer.write({**self._row(item, check, merged), "item_seconds": seconds})
         self._mark_finished(item)

@@ -38,7 +38,7 @@ def take(launch: Launch, item: Item, plan_index: int, deaths: dict[int, str], ru
     # the collectives name who left the others; else the ranks computing while the others wait
     waiting_somewhere = len(running) < len(dumps)
     culprits = compared.culprits or (running if waiting_somewhere else [])
-    where = compared.where if compared.culprits else running_where
+    where = compared.where or running_where
     folder = _save(run_dir, item, dumps, records, deaths, launch.dir)
     return Postmortem(text, culprits, where, words, folder)
 
