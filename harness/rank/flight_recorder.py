@@ -70,12 +70,17 @@ class FlightRecorder:
         self.seq.clear()
         self.dims.update(dims)
 
+    def _dim(self, group: str) -> str:
+        """A group of no mesh dim: the world's, or one the op made (named once, then kept)."""
+        self.dims[group] = "world" if group == _world_name() else f"group {group}"
+        return self.dims[group]
+
     def record(self, kind: str, group: str, tensor, where: str) -> None:
         self.seq[group] = seq = self.seq.get(group, 0) + 1
         self.n += 1
         is_tensor = hasattr(tensor, "shape") and hasattr(tensor, "dtype")
         line = json.dumps({"n": self.n, "plan": self.plan, "item": self.item, "group": group,
-                           "dim": self.dims.get(group, "world" if group == _world_name() else f"group {group}"),
+                           "dim": self.dims.get(group) or self._dim(group),
                            "seq": seq, "kind": kind, "shape": list(tensor.shape) if is_tensor else None,
                            "dtype": str(tensor.dtype).removeprefix("torch.") if is_tensor else None, "where": where})
         if self.lines >= RING:  # the other file, emptied: the last RING records stay in this one
