@@ -414,7 +414,7 @@ def _params_text(params: dict) -> str:
 
 def _print_findings(rows) -> None:
     """The run's non-passing rows grouped by cause (shardcheck.harness.findings.causes): one line per (op, cause); then the known
-    failures (xfail) in one line with their reasons."""
+    failures (xfail) in one line with their reasons, and a rerun line for each."""
     from shardcheck.harness.findings.causes import causes, finding_lines, known_failures, known_failures_line
 
     table = causes(rows)
@@ -425,6 +425,9 @@ def _print_findings(rows) -> None:
     known = known_failures(rows)
     if len(known):
         print(known_failures_line(known))
+        for r in known.itertuples():  # each known failure's rerun, as the findings have theirs
+            if isinstance(r.rerun, str) and r.rerun:
+                print(f"  rerun ({r.op}): {r.rerun}")
 
 
 def _write_ci_outputs(run_dir: Path, rows, run_id: str, junit_xml: Path | None) -> None:

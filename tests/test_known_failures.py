@@ -364,3 +364,15 @@ def test_outside_its_when_the_defect_fails_and_a_fixed_one_is_xpass(tmp_path):
     assert (xml.get("tests"), xml.get("failures"), xml.get("skipped")) == ("4", "3", "1")
     xpass = [f for f in xml.iter("failure") if f.get("type") == "shardcheck.xpass"]
     assert len(xpass) == 2 and all("now passes on every rank; remove its mark" in f.get("message") for f in xpass)
+
+
+def test_the_cli_prints_the_rerun_line_of_every_known_failure(seeded_run, capsys):
+    from shardcheck.harness.cli import _print_findings
+
+    run_dir, _ = seeded_run
+    _print_findings(load(run_dir))
+    out = capsys.readouterr().out
+    known_line = next(i for i, ln in enumerate(out.splitlines()) if ln.startswith("Known failures ("))
+    reruns = [ln for ln in out.splitlines()[known_line + 1:] if ln.startswith("  rerun (model_utils.DistributedLogprob): ")]
+    assert len(reruns) == len(known_failures(load(run_dir))) >= 1
+    assert all(" --op model_utils.DistributedLogprob " in ln for ln in reruns)

@@ -119,6 +119,11 @@ def events_path(events_dir: Path, rank: int) -> Path:
     return events_dir / f"rank{rank}.jsonl"
 
 
+def stack_path(launch_dir: Path, rank: int) -> Path:
+    """Where a rank's Python stacks go when the driver sends it SIGUSR1 (appended: one dump after another)."""
+    return launch_dir / f"rank{rank}.stacks"
+
+
 class Events:
     """This rank's event log: one JSON object per line, flushed at once (a crash loses nothing)."""
 

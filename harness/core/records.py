@@ -94,6 +94,7 @@ class Phase(StrEnum):
     SETUP = "setup"
     FORWARD = "forward"
     BACKWARD = "backward"
+    JUDGING = "judging"  # the harness compares the outputs or gradients (a lazily waited collective completes here)
     PROPERTIES = "properties"
 
 

@@ -11,8 +11,10 @@ import json
 import re
 import shlex
 import shutil
+import time
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shardcheck.harness.rank.artefacts import ArtefactBudget
 from shardcheck.harness.core.compare import merge_ranks
@@ -20,6 +22,9 @@ from shardcheck.harness.core.events import PIECES, Checked, Done, Event, PhaseEn
 from shardcheck.harness.core.plan_data import Item, Plan, Xfail
 from shardcheck.harness.core.options import DEFAULT_TIMEOUT
 from shardcheck.harness.core.records import NO_CAUSE, PHASES, Phase, RecordWriter, ResultRow, Status, Symptom
+
+if TYPE_CHECKING:
+    from shardcheck.harness.driver.postmortem import Postmortem
 
 
 class _ItemState:
@@ -102,15 +107,20 @@ class Collector:
         self.finished.add(item.id)
         self._started_unfinished.discard(item.id)
 
-    def abort(self, item: Item, reason: str, deaths: dict[int, str] | None = None) -> str:
+    def abort(self, item: Item, reason: str, deaths: dict[int, str] | None = None,
+              evidence: Postmortem | None = None) -> str:
         """Finish `item` as an error: ranks that did not report a check are named, with what they were doing.
         `deaths` maps the ranks whose process died by itself (not in the teardown) to how ('SIGKILL',
         'exit code 13'): each check of the case names them, and the other ranks' rows say they waited on them.
         The item has one cause, recorded on each of its error rows (ResultRow's cause fields): a rank that died;
         else a rank that raised no later than where its peers then blocked (they blocked because of it); else
-        the ranks that did not finish (a hang).  Returns the cause in a few words ('hung', 'rank 1 died'), for
-        the items skipped after it."""
+        the ranks that did not finish (a hang).  `evidence` (harness/driver/postmortem.py): the ranks' stacks and
+        collectives, and the dead ranks' last words, taken before the launch ended; its words join the finding, and
+        the ranks it names (a collective they never entered or mismatched, a loop they ran while the others waited)
+        are a hang's culprits.  Returns the cause in a few words ('hung', 'rank 1 died'), for the items skipped
+        after it."""
         deaths = deaths or {}
+        words = evidence.last_words if evidence else {}
         st = self.state[item.id]
         participants = _participants(item)
         deaths = {r: how for r, how in deaths.items() if r in participants}
@@ -121,7 +131,9 @@ class Collector:
             root = {"symptom": Symptom.DIED, "culprit_ranks": sorted(deaths),
                     "blocked_ranks": [r for r in participants if r not in deaths],
                     "error_type": ", ".join(dict.fromkeys(how for _, how in sorted(deaths.items()))),
-                    "error_message": None, "error_where": None, "phase": st.phase.get(min(deaths), Phase.SETUP)}
+                    "error_message": "; ".join(f"rank {r}: {w}" if len(deaths) > 1 else w
+                                               for r, w in sorted(words.items()) if r in deaths and w) or None,
+                    "error_where": None, "phase": st.phase.get(min(deaths), Phase.SETUP)}
         elif raised is not None and _phase_order(raised.get("phase")) <= blocked_at:
             root = {"symptom": raised.get("symptom") or Symptom.EXCEPTION, "culprit_ranks": raised["culprit_ranks"],
                     "blocked_ranks": [r for r in stuck_ranks if r not in raised["culprit_ranks"]],
@@ -130,7 +142,12 @@ class Collector:
             culprits = stuck_ranks or [r for r in participants if r not in st.done]
             root = {**NO_CAUSE, "symptom": Symptom.HUNG, "culprit_ranks": culprits,
                     "phase": st.phase.get(culprits[0], Phase.SETUP) if culprits else None}
-        notes = [f"rank {r} died: {how}" for r, how in sorted(deaths.items())]
+            if evidence is not None and evidence.text:
+                root["error_message"], root["error_where"] = evidence.text, evidence.where
+            if evidence is not None and evidence.culprits:
+                root.update(culprit_ranks=evidence.culprits, phase=st.phase.get(evidence.culprits[0], Phase.SETUP),
+                            blocked_ranks=[r for r in participants if r not in evidence.culprits])
+        notes = [f"rank {r} died: {how}" + (f": {words[r]}" if words.get(r) else "") for r, how in sorted(deaths.items())]
         waiting = [r for r in participants if r not in deaths]
         if deaths and waiting:
             notes.append(f"rank(s) {', '.join(map(str, waiting))} waiting on rank(s) {', '.join(map(str, sorted(deaths)))} ("
@@ -145,6 +162,11 @@ class Collector:
                          f"({why}; " + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in stuck_ranks) + ")")
         if reason:
             notes.append(reason)
+        if evidence is not None and evidence.text:
+            notes.append(evidence.text)
+        if evidence is not None and evidence.artefacts:
+            notes.append(f"stacks and collectives: {evidence.artefacts}")
+        named = evidence is not None and bool(evidence.culprits) and root["symptom"] == Symptom.HUNG
         waiting_on = ", ".join(f"rank {r} (died: {how})" for r, how in sorted(deaths.items()))
         for check in item.checks or ["forward"]:
             per_rank = st.checks[check]
@@ -159,12 +181,13 @@ class Collector:
                 if r in deaths:  # whatever it reported, the case did not complete there
                     per_rank[:] = [ev for ev in per_rank if ev["rank"] != r]
                     per_rank.append({"rank": r, "coords": None, "check": check, "status": Status.ERROR, "secondary": False,
-                                     "message": f"died: {deaths[r]} (in {phase})", "symptom": Symptom.DIED,
+                                     "message": f"died: {deaths[r]} (in {phase})" + (f": {words[r]}" if words.get(r) else ""),
+                                     "symptom": Symptom.DIED,
                                      "error_type": deaths[r], "phase": phase})
                 elif r not in reported:
                     first = f"waiting on {waiting_on}; no result ({where})" if deaths else f"no result ({where})"
                     # a consequence, unless the item hung or this is the rank that raised
-                    after_peer = root["symptom"] != Symptom.HUNG and r not in root["culprit_ranks"]
+                    after_peer = (root["symptom"] != Symptom.HUNG or named) and r not in root["culprit_ranks"]
                     per_rank.append({"rank": r, "coords": None, "check": check, "status": Status.ERROR,
                                      "secondary": after_peer or reported_bad, "message": "; ".join([first, *notes]),
                                      "symptom": Symptom.BLOCKED if after_peer else root["symptom"], "phase": phase})
@@ -236,7 +259,9 @@ class Collector:
                 for check, paths in saved.items():
                     rows[check].update(paths)
             shutil.rmtree(pieces, ignore_errors=True)
-        seconds = round(max(st.done.values()), 4) if st.done else None
+        # an aborted item: from its start to its end by the driver (what a hang cost)
+        seconds = (round(max(st.done.values()), 4) if st.done and not aborted else
+                   round(time.time() - min(st.started.values()), 4) if aborted and st.started else None)
         for check, merged in rows.items():
             self.writer.write({**self._row(item, check, merged), "item_seconds": seconds})
         self._mark_finished(item)

@@ -25,12 +25,18 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from shardcheck.harness.rank.artefacts import ArtefactBudget
+from shardcheck.harness.driver import postmortem
 from shardcheck.harness.driver.collect import Collector
+from shardcheck.harness.driver.last_words import EXCEPTION_LINE
 from shardcheck.harness.core.plan_data import Item, Plan
 from shardcheck.harness.core.records import RecordWriter
 from shardcheck.harness.driver.pool import Launch, LaunchSettings, WorkerPool
 
-WATCHDOG_GRACE = 60.0  # start-up of a launch (imports, rendezvous) counts against the watchdog too
+WATCHDOG_GRACE = 60.0  # start-up of a launch (imports, rendezvous), before any item runs, counts against the watchdog too
+# Once an item runs, the driver itself ends it at --timeout + ITEM_GRACE (a rank at the item's barrier reports its
+# peers missing at --timeout; when none got there, every rank is stuck in the case): a hang costs --timeout plus
+# a few seconds, the stacks taken and the launch ended included, never the watchdog's minute.
+ITEM_GRACE = 2.0
 POLL_SECONDS = 0.05
 # A relaunch starts (imports, rendezvous) while an item that may be hanging waits out its timeout, so
 # the start-up does not add to the timeout: a standby launch is started once an item has run a quarter of
@@ -42,16 +48,11 @@ def _standby_after(plan: Plan) -> float:
     return min(10.0, max(2.0, plan.timeout / 4))
 
 
-# The last line of a Python traceback ("ValueError: ...", "[rank1]: torch.distributed.DistStoreError: ..."), unlike
-# torch's C++ stack lines ("frame #2: c10::DistNetworkError::...", "Exception raised from ...").
-_EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception)\b")
-
-
 def _error_lines(log_text: str) -> str:
-    """Why a launch's ranks failed to start, from their log: the first exception a rank raised (the others' come
+    """Why a launch's ranks failed to start, from their logs: the first exception a rank raised (the others' come
     after it, often because of it: a peer that lost rank 0's store), else the last line that names an error."""
     lines = log_text.splitlines()
-    raised = [ln for ln in lines if _EXCEPTION_LINE.match(ln)]
+    raised = [ln for ln in lines if EXCEPTION_LINE.match(ln)]
     named = [ln for ln in lines if re.search(r"Error|error:|Exception|Killed", ln)]
     return (raised[:1] or named[-1:] or [""])[0].strip()[:300]
 
@@ -93,6 +94,13 @@ def _running_for(collector: Collector) -> float:
     """Seconds the item in flight has been running (0 when none is)."""
     item = collector.in_flight()
     return time.time() - min(collector.state[item.id].started.values()) if item else 0.0
+
+
+def _hung(collector: Collector, timeout: float) -> bool:
+    """Whether the item in flight is stuck: a rank reported a peer missing at its barrier, or it ran past
+    --timeout + ITEM_GRACE with no rank at the barrier."""
+    item = collector.in_flight()
+    return item is not None and bool(collector.state[item.id].stuck or _running_for(collector) > timeout + ITEM_GRACE)
 
 
 def _run_world(plan: Plan, items: list[Item], world_size: int, run_dir: Path, writer: RecordWriter,
@@ -146,6 +154,7 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, writer: Record
         events_dir.mkdir(parents=True, exist_ok=True)
         collector = Collector(plan, remaining, events_dir, writer, world_size, artefacts)
         watchdog_reason = ""
+        hung = False
         try:
             while not launch.ended():
                 if stop.is_set():
@@ -154,6 +163,9 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, writer: Record
                     progress.update(task, advance=1, description=f"{item.op.split('.', 1)[1]} {item.dtype} "
                                                                  f"dp{item.topology[0]}cp{item.topology[1]}tp{item.topology[2]}")
                 if collector.all_finished():  # every rank reported every item
+                    break
+                hung = _hung(collector, plan.timeout)
+                if hung:
                     break
                 quiet = time.time() - max(collector.last_event, started)
                 if quiet > plan.timeout + WATCHDOG_GRACE:
@@ -167,6 +179,10 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, writer: Record
             launch.kill()
             raise
         deaths = {} if watchdog_reason else launch.deaths()  # before our own kill adds to them
+        in_flight = collector.in_flight()
+        evidence = None
+        if in_flight is not None and not collector.all_finished():  # every live rank's stack, before the kill
+            evidence = postmortem.take(launch, in_flight, launch.plans_given - 1, deaths, writer.path.parent)
         if collector.all_finished() and not deaths:
             if plan.profile:  # the ranks write their profiles as they exit
                 launch.stop(wait=60)
@@ -181,17 +197,21 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, writer: Record
         unfinished = collector.unfinished()
         if not unfinished:
             return
-        log_text = launch.log_path.read_text(errors="replace")
+        log_text = launch.log_text()
         failed = collector.in_flight() or unfinished[0]
         if not collector.state[failed.id].started and not collector.finished:
             # The launch died before running anything: every remaining item is an error.
             codes = ", ".join(f"rank {r}: {w}" for r, w in sorted(deaths.items()))
             why = _error_lines(log_text) or (f"workers exited ({codes})" if codes else "workers exited")
             for item in unfinished:
-                collector.abort(item, f"worker launch failed: {why} (log: {launch.log_path})")
+                collector.abort(item, f"worker launch failed: {why} (logs: {launch.dir}/rank*.log)")
                 progress.update(task, advance=1)
             return
-        cause = collector.abort(failed, watchdog_reason, deaths=deaths)
+        if hung and not watchdog_reason and not collector.state[failed.id].stuck:
+            watchdog_reason = (f"no rank finished the case within --timeout {plan.timeout:g}s: "
+                               "the driver took the ranks' stacks and ended them")
+        cause = collector.abort(failed, watchdog_reason, deaths=deaths,
+                                evidence=evidence if failed is in_flight else None)
         progress.update(task, advance=1)
         remaining = [i for i in unfinished if i.id != failed.id]
         if hang_budget:

@@ -55,6 +55,11 @@ def _fork_server():
     return context
 
 
+def rank_log(launch_dir: Path, rank: int) -> Path:
+    """A rank's stdout and stderr (a log per rank: a dead rank's last words are its own, shardcheck.harness.driver.last_words)."""
+    return launch_dir / f"rank{rank}.log"
+
+
 def _forked_rank(env: dict, log_path: str, worker_argv: list[str]) -> None:
     """A rank's life in a process forked from the fork server: `python -P -m shardcheck.harness.rank.worker
     WORKER_ARGV`, as if started afresh with `env`, output to `log_path`, in a session of its own."""
@@ -217,7 +222,7 @@ class Launch:
     def __init__(self, launch_dir: Path, world_size: int, settings: LaunchSettings):
         launch_dir.mkdir(parents=True, exist_ok=True)
         self.dir, self.world_size, self.settings = launch_dir, world_size, settings
-        self.log_path = launch_dir / "workers.log"
+        self.log_paths = [rank_log(launch_dir, rank) for rank in range(world_size)]
         self.plans_given = 0
         self.killed = False
         worker_argv = ["--launch-dir", str(launch_dir), "--plan-wait", f"{STANDBY_WAIT:g}",
@@ -227,17 +232,17 @@ class Launch:
         if settings.device == "cpu":
             server = _fork_server()
             self.procs = [server.Process(target=_forked_rank,
-                                         args=(_worker_env(rank, world_size), str(self.log_path), worker_argv))
+                                         args=(_worker_env(rank, world_size), str(self.log_paths[rank]), worker_argv))
                           for rank in range(world_size)]
             for proc in self.procs:
                 proc.start()
         else:
-            with open(self.log_path, "ab") as log:  # every rank appends to the one log
-                self.procs = [subprocess.Popen([sys.executable, "-P", "-m", "shardcheck.harness.rank.worker", *worker_argv],
-                                               stdout=log,
-                                               stderr=subprocess.STDOUT, env=_worker_env(rank, world_size),
-                                               start_new_session=True)
-                              for rank in range(world_size)]
+            self.procs = []
+            for rank in range(world_size):
+                with open(self.log_paths[rank], "ab") as log:
+                    self.procs.append(subprocess.Popen(
+                        [sys.executable, "-P", "-m", "shardcheck.harness.rank.worker", *worker_argv], stdout=log,
+                        stderr=subprocess.STDOUT, env=_worker_env(rank, world_size), start_new_session=True))
 
     def give_plan(self, plan: Plan) -> tuple[Path, float]:
         """Write the next plan (atomically: the ranks poll for it); returns the folder its events go to, and when."""
@@ -247,6 +252,14 @@ class Launch:
         tmp.write_text(plan.to_json())
         os.replace(tmp, self.dir / f"plan{k}.json")
         return self.dir / f"plan{k}", time.time()
+
+    def log_text(self) -> str:
+        """Every rank's log, rank by rank."""
+        return "".join(p.read_text(errors="replace") for p in self.log_paths if p.exists())
+
+    def pids(self) -> dict[int, int]:
+        """{rank: pid} of the ranks still running."""
+        return {rank: proc.pid for rank, proc in enumerate(self.procs) if _returncode(proc) is None}
 
     def stop(self, wait: float) -> None:
         """Ask the ranks to exit (after their current plan) and wait up to `wait` seconds; then kill what is left."""

@@ -242,14 +242,17 @@ def _worst_text(row, status: str, limit: int = 300) -> str:
         text = (f"{_ranks(culprits)} raised {row.get('error_type')} in {row.get('phase')} at {row.get('error_where')}: "
                 f"{row.get('error_message')}{then}")
     elif symptom == Symptom.DIED:
-        text = f"{_ranks(culprits)} died: {row.get('error_type')} (in {row.get('phase')}){then}"
+        said = f": {row['error_message']}" if row.get("error_message") else ""  # its last error lines
+        text = f"{_ranks(culprits)} died: {row.get('error_type')} (in {row.get('phase')}){said}{then}"
     elif symptom == Symptom.HUNG:
-        text = f"{_ranks(culprits)} did not finish (in {row.get('phase')})"
+        seen = f": {row['error_message']}" if row.get("error_message") else ""  # its stacks and collectives
+        text = f"{_ranks(culprits)} did not finish (in {row.get('phase')}){seen}"
     elif symptom == Symptom.XPASS:
         text = str(row.get("message") or "")
     else:
         ratio = _ratio(row)
         text = (f"err/budget {ratio:.3g}: " if status != Status.ERROR and math.isfinite(ratio) else "") + str(row.get("message") or "")
+    limit = limit * 2 if symptom in (Symptom.HUNG, Symptom.DIED) else limit  # where each rank was takes room
     text = text if len(text) <= limit else text[:limit - 1] + "…"
     return f"{text} ({row['op']} [{row.get('case_id')}] dp{row['dp']}-cp{row['cp']}-tp{row['tp']} {row['dtype']})"
 

@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import faulthandler
 import itertools
 import os
+import signal
 import sys
 import sysconfig
 import time
@@ -38,12 +40,12 @@ import shardcheck.harness
 import shardcheck.reference
 import shardcheck.suites
 from shardcheck.harness.rank.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
-from shardcheck.harness.rank import shims
+from shardcheck.harness.rank import flight_recorder, shims
 from shardcheck.harness.rank.bench import run_bench_item
 from shardcheck.harness.core.case import BAD_INPUT_CHECK, REPLICATED, Case, RankContext, as_tuple, is_float
 from shardcheck.harness.core.compare import BudgetScope, budget, compare, judge
 from shardcheck.harness.core.peer_failure import is_peer_failure
-from shardcheck.harness.core.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path
+from shardcheck.harness.core.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path, stack_path
 from shardcheck.harness.core.plan_data import DTYPES, Item, Plan
 from shardcheck.harness.core.model_case import step_order
 from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
@@ -54,6 +56,7 @@ from shardcheck.harness.core.topology import Topology, build_mesh, mesh_coords, 
 from shardcheck.reference import low_precision_math
 from shardcheck.harness.core.records import Phase, Status, Symptom
 
+STUCK_LINGER = 5.0  # seconds a rank that found a peer missing stays up, so the driver takes every rank's stack first
 RAISED_GRACE = 10.0  # seconds the ranks at an item's barrier still wait for their peers once one of them raised
 BARRIER_SLICE = 1.0  # how often a rank waiting at the barrier looks whether a peer raised
 
@@ -167,6 +170,8 @@ class Worker:
         self.plans_loaded = 0
         self.budget_scope = BudgetScope.ROW  # of the item being judged (Case.budget_scope)
         self.events = None
+        self.recorder = None  # the collective flight recorder (harness/rank/flight_recorder.py), when serving a driver
+        self.linger_on_stuck = 0.0  # (the driver's ranks: STUCK_LINGER)
 
     def load(self, plan: Plan, events_dir: Path) -> None:
         """Make `plan` the one `run` runs; its events go to `events_dir`."""
@@ -211,6 +216,8 @@ class Worker:
             self.events.started(item.id)
             topo = Topology(*item.topology)
             mesh = self.mesh(topo)
+            if self.recorder is not None:
+                self.recorder.begin_item(self.plans_loaded - 1, item.id, group_dims(mesh))
             skip_reason = self.cases[(item.op, item.case_id)].skip_reason
             if self.rank < topo.size and skip_reason:  # the case cannot run here: every check is a skip
                 emit_check = self.check_emitter(item, mesh)
@@ -241,6 +248,9 @@ class Worker:
                 self.events.file.flush()
                 if on_stuck:
                     on_stuck(item)
+                # The missing peer is still inside its collective: the driver takes every rank's stack (and ends
+                # the launch) now, before this rank's exit closes the peer's connections and moves it on.
+                time.sleep(self.linger_on_stuck)
                 os._exit(EXIT_PEER_STUCK)  # a peer is blocked or dead: the driver ends the launch
             if pieces and self.store.check([f"failed/{item.id}"]):
                 self.save_pieces(item, self._first_divergence(item, pieces))
@@ -315,6 +325,7 @@ class Worker:
         if backward_error is not None and not call.case.grad_inputs:  # the kept context failed to close
             self._emit_error(call.emit_check, item.checks, backward_error, Phase.BACKWARD)
             return
+        self.events.phase(item.id, Phase.JUDGING)
         self._judge_outputs(call, outs)
         if call.case.grad_inputs:
             if not call.ctx.kept_open:
@@ -416,6 +427,7 @@ class Worker:
             else:
                 self._emit_error(emit_check, grad_checks, backward_error, Phase.BACKWARD)
             return False
+        self.events.phase(call.item.id, Phase.JUDGING)
         for name, check in zip(case.grad_inputs, grad_checks):
             x = call.local[name]
             if x.grad is None:
@@ -661,8 +673,14 @@ def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, timeout
     driver = int(os.environ.get("SHARDCHECK_DRIVER_PID", os.getppid()))
     # (forked ranks all show the fork server's command line: this names the process of each rank)
     (launch_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
+    # Every thread's Python stack on SIGUSR1, written by faulthandler's C handler: it runs while this rank is
+    # blocked in C++ (a gloo wait) or spinning in Python; the driver asks before it ends a hung launch.
+    stacks = open(stack_path(launch_dir, rank), "a")
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
     store = _rendezvous(launch_dir, rank, world, timeout)
     worker = Worker(device, backend, timeout, use_shims, store=store, rank=rank, world=world)
+    worker.recorder = flight_recorder.install(launch_dir, rank)
+    worker.linger_on_stuck = STUCK_LINGER
     profile = None
     for k in itertools.count():
         path = launch_dir / f"plan{k}.json"

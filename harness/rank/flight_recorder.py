@@ -1,0 +1,179 @@
+"""The rank side of the collective flight recorder: every collective this rank enters, written as it starts.
+
+PyTorch's Flight Recorder keeps a ring of each rank's NCCL collectives and dumps it on a timeout; nothing does
+that for gloo, and a rank blocked in C++ runs no Python (no signal handler, no atexit).  So each record is on
+disk before the collective starts: one JSON line, line-buffered, in LAUNCH_DIR/rank<R>.collectives<0|1>.jsonl,
+two files used in turn (RING lines each) so that the last RING..2*RING records are always kept.  The driver
+reads them when a case hangs or a rank dies (shardcheck.harness.driver.flight).
+
+Cheap enough to stay on in every run: the entry points of torch.distributed's collectives and of its functional
+collectives (what DTensor's redistributions call) are wrapped, not every aten op (a dispatch mode over every op,
+as the communication counter is, costs far more).  A record: {n, plan, item, group, dim, seq (per group within the
+item, from 1), kind, shape, dtype, where (the calling line outside torch)}.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import sys
+from pathlib import Path
+
+RING = 256  # records per file; the two files hold the last 256..512
+RECORD_FILES = ("collectives0.jsonl", "collectives1.jsonl")
+
+# c10d entry point -> (kind, name of the parameter whose tensor this rank hands over; None: no tensor worth naming)
+_C10D = {
+    "all_reduce": ("all_reduce", "tensor"), "broadcast": ("broadcast", "tensor"), "reduce": ("reduce", "tensor"),
+    "all_gather": ("all_gather", "tensor"), "all_gather_into_tensor": ("all_gather", "input_tensor"),
+    "_all_gather_base": ("all_gather", "input_tensor"), "reduce_scatter": ("reduce_scatter", "output"),
+    "reduce_scatter_tensor": ("reduce_scatter", "input"), "_reduce_scatter_base": ("reduce_scatter", "input"),
+    "all_to_all_single": ("all_to_all", None), "all_to_all": ("all_to_all", None), "gather": ("gather", "tensor"),
+    "scatter": ("scatter", "tensor"), "send": ("send", "tensor"), "recv": ("recv", "tensor"),
+    "isend": ("send", "tensor"), "irecv": ("recv", "tensor"), "barrier": ("barrier", None),
+    "all_gather_object": ("all_gather_object", None), "broadcast_object_list": ("broadcast_object_list", None),
+    "all_reduce_coalesced": ("all_reduce", None),
+}
+# functional collectives (torch.distributed._functional_collectives): DTensor's redistributions go through these
+_FUNCOL = {
+    "all_reduce": ("all_reduce", "self"), "all_gather_tensor": ("all_gather", "self"),
+    "all_gather_single": ("all_gather", "input"), "all_gather_tensor_autograd": ("all_gather", "self"),
+    "reduce_scatter_tensor": ("reduce_scatter", "self"), "reduce_scatter_single": ("reduce_scatter", "input"),
+    "reduce_scatter_tensor_autograd": ("reduce_scatter", "self"), "all_to_all_single": ("all_to_all", None),
+    "all_to_all_single_autograd": ("all_to_all", None), "broadcast": ("broadcast", "self"),
+    "all_reduce_coalesced": ("all_reduce", None), "all_gather_inplace": ("all_gather", None),
+}
+
+
+def record_paths(launch_dir: Path, rank: int) -> list[Path]:
+    return [launch_dir / f"rank{rank}.{name}" for name in RECORD_FILES]
+
+
+class FlightRecorder:
+    """This rank's records (one per launch, kept across its plans)."""
+
+    def __init__(self, launch_dir: Path, rank: int):
+        self.paths = record_paths(launch_dir, rank)
+        self.current = 0
+        self.file = open(self.paths[0], "w", buffering=1)
+        self.lines = 0  # in the current file
+        self.n = 0  # records so far (the reader orders the two files' lines by it)
+        self.plan: int | None = None
+        self.item: int | None = None
+        self.seq: dict[str, int] = {}  # group name -> collectives entered on it in this item
+        self.dims: dict[str, str] = {}  # group name -> mesh dim ("tp", "dp|cp" for a group the dims share)
+        self.inside = False  # a collective calling another (all_gather_object -> all_gather) is one record
+
+    def begin_item(self, plan: int, item: int, dims: dict[str, str]) -> None:
+        self.plan, self.item = plan, item
+        self.seq.clear()
+        self.dims.update(dims)
+
+    def _dim(self, group: str) -> str:
+        """A group of no mesh dim: the world's, or one the op made (named once, then kept)."""
+        self.dims[group] = "world" if group == _world_name() else f"group {group}"
+        return self.dims[group]
+
+    def record(self, kind: str, group: str, tensor, where: str) -> None:
+        self.seq[group] = seq = self.seq.get(group, 0) + 1
+        self.n += 1
+        is_tensor = hasattr(tensor, "shape") and hasattr(tensor, "dtype")
+        line = json.dumps({"n": self.n, "plan": self.plan, "item": self.item, "group": group,
+                           "dim": self.dims.get(group) or self._dim(group),
+                           "seq": seq, "kind": kind, "shape": list(tensor.shape) if is_tensor else None,
+                           "dtype": str(tensor.dtype).removeprefix("torch.") if is_tensor else None, "where": where})
+        if self.lines >= RING:  # the other file, emptied: the last RING records stay in this one
+            self.file.close()
+            self.current = 1 - self.current
+            self.file = open(self.paths[self.current], "w", buffering=1)
+            self.lines = 0
+        self.file.write(line + "\n")
+        self.lines += 1
+
+
+_RECORDER: FlightRecorder | None = None
+_TORCH_DIR = ""  # frames in torch (and this file) are not "where": the caller's line is
+
+
+def _world_name() -> str:
+    import torch.distributed as dist
+
+    return dist.group.WORLD.group_name if dist.is_initialized() else ""
+
+
+def _where() -> str:
+    """FILE:LINE FUNCTION of the innermost frame outside torch and this file."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith((_TORCH_DIR, __file__)):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}"
+
+
+def _group_name(group, funcol: bool) -> str:
+    import torch.distributed as dist
+
+    if funcol:
+        from torch.distributed._functional_collectives import _resolve_group_name
+
+        return str(_resolve_group_name(group))
+    return (group or dist.group.WORLD).group_name
+
+
+def _recorded(fn, kind: str, tensor_param: str | None, funcol: bool):
+    params = list(inspect.signature(fn).parameters)
+    group_at = params.index("group") if "group" in params else None
+    tensor_at = params.index(tensor_param) if tensor_param in params else None
+
+    @functools.wraps(fn)
+    def recorded(*args, **kwargs):
+        rec = _RECORDER
+        if rec is None or rec.inside:
+            return fn(*args, **kwargs)
+        rec.inside = True
+        try:
+            try:
+                group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
+                tensor = None
+                if tensor_at is not None:
+                    tensor = kwargs.get(tensor_param, args[tensor_at] if len(args) > tensor_at else None)
+                rec.record(kind, _group_name(group, funcol), tensor, _where())
+            except Exception:  # the recorder never fails the op it watches
+                pass
+            return fn(*args, **kwargs)
+        finally:
+            rec.inside = False
+
+    recorded.__shardcheck_recorded__ = fn
+    return recorded
+
+
+def install(launch_dir: Path, rank: int) -> FlightRecorder:
+    """Wrap the collective entry points (once per process) and start this rank's records in `launch_dir`.  Run
+    before the modules under test are imported: a `from torch.distributed import all_reduce` then gets the wrapper;
+    torch's own modules that imported a collective by name (DTensor's mesh_broadcast) are patched here."""
+    global _RECORDER, _TORCH_DIR
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    import torch.distributed.tensor  # noqa: F401  (its modules import collectives by name: patched below)
+
+    _TORCH_DIR = str(Path(torch.__file__).parent) + "/"
+    replaced = {}
+    for module, table, is_funcol in ((dist.distributed_c10d, _C10D, False), (funcol, _FUNCOL, True)):
+        for name, (kind, tensor_param) in table.items():
+            fn = getattr(module, name, None)
+            if fn is None or hasattr(fn, "__shardcheck_recorded__"):
+                continue
+            replaced[id(fn)] = (fn, _recorded(fn, kind, tensor_param, is_funcol))
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "torch.distributed" or name.startswith("torch.distributed.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            hit = replaced.get(id(value))
+            if hit is not None and hit[0] is value:
+                setattr(module, attr, hit[1])
+    _RECORDER = FlightRecorder(launch_dir, rank)
+    return _RECORDER

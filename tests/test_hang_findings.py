@@ -1,0 +1,84 @@
+"""A rank that hangs or dies: the finding says where and why (harness/driver/postmortem.py): each live rank's stack
+read as running or waiting (stacks.py), the ranks' collectives compared (flight.py, rank/flight_recorder.py), a
+dead rank's last error lines (last_words.py); and the hang costs at most --timeout + 10 s."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import FIXTURES
+
+TIMEOUT = 5
+TP2 = ("--op", "model_utils.DistributedLogprob", "--case", "b2s5v33-scale300.0-masked0.2", "--topology", "dp=1,cp=1,tp=2",
+       "--dtype", "float64", "--quick", "--timeout", str(TIMEOUT))
+FIX = "tests/fixtures/model_utils"
+
+
+def _run(run_shardcheck, module: str):
+    run = run_shardcheck("run", "--impl", f"model_utils={FIXTURES / 'model_utils' / module}.py", *TP2, timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    forward = run.rows.set_index("check").loc["forward"]
+    # from the case's start on its ranks to the driver ending it (the launch's start-up is not the hang's)
+    return run, forward, forward["item_seconds"]
+
+
+def test_a_rank_spinning_in_a_python_loop_is_named_running_in_its_function_and_line(run_shardcheck):
+    run, forward, seconds = _run(run_shardcheck, "spins_in_forward")
+    assert seconds < TIMEOUT + 10, seconds  # not the watchdog's minute
+    assert forward["status"] == "error" and forward["symptom"] == "hung"
+    assert forward["culprit_ranks"] == [1] and forward["blocked_ranks"] == [0]
+    assert forward["mismatch"]["rank"] == 1, forward["message"]
+    assert forward["error_where"] == f"{FIX}/spins_in_forward.py:18"
+    message = forward["message"]
+    assert f"rank 1: running in {FIX}/spins_in_forward.py:18 _count_up_to ← {FIX}/spins_in_forward.py:25 forward" in message
+    assert "rank 0: waiting in all_reduce #1 on tp at distributed_impl/model_utils.py:" in message
+    assert "rank 1 never entered all_reduce #1 on tp (the others did" in message
+    # the finding line the CLI prints carries it, and the whole stacks are kept
+    assert "rank 1 did not finish (in forward): rank 0: waiting in all_reduce #1 on tp" in run.stdout
+    folder = run.out / message.split("stacks and collectives: ")[1].split(";")[0]
+    dump = (folder / "hang-stacks.txt").read_text()
+    assert "=== rank 0 ===" in dump and "=== rank 1 ===" in dump and "in _count_up_to" in dump
+    records = (folder / "collectives.txt").read_text()
+    assert "rank 1: 0 collective(s) in this case" in records and "rank 0: 1 collective(s) in this case" in records
+
+
+def test_two_ranks_issuing_different_collectives_is_a_collective_mismatch_naming_both_calls(run_shardcheck):
+    run, forward, seconds = _run(run_shardcheck, "mismatched_collective")
+    assert seconds < TIMEOUT + 10, seconds
+    assert forward["symptom"] == "hung"
+    assert (f"collective mismatch on tp: rank 0 in all_reduce #3 [2, 5] float64 at {FIX}/mismatched_collective.py:26 "
+            f"forward, rank 1 in all_gather #3 [2, 5] float64 at {FIX}/mismatched_collective.py:24 forward") \
+        in forward["message"]
+
+
+def test_a_rank_that_skips_a_collective_is_named_with_the_call_it_never_entered(run_shardcheck):
+    run, forward, seconds = _run(run_shardcheck, "skips_collective")
+    assert seconds < TIMEOUT + 10, seconds
+    assert forward["mismatch"]["rank"] == 1
+    assert (f"rank 1 never entered all_reduce #3 on tp (the others did, at {FIX}/skips_collective.py:23 forward); "
+            "rank 1 last on tp: all_reduce #2") in forward["message"]
+    assert f"rank 0: waiting in all_reduce #3 on tp at {FIX}/skips_collective.py:23 forward" in forward["message"]
+    assert "rank 1: finished its part, waiting for the others at the case's barrier" in forward["message"]
+
+
+def test_a_gloo_abort_carries_gloos_message_and_the_phase(run_shardcheck):
+    run, forward, seconds = _run(run_shardcheck, "collective_sizes_differ")
+    assert seconds < TIMEOUT + 10, seconds
+    assert forward["symptom"] == "died" and forward["error_type"] == "SIGABRT" and forward["phase"] == "forward"
+    assert "op.preamble.length <= op.nbytes" in forward["error_message"], forward["error_message"]
+    assert "gloo::EnforceNotMet" in forward["error_message"]
+    dead = forward["culprit_ranks"][0]
+    assert f"rank {dead} died: SIGABRT (in forward): terminate called" in run.stdout
+    # both ranks entered all_reduce #3 with different sizes: the records say so
+    assert (f"collective mismatch on tp: rank 0 in all_reduce #3 [10] float64 at {FIX}/collective_sizes_differ.py:26 "
+            f"forward, rank 1 in all_reduce #3 [20] float64") in forward["message"]
+
+
+def test_a_rank_that_exits_with_an_exception_carries_it_into_the_finding(run_shardcheck):
+    """A rank whose process ends with an uncaught exception (not one the harness caught in the op): its message and
+    line are in the finding, not only "exit code 1"."""
+    run, forward, seconds = _run(run_shardcheck, "exits_with_exception")
+    assert forward["symptom"] == "died" and forward["error_type"] == "exit code 1"
+    assert "ShardTableError: shard table corrupt on rank 1" in forward["error_message"], forward["error_message"]
+    assert forward["error_message"].endswith(f"(at {FIX}/exits_with_exception.py:23 in forward)")
+    assert "rank 1 died: exit code 1 (in forward): " in run.stdout

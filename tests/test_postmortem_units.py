@@ -1,0 +1,108 @@
+"""The pieces of a hang's finding, without ranks: faulthandler dumps read as running / waiting / at the barrier
+(harness/driver/stacks.py), flight records compared (harness/driver/flight.py, harness/rank/flight_recorder.py),
+a dead rank's last error lines (harness/driver/last_words.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from shardcheck.harness.driver import flight, stacks
+from shardcheck.harness.driver.last_words import last_words
+from shardcheck.harness.rank.flight_recorder import RING, FlightRecorder
+
+TORCH = "/venv/lib/python3.11/site-packages/torch"
+DUMP = f"""Thread 0x00007f00000000aa (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+
+Current thread 0x00007f00000000bb (most recent call first):
+  File "{TORCH}/distributed/tensor/_ops/_view_ops.py", line 483 in view_groups
+  File "{TORCH}/distributed/tensor/_dispatch.py", line 160 in dispatch
+  File "/work/my_suite.py", line 88 in run
+  File "/site/shardcheck/harness/rank/worker.py", line 300 in run
+  File "/site/shardcheck/harness/rank/worker.py", line 610 in serve
+"""
+WAITING = f"""Current thread 0x00007f00000000bb (most recent call first):
+  File "{TORCH}/distributed/distributed_c10d.py", line 2950 in all_reduce
+  File "{TORCH}/distributed/c10d_logger.py", line 81 in wrapper
+  File "/work/my_ops.py", line 57 in forward
+  File "/site/shardcheck/harness/rank/worker.py", line 610 in serve
+"""
+AT_BARRIER = """Current thread 0x00007f00000000bb (most recent call first):
+  File "/site/shardcheck/harness/rank/worker.py", line 265 in barrier
+  File "/site/shardcheck/harness/rank/worker.py", line 240 in run
+  File "/site/shardcheck/harness/rank/worker.py", line 610 in serve
+"""
+
+
+def test_a_dump_reads_as_running_in_torch_with_the_callers_line_waiting_in_a_collective_or_at_the_barrier():
+    frames = stacks.main_stack(DUMP)  # the thread that runs serve, not the idle one
+    assert stacks.state(frames) == stacks.State.RUNNING
+    assert stacks.describe(frames) == "running in torch/distributed/tensor/_ops/_view_ops.py:483 view_groups ← /work/my_suite.py:88 run"
+    waiting = stacks.main_stack(WAITING)
+    assert stacks.state(waiting) == stacks.State.WAITING
+    assert stacks.describe(waiting) == "waiting in all_reduce at /work/my_ops.py:57 forward"
+    record = {"kind": "all_reduce", "seq": 7, "dim": "dp", "where": "/work/my_ops.py:57 forward"}
+    assert stacks.describe(waiting, record) == "waiting in all_reduce #7 on dp at /work/my_ops.py:57 forward"
+    assert stacks.state(stacks.main_stack(AT_BARRIER)) == stacks.State.BARRIER
+    text, running, where = stacks.describe_ranks({0: WAITING, 1: WAITING, 2: DUMP, 3: WAITING}, {})
+    assert running == [2] and where == "torch/distributed/tensor/_ops/_view_ops.py:483"
+    assert text == ("ranks 0, 1, 3: waiting in all_reduce at /work/my_ops.py:57 forward; rank 2: running in "
+                    "torch/distributed/tensor/_ops/_view_ops.py:483 view_groups ← /work/my_suite.py:88 run")
+
+
+def _rec(seq, kind, shape, dtype="float32", group="g1", dim="tp", where="/work/a.py:10 f"):
+    return {"n": seq, "plan": 0, "item": 0, "group": group, "dim": dim, "seq": seq, "kind": kind, "shape": shape,
+            "dtype": dtype, "where": where}
+
+
+def test_flight_records_compared_name_a_mismatch_a_collective_never_entered_or_nothing():
+    same = [_rec(1, "all_reduce", [4, 6])]
+    agree = flight.compare({0: same, 1: list(same)}, (1, 1, 2))
+    assert agree.text == "" and agree.culprits == []
+    mismatch = flight.compare({0: same + [_rec(2, "all_reduce", [4, 6], where="/work/a.py:57 f")],
+                               1: same + [_rec(2, "all_gather", [8], "int64", where="/work/a.py:60 g")]}, (1, 1, 2))
+    assert mismatch.text == ("collective mismatch on tp: rank 0 in all_reduce #2 [4, 6] float32 at /work/a.py:57 f, "
+                             "rank 1 in all_gather #2 [8] int64 at /work/a.py:60 g")
+    # three ranks agree, one differs: the odd one is the culprit
+    four = {r: same + [_rec(2, "all_reduce", [4, 6] if r != 2 else [4, 7])] for r in range(4)}
+    odd = flight.compare(four, (1, 1, 4))
+    assert odd.culprits == [2] and odd.text.startswith("collective mismatch on tp: ranks 0, 1, 3 in all_reduce #2 [4, 6]")
+    skipped = flight.compare({0: same + [_rec(2, "all_reduce", [4, 6], where="/work/a.py:57 f")], 1: same}, (1, 1, 2))
+    assert skipped.culprits == [1]
+    assert skipped.text == ("rank 1 never entered all_reduce #2 on tp (the others did, at /work/a.py:57 f); "
+                            "rank 1 last on tp: all_reduce #1 [4, 6] float32 at /work/a.py:10 f")
+    # a rank with no record at all on the group is still one of its members (from the topology)
+    none = flight.compare({0: same, 1: []}, (1, 1, 2))
+    assert none.culprits == [1] and "it entered no collective on tp in this case" in none.text
+    # tensors that legitimately differ (all_to_all splits) are compared by kind only
+    a2a = flight.compare({0: [_rec(1, "all_to_all", [3])], 1: [_rec(1, "all_to_all", [5])]}, (1, 1, 2))
+    assert a2a.text == ""
+
+
+def test_the_recorder_keeps_the_last_records_in_two_files_used_in_turn(tmp_path):
+    rec = FlightRecorder(tmp_path, 0)
+    rec.begin_item(0, 0, {"g1": "tp"})
+    x = torch.randn(3, 2, generator=torch.Generator().manual_seed(0))
+    for _ in range(RING * 2 + 10):
+        rec.record("all_reduce", "g1", x, "/work/a.py:1 f")
+    rec.file.flush()
+    records = flight.read(tmp_path, 0)
+    assert RING <= len(records) <= 2 * RING
+    assert records[-1]["seq"] == RING * 2 + 10 and records[-1]["shape"] == [3, 2] and records[-1]["dtype"] == "float32"
+    assert [r["seq"] for r in records] == list(range(records[0]["seq"], RING * 2 + 11))  # the last ones, in order
+    rec.begin_item(0, 1, {})
+    rec.record("barrier", "g1", None, "/work/a.py:2 g")
+    rec.file.flush()
+    last = flight.read(tmp_path, 0)[-1]
+    assert (last["item"], last["seq"], last["dim"], last["shape"]) == (1, 1, "tp", None)  # numbered per item
+
+
+def test_a_dead_ranks_last_words_are_its_native_abort_or_its_last_exception_with_where():
+    gloo = ("some warning\nterminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+            "  what():  [enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 192 vs 128\n")
+    assert last_words(gloo) == ("terminate called after throwing an instance of 'gloo::EnforceNotMet' what():  "
+                                "[enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 192 vs 128")
+    python = ('Traceback (most recent call last):\n  File "/work/x.py", line 12, in load\n    raise ValueError(n)\n'
+              "ValueError: B=0 < dp=4\n")
+    assert last_words(python) == "ValueError: B=0 < dp=4 (at /work/x.py:12 in load)"
+    assert last_words("all fine\n") == ""
