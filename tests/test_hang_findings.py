@@ -28,9 +28,9 @@ def test_a_rank_spinning_in_a_python_loop_is_named_running_in_its_function_and_l
     assert forward["status"] == "error" and forward["symptom"] == "hung"
     assert forward["culprit_ranks"] == [1] and forward["blocked_ranks"] == [0]
     assert forward["mismatch"]["rank"] == 1, forward["message"]
-    assert forward["error_where"] == f"{FIX}/spins_in_forward.py:18"
+    assert forward["error_where"] == f"{FIX}/spins_in_forward.py:17"
     message = forward["message"]
-    assert f"rank 1: running in {FIX}/spins_in_forward.py:18 _count_up_to ← {FIX}/spins_in_forward.py:25 forward" in message
+    assert f"rank 1: running in {FIX}/spins_in_forward.py:17 _count_up_to ← {FIX}/spins_in_forward.py:24 forward" in message
     assert "rank 0: waiting in all_reduce #1 on tp at distributed_impl/model_utils.py:" in message
     assert "rank 1 never entered all_reduce #1 on tp (the others did" in message
     # the finding line the CLI prints carries it, and the whole stacks are kept

@@ -179,6 +179,10 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, writer: Record
             launch.kill()
             raise
         deaths = {} if watchdog_reason else launch.deaths()  # before our own kill adds to them
+        # The loop may end on a death before it read the events that came with it: the item in flight (whose
+        # stacks and dead ranks' words are taken now) must be known from them.
+        for item in collector.poll():
+            progress.update(task, advance=1)
         in_flight = collector.in_flight()
         evidence = None
         if in_flight is not None and not collector.all_finished():  # every live rank's stack, before the kill
