@@ -35,3 +35,67 @@ def test_a_harness_exception_is_an_error_row_and_the_next_item_runs(tmp_path):
     assert set(honest["check"]) == {"forward", "grad:x"} and (honest["status"] == "pass").all()
     assert "shardcheck's own fault, not the op's: ValueError" in run.stdout
     assert "raised at harness/core/case.py:" in run.stdout
+
+
+# ---- cases that know where they can run ------------------------------------------------------------------------
+
+def test_layout_misfit_names_what_cannot_be_split():
+    import torch
+    from torch.distributed.tensor import Shard
+
+    from shardcheck import HeadTail, Layout, PackedHeadTail
+
+    seq = Layout(cp=HeadTail(1))
+    assert seq.misfit((2, 32), {"cp": 16}) == ""
+    assert seq.misfit((2, 16), {"cp": 16}) == "head-tail layout needs a length divisible by 2·CP = 32, got 16"
+    assert seq.misfit((2, 16), {"cp": 1}) == ""  # CP 1: any length
+    packed = Layout(cp=PackedHeadTail(0))
+    bounds = {"cu_seqlens_padded": torch.tensor([0, 16, 24])}  # sequences of 16 and 8: the 8 splits up to CP 4
+    assert packed.misfit((24,), {"cp": 4}, bounds) == ""
+    assert packed.misfit((24,), {"cp": 8}, bounds) == "head-tail layout needs a length divisible by 2·CP = 16, got 8"
+    vocab = Layout(dp=Shard(0), tp=Shard(-1))
+    assert vocab.misfit((4, 3, 37), {"dp": 2, "tp": 8}) == ""  # uneven but never empty (5 × 7 + 2)
+    why = vocab.misfit((4, 3, 33), {"dp": 2, "tp": 8})  # 5 × 6 + 3 + 0: the last TP rank holds nothing
+    assert why.startswith("dim 2 of length 33 sharded over tp=8 leaves some ranks an empty piece"), why
+    assert vocab.misfit((4, 3, 33), {"dp": 2, "tp": 8}, empty_pieces=("tp",)) == ""
+    assert "dim 0 of length 4 sharded over dp=8" in vocab.misfit((4, 3, 37), {"dp": 8}, empty_pieces=("tp",))
+
+
+def test_the_plan_skips_with_the_reason_what_a_case_cannot_lay_out():
+    from shardcheck.harness.driver.planner import Selection, build_plan
+
+    plan = build_plan(Selection(run_id="t", seed=0, timeout=60, device="cpu", backend="gloo",
+                                suites_wanted=["model_utils_cp"], ops=["model_utils.AllGatherCPTensor"], quick=True,
+                                world_sizes=[8, 16], dtypes=["float64"]))
+    by_cp = {}
+    for item in plan.items:
+        by_cp.setdefault(item.topology[1], []).append(item)
+    assert not any(i.skip for cp, items in by_cp.items() if cp < 16 for i in items)  # S = 16 splits over 2·8
+    at_16 = by_cp[16]
+    assert at_16 and all(i.skip for i in at_16)
+    assert all("cannot be laid out at dp1-cp16-tp1: head-tail layout needs a length divisible by 2·CP = 32, got 16"
+               in i.skip for i in at_16), at_16[0].skip
+
+
+def test_planned_skips_are_rows_with_their_reason_and_start_no_ranks(tmp_path):
+    from shardcheck import Topology
+    from shardcheck.harness.core.records import RecordWriter, load
+    from shardcheck.harness.driver.launch import run_plan
+    from shardcheck.harness.driver.planner import Selection, build_plan
+
+    class NoRanks:  # a pool that must not be asked for a launch
+        def take(self, *args):
+            raise AssertionError("a launch was started for planned skips")
+
+        standby = take
+
+    plan = build_plan(Selection(run_id="t", seed=0, timeout=60, device="cpu", backend="gloo",
+                                suites_wanted=["model_utils_cp"], ops=["model_utils.AllGatherCPTensor"], quick=True,
+                                topologies=[Topology(1, 16, 1)], dtypes=["float64"]))
+    assert plan.items and all(i.skip for i in plan.items)
+    writer = RecordWriter(tmp_path)
+    run_plan(plan, tmp_path, writer, show_progress=False, pool=NoRanks())
+    writer.close()
+    rows = load(tmp_path)
+    assert len(rows) == sum(len(i.checks) for i in plan.items) and (rows["status"] == "skip").all()
+    assert rows["message"].str.contains("head-tail layout needs a length divisible by 2·CP = 32, got 16").all()
