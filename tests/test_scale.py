@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from helpers import FIXTURES, ROOT, shardcheck
+from helpers import BROKEN, FIXTURES, ROOT, shardcheck
 
 LAYOUT_CANNOT_APPLY = FIXTURES / "harness" / "layout_cannot_apply.py"
 
@@ -99,3 +99,60 @@ def test_planned_skips_are_rows_with_their_reason_and_start_no_ranks(tmp_path):
     rows = load(tmp_path)
     assert len(rows) == sum(len(i.checks) for i in plan.items) and (rows["status"] == "skip").all()
     assert rows["message"].str.contains("head-tail layout needs a length divisible by 2·CP = 32, got 16").all()
+
+
+# ---- beyond one machine ----------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_node_torchrun_runs_a_plan_and_names_the_failing_item(tmp_path):
+    """`torchrun --nnodes 2` as two agents on this machine over loopback (static rendezvous, as under SLURM), 2 ranks
+    each, running the hand-launched worker on one plan: every node's ranks run the items, rank 0 (node 0) writes the
+    records to the shared --out, exits 1 for the broken module, and the failing row's rerun line runs that item
+    alone."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from shardcheck.harness.core.records import load
+
+    out = tmp_path / "shared-out"  # both "nodes" see it, as an NFS folder under SLURM
+    impl = BROKEN / "model_utils" / "one_rank_off.py"
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node",
+         "2", "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "shardcheck.harness.standalone",
+         "--suite", "model_utils", "--impl", f"model_utils={impl}", "--op", "model_utils.DistributedLogprob",
+         "--case", "b2s5*", "--topology", "dp=1,cp=1,tp=4", "--topology", "dp=2,cp=1,tp=2", "--dtype", "float64",
+         "--quick", "--timeout", "60", "--out", str(out)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    try:
+        logs = [a.communicate(timeout=300)[0] for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+    # torchrun exits with its first failed rank's code: rank 0's 1 (a check failed) on node 0; node 1's ranks are fine
+    assert [a.returncode for a in agents] == [1, 0], "\n".join(log[-2000:] for log in logs)
+    rows = load(out)
+    assert set(zip(rows["dp"], rows["cp"], rows["tp"])) == {(1, 1, 4), (2, 1, 2)}
+    assert set(rows["world_size"]) == {4}
+    forward = rows[(rows["check"] == "forward") & (rows["tp"] == 4)].iloc[0]
+    assert forward["status"] == "fail"
+    assert forward["mismatch"]["rank"] == 1  # a rank of node 0; ranks 2 and 3 (node 1) reported their pieces too
+    assert sorted(r["rank"] for r in forward["per_rank"]) == [0, 1, 2, 3]
+    rerun = shlex.split(forward["rerun"])
+    assert rerun[:2] == ["shardcheck", "run"] and "dp=1,cp=1,tp=4" in rerun and f"model_utils={impl}" in rerun
+    again = shardcheck(*rerun[1:], out=tmp_path / "rerun", strict=False)
+    assert again.returncode == 1, again.stdout + again.stderr
+    bad = again.failed()
+    assert set(zip(bad["case_id"], bad["check"])) == {(forward["case_id"], "forward")}
+    assert bad.iloc[0]["mismatch"]["rank"] == 1
