@@ -103,7 +103,8 @@ def tokens_case(spec: TokensSpec) -> Case:
                                                                   seq_dim=spec.seq_dim),
         output_layouts=(Layout(cp=HeadTail(spec.seq_dim)),),
         dtypes=("float64", "float32", "bfloat16") if spec.kind == "float" else ("float64",),
-        supports=lambda t: t.tp == 1 and t.dp == 1, comm=contract(lambda ctx: ({}, {})))  # a local slice
+        supports=lambda t: t.tp == 1 and t.dp == 1, comm=contract(lambda ctx: ({}, {})),  # a local slice
+        cp_lengths=(spec.shape[spec.seq_dim],))
 
 
 def tokens_not_divisible_case() -> Case:

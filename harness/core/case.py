@@ -386,6 +386,9 @@ class Case:
     # holding no vocab entries.  Elsewhere the plan skips, with the reason, a topology at which an input would
     # leave a rank an empty piece (Case.misfit).
     empty_pieces: tuple[str, ...] = ()
+    # Sequence lengths an op that shards over CP by itself (full inputs in) splits head-tail: each must be a
+    # multiple of 2·CP, and the plan skips, with the reason, the CP sizes where one is not.
+    cp_lengths: tuple[int, ...] = ()
     # Set when the case cannot run here (e.g. an optional dependency is missing): every check of every
     # item is recorded `skip` with this reason, and nothing of the case is called.
     skip_reason: str | None = None
@@ -427,6 +430,10 @@ class Case:
         """Why the case's full `inputs` cannot be laid out at `topology` (the first input that cannot, in words), or
         "" where they can: what the plan records as the item's skip reason instead of running it."""
         sizes = {"dp": topology.dp, "cp": topology.cp, "tp": topology.tp}
+        for length in self.cp_lengths:
+            if topology.cp > 1 and length % (2 * topology.cp):
+                return (f"a sequence of {length} cannot be split head-tail at {topology}: the op needs a multiple of "
+                        f"2·CP = {2 * topology.cp}")
         for name, layout in self.input_layouts.items():
             if name in inputs and layout is not REPLICATED:
                 why = layout.misfit(tuple(inputs[name].shape), sizes, inputs, self.empty_pieces)

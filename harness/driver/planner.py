@@ -247,7 +247,7 @@ def _misfit(case: Case, topo: Topology, seed: int, made: dict[int, dict | None])
     that reason instead of raising on every rank (a head-tail layout of 16 positions at CP 16).  The inputs are
     the ones the ranks make (the item's seed: a packed layout reads its sequences' boundaries), made once per seed
     (`made`)."""
-    if topo.size == 1 or not case.input_layouts or case.skip_reason:
+    if topo.size == 1 or not (case.input_layouts or case.cp_lengths) or case.skip_reason:
         return ""
     if seed not in made:
         try:
