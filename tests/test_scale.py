@@ -156,3 +156,33 @@ def test_two_node_torchrun_runs_a_plan_and_names_the_failing_item(tmp_path):
     bad = again.failed()
     assert set(zip(bad["case_id"], bad["check"])) == {(forward["case_id"], "forward")}
     assert bad.iloc[0]["mismatch"]["rank"] == 1
+
+
+# ---- the scale matrix: CI's slice ------------------------------------------------------------------------------
+
+# A few cases of each suite that run at 8 and 16 ranks: vocab shards at TP 8 and 16 (uneven, an empty one at TP 8),
+# CP 8 and 16 head-tail layouts (CP 16 of a length-16 sequence: a planned skip), DP 8 and 16, the cp_utils context.
+SCALE_SLICE = {
+    "model_utils.DistributedLogprob": "b2s5v33-scale300.0-masked0.2",
+    "model_utils.AllGatherCPTensor": "x2x3x16-seqdim2-sum_all",
+    "kd_loss.KDLoss": "plain-b2s8v32-T0.5-noupcast-mean-chunk4-masked",
+    "cp_utils.make_cp_batch_and_ctx": "layout-b2s10-pad-masks",
+    "distributed_utils.dp_eval_sample_shard": "ddp-n3",
+}
+
+
+def test_a_slice_of_the_scale_matrix_passes_at_8_and_16_ranks(tmp_path):
+    run = shardcheck("run", "--op", ",".join(SCALE_SLICE), *[a for c in SCALE_SLICE.values() for a in ("--case", c)],
+                     "--world-sizes", "8,16", "--dtype", "float64", "--quick", "--timeout", "300",
+                     out=tmp_path / "run", timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = run.rows
+    assert set(rows["op"]) == set(SCALE_SLICE)
+    assert set(rows["status"]) <= {"pass", "skip"}
+    ran = rows[rows["status"] == "pass"]
+    assert {8, 16} <= set(ran["world_size"])
+    assert {(1, 1, 8), (1, 1, 16), (2, 1, 8), (1, 8, 1), (2, 8, 1), (8, 1, 1)} <= set(zip(ran["dp"], ran["cp"], ran["tp"]))
+    # every rank of a 16-rank item reported (none died)
+    assert ran[ran["tp"] == 16]["per_rank"].map(len).eq(16).all()
+    skipped = rows[rows["status"] == "skip"]
+    assert len(skipped) and skipped["message"].str.contains("cannot be laid out at dp1-cp16-tp1").all()
