@@ -61,6 +61,18 @@ def test_layout_misfit_names_what_cannot_be_split():
     assert "dim 0 of length 4 sharded over dp=8" in vocab.misfit((4, 3, 37), {"dp": 8}, empty_pieces=("tp",))
 
 
+def test_cp_lengths_of_an_op_that_splits_by_itself():
+    import torch
+
+    from shardcheck import Case, Topology
+
+    case = Case(op="f.op", case_id="c", make_inputs=lambda gen: {"x": torch.zeros(2)}, reference=lambda x: x["x"],
+                run=lambda impl, ctx, x: x["x"], context_parallel=True, cp_lengths=(24, 16))
+    assert case.misfit(Topology(1, 4, 1), {}) == ""
+    assert case.misfit(Topology(1, 8, 1), {}) == ("a sequence of 24 cannot be split head-tail at dp1-cp8-tp1: the op "
+                                                   "needs a multiple of 2·CP = 16")
+
+
 def test_the_plan_skips_with_the_reason_what_a_case_cannot_lay_out():
     from shardcheck.harness.driver.planner import Selection, build_plan
 
