@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from shardcheck.harness.core.options import (DEFAULT_TIMEOUT, DEFAULT_WORLD_SIZES, EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args,
                              add_suite_path_arg, impl_map, str_list)
 from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
-from shardcheck.harness.core.records import Status
+from shardcheck.harness.core.records import Status, Symptom
 
 if TYPE_CHECKING:
     from shardcheck.harness.driver.pool import WorkerPool
@@ -229,7 +229,7 @@ def _run(args) -> int:
             if not run_dir_existed:
                 shutil.rmtree(run_dir, ignore_errors=True)  # a run that never began leaves nothing behind
             raise
-        worlds = sorted({i.world_size for i in plan.items})
+        worlds = sorted({i.world_size for i in plan.items if not i.skip})  # (planned skips need no ranks)
         if not shared:
             pool.keep_only(worlds)
         if args.profile:
@@ -254,6 +254,7 @@ def _run(args) -> int:
     known = "".join(f", {counts[s]} {s}ed" for s in (Status.XFAIL, Status.XPASS) if counts[Status.XFAIL] or counts[Status.XPASS])
     print(f"shardcheck: {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
           f"{counts['error']} errors, {counts['skip']} skipped{known} -> {run_dir / 'report.html'}")
+    _print_harness_errors(rows)
     if counts[Status.FAIL] or counts[Status.ERROR] or counts[Status.XPASS]:
         _print_failures(run_dir, rows)
     elif counts[Status.WARN] and args.strict:
@@ -428,6 +429,16 @@ def _print_findings(rows) -> None:
         for r in known.itertuples():  # each known failure's rerun, as the findings have theirs
             if isinstance(r.rerun, str) and r.rerun:
                 print(f"  rerun ({r.op}): {r.rerun}")
+
+
+def _print_harness_errors(rows) -> None:
+    """One line per place in shardcheck's own code that raised on a rank (Symptom.HARNESS): those errors are the
+    harness's fault, not the op's."""
+    bad = rows[(rows["status"] == Status.ERROR) & (rows["symptom"] == Symptom.HARNESS)]
+    for (error_type, where), group in bad.groupby(["error_type", "error_where"], sort=False):
+        items = len(group.drop_duplicates(["op", "case_id", "dtype", "dp", "cp", "tp"]))
+        print(f"shardcheck: {len(group)} error(s) in {items} item(s) are shardcheck's own fault, not the op's: "
+              f"{error_type}: {group['error_message'].iloc[0]} raised at {where}; please report it")
 
 
 def _write_ci_outputs(run_dir: Path, rows, run_id: str, junit_xml: Path | None) -> None:

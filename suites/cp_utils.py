@@ -244,6 +244,7 @@ def step_case(spec: StepSpec, dtypes=("float64", "float32", "bfloat16")) -> Case
         reference=_step_reference(spec), run=_step_run(spec), input_layouts=layouts, output_layouts=(LOSS,),
         output_names=("loss",), grad_inputs=_param_names(spec) + (("inputs_embeds",) if spec.embeds else ()),
         comm=step_comm(spec), dtypes=dtypes, context_parallel=True,
+        cp_lengths=(spec.s,) if spec.via == "ctx" else (),  # (make_cp_batch_and_ctx pads the batch itself)
         supports=lambda t, b=spec.b: _cp_or_single(t) and b % t.dp == 0)
 
 
@@ -372,7 +373,7 @@ def layout_cases() -> list[Case]:
         Case(op=OP + "create_context_parallel_ctx", case_id="layout-s16-dims-0-1-2-norestore", params={"S": 16},
              make_inputs=_ctx_layout_inputs, reference=lambda x: (), run=_ctx_layout_run, output_layouts=(),
              output_names=(), properties=_ctx_layout_properties, dtypes=("float64",), context_parallel=True,
-             supports=_single_dp),
+             cp_lengths=(16,), supports=_single_dp),
         Case(op=OP + "_build_position_ids", case_id="missing-and-present", params={"S": 6},
              make_inputs=lambda gen: {"input_ids": torch.randint(0, 9, (2, 6), generator=gen),
                                       "position_ids": torch.randint(0, 6, (2, 6), generator=gen)},
@@ -544,7 +545,9 @@ def thd_case(spec: ThdSpec) -> Case:
     op = "_shard_thd_chunk_for_te" if spec.direct else "make_cp_batch_and_ctx" if spec.use_te else "make_cp_batch_for_te"
     return Case(op=OP + op, case_id=spec.name, params=spec.params, make_inputs=_thd_inputs(spec), reference=lambda x: (),
                 run=_thd_run(spec), output_layouts=(), output_names=(), properties=_thd_properties(spec),
-                dtypes=("float64",), context_parallel=True, supports=_cp_only if spec.use_te else _single_dp)
+                dtypes=("float64",), context_parallel=True, supports=_cp_only if spec.use_te else _single_dp,
+                # each pack is split head-tail at its padded length
+                cp_lengths=tuple(sorted({p for row in spec.lens for _, p in row if p != SENTINEL})))
 
 
 # ---- bad input -------------------------------------------------------------------------------
@@ -631,6 +634,7 @@ def unpadded_ctx_case() -> Case:
     spec = StepSpec("ctx", s=10, rotate="allgather")
     case = step_case(spec, dtypes=("float64",))
     case.case_id, case.params, case.comm, case.supports = "seq-10-not-divisible", spec.params, None, _cp_only
+    case.cp_lengths = ()  # the length 2·CP does not divide is the point of the case
     case.bad_input = BadInput("a sequence of 10 tokens, not divisible by 2·CP",
                               interpretation="buffers padded on the right: the loss and gradients of the real tokens")
     return case

@@ -126,6 +126,26 @@ class Layout:
         dims = mesh_dims(mesh)
         return self.indices(full_shape, dims.coords, dims.sizes, inputs)
 
+    def misfit(self, full_shape: Sequence[int], sizes: dict[str, int], inputs: Tensors | None = None,
+               empty_pieces: Sequence[str] = ()) -> str:
+        """Why this layout cannot lay a tensor of `full_shape` out over a mesh of `sizes`, or "" where it can: an
+        index rule the length does not split for (head-tail needs a multiple of 2·CP), or a Shard over a mesh dim
+        not in `empty_pieces` leaving some rank an empty piece (a dim smaller than the mesh dim).  Pure, like
+        `indices`."""
+        # The first and the last rank: torch's Shard gives the last ranks the smallest pieces, and an index rule
+        # that cannot split a length fails on every rank.
+        for corner in ({d: 0 for d in MESH_DIMS}, {d: sizes.get(d, 1) - 1 for d in MESH_DIMS}):
+            try:
+                idx = self.indices(full_shape, corner, sizes, inputs)
+            except (ValueError, KeyError, IndexError, RuntimeError) as exc:
+                return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            for d, p in zip(MESH_DIMS, self.placements):
+                dim = p.dim % len(full_shape) if isinstance(p, Shard) and full_shape else None
+                if dim is not None and d not in empty_pieces and sizes.get(d, 1) > 1 and len(idx[dim]) == 0:
+                    return (f"dim {dim} of length {full_shape[dim]} sharded over {d}={sizes[d]} leaves some ranks an "
+                            "empty piece, and the case does not test empty pieces")
+        return ""
+
     def reduce_partial(self, local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
         """Sum the local values over the Partial dims (a no-op without any), in float64 so the
         harness's own sum adds no rounding to what is judged."""
@@ -368,6 +388,14 @@ class Case:
     # its size, so no spare rank is missing from the op's collectives; a topology whose size is not
     # one of the launched world sizes is skipped for this case.
     world_group: bool = False
+    # The mesh dims over which the case tests pieces that are empty on some ranks (a Shard over a dim smaller than
+    # the mesh dim: V < TP, or V = 33 at TP 8, whose last rank gets nothing): ("tp",) where the op supports a rank
+    # holding no vocab entries.  Elsewhere the plan skips, with the reason, a topology at which an input would
+    # leave a rank an empty piece (Case.misfit).
+    empty_pieces: tuple[str, ...] = ()
+    # Sequence lengths an op that shards over CP by itself (full inputs in) splits head-tail: each must be a
+    # multiple of 2·CP, and the plan skips, with the reason, the CP sizes where one is not.
+    cp_lengths: tuple[int, ...] = ()
     # Set when the case cannot run here (e.g. an optional dependency is missing): every check of every
     # item is recorded `skip` with this reason, and nothing of the case is called.
     skip_reason: str | None = None
@@ -390,6 +418,8 @@ class Case:
         unknown = sorted(set(self.output_checks) - set(self.output_names))
         if unknown:
             raise ValueError(f"{where}: output_checks for {unknown}, not among the outputs {self.output_names}")
+        if not set(self.empty_pieces) <= set(MESH_DIMS):
+            raise ValueError(f"{where}: empty_pieces {self.empty_pieces} names a dim outside {MESH_DIMS}")
         if not set(self.summed_over) <= set(MESH_DIMS):
             raise ValueError(f"{where}: summed_over {self.summed_over} names a dim outside {MESH_DIMS}")
         for name, layout in [*self.input_layouts.items(), *zip(self.output_names, self.output_layouts)]:
@@ -402,6 +432,21 @@ class Case:
         if topology.cp > 1 and not self.uses_cp:
             return False
         return self.supports(topology)
+
+    def misfit(self, topology: Topology, inputs: Tensors) -> str:
+        """Why the case's full `inputs` cannot be laid out at `topology` (the first input that cannot, in words), or
+        "" where they can: what the plan records as the item's skip reason instead of running it."""
+        sizes = {"dp": topology.dp, "cp": topology.cp, "tp": topology.tp}
+        for length in self.cp_lengths:
+            if topology.cp > 1 and length % (2 * topology.cp):
+                return (f"a sequence of {length} cannot be split head-tail at {topology}: the op needs a multiple of "
+                        f"2·CP = {2 * topology.cp}")
+        for name, layout in self.input_layouts.items():
+            if name in inputs and layout is not REPLICATED:
+                why = layout.misfit(tuple(inputs[name].shape), sizes, inputs, self.empty_pieces)
+                if why:
+                    return f"input {name!r} {list(inputs[name].shape)} cannot be laid out at {topology}: {why}"
+        return ""
 
     @property
     def uses_cp(self) -> bool:

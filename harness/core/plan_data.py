@@ -41,6 +41,7 @@ class Item:
     checks: list[str]  # checks every participating rank must report
     params: dict = field(default_factory=dict)  # the case's parameters, recorded in each row
     xfail: Xfail | None = None  # the case's known failure, where it applies to this item
+    skip: str = ""  # why the case cannot run at this topology (planner: its shapes cannot be laid out); "" = runs
     # A fuzz case's drawn parameters: every rank rebuilds the case from them through its suite's FuzzSpace
     # (harness/rank/fuzz_cases.py); None for a case of the suite's cases().
     fuzz: dict | None = None

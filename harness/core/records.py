@@ -59,6 +59,7 @@ class Symptom(StrEnum):
     BLOCKED = "blocked"
     MISSING = "missing"
     REFERENCE = "reference"
+    HARNESS = "harness"  # shardcheck's own code raised on a rank: a defect of the harness, not of the op
     XPASS = "xpass"
 
     @property
@@ -85,6 +86,7 @@ SYMPTOMS = {
     Symptom.BLOCKED: "blocked or lost its connection after a peer failed",
     Symptom.MISSING: "no result from some ranks",
     Symptom.REFERENCE: "the reference failed on these inputs",
+    Symptom.HARNESS: "shardcheck's own code raised (a harness defect, not the op's)",
     Symptom.XPASS: "a known failure now passes: remove its KnownFailure mark",
 }
 

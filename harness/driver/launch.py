@@ -70,8 +70,17 @@ def run_plan(plan: Plan, run_dir: Path, writer: RecordWriter, show_progress: boo
     stop = threading.Event()  # set when the run ends early (an interrupt, or a launch thread failing)
     with progress:
         task = progress.add_task("checks", total=len(plan.items))
+        # Items the planner found the case cannot lay out at their topology: recorded `skip` with its reason, and
+        # no launch started for them.
+        skipped = [i for i in plan.items if i.skip]
+        if skipped:
+            collector = Collector(plan, skipped, run_dir, writer, 0, artefacts)
+            for item in skipped:
+                collector.skip(item, item.skip)
+            progress.update(task, advance=len(skipped))
         worlds = [(w, list(items)) for w, items in
-                  groupby(sorted(plan.items, key=lambda i: (i.world_size, i.id)), key=lambda i: i.world_size)]
+                  groupby(sorted((i for i in plan.items if not i.skip), key=lambda i: (i.world_size, i.id)),
+                          key=lambda i: i.world_size)]
         # On CPU the launches of different world sizes run side by side: a launch leaves cores idle while its
         # ranks wait on each other (collectives, the item barrier), and the others fill them.  Not when
         # benchmarking (a neighbour would skew the times), nor on GPUs (launches would share devices).

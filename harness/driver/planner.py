@@ -6,6 +6,8 @@ from __future__ import annotations
 import fnmatch
 import zlib
 
+import torch
+
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -222,6 +224,7 @@ def build_plan(selection: Selection) -> Plan:
     for suite_name, case in cases:
         if not bench:
             check_known_failure(case)
+        made: dict[int, dict | None] = {}  # this case's inputs by seed
         for dtype in dtypes:
             if dtype not in case.dtypes:
                 continue
@@ -230,11 +233,28 @@ def build_plan(selection: Selection) -> Plan:
                     continue
                 if case.world_group and topo.size not in group_worlds:
                     continue  # its default-group collectives need a launch of exactly this size
-                plan.items.append(_item(len(plan.items), suite_name, case, dtype, topo,
-                                        topo.size if case.world_group else world_for(topo), seed, bench))
+                item = _item(len(plan.items), suite_name, case, dtype, topo,
+                             topo.size if case.world_group else world_for(topo), seed, bench)
+                item.skip = _misfit(case, topo, item.seed, made)
+                plan.items.append(item)
     if not plan.items:
         raise UsageError("nothing to run: no case supports the selected topologies and dtypes")
     return plan
+
+
+def _misfit(case: Case, topo: Topology, seed: int, made: dict[int, dict | None]) -> str:
+    """Why `case` cannot lay its inputs out at `topo` ("" where it can): the item is then recorded `skip` with
+    that reason instead of raising on every rank (a head-tail layout of 16 positions at CP 16).  The inputs are
+    the ones the ranks make (the item's seed: a packed layout reads its sequences' boundaries), made once per seed
+    (`made`)."""
+    if topo.size == 1 or not (case.input_layouts or case.cp_lengths) or case.skip_reason:
+        return ""
+    if seed not in made:
+        try:
+            made[seed] = case.make_inputs(torch.Generator().manual_seed(seed))
+        except Exception:  # the ranks report it (a reference error row): nothing to decide here
+            made[seed] = None
+    return case.misfit(topo, made[seed]) if made[seed] is not None else ""
 
 
 def _item(item_id: int, suite_name: str, case: Case, dtype: str, topo: Topology, world_size: int, seed: int,

@@ -218,16 +218,22 @@ class Worker:
             mesh = self.mesh(topo)
             if self.recorder is not None:
                 self.recorder.begin_item(self.plans_loaded - 1, item.id, group_dims(mesh))
-            skip_reason = self.cases[(item.op, item.case_id)].skip_reason
+            # the planner's reason (the case's shapes cannot be laid out at this topology) or the case's own
+            skip_reason = item.skip or self.cases[(item.op, item.case_id)].skip_reason
+            self._emitted: set[str] = set()  # the checks this rank reported for the item
+            self._phase = Phase.SETUP
             if self.rank < topo.size and skip_reason:  # the case cannot run here: every check is a skip
                 emit_check = self.check_emitter(item, mesh)
                 for check in item.checks:
                     emit_check(check, Status.SKIP, message=skip_reason)
             elif self.rank < topo.size:  # replica 0 runs the case; other replicas wait
-                if self.plan.bench:
-                    run_bench_item(self, item, topo, mesh)
-                else:
-                    self.run_item(item, topo, mesh)
+                try:
+                    if self.plan.bench:
+                        run_bench_item(self, item, topo, mesh)
+                    else:
+                        self.run_item(item, topo, mesh)
+                except Exception as exc:  # the op's own exceptions are caught in its steps: this one is ours
+                    self._emit_harness_error(item, mesh, exc)
             pieces, self.pieces = self.pieces, {}
             # (a known failure's checks keep the artefact budget for real ones)
             if any(p["failed"] and not (item.xfail and item.xfail.covers(c)) for c, p in pieces.items()):
@@ -343,7 +349,7 @@ class Worker:
         for d in case.summed_over:
             n_summands *= mesh_dims(mesh).sizes[d]
         emit_check = self.check_emitter(item, mesh)
-        self.events.phase(item.id, Phase.FORWARD)
+        self._enter(item, Phase.FORWARD)
         try:
             golden = self.golden(case, item, n_summands)
         except Exception as exc:
@@ -459,7 +465,7 @@ class Worker:
         what the run kept open; the exception, if any (reported on the gradient checks)."""
         item, case, golden, mesh, counter, contexts = (call.item, call.case, call.golden, call.mesh, call.counter,
                                                        call.contexts)
-        self.events.phase(item.id, Phase.BACKWARD)
+        self._enter(item, Phase.BACKWARD)
         pairs = []
         summand = self._summand_index(case, mesh)
         for got, up, lay in zip(outs, golden.upstream, case.output_layouts):
@@ -475,12 +481,17 @@ class Worker:
             return exc
         return None
 
+    def _enter(self, item: Item, phase: Phase) -> None:
+        self._phase = phase  # (for a harness error's row: where this rank was)
+        self.events.phase(item.id, phase)
+
     def check_emitter(self, item: Item, mesh):
         """emit_check(check, status, **fields) for this rank and item."""
         coords = mesh_coords(mesh)
 
         def emit_check(check: str, status: str, **fields):
             self.events.checked(item.id, check=check, status=status, coords=coords, **fields)
+            self._emitted.add(check)
             if status == Status.ERROR and not fields.get("secondary"):
                 self.store.set(f"raised/{item.id}", "1")  # the peers at the barrier stop waiting sooner (barrier)
 
@@ -577,6 +588,24 @@ class Worker:
             return f"float64 computed in float32 (err/budget {ratio:.2g} against the float32 budget)", "float32"
         return f"bfloat16 math, docs/ops/README.md asks for float32 (err/budget {ratio:.2g} against bfloat16 math)", "bfloat16"
 
+    def _emit_harness_error(self, item: Item, mesh, exc: Exception) -> None:
+        """An exception of shardcheck's own code on this rank (slicing a layout, the golden, judging, artefacts): an
+        error on each check of `item` this rank has not reported yet, naming the exception and the harness line that
+        raised it, so the rank goes on to the next item instead of dying."""
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = _relative(frames[-1].filename, frames[-1].lineno) if frames else "?:0"
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        phase = self._phase
+        emit_check = self.check_emitter(item, mesh)
+        # A collective of the harness's own (summing a Partial output) failing because a peer failed is a consequence.
+        secondary = is_peer_failure(exc)
+        for check in [c for c in item.checks if c not in self._emitted] or item.checks:
+            emit_check(check, Status.ERROR, secondary=secondary, symptom=Symptom.BLOCKED if secondary else Symptom.HARNESS,
+                       phase=phase, error_type=type(exc).__name__,
+                       error_message=first, error_where=where,
+                       message=f"shardcheck's own code raised {type(exc).__name__}: {first} ({where}, in {phase}); "
+                               "a harness defect, not the op's")
+
     def _emit_error(self, emit_check, checks, exc: BaseException, phase: str) -> None:
         """An exception the op (or a property) raised in `phase`: an error on each of `checks`."""
         fields = _error_fields(exc)
@@ -603,9 +632,14 @@ def raising_location(exc: BaseException) -> str:
         return "?:0"
     under_test = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_NOT_UNDER_TEST)]
     frame = (under_test or frames)[-1]
-    path = Path(frame.filename).resolve()
+    return _relative(frame.filename, frame.lineno)
+
+
+def _relative(filename: str, lineno: int | None) -> str:
+    """path:line, the path relative to the working directory where it is inside it."""
+    path = Path(filename).resolve()
     root = Path.cwd()  # where the user ran shardcheck: `tests/broken/x.py:12`, not a long absolute path
-    return f"{path.relative_to(root) if path.is_relative_to(root) else path}:{frame.lineno}"
+    return f"{path.relative_to(root) if path.is_relative_to(root) else path}:{lineno}"
 
 
 def _error_fields(exc: BaseException) -> dict:
