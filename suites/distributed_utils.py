@@ -147,7 +147,8 @@ def loss_case(spec: LossSpec) -> Case:
         run=_loss_run(spec), input_layouts={"losses": DP_SHARDED, "num_tokens": DP_SHARDED},
         output_layouts=(layout, layout), output_names=("loss", "denominator"),
         output_checks={"denominator": _count_check(summed_over_dp=not spec.dp_group)},
-        properties=_detached, comm=_loss_comm(spec), supports=_dp_only)
+        properties=_detached, comm=_loss_comm(spec), supports=_dp_only,
+        allows_float32="ours: docs/ops/distributed_utils.md#reduce_loss, the loss 'in float32 or better'")
 
 
 def _zero_loss(got, expected, full, local, ctx):
