@@ -42,7 +42,7 @@ from typing import Callable
 import pandas as pd
 
 from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
-from shardcheck.harness.core.records import SIGNATURE_CHECK, SYMPTOMS, Status, Symptom
+from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, SYMPTOMS, Phase, Status, Symptom
 
 COLUMNS = ["op", "ops", "status", "kind", "checks", "count", "condition", "worst", "rerun"]
 MESH = ("dp", "cp", "tp")
@@ -277,12 +277,16 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
     bad = bad.assign(_kind=[_group_kind(r) for r in bad.to_dict("records")],
                      _part=[_part(r) for r in bad.to_dict("records")],
                      _symptom=[_symptom_of(r) for r in bad.to_dict("records")])
+    bad = bad.assign(_status=bad["status"], _crash=bad["_symptom"].isin(CRASHES) & (bad["status"] == Status.ERROR))
+    bad = _consequences(bad)
     passing = df[df["status"] == Status.PASS]
     passing_of = {op: rows for op, rows in passing.groupby("op", sort=False)}
     empty = df.iloc[:0]
     symptoms = []
-    for (op, status, kind, part), rows in bad.groupby(["op", "status", "_kind", "_part"], sort=False):
-        symptoms.append(_symptom(op, status, kind, rows, passing_of.get(op, empty)))
+    for (op, status, kind, part), rows in bad.groupby(["op", "_status", "_kind", "_part"], sort=False):
+        rows = rows.sort_values("_crash", ascending=False, kind="stable")  # the crash itself names the line
+        symptoms.append(_symptom(op, status, kind, rows[rows["_crash"]] if rows["_crash"].any() else rows,
+                                 passing_of.get(op, empty), rows))
     table = []
     for op in dict.fromkeys(s["ops"][0] for s in symptoms):
         of_op = [s for s in symptoms if s["ops"] == (op,)]
@@ -294,7 +298,38 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
         .drop(columns=["_o", "_n"]).reset_index(drop=True)
 
 
-def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.DataFrame) -> dict:
+def _phase_of_check(check: str) -> int:
+    """Where in the item a check is judged: the forward, the backward, the properties after them."""
+    phase = Phase.FORWARD if check.startswith("forward") else Phase.BACKWARD if check.startswith("grad:") else Phase.PROPERTIES
+    return PHASES.index(phase)
+
+
+def _consequences(bad: pd.DataFrame) -> pd.DataFrame:
+    """A check failing in an item where the op raised, died or hung in that phase or before it fails *because* of
+    it: its row joins the crash's line (status, kind, part), naming where else the crash shows.  A check failing in
+    an item where nothing crashed before it keeps its own line, with its own condition (module docstring, 1)."""
+    crashes = bad[bad["_crash"]]
+    if not len(crashes) or crashes.index.equals(bad.index):
+        return bad
+    first: dict[tuple, tuple] = {}  # item -> (phase index, status, kind) of its earliest crash
+    for r in crashes.to_dict("records"):
+        key = (r["op"], *(str(r[k]) for k in ITEM))
+        phase = PHASES.index(r["phase"]) if r.get("phase") in PHASES else 0
+        if key not in first or phase < first[key][0]:
+            first[key] = (phase, r["status"], r["_kind"])
+    status, kind, part = list(bad["_status"]), list(bad["_kind"]), list(bad["_part"])
+    for i, r in enumerate(bad.to_dict("records")):
+        crash = first.get((r["op"], *(str(r[k]) for k in ITEM)))
+        if r["_crash"] or crash is None or r["status"] == Status.WARN or crash[0] > _phase_of_check(str(r["check"])):
+            continue
+        status[i], kind[i], part[i] = crash[1], crash[2], ""
+    return bad.assign(_status=status, _kind=kind, _part=part)
+
+
+def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.DataFrame,
+             all_rows: pd.DataFrame | None = None) -> dict:
+    """One symptom from its rows; `all_rows` adds the checks failing as its consequences (counted, listed)."""
+    all_rows = rows if all_rows is None else all_rows
     records = rows.to_dict("records")
     symptom = records[0]["_symptom"]
     found = set(rows["_symptom"])
@@ -313,7 +348,7 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
     else:
         condition = separating_condition(rows, passing)
     return {"op": op, "ops": (op,), "status": status, "kind": kind, "symptoms": found, "signals": signals,
-            "checks": ", ".join(sorted(rows["check"].unique())), "count": len(rows), "condition": condition,
+            "checks": ", ".join(sorted(all_rows["check"].unique())), "count": len(all_rows), "condition": condition,
             "worst": _worst_text(worst, status), "rerun": rerun, "rows": list(rows.index),
             "items": set(map(tuple, rows[ITEM].astype(str).values)),
             "error_key": (worst.get("error_type"), worst.get("error_where")) if symptom in ERRORS else None}
@@ -347,69 +382,89 @@ def _is_crash(s: dict) -> bool:
 
 
 def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad: pd.DataFrame) -> list[dict]:
-    """The causes of one op from its symptoms (module docstring, 3)."""
+    """The causes of one op from its symptoms (module docstring, 3).  A crash (an exception at one line, a death, a
+    hang) is a line of its own with the checks it caused; it never takes in a check that failed where it did not
+    cause the failure, and two different crashes stay two lines."""
     failing = [s for s in symptoms if s["status"] in (Status.FAIL, Status.ERROR)]
     warnings = [s for s in symptoms if s["status"] not in (Status.FAIL, Status.ERROR)]  # and known failures that pass: own lines
+    crashes = [s for s in failing if _is_crash(s)]
+    wrong = [s for s in failing if not _is_crash(s)]
+    return crashes + _wrong_answers(wrong, rows, passing, bad, crashes) + warnings
+
+
+def _wrong_answers(failing: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad: pd.DataFrame,
+                   crashes: list[dict]) -> list[dict]:
+    """The lines of an op's checks failing where nothing crashed: one bug showing in several checks is one line,
+    an op wrong everywhere does not swallow a symptom with a sharp condition of its own."""
     if len(failing) < 2:
-        return failing + warnings
+        return failing
 
     def merged(group: list[dict]) -> dict:
         return group[0] if len(group) == 1 else _merge(group, separating_condition(
             bad.loc[[i for s in group for i in s["rows"]]], passing))
 
-    # the same items: one cause (two different crashes stay two)
+    # the same items: one cause
     groups: list[list[dict]] = []
     for s in failing:
-        same = next((g for g in groups if g[0]["items"] == s["items"] and not _two_crashes(g[0], s)), None)
+        same = next((g for g in groups if g[0]["items"] == s["items"]), None)
         if same is None:
             groups.append([s])
         else:
             same.append(s)
     failing = [merged(g) for g in groups]
     if len(failing) == 1:
-        return failing + warnings
+        return failing
 
-    ran = rows[(rows["check"] != SIGNATURE_CHECK) & ~rows["status"].isin([Status.SKIP, Status.XFAIL])]  # evidence either way
-    item_rows = ran.drop_duplicates(ITEM)
+    # the evidence: items that ran, less those a crash explains, where one of these checks was judged
+    crashed = set().union(*(c["items"] for c in crashes)) if crashes else set()
+    checks = {c for s in failing for c in s["checks"].split(", ")}
+    ran = rows[(rows["check"] != SIGNATURE_CHECK) & ~rows["status"].isin([Status.SKIP, Status.XFAIL])]
+    ran = ran[~ran[ITEM].astype(str).apply(tuple, axis=1).isin(crashed)] if crashed else ran
+    judged = ran[ran["check"].isin(checks)]
+    item_rows = judged.drop_duplicates(ITEM)
     item_key = item_rows[ITEM].astype(str).apply(tuple, axis=1)
     items = set(item_key)
-    dirty = set(map(tuple, ran[ran["status"].isin(NOT_PASSING)][ITEM].astype(str).values))
+    dirty = set(map(tuple, judged[judged["status"].isin(NOT_PASSING)][ITEM].astype(str).values))
     clean = item_rows[~item_key.isin(dirty)]
-    crash_kinds = len({s["kind"] for s in failing if _is_crash(s)})
-    if len(clean) and crash_kinds <= 1:  # one trigger on the items for all of them?
+    if len(clean):  # one trigger on the items for all of them?
         union = set().union(*(s["items"] for s in failing))
         condition = separating_condition(item_rows[item_key.isin(union)], clean, by_check=False)
         if condition.startswith("exactly"):
-            return [_merge(failing, condition)] + warnings
+            return [_merge(failing, condition)]
 
-    everywhere = [s for s in failing if not _is_crash(s) and s["items"] >= items]
-    if everywhere:  # wrong in every item: that does not swallow the op's other symptoms
-        host = merged(everywhere)
-        rest = [s for s in failing if s not in everywhere]
-        checked = {check: set(map(tuple, of_check[ITEM].astype(str).values))
-                   for check, of_check in ran.groupby("check", sort=False)}
+    checked = {check: set(map(tuple, of_check[ITEM].astype(str).values))
+               for check, of_check in judged.groupby("check", sort=False)}
+
+    def ran_in(s: dict) -> set:
+        return set().union(*(checked.get(c, set()) for c in s["checks"].split(", ")))
+
+    # wrong wherever its checks were judged: that does not swallow the op's other symptoms
+    everywhere = [s for s in failing if s["items"] >= items or (ran_in(s) and ran_in(s) <= s["items"])]
+    if everywhere:
+        primary = [s for s in everywhere if s["items"] >= items] or everywhere  # the condition is theirs
+        host = merged(primary)
         own = []
-        for s in rest:
+        for s in failing:
+            if s in primary:
+                continue
+            if s in everywhere:
+                host = _merge([host, s], host["condition"])
+                continue
             # a symptom with no sharp condition, or failing in each item its checks ran in (the sum of wrong
             # losses, wrong wherever it is checked), is the same wrong output seen again
-            ran_in = set().union(*(checked.get(c, set()) for c in s["checks"].split(", ")))
-            if not _is_crash(s) and (not s["condition"].startswith("exactly") or ran_in <= s["items"]):
+            if not s["condition"].startswith("exactly") or ran_in(s) <= s["items"]:
                 host = _merge([host, s], host["condition"])
             else:
                 own.append(s)
-        return [host] + own + warnings
-    if not len(clean) and crash_kinds <= 1:  # failing somewhere in every item, nowhere in all: one bug
-        return [_merge(failing, separating_condition(bad.loc[[i for s in failing for i in s["rows"]]], passing))] + warnings
-    # otherwise symptoms that share items are one cause (at most one crash each)
+        return [host] + own
+    if not len(clean):  # failing somewhere in every item, nowhere in all: one bug
+        return [_merge(failing, separating_condition(bad.loc[[i for s in failing for i in s["rows"]]], passing))]
+    # otherwise symptoms that share items are one cause
     components: list[list[dict]] = []
     for s in failing:
         joined = [g for g in components if any(s["items"] & t["items"] for t in g)]
-        group = [s] + [t for g in joined for t in g]
-        if sum(_is_crash(t) for t in group) > 1 and len({t["kind"] for t in group if _is_crash(t)}) > 1:
-            components.append([s])
-            continue
-        components = [g for g in components if g not in joined] + [group]
-    return [merged(g) for g in components] + warnings
+        components = [g for g in components if g not in joined] + [[s] + [t for g in joined for t in g]]
+    return [merged(g) for g in components]
 
 
 def _two_crashes(s: dict, t: dict) -> bool:
