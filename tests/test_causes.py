@@ -338,3 +338,13 @@ def test_a_defect_the_fixed_version_lacks_is_a_line_the_fixed_version_does_not_p
     assert new["condition"].startswith("exactly") and "with padded" in new["condition"], new["condition"]
     assert new["count"] == 3  # padded items that did not raise: cp = 1 (both positions) and cp = 2 with positions
     assert not set(fixed["kind"]) & {new["kind"]}
+
+
+def test_a_condition_says_which_items_of_its_topology_a_hang_left_unrun():
+    rows = [_row("pass", "forward", tp=1, case_id="a", params={"scale": 1}),
+            _row("error", "forward", tp=2, case_id="b", params={"scale": 30}, symptom="hung", phase="forward"),
+            _row("pass", "forward", tp=2, case_id="a", params={"scale": 1}),
+            _row("skip", "forward", tp=2, case_id="c", params={"scale": 3}, symptom=None)]
+    line = causes(pd.DataFrame(rows)).iloc[0]
+    assert line["condition"].endswith("(from the items that ran: 1 item(s) at dp1-cp1-tp2 float64 were skipped "
+                                      "after a hang and may show it too)"), line["condition"]

@@ -14,7 +14,13 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    holds on every row of the symptom and on no passing row ("exactly in grad:logits, at tp ≥ 2");
    else the greedy conjunction that excludes the most passing rows ("mostly ..."), unless most of the
    op's passing rows fall under it too, which is no condition: then the line says none separates.
-3. Causes per op.  Symptoms failing in the same items are one cause; so are all of them when one
+   A condition is computed from the items that ran: where a hang's budget skipped items at the symptom's topology,
+   the line says how many (they may show it too).
+3. Causes per op.  A crash (an exception at one raising line, a death, a hang) is one line; the checks failing in
+   its items at or after the phase it crashed in are its consequences, counted and named on its line.  A check
+   failing where nothing crashed is never folded into a crash's line, except when one condition on the items
+   separates the crash's and the wrong answers' items together from the clean ones (one bug, two faces).  Among
+   the wrong answers: symptoms failing in the same items are one cause; so are all of them when one
    condition on the items separates the op's failing items exactly from its clean ones (one bug
    showing in several checks).  A symptom wrong in every item does not swallow the others: each keeps
    its own line unless it has no sharp condition of its own, or fails wherever its checks ran (the
@@ -282,11 +288,15 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
     passing = df[df["status"] == Status.PASS]
     passing_of = {op: rows for op, rows in passing.groupby("op", sort=False)}
     empty = df.iloc[:0]
+    skipped = df[df["status"] == Status.SKIP]
+    skipped_of = {op: rows.drop_duplicates(ITEM) for op, rows in skipped.groupby("op", sort=False)}
     symptoms = []
     for (op, status, kind, part), rows in bad.groupby(["op", "_status", "_kind", "_part"], sort=False):
         rows = rows.sort_values("_crash", ascending=False, kind="stable")  # the crash itself names the line
-        symptoms.append(_symptom(op, status, kind, rows[rows["_crash"]] if rows["_crash"].any() else rows,
-                                 passing_of.get(op, empty), rows))
+        symptom = _symptom(op, status, kind, rows[rows["_crash"]] if rows["_crash"].any() else rows,
+                           passing_of.get(op, empty), rows)
+        symptom["condition"] += _not_run(rows, skipped_of.get(op, empty))
+        symptoms.append(symptom)
     table = []
     for op in dict.fromkeys(s["ops"][0] for s in symptoms):
         of_op = [s for s in symptoms if s["ops"] == (op,)]
@@ -296,6 +306,21 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
     order = out["status"].map(STATUS_ORDER)
     return out.assign(_o=-order, _n=-out["count"]).sort_values(["_o", "_n", "op"], kind="stable") \
         .drop(columns=["_o", "_n"]).reset_index(drop=True)
+
+
+def _not_run(rows: pd.DataFrame, skipped: pd.DataFrame) -> str:
+    """What a condition cannot say: the op's items at the symptom's topologies that never ran (a hang's budget skips
+    the op's other items at its topology, every dtype).  The condition is from the items that ran; those may show
+    the symptom too."""
+    if not len(skipped):
+        return ""
+    where = {(r.dp, r.cp, r.tp) for r in rows.itertuples()}
+    gone = [r for r in skipped.itertuples() if (r.dp, r.cp, r.tp) in where]
+    if not gone:
+        return ""
+    topologies = sorted({f"dp{r.dp}-cp{r.cp}-tp{r.tp} {r.dtype}" for r in gone})
+    return (f" (from the items that ran: {len(gone)} item(s) at {', '.join(topologies)} were skipped after a hang "
+            f"and may show it too)")
 
 
 def _phase_of_check(check: str) -> int:
@@ -389,6 +414,17 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
     warnings = [s for s in symptoms if s["status"] not in (Status.FAIL, Status.ERROR)]  # and known failures that pass: own lines
     crashes = [s for s in failing if _is_crash(s)]
     wrong = [s for s in failing if not _is_crash(s)]
+    if len(crashes) == 1 and wrong:  # one trigger on the items for a crash and wrong answers: one bug, two faces
+        ran = rows[(rows["check"] != SIGNATURE_CHECK) & ~rows["status"].isin([Status.SKIP, Status.XFAIL])]
+        item_rows = ran.drop_duplicates(ITEM)
+        item_key = item_rows[ITEM].astype(str).apply(tuple, axis=1)
+        dirty = set(map(tuple, ran[ran["status"].isin(NOT_PASSING)][ITEM].astype(str).values))
+        clean = item_rows[~item_key.isin(dirty)]
+        union = set().union(*(s["items"] for s in failing))
+        if len(clean):
+            condition = separating_condition(item_rows[item_key.isin(union)], clean, by_check=False)
+            if condition.startswith("exactly"):
+                return [_merge(failing, condition)] + warnings
     return crashes + _wrong_answers(wrong, rows, passing, bad, crashes) + warnings
 
 
