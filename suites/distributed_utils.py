@@ -147,7 +147,8 @@ def loss_case(spec: LossSpec) -> Case:
         run=_loss_run(spec), input_layouts={"losses": DP_SHARDED, "num_tokens": DP_SHARDED},
         output_layouts=(layout, layout), output_names=("loss", "denominator"),
         output_checks={"denominator": _count_check(summed_over_dp=not spec.dp_group)},
-        properties=_detached, comm=_loss_comm(spec), supports=_dp_only)
+        properties=_detached, comm=_loss_comm(spec), supports=_dp_only,
+        allows_float32="ours: docs/ops/distributed_utils.md#reduce_loss, the loss 'in float32 or better'")
 
 
 def _zero_loss(got, expected, full, local, ctx):
@@ -183,8 +184,9 @@ def loss_bad_input_cases() -> list[Case]:
 # ---- dp_eval_sample_shard ---------------------------------------------------------------------
 
 # The seed types the config `Any` and names its kinds only in words (DDP, FSDP2, MegatronFSDP): upstream's classes
-# live in nemo_automodel.components.distributed.config, which is never imported here.  The cases hand the op these
-# stand-ins of the same names (an op tells the strategies apart by the config's type), never the module's own.
+# live in nemo_automodel.components.distributed.config, which is never imported here.  An op tells the strategies
+# apart by the config's type, so the cases hand it the implementation's own class of that name when it defines or
+# imports one (an `isinstance` against its own class must hold), and these stand-ins of the same names otherwise.
 
 
 @dataclass(frozen=True)
@@ -205,8 +207,16 @@ class MegatronFSDPConfig:
 CONFIGS = {"ddp": DDPConfig, "fsdp2": FSDP2Config, "megatron-fsdp": MegatronFSDPConfig}
 
 
-def _config(kind: str):
-    return CONFIGS[kind]()
+def config_class(impl, kind: str) -> type:
+    """The config class the cases of `kind` hand `impl`: its own class of that name (defined or imported), else the
+    stand-in."""
+    standin = CONFIGS[kind]
+    own = getattr(impl, standin.__name__, None)
+    return own if isinstance(own, type) else standin
+
+
+def _config(kind: str, impl):
+    return config_class(impl, kind)()
 
 
 def _expected_shard(kind: str, dp_rank: int, dp_size: int):
@@ -224,7 +234,7 @@ def _scored_ids(shard, n: int) -> list[int]:
 def _eval_run(kind: str):
     def run(impl, ctx, x):
         values = x["values"]
-        shard = impl.dp_eval_sample_shard(_config(kind), ctx.rank("dp"), ctx.size("dp"))
+        shard = impl.dp_eval_sample_shard(_config(kind, impl), ctx.rank("dp"), ctx.size("dp"))
         ids = torch.tensor(_scored_ids(shard, values.numel()), dtype=torch.long)
         scores = torch.zeros_like(values)
         scores[ids] = ref.score_samples(values[ids])
@@ -235,11 +245,11 @@ def _eval_run(kind: str):
 def _eval_properties(kind: str):
     def properties(ctx, full, local, outs):
         impl, rank, size = ctx.impl, ctx.rank("dp"), ctx.size("dp")
-        got = impl.dp_eval_sample_shard(_config(kind), rank, size)
+        got = impl.dp_eval_sample_shard(_config(kind, impl), rank, size)
         want = _expected_shard(kind, rank, size)
         props = [Property("returns", got == want, None, f"{kind} at DP rank {rank} of {size}: got {got!r}, expected {want!r}")]
         # Coverage for any N: the shards every DP rank gets, applied to range(n).
-        shards = [impl.dp_eval_sample_shard(_config(kind), r, size) for r in range(size)]
+        shards = [impl.dp_eval_sample_shard(_config(kind, impl), r, size) for r in range(size)]
         per_sample = size if kind != "ddp" or size == 1 else 1  # sharded models: every rank scores everything
         bad = []
         for n in range(2 * size + 2):
@@ -267,10 +277,10 @@ def eval_case(kind: str, n: int) -> Case:
 
 def eval_bad_input_cases() -> list[Case]:
     def rank_out_of_range(impl, ctx, x):
-        return impl.dp_eval_sample_shard(DDPConfig(), ctx.size("dp"), ctx.size("dp"))
+        return impl.dp_eval_sample_shard(_config("ddp", impl), ctx.size("dp"), ctx.size("dp"))
 
     def zero_size(impl, ctx, x):
-        return (impl.dp_eval_sample_shard(DDPConfig(), 0, 0),)  # one output, whatever it is
+        return (impl.dp_eval_sample_shard(_config("ddp", impl), 0, 0),)  # one output, whatever it is
 
     common = dict(op=OP + "dp_eval_sample_shard", make_inputs=lambda gen: {}, dtypes=("float64",), supports=_dp_only)
     return [Case(case_id="rank-equals-size", params={"dp_rank": "dp_size"}, run=rank_out_of_range,

@@ -266,6 +266,7 @@ def gather_cases(b: int = 4, h: int = 3) -> list[Case]:
     common = dict(op=GATHER, supports=_dp_divides(b), world_group=True)
     floats = lambda gen: {"t": torch.randn((b, h), generator=gen, dtype=torch.float64)}  # noqa: E731
     ids = lambda gen: {"t": torch.randperm(1000, generator=gen)[:b] + 7}  # noqa: E731
+    scalar = lambda gen: {"t": torch.randn((), generator=gen, dtype=torch.float64)}  # noqa: E731
     cases = [
         Case(case_id="none", params={"t": None}, make_inputs=lambda gen: {}, reference=lambda x: (None, None),
              run=lambda impl, ctx, x: (impl.dist_gather_tensor(None), impl.dist_gather_tensor(None, preserve_grad=True)),
@@ -295,9 +296,17 @@ def gather_cases(b: int = 4, h: int = 3) -> list[Case]:
              make_inputs=lambda gen: {**floats(gen), "ids": ids(gen)["t"]}, reference=lambda x: (),
              run=_world1_run, output_layouts=(), output_names=(), properties=_unchanged_properties,
              dtypes=("float64",), op=GATHER, supports=lambda t: t.size == 1, world_group=True),
-        Case(case_id="scalar", params={"shape": []}, make_inputs=lambda gen: {"t": torch.randn((), generator=gen, dtype=torch.float64)},
-             reference=lambda x: (), run=lambda impl, ctx, x: impl.dist_gather_tensor(x["t"]),
-             bad_input=BadInput("a 0-d tensor (the op gathers along dim 0)"), dtypes=("float64",), **common),
+        # A 0-d tensor has no dim 0 to gather along: loud, at world size ≥ 2.  At world size 1 the seed says what the
+        # op does ("Returns t unchanged when ... world size is 1"), so returning it is right there, and so is raising.
+        Case(case_id="scalar", params={"shape": []}, make_inputs=scalar, reference=lambda x: (),
+             run=lambda impl, ctx, x: impl.dist_gather_tensor(x["t"]),
+             bad_input=BadInput("a 0-d tensor (the op gathers along dim 0)"), dtypes=("float64",),
+             **{**common, "supports": lambda t: t.size > 1 and common["supports"](t)}),
+        Case(case_id="scalar-world1", params={"shape": [], "world_size": 1}, make_inputs=scalar,
+             reference=lambda x: x["t"].clone(), run=lambda impl, ctx, x: impl.dist_gather_tensor(x["t"]),
+             bad_input=BadInput("a 0-d tensor (the op gathers along dim 0)",
+                                interpretation="world size 1: t unchanged (the seed)"),
+             dtypes=("float64",), **{**common, "supports": lambda t: t.size == 1}),
     ]
     return cases
 

@@ -57,3 +57,25 @@ def test_a_silent_return_without_a_documented_answer_fails(run_shardcheck):
     assert row["check"] == "property:bad_input" and row["status"] == "fail"
     assert "returned without an exception on student logits [2, 4, 16] and target logits [2, 3, 16]" in row["message"]
     assert "failing rank(s): 0, 1" in row["message"]
+
+
+def test_returning_t_unchanged_at_world_size_1_passes_and_a_silent_return_above_fails(run_shardcheck):
+    """The seed: dist_gather_tensor "Returns t unchanged when ... world size is 1", whatever t is: a 0-d tensor
+    returned there is right (raising too); at world size 2 the op must raise."""
+    run = run_shardcheck("run", "--impl", f"inbatch_neg_utils={IMPLS / 'world1_first_inbatch_neg_utils.py'}",
+                         "--op", "inbatch_neg_utils.dist_gather_tensor", "--case", "scalar", "--case", "scalar-world1",
+                         "--world-sizes", "1", "--dtype", "float64")
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = run.rows
+    assert set(rows["case_id"]) == {"scalar-world1"} and (rows["status"] == "pass").all()
+    assert "forward" in set(rows["check"])  # the returned t was compared with the input, not waved through
+    ours = run_shardcheck("run", "--op", "inbatch_neg_utils.dist_gather_tensor", "--case", "scalar",
+                          "--case", "scalar-world1", "--world-sizes", "1,2", "--dtype", "float64")
+    assert ours.returncode == 0, ours.stdout + ours.stderr
+    assert set(ours.rows["case_id"]) == {"scalar", "scalar-world1"}
+    silent = run_shardcheck("run", "--impl", f"inbatch_neg_utils={BROKEN / 'inbatch_neg_utils' / 'scalar_returned_silently.py'}",
+                            "--op", "inbatch_neg_utils.dist_gather_tensor", "--case", "scalar", "--case", "scalar-world1",
+                            "--world-sizes", "1,2", "--dtype", "float64")
+    assert silent.returncode == 1, silent.stdout + silent.stderr
+    bad = silent.failed()
+    assert set(bad["case_id"]) == {"scalar"} and set(bad["dp"]) == {2}

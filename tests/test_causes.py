@@ -209,6 +209,27 @@ def test_three_bugs_under_three_conditions_are_three_lines(tmp_path):
         assert f"{cause.status.upper()} {cause.op}: {cause.kind} — {cause.condition}" in run.stdout
 
 
+def test_three_bugs_are_three_lines_in_a_full_run_of_every_dtype(tmp_path):
+    """The same module across float64, float32 and bfloat16: a symptom present in every dtype is not lost in the
+    dtype split, and the hang's consequences stay on its line (the forward, wrong before the backward raised,
+    stays on the forward's)."""
+    run = shardcheck("run", "--impl", f"kd_loss={BROKEN / 'kd_loss' / 'upstream_style_three_bugs.py'}",
+                     "--op", "kd_loss.KDLoss", "--case", "dtensor-b4s6v37-T2-nbltensor-chunk0-masked", *KD_EMPTY_DP_RANK,
+                     "--topology", "dp=1,cp=1,tp=1", "--topology", "dp=1,cp=1,tp=2", "--topology", "dp=2,cp=1,tp=1",
+                     "--quick", "--timeout", "10", out=tmp_path / "run", timeout=400)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert set(run.rows["dtype"]) == {"float64", "float32", "bfloat16"}
+    table = run.causes
+    lines = "\n".join(finding_lines(table))
+    assert len(table) == 3, lines
+    raised = table[table["status"] == "error"].iloc[0]
+    assert raised["kind"].startswith("RuntimeError: element N of tensors") and "at dp ≥ 2" in raised["condition"], lines
+    forward = table[table["checks"].str.startswith("forward")].iloc[0]
+    assert forward["kind"].startswith("wrong values") and forward["condition"].startswith("exactly in forward"), lines
+    grad = table[table["checks"] == "grad:student_logits"]
+    assert len(grad) == 1 and grad.iloc[0]["condition"] == "exactly in grad:student_logits, at tp ≥ 2", lines
+
+
 def test_a_helper_several_ops_share_raising_for_all_of_them_is_one_line(run_shardcheck):
     ops = [f"model_utils.{name}" for name in ("DistributedLogprob", "ChunkedDistributedLogprob",
                                               "_compute_distributed_log_softmax")]
@@ -276,3 +297,54 @@ def test_junit_warn_is_a_passing_testcase_with_the_warning_in_system_out():
     assert case.find("failure") is None and case.find("skipped") is None
     assert case.find("system-out").text == ("warn: property:comm: forward all_reduce@tp: 4 call(s)\n"
                                             "rerun: shardcheck run --case b4")
+
+
+def _thd_rows(pre_fix: bool) -> list[dict]:
+    """A THD batch op in two versions: both raise KeyError('position_ids') when the case passes no positions (a defect
+    the fix kept); the pre-fix one also computes its padding mask from token ids, so `property:padding_mask` fails
+    wherever a sequence is padded, raised or not."""
+    rows = []
+    for cp in (1, 2):
+        for positions in ("none", "given"):
+            for padded in (False, True):
+                params = {"positions": positions, "padded": padded}
+                case = f"{positions}-{'padded' if padded else 'full'}"
+                row = lambda *a, **k: _row(*a, cp=cp, tp=1, case_id=case, params=params, **k)  # noqa: E731
+                if positions == "none" and cp > 1:
+                    rows.append(row("error", "forward", phase="forward", error_type="KeyError",
+                                    error_where="thd.py:41", error_message="'position_ids'", culprit_ranks=[0, 1]))
+                else:
+                    rows.append(row("pass", "forward"))
+                mask_wrong = pre_fix and padded
+                rows.append(row("fail" if mask_wrong else "pass", "property:padding_mask",
+                                symptom="property" if mask_wrong else None))
+    return rows
+
+
+def test_a_defect_the_fixed_version_lacks_is_a_line_the_fixed_version_does_not_print():
+    """One root per line: the property failing in items that did not raise is its own line, not one more check on
+    the exception's line; in the items that raised it is the exception's consequence."""
+    fixed, pre_fix = causes(pd.DataFrame(_thd_rows(False))), causes(pd.DataFrame(_thd_rows(True)))
+    assert len(fixed) == 1 and len(pre_fix) == 2, "\n".join(finding_lines(pre_fix))
+    shared = fixed.iloc[0]
+    assert shared["kind"] == "KeyError: 'position_ids' (thd.py:41)"
+    assert shared["condition"].startswith("exactly") and "at cp ≥ 2" in shared["condition"] \
+        and "with positions = none" in shared["condition"], shared["condition"]
+    same = pre_fix[pre_fix["kind"] == shared["kind"]].iloc[0]
+    assert same["condition"] == shared["condition"]  # the line the fixed version prints, unchanged
+    assert same["checks"] == "forward, property:padding_mask"  # where else it shows: its consequence, counted
+    new = pre_fix[pre_fix["kind"] != shared["kind"]].iloc[0]
+    assert new["kind"] == "property:padding_mask does not hold" and new["status"] == "fail"
+    assert new["condition"].startswith("exactly") and "with padded" in new["condition"], new["condition"]
+    assert new["count"] == 3  # padded items that did not raise: cp = 1 (both positions) and cp = 2 with positions
+    assert not set(fixed["kind"]) & {new["kind"]}
+
+
+def test_a_condition_says_which_items_of_its_topology_a_hang_left_unrun():
+    rows = [_row("pass", "forward", tp=1, case_id="a", params={"scale": 1}),
+            _row("error", "forward", tp=2, case_id="b", params={"scale": 30}, symptom="hung", phase="forward"),
+            _row("pass", "forward", tp=2, case_id="a", params={"scale": 1}),
+            _row("skip", "forward", tp=2, case_id="c", params={"scale": 3}, symptom=None)]
+    line = causes(pd.DataFrame(rows)).iloc[0]
+    assert line["condition"].endswith("(from the items that ran: 1 item(s) at dp1-cp1-tp2 float64 were skipped "
+                                      "after a hang and may show it too)"), line["condition"]

@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from helpers import BROKEN
+from helpers import BROKEN, IMPLS
 from shardcheck.distributed_impl import distributed_utils as impl
 from shardcheck.reference import distributed_utils as ref
 
@@ -135,6 +135,27 @@ def test_quick_suite_passes(run_shardcheck):
             "property:groups_work_after"} <= checks("_barrier_with_timeout")
     assert {"property:one_record_from_rank_0", "property:logged_after_every_rank_arrived"} <= checks("barrier_and_log")
     assert "property:gloo_group_over_all_ranks" in checks("_create_gloo_group")
+
+
+def test_own_config_classes_are_the_ones_its_cases_receive(run_shardcheck):
+    """An implementation that checks `isinstance(config, DDPConfig)` against its own class gets its own classes."""
+    from shardcheck.suites import distributed_utils as suite
+
+    own = _load(IMPLS / "own_config_classes_distributed_utils.py")
+    assert suite.config_class(own, "ddp") is own.DDPConfig and suite.config_class(impl, "fsdp2") is impl.FSDP2Config
+    assert suite.config_class(ref, "ddp") is suite.DDPConfig  # no class of that name: the stand-in
+    run = run_shardcheck("run", "--suite", "distributed_utils", "--op", "distributed_utils.dp_eval_sample_shard", *DP2,
+                         "--impl", f"distributed_utils={IMPLS / 'own_config_classes_distributed_utils.py'}")
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = run.rows
+    assert (rows["status"] == "pass").all(), run.failed()[["case_id", "check", "message"]]
+    assert rows["case_id"].str.startswith("ddp-").any() and (rows["case_id"] == "rank-equals-size").any()
+
+
+def _load(path):
+    from shardcheck.harness.core.modules import import_file
+
+    return import_file(path, "own_config_test")
 
 
 # ---- broken implementations ----------------------------------------------------------------------

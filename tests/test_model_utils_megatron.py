@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import BROKEN, ROOT
+from helpers import BROKEN, IMPLS, ROOT
 
 PATCH = "model_utils.patch_gpt_model_forward_for_linear_ce_fusion"
 FLAG_OFF = "model_utils._gpt_forward_with_linear_ce_fusion"
@@ -70,6 +70,38 @@ def test_hidden_grad_not_reduce_scattered_is_caught(run_shardcheck):
         row = rows.loc[check]
         assert row["status"] == "fail" and row["err_ratio"] > 100, check
         assert {r["rank"] for r in row["per_rank"] if r["status"] == "fail"} == {0, 1}
+
+
+@needs_megatron
+def test_two_cases_in_a_row_on_an_implementation_with_its_own_patched_flag(run_shardcheck):
+    """The patch keeps an "already patched" flag in its module: each case undoes it with GPTModel.forward, so the second
+    case (and the second patch within each case) patches again instead of finding the flag set on the original."""
+    run = run_shardcheck("run", *SUITE, "--impl", f"model_utils={IMPLS / 'patch_flag_model_utils.py'}", "--op", PATCH,
+                         "--case", "tied-chunk5", "--case", "untied-chunk5", "--topology", "dp=1,cp=1,tp=1")
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = run.rows
+    assert set(rows["case_id"]) == {"tied-chunk5", "untied-chunk5"} and (rows["status"] == "pass").all()
+    assert "property:no_grad_same" in set(rows["check"])  # patched twice more inside each case, after the first
+
+
+def test_restored_undoes_a_class_patch_and_the_patchers_markers():
+    from shardcheck.harness.core.restore import owners_of, restored
+
+    class Foreign:
+        def forward(self):
+            return "own"
+
+    state = {"patched": False}
+    exec("def patch():\n    global PATCHED\n    PATCHED = True\n", state)
+    original = Foreign.forward
+    with restored(Foreign, *owners_of(state["patch"])):
+        state["patch"]()
+        state["patch"].marker = 1
+        Foreign.forward = lambda self: "patched"
+        Foreign._was_patched = True
+        assert Foreign().forward() == "patched" and state["PATCHED"]
+    assert Foreign.forward is original and not hasattr(Foreign, "_was_patched")
+    assert "PATCHED" not in state and not hasattr(state["patch"], "marker") and state["patched"] is False
 
 
 def test_without_megatron_the_cases_are_skipped_with_the_reason(run_shardcheck, tmp_path, monkeypatch):

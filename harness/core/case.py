@@ -400,6 +400,10 @@ class Case:
     # item is recorded `skip` with this reason, and nothing of the case is called.
     skip_reason: str | None = None
 
+    # Where the family's contract lets a float64 item be computed (and returned) in float32, the rule that says so
+    # ("seed: 'Cast logits to float32 ...'", "ours: docs/ops/x.md#section"): a float64 result within the float32
+    # budget then passes, citing it, instead of warning "float64 computed in float32".
+    allows_float32: str | None = None
     # ---- parameters: recorded with every row, and what `run` (and every other callable given a ctx) reads
     # as `ctx.params`
     params: dict = field(default_factory=dict)

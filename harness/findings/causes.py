@@ -14,7 +14,13 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    holds on every row of the symptom and on no passing row ("exactly in grad:logits, at tp ≥ 2");
    else the greedy conjunction that excludes the most passing rows ("mostly ..."), unless most of the
    op's passing rows fall under it too, which is no condition: then the line says none separates.
-3. Causes per op.  Symptoms failing in the same items are one cause; so are all of them when one
+   A condition is computed from the items that ran: where a hang's budget skipped items at the symptom's topology,
+   the line says how many (they may show it too).
+3. Causes per op.  A crash (an exception at one raising line, a death, a hang) is one line; the checks failing in
+   its items at or after the phase it crashed in are its consequences, counted and named on its line.  A check
+   failing where nothing crashed is never folded into a crash's line, except when one condition on the items
+   separates the crash's and the wrong answers' items together from the clean ones (one bug, two faces).  Among
+   the wrong answers: symptoms failing in the same items are one cause; so are all of them when one
    condition on the items separates the op's failing items exactly from its clean ones (one bug
    showing in several checks).  A symptom wrong in every item does not swallow the others: each keeps
    its own line unless it has no sharp condition of its own, or fails wherever its checks ran (the
@@ -42,7 +48,7 @@ from typing import Callable
 import pandas as pd
 
 from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
-from shardcheck.harness.core.records import SIGNATURE_CHECK, SYMPTOMS, Status, Symptom
+from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, SYMPTOMS, Phase, Status, Symptom
 from shardcheck.harness.findings import model_order
 
 COLUMNS = ["op", "ops", "status", "kind", "checks", "count", "condition", "worst", "rerun"]
@@ -281,12 +287,20 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
     bad = bad.assign(_kind=[_group_kind(r) for r in bad.to_dict("records")],
                      _part=[_part(r) for r in bad.to_dict("records")],
                      _symptom=[_symptom_of(r) for r in bad.to_dict("records")])
+    bad = bad.assign(_status=bad["status"], _crash=bad["_symptom"].isin(CRASHES) & (bad["status"] == Status.ERROR))
+    bad = _consequences(bad)
     passing = df[df["status"] == Status.PASS]
     passing_of = {op: rows for op, rows in passing.groupby("op", sort=False)}
     empty = df.iloc[:0]
+    skipped = df[df["status"] == Status.SKIP]
+    skipped_of = {op: rows.drop_duplicates(ITEM) for op, rows in skipped.groupby("op", sort=False)}
     symptoms = []
-    for (op, status, kind, part), rows in bad.groupby(["op", "status", "_kind", "_part"], sort=False):
-        symptoms.append(_symptom(op, status, kind, rows, passing_of.get(op, empty)))
+    for (op, status, kind, part), rows in bad.groupby(["op", "_status", "_kind", "_part"], sort=False):
+        rows = rows.sort_values("_crash", ascending=False, kind="stable")  # the crash itself names the line
+        symptom = _symptom(op, status, kind, rows[rows["_crash"]] if rows["_crash"].any() else rows,
+                           passing_of.get(op, empty), rows)
+        symptom["condition"] += _not_run(rows, skipped_of.get(op, empty))
+        symptoms.append(symptom)
     table = []
     for op in dict.fromkeys(s["ops"][0] for s in symptoms):
         of_op = [s for s in symptoms if s["ops"] == (op,)]
@@ -298,7 +312,53 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
         .drop(columns=["_o", "_n"]).reset_index(drop=True)
 
 
-def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.DataFrame) -> dict:
+def _not_run(rows: pd.DataFrame, skipped: pd.DataFrame) -> str:
+    """What a condition cannot say: the op's items at the symptom's topologies that never ran (a hang's budget skips
+    the op's other items at its topology, every dtype).  The condition is from the items that ran; those may show
+    the symptom too."""
+    if not len(skipped):
+        return ""
+    where = {(r.dp, r.cp, r.tp) for r in rows.itertuples()}
+    gone = [r for r in skipped.itertuples() if (r.dp, r.cp, r.tp) in where]
+    if not gone:
+        return ""
+    topologies = sorted({f"dp{r.dp}-cp{r.cp}-tp{r.tp} {r.dtype}" for r in gone})
+    return (f" (from the items that ran: {len(gone)} item(s) at {', '.join(topologies)} were skipped after a hang "
+            f"and may show it too)")
+
+
+def _phase_of_check(check: str) -> int:
+    """Where in the item a check is judged: the forward, the backward, the properties after them."""
+    phase = Phase.FORWARD if check.startswith("forward") else Phase.BACKWARD if check.startswith("grad:") else Phase.PROPERTIES
+    return PHASES.index(phase)
+
+
+def _consequences(bad: pd.DataFrame) -> pd.DataFrame:
+    """A check failing in an item where the op raised, died or hung in that phase or before it fails *because* of
+    it: its row joins the crash's line (status, kind, part), naming where else the crash shows.  A check failing in
+    an item where nothing crashed before it keeps its own line, with its own condition (module docstring, 1)."""
+    crashes = bad[bad["_crash"]]
+    if not len(crashes) or crashes.index.equals(bad.index):
+        return bad
+    first: dict[tuple, tuple] = {}  # item -> (phase index, status, kind) of its earliest crash
+    for r in crashes.to_dict("records"):
+        key = (r["op"], *(str(r[k]) for k in ITEM))
+        phase = PHASES.index(r["phase"]) if r.get("phase") in PHASES else 0
+        if key not in first or phase < first[key][0]:
+            first[key] = (phase, r["status"], r["_kind"])
+    status, kind, part = list(bad["_status"]), list(bad["_kind"]), list(bad["_part"])
+    for i, r in enumerate(bad.to_dict("records")):
+        crash = first.get((r["op"], *(str(r[k]) for k in ITEM)))
+        if r["_crash"] or crash is None or r["status"] == Status.WARN or crash[0] > _phase_of_check(str(r["check"])):
+            continue
+        status[i], kind[i], part[i] = crash[1], crash[2], ""
+    return bad.assign(_status=status, _kind=kind, _part=part)
+
+
+def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.DataFrame,
+             all_rows: pd.DataFrame | None = None) -> dict:
+    """One symptom from its rows; `all_rows` adds the checks failing as its consequences (counted, listed)."""
+    all_rows = rows if all_rows is None else all_rows
     records = rows.to_dict("records")
     symptom = records[0]["_symptom"]
     found = set(rows["_symptom"])
@@ -319,9 +379,9 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
     else:
         condition = separating_condition(rows, passing)
     return {"op": op, "ops": (op,), "status": status, "kind": kind, "symptoms": found, "signals": signals,
-            "checks": _checks(list(rows["check"].unique()), status), "count": len(rows), "condition": condition,
+            "checks": _checks(list(all_rows["check"].unique()), status), "count": len(all_rows), "condition": condition,
             "worst": _worst_text(worst, status), "rerun": rerun, "rows": list(rows.index),
-            "items": set(map(tuple, rows[ITEM].astype(str).values)), "all_checks": list(rows["check"].unique()),
+            "items": set(map(tuple, rows[ITEM].astype(str).values)), "all_checks": list(all_rows["check"].unique()),
             "error_key": (worst.get("error_type"), worst.get("error_where")) if symptom in ERRORS else None}
 
 
@@ -362,69 +422,100 @@ def _is_crash(s: dict) -> bool:
 
 
 def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad: pd.DataFrame) -> list[dict]:
-    """The causes of one op from its symptoms (module docstring, 3)."""
+    """The causes of one op from its symptoms (module docstring, 3).  A crash (an exception at one line, a death, a
+    hang) is a line of its own with the checks it caused; it never takes in a check that failed where it did not
+    cause the failure, and two different crashes stay two lines."""
     failing = [s for s in symptoms if s["status"] in (Status.FAIL, Status.ERROR)]
     warnings = [s for s in symptoms if s["status"] not in (Status.FAIL, Status.ERROR)]  # and known failures that pass: own lines
+    crashes = [s for s in failing if _is_crash(s)]
+    wrong = [s for s in failing if not _is_crash(s)]
+    if len(crashes) == 1 and wrong:  # one trigger on the items for a crash and wrong answers: one bug, two faces
+        ran = rows[(rows["check"] != SIGNATURE_CHECK) & ~rows["status"].isin([Status.SKIP, Status.XFAIL])]
+        item_rows = ran.drop_duplicates(ITEM)
+        item_key = item_rows[ITEM].astype(str).apply(tuple, axis=1)
+        dirty = set(map(tuple, ran[ran["status"].isin(NOT_PASSING)][ITEM].astype(str).values))
+        clean = item_rows[~item_key.isin(dirty)]
+        union = set().union(*(s["items"] for s in failing))
+        if len(clean):
+            condition = separating_condition(item_rows[item_key.isin(union)], clean, by_check=False)
+            if condition.startswith("exactly"):
+                return [_merge(failing, condition, bad)] + warnings
+    return crashes + _wrong_answers(wrong, rows, passing, bad, crashes) + warnings
+
+
+def _wrong_answers(failing: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad: pd.DataFrame,
+                   crashes: list[dict]) -> list[dict]:
+    """The lines of an op's checks failing where nothing crashed: one bug showing in several checks is one line,
+    an op wrong everywhere does not swallow a symptom with a sharp condition of its own."""
     if len(failing) < 2:
-        return failing + warnings
+        return failing
 
     def merged(group: list[dict]) -> dict:
         return group[0] if len(group) == 1 else _merge(group, separating_condition(
             bad.loc[[i for s in group for i in s["rows"]]], passing), bad)
 
-    # the same items: one cause (two different crashes stay two)
+    # the same items: one cause
     groups: list[list[dict]] = []
     for s in failing:
-        same = next((g for g in groups if g[0]["items"] == s["items"] and not _two_crashes(g[0], s)), None)
+        same = next((g for g in groups if g[0]["items"] == s["items"]), None)
         if same is None:
             groups.append([s])
         else:
             same.append(s)
     failing = [merged(g) for g in groups]
     if len(failing) == 1:
-        return failing + warnings
+        return failing
 
-    ran = rows[(rows["check"] != SIGNATURE_CHECK) & ~rows["status"].isin([Status.SKIP, Status.XFAIL])]  # evidence either way
-    item_rows = ran.drop_duplicates(ITEM)
+    # the evidence: items that ran, less those a crash explains, where one of these checks was judged
+    crashed = set().union(*(c["items"] for c in crashes)) if crashes else set()
+    checks = {c for s in failing for c in s["all_checks"]}
+    ran = rows[(rows["check"] != SIGNATURE_CHECK) & ~rows["status"].isin([Status.SKIP, Status.XFAIL])]
+    ran = ran[~ran[ITEM].astype(str).apply(tuple, axis=1).isin(crashed)] if crashed else ran
+    judged = ran[ran["check"].isin(checks)]
+    item_rows = judged.drop_duplicates(ITEM)
     item_key = item_rows[ITEM].astype(str).apply(tuple, axis=1)
     items = set(item_key)
-    dirty = set(map(tuple, ran[ran["status"].isin(NOT_PASSING)][ITEM].astype(str).values))
+    dirty = set(map(tuple, judged[judged["status"].isin(NOT_PASSING)][ITEM].astype(str).values))
     clean = item_rows[~item_key.isin(dirty)]
-    crash_kinds = len({s["kind"] for s in failing if _is_crash(s)})
-    if len(clean) and crash_kinds <= 1:  # one trigger on the items for all of them?
+    if len(clean):  # one trigger on the items for all of them?
         union = set().union(*(s["items"] for s in failing))
         condition = separating_condition(item_rows[item_key.isin(union)], clean, by_check=False)
         if condition.startswith("exactly"):
-            return [_merge(failing, condition, bad)] + warnings
+            return [_merge(failing, condition, bad)]
 
-    everywhere = [s for s in failing if not _is_crash(s) and s["items"] >= items]
-    if everywhere:  # wrong in every item: that does not swallow the op's other symptoms
-        host = merged(everywhere)
-        rest = [s for s in failing if s not in everywhere]
-        checked = {check: set(map(tuple, of_check[ITEM].astype(str).values))
-                   for check, of_check in ran.groupby("check", sort=False)}
+    checked = {check: set(map(tuple, of_check[ITEM].astype(str).values))
+               for check, of_check in judged.groupby("check", sort=False)}
+
+    def ran_in(s: dict) -> set:
+        return set().union(*(checked.get(c, set()) for c in s["all_checks"]))
+
+    # wrong wherever its checks were judged: that does not swallow the op's other symptoms
+    everywhere = [s for s in failing if s["items"] >= items or (ran_in(s) and ran_in(s) <= s["items"])]
+    if everywhere:
+        primary = [s for s in everywhere if s["items"] >= items] or everywhere  # the condition is theirs
+        host = merged(primary)
         own = []
-        for s in rest:
+        for s in failing:
+            if s in primary:
+                continue
+            if s in everywhere:
+                host = _merge([host, s], host["condition"], bad)
+                continue
             # a symptom with no sharp condition, or failing in each item its checks ran in (the sum of wrong
             # losses, wrong wherever it is checked), is the same wrong output seen again
-            ran_in = set().union(*(checked.get(c, set()) for c in s["all_checks"]))
-            if not _is_crash(s) and (not s["condition"].startswith("exactly") or ran_in <= s["items"]):
+            if not s["condition"].startswith("exactly") or ran_in(s) <= s["items"]:
                 host = _merge([host, s], host["condition"], bad)
             else:
                 own.append(s)
-        return [host] + own + warnings
-    if not len(clean) and crash_kinds <= 1:  # failing somewhere in every item, nowhere in all: one bug
-        return [_merge(failing, separating_condition(bad.loc[[i for s in failing for i in s["rows"]]], passing), bad)] + warnings
-    # otherwise symptoms that share items are one cause (at most one crash each)
+        return [host] + own
+    if not len(clean):  # failing somewhere in every item, nowhere in all: one bug
+        return [_merge(failing, separating_condition(bad.loc[[i for s in failing for i in s["rows"]]], passing), bad)]
+    # otherwise symptoms that share items are one cause
     components: list[list[dict]] = []
     for s in failing:
         joined = [g for g in components if any(s["items"] & t["items"] for t in g)]
-        group = [s] + [t for g in joined for t in g]
-        if sum(_is_crash(t) for t in group) > 1 and len({t["kind"] for t in group if _is_crash(t)}) > 1:
-            components.append([s])
-            continue
-        components = [g for g in components if g not in joined] + [group]
-    return [merged(g) for g in components] + warnings
+        components = [g for g in components if g not in joined] + [[s] + [t for g in joined for t in g]]
+    return [merged(g) for g in components]
 
 
 def _two_crashes(s: dict, t: dict) -> bool:
