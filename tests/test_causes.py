@@ -344,7 +344,11 @@ def test_a_condition_says_which_items_of_its_topology_a_hang_left_unrun():
     rows = [_row("pass", "forward", tp=1, case_id="a", params={"scale": 1}),
             _row("error", "forward", tp=2, case_id="b", params={"scale": 30}, symptom="hung", phase="forward"),
             _row("pass", "forward", tp=2, case_id="a", params={"scale": 1}),
-            _row("skip", "forward", tp=2, case_id="c", params={"scale": 3}, symptom=None)]
+            _row("skip", "forward", tp=2, case_id="c", params={"scale": 3}, symptom=None,
+                 message="skipped: model_utils.X hung in case b float64 at dp1-cp1-tp2; its other items at this "
+                         "topology are not run (--no-hang-budget runs them)"),
+            _row("skip", "forward", tp=2, case_id="d", params={"scale": 4}, symptom=None,
+                 message="the case's shapes cannot be laid out here")]  # a plan's skip: not the hang's
     line = causes(pd.DataFrame(rows)).iloc[0]
     assert line["condition"].endswith("(from the items that ran: 1 item(s) at dp1-cp1-tp2 float64 were skipped "
                                       "after a hang and may show it too)"), line["condition"]
