@@ -35,15 +35,18 @@ class RMSNorm(nn.Module):
 
 class Rotary(nn.Module):
     """Rotary embedding of [B, S, H, D] at positions `offset + arange(S)` (`offset`: where this piece of the sequence
-    starts; 0 for the whole sequence)."""
+    starts; 0 for the whole sequence), or at the positions `offset` lists ([S]: a context-parallel rank's pieces)."""
 
     def __init__(self, head_dim: int, base: float = 10000.0):
         super().__init__()
         self.register_buffer("inv_freq", base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim),
                              persistent=False)
 
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        pos = torch.arange(offset, offset + x.shape[1], dtype=torch.float64, device=x.device)
+    def forward(self, x: torch.Tensor, offset: int | torch.Tensor = 0) -> torch.Tensor:
+        if isinstance(offset, torch.Tensor):
+            pos = offset.to(dtype=torch.float64, device=x.device)
+        else:
+            pos = torch.arange(offset, offset + x.shape[1], dtype=torch.float64, device=x.device)
         angles = torch.outer(pos, self.inv_freq.to(x.device))  # [S, D/2]
         cos, sin = angles.cos().to(x.dtype)[None, :, None], angles.sin().to(x.dtype)[None, :, None]
         x1, x2 = x[..., 0::2], x[..., 1::2]
@@ -59,7 +62,8 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.dim, cfg.kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(cfg.heads * self.head_dim, cfg.dim, bias=False)
         self.rope = Rotary(self.head_dim)
-        self.position_offset = 0  # where this rank's sequence starts (a context-parallel plan sets it)
+        # where this rank's sequence starts, or its positions (a context-parallel plan sets them)
+        self.position_offset: int | torch.Tensor = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape

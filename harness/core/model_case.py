@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 from shardcheck.harness.core.case import REPLICATED, Case, KnownFailure, Layout, RankContext, Tensors
 from shardcheck.harness.core.compare import BudgetScope
@@ -162,8 +162,7 @@ class ModelCase:
         self._put_full_weights(model, local, ctx)
         data = {k: v for k, v in local.items() if not k.startswith(PARAM_PREFIX)}
         steps = self._step(model, data, ctx)
-        batch = self.input_layouts.get(self.batch or self.model_inputs[0], REPLICATED)
-        default = Layout(dp=batch.placements[0], cp=batch.placements[1])
+        default = self._batch_layout()
         got: dict[str, tuple[torch.Tensor, Layout]] = {}
         for kind in ("act", "loss", "dact", "dparam", "step"):
             for key, tensor, layout in steps[kind]:
@@ -184,6 +183,11 @@ class ModelCase:
         self._case.output_layouts = tuple(lay for _, lay in outs)  # read by the harness after this run, this item
         return tuple(t for t, _ in outs)
 
+    def _batch_layout(self) -> Layout:
+        """The layout an activation defaults to: the batch's placements over dp and cp, replicated over tp."""
+        batch = self.input_layouts.get(self.batch or self.model_inputs[0], REPLICATED)
+        return Layout(dp=batch.placements[0], cp=batch.placements[1])
+
     def _put_full_weights(self, model: nn.Module, local: Tensors, ctx: RankContext) -> None:
         """Every parameter of the sharded model gets its piece of the same full weights the single-device one has."""
         with torch.no_grad():
@@ -192,6 +196,15 @@ class ModelCase:
                 if full is None:
                     raise ModelCaseError(f"the sharded model's parameter {name!r} is not a parameter of the model "
                                          "build() returns: keep the parameter names (parallelize in place)")
+                if isinstance(p, DTensor) and not _mapped(p):  # FSDP over a flattened mesh, a TP shard sharded again
+                    target = p.to_local()
+                    piece = distribute_tensor(full.to(target.dtype), p.device_mesh, p.placements,
+                                              src_data_rank=None).to_local()
+                    if tuple(piece.shape) != tuple(target.shape):
+                        raise ModelCaseError(f"parameter {name!r}: local shape {tuple(target.shape)}, its placements "
+                                             f"{p.placements} give {tuple(piece.shape)} of the full {tuple(full.shape)}")
+                    target.copy_(piece)
+                    continue
                 if isinstance(p, DTensor):
                     layout, target = _dtensor_layout(p), p.to_local()
                 else:
@@ -213,10 +226,16 @@ class ModelCase:
         bwd: list = []
         calls: dict[str, int] = {}
 
-        def keep(t: torch.Tensor) -> tuple[torch.Tensor, Layout | None]:
+        batch = self._batch_layout()
+
+        def keep(t: torch.Tensor, activation: bool = False) -> tuple[torch.Tensor, Layout | None]:
             # a detached copy: a module may change its output in place later
-            if isinstance(t, DTensor):
-                return t.to_local().detach().clone(), _dtensor_layout(t)
+            if isinstance(t, DTensor) and not _mapped(t):
+                # FSDP2's parameters and gradients on the flattened dp x cp mesh (and a TP shard sharded again over
+                # it, _StridedShard): no Layout of the (dp, cp, tp) mesh describes them, so the full tensor is judged
+                return t.full_tensor().detach().clone(), REPLICATED
+            if isinstance(t, DTensor):  # an activation on the tp sub-mesh is still split over dp/cp as the batch
+                return t.to_local().detach().clone(), _dtensor_layout(t, batch if activation else REPLICATED)
             return t.detach().clone(), None
 
         def on_forward(path: str):
@@ -227,9 +246,9 @@ class ModelCase:
                 k = calls.get(path, 0)
                 calls[path] = k + 1
                 key = (path or ROOT_NAME) + (f"#{k}" if k else "")
-                fwd.append((key, *keep(tensor)))
+                fwd.append((key, *keep(tensor, activation=True)))
                 if tensor.requires_grad:
-                    tensor.register_hook(lambda g, key=key: bwd.append((key, *keep(g))) and None)
+                    tensor.register_hook(lambda g, key=key: bwd.append((key, *keep(g, activation=True))) and None)
             return hook
 
         handles = [m.register_forward_hook(on_forward(path)) for path, m in model.named_modules()]
@@ -278,10 +297,18 @@ def _first_float(out) -> torch.Tensor | None:
     return None
 
 
-def _dtensor_layout(t: DTensor) -> Layout:
-    """The Layout of a DTensor on (a sub-mesh of) the ("dp", "cp", "tp") mesh (Partial: the harness sums the pieces)."""
+def _mapped(t: DTensor) -> bool:
+    """Whether a Layout describes this DTensor: its mesh dims among dp/cp/tp, plain Shard/Replicate/Partial."""
     names = t.device_mesh.mesh_dim_names or ()
-    kw = {}
+    return (all(n in MESH_DIMS for n in names)
+            and all(type(p) in (Shard, Replicate, Partial) for p in t.placements))
+
+
+def _dtensor_layout(t: DTensor, absent: Layout = REPLICATED) -> Layout:
+    """The Layout of a DTensor on (a sub-mesh of) the ("dp", "cp", "tp") mesh (Partial: the harness sums the pieces);
+    a mesh dim the DTensor's mesh lacks takes its placement in `absent`."""
+    names = t.device_mesh.mesh_dim_names or ()
+    kw = {d: p for d, p in zip(MESH_DIMS, absent.placements) if d not in names}
     for name, placement in zip(names, t.placements):
         if name not in MESH_DIMS:
             raise ModelCaseError(f"a DTensor on mesh dim {name!r}: only {MESH_DIMS} (or sub-meshes of them) are mapped")
