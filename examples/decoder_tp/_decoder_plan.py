@@ -69,6 +69,7 @@ def data_parallel(model: nn.Module, mesh) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):  # each rank's loss is already its share of the mean: sum, do not average
             module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # gloo has neither PREMUL_SUM nor AVG
 
 
 def loss(logits: torch.Tensor, inputs: dict, ctx) -> torch.Tensor:
