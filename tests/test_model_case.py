@@ -1,12 +1,14 @@
 """Model cases (shardcheck.ModelCase): a parallelized model checked module by module over one training step.
 
-The decoder example (examples/decoder_tp: torchtitan-style TP + sequence parallelism) passes at TP 1, 2, 4; each
+The decoder example (examples/decoder_tp: torchtitan-style TP + sequence parallelism, torch's context_parallel, FSDP2)
+passes at every (dp, cp, tp) of world sizes 1, 2, 4; each
 broken plan (tests/broken/decoder_tp) is one finding naming its first diverging module or parameter, and its rerun
 line reproduces it alone.  The guide's suite with plain local shards (docs/model-cases/plain_tp_mlp.py) passes,
 names its first divergence, and a parameter whose local shape matches no layout is one error naming it."""
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -78,34 +80,51 @@ def test_a_tensor_budget_covers_rows_that_are_exact_zeros_on_one_device():
 
 # ---- runs ----------------------------------------------------------------------------------------------------------
 
-def test_decoder_tp_plan_passes_at_tp_1_2_4(run_shardcheck):
+def _topologies(rows) -> set[str]:
+    return {f"dp{dp}-cp{cp}-tp{tp}" for dp, cp, tp in zip(rows["dp"], rows["cp"], rows["tp"])}
+
+
+def test_decoder_plan_passes_over_every_dp_cp_tp_at_world_sizes_1_2_4(run_shardcheck):
     run = run_shardcheck("run", "--suite-path", str(DECODER), "--suite", "decoder_tp", "--world-sizes", "1,2,4",
                          "--dtype", "float64,bfloat16")
     assert run.returncode == 0, run.stdout[-3000:]
     rows = run.rows
-    assert set(rows["tp"]) == {1, 2, 4} and set(rows["case_id"]) == {"mha", "gqa"}
+    every = {f"dp{dp}-cp{cp}-tp{tp}" for dp in (1, 2, 4) for cp in (1, 2, 4) for tp in (1, 2, 4) if dp * cp * tp <= 4}
+    assert _topologies(rows) == every  # TP + SP, torch's context_parallel, FSDP2 and every mix of them
+    assert set(rows["case_id"]) == {"mha", "gqa", "odd-vocab"}
+    assert set(rows[rows["case_id"] == "gqa"]["tp"]) == {1, 2}  # 2 key/value heads: TP up to 2
     checks = set(rows["check"])
-    assert {"forward:loss", "forward:act00:tok_embeddings", "forward:dparam:norm.weight",
-            "forward:step:output.weight"} <= checks
+    assert {"forward:loss", "forward:act00:tok_embeddings", "forward:act05:layers.0.attention.rope",
+            "forward:dparam:norm.weight", "forward:step:output.weight"} <= checks
+    notes = json.loads((run.out / "run.json").read_text())["shim_notes"]
+    assert any(n.startswith("used shardcheck's CPU shim for torch context parallelism") for n in notes)
 
 
-@pytest.mark.parametrize("bug, first, params", [
-    ("norm_grad_not_reduced", "first diverging: parameter layers.0.attention_norm.weight (gradient)",
-     "wrong parameters: layers.0.attention_norm.weight, layers.1.attention_norm.weight"),
-    ("rowwise_output_partial", "first diverging: module layers.0.attention.wo (output, forward)", "parameter(s) wrong"),
+@pytest.mark.parametrize("bug, case, first, params, where", [
+    ("norm_grad_not_reduced", "mha", "first diverging: parameter layers.0.attention_norm.weight (gradient)",
+     "wrong parameters: layers.0.attention_norm.weight, layers.1.attention_norm.weight", {"dp1-cp1-tp2"}),
+    ("rowwise_output_partial", "mha", "first diverging: module layers.0.attention.wo (output, forward)",
+     "parameter(s) wrong", {"dp1-cp1-tp2"}),
+    ("rotary_not_offset", "mha", "first diverging: module layers.0.attention.rope (output, forward)",
+     "parameter(s) wrong", {"dp1-cp2-tp1"}),
+    ("loss_local_mean_summed", "mha", "first diverging: the loss [forward:loss]", "parameter(s) wrong",
+     {"dp2-cp1-tp1", "dp1-cp2-tp1"}),
+    ("vocab_padded_with_zeros", "odd-vocab", "first diverging: the loss [forward:loss]", "parameter(s) wrong",
+     {"dp1-cp1-tp2"}),
 ])
-def test_each_broken_plan_is_one_finding_at_its_first_divergence(run_shardcheck, bug, first, params):
+def test_each_broken_plan_is_one_finding_at_its_first_divergence(run_shardcheck, bug, case, first, params, where):
     impl = f"decoder_tp={BROKEN / 'decoder_tp' / bug}.py"
-    run = run_shardcheck(*DECODER_RUN, "--world-sizes", "1,2", "--dtype", "float64", "--impl", impl)
+    run = run_shardcheck(*DECODER_RUN[:-1], case, "--world-sizes", "1,2", "--dtype", "float64", "--impl", impl)
     assert run.returncode == 1
     cause = _first_cause(run)
     assert cause.checks.startswith(first) and params in cause.checks, cause.checks
     assert "tp=1" in cause.worst or "tp=0" in cause.worst  # a rank and its mesh coordinates
-    assert "dp1-cp1-tp2" in cause.worst and set(run.failed()["tp"]) == {2}
+    assert any(t in cause.worst for t in where) and _topologies(run.failed()) == where
     # its rerun line alone reproduces it
     again = run_shardcheck(*shlex.split(cause.rerun)[1:])
     assert again.returncode == 1 and _first_cause(again).checks.startswith(first)
-    assert set(zip(again.rows["tp"], again.rows["dtype"])) == {(2, "float64")}
+    assert len(_topologies(again.rows)) == 1 and _topologies(again.rows) <= where
+    assert set(again.rows["dtype"]) == {"float64"}
 
 
 def test_a_plan_of_plain_local_shards_passes_and_names_its_first_divergence(run_shardcheck):

@@ -27,6 +27,12 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 def parallelize(model: nn.Module, ctx) -> nn.Module:
     if ctx.size("tp") > 1:
         tensor_parallel(model, ctx.mesh["tp"])
+    sequence_and_data_parallel(model, ctx)
+    return model
+
+
+def sequence_and_data_parallel(model: nn.Module, ctx) -> None:
+    """torch's context_parallel over cp, then FSDP2 over dp x cp."""
     if ctx.size("cp") > 1:
         # the rotary positions are a buffer context_parallel shards as it shards the batch (torchtitan's freqs_cis);
         # kept open through the backward: torch's CP has its attention backward only inside the context
@@ -37,7 +43,6 @@ def parallelize(model: nn.Module, ctx) -> nn.Module:
             block.attention.position_offset = positions  # this rank's two chunks, head-tail
     if ctx.size("dp") * ctx.size("cp") > 1:
         data_parallel(model, ctx.mesh["dp", "cp"]._flatten("dp_cp"))
-    return model
 
 
 def tensor_parallel(model: nn.Module, tp) -> None:

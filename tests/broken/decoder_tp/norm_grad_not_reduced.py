@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from _decoder_plan import loss, sequence_and_data_parallel  # noqa: F401  (the example's own CP, FSDP2, loss)
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
                                                parallelize_module)
 
 
-def parallelize(model: nn.Module, ctx) -> nn.Module:
+def tensor_parallel(model: nn.Module, ctx) -> nn.Module:
     tp = ctx.mesh["tp"]
     if ctx.size("tp") == 1:
         return model
@@ -30,4 +31,10 @@ def parallelize(model: nn.Module, ctx) -> nn.Module:
             "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
             "feed_forward.w3": ColwiseParallel(),
         })
+    return model
+
+
+def parallelize(model: nn.Module, ctx) -> nn.Module:
+    tensor_parallel(model, ctx)  # the bug is here; context parallel and FSDP2 as the example's plan
+    sequence_and_data_parallel(model, ctx)
     return model
