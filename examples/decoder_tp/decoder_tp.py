@@ -5,9 +5,9 @@ FSDP2 over dp x cp), checked module by module over one training step against the
     shardcheck run --suite-path examples/decoder_tp
 
 A `ModelCase` per configuration: multi-head attention (every TP degree) and grouped key/value heads (TP up to the
-number of key/value heads).  The batch is laid out as the plan's ranks hold it: split over dp, in torch's head-tail
-load-balanced layout over cp (what context_parallel's sharder gives); each rank's loss is its summand of the mean.  Any failing step is one finding naming the first module where the sharded model leaves
-the single-device one.
+number of key/value heads), and a vocabulary (31) TP does not divide.  The batch is laid out as the plan's ranks hold it: split over dp, in torch's head-tail
+load-balanced layout over cp (what context_parallel's sharder gives); each rank's loss is its summand of the mean.
+Any failing step is one finding naming the first module where the sharded model leaves the single-device one.
 """
 
 from __future__ import annotations
@@ -62,4 +62,5 @@ def model_case(case_id: str, cfg: Config) -> ModelCase:
 
 def cases(quick: bool = False) -> list[ModelCase]:
     # odd-vocab: a vocabulary TP does not divide (torch's uneven shards of the embedding and the output projection)
-    return [model_case("mha", Config()), model_case("gqa", Config(kv_heads=2)), model_case("odd-vocab", Config(vocab=31))]
+    return [model_case("mha", Config()), model_case("gqa", Config(kv_heads=2)),
+            model_case("odd-vocab", Config(vocab=31))]

@@ -202,7 +202,8 @@ class ModelCase:
                                               src_data_rank=None).to_local()
                     if tuple(piece.shape) != tuple(target.shape):
                         raise ModelCaseError(f"parameter {name!r}: local shape {tuple(target.shape)}, its placements "
-                                             f"{p.placements} give {tuple(piece.shape)} of the full {tuple(full.shape)}")
+                                             f"{p.placements} give {tuple(piece.shape)} of the full "
+                                             f"{tuple(full.shape)}")
                     target.copy_(piece)
                     continue
                 if isinstance(p, DTensor):
