@@ -1,7 +1,7 @@
 """BROKEN: context parallel without the rotary positions: torch's context_parallel shards the batch, but the model
 keeps rotating each rank's pieces at positions 0, 1, ... of its own local sequence (the positions buffer is never
-handed to it), so every CP rank but the first rotates its queries and keys at the wrong positions (the head-tail
-tail chunk even on rank 0).  The first diverging module is layers.0.attention.rope (the queries' rotation)."""
+handed to it), so every CP rank rotates queries and keys at wrong positions (rank 0 those of its head-tail tail
+chunk, the others all of theirs).  The first diverging module is layers.0.attention.rope (the queries' rotation)."""
 
 from __future__ import annotations
 
