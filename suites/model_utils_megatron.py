@@ -32,6 +32,7 @@ from shardcheck.harness.core.restore import owners_of, restored
 from shardcheck.suites._megatron_model import (BATCH, HEADS, HIDDEN, LAYERS, ONE_RANK, SEQ, VOCAB, UnderShims, build_model,
                                     call_model, check_names, make_params, megatron_missing, megatron_shims,
                                     param_layouts, sharded_params)
+from shardcheck.suites._megatron_gpt_case import gpt_model_case
 from shardcheck.suites._model_utils_comm import merge
 
 FAMILY = "model_utils"
@@ -285,7 +286,8 @@ def cases(quick: bool = False) -> list[Case]:
     skip = megatron_missing()
     specs = FUSION_SPECS[:2] if quick else FUSION_SPECS
     return ([fused_case(s, skip) for s in specs] + [fused_values_case(s, skip) for s in specs[:2]]
-            + [flag_off_case(tied, skip) for tied in ((True,) if quick else (True, False))] + bad_input_cases(skip))
+            + [flag_off_case(tied, skip) for tied in ((True,) if quick else (True, False))] + bad_input_cases(skip)
+            + [gpt_model_case(tied) for tied in ((False,) if quick else (False, True))])
 
 
 # ---- uses it does not serve ------------------------------------------------------------------------------------
