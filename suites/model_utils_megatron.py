@@ -15,6 +15,10 @@ parameter lands on the harness's local input and is compared, on every rank, wit
 Replicated parameters used on a sequence shard (norms, row-parallel biases: Megatron tags them `sequence_parallel`)
 get partial gradients; the case sums them over TP as Megatron's finalize_model_grads does (shardcheck.harness.core.case.GradSum).
 
+The model case (suites/_megatron_gpt_case.py, `model-untied` / `model-tied`): the same GPTModel as a
+shardcheck.ModelCase, one training step with the patched forward (flag off) checked module by module against the
+single-device model, every parameter's gradient and stepped value, in float64, float32 and bfloat16.
+
 Golden (`reference`): the unpatched single-device model's logits -> log-softmax in float64 (float32 for lower
 precisions) -> gathered at the shifted labels; 0 where a label is outside [0, V).
 """
@@ -270,15 +274,15 @@ def fused_values_case(spec: FusionSpec, skip: str | None) -> Case:
 
 def flag_off_case(tied: bool, skip: str | None) -> Case:
     """With return_logprobs_for_linear_ce_fusion off the patched forward is Megatron's own: the vocab-parallel
-    logits, their gradients, and bit-identical logits and loss (properties)."""
+    logits and bit-identical logits and loss (properties).  Every parameter's gradient of this path is the model
+    case's (suites/_megatron_gpt_case.py: one training step, module by module, in three dtypes)."""
     return Case(
         op=FORWARD_OP, case_id=f"{'tied' if tied else 'untied'}-flag-off",
         params={"tied": tied, "S": SEQ, "B": BATCH, "H": HIDDEN, "V": VOCAB},
         make_inputs=lambda gen: make_inputs(gen, tied), reference=lambda x: golden_logits(x, tied),
         run=lambda impl, ctx, x: run_flag_off(impl, ctx, x, tied),
         input_layouts=param_layouts(tied), output_layouts=(Layout(tp=Shard(-1)),), output_names=("logits",),
-        grad_inputs=tuple(param_layouts(tied)), properties=lambda ctx, full, local, outs: _bit_identical(
-            ctx, full, local, outs, tied),
+        properties=lambda ctx, full, local, outs: _bit_identical(ctx, full, local, outs, tied),
         comm=lambda ctx: flag_off_comm(ctx, tied), dtypes=("float64", "float32"), supports=supports, skip_reason=skip)
 
 
