@@ -8,14 +8,42 @@ from __future__ import annotations
 import importlib.util
 import shlex
 
-import pytest
+import contextlib
 
+import pytest
+import torch
+
+from shardcheck import ModelCase
 from helpers import BROKEN
 
 FORWARD = "model_utils._gpt_forward_with_linear_ce_fusion"
 needs_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
                                     reason="megatron-core is not installed (pip install -e .[megatron])")
 NOT_REDUCED = BROKEN / "megatron_gpt_plan" / "sp_norm_grad_not_reduced.py"
+
+
+def test_a_step_context_is_entered_around_the_step_and_unchecked_modules_are_not_compared():
+    entered = []
+
+    @contextlib.contextmanager
+    def around(ctx):
+        entered.append(ctx)
+        yield
+
+    def build(gen):
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()
+
+    case = ModelCase(op="f.plan", case_id="x", build=build, parallelize=lambda m, c: m,
+                     make_inputs=lambda g: {"tokens": torch.randn(5, 3, generator=g, dtype=torch.float64)},
+                     loss=lambda out, inputs, ctx: (out ** 2).mean(), step_context=around,
+                     unchecked_modules=("1",)).case()
+    assert entered == [None]  # the single-device step, once, with no rank context
+    names = list(case.output_names)
+    assert "act00:0" in names and "act02:2" in names and not any(n.endswith(":1") for n in names)
+    assert "dparam:0.weight" in names  # parameters are never unchecked
+    skipped = ModelCase(op="f.plan", case_id="y", build=lambda g: 1 / 0, parallelize=lambda m, c: m,
+                        make_inputs=lambda g: {}, skip_reason="needs a framework").case()
+    assert skipped.output_names == ("loss",) and skipped.skip_reason == "needs a framework"  # never built
 
 
 @needs_megatron
