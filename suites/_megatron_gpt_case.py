@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from shardcheck import REPLICATED, Layout, ModelCase, Shard
+from shardcheck.harness.core.restore import owners_of, restored
 from shardcheck.suites._megatron_model import (BATCH, HEADS, ONE_RANK, SEQ, VOCAB, build_model, make_params,
                                                megatron_missing, megatron_shims, model_args)
 
@@ -119,11 +120,27 @@ def loss(logits: torch.Tensor, inputs: dict, ctx) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), inputs["labels"].flatten())
 
 
+@contextlib.contextmanager
+def patched_forward(impl, chunk_size: int, twice: bool = False):
+    """GPTModel.forward patched by the module under test for the block, then everything the patch changed undone:
+    the class, and the module's own markers (an "already patched" flag in its globals or on the patch function,
+    which would otherwise make the next case's patch call a no-op on the restored class).  Other cases see the
+    original.  `twice`: patched first with chunk_size 1, then with `chunk_size` (the second call must only update
+    it)."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    patch = impl.patch_gpt_model_forward_for_linear_ce_fusion
+    original = GPTModel.forward
+    with restored(GPTModel, impl, *owners_of(patch)):
+        if twice:
+            patch(chunk_size=1)
+        patch(chunk_size=chunk_size)
+        yield original
+
+
 def step_context(ctx):
     """Megatron's CPU shims (its TP group for the loss), and on a rank GPTModel.forward patched by the module under
     test, undone after the step."""
-    from shardcheck.suites.model_utils_megatron import patched_forward
-
     stack = contextlib.ExitStack()
     device = torch.device("cpu") if ctx is None else ctx.device
     stack.enter_context(megatron_shims(device, None if ctx is None else ctx.group("tp")))

@@ -32,34 +32,15 @@ from typing import Callable
 import torch
 
 from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, Layout, Property, Shard
-from shardcheck.harness.core.restore import owners_of, restored
 from shardcheck.suites._megatron_model import (BATCH, HEADS, HIDDEN, LAYERS, ONE_RANK, SEQ, VOCAB, UnderShims, build_model,
                                     call_model, check_names, make_params, megatron_missing, megatron_shims,
                                     param_layouts, sharded_params)
-from shardcheck.suites._megatron_gpt_case import gpt_model_case
+from shardcheck.suites._megatron_gpt_case import gpt_model_case, patched_forward
 from shardcheck.suites._model_utils_comm import merge
 
 FAMILY = "model_utils"
 PATCH_OP = "model_utils.patch_gpt_model_forward_for_linear_ce_fusion"
 FORWARD_OP = "model_utils._gpt_forward_with_linear_ce_fusion"
-
-
-@contextlib.contextmanager
-def patched_forward(impl, chunk_size: int, twice: bool = False):
-    """GPTModel.forward patched by the module under test for the block, then everything the patch changed undone:
-    the class, and the module's own markers (an "already patched" flag in its globals or on the patch function,
-    which would otherwise make the next case's patch call a no-op on the restored class).  Other cases see the
-    original.  `twice`: patched first with chunk_size 1, then with `chunk_size` (the second call must only update
-    it)."""
-    from megatron.core.models.gpt.gpt_model import GPTModel
-
-    patch = impl.patch_gpt_model_forward_for_linear_ce_fusion
-    original = GPTModel.forward
-    with restored(GPTModel, impl, *owners_of(patch)):
-        if twice:
-            patch(chunk_size=1)
-        patch(chunk_size=chunk_size)
-        yield original
 
 
 # ---- golden ----------------------------------------------------------------------------------------------------
