@@ -3,8 +3,8 @@
 A model case's checks carry their place in the training step (shardcheck.harness.core.model_case): every module's
 output in forward order, the loss, the gradient at every module's output in backward order.  For one item (op, case,
 topology, dtype) the chart draws err/budget (the worst rank's) of each of them on a log scale, forward above and
-backward below (then every parameter's gradient and stepped value), modules in execution order, the budget (err/budget = 1) as a line and the first divergence
-(shardcheck.harness.findings.model_order) marked.  `profile` is the chart's data, for tests and for people without
+backward below, then every parameter's gradient and stepped value, modules in execution order, the budget
+(err/budget = 1) as a line and the first divergence (shardcheck.harness.findings.model_order) marked.  `profile` is the chart's data, for tests and for people without
 the picture.
 """
 
@@ -91,7 +91,8 @@ def draw(rows: pd.DataFrame, path: Path, title: str) -> pd.DataFrame:
         ax.grid(alpha=0.3)
         for i in part.index[part["first"]]:
             ax.axvline(i, color="#b00", lw=1.5, alpha=0.6)
-            ax.annotate("first divergence", (i, y[i]), xytext=(5, 5), textcoords="offset points", color="#b00", fontsize=8)
+            ax.annotate("first divergence", (i, y[i]), xytext=(5, 5), textcoords="offset points", color="#b00",
+                        fontsize=8)
     where = model_order.summary([first]) if first else "every check within its budget"
     fig.suptitle(f"{title}\n{where}", fontsize=9)
     fig.savefig(path, dpi=90)
@@ -101,7 +102,8 @@ def draw(rows: pd.DataFrame, path: Path, title: str) -> pd.DataFrame:
 
 def chart_name(key: tuple) -> str:
     op, case_id, dp, cp, tp, dtype = key
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"model_{op.split('.')[-1]}_{case_id}_dp{dp}-cp{cp}-tp{tp}_{dtype}") + ".png"
+    name = f"model_{op.split('.')[-1]}_{case_id}_dp{dp}-cp{cp}-tp{tp}_{dtype}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) + ".png"
 
 
 def model_charts(df: pd.DataFrame, run_dir: Path) -> list[tuple[str, Path]]:
