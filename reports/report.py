@@ -19,6 +19,7 @@ from shardcheck.harness.core.compare import FAILING, STATUS_ORDER  # noqa: E402
 from shardcheck.harness.core.records import RUN_META, Status, load  # noqa: E402
 from shardcheck.reports import benchmark_json  # noqa: E402
 from shardcheck.reports.error_map import draw_artefact  # noqa: E402
+from shardcheck.reports.model_chart import model_charts  # noqa: E402
 
 HEATMAP = "agreement_heatmap.png"
 
@@ -342,6 +343,7 @@ def build(run_dir: str | Path) -> list[Path]:
         images.append(("Agreement", run_dir / HEATMAP))
     bench = bench_table(df) if (df["check"] == "bench").any() else pd.DataFrame()
     images += [(p.stem.replace("_", " "), p) for p in sweep_plots(df, run_dir)] if len(bench) else []
+    images += model_charts(checks, run_dir) if len(checks) else []  # where a failing model case leaves the one device
     if len(bench):
         benchmark_json.write(run_dir, df, meta)
 

@@ -42,9 +42,20 @@ def megatron_shims(device: torch.device, tp_group=None):
     - Megatron's global memory buffer exists (attention and sequence-parallel gathers take scratch from it);
     - `parallel_state`'s TP group is `tp_group` (the unpatched loss path, `vocab_parallel_cross_entropy`, reads the
       global TP group instead of the model's pg_collection).
+    - where torch.distributed is not initialised (the driver, listing a model case, runs its single-device model
+      once), Megatron's `get_tensor_model_parallel_group_if_none` passes the group it is given through instead of
+      answering None (its groups are then ONE_RANK: size 1, no collective).
     Megatron's parallel_state is otherwise never initialised; the model gets its groups from a ProcessGroupCollection."""
+    import sys
+
     from megatron.core import parallel_state
+    from megatron.core import utils as megatron_utils
     from megatron.core.tensor_parallel import random as megatron_random
+
+    group_if_none = megatron_utils.get_tensor_model_parallel_group_if_none
+    users = [] if torch.distributed.is_initialized() else [
+        m for name, m in list(sys.modules.items())
+        if name.startswith("megatron.core") and getattr(m, "get_tensor_model_parallel_group_if_none", None) is group_if_none]
 
     saved_tracker = (megatron_random._CUDA_RNG_STATE_TRACKER, megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED)
     saved_buffer, saved_tp = parallel_state._GLOBAL_MEMORY_BUFFER, parallel_state._TENSOR_MODEL_PARALLEL_GROUP
@@ -57,11 +68,19 @@ def megatron_shims(device: torch.device, tp_group=None):
             parallel_state._TENSOR_MODEL_PARALLEL_GROUP = tp_group
         if device.type == "cpu":
             torch.cuda.current_device = lambda: torch.device("cpu")
+        for m in users:
+            m.get_tensor_model_parallel_group_if_none = _group_as_given
         yield
     finally:
+        for m in users:
+            m.get_tensor_model_parallel_group_if_none = group_if_none
         torch.cuda.current_device = saved_current_device
         parallel_state._GLOBAL_MEMORY_BUFFER, parallel_state._TENSOR_MODEL_PARALLEL_GROUP = saved_buffer, saved_tp
         megatron_random._CUDA_RNG_STATE_TRACKER, megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = saved_tracker
+
+
+def _group_as_given(tp_group, is_expert: bool = False, check_initialized: bool = True):
+    return tp_group
 
 
 class UnderShims(torch.autograd.Function):
@@ -174,10 +193,11 @@ _MODELS: dict[tuple, torch.nn.Module] = {}
 
 
 def build_model(tied: bool, tp_group, dtype: torch.dtype, device: torch.device, sequence_parallel: bool | None = None,
-                vocab: int = VOCAB, seq: int = SEQ, cp_group=None):
-    """The tiny GPTModel, TP-sharded over `tp_group` (sequence parallel at TP > 1 unless told otherwise); its own
-    parameter values are never used (the cases pass theirs through functional_call). `cp_group`: a CP group for the
-    model's pg_collection (only to check that the fusion refuses CP). Cached per process."""
+                vocab: int = VOCAB, seq: int = SEQ, cp_group=None, cache: bool = True):
+    """The tiny GPTModel, TP-sharded over `tp_group` (sequence parallel at TP > 1 unless told otherwise); the op
+    cases never use its own parameter values (they pass theirs through functional_call). `cp_group`: a CP group for
+    the model's pg_collection (only to check that the fusion refuses CP). Cached per process unless `cache` is off
+    (the model case trains its model: a fresh one each time)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -187,7 +207,7 @@ def build_model(tied: bool, tp_group, dtype: torch.dtype, device: torch.device, 
     tp = tp_group.size()
     sp = tp > 1 if sequence_parallel is None else sequence_parallel
     key = (tied, id(tp_group), tp, dtype, device, sp, vocab, seq, id(cp_group))
-    if key in _MODELS:
+    if cache and key in _MODELS:
         return _MODELS[key]
     one = ONE_RANK
     groups = ProcessGroupCollection()
@@ -207,7 +227,8 @@ def build_model(tied: bool, tp_group, dtype: torch.dtype, device: torch.device, 
     with megatron_shims(device):
         model = GPTModel(config, spec, vocab_size=vocab, max_sequence_length=seq, position_embedding_type="rope",
                          share_embeddings_and_output_weights=tied, pg_collection=groups).to(device=device, dtype=dtype)
-    _MODELS[key] = model
+    if cache:
+        _MODELS[key] = model
     return model
 
 

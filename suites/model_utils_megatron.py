@@ -15,6 +15,10 @@ parameter lands on the harness's local input and is compared, on every rank, wit
 Replicated parameters used on a sequence shard (norms, row-parallel biases: Megatron tags them `sequence_parallel`)
 get partial gradients; the case sums them over TP as Megatron's finalize_model_grads does (shardcheck.harness.core.case.GradSum).
 
+The model case (suites/_megatron_gpt_case.py, `model-untied` / `model-tied`): the same GPTModel as a
+shardcheck.ModelCase, one training step with the patched forward (flag off) checked module by module against the
+single-device model, every parameter's gradient and stepped value, in float64, float32 and bfloat16.
+
 Golden (`reference`): the unpatched single-device model's logits -> log-softmax in float64 (float32 for lower
 precisions) -> gathered at the shifted labels; 0 where a label is outside [0, V).
 """
@@ -28,33 +32,15 @@ from typing import Callable
 import torch
 
 from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, Layout, Property, Shard
-from shardcheck.harness.core.restore import owners_of, restored
 from shardcheck.suites._megatron_model import (BATCH, HEADS, HIDDEN, LAYERS, ONE_RANK, SEQ, VOCAB, UnderShims, build_model,
                                     call_model, check_names, make_params, megatron_missing, megatron_shims,
                                     param_layouts, sharded_params)
+from shardcheck.suites._megatron_gpt_case import gpt_model_case, patched_forward
 from shardcheck.suites._model_utils_comm import merge
 
 FAMILY = "model_utils"
 PATCH_OP = "model_utils.patch_gpt_model_forward_for_linear_ce_fusion"
 FORWARD_OP = "model_utils._gpt_forward_with_linear_ce_fusion"
-
-
-@contextlib.contextmanager
-def patched_forward(impl, chunk_size: int, twice: bool = False):
-    """GPTModel.forward patched by the module under test for the block, then everything the patch changed undone:
-    the class, and the module's own markers (an "already patched" flag in its globals or on the patch function,
-    which would otherwise make the next case's patch call a no-op on the restored class).  Other cases see the
-    original.  `twice`: patched first with chunk_size 1, then with `chunk_size` (the second call must only update
-    it)."""
-    from megatron.core.models.gpt.gpt_model import GPTModel
-
-    patch = impl.patch_gpt_model_forward_for_linear_ce_fusion
-    original = GPTModel.forward
-    with restored(GPTModel, impl, *owners_of(patch)):
-        if twice:
-            patch(chunk_size=1)
-        patch(chunk_size=chunk_size)
-        yield original
 
 
 # ---- golden ----------------------------------------------------------------------------------------------------
@@ -269,15 +255,15 @@ def fused_values_case(spec: FusionSpec, skip: str | None) -> Case:
 
 def flag_off_case(tied: bool, skip: str | None) -> Case:
     """With return_logprobs_for_linear_ce_fusion off the patched forward is Megatron's own: the vocab-parallel
-    logits, their gradients, and bit-identical logits and loss (properties)."""
+    logits and bit-identical logits and loss (properties).  Every parameter's gradient of this path is the model
+    case's (suites/_megatron_gpt_case.py: one training step, module by module, in three dtypes)."""
     return Case(
         op=FORWARD_OP, case_id=f"{'tied' if tied else 'untied'}-flag-off",
         params={"tied": tied, "S": SEQ, "B": BATCH, "H": HIDDEN, "V": VOCAB},
         make_inputs=lambda gen: make_inputs(gen, tied), reference=lambda x: golden_logits(x, tied),
         run=lambda impl, ctx, x: run_flag_off(impl, ctx, x, tied),
         input_layouts=param_layouts(tied), output_layouts=(Layout(tp=Shard(-1)),), output_names=("logits",),
-        grad_inputs=tuple(param_layouts(tied)), properties=lambda ctx, full, local, outs: _bit_identical(
-            ctx, full, local, outs, tied),
+        properties=lambda ctx, full, local, outs: _bit_identical(ctx, full, local, outs, tied),
         comm=lambda ctx: flag_off_comm(ctx, tied), dtypes=("float64", "float32"), supports=supports, skip_reason=skip)
 
 
@@ -285,7 +271,8 @@ def cases(quick: bool = False) -> list[Case]:
     skip = megatron_missing()
     specs = FUSION_SPECS[:2] if quick else FUSION_SPECS
     return ([fused_case(s, skip) for s in specs] + [fused_values_case(s, skip) for s in specs[:2]]
-            + [flag_off_case(tied, skip) for tied in ((True,) if quick else (True, False))] + bad_input_cases(skip))
+            + [flag_off_case(tied, skip) for tied in ((True,) if quick else (True, False))] + bad_input_cases(skip)
+            + [gpt_model_case(tied) for tied in ((False,) if quick else (False, True))])
 
 
 # ---- uses it does not serve ------------------------------------------------------------------------------------

@@ -93,3 +93,35 @@ def vocab_parallel_cross_entropy(logits, target, group=None, ignore_index=-100):
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
     statuses = dict(zip(run.rows["case_id"], run.rows["status"]))
     assert statuses == {"bad-target-shape": "pass", "bad-ids-beyond-vocab": "xpass"}
+
+
+# ---- the parameter-gradient recipe (docs/writing-a-suite/tp_mlp_suite.py) ----------------------------------------
+
+MLP_SUITE = EXAMPLE / "tp_mlp_suite.py"
+GRAD_SUM = '            local = GradSum.apply(local, (ctx.group("dp"),))\n'
+
+
+def test_the_parameter_gradient_recipe_passes_checking_every_parameter(run_shardcheck):
+    run = run_shardcheck("run", "--suite-path", str(MLP_SUITE), "--world-sizes", "1,2", "--dtype", "float64,bfloat16")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    rows = run.rows
+    assert (rows["status"] == "pass").all()
+    assert set(rows["check"]) == {"forward", "grad:x", "grad:up.weight", "grad:up.bias", "grad:down.weight",
+                                  "grad:down.bias"}
+    assert {tuple(t) for t in rows[["dp", "cp", "tp"]].values} == {(1, 1, 1), (2, 1, 1), (1, 1, 2)}
+    assert set(rows["case_id"]) == {"b4", "b7"}  # b7: uneven batch pieces over DP
+
+
+def test_the_recipe_without_its_grad_sum_fails_naming_the_parameters(run_shardcheck, tmp_path):
+    source = MLP_SUITE.read_text()
+    assert source.count(GRAD_SUM) == 1
+    broken = tmp_path / "tp_mlp_suite.py"
+    broken.write_text(source.replace(GRAD_SUM, "            pass\n")
+                      .replace('IMPLEMENTATION = "tp_mlp.py"', f'IMPLEMENTATION = {str(EXAMPLE / "tp_mlp.py")!r}'))
+    run = run_shardcheck("run", "--suite-path", str(broken), "--world-sizes", "1,2", "--dtype", "float64",
+                         "--case", "b4")
+    assert run.returncode == 1
+    failed = run.failed()
+    assert set(failed["dp"]) == {2} and set(failed["status"]) == {"fail"}
+    assert set(failed["check"]) == {"grad:up.weight", "grad:up.bias", "grad:down.weight", "grad:down.bias"}
+    assert_one_cause(run)

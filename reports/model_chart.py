@@ -1,0 +1,124 @@
+"""The per-module chart of a model case item: where the sharded model leaves the single-device one.
+
+A model case's checks carry their place in the training step (shardcheck.harness.core.model_case): every module's
+output in forward order, the loss, the gradient at every module's output in backward order.  For one item (op, case,
+topology, dtype) the chart draws err/budget (the worst rank's) of each of them on a log scale, forward above and
+backward below, then every parameter's gradient and stepped value, modules in execution order, the budget
+(err/budget = 1) as a line and the first divergence (shardcheck.harness.findings.model_order) marked.  `profile` is the chart's data, for tests and for people without
+the picture.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: CI and laptops without a display
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from shardcheck.harness.core.compare import FAILING  # noqa: E402
+from shardcheck.harness.core.model_case import CHECK  # noqa: E402
+from shardcheck.harness.findings import model_order  # noqa: E402
+
+ITEM_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype"]
+FLOOR = 1e-6  # an exact match (err/budget 0) is drawn here
+TITLES = {"forward": "forward: module outputs in execution order, then the loss",
+          "backward": "backward: the gradient at each module's output, in backward order",
+          "parameters": "parameters: each gradient, then each value after the optimizer step"}
+MAX_CHARTS = 8  # failing items charted per report (the first ones, in run order)
+
+
+def _ratio(row: dict) -> float:
+    """err/budget of a row; a check without a ratio that failed (wrong shape, missing) is infinitely off."""
+    r = row.get("err_ratio")
+    if r is None or (isinstance(r, float) and math.isnan(r)):
+        return math.inf if row.get("status") in FAILING else math.nan
+    return float(r)
+
+
+def profile(rows: pd.DataFrame) -> pd.DataFrame:
+    """One item's model checks in step order: columns direction (forward / backward / parameters), order, module
+    (a module path, "loss", or "<parameter> (gradient)" / "(after the step)"), check, status, err_ratio, first (the
+    first divergence; the loss is the forward's last point)."""
+    records = rows.to_dict("records")
+    first = first_divergence(rows)
+    out = []
+    for r in records:
+        m = CHECK.match(str(r["check"]))
+        if m is None:
+            continue
+        kind = m.group(1) or m.group(5) or "loss"
+        direction = {"dact": "backward", "dparam": "parameters", "step": "parameters"}.get(kind, "forward")
+        name = ("loss" if kind == "loss" else m.group(3) if m.group(1)
+                else f"{m.group(6)} ({'gradient' if kind == 'dparam' else 'after the step'})")
+        out.append({"direction": direction, "order": model_order.step_order(r["check"]),
+                    "module": name, "check": r["check"], "status": r["status"],
+                    "err_ratio": _ratio(r), "first": r["check"] == first})
+    table = pd.DataFrame(out, columns=["direction", "order", "module", "check", "status", "err_ratio", "first"])
+    return table.sort_values("order", kind="stable").reset_index(drop=True)
+
+
+def first_divergence(rows: pd.DataFrame) -> str | None:
+    """The first failing model check of the item (a module's, the loss, or a parameter's) as the findings line
+    names it (model_order.summary: step order, then the case's output order), or None where none fails."""
+    failing = [c for c in dict.fromkeys(rows.loc[rows["status"].isin(FAILING), "check"].map(str))
+               if model_order.step_order(c) is not None]
+    return min(failing, key=model_order.step_order) if failing else None  # min: the first of equals, as sorted()
+
+
+def draw(rows: pd.DataFrame, path: Path, title: str) -> pd.DataFrame:
+    """The chart of one item's rows at `path`; returns its data (profile)."""
+    data = profile(rows)
+    first = first_divergence(rows)
+    fig, axes = plt.subplots(3, 1, figsize=(max(8.0, 0.22 * len(data) / 3 + 4), 12), layout="constrained")
+    for ax, direction in zip(axes, ("forward", "backward", "parameters")):
+        part = data[data["direction"] == direction].reset_index(drop=True)
+        y = part["err_ratio"].fillna(FLOOR).clip(lower=FLOOR)
+        top = max(10.0, float(y[y != math.inf].max()) * 10 if (y != math.inf).any() else 10.0)
+        y = y.where(y != math.inf, top)  # no ratio (wrong shape): at the top
+        colours = ["#b00" if s in FAILING else "#2a2" for s in part["status"]]
+        ax.plot(range(len(part)), y, color="#999", lw=0.8, zorder=1)
+        ax.scatter(range(len(part)), y, c=colours, s=18, zorder=2)
+        ax.axhline(1.0, color="#b00", ls="--", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_ylabel("err / budget (worst rank)")
+        ax.set_title(TITLES[direction], fontsize=9)
+        ax.set_xticks(range(len(part)), part["module"], rotation=90, fontsize=6)
+        ax.grid(alpha=0.3)
+        for i in part.index[part["first"]]:
+            ax.axvline(i, color="#b00", lw=1.5, alpha=0.6)
+            ax.annotate("first divergence", (i, y[i]), xytext=(5, 5), textcoords="offset points", color="#b00",
+                        fontsize=8)
+    where = model_order.summary([first]) if first else "every check within its budget"
+    fig.suptitle(f"{title}\n{where}", fontsize=9)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return data
+
+
+def chart_name(key: tuple) -> str:
+    op, case_id, dp, cp, tp, dtype = key
+    name = f"model_{op.split('.')[-1]}_{case_id}_dp{dp}-cp{cp}-tp{tp}_{dtype}"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) + ".png"
+
+
+def model_charts(df: pd.DataFrame, run_dir: Path) -> list[tuple[str, Path]]:
+    """(title, png) for each failing model case item (the first MAX_CHARTS, in run order)."""
+    is_model = df["check"].map(lambda c: model_order.step_order(c) is not None)
+    model = df[is_model]
+    charts = []
+    for key, rows in model.groupby(ITEM_KEY, sort=False):
+        if not rows["status"].isin(FAILING).any():
+            continue
+        op, case_id, dp, cp, tp, dtype = key
+        title = f"model {op} [{case_id}] dp{dp}-cp{cp}-tp{tp} {dtype}: err/budget by module"
+        path = run_dir / chart_name(key)
+        draw(rows, path, title)
+        charts.append((title, path))
+        if len(charts) == MAX_CHARTS:
+            break
+    return charts
