@@ -81,6 +81,11 @@ class ModelCase:
     # Plain-tensor activations whose layout their local shape does not tell: glob on the module path -> layout.
     activation_layouts: dict[str, Layout] = field(default_factory=dict)
     batch: str | None = None  # the input whose dp/cp placements activations default to (None: the first model input)
+    # The activations' dp/cp layout when the step shards the batch itself (cp_utils' head-tail sharding inside the
+    # step: Layout(dp=Shard(0), cp=HeadTail(1))); None: the `batch` input's placements.
+    batch_layout: Layout | None = None
+    # Other families the step calls (`ctx.module(family)`), each resolved by its own --impl (Case.uses).
+    uses: tuple[str, ...] = ()
     optimizer: str = "sgd"  # "sgd" or "adamw"
     lr: float = 0.1
     dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")
@@ -104,7 +109,8 @@ class ModelCase:
                     run=self._run, input_layouts=dict(self.input_layouts), output_names=tuple(names),
                     output_layouts=tuple(REPLICATED for _ in names), budget_scope=BudgetScope.TENSOR,
                     dtypes=self.dtypes, supports=self.supports, context_parallel=self._uses_cp(),
-                    xfail=self.xfail, skip_reason=self.skip_reason, params={"model": True, **self.params})
+                    xfail=self.xfail, skip_reason=self.skip_reason, params={"model": True, **self.params},
+                    uses=tuple(self.uses))
         self._case = case
         return case
 
@@ -162,7 +168,7 @@ class ModelCase:
         self._put_full_weights(model, local, ctx)
         data = {k: v for k, v in local.items() if not k.startswith(PARAM_PREFIX)}
         steps = self._step(model, data, ctx)
-        batch = self.input_layouts.get(self.batch or self.model_inputs[0], REPLICATED)
+        batch = self.batch_layout or self.input_layouts.get(self.batch or self.model_inputs[0], REPLICATED)
         default = Layout(dp=batch.placements[0], cp=batch.placements[1])
         got: dict[str, tuple[torch.Tensor, Layout]] = {}
         for kind in ("act", "loss", "dact", "dparam", "step"):
