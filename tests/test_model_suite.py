@@ -91,6 +91,9 @@ def test_a_wrong_vocab_offset_in_model_utils_is_found_at_the_loss(run_shardcheck
     assert not (run.failed()["check"].str.startswith("forward:act")).any()  # the forward agrees up to the loss
     impl = json.loads((run.out / "run.json").read_text())["impl"]
     assert impl["model_utils"].endswith("wrong_vocab_offset.py") and impl["decoder"].endswith("distributed_impl.decoder")
+    assert f"modules under test: cp_utils=shardcheck.distributed_impl.cp_utils, decoder=shardcheck.distributed_impl" \
+           f".decoder, distributed_utils=shardcheck.distributed_impl.distributed_utils, {VOCAB_OFFSET}" in run.stderr
+    assert f"- modules under test: cp_utils=" in (run.out / "report.md").read_text()
     assert f"--impl {VOCAB_OFFSET}" in cause.rerun
     again = run_shardcheck(*shlex.split(cause.rerun)[1:])
     assert again.returncode == 1 and _one_cause(again).checks.startswith("first diverging: the loss")
