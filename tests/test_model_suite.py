@@ -82,7 +82,7 @@ def test_low_precision_passes_with_cp_and_tp(run_shardcheck, dtype):
 
 
 def test_a_wrong_vocab_offset_in_model_utils_is_found_at_the_loss(run_shardcheck):
-    run = run_shardcheck(*RUN, "--topology", "dp=1,cp=1,tp=2", "--topology", "dp=2,cp=2,tp=1",
+    run = run_shardcheck(*RUN, "--topology", "dp=1,cp=1,tp=2", "--topology", "dp=2,cp=1,tp=1",
                          "--impl", VOCAB_OFFSET)
     assert run.returncode == 1
     cause = _one_cause(run)
@@ -101,7 +101,7 @@ def test_a_wrong_vocab_offset_in_model_utils_is_found_at_the_loss(run_shardcheck
 
 
 def test_swapped_cp_chunks_in_cp_utils_are_found_at_the_embedding(run_shardcheck):
-    run = run_shardcheck(*RUN, "--topology", "dp=1,cp=2,tp=1", "--topology", "dp=2,cp=1,tp=2",
+    run = run_shardcheck(*RUN, "--topology", "dp=1,cp=2,tp=1", "--topology", "dp=1,cp=1,tp=2",
                          "--impl", CHUNKS_SWAPPED)
     assert run.returncode == 1
     cause = _one_cause(run)
