@@ -241,6 +241,10 @@ def _run(args) -> int:
               f"({device}, {backend}) -> {run_dir}", file=sys.stderr)
         if meta["shim_notes"]:
             print("shardcheck: " + "; ".join(meta["shim_notes"]), file=sys.stderr)
+        foreign = {fam: spec for fam, spec in sorted(plan.impl.items()) if spec != f"shardcheck.distributed_impl.{fam}"}
+        if foreign:  # someone else's module (maybe inside a model case's step): say which, every family
+            print("shardcheck: modules under test: " + ", ".join(f"{f}={s}" for f, s in sorted(plan.impl.items())),
+                  file=sys.stderr)
         try:
             run_plan(plan, run_dir, writer, show_progress=not args.no_progress and sys.stderr.isatty(),
                      hang_budget=not args.no_hang_budget, pool=pool)

@@ -352,6 +352,8 @@ def build(run_dir: str | Path) -> list[Path]:
         if key in meta:
             header.append(f"- {key}: {meta[key]}")
     header += [f"- {note}" for note in meta.get("shim_notes", [])]  # CPU shims the run used (harness/shims)
+    if meta.get("impl"):  # each family's module under test, the families a model case uses included
+        header.append("- modules under test: " + ", ".join(f"{fam}={spec}" for fam, spec in sorted(meta["impl"].items())))
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
     findings = causes(df)  # grouping every non-passing row: once for both pages
     known = known_failures(df)

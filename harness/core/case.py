@@ -283,6 +283,8 @@ class RankContext:
     # What a run keeps open until its item's backward has run (`keep_open`); the harness closes it.
     contexts: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     kept_open: bool = False
+    # {family: its module under test} of the families the case `uses` (resolved as each family's own suite's)
+    modules: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         # Asked once, here: DeviceMesh builds tensors to find a coordinate, and a case's run asks inside
@@ -318,6 +320,13 @@ class RankContext:
     def coords(self) -> dict[str, int]:
         return dict(self._ranks)
 
+    def module(self, family: str) -> Any:
+        """Another family's module under test, resolved as that family's own suite resolves it: `--impl
+        FAMILY=SPEC`, else its default (`shardcheck.distributed_impl.<family>`).  The case names it in `uses`."""
+        if family not in self.modules:
+            raise KeyError(f"family {family!r} is not among the case's uses={tuple(self.modules)}: add it there")
+        return self.modules[family]
+
 
 # run(impl_module, ctx, local_inputs) -> output tensor or tuple of output tensors
 RunFn = Callable[[ModuleType, RankContext, Tensors], Any]
@@ -343,6 +352,10 @@ class Case:
     make_inputs: Callable[[torch.Generator], Tensors]  # full inputs; floats in float64 (the harness casts them)
     reference: Callable[[Tensors], Any]  # full inputs -> full output(s), on one device
     run: RunFn  # (module under test, ctx, this rank's local inputs) -> this rank's local output(s)
+
+    # Other families whose modules under test the run calls (`ctx.module(family)`), each resolved by its own
+    # `--impl` (a model case's training step calling model_utils, cp_utils, ...); named in run.json and reruns.
+    uses: tuple[str, ...] = ()
 
     # ---- layouts: how each full tensor maps to a rank's piece
     input_layouts: dict[str, Layout] = field(default_factory=dict)  # absent = replicated

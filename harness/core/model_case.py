@@ -90,6 +90,11 @@ class ModelCase:
     # device.  For a framework's process-wide state that must be set while its modules run and undone after
     # (Megatron-Core's RNG tracker and TP group on CPU, a patched forward of the module under test).
     step_context: Callable[[RankContext | None], contextlib.AbstractContextManager] | None = None
+    # The activations' dp/cp layout when the step shards the batch itself (cp_utils' head-tail sharding inside the
+    # step: Layout(dp=Shard(0), cp=HeadTail(1))); None: the `batch` input's placements.
+    batch_layout: Layout | None = None
+    # Other families the step calls (`ctx.module(family)`), each resolved by its own --impl (Case.uses).
+    uses: tuple[str, ...] = ()
     optimizer: str = "sgd"  # "sgd" or "adamw"
     lr: float = 0.1
     dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")
@@ -115,7 +120,8 @@ class ModelCase:
                     run=self._run, input_layouts=dict(self.input_layouts), output_names=tuple(names),
                     output_layouts=tuple(REPLICATED for _ in names), budget_scope=BudgetScope.TENSOR,
                     dtypes=self.dtypes, supports=self.supports, context_parallel=self._uses_cp(),
-                    xfail=self.xfail, skip_reason=self.skip_reason, params={"model": True, **self.params})
+                    xfail=self.xfail, skip_reason=self.skip_reason, params={"model": True, **self.params},
+                    uses=tuple(self.uses))
         self._case = case
         return case
 
@@ -202,7 +208,7 @@ class ModelCase:
 
     def _batch_layout(self) -> Layout:
         """The layout an activation defaults to: the batch's placements over dp and cp, replicated over tp."""
-        batch = self.input_layouts.get(self.batch or self.model_inputs[0], REPLICATED)
+        batch = self.batch_layout or self.input_layouts.get(self.batch or self.model_inputs[0], REPLICATED)
         return Layout(dp=batch.placements[0], cp=batch.placements[1])
 
     def _put_full_weights(self, model: nn.Module, local: Tensors, ctx: RankContext) -> None:

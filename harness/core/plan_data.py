@@ -69,6 +69,7 @@ class Plan:
     default_impl: dict[str, str | None] = field(default_factory=dict)
     profile: str = ""  # a folder: each rank writes its cProfile there (`shardcheck run --profile`); "" = off
     corpus: str = ""  # the fuzz corpus its fuzz items come from (absolute), for their rerun lines
+    uses: dict[str, list[str]] = field(default_factory=dict)  # {op: other families its cases call (Case.uses)}
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -326,11 +326,13 @@ def rerun_command(plan: Plan, item: Item) -> str:
             "--device", plan.device]
     # Any module but our seed module is named, the default IMPLEMENTATION of an external suite's family too: the
     # command then needs nothing else of the run to test the same module.
-    spec = plan.impl.get(family)
-    if spec and spec != f"shardcheck.distributed_impl.{family}":
-        if spec.endswith(".py") or "/" in spec:
-            spec = str(Path(spec).resolve())  # the command works from any directory
-        args += ["--impl", f"{family}={spec}"]
+    # The other families a model case calls (Case.uses) too, each by its own --impl.
+    for fam in [family, *plan.uses.get(item.op, [])]:
+        spec = plan.impl.get(fam)
+        if spec and spec != f"shardcheck.distributed_impl.{fam}":
+            if spec.endswith(".py") or "/" in spec:
+                spec = str(Path(spec).resolve())  # the command works from any directory
+            args += ["--impl", f"{fam}={spec}"]
     if item.fuzz is not None and plan.corpus:  # a fuzz case: the corpus rebuilds it from the params saved there
         args += ["--corpus", plan.corpus]
     if plan.quick:

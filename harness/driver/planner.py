@@ -8,7 +8,7 @@ import zlib
 
 import torch
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from shardcheck.harness.core.case import BAD_INPUT_CHECK, Case, FuzzSpace
@@ -81,14 +81,15 @@ def check_known_failure(case: Case) -> None:
 
 
 def resolve_modules(ops: list[tuple[str, str]], impl: dict[str, str], suite_paths: list[str],
-                    ) -> tuple[dict[str, str], dict[str, str | None], dict[str, str]]:
+                    uses: Iterable[str] = ()) -> tuple[dict[str, str], dict[str, str | None], dict[str, str]]:
     """(impl, defaults, missing) of the selected (suite, op id)s: every family's module under test (`impl` with the
     defaults filled in), each family's default module, and {op: suite} of the ops the module does not define.
-    Every module must import and define some selected op (UsageError otherwise)."""
+    Every module must import and define some selected op (UsageError otherwise).  `uses`: other families the
+    selected cases call (Case.uses), resolved the same way."""
     # Without --impl a family runs on its default: our seed module, or the IMPLEMENTATION its suite names.
     impl = dict(impl)
     modules, defaults, origins = {}, {}, {}
-    for family in sorted({op.split(".", 1)[0] for _, op in ops}):
+    for family in sorted({op.split(".", 1)[0] for _, op in ops} | set(uses)):
         defaults[family] = default_impl(family, suite_paths)
         if family in impl:
             origins[family] = f"--impl {family}={impl[family]}"
@@ -96,7 +97,7 @@ def resolve_modules(ops: list[tuple[str, str]], impl: dict[str, str], suite_path
             impl[family] = defaults[family]
             origins[family] = f"{family}'s default implementation {impl[family]}"
         else:
-            suite_name = next(n for n, op in ops if op.split(".", 1)[0] == family)
+            suite_name = next((n for n, op in ops if op.split(".", 1)[0] == family), family)
             raise UsageError(f"family {family!r} has no implementation: set IMPLEMENTATION in suite "
                              f"{suite_file(suite_name, suite_paths)} or pass --impl {family}=MODULE")
         modules[family] = resolve_impl(family, impl[family], origins[family])
@@ -209,13 +210,14 @@ def build_plan(selection: Selection) -> Plan:
     group_worlds = requested_worlds or set(world_sizes)
 
     impl, defaults, missing = resolve_modules([(n, c.op) for n, c in cases] + [(n, c.op) for n, c, _ in replays],
-                                              impl, suite_paths)
+                                              impl, suite_paths, uses={f for _, c in cases for f in c.uses})
     cases = [(n, c) for n, c in cases if c.op not in missing]
     replays = [r for r in replays if r[1].op not in missing]
 
     plan = Plan(run_id=run_id, quick=quick, seed=seed, timeout=timeout, device=device, backend=backend, impl=impl,
                 bench=bench, bench_iters=bench_iters, bench_warmup=bench_warmup, missing_ops=missing,
-                suite_paths=suite_paths, default_impl=defaults, corpus=corpus_dir)
+                suite_paths=suite_paths, default_impl=defaults, corpus=corpus_dir,
+                uses={c.op: sorted(c.uses) for _, c in cases if c.uses})
     for suite_name, case, entry in replays:  # the saved failures first: a regression shows at once
         topo = Topology(*entry.params["topology"])
         if topo in topologies:

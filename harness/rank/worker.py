@@ -361,7 +361,7 @@ class Worker:
         ctx = RankContext(mesh=mesh, topology=topo, device=self.device, dtype=DTYPES[item.dtype],
                           full_shapes={k: tuple(v.shape) for k, v in golden.inputs.items()},
                           input_layouts=case.input_layouts, impl=impl, full_inputs=golden.inputs, contexts=contexts,
-                          params=case.params)
+                          params=case.params, modules={fam: self.impls[fam] for fam in case.uses})
         counter = CommCounter(group_dims(mesh) if case.comm else {}, enabled=case.comm is not None)
         return _Call(item, case, impl, mesh, ctx, golden, self._local_inputs(case, golden, mesh), counter, emit_check,
                      contexts)
