@@ -4,6 +4,8 @@ dead rank's last error lines (last_words.py); and the hang costs at most --timeo
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from helpers import FIXTURES
@@ -82,3 +84,30 @@ def test_a_rank_that_exits_with_an_exception_carries_it_into_the_finding(run_sha
     assert "ShardTableError: shard table corrupt on rank 1" in forward["error_message"], forward["error_message"]
     assert forward["error_message"].endswith(f"(at {FIX}/exits_with_exception.py:23 in forward)")
     assert "rank 1 died: exit code 1 (in forward): " in run.stdout
+
+
+def test_a_real_dtensor_hang_names_view_groups_running_on_the_rank_with_the_empty_piece(run_shardcheck):
+    """torch 2.13's DTensor.reshape(-1, 8) of a [0, 8, 8] piece spins in view_groups (tests/fixtures/hangs): at DP 4
+    with B = 3 only rank 3 has the empty piece; the others wait in the op's all_reduce.  The condition is the real
+    one (B small for DP 4), not an incidental parameter, and the hang costs --timeout plus seconds."""
+    suite = FIXTURES / "hangs" / "dtensor_view_spin.py"
+    run = run_shardcheck("run", "--suite-path", str(suite), "--topology", "dp=2,cp=1,tp=1", "--topology",
+                         "dp=4,cp=1,tp=1", "--timeout", str(TIMEOUT), timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    rows = run.rows
+    hung = rows[rows["symptom"] == "hung"]
+    assert len(hung) == 1, hung
+    row = hung.iloc[0]
+    assert row["case_id"] == "b3" and (row["dp"], row["cp"], row["tp"]) == (4, 1, 1)
+    assert row["item_seconds"] < TIMEOUT + 10, row["item_seconds"]
+    assert row["culprit_ranks"] == [3] and row["error_where"].startswith("torch/distributed/tensor/_ops/_view_ops.py:")
+    message = row["message"]
+    spin = re.search(r"rank 3: running in torch/distributed/tensor/_ops/_view_ops.py:\d+ view_groups ← "
+                     r"tests/fixtures/hangs/dtensor_view_spin.py:20 flat_row_sum", message)
+    assert spin, message
+    assert ("ranks 0, 1, 2: waiting in all_reduce #1 on dp at tests/fixtures/hangs/dtensor_view_spin.py:22 "
+            "flat_row_sum") in message
+    # every other item passed: B = 3 at DP 2 and B = 4, 8 at DP 4 (run before the hang) separate it
+    assert set(rows.loc[rows["symptom"] != "hung", "status"]) == {"pass"}, rows[["case_id", "dp", "status"]]
+    line = next(ln for ln in run.stdout.splitlines() if "ERROR dtensor_view.flat_row_sum:" in ln)  # the findings line
+    assert "exactly at dp ≥ 4, when B ≤ 3" in line, line

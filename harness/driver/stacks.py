@@ -144,9 +144,25 @@ def describe(frames: list[Frame], last_record: dict | None = None) -> str:
         return f"waiting in {_collective(frames)}" + (f" at {caller.text()}" if caller else "")
     if not frames:
         return "running (no Python frame: in native code)"
-    inner = frames[0]
+    inner = running_frame(frames)
     caller = _outside_torch(frames, 0 if _TORCH in inner.file else 1)
     return f"running in {inner.text()}" + (f" ← {caller.text()}" if caller and caller != inner else "")
+
+
+def running_frame(frames: list[Frame]) -> Frame:
+    """The frame a running rank is named by: its innermost, except that a generic torch helper (a shape guard of
+    torch/fx, a prims utility) called from torch.distributed gives way to that torch.distributed frame: a loop
+    in DTensor's sharding propagation samples in either, and the distributed one is the loop's (the same line
+    whichever sample the dump took)."""
+    inner = frames[0]
+    if _TORCH not in inner.file or _TORCH_DIST in inner.file:
+        return inner
+    for f in frames[1:]:
+        if _TORCH not in f.file:
+            return inner
+        if _TORCH_DIST in f.file:
+            return f
+    return inner
 
 
 def where_text(where: str) -> str:
@@ -167,6 +183,7 @@ def describe_ranks(dumps: dict[int, str], last_records: dict[int, dict]) -> tupl
         if what == State.RUNNING:
             running.append(rank)
             if where is None and frames:
-                where = f"{short_path(frames[0].file)}:{frames[0].line}"
+                named = running_frame(frames)
+                where = f"{short_path(named.file)}:{named.line}"
     text = "; ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, rs))}: {w}" for w, rs in words.items())
     return text, running, where
