@@ -111,3 +111,32 @@ def test_a_real_dtensor_hang_names_view_groups_running_on_the_rank_with_the_empt
     assert set(rows.loc[rows["symptom"] != "hung", "status"]) == {"pass"}, rows[["case_id", "dp", "status"]]
     line = next(ln for ln in run.stdout.splitlines() if "ERROR dtensor_view.flat_row_sum:" in ln)  # the findings line
     assert "exactly at dp ≥ 4, when B ≤ 3" in line, line
+
+
+def test_a_rank_stuck_before_its_first_item_is_named_where_it_is_and_ends_at_the_items_timeout(run_shardcheck):
+    """Rank 1 never gets past loading its suite; rank 0 runs the case and waits for it in the op's all_reduce."""
+    suite = FIXTURES / "hangs" / "rank1_stuck_at_startup.py"
+    run = run_shardcheck("run", "--suite-path", str(suite), "--topology", "dp=1,cp=1,tp=2", "--timeout", str(TIMEOUT),
+                         timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    forward = run.rows.set_index("check").loc["forward"]
+    assert forward["symptom"] == "hung" and forward["culprit_ranks"] == [1]
+    assert forward["item_seconds"] < TIMEOUT + 10, forward["item_seconds"]
+    assert ("rank 1: running in tests/fixtures/hangs/_startup.py:25 block_ranks ← "
+            "tests/fixtures/hangs/rank1_stuck_at_startup.py:15 cases") in forward["message"], forward["message"]
+    assert "rank 0: waiting in all_reduce #1 on tp at tests/fixtures/hangs/_startup.py:16 tp_row_sum" in forward["message"]
+
+
+def test_a_launch_whose_ranks_never_come_up_ends_at_timeout_plus_10s_and_says_where_they_were(run_shardcheck):
+    """No rank reports anything: the watchdog ends the launch at --timeout + WATCHDOG_GRACE (10 s), not a minute
+    later, with every rank's stack in the words."""
+    suite = FIXTURES / "hangs" / "never_come_up.py"
+    run = run_shardcheck("run", "--suite-path", str(suite), "--topology", "dp=1,cp=1,tp=2", "--timeout", str(TIMEOUT),
+                         timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    forward = run.rows.set_index("check").loc["forward"]
+    assert forward["status"] == "error", forward["message"]
+    quiet = re.search(r"no progress for (\d+)s: workers killed by the watchdog", forward["message"])
+    assert quiet and int(quiet[1]) <= TIMEOUT + 11, forward["message"]  # (the 11th second: the driver's poll)
+    assert ("before their first item, ranks 0, 1: running in tests/fixtures/hangs/_startup.py:25 block_ranks ← "
+            "tests/fixtures/hangs/never_come_up.py:15 cases") in forward["message"], forward["message"]

@@ -43,6 +43,15 @@ def take(launch: Launch, item: Item, plan_index: int, deaths: dict[int, str], ru
     return Postmortem(text, culprits, where, words, folder)
 
 
+def startup_stacks(launch: Launch) -> str:
+    """Where each live rank of a launch that never began its first item was, as words appended to the watchdog's
+    reason: "; ranks 0, 2: running in my_suite.py:12 cases; rank 1: waiting in ...", or "" when none answered."""
+    pids = launch.pids()
+    dumps = stacks.take(launch.dir, sorted(pids), pids)
+    text, _, _ = stacks.describe_ranks(dumps, {})
+    return f"; before their first item, {text}" if text else ""
+
+
 def _save(run_dir: Path, item: Item, dumps: dict[int, str], records: dict[int, list[dict]], deaths: dict[int, str],
           launch_dir: Path) -> str | None:
     if not dumps and not any(records.values()) and not deaths:
