@@ -4,11 +4,15 @@ dead rank's last error lines (last_words.py); and the hang costs at most --timeo
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 
 import pytest
 
-from helpers import FIXTURES
+from helpers import FIXTURES, Run
+from shardcheck.harness import cli as shardcheck_cli
+from shardcheck.harness.driver.pool import WorkerPool
 
 TIMEOUT = 5
 TP2 = ("--op", "model_utils.DistributedLogprob", "--case", "b2s5v33-scale300.0-masked0.2", "--topology", "dp=1,cp=1,tp=2",
@@ -140,3 +144,27 @@ def test_a_launch_whose_ranks_never_come_up_ends_at_timeout_plus_10s_and_says_wh
     assert quiet and int(quiet[1]) <= TIMEOUT + 11, forward["message"]  # (the 11th second: the driver's poll)
     assert ("before their first item, ranks 0, 1: running in tests/fixtures/hangs/_startup.py:25 block_ranks ← "
             "tests/fixtures/hangs/never_come_up.py:15 cases") in forward["message"], forward["message"]
+
+
+def test_without_the_flight_recorder_a_hang_still_has_the_stacks_and_says_no_collectives_were_recorded(
+        tmp_path, monkeypatch):
+    """SHARDCHECK_FLIGHT_RECORDER=0 (to measure the recorder's cost, or rule it out): no rank writes records, the
+    finding names the spinning rank from its stack alone and says the records are off."""
+    monkeypatch.setenv("SHARDCHECK_FLIGHT_RECORDER", "0")
+    out = tmp_path / "run"
+    argv = ["run", "--impl", f"model_utils={FIXTURES / 'model_utils' / 'spins_in_forward'}.py", *TP2, "--out", str(out),
+            "--no-progress"]
+    stdout = io.StringIO()
+    # ranks of its own, started now, inherit the switch (the session's shared ranks were started without it)
+    with WorkerPool(tmp_path / "ranks") as pool, contextlib.redirect_stdout(stdout):
+        code = shardcheck_cli.main(argv, pool=pool)
+    run = Run(code, stdout.getvalue(), "", out)
+    assert run.returncode == 1, run.stdout
+    forward = run.rows.set_index("check").loc["forward"]
+    assert forward["symptom"] == "hung" and forward["culprit_ranks"] == [1]
+    assert forward["item_seconds"] < TIMEOUT + 10, forward["item_seconds"]
+    message = forward["message"]
+    assert f"rank 1: running in {FIX}/spins_in_forward.py:17 _count_up_to" in message
+    assert "rank 0: waiting in all_reduce at distributed_impl/model_utils.py:" in message  # (no record: no #number)
+    assert "no collectives recorded (SHARDCHECK_FLIGHT_RECORDER=0)" in message and "never entered" not in message
+    assert not list((run.out / "workers").rglob("*.collectives*.jsonl"))

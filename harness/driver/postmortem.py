@@ -11,6 +11,7 @@ from pathlib import Path
 from shardcheck.harness.core.plan_data import Item
 from shardcheck.harness.driver import flight, last_words, stacks
 from shardcheck.harness.driver.pool import Launch, rank_log
+from shardcheck.harness.rank import flight_recorder
 from shardcheck.harness.rank.artefacts import item_dir_name
 
 LOG_TAIL = 200  # lines of a dead rank's log kept with the failure
@@ -34,7 +35,8 @@ def take(launch: Launch, item: Item, plan_index: int, deaths: dict[int, str], ru
     compared = flight.compare(records, item.topology)
     ranks_text, running, running_where = stacks.describe_ranks(dumps, flight.last_records(records))
     words = {r: last_words.of_rank(launch.dir, r) for r in sorted(deaths) if r in participants}
-    text = "; ".join(t for t in (ranks_text, compared.text) if t)
+    off = "" if flight_recorder.enabled() else f"no collectives recorded ({flight_recorder.SWITCH}=0)"
+    text = "; ".join(t for t in (ranks_text, compared.text, off) if t)
     # the collectives name who left the others; else the ranks computing while the others wait
     waiting_somewhere = len(running) < len(dumps)
     culprits = compared.culprits or (running if waiting_somewhere else [])

@@ -717,7 +717,7 @@ def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, timeout
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
     store = _rendezvous(launch_dir, rank, world, timeout)
     worker = Worker(device, backend, timeout, use_shims, store=store, rank=rank, world=world)
-    worker.recorder = flight_recorder.install(launch_dir, rank)
+    worker.recorder = flight_recorder.install(launch_dir, rank) if flight_recorder.enabled() else None
     worker.linger_on_stuck = STUCK_LINGER
     profile = None
     for k in itertools.count():
