@@ -168,3 +168,21 @@ def test_without_the_flight_recorder_a_hang_still_has_the_stacks_and_says_no_col
     assert "rank 0: waiting in all_reduce at distributed_impl/model_utils.py:" in message  # (no record: no #number)
     assert "no collectives recorded (SHARDCHECK_FLIGHT_RECORDER=0)" in message and "never entered" not in message
     assert not list((run.out / "workers").rglob("*.collectives*.jsonl"))
+
+
+def test_a_gloo_abort_while_the_harness_judges_a_lazily_waited_output_says_judging(run_shardcheck):
+    """The op returns an unwaited functional all-gather whose ranks pass different sizes: gloo aborts rank 0 when
+    the harness first uses the output (the wait), so the phase is judging, not forward, with gloo's message."""
+    suite = FIXTURES / "deaths" / "lazy_gather_sizes_differ.py"
+    run = run_shardcheck("run", "--suite-path", str(suite), "--topology", "dp=1,cp=1,tp=2", "--timeout", str(TIMEOUT),
+                         timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    forward = run.rows.set_index("check").loc["forward"]
+    assert forward["symptom"] == "died" and forward["error_type"] == "SIGABRT", forward["message"]
+    assert forward["phase"] == "judging" and forward["culprit_ranks"] == [0], forward["message"]
+    assert "op.preamble.length <= op.nbytes. 96 vs 48" in forward["error_message"], forward["error_message"]
+    assert "rank 0 died: SIGABRT (in judging): terminate called" in run.stdout
+    assert forward["item_seconds"] < TIMEOUT + 10, forward["item_seconds"]
+    assert ("collective mismatch on tp: rank 0 in all_gather #1 [2, 6] float64 at "
+            "tests/fixtures/deaths/lazy_gather_sizes_differ.py:26 gather_rows, rank 1 in all_gather #1 [4, 6] float64"
+            ) in forward["message"]
