@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
-from helpers import FIXTURES, Run
+from helpers import FIXTURES, ROOT, Run
 from shardcheck.harness import cli as shardcheck_cli
 from shardcheck.harness.driver.pool import WorkerPool
 
@@ -186,3 +190,26 @@ def test_a_gloo_abort_while_the_harness_judges_a_lazily_waited_output_says_judgi
     assert ("collective mismatch on tp: rank 0 in all_gather #1 [2, 6] float64 at "
             "tests/fixtures/deaths/lazy_gather_sizes_differ.py:26 gather_rows, rank 1 in all_gather #1 [4, 6] float64"
             ) in forward["message"]
+
+
+@pytest.mark.timeout(400)
+def test_a_hang_under_a_hand_written_torchrun_names_where_each_rank_was_and_the_collective(tmp_path):
+    """harness/standalone.py has no driver to signal its ranks: each dumps its own stack into --out at --timeout and
+    records its collectives there; rank 0 folds them into the finding as the driver does.  (--timeout 20: a fresh
+    torchrun's first item imports torch's compiler stack, several seconds on a loaded machine.)"""
+    out = tmp_path / "by-hand"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "shardcheck.harness.standalone", "--impl",
+                           f"model_utils={FIXTURES / 'model_utils' / 'spins_in_forward'}.py", *TP2[:-2], "--timeout",
+                           "20", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    forward = next(r for r in rows if r["check"] == "forward")
+    assert forward["symptom"] == "hung" and forward["culprit_ranks"] == [1], forward["message"]
+    assert f"rank 1: running in {FIX}/spins_in_forward.py:17 _count_up_to ← {FIX}/spins_in_forward.py:24 forward" \
+        in forward["message"]
+    assert "rank 0: waiting in all_reduce #1 on tp at distributed_impl/model_utils.py:" in forward["message"]
+    assert "rank 1 never entered all_reduce #1 on tp (the others did" in forward["message"]
+    folder = out / forward["message"].split("stacks and collectives: ")[1].split(";")[0]
+    assert "in _count_up_to" in (folder / "hang-stacks.txt").read_text()

@@ -135,3 +135,22 @@ def test_a_dead_ranks_last_words_are_its_native_abort_or_its_last_exception_with
               "ValueError: B=0 < dp=4\n")
     assert last_words(python) == "ValueError: B=0 < dp=4 (at /work/x.py:12 in load)"
     assert last_words("all fine\n") == ""
+
+
+def test_a_hand_launched_ranks_own_timer_dump_is_read_back_its_last_one_and_only_if_fresh(tmp_path):
+    """harness/standalone.py: each rank dumps its stack itself at --timeout (faulthandler.dump_traceback_later,
+    "Timeout (0:00:05)!" then the threads) into the shared folder; rank 0 reads each rank's last dump."""
+    import time
+
+    from shardcheck.harness.core.events import stack_path
+
+    old = "Timeout (0:00:05)!\n" + WAITING
+    stack_path(tmp_path, 0).write_text(old + "\nTimeout (0:00:05)!\n" + AT_BARRIER)
+    stack_path(tmp_path, 1).write_text("Timeout (0:00:05)!\n" + DUMP)
+    since = time.time() - 5
+    dumps = stacks.dumped_since(tmp_path, [0, 1, 2], since, wait=0.2)  # rank 2 wrote nothing: left out
+    assert sorted(dumps) == [0, 1]
+    assert stacks.state(stacks.main_stack(dumps[0])) == stacks.State.BARRIER  # the last dump, not the older one
+    text, running, _ = stacks.describe_ranks(dumps, {})
+    assert running == [1] and "rank 1: running in torch/distributed/tensor/_ops/_view_ops.py:483 view_groups" in text
+    assert stacks.dumped_since(tmp_path, [0, 1], time.time() + 60, wait=0.1) == {}  # dumps older than the item
