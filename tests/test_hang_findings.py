@@ -4,9 +4,19 @@ dead rank's last error lines (last_words.py); and the hang costs at most --timeo
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 
-from helpers import FIXTURES
+from helpers import FIXTURES, ROOT, Run
+from shardcheck.harness import cli as shardcheck_cli
+from shardcheck.harness.driver.pool import WorkerPool
 
 TIMEOUT = 5
 TP2 = ("--op", "model_utils.DistributedLogprob", "--case", "b2s5v33-scale300.0-masked0.2", "--topology", "dp=1,cp=1,tp=2",
@@ -82,3 +92,124 @@ def test_a_rank_that_exits_with_an_exception_carries_it_into_the_finding(run_sha
     assert "ShardTableError: shard table corrupt on rank 1" in forward["error_message"], forward["error_message"]
     assert forward["error_message"].endswith(f"(at {FIX}/exits_with_exception.py:23 in forward)")
     assert "rank 1 died: exit code 1 (in forward): " in run.stdout
+
+
+def test_a_real_dtensor_hang_names_view_groups_running_on_the_rank_with_the_empty_piece(run_shardcheck):
+    """torch 2.13's DTensor.reshape(-1, 8) of a [0, 8, 8] piece spins in view_groups (tests/fixtures/hangs): at DP 4
+    with B = 3 only rank 3 has the empty piece; the others wait in the op's all_reduce.  The condition is the real
+    one (B small for DP 4), not an incidental parameter, and the hang costs --timeout plus seconds."""
+    suite = FIXTURES / "hangs" / "dtensor_view_spin.py"
+    run = run_shardcheck("run", "--suite-path", str(suite), "--topology", "dp=2,cp=1,tp=1", "--topology",
+                         "dp=4,cp=1,tp=1", "--timeout", str(TIMEOUT), timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    rows = run.rows
+    hung = rows[rows["symptom"] == "hung"]
+    assert len(hung) == 1, hung
+    row = hung.iloc[0]
+    assert row["case_id"] == "b3" and (row["dp"], row["cp"], row["tp"]) == (4, 1, 1)
+    assert row["item_seconds"] < TIMEOUT + 10, row["item_seconds"]
+    assert row["culprit_ranks"] == [3] and row["error_where"].startswith("torch/distributed/tensor/_ops/_view_ops.py:")
+    message = row["message"]
+    spin = re.search(r"rank 3: running in torch/distributed/tensor/_ops/_view_ops.py:\d+ view_groups ← "
+                     r"tests/fixtures/hangs/dtensor_view_spin.py:20 flat_row_sum", message)
+    assert spin, message
+    assert ("ranks 0, 1, 2: waiting in all_reduce #1 on dp at tests/fixtures/hangs/dtensor_view_spin.py:22 "
+            "flat_row_sum") in message
+    # every other item passed: B = 3 at DP 2 and B = 4, 8 at DP 4 (run before the hang) separate it
+    assert set(rows.loc[rows["symptom"] != "hung", "status"]) == {"pass"}, rows[["case_id", "dp", "status"]]
+    line = next(ln for ln in run.stdout.splitlines() if "ERROR dtensor_view.flat_row_sum:" in ln)  # the findings line
+    assert "exactly at dp ≥ 4, when B ≤ 3" in line, line
+
+
+def test_a_rank_stuck_before_its_first_item_is_named_where_it_is_and_ends_at_the_items_timeout(run_shardcheck):
+    """Rank 1 never gets past loading its suite; rank 0 runs the case and waits for it in the op's all_reduce."""
+    suite = FIXTURES / "hangs" / "rank1_stuck_at_startup.py"
+    run = run_shardcheck("run", "--suite-path", str(suite), "--topology", "dp=1,cp=1,tp=2", "--timeout", str(TIMEOUT),
+                         timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    forward = run.rows.set_index("check").loc["forward"]
+    assert forward["symptom"] == "hung" and forward["culprit_ranks"] == [1]
+    assert forward["item_seconds"] < TIMEOUT + 10, forward["item_seconds"]
+    assert ("rank 1: running in tests/fixtures/hangs/_startup.py:25 block_ranks ← "
+            "tests/fixtures/hangs/rank1_stuck_at_startup.py:15 cases") in forward["message"], forward["message"]
+    assert "rank 0: waiting in all_reduce #1 on tp at tests/fixtures/hangs/_startup.py:16 tp_row_sum" in forward["message"]
+
+
+def test_a_launch_whose_ranks_never_come_up_ends_at_timeout_plus_10s_and_says_where_they_were(run_shardcheck):
+    """No rank reports anything: the watchdog ends the launch at --timeout + WATCHDOG_GRACE (10 s), not a minute
+    later, with every rank's stack in the words."""
+    suite = FIXTURES / "hangs" / "never_come_up.py"
+    run = run_shardcheck("run", "--suite-path", str(suite), "--topology", "dp=1,cp=1,tp=2", "--timeout", str(TIMEOUT),
+                         timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    forward = run.rows.set_index("check").loc["forward"]
+    assert forward["status"] == "error", forward["message"]
+    quiet = re.search(r"no progress for (\d+)s: workers killed by the watchdog", forward["message"])
+    assert quiet and int(quiet[1]) <= TIMEOUT + 11, forward["message"]  # (the 11th second: the driver's poll)
+    assert ("before their first item, ranks 0, 1: running in tests/fixtures/hangs/_startup.py:25 block_ranks ← "
+            "tests/fixtures/hangs/never_come_up.py:15 cases") in forward["message"], forward["message"]
+
+
+def test_without_the_flight_recorder_a_hang_still_has_the_stacks_and_says_no_collectives_were_recorded(
+        tmp_path, monkeypatch):
+    """SHARDCHECK_FLIGHT_RECORDER=0 (to measure the recorder's cost, or rule it out): no rank writes records, the
+    finding names the spinning rank from its stack alone and says the records are off."""
+    monkeypatch.setenv("SHARDCHECK_FLIGHT_RECORDER", "0")
+    out = tmp_path / "run"
+    argv = ["run", "--impl", f"model_utils={FIXTURES / 'model_utils' / 'spins_in_forward'}.py", *TP2, "--out", str(out),
+            "--no-progress"]
+    stdout = io.StringIO()
+    # ranks of its own, started now, inherit the switch (the session's shared ranks were started without it)
+    with WorkerPool(tmp_path / "ranks") as pool, contextlib.redirect_stdout(stdout):
+        code = shardcheck_cli.main(argv, pool=pool)
+    run = Run(code, stdout.getvalue(), "", out)
+    assert run.returncode == 1, run.stdout
+    forward = run.rows.set_index("check").loc["forward"]
+    assert forward["symptom"] == "hung" and forward["culprit_ranks"] == [1]
+    assert forward["item_seconds"] < TIMEOUT + 10, forward["item_seconds"]
+    message = forward["message"]
+    assert f"rank 1: running in {FIX}/spins_in_forward.py:17 _count_up_to" in message
+    assert "rank 0: waiting in all_reduce at distributed_impl/model_utils.py:" in message  # (no record: no #number)
+    assert "no collectives recorded (SHARDCHECK_FLIGHT_RECORDER=0)" in message and "never entered" not in message
+    assert not list((run.out / "workers").rglob("*.collectives*.jsonl"))
+
+
+def test_a_gloo_abort_while_the_harness_judges_a_lazily_waited_output_says_judging(run_shardcheck):
+    """The op returns an unwaited functional all-gather whose ranks pass different sizes: gloo aborts rank 0 when
+    the harness first uses the output (the wait), so the phase is judging, not forward, with gloo's message."""
+    suite = FIXTURES / "deaths" / "lazy_gather_sizes_differ.py"
+    run = run_shardcheck("run", "--suite-path", str(suite), "--topology", "dp=1,cp=1,tp=2", "--timeout", str(TIMEOUT),
+                         timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    forward = run.rows.set_index("check").loc["forward"]
+    assert forward["symptom"] == "died" and forward["error_type"] == "SIGABRT", forward["message"]
+    assert forward["phase"] == "judging" and forward["culprit_ranks"] == [0], forward["message"]
+    assert "op.preamble.length <= op.nbytes. 96 vs 48" in forward["error_message"], forward["error_message"]
+    assert "rank 0 died: SIGABRT (in judging): terminate called" in run.stdout
+    assert forward["item_seconds"] < TIMEOUT + 10, forward["item_seconds"]
+    assert ("collective mismatch on tp: rank 0 in all_gather #1 [2, 6] float64 at "
+            "tests/fixtures/deaths/lazy_gather_sizes_differ.py:26 gather_rows, rank 1 in all_gather #1 [4, 6] float64"
+            ) in forward["message"]
+
+
+@pytest.mark.timeout(400)
+def test_a_hang_under_a_hand_written_torchrun_names_where_each_rank_was_and_the_collective(tmp_path):
+    """harness/standalone.py has no driver to signal its ranks: each dumps its own stack into --out at --timeout and
+    records its collectives there; rank 0 folds them into the finding as the driver does.  (--timeout 20: a fresh
+    torchrun's first item imports torch's compiler stack, several seconds on a loaded machine.)"""
+    out = tmp_path / "by-hand"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "shardcheck.harness.standalone", "--impl",
+                           f"model_utils={FIXTURES / 'model_utils' / 'spins_in_forward'}.py", *TP2[:-2], "--timeout",
+                           "20", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    forward = next(r for r in rows if r["check"] == "forward")
+    assert forward["symptom"] == "hung" and forward["culprit_ranks"] == [1], forward["message"]
+    assert f"rank 1: running in {FIX}/spins_in_forward.py:17 _count_up_to ← {FIX}/spins_in_forward.py:24 forward" \
+        in forward["message"]
+    assert "rank 0: waiting in all_reduce #1 on tp at distributed_impl/model_utils.py:" in forward["message"]
+    assert "rank 1 never entered all_reduce #1 on tp (the others did" in forward["message"]
+    folder = out / forward["message"].split("stacks and collectives: ")[1].split(";")[0]
+    assert "in _count_up_to" in (folder / "hang-stacks.txt").read_text()

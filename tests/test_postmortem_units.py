@@ -50,6 +50,35 @@ def test_a_dump_reads_as_running_in_torch_with_the_callers_line_waiting_in_a_col
                     "torch/distributed/tensor/_ops/_view_ops.py:483 view_groups ← /work/my_suite.py:88 run")
 
 
+IN_A_SHAPE_GUARD = f"""Current thread 0x00007f00000000bb (most recent call first):
+  File "{TORCH}/fx/experimental/symbolic_shapes.py", line 1540 in _guard_or
+  File "{TORCH}/fx/experimental/symbolic_shapes.py", line 1571 in guard_or_false
+  File "{TORCH}/distributed/tensor/_ops/_view_ops.py", line 483 in view_groups
+  File "{TORCH}/distributed/tensor/_dispatch.py", line 265 in _propagate_op_sharding_dispatch_slow_path
+  File "/work/my_suite.py", line 20 in flat_row_sum
+  File "/site/shardcheck/harness/rank/worker.py", line 610 in serve
+"""
+IN_A_TORCH_KERNEL = f"""Current thread 0x00007f00000000bb (most recent call first):
+  File "{TORCH}/_tensor.py", line 900 in __mul__
+  File "/work/my_suite.py", line 21 in flat_row_sum
+  File "/site/shardcheck/harness/rank/worker.py", line 610 in serve
+"""
+
+
+def test_a_spin_sampled_inside_a_generic_torch_helper_is_named_by_the_torch_distributed_frame_that_called_it():
+    """DTensor's view propagation loops in view_groups, calling torch/fx's shape guards: a stack sample lands in
+    either, and the finding names the same frame whichever it was."""
+    frames = stacks.main_stack(IN_A_SHAPE_GUARD)
+    assert stacks.state(frames) == stacks.State.RUNNING
+    assert stacks.describe(frames) == ("running in torch/distributed/tensor/_ops/_view_ops.py:483 view_groups ← "
+                                       "/work/my_suite.py:20 flat_row_sum")
+    _, running, where = stacks.describe_ranks({0: WAITING, 1: IN_A_SHAPE_GUARD}, {})
+    assert running == [1] and where == "torch/distributed/tensor/_ops/_view_ops.py:483"
+    # no torch.distributed frame between the helper and the user's code: the innermost frame is named
+    kernel = stacks.main_stack(IN_A_TORCH_KERNEL)
+    assert stacks.describe(kernel) == "running in torch/_tensor.py:900 __mul__ ← /work/my_suite.py:21 flat_row_sum"
+
+
 def _rec(seq, kind, shape, dtype="float32", group="g1", dim="tp", where="/work/a.py:10 f"):
     return {"n": seq, "plan": 0, "item": 0, "group": group, "dim": dim, "seq": seq, "kind": kind, "shape": shape,
             "dtype": dtype, "where": where}
@@ -106,3 +135,22 @@ def test_a_dead_ranks_last_words_are_its_native_abort_or_its_last_exception_with
               "ValueError: B=0 < dp=4\n")
     assert last_words(python) == "ValueError: B=0 < dp=4 (at /work/x.py:12 in load)"
     assert last_words("all fine\n") == ""
+
+
+def test_a_hand_launched_ranks_own_timer_dump_is_read_back_its_last_one_and_only_if_fresh(tmp_path):
+    """harness/standalone.py: each rank dumps its stack itself at --timeout (faulthandler.dump_traceback_later,
+    "Timeout (0:00:05)!" then the threads) into the shared folder; rank 0 reads each rank's last dump."""
+    import time
+
+    from shardcheck.harness.core.events import stack_path
+
+    old = "Timeout (0:00:05)!\n" + WAITING
+    stack_path(tmp_path, 0).write_text(old + "\nTimeout (0:00:05)!\n" + AT_BARRIER)
+    stack_path(tmp_path, 1).write_text("Timeout (0:00:05)!\n" + DUMP)
+    since = time.time() - 5
+    dumps = stacks.dumped_since(tmp_path, [0, 1, 2], since, wait=0.2)  # rank 2 wrote nothing: left out
+    assert sorted(dumps) == [0, 1]
+    assert stacks.state(stacks.main_stack(dumps[0])) == stacks.State.BARRIER  # the last dump, not the older one
+    text, running, _ = stacks.describe_ranks(dumps, {})
+    assert running == [1] and "rank 1: running in torch/distributed/tensor/_ops/_view_ops.py:483 view_groups" in text
+    assert stacks.dumped_since(tmp_path, [0, 1], time.time() + 60, wait=0.1) == {}  # dumps older than the item

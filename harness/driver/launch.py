@@ -8,8 +8,8 @@ the item in flight into error rows naming the ranks, and the remaining items get
 launch.  Hang budget: the op's other items at that topology are recorded `skip` ("hung in
 case ..."), so a hanging op costs one timeout per topology, not one per item
 (`hang_budget=False`, `--no-hang-budget`, tries every item).  A watchdog kills a launch that
-reports nothing for --timeout + WATCHDOG_GRACE seconds, so no run ever hangs, whatever the
-backend does.
+reports nothing for --timeout + WATCHDOG_GRACE (10) seconds, its start-up included, so no run ever hangs,
+whatever the backend does.
 """
 
 from __future__ import annotations
@@ -32,7 +32,13 @@ from shardcheck.harness.core.plan_data import Item, Plan
 from shardcheck.harness.core.records import RecordWriter
 from shardcheck.harness.driver.pool import Launch, LaunchSettings, WorkerPool
 
-WATCHDOG_GRACE = 60.0  # start-up of a launch (imports, rendezvous), before any item runs, counts against the watchdog too
+# A launch that reports nothing for --timeout + WATCHDOG_GRACE seconds is ended: its ranks never came up, or are
+# stuck before their first item (a suite's import, the rendezvous).  Start-up counts against it: 16 CPU ranks forked
+# from the fork server are up and through a first item within about 1 s of their plan (measured on the shared
+# 2-core box at load 18), so 10 s is ample.  CUDA ranks are fresh processes, each importing torch and starting
+# CUDA (the pool starts them ahead, while the driver plans): they get START_GRACE_FRESH (not measured here).
+WATCHDOG_GRACE = 10.0
+START_GRACE_FRESH = 60.0
 # Once an item runs, the driver itself ends it at --timeout + ITEM_GRACE (a rank at the item's barrier reports its
 # peers missing at --timeout; when none got there, every rank is stuck in the case): a hang costs --timeout plus
 # a few seconds, the stacks taken and the launch ended included, never the watchdog's minute.
@@ -103,6 +109,12 @@ def _running_for(collector: Collector) -> float:
     """Seconds the item in flight has been running (0 when none is)."""
     item = collector.in_flight()
     return time.time() - min(collector.state[item.id].started.values()) if item else 0.0
+
+
+def _watchdog_grace(plan: Plan, collector: Collector) -> float:
+    """Seconds past --timeout a launch may go without an event: WATCHDOG_GRACE, or START_GRACE_FRESH before the
+    first event of a launch whose ranks are fresh processes (not forked from the CPU fork server)."""
+    return WATCHDOG_GRACE if plan.device == "cpu" or collector.last_event else START_GRACE_FRESH
 
 
 def _hung(collector: Collector, timeout: float) -> bool:
@@ -177,7 +189,7 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, writer: Record
                 if hung:
                     break
                 quiet = time.time() - max(collector.last_event, started)
-                if quiet > plan.timeout + WATCHDOG_GRACE:
+                if quiet > plan.timeout + _watchdog_grace(plan, collector):
                     watchdog_reason = f"no progress for {quiet:.0f}s: workers killed by the watchdog"
                     break
                 # (not while benchmarking: a launch's imports beside a timed op would skew its time)
@@ -196,6 +208,8 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, writer: Record
         evidence = None
         if in_flight is not None and not collector.all_finished():  # every live rank's stack, before the kill
             evidence = postmortem.take(launch, in_flight, launch.plans_given - 1, deaths, writer.path.parent)
+        elif watchdog_reason and not collector.finished:  # stuck before the first item: where each rank was
+            watchdog_reason += postmortem.startup_stacks(launch)
         if collector.all_finished() and not deaths:
             if plan.profile:  # the ranks write their profiles as they exit
                 launch.stop(wait=60)
@@ -215,7 +229,8 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, writer: Record
         if not collector.state[failed.id].started and not collector.finished:
             # The launch died before running anything: every remaining item is an error.
             codes = ", ".join(f"rank {r}: {w}" for r, w in sorted(deaths.items()))
-            why = _error_lines(log_text) or (f"workers exited ({codes})" if codes else "workers exited")
+            why = (watchdog_reason or _error_lines(log_text)
+                   or (f"workers exited ({codes})" if codes else "workers exited"))
             for item in unfinished:
                 collector.abort(item, f"worker launch failed: {why} (logs: {launch.dir}/rank*.log)")
                 progress.update(task, advance=1)

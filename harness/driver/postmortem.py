@@ -11,6 +11,7 @@ from pathlib import Path
 from shardcheck.harness.core.plan_data import Item
 from shardcheck.harness.driver import flight, last_words, stacks
 from shardcheck.harness.driver.pool import Launch, rank_log
+from shardcheck.harness.rank import flight_recorder
 from shardcheck.harness.rank.artefacts import item_dir_name
 
 LOG_TAIL = 200  # lines of a dead rank's log kept with the failure
@@ -30,17 +31,36 @@ def take(launch: Launch, item: Item, plan_index: int, deaths: dict[int, str], ru
     participants = list(range(dp * cp * tp))
     pids = launch.pids()
     dumps = stacks.take(launch.dir, [r for r in participants if r in pids], pids)
-    records = flight.case_records(launch.dir, participants, plan_index, item.id)
+    return of_dumps(launch.dir, item, plan_index, dumps, deaths, run_dir)
+
+
+def of_dumps(launch_dir: Path, item: Item, plan_index: int, dumps: dict[int, str], deaths: dict[int, str],
+             run_dir: Path) -> Postmortem:
+    """The postmortem from the ranks' stack dumps ({rank: text}) and the records and logs in `launch_dir`: the
+    driver's (`take`), or a hand-launched run's rank 0 reading what its peers dumped (harness/standalone.py)."""
+    dp, cp, tp = item.topology
+    participants = list(range(dp * cp * tp))
+    records = flight.case_records(launch_dir, participants, plan_index, item.id)
     compared = flight.compare(records, item.topology)
     ranks_text, running, running_where = stacks.describe_ranks(dumps, flight.last_records(records))
-    words = {r: last_words.of_rank(launch.dir, r) for r in sorted(deaths) if r in participants}
-    text = "; ".join(t for t in (ranks_text, compared.text) if t)
+    words = {r: last_words.of_rank(launch_dir, r) for r in sorted(deaths) if r in participants}
+    off = "" if flight_recorder.enabled() else f"no collectives recorded ({flight_recorder.SWITCH}=0)"
+    text = "; ".join(t for t in (ranks_text, compared.text, off) if t)
     # the collectives name who left the others; else the ranks computing while the others wait
     waiting_somewhere = len(running) < len(dumps)
     culprits = compared.culprits or (running if waiting_somewhere else [])
     where = compared.where or running_where
-    folder = _save(run_dir, item, dumps, records, deaths, launch.dir)
+    folder = _save(run_dir, item, dumps, records, deaths, launch_dir)
     return Postmortem(text, culprits, where, words, folder)
+
+
+def startup_stacks(launch: Launch) -> str:
+    """Where each live rank of a launch that never began its first item was, as words appended to the watchdog's
+    reason: "; ranks 0, 2: running in my_suite.py:12 cases; rank 1: waiting in ...", or "" when none answered."""
+    pids = launch.pids()
+    dumps = stacks.take(launch.dir, sorted(pids), pids)
+    text, _, _ = stacks.describe_ranks(dumps, {})
+    return f"; before their first item, {text}" if text else ""
 
 
 def _save(run_dir: Path, item: Item, dumps: dict[int, str], records: dict[int, list[dict]], deaths: dict[int, str],

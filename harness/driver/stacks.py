@@ -21,6 +21,7 @@ from shardcheck.harness.core.events import stack_path
 
 STACK_WAIT = 2.0  # seconds the driver waits for the ranks' dumps (a loaded machine schedules them late)
 
+TIMER_HEADER = "Timeout ("  # how faulthandler.dump_traceback_later starts a dump
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 _TORCH_DIST = f"{os.sep}torch{os.sep}distributed{os.sep}"
@@ -79,6 +80,27 @@ def take(launch_dir: Path, ranks: list[int], pids: dict[int, int]) -> dict[int, 
                 dumps[rank] = _read_from(stack_path(launch_dir, rank), before.pop(rank))
         time.sleep(0.02)
     return dumps
+
+
+def dumped_since(launch_dir: Path, ranks: list[int], since: float, wait: float = STACK_WAIT) -> dict[int, str]:
+    """The dumps ranks wrote themselves (faulthandler.dump_traceback_later, a hand-launched run's ranks) after
+    `since` (a time.time()): {rank: its last dump} for those in `ranks` whose dump came within `wait` seconds."""
+    dumps: dict[int, str] = {}
+    deadline = time.time() + wait
+    while True:
+        for rank in ranks:
+            path = stack_path(launch_dir, rank)
+            try:
+                fresh = path.stat().st_mtime >= since
+            except OSError:
+                continue
+            text = _read_from(path, 0).rsplit(TIMER_HEADER, 1)
+            if fresh and len(text) == 2 and rank not in dumps:
+                time.sleep(0.05)  # (no end marker: let the dump finish)
+                dumps[rank] = TIMER_HEADER + _read_from(path, 0).rsplit(TIMER_HEADER, 1)[1]
+        if len(dumps) == len(ranks) or time.time() > deadline:
+            return dumps
+        time.sleep(0.05)
 
 
 def _read_from(path: Path, offset: int) -> str:
@@ -144,9 +166,25 @@ def describe(frames: list[Frame], last_record: dict | None = None) -> str:
         return f"waiting in {_collective(frames)}" + (f" at {caller.text()}" if caller else "")
     if not frames:
         return "running (no Python frame: in native code)"
-    inner = frames[0]
+    inner = running_frame(frames)
     caller = _outside_torch(frames, 0 if _TORCH in inner.file else 1)
     return f"running in {inner.text()}" + (f" ← {caller.text()}" if caller and caller != inner else "")
+
+
+def running_frame(frames: list[Frame]) -> Frame:
+    """The frame a running rank is named by: its innermost, except that a generic torch helper (a shape guard of
+    torch/fx, a prims utility) called from torch.distributed gives way to that torch.distributed frame: a loop
+    in DTensor's sharding propagation samples in either, and the distributed one is the loop's (the same line
+    whichever sample the dump took)."""
+    inner = frames[0]
+    if _TORCH not in inner.file or _TORCH_DIST in inner.file:
+        return inner
+    for f in frames[1:]:
+        if _TORCH not in f.file:
+            return inner
+        if _TORCH_DIST in f.file:
+            return f
+    return inner
 
 
 def where_text(where: str) -> str:
@@ -167,6 +205,7 @@ def describe_ranks(dumps: dict[int, str], last_records: dict[int, dict]) -> tupl
         if what == State.RUNNING:
             running.append(rank)
             if where is None and frames:
-                where = f"{short_path(frames[0].file)}:{frames[0].line}"
+                named = running_frame(frames)
+                where = f"{short_path(named.file)}:{named.line}"
     text = "; ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, rs))}: {w}" for w, rs in words.items())
     return text, running, where

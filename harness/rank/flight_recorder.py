@@ -17,10 +17,14 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import sys
 from pathlib import Path
 
 RING = 256  # records per file; the two files hold the last 256..512
+# SHARDCHECK_FLIGHT_RECORDER=0 in the environment of the run (its ranks inherit it) runs without the recorder: to
+# measure its cost, or to rule it out; a hang's finding then has the stacks but no collectives compared.
+SWITCH = "SHARDCHECK_FLIGHT_RECORDER"
 RECORD_FILES = ("collectives0.jsonl", "collectives1.jsonl")
 
 # c10d entry point -> (kind, name of the parameter whose tensor this rank hands over; None: no tensor worth naming)
@@ -44,6 +48,11 @@ _FUNCOL = {
     "all_to_all_single_autograd": ("all_to_all", None), "broadcast": ("broadcast", "self"),
     "all_reduce_coalesced": ("all_reduce", None), "all_gather_inplace": ("all_gather", None),
 }
+
+
+def enabled() -> bool:
+    """Whether this process records its collectives (SWITCH unset, or anything but 0)."""
+    return os.environ.get(SWITCH, "1").strip() != "0"
 
 
 def record_paths(launch_dir: Path, rank: int) -> list[Path]:

@@ -172,6 +172,10 @@ class Worker:
         self.events = None
         self.recorder = None  # the collective flight recorder (harness/rank/flight_recorder.py), when serving a driver
         self.linger_on_stuck = 0.0  # (the driver's ranks: STUCK_LINGER)
+        # A hand-launched rank (harness/standalone.py) has no driver to ask for its stack: it dumps it itself, into
+        # this file, when an item is still running at --timeout (faulthandler's own timer thread, answered while
+        # the rank spins or blocks in C++).
+        self.dump_stacks_to = None
 
     def load(self, plan: Plan, events_dir: Path) -> None:
         """Make `plan` the one `run` runs; its events go to `events_dir`."""
@@ -214,6 +218,8 @@ class Worker:
                 continue
             started = time.time()
             self.events.started(item.id)
+            if self.dump_stacks_to is not None:
+                faulthandler.dump_traceback_later(self.plan.timeout, file=self.dump_stacks_to)
             topo = Topology(*item.topology)
             mesh = self.mesh(topo)
             if self.recorder is not None:
@@ -249,6 +255,8 @@ class Worker:
                 # the launch.  Exit as it did, not with a traceback a quick exit would make look like a death.
                 self.events.file.flush()
                 os._exit(EXIT_PEER_STUCK)
+            if self.dump_stacks_to is not None:
+                faulthandler.cancel_dump_traceback_later()
             if missing:
                 self.events.stuck(item.id, missing, round(time.time() - started, 1))
                 self.events.file.flush()
@@ -717,7 +725,7 @@ def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, timeout
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
     store = _rendezvous(launch_dir, rank, world, timeout)
     worker = Worker(device, backend, timeout, use_shims, store=store, rank=rank, world=world)
-    worker.recorder = flight_recorder.install(launch_dir, rank)
+    worker.recorder = flight_recorder.install(launch_dir, rank) if flight_recorder.enabled() else None
     worker.linger_on_stuck = STUCK_LINGER
     profile = None
     for k in itertools.count():
