@@ -21,7 +21,7 @@ import torch
 
 from shardcheck.reference import model_utils as ref
 from shardcheck import (REPLICATED, BadInput, Case, FuzzSpace, GradSum, HeadTail, Layout, PackedHeadTail, Partial,
-                        Permuted, Shard)
+                        Permuted, Shard, cite, ours, seed)
 from shardcheck.suites._model_utils_comm import (AG_CP, A2A_CP, compute_bytes, contract, cp_gather_comm, distillation_comm,
                                       gather_logits_comm, hidden_comm, merge, next_token_comm, rows, s_local,
                                       with_cp_gather)
@@ -548,7 +548,17 @@ def packed_case(spec: PackedSpec) -> Case:
 
 def cases(quick: bool = False) -> list[Case]:
     # The vocab-parallel ops support a TP rank holding no vocab entries (V = 37 at TP 16): the cases test them.
-    return [replace(c, empty_pieces=("tp",)) for c in _matrix(quick)]
+    return cite([replace(c, empty_pieces=("tp",)) for c in _matrix(quick)], RULES,
+                bad_input=seed("'Assumes that input_ids are already padded to a multiple of cp_size * 2 or "
+                               "cp_size == 1.'"))
+
+DOC = "docs/ops/model_utils.md"
+# Where each property's rule comes from (docs/ops/model_utils.md#rules-seed-or-ours lists them).
+RULES = {
+    "property:chunked_equals_unchunked": ours(f"{DOC}#conventions-of-this-family"),
+    "property:survivors_sum_to_1": ours(f"{DOC}#top-k--top-p-filtering"),
+    "property:entropy_nonpositive": ours(f"{DOC}#conventions-of-this-family"),
+}
 
 
 def _matrix(quick: bool) -> list[Case]:

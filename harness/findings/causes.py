@@ -51,7 +51,7 @@ from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, SYMPTOMS, Phase, Status, Symptom
 from shardcheck.harness.findings import model_order
 
-COLUMNS = ["op", "ops", "status", "kind", "checks", "count", "condition", "worst", "rerun"]
+COLUMNS = ["op", "ops", "status", "kind", "checks", "count", "condition", "worst", "rerun", "rule"]
 MESH = ("dp", "cp", "tp")
 ITEM = ["case_id", "dp", "cp", "tp", "dtype"]
 ERRORS = (Symptom.EXCEPTION, Symptom.REFERENCE)  # symptoms named by an exception
@@ -308,7 +308,8 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
         of_op = [s for s in symptoms if s["ops"] == (op,)]
         table += _per_op(of_op, df[df["op"] == op], passing_of.get(op, empty), bad)
     table = _across_ops(table, bad, passing)
-    out = pd.DataFrame([{k: c[k] for k in COLUMNS} for c in table], columns=COLUMNS)
+    out = pd.DataFrame([{**{k: c[k] for k in COLUMNS if k != "rule"}, "rule": rule_text(c["rules"])} for c in table],
+                       columns=COLUMNS)
     order = out["status"].map(STATUS_ORDER)
     return out.assign(_o=-order, _n=-out["count"]).sort_values(["_o", "_n", "op"], kind="stable") \
         .drop(columns=["_o", "_n"]).reset_index(drop=True)
@@ -384,7 +385,21 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
             "checks": _checks(list(all_rows["check"].unique()), status), "count": len(all_rows), "condition": condition,
             "worst": _worst_text(worst, status), "rerun": rerun, "rows": list(rows.index),
             "items": set(map(tuple, rows[ITEM].astype(str).values)), "all_checks": list(all_rows["check"].unique()),
+            "rules": _rules(all_rows),
             "error_key": (worst.get("error_type"), worst.get("error_where")) if symptom in ERRORS else None}
+
+
+def _rules(rows: pd.DataFrame) -> dict:
+    """The rules a cause's rows were judged under ((source, cite) -> None, in order): where each comes from."""
+    if "rule_source" not in rows or "rule_cite" not in rows:
+        return {}
+    pairs = rows[["rule_source", "rule_cite"]].dropna().drop_duplicates()
+    return dict.fromkeys(map(tuple, pairs.values))
+
+
+def rule_text(rules: dict) -> str:
+    """'rule: seed: ...' or 'rule: ours, docs/ops/x.md#y' (several: '; '-joined), "" where no row cites one."""
+    return "; ".join(f"rule: ours, {cite}" if source == "ours" else f"rule: seed: {cite}" for source, cite in rules)
 
 
 def _items(rows: pd.DataFrame) -> int:
@@ -414,7 +429,7 @@ def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -
     return {**first, **worst, "op": _display(ops), "ops": tuple(ops), "kind": kind,
             "symptoms": set().union(*(s["symptoms"] for s in group)), "signals": signals, "count": sum(s["count"] for s in group),
             "checks": _checks([c for s in group for c in s["all_checks"]], first["status"]), "all_checks": [c for s in group for c in s["all_checks"]],
-            "condition": condition,
+            "condition": condition, "rules": {k: None for s in group for k in s["rules"]},
             "rows": [i for s in group for i in s["rows"]], "items": set().union(*(s["items"] for s in group)),
             "error_key": first["error_key"] if all(s["error_key"] == first["error_key"] for s in group) else None}
 
@@ -559,7 +574,8 @@ def finding_lines(table: pd.DataFrame) -> list[str]:
     """The findings as a person reads them: one line per cause, its worst mismatch and its rerun line."""
     lines = []
     for r in table.itertuples():
-        lines.append(f"{r.status.upper()} {r.op}: {r.kind} — {r.condition}; {r.checks}; {r.count} row(s)")
+        rule = f" [{r.rule}]" if isinstance(getattr(r, "rule", None), str) and r.rule else ""  # seed or ours
+        lines.append(f"{r.status.upper()} {r.op}: {r.kind} — {r.condition}; {r.checks}; {r.count} row(s){rule}")
         lines.append(f"    worst: {r.worst}")
         if isinstance(r.rerun, str):
             lines.append(f"    rerun: {r.rerun}")
