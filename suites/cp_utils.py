@@ -647,14 +647,17 @@ def bad_input_cases() -> list[Case]:
 
 
 DOC = "docs/ops/cp_utils.md"
+_SHARDED = seed("make_cp_batch_and_ctx: 'The batch has also been passed to create_context_parallel_ctx and is "
+                "accordingly sharded.'")
 # Where each property's rule comes from (docs/ops/cp_utils.md#rules-seed-or-ours lists them).
 RULES = {
     "property:noop:*": seed("make_cp_batch_and_ctx: 'If the input device_mesh is None or the size of the "
                             "context_parallel submesh is 1, this function is effectively a no-op.'"),
-    "property:inside:*": seed("make_cp_batch_and_ctx: 'The batch has also been passed to create_context_parallel_ctx "
-                              "and is accordingly sharded.'"),
-    "property:attention_mask_dropped": ours(f"{DOC}#make_cp_batch_and_ctx"),
-    "property:after:*": ours(f"{DOC}#create_context_parallel_ctx"),
+    "property:inside:*": _SHARDED,
+    # a mask left whole in a batch whose other tensors are sharded: the batch is not "accordingly sharded"
+    "property:attention_mask_dropped": _SHARDED,
+    "property:after:*": seed("create_context_parallel_ctx: 'cp_no_restore_buffers (Set[torch.Tensor]) – The no restore "
+                             "buffers for context parallel.' (the others are restored)"),
     "property:created:*": ours(f"{DOC}#create_context_parallel_ctx"),
     "property:sdpa_*": ours(f"{DOC}#create_context_parallel_ctx"),
     "property:built": seed("_build_position_ids: 'Add position_ids to the batch only if they are missing.'"),
@@ -662,10 +665,10 @@ RULES = {
     "property:qkv_format": seed("make_cp_batch_for_te returns 'qkv_format: Format string (“thd”)'"),
     "property:reassembled:*": seed("make_cp_batch_for_te: 'Shards each chunk across CP ranks using Transformer "
                                    "Engine’s partitioning'"),
-    # the THD batch's keys, compared with ours: the seed lists them and what each holds
-    "property:*": seed("make_cp_batch_for_te returns 'Processed batch in THD format with the following keys: "
-                       "input_ids, labels, position_ids, cu_seqlens, cu_seqlens_padded, max_seqlen, qkv_format, "
-                       "padding_mask: Boolean mask indicating padding tokens'"),
+    "property:padding_mask": seed("make_cp_batch_for_te returns 'padding_mask: Boolean mask indicating padding tokens'"),
+    "property:position_ids": seed("make_cp_batch_for_te returns 'position_ids: Generated and sharded position IDs'"),
+    # the THD batch's other keys, compared with ours: the seed lists them and what each holds
+    "property:*": seed("make_cp_batch_for_te returns 'Processed batch in THD format with the following keys: ...'"),
 }
 SEED_RAISES = {ValueError: seed("make_cp_batch_for_te: 'Raises: ValueError – If qkv_format is not “thd”'"),
                KeyError: seed("make_cp_batch_for_te: 'Raises: KeyError – If required fields (seq_lens, "

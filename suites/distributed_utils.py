@@ -477,11 +477,16 @@ RULES = {
     "property:error_names_rank": ours(f"{DOC}#firstrankpernode"),
     "property:single_process_true": seed(_FIRST + "'Works on a single GPU (no env flags, no distributed "
                                                   "initialisation).'"),
-    "property:ranks_end": ours(f"{DOC}#firstrankpernode"),
+    # a rank that never returns (or dies) returns nothing the seed documents
+    "property:ranks_end": seed("_barrier_with_timeout: 'A timeout wrapper for torch.distributed.barrier()'; "
+                               "FirstRankPerNode.__exit__: 'Returns: False so that any exception ... is propagated'"),
     "property:on_time_true": seed(_BARRIER),
     "property:waiting_ranks_false_within_timeout": seed(_BARRIER),
     "property:late_rank_false": seed(_BARRIER),
-    "property:groups_work_after": ours(f"{DOC}#_barrier_with_timeout"),
+    # the barrier's own group times out; the training group it keeps apart must still work
+    "property:groups_work_after": seed("_barrier_with_timeout: 'This approach creates a separate Gloo process group for "
+                                       "barrier operations while keeping the main NCCL backend for training "
+                                       "operations.'"),
     "property:gloo_group_over_all_ranks": seed("_create_gloo_group: 'Create a Gloo process group for barrier "
                                                "operations.'"),
     "property:none_without_distributed": ours(f"{DOC}#_create_gloo_group"),
