@@ -510,9 +510,9 @@ class Case:
         if check == SIGNATURE_CHECK:
             return SIGNATURE_RULE
         for pattern, rule in self.rules.items():
-            if fnmatch.fnmatchcase(check, pattern):
+            if check != "property:properties" and fnmatch.fnmatchcase(check, pattern):
                 return rule
-        if check.startswith(("forward", "grad:")):  # a bad input's interpretation is judged under its rule
+        if check.startswith(("forward", "grad:")) or check == "property:properties":  # (the run raised: its result)
             return self.bad_input.rule if self.bad_input is not None and self.bad_input.rule is not None else self.rule
         return None
 
