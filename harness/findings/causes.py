@@ -11,9 +11,10 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    (shardcheck.harness.driver.collect records the raising rank as the item's cause on every error row of the item).
 2. Conditions.  Each symptom gets the condition that separates its rows from the op's passing rows:
    the smallest conjunction of predicates over the check, dtype, mesh dims and case parameters that
-   holds on every row of the symptom and on no passing row ("exactly in grad:logits, at tp ≥ 2");
-   else the greedy conjunction that excludes the most passing rows ("mostly ..."), unless most of the
-   op's passing rows fall under it too, which is no condition: then the line says none separates.
+   holds on every row of the symptom and on no passing row ("exactly in grad:logits, at tp ≥ 2"), or else
+   on no passing row of the items the symptom does not fail in (the other checks of its own items pass beside
+   it).  A condition that does not separate is not printed: the line says none separates (a trigger the
+   features do not see, such as a loss_mask's padding, gives that, never a condition that points away).
    A condition is computed from the items that ran: where a hang's budget skipped items at the symptom's topology,
    the line says how many (they may show it too).
 3. Causes per op.  A crash (an exception at one raising line, a death, a hang) is one line; the checks failing in
@@ -167,7 +168,26 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 
 def separating_condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool = True) -> str:
-    """Words for the condition under which `bad` rows occur and `passing` rows do not (module docstring)."""
+    """Words for the condition under which `bad` rows occur and `passing` rows do not (module docstring, 2).  Only a
+    condition that separates is printed: one that holds on no passing row, or else on no passing row of an item
+    the symptom does not fail in (the other checks of its own items pass beside it); otherwise none is."""
+    words, exact = _condition(bad, passing, by_check)
+    if exact:
+        return words
+    key = [c for c in ("op", *ITEM) if c in bad and c in passing]
+    failing = set(map(tuple, bad[key].astype(str).values))
+    others = passing[~passing[key].astype(str).apply(tuple, axis=1).isin(failing)] if len(passing) else passing
+    if len(others) < len(passing):
+        words, exact = _condition(bad, others, by_check)
+        if exact:
+            return words
+    topologies = sorted({f"dp{r['dp']}-cp{r['cp']}-tp{r['tp']}" for r in _records(bad)})
+    return (f"no condition on checks, dtypes, mesh dims or case parameters separates it from the {len(passing)} "
+            f"passing rows, at {', '.join(topologies)}")
+
+
+def _condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool) -> tuple[str, bool]:
+    """(words, whether they separate `bad` from every row of `passing`): the smallest exact conjunction."""
     bad_rows, passing_rows = _records(bad), _records(passing)
     candidates = []
     for words, order, test in _predicates(bad_rows + passing_rows, by_check):
@@ -175,20 +195,15 @@ def separating_condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: boo
             # the passing rows it holds on, as a bit set
             candidates.append((words, order, sum(1 << i for i, r in enumerate(passing_rows) if test(r))))
     topologies = sorted({f"dp{r['dp']}-cp{r['cp']}-tp{r['tp']}" for r in bad_rows})
-    chosen, left = _exact_conjunction(candidates, len(passing_rows))
+    chosen, _ = _exact_conjunction(candidates, len(passing_rows))
     if chosen is None:
-        chosen, left = _greedy_conjunction(candidates, len(passing_rows))
+        return "", False
     where = [] if any(p[1] == 2 for p in chosen) else (
         [f"at every topology ({', '.join(topologies)})"] if len(topologies) > 1 else [f"at {topologies[0]}"])
     words = ", ".join([p[0] for p in chosen] + where)
-    if not chosen and not passing_rows:
-        return f"always (every case, dtype and check run), {words}"
-    if not left:
-        return f"exactly {words}" if chosen else f"always (every case, dtype and check run), {words}"
-    if 2 * left > len(passing_rows):  # most passing rows fall under it too: that separates nothing
-        return (f"no condition on checks, dtypes, mesh dims or case parameters separates it from the "
-                f"{len(passing_rows)} passing rows, {', '.join(where) or 'at ' + ', '.join(topologies)}")
-    return f"mostly {words} ({left} of {len(passing_rows)} passing rows match too)"
+    if not chosen:  # nothing passed, or nothing needed: every row of the op's evidence fails
+        return f"always (every case, dtype and check run), {words}", True
+    return f"exactly {words}", True
 
 
 def _exact_conjunction(candidates, n_passing: int):
@@ -209,20 +224,6 @@ def _exact_conjunction(candidates, n_passing: int):
         if len(candidates) > 40 and size == 2:  # many parameters: pairs are as far as is cheap
             break
     return None, n_passing
-
-
-def _greedy_conjunction(candidates, n_passing: int):
-    """The predicate that excludes the most passing rows, then the next, until none excludes more."""
-    chosen = []
-    left = (1 << n_passing) - 1
-    while left:
-        scored = [((left & ~c[2]).bit_count(), c) for c in candidates if c not in chosen and left & ~c[2]]
-        if not scored:
-            break
-        _, best = max(scored, key=lambda s: (s[0], -s[1][1]))
-        chosen.append(best)
-        left &= best[2]
-    return sorted(chosen, key=lambda c: c[1]), left.bit_count()
 
 
 # ----------------------------------------------------------------------------------------------------- causes
