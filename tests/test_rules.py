@@ -114,3 +114,54 @@ def test_a_findings_line_says_whether_its_rule_is_the_seeds_or_ours():
     assert any(ln.startswith("FAIL f.Op: property:a does not hold") and ln.endswith("[rule: ours, docs/ops/f.md#a]")
                for ln in lines), lines
     assert any(ln.endswith("[rule: seed: 'Returns log-probs of shape [B, S]']") for ln in lines), lines
+
+
+# ---- runs: our implementations cite every rule and stay silent; findings lines of --impl modules say whose rule
+
+def test_our_implementations_give_no_finding_under_strict_and_every_row_cites_its_rule(run_shardcheck):
+    """Our own implementations, a quick subset of every family at world sizes 1 and 2: zero findings, zero warnings
+    under --strict (the helper's default), and every row says where its rule comes from."""
+    run = run_shardcheck("run", "--suite", "kd_loss,inbatch_neg_utils,distributed_utils,cp_utils,model_utils",
+                         "--quick", "--world-sizes", "1,2", "--dtype", "float64", timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    rows = run.rows
+    assert (rows["status"].isin(["pass", "skip"])).all() and not len(run.causes)
+    judged = rows[rows["status"] == "pass"]
+    uncited = judged[judged["rule_source"].isna()]
+    assert not len(uncited), uncited[["op", "case_id", "check"]].drop_duplicates("check")
+    assert set(judged["rule_source"]) == {"seed", "ours"}
+
+
+def test_impl_findings_lines_say_whether_the_rule_is_the_seeds_or_ours(run_shardcheck):
+    """A third-party example (the older kd_loss the adapter guide adapts) and one of tests/impls (float64 computed in
+    float32, a collective beyond the contract): each findings line ends with its rule, seed or ours."""
+    legacy = run_shardcheck("run", "--impl", "kd_loss=examples/adapters/legacy_kd_loss.py", "--op", "kd_loss.KDLoss",
+                            "--case", "group-b4s6v37-T1-nbltensor-chunk0-masked", "--world-sizes", "1",
+                            "--dtype", "float64")
+    assert legacy.returncode == 1
+    lines = [ln for ln in legacy.stdout.splitlines() if ln.startswith(("  FAIL ", "  ERROR ", "  WARN "))]
+    assert lines and all(re.search(r"\[rule: (seed: |ours, docs/ops/)[^]]+\]$", ln) for ln in lines), lines
+    assert any("signature" in ln and ln.endswith("[rule: seed: the seed's signature]") for ln in lines), lines
+
+    fp32 = run_shardcheck("run", "--impl", f"model_utils={ROOT / 'tests/impls/fp32_extra_collectives_model_utils.py'}",
+                          "--op", "model_utils.DistributedLogprob", "--topology", "dp=1,cp=1,tp=2", "--quick",
+                          "--dtype", "float64", strict=False)
+    assert fp32.returncode == 0, fp32.stdout[-3000:]
+    lines = [ln for ln in fp32.stdout.splitlines() if ln.startswith(("  FAIL ", "  ERROR ", "  WARN "))]
+    assert len(lines) == 2, lines
+    assert all(ln.endswith("[rule: ours, docs/ops/README.md#conventions-shared-by-every-family]") for ln in lines), lines
+
+
+@pytest.mark.parametrize("family,suites", [("model_utils", ["model_utils", "model_utils_cp", "model_utils_megatron"]),
+                                           ("cp_utils", ["cp_utils"]), ("distributed_utils", ["distributed_utils"]),
+                                           ("inbatch_neg_utils", ["inbatch_neg_utils"]), ("kd_loss", ["kd_loss"])])
+def test_docs_ops_tags_every_rule_of_its_family_seed_or_ours(family, suites):
+    text = (ROOT / "docs" / "ops" / f"{family}.md").read_text()
+    table = text.split("## Rules: seed or ours", 1)[1]
+    for suite in suites:
+        for case in suite_cases(suite, False):
+            for pattern, rule in case.rules.items():
+                line = next((ln for ln in table.splitlines() if ln.startswith(f"| `{pattern}` |")), None)
+                assert line is not None and f"| {rule.source} |" in line, f"{family}.md: {pattern} ({rule.source})"
+            if case.bad_input is not None:
+                assert f"[{case.case_id}]" in table and case.bad_input.rule.source in ("seed", "ours")

@@ -9,7 +9,7 @@ answer is wrong), and says that the input is outside the seed's stated shapes.""
 
 from __future__ import annotations
 
-from shardcheck.harness.core.case import Rule, RuleSource
+from shardcheck.harness.core.case import PRECISION_RULE, Rule, RuleSource
 from shardcheck.harness.core.records import Status, Symptom
 
 RULE_FIELDS = ("rule_source", "rule_cite")
@@ -24,6 +24,8 @@ def is_ours(spec: str | None) -> bool:
 def under_rule(rule: Rule | None, status: str, fields: dict, third_party: bool) -> tuple[str, dict]:
     """(status, fields) of a check judged under `rule`: the rule's fields added, an ours-only failure of a third-party
     module downgraded to `warn` (a silent wrong answer excepted, which says the input is outside the seed's shapes)."""
+    if str(fields.get("symptom") or "").startswith("precision:"):  # a precision finding: our rule, not the check's
+        rule = PRECISION_RULE
     if rule is None:
         return status, fields
     fields = {**fields, "rule_source": str(rule.source), "rule_cite": rule.cite}
