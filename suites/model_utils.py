@@ -800,10 +800,15 @@ def front_end_case(spec: FrontEndSpec) -> Case:
 def cases(quick: bool = False) -> list[Case]:
     # The vocab-parallel ops support a TP rank holding no vocab entries (V < TP, V = 33 at TP 8): the cases test them.
     # bad input the seed does not describe (mismatched shapes, a vocab or row count TP does not divide)
-    return cite([replace(c, empty_pieces=("tp",)) for c in _matrix(quick)], RULES,
+    out = cite([replace(c, empty_pieces=("tp",)) for c in _matrix(quick)], RULES,
                 bad_input=ours(f"{DOC}#conventions-of-this-family"))
+    for case in out:  # targets outside [0, V): the seed says nothing of them, their log-prob 0 is our convention
+        if case.params.get("masked") and case.bad_input is None:
+            case.rule = OUTSIDE_VOCAB
+    return out
 
 DOC = "docs/ops/model_utils.md"
+OUTSIDE_VOCAB = ours("docs/ops/README.md#conventions-shared-by-every-family")  # ids outside [0, V): -100, V+3
 # Where each property's rule comes from (docs/ops/model_utils.md#rules-seed-or-ours lists them).
 RULES = {
     # chunking bounds memory and changes nothing else

@@ -548,11 +548,16 @@ def packed_case(spec: PackedSpec) -> Case:
 
 def cases(quick: bool = False) -> list[Case]:
     # The vocab-parallel ops support a TP rank holding no vocab entries (V = 37 at TP 16): the cases test them.
-    return cite([replace(c, empty_pieces=("tp",)) for c in _matrix(quick)], RULES,
+    out = cite([replace(c, empty_pieces=("tp",)) for c in _matrix(quick)], RULES,
                 bad_input=seed("'Assumes that input_ids are already padded to a multiple of cp_size * 2 or "
                                "cp_size == 1.'"))
+    for case in out:  # targets outside [0, V): the seed says nothing of them, their log-prob 0 is our convention
+        if case.params.get("masked") and case.bad_input is None:
+            case.rule = OUTSIDE_VOCAB
+    return out
 
 DOC = "docs/ops/model_utils.md"
+OUTSIDE_VOCAB = ours("docs/ops/README.md#conventions-shared-by-every-family")  # ids outside [0, V): -100, V+3
 # Where each property's rule comes from (docs/ops/model_utils.md#rules-seed-or-ours lists them).
 RULES = {
     # chunking bounds memory and changes nothing else

@@ -166,3 +166,14 @@ def test_docs_ops_tags_every_rule_of_its_family_seed_or_ours(family, suites):
                 assert line is not None and f"| {rule.source} |" in line, f"{family}.md: {pattern} ({rule.source})"
             if case.bad_input is not None:
                 assert f"[{case.case_id}]" in table and case.bad_input.rule.source in ("seed", "ours")
+
+
+def test_targets_outside_the_vocab_are_judged_under_our_rule():
+    """The seed says nothing of ids outside [0, V) (−100, V+3): the values and gradients of cases that feed them are
+    judged under our convention (a wrong answer there stays a failure, noting the input is outside the seed's)."""
+    for suite in ("model_utils", "model_utils_cp"):
+        cases = suite_cases(suite, False)
+        masked = [c for c in cases if c.params.get("masked") and c.bad_input is None]
+        assert masked and all(c.rule_of("forward").source == RuleSource.OURS for c in masked)
+        assert all(c.rule_of("forward").source == RuleSource.SEED for c in cases
+                   if not c.params.get("masked") and c.bad_input is None)
