@@ -159,7 +159,8 @@ def _findings_html(table: pd.DataFrame) -> str:
     for r in table.itertuples():
         items.append(f"<li class='{r.status}'><b>{r.status.upper()}</b> <code>{html.escape(r.op)}</code>: "
                      f"{html.escape(r.kind)} — {html.escape(r.condition)}; {html.escape(r.checks)}; {r.count} row(s)"
-                     f"<br><small>worst: {html.escape(r.worst)}</small>"
+                     + (f" <small>[{html.escape(r.rule)}]</small>" if isinstance(getattr(r, "rule", None), str) and r.rule else "")
+                     + f"<br><small>worst: {html.escape(r.worst)}</small>"
                      + (f"<pre class='rerun finding'>rerun: {html.escape(r.rerun)}</pre>" if isinstance(r.rerun, str) else "")
                      + "</li>")
     return f"<h2>Findings ({len(table)})</h2><ul class='findings'>" + "".join(items) + "</ul>"

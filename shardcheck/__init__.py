@@ -30,6 +30,10 @@ and compares every rank's outputs and input gradients with its piece of the gold
     GradSum         GradSum.apply(x, groups): identity whose backward sums the gradient over groups (DDP's role)
     Property        the result of one `property:<name>` check on one rank (Case.properties returns a list)
     BadInput        Case.bad_input: input outside the op's contract, judged "loud or right"
+    Rule            where a check's rule comes from: Rule(RuleSource.SEED | RuleSource.OURS, cite) (Case.rule, .rules)
+    RuleSource      seed (the seed says so) or ours (docs/ops/<family>.md#<section> fixes what the seed leaves open)
+    seed, ours      seed("quoted sentence"), ours("docs/ops/x.md#section"): a Rule of each source
+    cite            cite(cases, rules, bad_input=rule): a suite's rules per check-name pattern, given to its cases
     RankContext     what run / properties / comm / output checks get: mesh, groups, ranks, dtype, params, shapes
     Topology        (dp, cp, tp) sizes of a run; Case.supports(topology) limits where a case runs
     KnownFailure    Case.xfail: an expected failure with its reason and reference (xfail / xpass)
@@ -53,19 +57,21 @@ _SOURCES = {
     "Topology": "shardcheck.harness.core.topology", "ModelCase": "shardcheck.harness.core.model_case",
     **{name: "shardcheck.harness.core.case" for name in (
         "REPLICATED", "BadInput", "Case", "FuzzSpace", "GradSum", "HeadTail", "KnownFailure", "Layout", "MemoryModel",
-        "PackedHeadTail", "Permuted", "Property", "RankContext")},
+        "PackedHeadTail", "Permuted", "Property", "RankContext", "Rule", "RuleSource", "seed", "ours", "cite")},
 }
 
 __all__ = [
     "Case", "Layout", "REPLICATED", "Shard", "Replicate", "Partial", "HeadTail", "PackedHeadTail", "Permuted",
     "GradSum", "Property", "BadInput", "RankContext", "Topology", "KnownFailure", "FuzzSpace", "MemoryModel", "ModelCase",
+    "Rule", "RuleSource", "seed", "ours", "cite",
 ]
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     from shardcheck.harness.core.case import (REPLICATED, BadInput, Case, FuzzSpace, GradSum, HeadTail, KnownFailure,
-                                              Layout, MemoryModel, PackedHeadTail, Permuted, Property, RankContext)
+                                              Layout, MemoryModel, PackedHeadTail, Permuted, Property, RankContext,
+                                              Rule, RuleSource, cite, ours, seed)
     from shardcheck.harness.core.model_case import ModelCase
     from shardcheck.harness.core.topology import Topology
 

@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from shardcheck.reference import cp_utils as ref
-from shardcheck import BadInput, Case, FuzzSpace, GradSum, HeadTail, Layout, Partial, Property, Shard
+from shardcheck import BadInput, Case, FuzzSpace, GradSum, HeadTail, Layout, Partial, Property, Shard, cite, ours, seed
 from shardcheck.suites._fuzz_draws import topology as fuzz_topology, DTYPES
 
 FAMILY = "cp_utils"
@@ -623,7 +623,8 @@ BAD_SPECS = (
 
 def bad_input_case(spec: BadSpec) -> Case:
     return Case(op=OP + spec.op, case_id=spec.case_id, params={"bad_input": spec.what}, make_inputs=_bad_inputs,
-                reference=lambda x: (), run=spec.run, bad_input=BadInput(spec.what, documented=spec.documented),
+                reference=lambda x: (), run=spec.run, bad_input=BadInput(spec.what, documented=spec.documented,
+                                                                   rule=SEED_RAISES.get(spec.documented[0]) if spec.documented else None),
                 dtypes=("float64",), context_parallel=True, supports=spec.supports)
 
 
@@ -645,11 +646,43 @@ def bad_input_cases() -> list[Case]:
     return cases[:3] + [unpadded_ctx_case()] + cases[3:]
 
 
+DOC = "docs/ops/cp_utils.md"
+_SHARDED = seed("make_cp_batch_and_ctx: 'The batch has also been passed to create_context_parallel_ctx and is "
+                "accordingly sharded.'")
+# Where each property's rule comes from (docs/ops/cp_utils.md#rules-seed-or-ours lists them).
+RULES = {
+    "property:noop:*": seed("make_cp_batch_and_ctx: 'If the input device_mesh is None or the size of the "
+                            "context_parallel submesh is 1, this function is effectively a no-op.'"),
+    "property:inside:*": _SHARDED,
+    # a mask left whole in a batch whose other tensors are sharded: the batch is not "accordingly sharded"
+    "property:attention_mask_dropped": _SHARDED,
+    "property:after:*": seed("create_context_parallel_ctx: 'cp_no_restore_buffers (Set[torch.Tensor]) – The no restore "
+                             "buffers for context parallel.' (the others are restored)"),
+    "property:created:*": ours(f"{DOC}#create_context_parallel_ctx"),
+    "property:sdpa_*": ours(f"{DOC}#create_context_parallel_ctx"),
+    "property:built": seed("_build_position_ids: 'Add position_ids to the batch only if they are missing.'"),
+    "property:kept": seed("_build_position_ids: 'Add position_ids to the batch only if they are missing.'"),
+    "property:qkv_format": seed("make_cp_batch_for_te returns 'qkv_format: Format string (“thd”)'"),
+    "property:reassembled:*": seed("make_cp_batch_for_te: 'Shards each chunk across CP ranks using Transformer "
+                                   "Engine’s partitioning'"),
+    "property:padding_mask": seed("make_cp_batch_for_te returns 'padding_mask: Boolean mask indicating padding tokens'"),
+    "property:position_ids": seed("make_cp_batch_for_te returns 'position_ids: Generated and sharded position IDs'"),
+    # the THD batch's other keys, compared with ours: the seed lists them and what each holds
+    "property:*": seed("make_cp_batch_for_te returns 'Processed batch in THD format with the following keys: ...'"),
+}
+SEED_RAISES = {ValueError: seed("make_cp_batch_for_te: 'Raises: ValueError – If qkv_format is not “thd”'"),
+               KeyError: seed("make_cp_batch_for_te: 'Raises: KeyError – If required fields (seq_lens, "
+                              "seq_lens_padded) are missing from batch'")}
+
+
 def cases(quick: bool = False) -> list[Case]:
     if quick:
-        return ([step_case(s) for s in QUICK_STEP_SPECS] + layout_cases()[:2]
-                + [thd_case(THD_SPECS[0]), thd_case(THD_SPECS[3])] + bad_input_cases()[2:4])
-    return [step_case(s) for s in STEP_SPECS] + layout_cases() + [thd_case(s) for s in THD_SPECS] + bad_input_cases()
+        out = ([step_case(s) for s in QUICK_STEP_SPECS] + layout_cases()[:2]
+               + [thd_case(THD_SPECS[0]), thd_case(THD_SPECS[3])] + bad_input_cases()[2:4])
+    else:
+        out = [step_case(s) for s in STEP_SPECS] + layout_cases() + [thd_case(s) for s in THD_SPECS] + bad_input_cases()
+    # input the seed does not describe (both ids and embeddings, a ring rotation, lengths 2·CP does not divide)
+    return cite(out, RULES, bad_input=ours(f"{DOC}#make_cp_batch_and_ctx"))
 
 
 # ---- benchmarks (`shardcheck run --bench`) -------------------------------------------------

@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor
 from shardcheck.harness.core.measure import CommCounter, group_dims
 from shardcheck.harness.core.processes import module_ref, run_ranks
 from shardcheck.reference import distributed_utils as ref
-from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, Layout, Partial, Property, Shard
+from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, Layout, Partial, Property, Shard, cite, ours, seed
 from shardcheck.suites._distributed_utils_processes import (BARRIER_TIMEOUT_S, BLOCK_S, PROCESS_DEADLINE_S, SLACK_S, STAGGER_S,
                                                  barrier_log_scenario, first_rank_scenario, gloo_group_scenario,
                                                  judge_barrier_log, judge_first_rank_order, judge_first_rank_raise,
@@ -449,7 +449,52 @@ def cases(quick: bool = False) -> list[Case]:
     out = [loss_case(s) for s in loss_specs] + loss_bad_input_cases()[: 1 if quick else None]
     out += [eval_case(kind, n) for kind in CONFIGS for n in sizes] + eval_bad_input_cases()[: 1 if quick else None]
     out += [sync_case(kind) for kind in MODEL_KINDS]
-    return out + process_cases()
+    # input the seed does not describe (an empty loss_store, a fractional count, a DP rank or size out of range)
+    return cite(out + process_cases(), RULES, bad_input=ours(f"{DOC}#reduce_loss"))
+
+
+DOC = "docs/ops/distributed_utils.md"
+_FIRST = "FirstRankPerNode: "
+_BARRIER = "_barrier_with_timeout: 'Returns: True if barrier completed successfully, False if timeout occurred'"
+_LOG = "barrier_and_log: 'Perform a distributed barrier and then log a message on rank 0.'"
+# Where each property's rule comes from (docs/ops/distributed_utils.md#rules-seed-or-ours lists them).
+RULES = {
+    "property:detached": ours(f"{DOC}#reduce_loss"),
+    "property:returns": seed("dp_eval_sample_shard: 'Return (dp_rank, dp_size) to shard eval samples across DP ranks, "
+                             "else None.'"),
+    "property:coverage": seed("dp_eval_sample_shard: 'Only DDP replicates the full model on every rank, so only there "
+                              "can each rank score a disjoint subset independently.'"),
+    "property:no_collectives": ours(f"{DOC}#get_sync_ctx"),
+    "property:grad_sync_every_micro_batch": seed("get_sync_ctx: 'False: always sync gradients on every micro-batch'"),
+    "property:no_grad_sync_before_optim_step": seed("get_sync_ctx: 'True: disable gradient sync on non-final "
+                                                    "micro-batches'"),
+    "property:grad_sync_on_optim_step": seed("get_sync_ctx: 'Whether the current step is an optimizer step.'"),
+    "property:first_rank_per_node_true": seed(_FIRST + "'Returns: True - if the current process is node-rank-0'"),
+    "property:others_enter_after_first_left": seed(_FIRST + "'Lets RANK==0 run the protected code first on each node.'"),
+    "property:own_process_group_destroyed": seed(_FIRST + "'If this context manager created the process group, "
+                                                          "destroy it.'"),
+    "property:exception_ends_every_rank": seed(_FIRST + "'If an exception occurred, abort the entire distributed job.'"),
+    "property:error_names_rank": ours(f"{DOC}#firstrankpernode"),
+    "property:single_process_true": seed(_FIRST + "'Works on a single GPU (no env flags, no distributed "
+                                                  "initialisation).'"),
+    # a rank that never returns (or dies) returns nothing the seed documents
+    "property:ranks_end": seed("_barrier_with_timeout: 'A timeout wrapper for torch.distributed.barrier()'; "
+                               "FirstRankPerNode.__exit__: 'Returns: False so that any exception ... is propagated'"),
+    "property:on_time_true": seed(_BARRIER),
+    "property:waiting_ranks_false_within_timeout": seed(_BARRIER),
+    "property:late_rank_false": seed(_BARRIER),
+    # the barrier's own group times out; the training group it keeps apart must still work
+    "property:groups_work_after": seed("_barrier_with_timeout: 'This approach creates a separate Gloo process group for "
+                                       "barrier operations while keeping the main NCCL backend for training "
+                                       "operations.'"),
+    "property:gloo_group_over_all_ranks": seed("_create_gloo_group: 'Create a Gloo process group for barrier "
+                                               "operations.'"),
+    "property:none_without_distributed": ours(f"{DOC}#_create_gloo_group"),
+    "property:one_record_from_rank_0": seed(_LOG),
+    "property:logged_after_every_rank_arrived": seed(_LOG),
+    "property:every_rank_waits": seed(_LOG),
+    "property:single_process_logs_once": ours(f"{DOC}#barrier_and_log"),
+}
 
 
 # ---- fuzz spaces (`shardcheck fuzz`) -----------------------------------------------------------------

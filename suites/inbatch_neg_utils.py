@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from shardcheck.reference import inbatch_neg_utils as ref
-from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, GradSum, Layout, Partial, Property, Shard
+from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, GradSum, Layout, Partial, Property, Shard, cite, ours, seed
 from shardcheck.suites._fuzz_draws import topology as fuzz_topology
 
 FAMILY = "inbatch_neg_utils"
@@ -532,8 +532,22 @@ def cases(quick: bool = False) -> list[Case]:
                   Padded("int64", (4, 1, 2, 3), 3)]
         masks = [Mask(4, 1), Mask(4, 4), Mask(4, 2, all_same_doc=True)]
         bad = mask_bad_input_cases()
-    return ([step_case(s) for s in steps] + gather_cases() + [padded_case(p) for p in padded] + padded_extra_cases()
-            + [mask_case(m) for m in masks] + bad)
+    out = ([step_case(s) for s in steps] + gather_cases() + [padded_case(p) for p in padded] + padded_extra_cases()
+           + [mask_case(m) for m in masks] + bad)
+    # input the seed does not describe (a 0-d or 1-D tensor, doc ids or sizes that do not fit the scores)
+    return cite(out, RULES, bad_input=ours(f"{DOC}#dist_gather_tensor"))
+
+
+DOC = "docs/ops/inbatch_neg_utils.md"
+# Where each property's rule comes from (docs/ops/inbatch_neg_utils.md#rules-seed-or-ours lists them).
+RULES = {
+    "property:unchanged:*": seed("dist_gather_tensor: 'Returns t unchanged when distributed is not available'"),
+    "property:detached": seed("dist_gather_tensor: 'Otherwise, remote slices are detached and only the local slice "
+                              "keeps gradient flow. Non-gradient tensors, such as masks or IDs, always use a regular "
+                              "detached gather.'"),
+    "property:positive_kept": seed("mask_gathered_passages_same_doc_as_positive: 'The true positive column is left "
+                                   "intact.'"),
+}
 
 
 # ---- fuzz spaces (`shardcheck fuzz`) -----------------------------------------------------------------

@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from shardcheck.harness.core.compare import budget
 from shardcheck.reference import kd_loss as ref
-from shardcheck import BadInput, Case, FuzzSpace, Layout, Partial, Property, Replicate, Shard
+from shardcheck import BadInput, Case, FuzzSpace, Layout, Partial, Property, Replicate, Shard, cite, seed
 
 FAMILY = "kd_loss"
 OP = FAMILY + "."
@@ -423,7 +423,17 @@ def cases(quick: bool = False) -> list[Case]:
     out += [kd_case(s, teacher_grad=True) for s in (specs[1:2] if quick else specs) if _well_conditioned(s)]
     out += bad_input_cases()[:1] if quick else bad_input_cases()
     # KDLoss supports a TP rank holding no vocab entries (V = 37 at TP 16): the cases test them.
-    return [replace(c, empty_pieces=("tp",)) for c in out + infer_cases()]
+    return cite([replace(c, empty_pieces=("tp",)) for c in out + infer_cases()], RULES,
+                bad_input=seed("KDLoss.forward: teacher_logits 'Same shape as student_logits.'"))
+
+
+# Where each property's rule comes from (docs/ops/kd_loss.md#rules-seed-or-ours lists them).
+RULES = {
+    "property:dp_sum": seed("KDLoss.forward: 'When provided the loss is sum(kl_per_token) / num_batch_labels'"),
+    "property:infer_group:*": seed("_infer_tp_group_from_dtensor: 'If logits is a DTensor sharded on the vocab (last) "
+                                   "dimension, return its TP process group. ... Returns None for plain tensors or "
+                                   "DTensors that are not vocab-sharded.'"),
+}
 
 
 # ---- benchmarks ---------------------------------------------------------------------------

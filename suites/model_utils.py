@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import torch
 
 from shardcheck.reference import model_utils as ref
-from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, GradSum, Topology
+from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, GradSum, Topology, cite, ours, seed
 from shardcheck.suites._model_utils_bench import bench_cases  # noqa: F401  (the suite's benchmarks)
 from shardcheck.suites._model_utils_checks import (any_tied_survivor, chunked_equals_unchunked, combine, entropy_nonpositive,
                                         survivors_sum_to_1, topk_ids_valid, topk_values_exact)
@@ -212,7 +212,8 @@ def all_to_all_bad_input_cases(op: str) -> list[Case]:
                                 "TP 4 does not divide")),
         Case(op=OP + op, case_id="not-2d", params={"shape": [2, 4, 8]},
              make_inputs=lambda gen: {"logits": make_logits(gen, (2, 4, 8))}, reference=lambda x: None, run=run,
-             dtypes=("float64",), bad_input=BadInput("3-D logits [2, 4, 8] (the op takes [BS, V])"),
+             dtypes=("float64",), bad_input=BadInput("3-D logits [2, 4, 8] (the op takes [BS, V])",
+                                                   rule=seed("vocab_parallel_logits – [BS, V_local] tensor")),
              supports=lambda t: t.dp == 1),
     ]
 
@@ -798,7 +799,24 @@ def front_end_case(spec: FrontEndSpec) -> Case:
 
 def cases(quick: bool = False) -> list[Case]:
     # The vocab-parallel ops support a TP rank holding no vocab entries (V < TP, V = 33 at TP 8): the cases test them.
-    return [replace(c, empty_pieces=("tp",)) for c in _matrix(quick)]
+    # bad input the seed does not describe (mismatched shapes, a vocab or row count TP does not divide)
+    out = cite([replace(c, empty_pieces=("tp",)) for c in _matrix(quick)], RULES,
+                bad_input=ours(f"{DOC}#conventions-of-this-family"))
+    for case in out:  # targets outside [0, V): the seed says nothing of them, their log-prob 0 is our convention
+        if case.params.get("masked") and case.bad_input is None:
+            case.rule = OUTSIDE_VOCAB
+    return out
+
+DOC = "docs/ops/model_utils.md"
+OUTSIDE_VOCAB = ours("docs/ops/README.md#conventions-shared-by-every-family")  # ids outside [0, V): -100, V+3
+# Where each property's rule comes from (docs/ops/model_utils.md#rules-seed-or-ours lists them).
+RULES = {
+    # chunking bounds memory and changes nothing else
+    "property:chunked_equals_unchunked": seed("'chunk_size – Chunk size for memory efficiency (in sequence dimension)'"),
+    "property:survivors_sum_to_1": ours(f"{DOC}#top-k--top-p-filtering"),
+    # a sum of p·log p over a distribution is never positive
+    "property:entropy_nonpositive": seed("ChunkedDistributedEntropy: 'Compute H_all = sum_v p_v log p_v across TP'"),
+}
 
 
 def _matrix(quick: bool) -> list[Case]:

@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, Layout, Property, Shard
+from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, Layout, Property, Shard, cite, ours
 from shardcheck.suites._megatron_model import (BATCH, HEADS, HIDDEN, LAYERS, ONE_RANK, SEQ, VOCAB, UnderShims, build_model,
                                     call_model, check_names, make_params, megatron_missing, megatron_shims,
                                     param_layouts, sharded_params)
@@ -270,9 +270,18 @@ def flag_off_case(tied: bool, skip: str | None) -> Case:
 def cases(quick: bool = False) -> list[Case]:
     skip = megatron_missing()
     specs = FUSION_SPECS[:2] if quick else FUSION_SPECS
-    return ([fused_case(s, skip) for s in specs] + [fused_values_case(s, skip) for s in specs[:2]]
-            + [flag_off_case(tied, skip) for tied in ((True,) if quick else (True, False))] + bad_input_cases(skip)
+    out = ([fused_case(s, skip) for s in specs] + [fused_values_case(s, skip) for s in specs[:2]]
+           + [flag_off_case(tied, skip) for tied in ((True,) if quick else (True, False))] + bad_input_cases(skip))
+    return (cite(out, RULES, bad_input=ours(f"{DOC}#megatron-core-gptmodel-fusion"))
             + [gpt_model_case(tied) for tied in ((False,) if quick else (False, True))])
+
+
+DOC = "docs/ops/model_utils.md"
+# Where each property's rule comes from (docs/ops/model_utils.md#rules-seed-or-ours lists them).
+RULES = {
+    "property:no_grad_same": ours(f"{DOC}#megatron-core-gptmodel-fusion"),
+    "property:bit_identical_*": ours(f"{DOC}#megatron-core-gptmodel-fusion"),
+}
 
 
 # ---- uses it does not serve ------------------------------------------------------------------------------------

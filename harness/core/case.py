@@ -10,6 +10,9 @@ golden values and gradients, comparison on every rank, records.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import enum
+import fnmatch
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Sequence
@@ -21,7 +24,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from shardcheck.harness.core.compare import BudgetScope
 from shardcheck.harness.core.topology import MESH_DIMS, Topology, mesh_dims
-from shardcheck.harness.core.records import Status
+from shardcheck.harness.core.records import SIGNATURE_CHECK, Status
 
 Tensors = dict[str, torch.Tensor]
 
@@ -222,14 +225,74 @@ def is_float(t) -> bool:
     return isinstance(t, torch.Tensor) and t.is_floating_point()
 
 
+class RuleSource(enum.StrEnum):
+    """Where a check's rule comes from: the seed's API docs, or a choice of ours that docs/ops states."""
+    SEED = "seed"  # the seed says so: a quoted sentence, or its signature
+    OURS = "ours"  # the seed leaves it open; docs/ops/<family>.md#<section> fixes it
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Where the rule a check enforces comes from (`source`) and where it is written (`cite`): for the seed a quoted
+    sentence or the signature, for ours the docs/ops section ("docs/ops/model_utils.md#log-probs-of-a-target").  Under
+    `--impl`, a failure of a rule that is ours alone is a `warn` naming it, unless it is a silent wrong answer."""
+
+    source: RuleSource
+    cite: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "source", RuleSource(self.source))
+        if not self.cite.strip():
+            raise ValueError("a Rule cites where it is written (a seed sentence or a docs/ops section)")
+        if self.source == RuleSource.OURS and "#" not in self.cite:  # a suite of someone else's cites its own docs
+            raise ValueError(f"a rule of ours cites the section that states it (docs/ops/<family>.md#<anchor>), "
+                             f"got {self.cite!r}")
+
+    def __str__(self) -> str:
+        return f"rule: ours, {self.cite}" if self.source == RuleSource.OURS else f"rule: seed: {self.cite}"
+
+
+def cite(cases: list, rules: dict[str, Rule], bad_input: Rule | None = None) -> list:
+    """`cases`, each given a suite's rules (check-name pattern -> Rule) for the checks it does not cite itself, and
+    `bad_input` for a BadInput that names no rule of its own.  What a suite's `cases()` returns through."""
+    for case in cases:
+        if not isinstance(case, Case):
+            continue
+        case.rules = {**case.rules, **{k: v for k, v in rules.items() if k not in case.rules}}
+        if case.bad_input is not None and case.bad_input.rule is None and bad_input is not None:
+            case.bad_input = dataclasses.replace(case.bad_input, rule=bad_input)
+    return cases
+
+
+def seed(cite: str) -> Rule:
+    """A rule the seed states: `cite` quotes its sentence or names its signature."""
+    return Rule(RuleSource.SEED, cite)
+
+
+def ours(cite: str) -> Rule:
+    """A rule of ours: `cite` is its docs/ops section, docs/ops/<family>.md#<anchor>."""
+    return Rule(RuleSource.OURS, cite)
+
+
+# The standard value and gradient checks: the op's documented result, on the inputs the seed describes.
+DOCUMENTED_RESULT = seed("the op's documented result (its docstring and signature)")
+# The harness's own checks.
+COMM_RULE = ours("docs/ops/README.md#conventions-shared-by-every-family")  # the communication contract
+SIGNATURE_RULE = seed("the seed's signature")
+# float64 computed in float32, bfloat16 math: the precision each dtype computes in is ours to fix
+PRECISION_RULE = ours("docs/ops/README.md#conventions-shared-by-every-family")
+
+
 @dataclass
 class Property:
-    """Result of a `property:<name>` check on one rank."""
+    """Result of a `property:<name>` check on one rank.  `rule`: where the property's rule comes from (else the
+    case's `rules` name it)."""
 
     name: str
     passed: bool
     value: float | None = None
     message: str = ""
+    rule: Rule | None = None
 
 
 BAD_INPUT_CHECK = "property:bad_input"
@@ -249,6 +312,9 @@ class BadInput:
     what: str  # the input outside the contract, in words
     interpretation: str | None = None  # the documented reading a returned answer is judged by
     documented: tuple[type[BaseException], ...] = ()
+    # Whose rule says this input is outside the contract: the seed's (it states the shapes, or documents the error) or
+    # ours ("loud or right" where the seed does not say what the op does with it).
+    rule: Rule | None = None
 
     def judge_raise(self, exc: BaseException) -> tuple[str, str]:
         """(status, message) of the op raising `exc` on this input."""
@@ -417,6 +483,11 @@ class Case:
     # ("seed: 'Cast logits to float32 ...'", "ours: docs/ops/x.md#section"): a float64 result within the float32
     # budget then passes, citing it, instead of warning "float64 computed in float32".
     allows_float32: str | None = None
+    # ---- where each check's rule comes from (RuleSource): `rule` for the value and gradient checks (ours where the
+    # case's inputs are outside the seed's stated shapes), `rules` for properties and output checks by check-name
+    # pattern ("property:padding_mask", "property:reassembled:*", "forward:ids"), unless a Property carries its own.
+    rule: Rule = DOCUMENTED_RESULT
+    rules: dict[str, Rule] = field(default_factory=dict)
     # ---- parameters: recorded with every row, and what `run` (and every other callable given a ctx) reads
     # as `ctx.params`
     params: dict = field(default_factory=dict)
@@ -443,6 +514,23 @@ class Case:
             if not isinstance(layout, Layout):
                 raise ValueError(f"{where}: the layout of {name!r} is {layout!r}; expected a Layout, "
                                  "e.g. Layout(tp=Shard(-1))")
+
+    def rule_of(self, check: str, prop: Property | None = None) -> Rule | None:
+        """Where the rule of `check` comes from (None: nobody cited it, a suite of someone else's)."""
+        if prop is not None and prop.rule is not None:
+            return prop.rule
+        if check == BAD_INPUT_CHECK and self.bad_input is not None and self.bad_input.rule is not None:
+            return self.bad_input.rule
+        if check == "property:comm":  # the harness's own checks, whatever a suite's catch-all pattern says
+            return COMM_RULE
+        if check == SIGNATURE_CHECK:
+            return SIGNATURE_RULE
+        for pattern, rule in self.rules.items():
+            if check != "property:properties" and fnmatch.fnmatchcase(check, pattern):
+                return rule
+        if check.startswith(("forward", "grad:")) or check == "property:properties":  # (the run raised: its result)
+            return self.bad_input.rule if self.bad_input is not None and self.bad_input.rule is not None else self.rule
+        return None
 
     def runs_on(self, topology: Topology) -> bool:
         """Whether the plan gives this case `topology`."""

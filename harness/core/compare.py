@@ -230,6 +230,8 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
         parts = [next((r["message"] for r in per_rank if r.get("message")), "")]
     row["message"] = "; ".join(parts)
     row.update(cause_fields(bad, missing))
+    # where the check's rule comes from (shardcheck.harness.core.rules): the same on every rank
+    row.update({k: next((r[k] for r in per_rank if r.get(k)), None) for k in ("rule_source", "rule_cite")})
     return row
 
 

@@ -146,6 +146,8 @@ class ResultRow(_Row, total=False):
     rerun: str  # on every row but pass and skip: a `shardcheck run` command that runs this item alone
     xfail_reason: str  # on xfail and xpass rows: the case's KnownFailure (shardcheck.harness.core.case), its reason
     xfail_reference: str  # and its reference (an upstream issue), "" when it gives none
+    rule_source: Optional[str]  # where the check's rule comes from: "seed" or "ours" (shardcheck.harness.core.case.Rule)
+    rule_cite: Optional[str]  # the seed's sentence or signature, or our docs/ops section; None where nobody cited it
     item_seconds: float
     artefact: str  # failures/<item>/<check>.pt (the first failing items)
     error_map: str  # failures/<item>/<check>.png, drawn from the artefact by the report

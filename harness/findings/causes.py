@@ -11,9 +11,10 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    (shardcheck.harness.driver.collect records the raising rank as the item's cause on every error row of the item).
 2. Conditions.  Each symptom gets the condition that separates its rows from the op's passing rows:
    the smallest conjunction of predicates over the check, dtype, mesh dims and case parameters that
-   holds on every row of the symptom and on no passing row ("exactly in grad:logits, at tp ≥ 2");
-   else the greedy conjunction that excludes the most passing rows ("mostly ..."), unless most of the
-   op's passing rows fall under it too, which is no condition: then the line says none separates.
+   holds on every row of the symptom and on no passing row ("exactly in grad:logits, at tp ≥ 2"), or else
+   on no passing row of the items the symptom does not fail in (the other checks of its own items pass beside
+   it).  A condition that does not separate is not printed: the line says none separates (a trigger the
+   features do not see, such as a loss_mask's padding, gives that, never a condition that points away).
    A condition is computed from the items that ran: where a hang's budget skipped items at the symptom's topology,
    the line says how many (they may show it too).
 3. Causes per op.  A crash (an exception at one raising line, a death, a hang) is one line; the checks failing in
@@ -51,7 +52,7 @@ from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, SYMPTOMS, Phase, Status, Symptom
 from shardcheck.harness.findings import model_order
 
-COLUMNS = ["op", "ops", "status", "kind", "checks", "count", "condition", "worst", "rerun"]
+COLUMNS = ["op", "ops", "status", "kind", "checks", "count", "condition", "worst", "rerun", "rule"]
 MESH = ("dp", "cp", "tp")
 ITEM = ["case_id", "dp", "cp", "tp", "dtype"]
 ERRORS = (Symptom.EXCEPTION, Symptom.REFERENCE)  # symptoms named by an exception
@@ -167,7 +168,26 @@ def _records(df: pd.DataFrame) -> list[dict]:
 
 
 def separating_condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool = True) -> str:
-    """Words for the condition under which `bad` rows occur and `passing` rows do not (module docstring)."""
+    """Words for the condition under which `bad` rows occur and `passing` rows do not (module docstring, 2).  Only a
+    condition that separates is printed: one that holds on no passing row, or else on no passing row of an item
+    the symptom does not fail in (the other checks of its own items pass beside it); otherwise none is."""
+    words, exact = _condition(bad, passing, by_check)
+    if exact:
+        return words
+    key = [c for c in ("op", *ITEM) if c in bad and c in passing]
+    failing = set(map(tuple, bad[key].astype(str).values))
+    others = passing[~passing[key].astype(str).apply(tuple, axis=1).isin(failing)] if len(passing) else passing
+    if len(others) < len(passing):
+        words, exact = _condition(bad, others, by_check)
+        if exact:
+            return words
+    topologies = sorted({f"dp{r['dp']}-cp{r['cp']}-tp{r['tp']}" for r in _records(bad)})
+    return (f"no condition on checks, dtypes, mesh dims or case parameters separates it from the {len(passing)} "
+            f"passing rows, at {', '.join(topologies)}")
+
+
+def _condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool) -> tuple[str, bool]:
+    """(words, whether they separate `bad` from every row of `passing`): the smallest exact conjunction."""
     bad_rows, passing_rows = _records(bad), _records(passing)
     candidates = []
     for words, order, test in _predicates(bad_rows + passing_rows, by_check):
@@ -175,20 +195,15 @@ def separating_condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: boo
             # the passing rows it holds on, as a bit set
             candidates.append((words, order, sum(1 << i for i, r in enumerate(passing_rows) if test(r))))
     topologies = sorted({f"dp{r['dp']}-cp{r['cp']}-tp{r['tp']}" for r in bad_rows})
-    chosen, left = _exact_conjunction(candidates, len(passing_rows))
+    chosen, _ = _exact_conjunction(candidates, len(passing_rows))
     if chosen is None:
-        chosen, left = _greedy_conjunction(candidates, len(passing_rows))
+        return "", False
     where = [] if any(p[1] == 2 for p in chosen) else (
         [f"at every topology ({', '.join(topologies)})"] if len(topologies) > 1 else [f"at {topologies[0]}"])
     words = ", ".join([p[0] for p in chosen] + where)
-    if not chosen and not passing_rows:
-        return f"always (every case, dtype and check run), {words}"
-    if not left:
-        return f"exactly {words}" if chosen else f"always (every case, dtype and check run), {words}"
-    if 2 * left > len(passing_rows):  # most passing rows fall under it too: that separates nothing
-        return (f"no condition on checks, dtypes, mesh dims or case parameters separates it from the "
-                f"{len(passing_rows)} passing rows, {', '.join(where) or 'at ' + ', '.join(topologies)}")
-    return f"mostly {words} ({left} of {len(passing_rows)} passing rows match too)"
+    if not chosen:  # nothing passed, or nothing needed: every row of the op's evidence fails
+        return f"always (every case, dtype and check run), {words}", True
+    return f"exactly {words}", True
 
 
 def _exact_conjunction(candidates, n_passing: int):
@@ -209,20 +224,6 @@ def _exact_conjunction(candidates, n_passing: int):
         if len(candidates) > 40 and size == 2:  # many parameters: pairs are as far as is cheap
             break
     return None, n_passing
-
-
-def _greedy_conjunction(candidates, n_passing: int):
-    """The predicate that excludes the most passing rows, then the next, until none excludes more."""
-    chosen = []
-    left = (1 << n_passing) - 1
-    while left:
-        scored = [((left & ~c[2]).bit_count(), c) for c in candidates if c not in chosen and left & ~c[2]]
-        if not scored:
-            break
-        _, best = max(scored, key=lambda s: (s[0], -s[1][1]))
-        chosen.append(best)
-        left &= best[2]
-    return sorted(chosen, key=lambda c: c[1]), left.bit_count()
 
 
 # ----------------------------------------------------------------------------------------------------- causes
@@ -308,7 +309,8 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
         of_op = [s for s in symptoms if s["ops"] == (op,)]
         table += _per_op(of_op, df[df["op"] == op], passing_of.get(op, empty), bad)
     table = _across_ops(table, bad, passing)
-    out = pd.DataFrame([{k: c[k] for k in COLUMNS} for c in table], columns=COLUMNS)
+    out = pd.DataFrame([{**{k: c[k] for k in COLUMNS if k != "rule"}, "rule": rule_text(c["rules"])} for c in table],
+                       columns=COLUMNS)
     order = out["status"].map(STATUS_ORDER)
     return out.assign(_o=-order, _n=-out["count"]).sort_values(["_o", "_n", "op"], kind="stable") \
         .drop(columns=["_o", "_n"]).reset_index(drop=True)
@@ -384,7 +386,21 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
             "checks": _checks(list(all_rows["check"].unique()), status), "count": len(all_rows), "condition": condition,
             "worst": _worst_text(worst, status), "rerun": rerun, "rows": list(rows.index),
             "items": set(map(tuple, rows[ITEM].astype(str).values)), "all_checks": list(all_rows["check"].unique()),
+            "rules": _rules(all_rows),
             "error_key": (worst.get("error_type"), worst.get("error_where")) if symptom in ERRORS else None}
+
+
+def _rules(rows: pd.DataFrame) -> dict:
+    """The rules a cause's rows were judged under ((source, cite) -> None, in order): where each comes from."""
+    if "rule_source" not in rows or "rule_cite" not in rows:
+        return {}
+    pairs = rows[["rule_source", "rule_cite"]].dropna().drop_duplicates()
+    return dict.fromkeys(map(tuple, pairs.values))
+
+
+def rule_text(rules: dict) -> str:
+    """'rule: seed: ...' or 'rule: ours, docs/ops/x.md#y' (several: '; '-joined), "" where no row cites one."""
+    return "; ".join(f"rule: ours, {cite}" if source == "ours" else f"rule: seed: {cite}" for source, cite in rules)
 
 
 def _items(rows: pd.DataFrame) -> int:
@@ -414,7 +430,7 @@ def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -
     return {**first, **worst, "op": _display(ops), "ops": tuple(ops), "kind": kind,
             "symptoms": set().union(*(s["symptoms"] for s in group)), "signals": signals, "count": sum(s["count"] for s in group),
             "checks": _checks([c for s in group for c in s["all_checks"]], first["status"]), "all_checks": [c for s in group for c in s["all_checks"]],
-            "condition": condition,
+            "condition": condition, "rules": {k: None for s in group for k in s["rules"]},
             "rows": [i for s in group for i in s["rows"]], "items": set().union(*(s["items"] for s in group)),
             "error_key": first["error_key"] if all(s["error_key"] == first["error_key"] for s in group) else None}
 
@@ -559,7 +575,8 @@ def finding_lines(table: pd.DataFrame) -> list[str]:
     """The findings as a person reads them: one line per cause, its worst mismatch and its rerun line."""
     lines = []
     for r in table.itertuples():
-        lines.append(f"{r.status.upper()} {r.op}: {r.kind} — {r.condition}; {r.checks}; {r.count} row(s)")
+        rule = f" [{r.rule}]" if isinstance(getattr(r, "rule", None), str) and r.rule else ""  # seed or ours
+        lines.append(f"{r.status.upper()} {r.op}: {r.kind} — {r.condition}; {r.checks}; {r.count} row(s){rule}")
         lines.append(f"    worst: {r.worst}")
         if isinstance(r.rerun, str):
             lines.append(f"    rerun: {r.rerun}")

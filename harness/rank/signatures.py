@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from shardcheck.harness.core.case import SIGNATURE_RULE
 from shardcheck.harness.core.modules import resolve_impl, same_module
 from shardcheck.harness.core.records import NO_CAUSE, SIGNATURE_CHECK, Status, Symptom
 
@@ -156,7 +157,8 @@ def signature_rows(plan, meta: dict) -> list[dict]:
                          "dtype": "-", "device": plan.device, "backend": plan.backend, "seed": plan.seed,
                          "check": SIGNATURE_CHECK, "status": status, "max_abs_err": None, "max_rel_err": None,
                          "budget": None, "err_ratio": None, "err_naive": None, "mismatch": None, "message": message,
-                         "per_rank": [], **NO_CAUSE, "symptom": Symptom.SIGNATURE})
+                         "per_rank": [], **NO_CAUSE, "symptom": Symptom.SIGNATURE,
+                         "rule_source": str(SIGNATURE_RULE.source), "rule_cite": SIGNATURE_RULE.cite})
     return rows
 
 

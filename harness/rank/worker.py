@@ -55,6 +55,7 @@ from shardcheck.harness.rank.suite_loader import suite_cases, suite_fuzz_spaces
 from shardcheck.harness.core.topology import Topology, build_mesh, mesh_coords, mesh_dims
 from shardcheck.reference import low_precision_math
 from shardcheck.harness.core.records import Phase, Status, Symptom
+from shardcheck.harness.core.rules import is_ours, under_rule
 
 STUCK_LINGER = 5.0  # seconds a rank that found a peer missing stays up, so the driver takes every rank's stack first
 RAISED_GRACE = 10.0  # seconds the ranks at an item's barrier still wait for their peers once one of them raised
@@ -496,8 +497,12 @@ class Worker:
     def check_emitter(self, item: Item, mesh):
         """emit_check(check, status, **fields) for this rank and item."""
         coords = mesh_coords(mesh)
+        case = self.cases.get((item.op, item.case_id))
+        third_party = case is not None and not is_ours(self.plan.impl.get(case.family))
 
-        def emit_check(check: str, status: str, **fields):
+        def emit_check(check: str, status: str, prop=None, **fields):
+            if case is not None:  # where the check's rule comes from (Case.rule_of), and what a rule of ours weighs
+                status, fields = under_rule(case.rule_of(check, prop), status, fields, third_party)
             self.events.checked(item.id, check=check, status=status, coords=coords, **fields)
             self._emitted.add(check)
             if status == Status.ERROR and not fields.get("secondary"):
@@ -531,7 +536,7 @@ class Worker:
             self._emit_error(emit_check, ["property:properties"], exc, "properties")
             return
         for p in props:
-            emit_check(f"property:{p.name}", Status.PASS if p.passed else Status.FAIL, message=p.message,
+            emit_check(f"property:{p.name}", Status.PASS if p.passed else Status.FAIL, prop=p, message=p.message,
                        symptom=None if p.passed else Symptom.PROPERTY, max_abs_err=p.value, max_rel_err=None, budget=None, err_ratio=None)
 
     @staticmethod

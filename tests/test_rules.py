@@ -1,0 +1,179 @@
+"""Every rule cited: each check of our suites says where its rule comes from (the seed, or our docs/ops section), a
+findings line says which, and under --impl a failure of a rule that is ours alone warns (a wrong answer excepted)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from shardcheck.harness.core.case import BAD_INPUT_CHECK, Case, Property, Rule, RuleSource, ours, seed
+from shardcheck.harness.core.records import Status, Symptom
+from shardcheck.harness.core.rules import under_rule
+from shardcheck.harness.findings.causes import causes, finding_lines
+from shardcheck.harness.rank.suite_loader import suite_cases
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITES = ["model_utils", "model_utils_cp", "model_utils_megatron", "cp_utils", "distributed_utils",
+          "inbatch_neg_utils", "kd_loss"]
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a markdown page: its headings' slugs and explicit ids."""
+    text = page.read_text()
+    slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.*)$", text, re.M)}
+    return slugs | set(re.findall(r'<a id="([^"]+)"', text))
+
+
+def _cited_rules(case: Case) -> list[Rule]:
+    rules = [case.rule, *case.rules.values()]
+    return rules + ([case.bad_input.rule] if case.bad_input is not None else [])
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_every_bad_input_and_rule_of_a_suite_cites_a_seed_sentence_or_a_docs_ops_section(suite):
+    for quick in (True, False):
+        for case in suite_cases(suite, quick):
+            assert case.bad_input is None or case.bad_input.rule is not None, f"{case.op}[{case.case_id}]: no rule"
+            assert case.rule_of(BAD_INPUT_CHECK if case.bad_input else "forward") is not None
+            for rule in _cited_rules(case):
+                if rule.source == RuleSource.OURS:
+                    page, _, anchor = rule.cite.partition("#")
+                    assert (ROOT / page).is_file(), f"{case.op}: {rule} cites no page"
+                    assert anchor in _anchors(ROOT / page), f"{case.op}[{case.case_id}]: {rule}: no such section"
+
+
+def test_every_property_our_suites_can_emit_is_cited():
+    """Property names are only known when a case runs: the names the suites construct, read from their source, each
+    match a pattern of their suite's rules."""
+    for suite in SUITES:
+        cases = suite_cases(suite, False)
+        for case in cases:
+            if case.properties is None:
+                continue
+            # the names in the suites' sources that can reach this case are covered by its patterns or a catch-all
+            assert case.rules, f"{case.op}[{case.case_id}] has properties and no rules"
+    source = "\n".join(p.read_text() for p in (ROOT / "suites").glob("*.py"))
+    names = set(re.findall(r'Property\(f?"([^"{]+)', source)) | set(re.findall(r'_equal\(f?"([^"{]+)', source))
+    rules = {}
+    for suite in SUITES:
+        for case in suite_cases(suite, False):
+            rules.update(case.rules)
+    import fnmatch
+    uncited = sorted(n for n in names if not any(fnmatch.fnmatchcase(f"property:{n}", p) for p in rules))
+    assert not uncited, f"properties without a rule: {uncited}"
+
+
+def test_a_rule_of_ours_must_cite_its_docs_ops_section():
+    with pytest.raises(ValueError, match="docs/ops"):
+        ours("we like it that way")
+    with pytest.raises(ValueError, match="cites"):
+        seed(" ")
+    assert str(ours("docs/ops/model_utils.md#x")) == "rule: ours, docs/ops/model_utils.md#x"
+    assert str(seed("'Returns log-probs'")) == "rule: seed: 'Returns log-probs'"
+
+
+def test_under_impl_an_ours_only_failure_warns_and_a_wrong_answer_stays_a_failure():
+    rule = ours("docs/ops/model_utils.md#conventions-of-this-family")
+    status, fields = under_rule(rule, Status.FAIL, {"message": "returned silently", "symptom": Symptom.PROPERTY}, True)
+    assert status == Status.WARN and fields["rule_source"] == "ours"
+    assert "the rule is ours, not the seed's (rule: ours, docs/ops/model_utils.md#conventions-of-this-family)" \
+        in fields["message"]
+    status, fields = under_rule(rule, Status.FAIL, {"message": "max err 3", "symptom": Symptom.NONFINITE}, True)
+    assert status == Status.FAIL and "outside the seed's stated shapes" in fields["message"]
+    # our own implementations are held to our rules; the seed's rules hold for everyone
+    assert under_rule(rule, Status.FAIL, {"symptom": Symptom.PROPERTY}, False)[0] == Status.FAIL
+    assert under_rule(seed("'x'"), Status.FAIL, {"symptom": Symptom.PROPERTY}, True)[0] == Status.FAIL
+    assert under_rule(None, Status.FAIL, {"symptom": Symptom.PROPERTY}, True) == (Status.FAIL, {"symptom": Symptom.PROPERTY})
+
+
+def test_a_property_cites_its_own_rule_before_the_cases_patterns():
+    case = Case(op="f.Op", case_id="c", make_inputs=lambda g: {}, reference=lambda x: (), run=lambda i, c, x: (),
+                rules={"property:*": seed("'anything'")})
+    own = ours("docs/ops/kd_loss.md#kdloss")
+    assert case.rule_of("property:p", Property("p", False, rule=own)) == own
+    assert case.rule_of("property:p").source == RuleSource.SEED
+    assert case.rule_of("grad:x") == case.rule and case.rule.source == RuleSource.SEED
+    assert case.rule_of("property:comm").source == RuleSource.OURS
+
+
+def _row(check: str, status: str, source: str | None, cite: str | None, **kw) -> dict:
+    return {"op": "f.Op", "case_id": "c", "dp": 1, "cp": 1, "tp": 2, "dtype": "float64", "check": check,
+            "status": status, "message": "", "params": {}, "rule_source": source, "rule_cite": cite,
+            "symptom": None if status == Status.PASS else Symptom.PROPERTY, **kw}
+
+
+def test_a_findings_line_says_whether_its_rule_is_the_seeds_or_ours():
+    rows = [_row("property:a", Status.FAIL, "ours", "docs/ops/f.md#a"),
+            _row("forward", Status.PASS, "seed", "the op's documented result"),
+            _row("property:b", Status.WARN, "seed", "'Returns log-probs of shape [B, S]'"),
+            {**_row("property:a", Status.PASS, "ours", "docs/ops/f.md#a"), "tp": 1}]
+    lines = [ln for ln in finding_lines(causes(pd.DataFrame(rows))) if not ln.startswith(" ")]
+    assert any(ln.startswith("FAIL f.Op: property:a does not hold") and ln.endswith("[rule: ours, docs/ops/f.md#a]")
+               for ln in lines), lines
+    assert any(ln.endswith("[rule: seed: 'Returns log-probs of shape [B, S]']") for ln in lines), lines
+
+
+# ---- runs: our implementations cite every rule and stay silent; findings lines of --impl modules say whose rule
+
+def test_our_implementations_give_no_finding_under_strict_and_every_row_cites_its_rule(run_shardcheck):
+    """Our own implementations, a cheap subset (quick cases at one TP-2 topology, float64; the suites' own tests run
+    the rest strict): zero findings, zero warnings under --strict (the helper's default), and every row says where
+    its rule comes from."""
+    run = run_shardcheck("run", "--suite", "kd_loss,model_utils", "--quick", "--topology", "dp=1,cp=1,tp=2",
+                         "--dtype", "float64")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    rows = run.rows
+    assert (rows["status"].isin(["pass", "skip"])).all() and not len(run.causes)
+    judged = rows[rows["status"] == "pass"]
+    uncited = judged[judged["rule_source"].isna()]
+    assert not len(uncited), uncited[["op", "case_id", "check"]].drop_duplicates("check")
+    assert set(judged["rule_source"]) == {"seed", "ours"}
+
+
+def test_impl_findings_lines_say_whether_the_rule_is_the_seeds_or_ours(run_shardcheck):
+    """A third-party example (the older kd_loss the adapter guide adapts) and one of tests/impls (float64 computed in
+    float32, a collective beyond the contract): each findings line ends with its rule, seed or ours."""
+    legacy = run_shardcheck("run", "--impl", "kd_loss=examples/adapters/legacy_kd_loss.py", "--op", "kd_loss.KDLoss",
+                            "--case", "group-b4s6v37-T1-nbltensor-chunk0-masked", "--world-sizes", "1",
+                            "--dtype", "float64")
+    assert legacy.returncode == 1
+    lines = [ln for ln in legacy.stdout.splitlines() if ln.startswith(("  FAIL ", "  ERROR ", "  WARN "))]
+    assert lines and all(re.search(r"\[rule: (seed: |ours, docs/ops/)[^]]+\]$", ln) for ln in lines), lines
+    assert any("signature" in ln and ln.endswith("[rule: seed: the seed's signature]") for ln in lines), lines
+
+    fp32 = run_shardcheck("run", "--impl", f"model_utils={ROOT / 'tests/impls/fp32_extra_collectives_model_utils.py'}",
+                          "--op", "model_utils.DistributedLogprob", "--topology", "dp=1,cp=1,tp=2", "--quick",
+                          "--dtype", "float64", strict=False)
+    assert fp32.returncode == 0, fp32.stdout[-3000:]
+    lines = [ln for ln in fp32.stdout.splitlines() if ln.startswith(("  FAIL ", "  ERROR ", "  WARN "))]
+    assert len(lines) == 2, lines
+    assert all(ln.endswith("[rule: ours, docs/ops/README.md#conventions-shared-by-every-family]") for ln in lines), lines
+
+
+@pytest.mark.parametrize("family,suites", [("model_utils", ["model_utils", "model_utils_cp", "model_utils_megatron"]),
+                                           ("cp_utils", ["cp_utils"]), ("distributed_utils", ["distributed_utils"]),
+                                           ("inbatch_neg_utils", ["inbatch_neg_utils"]), ("kd_loss", ["kd_loss"])])
+def test_docs_ops_tags_every_rule_of_its_family_seed_or_ours(family, suites):
+    text = (ROOT / "docs" / "ops" / f"{family}.md").read_text()
+    table = text.split("## Rules: seed or ours", 1)[1]
+    for suite in suites:
+        for case in suite_cases(suite, False):
+            for pattern, rule in case.rules.items():
+                line = next((ln for ln in table.splitlines() if ln.startswith(f"| `{pattern}` |")), None)
+                assert line is not None and f"| {rule.source} |" in line, f"{family}.md: {pattern} ({rule.source})"
+            if case.bad_input is not None:
+                assert f"[{case.case_id}]" in table and case.bad_input.rule.source in ("seed", "ours")
+
+
+def test_targets_outside_the_vocab_are_judged_under_our_rule():
+    """The seed says nothing of ids outside [0, V) (−100, V+3): the values and gradients of cases that feed them are
+    judged under our convention (a wrong answer there stays a failure, noting the input is outside the seed's)."""
+    for suite in ("model_utils", "model_utils_cp"):
+        cases = suite_cases(suite, False)
+        masked = [c for c in cases if c.params.get("masked") and c.bad_input is None]
+        assert masked and all(c.rule_of("forward").source == RuleSource.OURS for c in masked)
+        assert all(c.rule_of("forward").source == RuleSource.SEED for c in cases
+                   if not c.params.get("masked") and c.bad_input is None)
