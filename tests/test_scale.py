@@ -227,3 +227,23 @@ def test_scale_cases_cover_cp_16_and_tp_8_and_leave_the_default_matrix_alone():
     scale_ids = {(i.op, i.case_id) for i in scale} - {(i.op, i.case_id) for i in plan(world_sizes=[1, 2, 4])}
     assert {("model_utils.AllGatherCPTensor", "x2x3x32-seqdim2-sum_all"), ("cp_utils.make_cp_batch_for_te", "scale-packs"),
             ("model_utils.all_to_all_sq2vp", "bs32v16")} <= scale_ids
+
+
+def test_a_layout_bug_at_cp_16_is_caught_by_the_scale_cases(tmp_path):
+    """At CP 16 the matrix's S = 16 cases are planned skips: without the S = 32 scale cases a broken head-tail
+    layout would pass there unseen.  Chunks taken in the wrong order fail `forward` on the scale case, named at CP
+    16, with a rank's rerun line."""
+    impl = BROKEN / "model_utils_cp" / "swapped_chunks.py"
+    run = shardcheck("run", "--suite", "model_utils_cp", "--impl", f"model_utils={impl}",
+                     "--op", "model_utils._get_tokens_on_this_cp_rank", "--topology", "dp=1,cp=16,tp=1",
+                     "--dtype", "float64", "--quick", "--timeout", "300", out=tmp_path / "run", timeout=900)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = run.rows
+    bad = run.failed()
+    assert set(zip(bad["case_id"], bad["check"])) == {("x32x3x2-float-seqdim0", "forward")}, bad[["case_id", "check"]]
+    row = bad.iloc[0]
+    assert (row["dp"], row["cp"], row["tp"]) == (1, 16, 1)
+    assert 0 <= row["mismatch"]["rank"] < 16 and "cp=16" in row["rerun"].replace(" ", "")
+    # the S = 16 cases were skipped with their reason, not run
+    skipped = rows[rows["status"] == "skip"]
+    assert len(skipped) and skipped["message"].str.contains("the op needs a multiple of 2·CP = 32").all()
