@@ -541,11 +541,25 @@ THD_SPECS = (
 )
 
 
+# Scale: packs of 32 and 64 tokens split head-tail up to CP 16 (the packs above, of 8 and 16, up to CP 4 and 8).
+SCALE_THD_SPECS = (
+    ThdSpec("scale-packs", lens=(((21, 32), (64, 64)), ((32, 32), (SENTINEL, SENTINEL))), s=96),
+    ThdSpec("scale-chunks2", lens=(((30, 32), (32, 32)), ((64, 64), (SENTINEL, SENTINEL))), s=64, num_chunks=2),
+    ThdSpec("scale-direct", lens=(((5, 32), (64, 64)),), s=96, padding_token_id=2, direct=True),
+)
+
+
+def _scale_cp(topo) -> bool:
+    """CP 8 and up only, where the matrix's packs cannot be split: the default 1/2/4 run does not grow."""
+    return _single_dp(topo) and topo.cp >= 8
+
+
 def thd_case(spec: ThdSpec) -> Case:
     op = "_shard_thd_chunk_for_te" if spec.direct else "make_cp_batch_and_ctx" if spec.use_te else "make_cp_batch_for_te"
     return Case(op=OP + op, case_id=spec.name, params=spec.params, make_inputs=_thd_inputs(spec), reference=lambda x: (),
                 run=_thd_run(spec), output_layouts=(), output_names=(), properties=_thd_properties(spec),
-                dtypes=("float64",), context_parallel=True, supports=_cp_only if spec.use_te else _single_dp,
+                dtypes=("float64",), context_parallel=True,
+                supports=_scale_cp if spec in SCALE_THD_SPECS else _cp_only if spec.use_te else _single_dp,
                 # each pack is split head-tail at its padded length
                 cp_lengths=tuple(sorted({p for row in spec.lens for _, p in row if p != SENTINEL})))
 
@@ -678,9 +692,11 @@ SEED_RAISES = {ValueError: seed("make_cp_batch_for_te: 'Raises: ValueError – I
 def cases(quick: bool = False) -> list[Case]:
     if quick:
         out = ([step_case(s) for s in QUICK_STEP_SPECS] + layout_cases()[:2]
-               + [thd_case(THD_SPECS[0]), thd_case(THD_SPECS[3])] + bad_input_cases()[2:4])
+               + [thd_case(THD_SPECS[0]), thd_case(THD_SPECS[3])] + bad_input_cases()[2:4]
+               + [thd_case(s) for s in SCALE_THD_SPECS[:2]])
     else:
-        out = [step_case(s) for s in STEP_SPECS] + layout_cases() + [thd_case(s) for s in THD_SPECS] + bad_input_cases()
+        out = ([step_case(s) for s in STEP_SPECS] + layout_cases() + [thd_case(s) for s in THD_SPECS + SCALE_THD_SPECS]
+               + bad_input_cases())
     # input the seed does not describe (both ids and embeddings, a ring rotation, lengths 2·CP does not divide)
     return cite(out, RULES, bad_input=ours(f"{DOC}#make_cp_batch_and_ctx"))
 

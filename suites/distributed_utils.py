@@ -59,7 +59,7 @@ def _dp_only(topology) -> bool:
 
 # ---- reduce_loss ------------------------------------------------------------------------------
 
-N_LOSSES = 8  # micro-batch losses over the whole DP group (a multiple of every DP size)
+N_LOSSES = 16  # micro-batch losses over the whole DP group: one or more on every rank up to DP 16 (none: bad input)
 N_SLICES = 4  # token counts: one per DP slice of the largest DP size
 INT32_MAX = 2**31 - 1
 
@@ -147,8 +147,11 @@ def loss_case(spec: LossSpec) -> Case:
         run=_loss_run(spec), input_layouts={"losses": DP_SHARDED, "num_tokens": DP_SHARDED},
         output_layouts=(layout, layout), output_names=("loss", "denominator"),
         output_checks={"denominator": _count_check(summed_over_dp=not spec.dp_group)},
-        properties=_detached, comm=_loss_comm(spec), supports=_dp_only,
-        empty_pieces=("dp",),  # fewer losses or token slices than DP ranks: a rank with none sums nothing (fuzz found it)
+        # Token slices may leave a DP rank none (it counts 0 tokens: fuzz found it); losses may not (an empty loss_store
+        # is bad input, docs/ops/distributed_utils.md): a DP size that leaves a rank no loss is not planned.
+        properties=_detached, comm=_loss_comm(spec),
+        supports=lambda t: _dp_only(t) and min(_chunk_sizes(spec.n_losses, t.dp)) > 0,
+        empty_pieces=("dp",),
         allows_float32="ours: docs/ops/distributed_utils.md#reduce_loss, the loss 'in float32 or better'")
 
 

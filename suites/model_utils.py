@@ -795,12 +795,30 @@ def front_end_case(spec: FrontEndSpec) -> Case:
         supports=batch_divides(lg.b) if spec.replicated else next_token_supports(lg.b, lg.s, lg.v, smp, even=even))
 
 
+# ---- scale: TP 8 and 16, DP 16 ---------------------------------------------------------------------
+
+SCALE_SHAPE = Shape(2, 3, 6, Draw(masked=0.2))  # V = 6 < TP 8: TP ranks 6 and 7 (6 to 15 at TP 16) hold no vocab
+
+
+def at_scale(case: Case, min_tp: int = 1) -> Case:
+    """`case` planned only at world size 8 and up (and TP `min_tp` and up): the default 1/2/4 run does not grow."""
+    supports = case.supports
+    return replace(case, supports=lambda t: t.size >= 8 and t.tp >= min_tp and supports(t))
+
+
+def scale_cases() -> list[Case]:
+    """Vocab shards that are empty on most TP ranks (V < TP), and all-to-alls whose 32 rows split over DP 16."""
+    vocab = ([softmax_case(op, SCALE_SHAPE) for op in SOFTMAX_REFERENCES]
+             + [logprob_case(SCALE_SHAPE), logprob_case(SCALE_SHAPE, 2), cross_entropy_case(SCALE_SHAPE)])
+    return [at_scale(c, min_tp=8) for c in vocab] + [at_scale(all_to_all_case(op, 32, 16)) for op in ALL_TO_ALL_LAYOUTS]
+
+
 # ---- the case matrix -----------------------------------------------------------------------------
 
 def cases(quick: bool = False) -> list[Case]:
     # The vocab-parallel ops support a TP rank holding no vocab entries (V < TP, V = 33 at TP 8): the cases test them.
     # bad input the seed does not describe (mismatched shapes, a vocab or row count TP does not divide)
-    out = cite([replace(c, empty_pieces=("tp",)) for c in _matrix(quick)], RULES,
+    out = cite([replace(c, empty_pieces=("tp",)) for c in _matrix(quick) + scale_cases()], RULES,
                 bad_input=ours(f"{DOC}#conventions-of-this-family"))
     for case in out:  # targets outside [0, V): the seed says nothing of them, their log-prob 0 is our convention
         if case.params.get("masked") and case.bad_input is None:

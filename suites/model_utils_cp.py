@@ -544,11 +544,42 @@ def packed_case(spec: PackedSpec) -> Case:
         comm=with_cp_gather(lambda ctx: next_token_comm(ctx, s_local(ctx), smp, spec.chunk), rows))
 
 
+# ---- scale: CP 8 and 16 ------------------------------------------------------------------------------
+
+SCALE_S = 32  # the matrix's S = 16 splits head-tail up to CP 4 only; 32 = 2·16 splits up to CP 16
+
+
+def at_scale(case: Case) -> Case:
+    """`case` planned only at CP 8 and up, where the matrix's sequences cannot be split head-tail: the default
+    1/2/4 run does not grow."""
+    supports = case.supports
+    return replace(case, supports=lambda t: t.cp >= 8 and supports(t))
+
+
+def scale_cases() -> list[Case]:
+    """A case of every sequence-sharding op at S = 32 (packed sequences of 32 and 64), CP 8 and 16 only."""
+    return [at_scale(c) for c in (
+        tokens_case(TokensSpec((SCALE_S, 3, 2), 0, "float")),
+        all_gather_case(AllGatherSpec("allgather_cp_sharded_tensor", (2, SCALE_S, 3), 1, "sum_last")),
+        all_gather_case(AllGatherSpec("AllGatherCPTensor", (2, 3, SCALE_S), 2, "sum_all")),
+        next_token_case(NextTokenSpec(2, 37, chunk=3, target_len=29, draw=Draw(masked=0.2), s=SCALE_S)),
+        front_end_case(FrontEndSpec("get_next_token_logprobs_from_logits", "vocab_parallel_group",
+                                    NextTokenSpec(2, 32, draw=Draw(masked=0.2), s=SCALE_S))),
+        front_end_case(FrontEndSpec("get_next_token_logprobs_from_logits", "plain",
+                                    NextTokenSpec(2, 24, Sampling(top_k=4, temperature=1.3), s=SCALE_S))),
+        gather_case(GatherSpec(2, 37, 4, draw=Draw(neg_inf=0.3), s=SCALE_S)),
+        distillation_case(DistillSpec(2, 32, 4, True, True, s=SCALE_S)),
+        hidden_states_case(HiddenSpec(2, 6, 37, 3, 29, masked=0.2, s=SCALE_S)),
+        packed_case(PackedSpec((SCALE_S, 2 * SCALE_S), (21, 64), 33, 40, chunk=3, pre_rolled=True,
+                               draw=Draw(masked=0.1))),
+    )]
+
+
 # ---- the case matrix -----------------------------------------------------------------------------
 
 def cases(quick: bool = False) -> list[Case]:
     # The vocab-parallel ops support a TP rank holding no vocab entries (V = 37 at TP 16): the cases test them.
-    out = cite([replace(c, empty_pieces=("tp",)) for c in _matrix(quick)], RULES,
+    out = cite([replace(c, empty_pieces=("tp",)) for c in _matrix(quick) + scale_cases()], RULES,
                 bad_input=seed("'Assumes that input_ids are already padded to a multiple of cp_size * 2 or "
                                "cp_size == 1.'"))
     for case in out:  # targets outside [0, V): the seed says nothing of them, their log-prob 0 is our convention

@@ -81,6 +81,9 @@ def test_the_plan_skips_with_the_reason_what_a_case_cannot_lay_out():
                                 world_sizes=[8, 16], dtypes=["float64"]))
     by_cp = {}
     for item in plan.items:
+        if item.case_id == "x2x3x32-seqdim2-sum_all":  # the scale case (S = 32): runs at CP 8 and 16, nowhere else
+            assert not item.skip and item.topology[1] in (8, 16), item
+            continue
         by_cp.setdefault(item.topology[1], []).append(item)
     assert not any(i.skip for cp, items in by_cp.items() if cp < 16 for i in items)  # S = 16 splits over 2·8
     at_16 = by_cp[16]
@@ -103,7 +106,7 @@ def test_planned_skips_are_rows_with_their_reason_and_start_no_ranks(tmp_path):
 
     plan = build_plan(Selection(run_id="t", seed=0, timeout=60, device="cpu", backend="gloo",
                                 suites_wanted=["model_utils_cp"], ops=["model_utils.AllGatherCPTensor"], quick=True,
-                                topologies=[Topology(1, 16, 1)], dtypes=["float64"]))
+                                case_patterns=["x2x3x16-*"], topologies=[Topology(1, 16, 1)], dtypes=["float64"]))
     assert plan.items and all(i.skip for i in plan.items)
     writer = RecordWriter(tmp_path)
     run_plan(plan, tmp_path, writer, show_progress=False, pool=NoRanks())
@@ -177,6 +180,7 @@ def test_two_node_torchrun_runs_a_plan_and_names_the_failing_item(tmp_path):
 SCALE_SLICE = {
     "model_utils.DistributedLogprob": "b2s5v33-scale300.0-masked0.2",
     "model_utils.AllGatherCPTensor": "x2x3x16-seqdim2-sum_all",
+    "model_utils._compute_distributed_log_softmax": "b2s3v6",  # a scale case: V = 6 < TP 8 and 16, most ranks empty
     "kd_loss.KDLoss": "plain-b2s8v32-T0.5-noupcast-mean-chunk4-masked",
     "cp_utils.make_cp_batch_and_ctx": "layout-b2s10-pad-masks",
     "distributed_utils.dp_eval_sample_shard": "ddp-n3",
@@ -198,3 +202,48 @@ def test_a_slice_of_the_scale_matrix_passes_at_8_and_16_ranks(tmp_path):
     assert ran[ran["tp"] == 16]["per_rank"].map(len).eq(16).all()
     skipped = rows[rows["status"] == "skip"]
     assert len(skipped) and skipped["message"].str.contains("cannot be laid out at dp1-cp16-tp1").all()
+    # the scale case ran only at TP 8 and 16, every rank reporting its piece (6 of 8, 6 of 16 hold vocab entries)
+    small_v = ran[ran["op"] == "model_utils._compute_distributed_log_softmax"]
+    assert set(small_v["tp"]) == {8, 16} and small_v["per_rank"].map(len).eq(small_v["world_size"]).all()
+
+
+def test_scale_cases_cover_cp_16_and_tp_8_and_leave_the_default_matrix_alone():
+    """Every op planned at CP 8/16, TP 8/16 or DP 16 runs somewhere there (the scale cases), and none of the scale
+    cases is planned at world sizes 1, 2, 4."""
+    from shardcheck.harness.driver.planner import Selection, build_plan
+
+    def plan(**kw):
+        return build_plan(Selection(run_id="t", seed=0, timeout=60, device="cpu", backend="gloo", quick=True,
+                                    dtypes=["float64"], **kw)).items
+
+    scale = plan(world_sizes=[8, 16])
+    for name, where in {"cp8": lambda t: t[1] == 8, "cp16": lambda t: t[1] == 16, "tp8": lambda t: t[2] == 8,
+                        "tp16": lambda t: t[2] == 16, "dp16": lambda t: t[0] == 16}.items():
+        uncovered = sorted({i.op for i in scale if where(i.topology)} - {i.op for i in scale
+                                                                         if where(i.topology) and not i.skip})
+        assert not uncovered, f"planned at {name} but never run there: {uncovered}"
+    small_v = [i for i in scale if i.case_id == "b2s3v6" and i.op.endswith("_compute_distributed_log_softmax")]
+    assert small_v and {i.topology[2] for i in small_v} == {8, 16}  # only where V = 6 < TP
+    scale_ids = {(i.op, i.case_id) for i in scale} - {(i.op, i.case_id) for i in plan(world_sizes=[1, 2, 4])}
+    assert {("model_utils.AllGatherCPTensor", "x2x3x32-seqdim2-sum_all"), ("cp_utils.make_cp_batch_for_te", "scale-packs"),
+            ("model_utils.all_to_all_sq2vp", "bs32v16")} <= scale_ids
+
+
+def test_a_layout_bug_at_cp_16_is_caught_by_the_scale_cases(tmp_path):
+    """At CP 16 the matrix's S = 16 cases are planned skips: without the S = 32 scale cases a broken head-tail
+    layout would pass there unseen.  Chunks taken in the wrong order fail `forward` on the scale case, named at CP
+    16, with a rank's rerun line."""
+    impl = BROKEN / "model_utils_cp" / "swapped_chunks.py"
+    run = shardcheck("run", "--suite", "model_utils_cp", "--impl", f"model_utils={impl}",
+                     "--op", "model_utils._get_tokens_on_this_cp_rank", "--topology", "dp=1,cp=16,tp=1",
+                     "--dtype", "float64", "--quick", "--timeout", "300", out=tmp_path / "run", timeout=900)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = run.rows
+    bad = run.failed()
+    assert set(zip(bad["case_id"], bad["check"])) == {("x32x3x2-float-seqdim0", "forward")}, bad[["case_id", "check"]]
+    row = bad.iloc[0]
+    assert (row["dp"], row["cp"], row["tp"]) == (1, 16, 1)
+    assert 0 <= row["mismatch"]["rank"] < 16 and "cp=16" in row["rerun"].replace(" ", "")
+    # the S = 16 cases were skipped with their reason, not run
+    skipped = rows[rows["status"] == "skip"]
+    assert len(skipped) and skipped["message"].str.contains("the op needs a multiple of 2·CP = 32").all()

@@ -1,13 +1,16 @@
 """How the harness's own cost grows with the world size: one `shardcheck run --world-sizes W` per W, each in a
 process of its own, its ranks sampled from /proc while it runs.
 
-    python docs/performance/scale_cost.py --world-sizes 1,2,4,8,16 --quick --dtype float64 --out /tmp/scale-cost
+    python docs/performance/scale_cost.py --world-sizes 1,2,4,8,16 --matrix quick --dtype float64 --out /tmp/scale-cost
+    python docs/performance/scale_cost.py --world-sizes 1,2,4,8,16 --matrix default --out /tmp/scale-cost-default
 
-Per world size: the run's wall time, the planning time (build_plan alone, in this process), the launch time (the
+Per world size: the run's wall time, the planning time (build_plan alone, in this process: its wall time on the
+first call, suites' imports included, and its CPU time on a second call, one torch thread), the launch time (the
 command's start to the first item a rank started), items and checks, wall seconds per item (the median of the
 items' slowest rank), CPU seconds per item summed over the ranks (user + system of every rank, divided by the
-items), and the peak resident memory of a rank (VmHWM, the largest over the ranks).  Writes table.md and
-time_per_item.png into --out.  Linux only (/proc).
+items), the driver's own CPU per item (its process: planning, polling the ranks' events, writing rows), and the
+peak resident memory of a rank (VmHWM, the largest over the ranks).  `--matrix default` is the matrix of a plain
+`shardcheck run`, `quick` that of `--quick`.  Writes table.md and time_per_item.png into --out.  Linux only (/proc).
 """
 
 from __future__ import annotations
@@ -45,7 +48,10 @@ def measure(world: int, extra: list[str], out: Path) -> dict:
     cmd = [sys.executable, "-m", "shardcheck.harness.cli", "run", "--world-sizes", str(world), "--no-progress",
            "--timeout", "300", "--out", str(run_dir), *extra]
     seen: dict[int, tuple[float, int]] = {}
+    driver: list[float] = [0.0]  # the driver process's CPU seconds, last sampled
     done = threading.Event()
+    start = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def sampler():
         while not done.is_set():
@@ -53,15 +59,19 @@ def measure(world: int, extra: list[str], out: Path) -> dict:
                 s = _sample(pid)
                 if s is not None:
                     seen[pid] = s
+            s = _sample(proc.pid)
+            if s is not None:
+                driver[0] = s[0]
             time.sleep(0.2)
 
     thread = threading.Thread(target=sampler, daemon=True)
-    start = time.time()
     thread.start()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    output = proc.communicate()[0]
     wall = time.time() - start
     done.set()
     thread.join()
+    if proc.returncode not in (0, 1):  # a usage error or a crash: its rows, if any, are not this run's
+        raise SystemExit(f"shardcheck run --world-sizes {world} exited {proc.returncode}:\n{output[-2000:]}")
     from shardcheck.harness.core.records import load
 
     rows = load(run_dir)
@@ -74,39 +84,52 @@ def measure(world: int, extra: list[str], out: Path) -> dict:
             "items": len(items), "checks": len(rows), "errors": int((rows["status"] == "error").sum()),
             "skipped": int((rows["status"] == "skip").sum()),
             "item_wall_s": float(items["item_seconds"].median()), "item_cpu_s": cpu / max(len(items), 1),
+            "driver_cpu_s": driver[0], "driver_cpu_per_item_ms": 1e3 * driver[0] / max(len(items), 1),
             "rank_rss_mb": max((h for _, h in seen.values()), default=0) / 1024, "ranks_seen": len(seen)}
 
 
-def plan_seconds(world: int, quick: bool, dtypes: list[str]) -> float:
+def plan_seconds(world: int, quick: bool, dtypes: list[str]) -> tuple[float, float]:
+    """(wall s of a first build_plan, suites' imports included; CPU s of a second one)."""
+    import torch
+
     from shardcheck.harness.driver.planner import Selection, build_plan
 
+    torch.set_num_threads(1)  # as the driver's planning runs beside its ranks; CPU time then is one thread's
+    selection = Selection(run_id="cost", seed=0, timeout=60, device="cpu", backend="gloo", world_sizes=[world],
+                          quick=quick, dtypes=dtypes)
     start = time.time()
-    build_plan(Selection(run_id="cost", seed=0, timeout=60, device="cpu", backend="gloo", world_sizes=[world],
-                         quick=quick, dtypes=dtypes))
-    return time.time() - start
+    build_plan(selection)
+    wall = time.time() - start
+    start = time.process_time()
+    build_plan(selection)
+    return wall, time.process_time() - start
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--world-sizes", default="1,2,4,8,16")
-    p.add_argument("--quick", action="store_true")
+    p.add_argument("--matrix", choices=("default", "quick"), default="default",
+                   help="the matrix of a plain `shardcheck run`, or of `--quick`")
+    p.add_argument("--quick", action="store_true", help="the same as --matrix quick")
     p.add_argument("--dtype", default="float64,float32,bfloat16")
     p.add_argument("--suite", action="append", default=[])
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
-    extra = (["--quick"] if args.quick else []) + ["--dtype", args.dtype] + [a for s in args.suite for a in ("--suite", s)]
+    quick = args.quick or args.matrix == "quick"
+    extra = (["--quick"] if quick else []) + ["--dtype", args.dtype] + [a for s in args.suite for a in ("--suite", s)]
     results = []
     for w in map(int, args.world_sizes.split(",")):
         r = measure(w, extra, args.out)
-        r["plan_s"] = plan_seconds(w, args.quick, args.dtype.split(","))
+        r["plan_s"], r["plan_cpu_s"] = plan_seconds(w, quick, args.dtype.split(","))
         results.append(r)
         print(json.dumps(r), flush=True)
-    lines = ["| world size | items | checks (skipped) | errors | run wall s | planning s | launch s | wall s per item "
-             "(median) | CPU s per item, all ranks | peak RSS per rank MB |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| world size | items | checks (skipped) | errors | run wall s | planning s (CPU s) | launch s | wall s per "
+             "item (median) | CPU s per item, all ranks | driver CPU ms per item | peak RSS per rank MB |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         lines.append(f"| {r['world']} | {r['items']} | {r['checks']} ({r['skipped']}) | {r['errors']} | {r['wall_s']:.0f} "
-                     f"| {r['plan_s']:.1f} | {r['launch_s']:.1f} | {r['item_wall_s']:.3f} | {r['item_cpu_s']:.2f} "
-                     f"| {r['rank_rss_mb']:.0f} |")
+                     f"| {r['plan_s']:.1f} ({r['plan_cpu_s']:.2f}) | {r['launch_s']:.1f} | {r['item_wall_s']:.3f} "
+                     f"| {r['item_cpu_s']:.2f} | {r['driver_cpu_per_item_ms']:.1f} | {r['rank_rss_mb']:.0f} |")
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     import matplotlib
 

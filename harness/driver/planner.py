@@ -226,7 +226,8 @@ def build_plan(selection: Selection) -> Plan:
     for suite_name, case in cases:
         if not bench:
             check_known_failure(case)
-        made: dict[int, dict | None] = {}  # this case's inputs by seed
+        made: list[dict | None] = []  # this case's inputs, drawn once (only where a topology needs its shapes)
+        fits: dict[Topology, str] = {}  # its misfit by topology: the same for every dtype
         for dtype in dtypes:
             if dtype not in case.dtypes:
                 continue
@@ -237,26 +238,32 @@ def build_plan(selection: Selection) -> Plan:
                     continue  # its default-group collectives need a launch of exactly this size
                 item = _item(len(plan.items), suite_name, case, dtype, topo,
                              topo.size if case.world_group else world_for(topo), seed, bench)
-                item.skip = _misfit(case, topo, item.seed, made)
+                if topo not in fits:
+                    fits[topo] = _misfit(case, topo, item.seed, made)
+                item.skip = fits[topo]
                 plan.items.append(item)
     if not plan.items:
         raise UsageError("nothing to run: no case supports the selected topologies and dtypes")
     return plan
 
 
-def _misfit(case: Case, topo: Topology, seed: int, made: dict[int, dict | None]) -> str:
+def _misfit(case: Case, topo: Topology, seed: int, made: list[dict | None]) -> str:
     """Why `case` cannot lay its inputs out at `topo` ("" where it can): the item is then recorded `skip` with
     that reason instead of raising on every rank (a head-tail layout of 16 positions at CP 16).  The inputs are
-    the ones the ranks make (the item's seed: a packed layout reads its sequences' boundaries), made once per seed
-    (`made`)."""
+    the ones the ranks make (a packed layout reads its sequences' boundaries), drawn once per case into `made`:
+    a case's shapes and boundaries are its own, not its seed's or dtype's, and drawing inputs was most of the
+    planning time (docs/performance.md#planning).  A case whose shapes did vary with the seed would still be
+    caught on the ranks, as a harness error row."""
     if topo.size == 1 or not (case.input_layouts or case.cp_lengths) or case.skip_reason:
         return ""
-    if seed not in made:
+    if not case.input_layouts:  # cp_lengths alone: no inputs needed
+        return case.misfit(topo, {})
+    if not made:
         try:
-            made[seed] = case.make_inputs(torch.Generator().manual_seed(seed))
+            made.append(case.make_inputs(torch.Generator().manual_seed(seed)))
         except Exception:  # the ranks report it (a reference error row): nothing to decide here
-            made[seed] = None
-    return case.misfit(topo, made[seed]) if made[seed] is not None else ""
+            made.append(None)
+    return case.misfit(topo, made[0]) if made[0] is not None else ""
 
 
 def _item(item_id: int, suite_name: str, case: Case, dtype: str, topo: Topology, world_size: int, seed: int,
