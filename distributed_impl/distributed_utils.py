@@ -181,6 +181,9 @@ class FirstRankPerNode(ContextDecorator):
             backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
             dist.init_process_group(backend=backend, timeout=timeout)
             self._created_pg = True
+            # Every rank has connected before any runs the block: a block that fails on a first rank tears its
+            # group down, and a peer still connecting to it would wait for it for the whole timeout.
+            dist.barrier()
         local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
         self._first = local_rank == 0
         if not self._first:

@@ -314,6 +314,9 @@ def front_end_case(spec: FrontEndSpec) -> Case:
     even = spec.variant == "vocab_parallel_group"
     supports = cp_fits(lg.b) if replicated else \
         cp_fits(lg.b, lg.s if smp.filtering else None, lg.v if smp.filtering or even else None)
+    if spec.permutation is not None:  # seed: a seq_index "is only provided for cp sharded logits"
+        fits = supports
+        supports = lambda t: t.cp > 1 and fits(t)  # noqa: E731
     return Case(
         op=OP + spec.op,
         case_id=_case_id("cp", spec.variant, f"b{lg.b}s{lg.s}v{lg.v}", smp.tag(), f"chunk{lg.chunk}" if lg.chunk else "",
@@ -580,8 +583,7 @@ def scale_cases() -> list[Case]:
 def cases(quick: bool = False) -> list[Case]:
     # The vocab-parallel ops support a TP rank holding no vocab entries (V = 37 at TP 16): the cases test them.
     out = cite([replace(c, empty_pieces=("tp",)) for c in _matrix(quick) + scale_cases()], RULES,
-                bad_input=seed("'Assumes that input_ids are already padded to a multiple of cp_size * 2 or "
-                               "cp_size == 1.'"))
+                bad_input=ours(f"{DOC}#context-parallel-layout"))
     for case in out:  # targets outside [0, V): the seed says nothing of them, their log-prob 0 is our convention
         if case.params.get("masked") and case.bad_input is None:
             case.rule = OUTSIDE_VOCAB
@@ -734,7 +736,8 @@ def _front_end_body(op: str):
                                                     short_target=variant in ("plain", "vocab_parallel_group"))}
         if op == "get_next_token_logprobs_from_logits":
             p["chunk_size"] = None  # the dispatcher takes no chunk size
-        p["permutation"] = "random" if variant == "seq_index" or (variant == "dtensor" and draw(st.booleans())) else None
+        permuted = variant == "seq_index" or (variant == "dtensor" and draw(st.booleans()))
+        p["permutation"] = "random" if permuted and topology.cp > 1 else None  # seed: only for CP-sharded logits
         return p
     return body
 
