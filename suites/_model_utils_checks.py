@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from dataclasses import replace
+
 from shardcheck.reference import model_utils as ref
-from shardcheck import Property
+from shardcheck import Case, Property, Rule, cite, ours, seed
 from shardcheck.suites._model_utils_inputs import BATCH, Sampling, tie_straddles
 
 
@@ -147,3 +149,27 @@ def topk_ids_valid(got, expected, full, local, ctx):
         return False, (f"{int(bad.sum())} id(s) whose logit is not the top-k value, first at local {i}: "
                        f"id {int(got[i])} has logit {float(picked[i])}, expected value {float(values[i])}")
     return True, "every id's logit equals its top-k value"
+
+
+# ---- where the rules come from --------------------------------------------------------------------------------
+
+DOC = "docs/ops/model_utils.md"
+OUTSIDE_VOCAB = ours("docs/ops/README.md#conventions-shared-by-every-family")  # ids outside [0, V): -100, V+3
+# Where each property's rule comes from (docs/ops/model_utils.md#rules-seed-or-ours lists them).
+RULES = {
+    # chunking bounds memory and changes nothing else
+    "property:chunked_equals_unchunked": seed("'chunk_size – Chunk size for memory efficiency (in sequence dimension)'"),
+    "property:survivors_sum_to_1": ours(f"{DOC}#top-k--top-p-filtering"),
+    # a sum of p·log p over a distribution is never positive
+    "property:entropy_nonpositive": seed("ChunkedDistributedEntropy: 'Compute H_all = sum_v p_v log p_v across TP'"),
+}
+
+
+def cited(cases: list[Case], bad_input: Rule) -> list[Case]:
+    """A model_utils suite's cases, each testing TP ranks that hold no vocab entries (`empty_pieces`), with the
+    family's rules; a case with targets outside [0, V) is judged under our rule (the seed says nothing of them)."""
+    out = cite([replace(c, empty_pieces=("tp",)) for c in cases], RULES, bad_input=bad_input)
+    for case in out:
+        if case.params.get("masked") and case.bad_input is None:
+            case.rule = OUTSIDE_VOCAB
+    return out

@@ -21,9 +21,10 @@ from types import SimpleNamespace
 import torch
 
 from shardcheck.reference import model_utils as ref
-from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, GradSum, Topology, cite, ours, seed
+from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, GradSum, Topology, ours, seed
 from shardcheck.suites._model_utils_bench import bench_cases  # noqa: F401  (the suite's benchmarks)
-from shardcheck.suites._model_utils_checks import (any_tied_survivor, chunked_equals_unchunked, combine, entropy_nonpositive,
+from shardcheck.suites._model_utils_checks import (DOC, any_tied_survivor, chunked_equals_unchunked, cited, combine,
+                                                  entropy_nonpositive,
                                         survivors_sum_to_1, topk_ids_valid, topk_values_exact)
 from shardcheck.suites._model_utils_comm import (NO_COMM, all_to_all_comm, contract, cross_entropy_comm, distillation_comm,
                                       entropy_comm, gather_logits_comm, hidden_comm, logprob_comm, next_token_comm,
@@ -818,23 +819,7 @@ def scale_cases() -> list[Case]:
 def cases(quick: bool = False) -> list[Case]:
     # The vocab-parallel ops support a TP rank holding no vocab entries (V < TP, V = 33 at TP 8): the cases test them.
     # bad input the seed does not describe (mismatched shapes, a vocab or row count TP does not divide)
-    out = cite([replace(c, empty_pieces=("tp",)) for c in _matrix(quick) + scale_cases()], RULES,
-                bad_input=ours(f"{DOC}#conventions-of-this-family"))
-    for case in out:  # targets outside [0, V): the seed says nothing of them, their log-prob 0 is our convention
-        if case.params.get("masked") and case.bad_input is None:
-            case.rule = OUTSIDE_VOCAB
-    return out
-
-DOC = "docs/ops/model_utils.md"
-OUTSIDE_VOCAB = ours("docs/ops/README.md#conventions-shared-by-every-family")  # ids outside [0, V): -100, V+3
-# Where each property's rule comes from (docs/ops/model_utils.md#rules-seed-or-ours lists them).
-RULES = {
-    # chunking bounds memory and changes nothing else
-    "property:chunked_equals_unchunked": seed("'chunk_size – Chunk size for memory efficiency (in sequence dimension)'"),
-    "property:survivors_sum_to_1": ours(f"{DOC}#top-k--top-p-filtering"),
-    # a sum of p·log p over a distribution is never positive
-    "property:entropy_nonpositive": seed("ChunkedDistributedEntropy: 'Compute H_all = sum_v p_v log p_v across TP'"),
-}
+    return cited(_matrix(quick) + scale_cases(), bad_input=ours(f"{DOC}#conventions-of-this-family"))
 
 
 def _matrix(quick: bool) -> list[Case]:

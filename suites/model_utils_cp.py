@@ -21,7 +21,8 @@ import torch
 
 from shardcheck.reference import model_utils as ref
 from shardcheck import (REPLICATED, BadInput, Case, FuzzSpace, GradSum, HeadTail, Layout, PackedHeadTail, Partial,
-                        Permuted, Shard, cite, ours, seed)
+                        Permuted, Shard, ours)
+from shardcheck.suites._model_utils_checks import DOC, cited
 from shardcheck.suites._model_utils_comm import (AG_CP, A2A_CP, compute_bytes, contract, cp_gather_comm, distillation_comm,
                                       gather_logits_comm, hidden_comm, merge, next_token_comm, rows, s_local,
                                       with_cp_gather)
@@ -582,23 +583,7 @@ def scale_cases() -> list[Case]:
 
 def cases(quick: bool = False) -> list[Case]:
     # The vocab-parallel ops support a TP rank holding no vocab entries (V = 37 at TP 16): the cases test them.
-    out = cite([replace(c, empty_pieces=("tp",)) for c in _matrix(quick) + scale_cases()], RULES,
-                bad_input=ours(f"{DOC}#context-parallel-layout"))
-    for case in out:  # targets outside [0, V): the seed says nothing of them, their log-prob 0 is our convention
-        if case.params.get("masked") and case.bad_input is None:
-            case.rule = OUTSIDE_VOCAB
-    return out
-
-DOC = "docs/ops/model_utils.md"
-OUTSIDE_VOCAB = ours("docs/ops/README.md#conventions-shared-by-every-family")  # ids outside [0, V): -100, V+3
-# Where each property's rule comes from (docs/ops/model_utils.md#rules-seed-or-ours lists them).
-RULES = {
-    # chunking bounds memory and changes nothing else
-    "property:chunked_equals_unchunked": seed("'chunk_size – Chunk size for memory efficiency (in sequence dimension)'"),
-    "property:survivors_sum_to_1": ours(f"{DOC}#top-k--top-p-filtering"),
-    # a sum of p·log p over a distribution is never positive
-    "property:entropy_nonpositive": seed("ChunkedDistributedEntropy: 'Compute H_all = sum_v p_v log p_v across TP'"),
-}
+    return cited(_matrix(quick) + scale_cases(), bad_input=ours(f"{DOC}#context-parallel-layout"))
 
 
 def _matrix(quick: bool) -> list[Case]:
