@@ -32,7 +32,8 @@ and compares every rank's outputs and input gradients with its piece of the gold
     BadInput        Case.bad_input: input outside the op's contract, judged "loud or right"
     Rule            where a check's rule comes from: Rule(RuleSource.SEED | RuleSource.OURS, cite) (Case.rule, .rules)
     RuleSource      seed (the seed says so) or ours (docs/ops/<family>.md#<section> fixes what the seed leaves open)
-    seed, ours      seed("quoted sentence"), ours("docs/ops/x.md#section"): a Rule of each source
+    seed            seed("quoted sentence"): a Rule the seed states
+    ours            ours("docs/ops/x.md#section"): a Rule of ours, where the seed leaves the behaviour open
     cite            cite(cases, rules, bad_input=rule): a suite's rules per check-name pattern, given to its cases
     RankContext     what run / properties / comm / output checks get: mesh, groups, ranks, dtype, params, shapes
     Topology        (dp, cp, tp) sizes of a run; Case.supports(topology) limits where a case runs

@@ -722,7 +722,7 @@ def _front_end_body(op: str):
         if op == "get_next_token_logprobs_from_logits":
             p["chunk_size"] = None  # the dispatcher takes no chunk size
         permuted = variant == "seq_index" or (variant == "dtensor" and draw(st.booleans()))
-        p["permutation"] = "random" if permuted and topology.cp > 1 else None  # seed: only for CP-sharded logits
+        p["permutation"] = "random" if permuted and topology[1] > 1 else None  # seed: only for CP-sharded logits
         return p
     return body
 

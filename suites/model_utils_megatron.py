@@ -15,7 +15,7 @@ parameter lands on the harness's local input and is compared, on every rank, wit
 Replicated parameters used on a sequence shard (norms, row-parallel biases: Megatron tags them `sequence_parallel`)
 get partial gradients; the case sums them over TP as Megatron's finalize_model_grads does (shardcheck.harness.core.case.GradSum).
 
-The model case (suites/_megatron_gpt_case.py, `model-untied` / `model-tied`): the same GPTModel as a
+The model case (suites/_model_utils_megatron_gpt.py, `model-untied` / `model-tied`): the same GPTModel as a
 shardcheck.ModelCase, one training step with the patched forward (flag off) checked module by module against the
 single-device model, every parameter's gradient and stepped value, in float64, float32 and bfloat16.
 
@@ -35,7 +35,7 @@ from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, Layout, Property, 
 from shardcheck.suites._megatron_model import (BATCH, HEADS, HIDDEN, LAYERS, ONE_RANK, SEQ, VOCAB, UnderShims, build_model,
                                     call_model, check_names, make_params, megatron_missing, megatron_shims,
                                     param_layouts, sharded_params)
-from shardcheck.suites._megatron_gpt_case import gpt_model_case, patched_forward
+from shardcheck.suites._model_utils_megatron_gpt import gpt_model_case, patched_forward
 from shardcheck.suites._model_utils_comm import merge
 
 FAMILY = "model_utils"
@@ -256,7 +256,7 @@ def fused_values_case(spec: FusionSpec, skip: str | None) -> Case:
 def flag_off_case(tied: bool, skip: str | None) -> Case:
     """With return_logprobs_for_linear_ce_fusion off the patched forward is Megatron's own: the vocab-parallel
     logits and bit-identical logits and loss (properties).  Every parameter's gradient of this path is the model
-    case's (suites/_megatron_gpt_case.py: one training step, module by module, in three dtypes)."""
+    case's (suites/_model_utils_megatron_gpt.py: one training step, module by module, in three dtypes)."""
     return Case(
         op=FORWARD_OP, case_id=f"{'tied' if tied else 'untied'}-flag-off",
         params={"tied": tied, "S": SEQ, "B": BATCH, "H": HIDDEN, "V": VOCAB},

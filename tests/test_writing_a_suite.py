@@ -31,7 +31,7 @@ def test_the_guide_shows_the_example_files_and_nothing_else():
 def test_the_api_is_one_documented_place():
     names = ["Case", "Layout", "REPLICATED", "Shard", "Replicate", "Partial", "HeadTail", "PackedHeadTail",
              "Permuted", "GradSum", "Property", "BadInput", "RankContext", "Topology", "KnownFailure", "FuzzSpace",
-             "MemoryModel", "ModelCase"]
+             "MemoryModel", "ModelCase", "Rule", "RuleSource", "cite", "seed", "ours"]
     assert sorted(shardcheck.__all__) == sorted(names)
     lines = [line.strip() for line in shardcheck.__doc__.splitlines() if line.startswith("    ")]
     for name in [*names, "FAMILY:", "cases(quick: bool)", "bench_cases(quick: bool)", "IMPLEMENTATION:",

@@ -1,6 +1,5 @@
 """A check's verdict under its rule (Case.rule_of): where the rule comes from goes on the row, and under `--impl` a
-failure of a rule that is ours alone is a `warn` naming it, unless it is a silent wrong answer; so is an exception
-raised on a case judged by a rule of ours (loud on input the seed does not describe).
+failure of a rule that is ours alone is a `warn` naming it, unless it is a silent wrong answer.
 
 The seed is the contract someone else's implementation was written to; docs/ops fixes what it leaves open (loud or
 right on input it does not describe, what a size-1 group does, which collectives are enough).  Holding a third-party
@@ -30,15 +29,9 @@ def under_rule(rule: Rule | None, status: str, fields: dict, third_party: bool) 
     if rule is None:
         return status, fields
     fields = {**fields, "rule_source": str(rule.source), "rule_cite": rule.cite}
-    if not third_party or rule.source != RuleSource.OURS:
+    if not third_party or rule.source != RuleSource.OURS or status != Status.FAIL:
         return status, fields
     message = str(fields.get("message") or "")
-    if status == Status.ERROR and fields.get("symptom") == Symptom.EXCEPTION:
-        # loud on input the seed does not describe (a -100 target, a length it assumes padded): loud or right
-        note = f"raised on input outside the seed's stated shapes, which the seed leaves open ({rule})"
-        return Status.WARN, {**fields, "message": "; ".join(m for m in (message, note) if m)}
-    if status != Status.FAIL:  # a hang, a death, a harness error: never a matter of whose rule
-        return status, fields
     if fields.get("symptom") in SILENT_WRONG:
         note = f"a wrong answer on input outside the seed's stated shapes, which the op accepted ({rule})"
         return status, {**fields, "message": "; ".join(m for m in (message, note) if m)}

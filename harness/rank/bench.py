@@ -37,7 +37,7 @@ def run_bench_item(w, item: Item, topo: Topology, mesh) -> None:
     ctx = RankContext(mesh=mesh, topology=topo, device=w.device, dtype=dtype,
                       full_shapes={k: tuple(v.shape) for k, v in full.items()}, input_layouts=case.input_layouts,
                       impl=impl, full_inputs={k: v for k, v in full.items() if not is_float(v)},  # what index rules read
-                      params=case.params)
+                      params=case.params, modules={fam: w.impls[fam] for fam in case.uses})
     local = {k: case.input_layouts.get(k, REPLICATED).local(v, mesh, full).clone().to(w.device) for k, v in full.items()}
     del full
     grad_gen = torch.Generator(device=w.device).manual_seed(item.seed + w.rank)

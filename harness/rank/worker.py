@@ -501,12 +501,11 @@ class Worker:
         third_party = case is not None and not is_ours(self.plan.impl.get(case.family))
 
         def emit_check(check: str, status: str, prop=None, **fields):
-            raised = status == Status.ERROR and not fields.get("secondary")  # (before a rule of ours weighs it)
             if case is not None:  # where the check's rule comes from (Case.rule_of), and what a rule of ours weighs
                 status, fields = under_rule(case.rule_of(check, prop), status, fields, third_party)
             self.events.checked(item.id, check=check, status=status, coords=coords, **fields)
             self._emitted.add(check)
-            if raised:
+            if status == Status.ERROR and not fields.get("secondary"):
                 self.store.set(f"raised/{item.id}", "1")  # the peers at the barrier stop waiting sooner (barrier)
 
         return emit_check

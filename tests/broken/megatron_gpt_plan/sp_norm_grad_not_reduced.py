@@ -6,7 +6,7 @@ divergence is decoder.layers.0.input_layernorm.weight's gradient, then its value
 
 from __future__ import annotations
 
-from shardcheck.suites._megatron_gpt_case import gpt_model_case
+from shardcheck.suites._model_utils_megatron_gpt import gpt_model_case
 
 FAMILY = "model_utils"
 
