@@ -56,8 +56,8 @@ def test_two_ranks_issuing_different_collectives_is_a_collective_mismatch_naming
     run, forward, seconds = _run(run_shardcheck, "mismatched_collective")
     assert seconds < TIMEOUT + 10, seconds
     assert forward["symptom"] == "hung"
-    assert (f"collective mismatch on tp: rank 0 in all_reduce #3 [2, 5] float64 at {FIX}/mismatched_collective.py:26 "
-            f"forward, rank 1 in all_gather #3 [2, 5] float64 at {FIX}/mismatched_collective.py:24 forward") \
+    assert (f"collective mismatch on tp: rank 0 in all_reduce #3 [2, 5] float64 at {FIX}/mismatched_collective.py:24 "
+            f"forward, rank 1 in all_gather #3 [2, 5] float64 at {FIX}/mismatched_collective.py:22 forward") \
         in forward["message"]
 
 
@@ -65,9 +65,9 @@ def test_a_rank_that_skips_a_collective_is_named_with_the_call_it_never_entered(
     run, forward, seconds = _run(run_shardcheck, "skips_collective")
     assert seconds < TIMEOUT + 10, seconds
     assert forward["mismatch"]["rank"] == 1
-    assert (f"rank 1 never entered all_reduce #3 on tp (the others did, at {FIX}/skips_collective.py:23 forward); "
+    assert (f"rank 1 never entered all_reduce #3 on tp (the others did, at {FIX}/skips_collective.py:21 forward); "
             "rank 1 last on tp: all_reduce #2") in forward["message"]
-    assert f"rank 0: waiting in all_reduce #3 on tp at {FIX}/skips_collective.py:23 forward" in forward["message"]
+    assert f"rank 0: waiting in all_reduce #3 on tp at {FIX}/skips_collective.py:21 forward" in forward["message"]
     assert "rank 1: finished its part, waiting for the others at the case's barrier" in forward["message"]
 
 
@@ -80,7 +80,7 @@ def test_a_gloo_abort_carries_gloos_message_and_the_phase(run_shardcheck):
     dead = forward["culprit_ranks"][0]
     assert f"rank {dead} died: SIGABRT (in forward): terminate called" in run.stdout
     # both ranks entered all_reduce #3 with different sizes: the records say so
-    assert (f"collective mismatch on tp: rank 0 in all_reduce #3 [10] float64 at {FIX}/collective_sizes_differ.py:26 "
+    assert (f"collective mismatch on tp: rank 0 in all_reduce #3 [10] float64 at {FIX}/collective_sizes_differ.py:24 "
             f"forward, rank 1 in all_reduce #3 [20] float64") in forward["message"]
 
 
