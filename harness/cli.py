@@ -464,13 +464,13 @@ def _write_ci_outputs(run_dir: Path, rows, run_id: str, junit_xml: Path | None) 
 def _print_failures(run_dir: Path, rows, limit: int = 20) -> None:
     """Each failing item (a known failure that passes included): its bad checks, then a `rerun:` line that runs
     it alone."""
-    from shardcheck.reports.report import failing_items, item_title
+    from shardcheck.reports.report import failing_items, folded_checks, item_title
 
     items = failing_items(rows)
     for item in items[:limit]:
         print(item_title(item))
-        for check, status, message, _ in item["checks"]:
-            print(f"  {check}: {message}")
+        for checks, _, message in folded_checks(item):
+            print(f"  {checks}: {message}")
         if item["rerun"]:
             print(f"rerun: {item['rerun']}")
     if len(items) > limit:

@@ -69,6 +69,15 @@ def failing_items(df: pd.DataFrame) -> list[dict]:
     return items
 
 
+def folded_checks(item: dict) -> list[tuple[str, str, str]]:
+    """An item's bad checks as (checks, status, message), the checks that share a status and a message on one
+    entry ("forward, grad:logits, property:comm"): a raise fails every check of its item with the same words."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for check, status, message, _ in item["checks"]:
+        groups.setdefault((status, str(message)), []).append(check)
+    return [(", ".join(checks), status, message) for (status, message), checks in groups.items()]
+
+
 def item_title(item: dict) -> str:
     return f"{item['status'].upper()} {item['op']} [{item['case_id']}] {item['topology']} {item['dtype']}"
 
@@ -78,7 +87,7 @@ def failures_markdown(items: list[dict], images: bool = True) -> list[str]:
     lines = []
     for item in items[:MAX_LISTED_ITEMS]:
         lines += [f"### {item_title(item)}", ""]
-        lines += [f"- `{check}` {status}: {message}" for check, status, message, _ in item["checks"]]
+        lines += [f"- `{checks}` {status}: {message}" for checks, status, message in folded_checks(item)]
         if item["rerun"]:
             lines += ["", "```text", f"rerun: {item['rerun']}", "```"]
         if images:
@@ -93,8 +102,8 @@ def _failures_html(items: list[dict], run_dir: Path) -> str:
     parts = []
     for item in items[:MAX_LISTED_ITEMS]:
         parts.append(f"<div class='item'><h3 class='{item['status']}'>{html.escape(item_title(item))}</h3><ul>")
-        parts += [f"<li><code>{html.escape(check)}</code> <b>{status}</b>: {html.escape(str(message))}</li>"
-                  for check, status, message, _ in item["checks"]]
+        parts += [f"<li><code>{html.escape(checks)}</code> <b>{status}</b>: {html.escape(message)}</li>"
+                  for checks, status, message in folded_checks(item)]
         parts.append("</ul>")
         if item["rerun"]:
             parts.append(f"<pre class='rerun'>rerun: {html.escape(item['rerun'])}</pre>")

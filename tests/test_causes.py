@@ -247,6 +247,9 @@ def test_a_helper_several_ops_share_raising_for_all_of_them_is_one_line(run_shar
                              f"(shared_helper_raises.py:{raise_line})")
     assert cause["condition"] == "exactly at tp ≥ 2"
     assert cause["op"].startswith("model_utils.{") and all(op.split(".")[1] in cause["op"] for op in ops)
+    # each failing item prints the raise once, on the checks it failed together, not once per check
+    item = run.stdout.split("ERROR model_utils.DistributedLogprob [", 1)[1].split("\nrerun: ", 1)[0]
+    assert item.count("ValueError") == 1 and "  forward, grad:logits, property:comm: rank 0" in item, item
 
 
 def test_masked_target_gradient_in_bf16_with_huge_logits_is_caught(run_shardcheck):
