@@ -357,3 +357,15 @@ def test_a_condition_says_which_items_of_its_topology_a_hang_left_unrun():
     line = causes(pd.DataFrame(rows)).iloc[0]
     assert line["condition"].endswith("(from the items that ran: 1 item(s) at dp1-cp1-tp2 float64 were skipped "
                                       "after a hang and may show it too)"), line["condition"]
+
+
+def test_a_line_names_the_first_checks_of_a_long_list_and_counts_the_rest():
+    checks = ["forward"] + [f"grad:layers.{i}.weight" for i in range(40)]
+    table = pd.DataFrame([{"op": "m.f", "status": "error", "kind": "ValueError: no (m.py:3)", "condition": "always",
+                           "checks": ", ".join(checks), "count": 41, "worst": "rank 0 raised", "rerun": None,
+                           "rule": ""}])
+    line = finding_lines(table)[0]
+    assert "forward, grad:layers.0.weight, grad:layers.1.weight" in line and "grad:layers.5.weight" not in line
+    assert line.endswith("grad:layers.4.weight and 35 more checks; 41 row(s)"), line
+    table.loc[0, "checks"] = ", ".join(checks[:7])  # seven: all of them, never "and 1 more"
+    assert "grad:layers.5.weight; 41 row(s)" in finding_lines(table)[0]

@@ -571,12 +571,19 @@ def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> 
     return out
 
 
+def _few(checks: str, shown: int = 6) -> str:
+    """A line's checks, the first few of a long list: a raise fails every gradient of a model, one check each
+    (report.html and every row in results.jsonl keep them all)."""
+    names = checks.split(", ")
+    return checks if len(names) <= shown + 1 else ", ".join(names[:shown]) + f" and {len(names) - shown} more checks"
+
+
 def finding_lines(table: pd.DataFrame) -> list[str]:
     """The findings as a person reads them: one line per cause, its worst mismatch and its rerun line."""
     lines = []
     for r in table.itertuples():
         rule = f" [{r.rule}]" if isinstance(getattr(r, "rule", None), str) and r.rule else ""  # seed or ours
-        lines.append(f"{r.status.upper()} {r.op}: {r.kind} — {r.condition}; {r.checks}; {r.count} row(s){rule}")
+        lines.append(f"{r.status.upper()} {r.op}: {r.kind} — {r.condition}; {_few(r.checks)}; {r.count} row(s){rule}")
         lines.append(f"    worst: {r.worst}")
         if isinstance(r.rerun, str):
             lines.append(f"    rerun: {r.rerun}")
