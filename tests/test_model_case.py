@@ -92,7 +92,7 @@ def test_decoder_plan_passes_over_every_dp_cp_tp_at_world_sizes_1_2_4(run_shardc
     every = {f"dp{dp}-cp{cp}-tp{tp}" for dp in (1, 2, 4) for cp in (1, 2, 4) for tp in (1, 2, 4) if dp * cp * tp <= 4}
     assert _topologies(rows) == every  # TP + SP, torch's context_parallel, FSDP2 and every mix of them
     assert set(rows["case_id"]) == {"mha", "gqa", "odd-vocab"}
-    assert set(rows[rows["case_id"] == "gqa"]["tp"]) == {1, 2}  # 2 key/value heads: TP up to 2
+    assert set(rows[rows["case_id"] == "gqa"]["tp"]) == {1, 2, 4}  # 2 key/value heads: split at TP 2, whole at TP 4
     checks = set(rows["check"])
     assert {"forward:loss", "forward:act00:tok_embeddings", "forward:act05:layers.0.attention.rope",
             "forward:dparam:norm.weight", "forward:step:output.weight"} <= checks
@@ -100,21 +100,25 @@ def test_decoder_plan_passes_over_every_dp_cp_tp_at_world_sizes_1_2_4(run_shardc
     assert any(n.startswith("used shardcheck's CPU shim for torch context parallelism") for n in notes)
 
 
-@pytest.mark.parametrize("bug, case, first, params, where", [
+@pytest.mark.parametrize("bug, case, first, params, where, sizes", [
     ("norm_grad_not_reduced", "mha", "first diverging: parameter layers.0.attention_norm.weight (gradient)",
-     "wrong parameters: layers.0.attention_norm.weight, layers.1.attention_norm.weight", {"dp1-cp1-tp2"}),
+     "wrong parameters: layers.0.attention_norm.weight, layers.1.attention_norm.weight", {"dp1-cp1-tp2"}, "1,2"),
     ("rowwise_output_partial", "mha", "first diverging: module layers.0.attention.wo (output, forward)",
-     "parameter(s) wrong", {"dp1-cp1-tp2"}),
+     "parameter(s) wrong", {"dp1-cp1-tp2"}, "1,2"),
     ("rotary_not_offset", "mha", "first diverging: module layers.0.attention.rope (output, forward)",
-     "parameter(s) wrong", {"dp1-cp2-tp1"}),
+     "parameter(s) wrong", {"dp1-cp2-tp1"}, "1,2"),
     ("loss_local_mean_summed", "mha", "first diverging: the loss [forward:loss]", "parameter(s) wrong",
-     {"dp2-cp1-tp1", "dp1-cp2-tp1"}),
+     {"dp2-cp1-tp1", "dp1-cp2-tp1"}, "1,2"),
     ("vocab_padded_with_zeros", "odd-vocab", "first diverging: the loss [forward:loss]", "parameter(s) wrong",
-     {"dp1-cp1-tp2"}),
+     {"dp1-cp1-tp2"}, "1,2"),
+    # 2 key/value heads at TP 4, each rank's picked round-robin: wk/wv agree, the attention's output (wo's) does not
+    ("kv_heads_split_as_if_tp_divided", "gqa", "first diverging: module layers.0.attention.wo (output, forward)",
+     "parameter(s) wrong", {"dp1-cp1-tp4"}, "4"),
 ])
-def test_each_broken_plan_is_one_finding_at_its_first_divergence(run_shardcheck, bug, case, first, params, where):
+def test_each_broken_plan_is_one_finding_at_its_first_divergence(run_shardcheck, bug, case, first, params, where,
+                                                                 sizes):
     impl = f"decoder_tp={BROKEN / 'decoder_tp' / bug}.py"
-    run = run_shardcheck(*DECODER_RUN[:-1], case, "--world-sizes", "1,2", "--dtype", "float64", "--impl", impl)
+    run = run_shardcheck(*DECODER_RUN[:-1], case, "--world-sizes", sizes, "--dtype", "float64", "--impl", impl)
     assert run.returncode == 1
     cause = _first_cause(run)
     assert cause.checks.startswith(first) and params in cause.checks, cause.checks
