@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import shlex
 
+import pandas as pd
 import pytest
 import torch
 
 from shardcheck import ModelCase
 from shardcheck.harness.core.compare import BudgetScope, budget
 from shardcheck.harness.findings import model_order
+from shardcheck.harness.findings.causes import causes
 from shardcheck.harness.rank.suite_loader import load_suite, suite_cases
 from helpers import BROKEN, ROOT
 
@@ -65,6 +67,32 @@ def test_step_order_and_the_summary_name_the_first_divergence():
     only_params = model_order.summary(["forward:step:n.weight", "forward:dparam:n.weight", "forward:dparam:m.weight"])
     assert only_params.startswith("first diverging: parameter n.weight (gradient)")
     assert "wrong parameters: n.weight, m.weight" in only_params  # in the order of the case's outputs
+
+
+def test_the_first_divergence_and_the_worst_name_one_parameter():
+    # two parameters wrong, the second by more: the line names the first in the case's output order, both halves
+    def row(check, ratio=None, tp=2, rank=0):
+        status = "fail" if ratio else "pass"
+        return {"op": "m.parallelize", "case_id": "c", "status": status, "check": check, "dp": 1, "cp": 1, "tp": tp,
+                "dtype": "float64", "params": {"model": True}, "err_ratio": ratio, "mismatch": None,
+                "message": f"rank {rank} (dp=0, cp=0, tp={rank}): |err| {ratio}" if ratio else "", "rerun": "rerun",
+                "symptom": "values" if ratio else None, "culprit_ranks": [rank], "blocked_ranks": [],
+                "error_type": None, "error_message": None, "error_where": None, "phase": None}
+    wrong = {"forward:dparam:a.weight": (5.0, 1), "forward:dparam:b.weight": (50.0, 0),
+             "forward:step:a.weight": (3.0, 1), "forward:step:b.weight": (30.0, 0)}
+    rows = [row(check, ratio, rank=rank) for check, (ratio, rank) in wrong.items()]
+    rows += [row("forward:dparam:a.weight", 4.0, rank=0)]  # the same check on another rank: not its worst
+    rows += [row(c, tp=2) for c in ("forward:act00:x", "forward:loss")]
+    rows += [row(c, tp=1) for c in (*wrong, "forward:act00:x", "forward:loss")]
+    failing = [r for r in rows if r["status"] == "fail"]
+    assert model_order.first_check([r["check"] for r in failing]) == "forward:dparam:a.weight"
+    assert model_order.first_row(failing, lambda r: r["err_ratio"]) is rows[0]
+    table = causes(pd.DataFrame(rows))
+    assert len(table) == 1
+    cause = table.iloc[0]
+    assert cause.checks.startswith("first diverging: parameter a.weight (gradient) [forward:dparam:a.weight]")
+    assert "wrong parameters: a.weight, b.weight" in cause.checks
+    assert cause.worst.startswith("[forward:dparam:a.weight] err/budget 5: rank 1 (dp=0, cp=0, tp=1)"), cause.worst
 
 
 def test_a_tensor_budget_covers_rows_that_are_exact_zeros_on_one_device():
@@ -122,6 +150,7 @@ def test_each_broken_plan_is_one_finding_at_its_first_divergence(run_shardcheck,
     assert run.returncode == 1
     cause = _first_cause(run)
     assert cause.checks.startswith(first) and params in cause.checks, cause.checks
+    assert cause.worst.startswith(f"[{cause.checks.split('[')[1].split(']')[0]}]")  # the same check, both halves
     assert "tp=1" in cause.worst or "tp=0" in cause.worst  # a rank and its mesh coordinates
     assert any(t in cause.worst for t in where) and _topologies(run.failed()) == where
     # its rerun line alone reproduces it

@@ -259,6 +259,8 @@ def _worst_text(row, status: str, limit: int = 300) -> str:
     else:
         ratio = _ratio(row)
         text = (f"err/budget {ratio:.3g}: " if status != Status.ERROR and math.isfinite(ratio) else "") + str(row.get("message") or "")
+        if model_order.step_order(str(row.get("check"))) is not None:  # which module or parameter the numbers are of
+            text = f"[{row['check']}] {text}"
     limit = limit * 2 if symptom in (Symptom.HUNG, Symptom.DIED) else limit  # where each rank was takes room
     text = text if len(text) <= limit else text[:limit - 1] + "…"
     return f"{text} ({row['op']} [{row.get('case_id')}] dp{row['dp']}-cp{row['cp']}-tp{row['tp']} {row['dtype']})"
