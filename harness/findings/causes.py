@@ -378,7 +378,7 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
         worst = model_order.first_row(records, _ratio) or worst
     rerun = worst.get("rerun") if isinstance(worst.get("rerun"), str) else next(
         (r["rerun"] for r in records if isinstance(r.get("rerun"), str)), None)
-    if (rows["check"] == SIGNATURE_CHECK).all():
+    if (rows["check"] == SIGNATURE_CHECK).all() and (rows["case_id"] == "signature").all():  # not a used family's
         condition = "of the module, found before any case ran"
     elif status == Status.XPASS:  # where the mark no longer holds, rather than what separates it from the passing rows
         condition = f"in {_items(rows)} item(s) {_where(rows)}"
