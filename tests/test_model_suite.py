@@ -138,6 +138,10 @@ def test_a_drifted_signature_of_a_function_the_step_calls_is_the_model_cases_fin
     assert (rows.loc[rows["check"] != "property:signature", "status"] == "pass").all()  # called by keyword: right
     again = run_shardcheck(*shlex.split(cause.rerun)[1:])
     assert again.returncode == 1 and _one_cause(again).checks == "property:signature"
+    # the op selected too: its own signature row, before any case, is the one line (not the model's as well)
+    both = run_shardcheck("run", "--op", "cp_utils.make_cp_batch_and_ctx,decoder.parallelize", "--quick",
+                          "--topology", "dp=1,cp=2,tp=1", "--dtype", "float64", "--impl", drifted)
+    assert both.returncode == 1 and _one_cause(both).op == "cp_utils.make_cp_batch_and_ctx"
 
 
 def test_rows_name_every_used_module_and_a_matching_signature_passes(run_shardcheck):

@@ -59,15 +59,18 @@ def used_by_one_case(module: Any) -> Any:
     return module.fresh() if isinstance(module, KeywordCalls) else module
 
 
-def used_drift(modules: dict[str, Any]) -> tuple[bool, list[str]]:
+def used_drift(modules: dict[str, Any], reported: set[str] = frozenset()) -> tuple[bool, list[str]]:
     """(whether any used family is someone else's module and the case looked up a seed function of it, the
     drifts: 'cp_utils.make_cp_batch_and_ctx: signature: ...') of a case's used modules (used_by_one_case) after
-    its run.  The drift of a function the case never called is not its finding: the family's own suite has it."""
+    its run.  The drift of a function the case never called is not its finding: the family's own suite has it; nor
+    is one of an op in `reported` (selected in the run: its own signature row, before any case, is the one line)."""
     looked_up, found = False, []
     for family, module in sorted(modules.items()):
-        if isinstance(module, KeywordCalls) and module.called:
-            looked_up = True
-            found += [f"{family}.{name}: {message}" for name, (_, message) in module.drift().items()]
+        if not isinstance(module, KeywordCalls):
+            continue
+        names = [n for n in module.called if f"{family}.{n}" not in reported]
+        looked_up = looked_up or bool(names)
+        found += [f"{family}.{name}: {message}" for name, (_, message) in module.drift().items() if name in names]
     return looked_up, found
 
 
