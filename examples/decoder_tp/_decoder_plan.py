@@ -79,7 +79,7 @@ def tensor_parallel(model: nn.Module, tp, kv_head=kv_head_of_rank) -> None:
 
 def key_value_heads_whole(attention: nn.Module, tp, head: int) -> None:
     """kv_heads < tp: wk and wv replicated over tp (each rank computes every key/value head), and the attention takes
-    key/value head `head` for this rank's query heads, as Megatron and vLLM replicate key/value heads."""
+    key/value head `head` for this rank's query heads, as vLLM replicates key/value heads (num_kv_head_replicas)."""
     for linear in (attention.wk, attention.wv):  # the input is the attention's replicated DTensor
         distribute_module(linear, tp, output_fn=lambda module, out, mesh: out.to_local())
     attention.select_kv = lambda x: _copy_to_tp(x, tp)[:, :, head:head + 1]
