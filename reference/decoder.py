@@ -9,6 +9,7 @@ model, and `loss`, the mean next-token negative log-likelihood its training step
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +75,9 @@ class Attention(nn.Module):
         self.rope = Rotary(self.head_dim)
         # where this rank's sequence starts, or its positions (a context-parallel plan sets them)
         self.position_offset: int | torch.Tensor = 0
+        # this rank's key/value heads out of all of them, where a tensor-parallel plan keeps wk/wv whole because TP
+        # splits the query heads finer than the key/value heads (kv_heads < tp); None: k's and v's heads as they come
+        self.select_kv: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         b, s, _ = x.shape
@@ -82,6 +86,8 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, self.head_dim)
         q = self.rope(q, self.position_offset, position_ids)
         k = self.rope(k, self.position_offset, position_ids)
+        if self.select_kv is not None:
+            k, v = self.select_kv(k), self.select_kv(v)
         rep = q.shape[2] // k.shape[2]  # grouped heads: each key/value head serves `rep` query heads
         k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)

@@ -65,9 +65,7 @@ def profile(rows: pd.DataFrame) -> pd.DataFrame:
 def first_divergence(rows: pd.DataFrame) -> str | None:
     """The first failing model check of the item (a module's, the loss, or a parameter's) as the findings line
     names it (model_order.summary: step order, then the case's output order), or None where none fails."""
-    failing = [c for c in dict.fromkeys(rows.loc[rows["status"].isin(FAILING), "check"].map(str))
-               if model_order.step_order(c) is not None]
-    return min(failing, key=model_order.step_order) if failing else None  # min: the first of equals, as sorted()
+    return model_order.first_check(list(rows.loc[rows["status"].isin(FAILING), "check"].map(str)))
 
 
 def draw(rows: pd.DataFrame, path: Path, title: str) -> pd.DataFrame:

@@ -24,6 +24,17 @@ from shardcheck.reports.model_chart import model_charts  # noqa: E402
 HEATMAP = "agreement_heatmap.png"
 
 
+def uses_lines(df: pd.DataFrame) -> list[str]:
+    """'- decoder.parallelize (its own decoder=...) calls cp_utils=..., model_utils=...': the module of every
+    family each case that uses others (Case.uses) ran with, from its rows' `uses_impl`."""
+    if "uses_impl" not in df:
+        return []
+    rows = df[df["uses_impl"].map(lambda u: isinstance(u, dict))].drop_duplicates("op")
+    return [f"- {r['op']} (its own {r['family']}={r['impl']}) calls "
+            + ", ".join(f"{fam}={spec}" for fam, spec in sorted(r["uses_impl"].items()))
+            for r in rows.to_dict("records")]
+
+
 def _topology(df: pd.DataFrame) -> pd.Series:
     return "dp" + df["dp"].astype(str) + "-cp" + df["cp"].astype(str) + "-tp" + df["tp"].astype(str)
 
@@ -364,6 +375,7 @@ def build(run_dir: str | Path) -> list[Path]:
     header += [f"- {note}" for note in meta.get("shim_notes", [])]  # CPU shims the run used (harness/shims)
     if meta.get("impl"):  # each family's module under test, the families a model case uses included
         header.append("- modules under test: " + ", ".join(f"{fam}={spec}" for fam, spec in sorted(meta["impl"].items())))
+    header += uses_lines(df)
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
     findings = causes(df)  # grouping every non-passing row: once for both pages
     known = known_failures(df)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import shlex
 
+import pandas as pd
 import pytest
 import torch
 
 from shardcheck import ModelCase
 from shardcheck.harness.core.compare import BudgetScope, budget
 from shardcheck.harness.findings import model_order
+from shardcheck.harness.findings.causes import causes
 from shardcheck.harness.rank.suite_loader import load_suite, suite_cases
 from helpers import BROKEN, ROOT
 
@@ -67,6 +69,32 @@ def test_step_order_and_the_summary_name_the_first_divergence():
     assert "wrong parameters: n.weight, m.weight" in only_params  # in the order of the case's outputs
 
 
+def test_the_first_divergence_and_the_worst_name_one_parameter():
+    # two parameters wrong, the second by more: the line names the first in the case's output order, both halves
+    def row(check, ratio=None, tp=2, rank=0):
+        status = "fail" if ratio else "pass"
+        return {"op": "m.parallelize", "case_id": "c", "status": status, "check": check, "dp": 1, "cp": 1, "tp": tp,
+                "dtype": "float64", "params": {"model": True}, "err_ratio": ratio, "mismatch": None,
+                "message": f"rank {rank} (dp=0, cp=0, tp={rank}): |err| {ratio}" if ratio else "", "rerun": "rerun",
+                "symptom": "values" if ratio else None, "culprit_ranks": [rank], "blocked_ranks": [],
+                "error_type": None, "error_message": None, "error_where": None, "phase": None}
+    wrong = {"forward:dparam:a.weight": (5.0, 1), "forward:dparam:b.weight": (50.0, 0),
+             "forward:step:a.weight": (3.0, 1), "forward:step:b.weight": (30.0, 0)}
+    rows = [row(check, ratio, rank=rank) for check, (ratio, rank) in wrong.items()]
+    rows += [row("forward:dparam:a.weight", 4.0, rank=0)]  # the same check on another rank: not its worst
+    rows += [row(c, tp=2) for c in ("forward:act00:x", "forward:loss")]
+    rows += [row(c, tp=1) for c in (*wrong, "forward:act00:x", "forward:loss")]
+    failing = [r for r in rows if r["status"] == "fail"]
+    assert model_order.first_check([r["check"] for r in failing]) == "forward:dparam:a.weight"
+    assert model_order.first_row(failing, lambda r: r["err_ratio"]) is rows[0]
+    table = causes(pd.DataFrame(rows))
+    assert len(table) == 1
+    cause = table.iloc[0]
+    assert cause.checks.startswith("first diverging: parameter a.weight (gradient) [forward:dparam:a.weight]")
+    assert "wrong parameters: a.weight, b.weight" in cause.checks
+    assert cause.worst.startswith("[forward:dparam:a.weight] err/budget 5: rank 1 (dp=0, cp=0, tp=1)"), cause.worst
+
+
 def test_a_tensor_budget_covers_rows_that_are_exact_zeros_on_one_device():
     gen = torch.Generator().manual_seed(0)
     golden = torch.randn(4, 8, generator=gen, dtype=torch.float64)
@@ -92,7 +120,7 @@ def test_decoder_plan_passes_over_every_dp_cp_tp_at_world_sizes_1_2_4(run_shardc
     every = {f"dp{dp}-cp{cp}-tp{tp}" for dp in (1, 2, 4) for cp in (1, 2, 4) for tp in (1, 2, 4) if dp * cp * tp <= 4}
     assert _topologies(rows) == every  # TP + SP, torch's context_parallel, FSDP2 and every mix of them
     assert set(rows["case_id"]) == {"mha", "gqa", "odd-vocab"}
-    assert set(rows[rows["case_id"] == "gqa"]["tp"]) == {1, 2}  # 2 key/value heads: TP up to 2
+    assert set(rows[rows["case_id"] == "gqa"]["tp"]) == {1, 2, 4}  # 2 key/value heads: split at TP 2, whole at TP 4
     checks = set(rows["check"])
     assert {"forward:loss", "forward:act00:tok_embeddings", "forward:act05:layers.0.attention.rope",
             "forward:dparam:norm.weight", "forward:step:output.weight"} <= checks
@@ -100,24 +128,29 @@ def test_decoder_plan_passes_over_every_dp_cp_tp_at_world_sizes_1_2_4(run_shardc
     assert any(n.startswith("used shardcheck's CPU shim for torch context parallelism") for n in notes)
 
 
-@pytest.mark.parametrize("bug, case, first, params, where", [
+@pytest.mark.parametrize("bug, case, first, params, where, sizes", [
     ("norm_grad_not_reduced", "mha", "first diverging: parameter layers.0.attention_norm.weight (gradient)",
-     "wrong parameters: layers.0.attention_norm.weight, layers.1.attention_norm.weight", {"dp1-cp1-tp2"}),
+     "wrong parameters: layers.0.attention_norm.weight, layers.1.attention_norm.weight", {"dp1-cp1-tp2"}, "1,2"),
     ("rowwise_output_partial", "mha", "first diverging: module layers.0.attention.wo (output, forward)",
-     "parameter(s) wrong", {"dp1-cp1-tp2"}),
+     "parameter(s) wrong", {"dp1-cp1-tp2"}, "1,2"),
     ("rotary_not_offset", "mha", "first diverging: module layers.0.attention.rope (output, forward)",
-     "parameter(s) wrong", {"dp1-cp2-tp1"}),
+     "parameter(s) wrong", {"dp1-cp2-tp1"}, "1,2"),
     ("loss_local_mean_summed", "mha", "first diverging: the loss [forward:loss]", "parameter(s) wrong",
-     {"dp2-cp1-tp1", "dp1-cp2-tp1"}),
+     {"dp2-cp1-tp1", "dp1-cp2-tp1"}, "1,2"),
     ("vocab_padded_with_zeros", "odd-vocab", "first diverging: the loss [forward:loss]", "parameter(s) wrong",
-     {"dp1-cp1-tp2"}),
+     {"dp1-cp1-tp2"}, "1,2"),
+    # 2 key/value heads at TP 4, each rank's picked round-robin: wk/wv agree, the attention's output (wo's) does not
+    ("kv_heads_split_as_if_tp_divided", "gqa", "first diverging: module layers.0.attention.wo (output, forward)",
+     "parameter(s) wrong", {"dp1-cp1-tp4"}, "4"),
 ])
-def test_each_broken_plan_is_one_finding_at_its_first_divergence(run_shardcheck, bug, case, first, params, where):
+def test_each_broken_plan_is_one_finding_at_its_first_divergence(run_shardcheck, bug, case, first, params, where,
+                                                                 sizes):
     impl = f"decoder_tp={BROKEN / 'decoder_tp' / bug}.py"
-    run = run_shardcheck(*DECODER_RUN[:-1], case, "--world-sizes", "1,2", "--dtype", "float64", "--impl", impl)
+    run = run_shardcheck(*DECODER_RUN[:-1], case, "--world-sizes", sizes, "--dtype", "float64", "--impl", impl)
     assert run.returncode == 1
     cause = _first_cause(run)
     assert cause.checks.startswith(first) and params in cause.checks, cause.checks
+    assert cause.worst.startswith(f"[{cause.checks.split('[')[1].split(']')[0]}]")  # the same check, both halves
     assert "tp=1" in cause.worst or "tp=0" in cause.worst  # a rank and its mesh coordinates
     assert any(t in cause.worst for t in where) and _topologies(run.failed()) == where
     # its rerun line alone reproduces it

@@ -120,3 +120,43 @@ def test_an_impl_of_a_used_family_that_does_not_import_is_one_usage_line(run_sha
     run = run_shardcheck(*RUN, "--topology", "dp=1,cp=1,tp=1", "--impl", f"model_utils={bad}")
     assert run.returncode == 2
     assert "--impl model_utils=" in run.stderr and "cannot import" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_drifted_signature_of_a_function_the_step_calls_is_the_model_cases_finding(run_shardcheck):
+    # make_cp_batch_and_ctx drifted (keyword-only) and make_cp_batch_for_te too, which the step never calls
+    drifted = f"cp_utils={BROKEN / 'cp_utils' / 'make_cp_batch_keyword_only.py'}"
+    run = run_shardcheck(*RUN, "--topology", "dp=1,cp=2,tp=1", "--topology", "dp=1,cp=1,tp=2", "--impl", drifted)
+    assert run.returncode == 1
+    cause = _one_cause(run)
+    assert cause.op == "decoder.parallelize" and cause.checks == "property:signature"
+    assert cause.kind.startswith("rank 0 (dp=0, cp=0, tp=0): cp_utils.make_cp_batch_and_ctx: signature: "
+                                 "keyword-only parameter(s) the seed takes by position: loss_mask, use_te"), cause.kind
+    assert "make_cp_batch_for_te" not in cause.kind and "before any case ran" not in cause.condition
+    rows = run.rows
+    signature = rows[rows["check"] == "property:signature"]
+    assert list(signature["status"]) == ["fail", "fail"] and set(signature["case_id"]) == {"step"}
+    assert (rows.loc[rows["check"] != "property:signature", "status"] == "pass").all()  # called by keyword: right
+    again = run_shardcheck(*shlex.split(cause.rerun)[1:])
+    assert again.returncode == 1 and _one_cause(again).checks == "property:signature"
+    # the op selected too: its own signature row, before any case, is the one line (not the model's as well)
+    both = run_shardcheck("run", "--op", "cp_utils.make_cp_batch_and_ctx,decoder.parallelize", "--quick",
+                          "--topology", "dp=1,cp=2,tp=1", "--dtype", "float64", "--impl", drifted)
+    assert both.returncode == 1 and _one_cause(both).op == "cp_utils.make_cp_batch_and_ctx"
+
+
+def test_rows_name_every_used_module_and_a_matching_signature_passes(run_shardcheck):
+    run = run_shardcheck(*RUN, "--topology", "dp=1,cp=2,tp=1", "--impl", CHUNKS_SWAPPED)
+    rows = run.rows
+    assert list(rows.loc[rows["check"] == "property:signature", "status"]) == ["pass"]
+    # `impl` is the case's own family's module; `uses_impl` every used family's, on every row of the item
+    swapped = CHUNKS_SWAPPED.split("=", 1)[1]
+    used = {"cp_utils": swapped, "model_utils": "shardcheck.distributed_impl.model_utils",
+            "distributed_utils": "shardcheck.distributed_impl.distributed_utils"}
+    assert set(rows["impl"]) == {"shardcheck.distributed_impl.decoder"}
+    assert all(u == used for u in rows["uses_impl"]), rows["uses_impl"].iloc[0]
+    report = (run.out / "report.md").read_text()
+    assert (f"- decoder.parallelize (its own decoder=shardcheck.distributed_impl.decoder) calls cp_utils={swapped}, "
+            "distributed_utils=shardcheck.distributed_impl.distributed_utils, "
+            "model_utils=shardcheck.distributed_impl.model_utils") in report
+    ours = run_shardcheck(*RUN, "--topology", "dp=1,cp=2,tp=1")  # our own modules: nothing to compare
+    assert ours.returncode == 0 and "property:signature" not in set(ours.rows["check"])

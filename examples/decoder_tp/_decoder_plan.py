@@ -2,7 +2,8 @@
 
 - `tp`: tensor parallel with sequence parallelism (embedding row-wise into sequence-sharded activations,
   sequence-parallel norms, column-wise q/k/v and w1/w3, row-wise wo and w2 back to the sequence shards, a
-  column-wise output projection gathering the logits);
+  column-wise output projection gathering the logits); where TP splits the query heads finer than the key/value
+  heads (kv_heads < tp), wk and wv are kept whole on every rank, which takes the key/value head its query heads use;
 - `cp`: torch's `context_parallel` (SDPA becomes ring attention; on CPU through shardcheck's shim), the batch in
   torch's head-tail load-balanced layout, and the rotary positions a buffer it shards the same way;
 - `dp` (and `cp`): FSDP2 (`fully_shard`) per block and at the root over the flattened dp x cp mesh, which also
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
 from torch.distributed.tensor.experimental import context_parallel
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
                                                parallelize_module)
@@ -45,7 +46,13 @@ def sequence_and_data_parallel(model: nn.Module, ctx) -> None:
         data_parallel(model, ctx.mesh["dp", "cp"]._flatten("dp_cp"))
 
 
-def tensor_parallel(model: nn.Module, tp) -> None:
+def kv_head_of_rank(rank: int, tp: int, kv_heads: int) -> int:
+    """The key/value head TP rank `rank` needs when kv_heads < tp: its query heads [rank·H/tp, (rank+1)·H/tp) all
+    use kv head h // (H/kv_heads), which is rank·kv_heads // tp (vLLM's tp_rank // num_kv_head_replicas)."""
+    return rank * kv_heads // tp
+
+
+def tensor_parallel(model: nn.Module, tp, kv_head=kv_head_of_rank) -> None:
     parallelize_module(model, tp, {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
@@ -56,8 +63,6 @@ def tensor_parallel(model: nn.Module, tp) -> None:
             "attention_norm": SequenceParallel(),
             "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
             "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
             "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
@@ -65,6 +70,25 @@ def tensor_parallel(model: nn.Module, tp) -> None:
             "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
             "feed_forward.w3": ColwiseParallel(),
         })
+        kv_heads = block.attention.wk.out_features // block.attention.head_dim
+        if kv_heads % tp.size() == 0:
+            parallelize_module(block, tp, {"attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel()})
+        else:
+            key_value_heads_whole(block.attention, tp, kv_head(tp.get_local_rank(), tp.size(), kv_heads))
+
+
+def key_value_heads_whole(attention: nn.Module, tp, head: int) -> None:
+    """kv_heads < tp: wk and wv replicated over tp (each rank computes every key/value head), and the attention takes
+    key/value head `head` for this rank's query heads, as vLLM replicates key/value heads (num_kv_head_replicas)."""
+    for linear in (attention.wk, attention.wv):  # the input is the attention's replicated DTensor
+        distribute_module(linear, tp, output_fn=lambda module, out, mesh: out.to_local())
+    attention.select_kv = lambda x: _copy_to_tp(x, tp)[:, :, head:head + 1]
+
+
+def _copy_to_tp(x: torch.Tensor, tp) -> torch.Tensor:
+    """Identity forward, gradient summed over tp backward (Megatron's copy_to_tensor_model_parallel_region): each
+    rank's gradient of the whole k (or v) is its own query heads' share of it."""
+    return DTensor.from_local(x, tp, [Replicate()], run_check=False).to_local(grad_placements=[Partial()])
 
 
 def data_parallel(model: nn.Module, mesh) -> None:

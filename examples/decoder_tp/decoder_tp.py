@@ -4,8 +4,9 @@ FSDP2 over dp x cp), checked module by module over one training step against the
 
     shardcheck run --suite-path examples/decoder_tp
 
-A `ModelCase` per configuration: multi-head attention (every TP degree) and grouped key/value heads (TP up to the
-number of key/value heads), and a vocabulary (31) TP does not divide.  The batch is laid out as the plan's ranks hold it: split over dp, in torch's head-tail
+A `ModelCase` per configuration: multi-head attention (every TP degree), grouped key/value heads (2 of them: TP 2
+splits them, TP 4 keeps them whole and each rank takes the one its query heads use), and a vocabulary (31) TP does
+not divide.  The batch is laid out as the plan's ranks hold it: split over dp, in torch's head-tail
 load-balanced layout over cp (what context_parallel's sharder gives); each rank's loss is its summand of the mean.
 Any failing step is one finding naming the first module where the sharded model leaves the single-device one.
 """
@@ -44,7 +45,9 @@ def loss(logits, inputs, ctx) -> torch.Tensor:
 
 def _supports(cfg: Config):
     def fits(t) -> bool:
-        return (cfg.kv_heads % t.tp == 0 and BATCH % t.dp == 0
+        # kv_heads < tp: as many key/value heads as TP splits the query heads into, or a whole number of them
+        heads = cfg.heads % t.tp == 0 and (cfg.kv_heads % t.tp == 0 or t.tp % cfg.kv_heads == 0)
+        return (heads and BATCH % t.dp == 0
                 and SEQ % (2 * t.cp) == 0 and (SEQ // t.cp) % t.tp == 0)
     return fits
 

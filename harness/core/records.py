@@ -144,6 +144,7 @@ class _Row(TypedDict):
 class ResultRow(_Row, total=False):
     """One row of results.jsonl: one check of one item (op, case, topology, dtype)."""
     rerun: str  # on every row but pass and skip: a `shardcheck run` command that runs this item alone
+    uses_impl: dict  # on rows of a case that calls other families (Case.uses): {family: its module under test}
     xfail_reason: str  # on xfail and xpass rows: the case's KnownFailure (shardcheck.harness.core.case), its reason
     xfail_reference: str  # and its reference (an upstream issue), "" when it gives none
     rule_source: Optional[str]  # where the check's rule comes from: "seed" or "ours" (shardcheck.harness.core.case.Rule)

@@ -275,6 +275,9 @@ class Collector:
             "world_size": item.world_size, "dtype": item.dtype, "device": self.plan.device, "backend": self.plan.backend,
             "seed": item.seed, "check": check, **merged,
         }
+        uses = self.plan.uses.get(item.op)
+        if uses:  # the other families' modules the case called (Case.uses): `impl` stays its own family's
+            row["uses_impl"] = {fam: self.plan.impl.get(fam) for fam in uses}
         if merged["status"] not in (Status.PASS, Status.SKIP):  # findings, and known failures (the report lists their reruns)
             row["rerun"] = rerun_command(self.plan, item)
         return row

@@ -259,6 +259,8 @@ def _worst_text(row, status: str, limit: int = 300) -> str:
     else:
         ratio = _ratio(row)
         text = (f"err/budget {ratio:.3g}: " if status != Status.ERROR and math.isfinite(ratio) else "") + str(row.get("message") or "")
+        if model_order.step_order(str(row.get("check"))) is not None:  # which module or parameter the numbers are of
+            text = f"[{row['check']}] {text}"
     limit = limit * 2 if symptom in (Symptom.HUNG, Symptom.DIED) else limit  # where each rank was takes room
     text = text if len(text) <= limit else text[:limit - 1] + "…"
     return f"{text} ({row['op']} [{row.get('case_id')}] dp{row['dp']}-cp{row['cp']}-tp{row['tp']} {row['dtype']})"
@@ -376,7 +378,7 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
         worst = model_order.first_row(records, _ratio) or worst
     rerun = worst.get("rerun") if isinstance(worst.get("rerun"), str) else next(
         (r["rerun"] for r in records if isinstance(r.get("rerun"), str)), None)
-    if (rows["check"] == SIGNATURE_CHECK).all():
+    if (rows["check"] == SIGNATURE_CHECK).all() and (rows["case_id"] == "signature").all():  # not a used family's
         condition = "of the module, found before any case ran"
     elif status == Status.XPASS:  # where the mark no longer holds, rather than what separates it from the passing rows
         condition = f"in {_items(rows)} item(s) {_where(rows)}"

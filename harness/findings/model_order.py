@@ -24,29 +24,36 @@ def _subject(check: str) -> tuple[str, str]:
     return ("loss", "loss") if m.group(4) else (m.group(5), m.group(6))
 
 
+def first_check(checks: list[str]) -> str | None:
+    """The first model check in step order; of equals (parameters share their stage's place), the first in `checks`
+    (the case's output order).  The one check a finding's "first diverging" and its "worst:" both name."""
+    model = [c for c in dict.fromkeys(map(str, checks)) if step_order(c) is not None]
+    return min(model, key=step_order) if model else None  # min: the first of equals
+
+
 def first_row(rows: list[dict], ratio) -> dict | None:
-    """The row of the first failing check in step order (the worst of its ranks), or None without model checks."""
-    ordered = [(step_order(r["check"]), r) for r in rows]
-    ordered = [(o, r) for o, r in ordered if o is not None]
-    if not ordered:
+    """The row of the first failing check (first_check: the one `summary` names), the worst of its ranks and items;
+    None without model checks."""
+    first = first_check([r["check"] for r in rows])
+    if first is None:
         return None
-    first = min(o for o, _ in ordered)
-    return max((r for o, r in ordered if o == first), key=lambda r: (math.isfinite(ratio(r)), ratio(r)))
+    return max((r for r in rows if str(r["check"]) == first), key=lambda r: (math.isfinite(ratio(r)), ratio(r)))
 
 
 def summary(checks: list[str]) -> str | None:
     """'first diverging: module layers.0.attention.wo (output, forward); 12 checks after it; wrong parameters: ...'
     for a cause's checks, or None without model checks."""
-    # (stable: parameters, which share their stage's place, stay in the order of the case's outputs)
-    model = sorted((c for c in dict.fromkeys(checks) if step_order(c) is not None), key=step_order)
-    if not model:
+    first = first_check(checks)  # the check first_row's "worst:" row is of
+    if first is None:
         return None
-    kind, name = _subject(model[0])
+    # (stable: parameters, which share their stage's place, stay in the order of the case's outputs; model[0] is first)
+    model = sorted((c for c in dict.fromkeys(map(str, checks)) if step_order(c) is not None), key=step_order)
+    kind, name = _subject(first)
     what = ("the loss" if kind == "loss" else f"parameter {name} ({_WORDS[kind]})" if kind in ("dparam", "step")
             else f"module {name} ({_WORDS[kind]}, {'forward' if kind == 'act' else 'backward'})")
     params = list(dict.fromkeys(_subject(c)[1] for c in model if _subject(c)[0] in ("dparam", "step")))  # step order
     others = [c for c in checks if step_order(c) is None]
-    parts = [f"first diverging: {what} [{model[0]}]"]
+    parts = [f"first diverging: {what} [{first}]"]
     if len(model) > 1:
         parts.append(f"{len(model) - 1} check(s) after it, its consequences")
     if params and kind in ("dparam", "step"):

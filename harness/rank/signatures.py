@@ -50,7 +50,28 @@ def under_test(family: str, spec: str, default: str | None) -> Any:
     """The module under test as the ranks call it: someone else's module (not the family's default) calls its
     ops by the default's parameter names (KeywordCalls)."""
     module = resolve_impl(family, spec)
-    return KeywordCalls(module, seed_module(family, default)) if is_foreign(spec, default) else module
+    return KeywordCalls(module, seed_module(family, default), family, default) if is_foreign(spec, default) else module
+
+
+def used_by_one_case(module: Any) -> Any:
+    """A used family's module (Case.uses) for one case's run: someone else's module as a fresh KeywordCalls that
+    records the seed functions this case looks up (used_drift), so that it is judged on those alone."""
+    return module.fresh() if isinstance(module, KeywordCalls) else module
+
+
+def used_drift(modules: dict[str, Any], reported: set[str] = frozenset()) -> tuple[bool, list[str]]:
+    """(whether any used family is someone else's module and the case looked up a seed function of it, the
+    drifts: 'cp_utils.make_cp_batch_and_ctx: signature: ...') of a case's used modules (used_by_one_case) after
+    its run.  The drift of a function the case never called is not its finding: the family's own suite has it; nor
+    is one of an op in `reported` (selected in the run: its own signature row, before any case, is the one line)."""
+    looked_up, found = False, []
+    for family, module in sorted(modules.items()):
+        if not isinstance(module, KeywordCalls):
+            continue
+        names = [n for n in module.called if f"{family}.{n}" not in reported]
+        looked_up = looked_up or bool(names)
+        found += [f"{family}.{name}: {message}" for name, (_, message) in module.drift().items() if name in names]
+    return looked_up, found
 
 
 def call_signature(obj: Any) -> inspect.Signature | None:
@@ -199,16 +220,28 @@ class _FunctionByKeyword:
 
 
 class KeywordCalls:
-    """A module under test whose seed-named functions and autograd Functions are called by keyword."""
+    """A module under test whose seed-named functions and autograd Functions are called by keyword; `called`: the
+    seed names looked up through it, in order (family, default: what `drift` compares them with)."""
 
-    def __init__(self, module: ModuleType, seed: ModuleType):
+    def __init__(self, module: ModuleType, seed: ModuleType, family: str = "", default: str | None = None):
         self._module, self._seed = module, seed
+        self._family, self._default = family, default
+        self.called: dict[str, None] = {}
+
+    def fresh(self) -> KeywordCalls:
+        """The same module with nothing recorded yet."""
+        return KeywordCalls(self._module, self._seed, self._family, self._default)
+
+    def drift(self) -> dict[str, tuple[str, str]]:
+        """{name: (status, message)} of the recorded names whose signature differs from the seed's (check_names)."""
+        return check_names(self._family, self._module, list(self.called), self._default)
 
     def __getattr__(self, name: str):
         value = getattr(self._module, name)
         seed_sig = call_signature(getattr(self._seed, name, None))
         if seed_sig is None:
             return value
+        self.called[name] = None
         if inspect.isclass(value) and issubclass(value, torch.autograd.Function):
             return _FunctionByKeyword(value, seed_sig)
         if inspect.isfunction(value):

@@ -49,12 +49,12 @@ from shardcheck.harness.core.events import EXIT_PEER_STUCK, PIECES, STOP, Events
 from shardcheck.harness.core.plan_data import DTYPES, Item, Plan
 from shardcheck.harness.core.model_case import step_order
 from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
-from shardcheck.harness.rank.signatures import under_test
+from shardcheck.harness.rank.signatures import under_test, used_by_one_case, used_drift
 from shardcheck.harness.rank.fuzz_cases import fuzz_case
 from shardcheck.harness.rank.suite_loader import suite_cases, suite_fuzz_spaces
 from shardcheck.harness.core.topology import Topology, build_mesh, mesh_coords, mesh_dims
 from shardcheck.reference import low_precision_math
-from shardcheck.harness.core.records import Phase, Status, Symptom
+from shardcheck.harness.core.records import SIGNATURE_CHECK, Phase, Status, Symptom
 from shardcheck.harness.core.rules import is_ours, under_rule
 
 STUCK_LINGER = 5.0  # seconds a rank that found a peer missing stays up, so the driver takes every rank's stack first
@@ -349,6 +349,17 @@ class Worker:
                 return
         self.emit_comm(call.case, call.ctx, call.counter, call.emit_check)
         self._emit_properties(call.case, call.ctx, call.golden, call.local, outs, call.emit_check)
+        self._emit_used_signatures(call)
+
+    def _emit_used_signatures(self, call: _Call) -> None:
+        """property:signature of the functions the case called from the families it uses (Case.uses) where one is
+        someone else's module: called by keyword, a drift still runs, so it is a row of its own.  An op the run
+        selects has its own signature row already (harness/driver/run.py): not repeated here."""
+        reported = {i.op for i in self.plan.items} | set(self.plan.missing_ops)
+        looked_up, drift = used_drift(call.ctx.modules, reported)
+        if looked_up:
+            call.emit_check(SIGNATURE_CHECK, Status.FAIL if drift else Status.PASS, message="; ".join(drift),
+                            symptom=Symptom.SIGNATURE if drift else None)
 
     def _golden_step(self, item: Item, topo: Topology, mesh, contexts: contextlib.ExitStack) -> _Call | None:
         """The golden outputs and gradients, the rank's context and its pieces of the inputs."""
@@ -370,7 +381,7 @@ class Worker:
         ctx = RankContext(mesh=mesh, topology=topo, device=self.device, dtype=DTYPES[item.dtype],
                           full_shapes={k: tuple(v.shape) for k, v in golden.inputs.items()},
                           input_layouts=case.input_layouts, impl=impl, full_inputs=golden.inputs, contexts=contexts,
-                          params=case.params, modules={fam: self.impls[fam] for fam in case.uses})
+                          params=case.params, modules={fam: used_by_one_case(self.impls[fam]) for fam in case.uses})
         counter = CommCounter(group_dims(mesh) if case.comm else {}, enabled=case.comm is not None)
         return _Call(item, case, impl, mesh, ctx, golden, self._local_inputs(case, golden, mesh), counter, emit_check,
                      contexts)
