@@ -369,7 +369,10 @@ def layout_cases() -> list[Case]:
         Case(op=OP + "make_cp_batch_and_ctx", case_id="layout-b2s10-pad-masks", params={"B": 2, "S": 10},
              make_inputs=_layout_inputs, reference=lambda x: (), run=_batch_layout_run, output_layouts=(),
              output_names=(), properties=_batch_layout_properties, dtypes=("float64",), context_parallel=True,
-             supports=_single_dp),
+             supports=_single_dp,
+             # which of the batch's buffers stay sharded after exit is this op's choice (no-restore buffers), which
+             # the seed does not state; create_context_parallel_ctx's own case is the seed's ("no restore buffers")
+             rules={"property:after:*": ours(f"{DOC}#make_cp_batch_and_ctx")}),
         Case(op=OP + "create_context_parallel_ctx", case_id="layout-s16-dims-0-1-2-norestore", params={"S": 16},
              make_inputs=_ctx_layout_inputs, reference=lambda x: (), run=_ctx_layout_run, output_layouts=(),
              output_names=(), properties=_ctx_layout_properties, dtypes=("float64",), context_parallel=True,
@@ -668,8 +671,8 @@ RULES = {
     "property:noop:*": seed("make_cp_batch_and_ctx: 'If the input device_mesh is None or the size of the "
                             "context_parallel submesh is 1, this function is effectively a no-op.'"),
     "property:inside:*": _SHARDED,
-    # a mask left whole in a batch whose other tensors are sharded: the batch is not "accordingly sharded"
-    "property:attention_mask_dropped": _SHARDED,
+    # the seed does not say that attention_mask goes (a mask sharded with the rest is "accordingly sharded" too)
+    "property:attention_mask_dropped": ours(f"{DOC}#make_cp_batch_and_ctx"),
     "property:after:*": seed("create_context_parallel_ctx: 'cp_no_restore_buffers (Set[torch.Tensor]) – The no restore "
                              "buffers for context parallel.' (the others are restored)"),
     "property:created:*": ours(f"{DOC}#create_context_parallel_ctx"),
