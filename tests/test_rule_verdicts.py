@@ -4,6 +4,7 @@ docstring 5; harness/findings/verdicts.py)."""
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 
 import pandas as pd
@@ -110,6 +111,10 @@ def test_a_module_refusing_negative_targets_warns_naming_our_rule_and_exits_0(ru
     suites = ET.parse(junit).getroot()
     assert suites.get("errors") == "0" and suites.get("failures") == "0" and suites.get("tests") == "4"
     assert all("raised only on input our rule feeds" in e.text for e in suites.iter("system-out"))
+    report = (run.out / "report.md").read_text()
+    assert "6 warn, 0 fail, 0 error" in report and "WARN model_utils.DistributedLogprob: raises on input only" in report
+    summary = json.loads((run.out / "run.json").read_text())["summary"]
+    assert summary["error"] == 0 and summary["warn"] == 6
 
     strict = run_shardcheck("run", "--impl", impl, *LOGPROB)  # --strict: the warn fails the run
     assert strict.returncode == 1, strict.stdout[-3000:]
