@@ -58,6 +58,15 @@ def test_an_exception_only_on_input_our_rule_feeds_is_one_warn_line_under_impl()
                                               "feeds: ValueError")
 
 
+def test_without_a_seed_rule_case_that_ran_clean_there_the_line_stays_an_error():
+    """A run of only our-rule cases at a topology (a quick matrix, a --case pattern): nothing says that the input is
+    the trigger rather than the op (a rank's own RuntimeError would look the same), so the line stays an error."""
+    rows = _rows()
+    assert causes(rows[rows["case_id"] == "masked"]).iloc[0]["status"] == Status.ERROR
+    no_seed_at_tp2 = rows[~((rows["case_id"] == "plain") & (rows["tp"] == 2))]
+    assert causes(no_seed_at_tp2).iloc[0]["status"] == Status.ERROR
+
+
 def test_our_own_implementation_raising_on_our_rule_stays_an_error():
     table = causes(_rows(impl=None))
     assert list(table["status"]) == [Status.ERROR] and not table.iloc[0]["kind"].startswith(RAISES_ON_OURS)

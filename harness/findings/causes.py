@@ -34,8 +34,11 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    every op), a rank dying of a crash signal (SIGSEGV, SIGABRT, SIGBUS, ...) under the same condition.
 5. Whose rule, per line: under `--impl`, a line whose exception shows only on rows judged by rules of ours (every
    row of the line, its consequences included, has rule_source "ours") is a `warn`: "raises on input only our rule
-   feeds: ..." (loud on input the seed leaves open is acceptable, loud or right).  It is decided per line, after
-   the grouping by root, never per row: the same exception on a seed-rule case too keeps the one line an `error`.
+   feeds: ..." (loud on input the seed leaves open is acceptable, loud or right), where the evidence says that the
+   input is the trigger: at each op, topology and dtype of the line, a case judged by the seed's rules ran without
+   it (else, a run of only our-rule cases, the raise may be the op's own and the line stays an `error`).  It is
+   decided per line, after the grouping by root, never per row: the same exception on a seed-rule case too keeps the
+   one line an `error`.
    Our own implementations are held to our rules (no such warn).  shardcheck.harness.findings.verdicts then marks
    the line's rows `warn` (`demoted_from`: "error"), so that the exit code, the JUnit and the report say what the
    line says; this module reads such rows as the errors they were, and decides again, the same way.
@@ -315,8 +318,12 @@ def _third_party(spec) -> bool:
     return isinstance(spec, str) and not is_ours(spec)  # (None or NaN: the family's own implementation)
 
 
-def _demoted(c: dict, bad: pd.DataFrame) -> dict:
-    """`c`, a `warn` line if its exception shows only on rows judged by rules of ours, of modules under --impl."""
+WHERE = ["op", "dp", "cp", "tp", "dtype"]  # where a seed-rule case must have run without a demoted line's exception
+
+
+def _demoted(c: dict, bad: pd.DataFrame, seed_items: set) -> dict:
+    """`c`, a `warn` line if its exception shows only on rows judged by rules of ours, of modules under --impl, and
+    seed-rule cases ran without it at each op, topology and dtype it shows at (`seed_items`: their (op, item))."""
     if c["status"] != Status.ERROR or c["symptoms"] != {Symptom.EXCEPTION}:
         return c
     rows = bad.loc[c["members"]]
@@ -324,7 +331,20 @@ def _demoted(c: dict, bad: pd.DataFrame) -> dict:
         return c
     if not all(_third_party(spec) for spec in rows["impl"]):
         return c  # our own implementations: we hold ourselves to our rules
+    raised = set(map(tuple, rows[["op", *ITEM]].astype(str).values))
+    clean = {(op, *item[1:]) for op, *item in seed_items if (op, *item) not in raised}  # (op, dp, cp, tp, dtype)
+    if not set(map(tuple, rows[WHERE].astype(str).values)) <= clean:
+        return c  # no seed-rule case ran there without it: nothing says the input is the trigger
     return {**c, "status": Status.WARN, "kind": RAISES_ON_OURS + c["kind"], "demoted": True}
+
+
+def _seed_items(df: pd.DataFrame) -> set:
+    """(op, *ITEM) of the items whose values or gradients were judged by a rule of the seed's."""
+    if "rule_source" not in df:
+        return set()
+    judged = df[(df["rule_source"] == RuleSource.SEED) & df["check"].astype(str).str.match(r"forward|grad:")
+                & ~df["status"].isin([Status.SKIP, Status.XFAIL])]
+    return set(map(tuple, judged[["op", *ITEM]].astype(str).values))
 
 
 def _table(df: pd.DataFrame) -> list[dict]:
@@ -361,7 +381,8 @@ def _table(df: pd.DataFrame) -> list[dict]:
     for op in dict.fromkeys(s["ops"][0] for s in symptoms):
         of_op = [s for s in symptoms if s["ops"] == (op,)]
         table += _per_op(of_op, df[df["op"] == op], passing_of.get(op, empty), bad)
-    return [_demoted(c, bad) for c in _across_ops(table, bad, passing)]  # one root per line first, then whose rule
+    seed_items = _seed_items(df)
+    return [_demoted(c, bad, seed_items) for c in _across_ops(table, bad, passing)]  # one root per line, then whose rule
 
 
 def _not_run(rows: pd.DataFrame, skipped: pd.DataFrame) -> str:
