@@ -300,6 +300,19 @@ def _batch_layout_run(impl, ctx, x):
     return {"factory": train_ctx, "same_dict": out_batch is batch, "inside": inside, "after": after}
 
 
+def _mask_dropped(mask, local_len: int) -> Property:
+    """attention_mask gone from the batch inside the context: ours (docs/ops); kept but not sharded with the rest
+    (its sequence not `local_len` long), the seed's 'accordingly sharded' is broken too."""
+    if mask is None:
+        return Property("attention_mask_dropped", True, None, "")
+    if isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape[1] == local_len:
+        return Property("attention_mask_dropped", False, None, f"attention_mask is still in the batch, sharded "
+                        f"{tuple(mask.shape)} with the rest: dropped by our rule (CP attention is causal)")
+    shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+    return Property("attention_mask_dropped", False, None, f"attention_mask is still in the batch, {shape}, not sharded "
+                    f"with the rest ({local_len} positions per rank)", rule=_SHARDED)
+
+
 def _batch_layout_properties(ctx, full, local, outs):
     res = outs[0]
     cp, r = ctx.size("cp"), ctx.rank("cp")
@@ -313,8 +326,7 @@ def _batch_layout_properties(ctx, full, local, outs):
                               cp)
     s_pad = padded["input_ids"].shape[1]
     index = head_tail(s_pad, cp, r)
-    props = [Property("attention_mask_dropped", "attention_mask" not in res["inside"], None,
-                      "" if "attention_mask" not in res["inside"] else "attention_mask is still in the batch")]
+    props = [_mask_dropped(res["inside"].get("attention_mask"), s_pad // cp)]
     for k in ("input_ids", "labels", "position_ids", "loss_mask", "padding_mask"):
         expected = padded[k].expand(full["input_ids"].shape[0], -1) if k == "position_ids" else padded[k]
         where = f" (head-tail positions {index.tolist()} of {s_pad})"
@@ -671,7 +683,8 @@ RULES = {
     "property:noop:*": seed("make_cp_batch_and_ctx: 'If the input device_mesh is None or the size of the "
                             "context_parallel submesh is 1, this function is effectively a no-op.'"),
     "property:inside:*": _SHARDED,
-    # the seed does not say that attention_mask goes (a mask sharded with the rest is "accordingly sharded" too)
+    # the seed does not say that attention_mask goes (a mask sharded with the rest is "accordingly sharded" too); one
+    # kept whole breaks the seed's "accordingly sharded" as well, and its Property cites that (_mask_dropped)
     "property:attention_mask_dropped": ours(f"{DOC}#make_cp_batch_and_ctx"),
     "property:after:*": seed("create_context_parallel_ctx: 'cp_no_restore_buffers (Set[torch.Tensor]) – The no restore "
                              "buffers for context parallel.' (the others are restored)"),

@@ -514,7 +514,7 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
     hang) is a line of its own with the checks it caused; it never takes in a check that failed where it did not
     cause the failure, and two different crashes stay two lines."""
     failing = [s for s in symptoms if s["status"] in (Status.FAIL, Status.ERROR)]
-    warnings = [s for s in symptoms if s["status"] not in (Status.FAIL, Status.ERROR)]  # and known failures that pass: own lines
+    warnings = _same_items([s for s in symptoms if s["status"] not in (Status.FAIL, Status.ERROR)], passing, bad)
     crashes = [s for s in failing if _is_crash(s)]
     wrong = [s for s in failing if not _is_crash(s)]
     if len(crashes) == 1 and wrong:  # one trigger on the items for a crash and wrong answers: one bug, two faces
@@ -529,6 +529,18 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
             if condition.startswith("exactly"):
                 return [_merge(failing, condition, bad)] + warnings
     return crashes + _wrong_answers(wrong, rows, passing, bad, crashes) + warnings
+
+
+def _same_items(warnings: list[dict], passing: pd.DataFrame, bad: pd.DataFrame) -> list[dict]:
+    """Warnings with their own lines (a precision or communication finding, a known failure that passes), except
+    properties that warn in the same items (failures of rules of ours under --impl, core/rules.py): one cause, as
+    they would be as failures (several buffers of one batch left whole after exit)."""
+    groups: dict = {}
+    for s in warnings:
+        key = (frozenset(s["items"]),) if s["status"] == Status.WARN and s["symptoms"] == {Symptom.PROPERTY} else id(s)
+        groups.setdefault(key, []).append(s)
+    return [g[0] if len(g) == 1 else _merge(g, separating_condition(
+        bad.loc[[i for s in g for i in s["rows"]]], passing), bad) for g in groups.values()]
 
 
 def _wrong_answers(failing: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad: pd.DataFrame,
