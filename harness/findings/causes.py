@@ -28,7 +28,8 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    sum of wrong losses is wrong wherever it is checked), so "grad:student_logits wrong exactly at
    tp ≥ 2" and a hang stand beside "forward wrong everywhere".  Otherwise, when every item fails
    somewhere, it is one bug; else symptoms that share items are one cause.  Two different crashes
-   stay two causes.
+   stay two causes.  Warnings keep lines of their own, except properties warning in the same items (failures of
+   rules of ours under --impl): one cause, as they would be as failures.
 4. Causes across ops: one root is one line naming its ops: the same exception raised at the same line
    (a helper several ops share), the same warning over the module (float64 computed in float32 in
    every op), a rank dying of a crash signal (SIGSEGV, SIGABRT, SIGBUS, ...) under the same condition.
