@@ -332,7 +332,11 @@ def _batch_layout_properties(ctx, full, local, outs):
         where = f" (head-tail positions {index.tolist()} of {s_pad})"
         props.append(_equal(f"inside:{k}", res["inside"].get(k), expected.index_select(1, index), where))
         after = expected if k == "position_ids" else expected.index_select(1, index)  # only position_ids restored
-        props.append(_equal(f"after:{k}", res["after"].get(k), after, " after exit"))
+        prop = _equal(f"after:{k}", res["after"].get(k), after, " after exit")
+        got = res["after"].get(k)
+        if not prop.passed and isinstance(got, torch.Tensor) and got.shape == after.shape:
+            prop.rule = _SHARDED  # restored or not as ours says, wrong values: the seed's, as inside the context
+        props.append(prop)
     return props
 
 
