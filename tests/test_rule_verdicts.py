@@ -142,3 +142,26 @@ def test_the_same_raise_on_valid_ids_too_stays_one_error_line_and_exits_1(run_sh
     assert line["kind"] == f"ValueError: target ids must lie in [N, N) (target_check_local_vocab.py:{raise_line})"
     assert "rule: seed" in line["rule"] and "rule: ours" in line["rule"]
     assert "demoted_from" not in run.rows or run.rows["demoted_from"].isna().all()
+
+
+def test_settle_rewrites_only_the_demoted_rows_and_the_summary(tmp_path):
+    from shardcheck.harness.core.records import RESULTS, RUN_META, load
+    from shardcheck.harness.findings.verdicts import settle
+
+    def write(rows: pd.DataFrame, where):
+        where.mkdir()
+        (where / RESULTS).write_text("".join(json.dumps(r) + "\n" for r in rows.to_dict("records")))
+        (where / RUN_META).write_text(json.dumps({"run_id": "r", "summary": {"pass": 2, "warn": 0, "error": 6}}))
+        return where
+
+    run = write(_rows(), tmp_path / "demoted")
+    counts = settle(run, {Status.PASS: 2, Status.WARN: 0, Status.ERROR: 6})
+    assert counts[Status.ERROR] == 0 and counts[Status.WARN] == 6
+    assert json.loads((run / RUN_META).read_text())["summary"]["warn"] == 6
+    rows = load(run)
+    assert list(rows["status"]).count(Status.WARN) == 6 and set(rows["demoted_from"].dropna()) == {"error"}
+    assert len(causes(rows)) == 1 and causes(rows).iloc[0]["status"] == Status.WARN
+
+    kept = write(_rows(seed_case_raises=True), tmp_path / "kept")  # nothing demoted: nothing rewritten
+    before = (kept / RESULTS).read_bytes()
+    assert settle(kept, {Status.ERROR: 6}) == {Status.ERROR: 6} and (kept / RESULTS).read_bytes() == before
