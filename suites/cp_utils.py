@@ -300,6 +300,19 @@ def _batch_layout_run(impl, ctx, x):
     return {"factory": train_ctx, "same_dict": out_batch is batch, "inside": inside, "after": after}
 
 
+def _mask_dropped(mask, local_len: int) -> Property:
+    """attention_mask gone from the batch inside the context: ours (docs/ops); kept but not sharded with the rest
+    (its sequence not `local_len` long), the seed's 'accordingly sharded' is broken too."""
+    if mask is None:
+        return Property("attention_mask_dropped", True, None, "")
+    if isinstance(mask, torch.Tensor) and mask.ndim == 2 and mask.shape[1] == local_len:
+        return Property("attention_mask_dropped", False, None, f"attention_mask is still in the batch, sharded "
+                        f"{tuple(mask.shape)} with the rest: dropped by our rule (CP attention is causal)")
+    shape = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+    return Property("attention_mask_dropped", False, None, f"attention_mask is still in the batch, {shape}, not sharded "
+                    f"with the rest ({local_len} positions per rank)", rule=_SHARDED)
+
+
 def _batch_layout_properties(ctx, full, local, outs):
     res = outs[0]
     cp, r = ctx.size("cp"), ctx.rank("cp")
@@ -313,14 +326,17 @@ def _batch_layout_properties(ctx, full, local, outs):
                               cp)
     s_pad = padded["input_ids"].shape[1]
     index = head_tail(s_pad, cp, r)
-    props = [Property("attention_mask_dropped", "attention_mask" not in res["inside"], None,
-                      "" if "attention_mask" not in res["inside"] else "attention_mask is still in the batch")]
+    props = [_mask_dropped(res["inside"].get("attention_mask"), s_pad // cp)]
     for k in ("input_ids", "labels", "position_ids", "loss_mask", "padding_mask"):
         expected = padded[k].expand(full["input_ids"].shape[0], -1) if k == "position_ids" else padded[k]
         where = f" (head-tail positions {index.tolist()} of {s_pad})"
         props.append(_equal(f"inside:{k}", res["inside"].get(k), expected.index_select(1, index), where))
         after = expected if k == "position_ids" else expected.index_select(1, index)  # only position_ids restored
-        props.append(_equal(f"after:{k}", res["after"].get(k), after, " after exit"))
+        prop = _equal(f"after:{k}", res["after"].get(k), after, " after exit")
+        got = res["after"].get(k)
+        if not prop.passed and isinstance(got, torch.Tensor) and got.shape == after.shape:
+            prop.rule = _SHARDED  # restored or not as ours says, wrong values: the seed's, as inside the context
+        props.append(prop)
     return props
 
 
@@ -369,7 +385,10 @@ def layout_cases() -> list[Case]:
         Case(op=OP + "make_cp_batch_and_ctx", case_id="layout-b2s10-pad-masks", params={"B": 2, "S": 10},
              make_inputs=_layout_inputs, reference=lambda x: (), run=_batch_layout_run, output_layouts=(),
              output_names=(), properties=_batch_layout_properties, dtypes=("float64",), context_parallel=True,
-             supports=_single_dp),
+             supports=_single_dp,
+             # which of the batch's buffers stay sharded after exit is this op's choice (no-restore buffers), which
+             # the seed does not state; create_context_parallel_ctx's own case is the seed's ("no restore buffers")
+             rules={"property:after:*": ours(f"{DOC}#make_cp_batch_and_ctx")}),
         Case(op=OP + "create_context_parallel_ctx", case_id="layout-s16-dims-0-1-2-norestore", params={"S": 16},
              make_inputs=_ctx_layout_inputs, reference=lambda x: (), run=_ctx_layout_run, output_layouts=(),
              output_names=(), properties=_ctx_layout_properties, dtypes=("float64",), context_parallel=True,
@@ -668,8 +687,9 @@ RULES = {
     "property:noop:*": seed("make_cp_batch_and_ctx: 'If the input device_mesh is None or the size of the "
                             "context_parallel submesh is 1, this function is effectively a no-op.'"),
     "property:inside:*": _SHARDED,
-    # a mask left whole in a batch whose other tensors are sharded: the batch is not "accordingly sharded"
-    "property:attention_mask_dropped": _SHARDED,
+    # the seed does not say that attention_mask goes (a mask sharded with the rest is "accordingly sharded" too); one
+    # kept whole breaks the seed's "accordingly sharded" as well, and its Property cites that (_mask_dropped)
+    "property:attention_mask_dropped": ours(f"{DOC}#make_cp_batch_and_ctx"),
     "property:after:*": seed("create_context_parallel_ctx: 'cp_no_restore_buffers (Set[torch.Tensor]) – The no restore "
                              "buffers for context parallel.' (the others are restored)"),
     "property:created:*": ours(f"{DOC}#create_context_parallel_ctx"),

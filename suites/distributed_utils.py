@@ -387,10 +387,12 @@ def sync_case(kind: str, micro_batches: int = MICRO_BATCHES, batch: int = BATCH)
         supports=lambda t: _dp_only(t) and batch % t.dp == 0)
 
 
-def _process_case(op: str, case_id: str, run, properties, params: dict) -> Case:
+def _process_case(op: str, case_id: str, run, properties, params: dict, ends: bool = True) -> Case:
+    """`ends`: its properties include property:ranks_end (every rank ends by itself), cited per op (RANKS_END)."""
     return Case(op=OP + op, case_id=case_id, params=params, make_inputs=lambda gen: {}, reference=lambda x: (),
                 run=run, output_layouts=(), output_names=(), properties=lambda ctx, full, local, outs: properties(outs[0]),
-                dtypes=("float64",), supports=lambda t: t.size == 1)
+                dtypes=("float64",), supports=lambda t: t.size == 1,
+                rules={"property:ranks_end": RANKS_END[op]} if ends else {})
 
 
 RAISING_RANK = 2  # node 1's first rank: its node-mate waits in the barrier for it
@@ -429,9 +431,10 @@ def process_cases() -> list[Case]:
         _process_case("FirstRankPerNode", "2-nodes-of-2", first_rank_nodes, judge_first_rank_order,
                       {**nodes, "block_s": BLOCK_S, "process_group": "created by the op"}),
         _process_case("FirstRankPerNode", f"raises-on-rank-{RAISING_RANK}", first_rank_raises,
-                      lambda run: judge_first_rank_raise(run, RAISING_RANK), {**nodes, "raising_rank": RAISING_RANK}),
+                      lambda run: judge_first_rank_raise(run, RAISING_RANK), {**nodes, "raising_rank": RAISING_RANK},
+                      ends=False),
         _process_case("FirstRankPerNode", "no-distributed", first_rank_single, judge_no_distributed,
-                      {"world_size": 1}),
+                      {"world_size": 1}, ends=False),
         _process_case("_barrier_with_timeout", "late-rank", late_rank, judge_late_rank,
                       {"world_size": 3, "timeout_s": BARRIER_TIMEOUT_S, "slack_s": SLACK_S,
                        "late_rank": "arrives after the others returned", "deadline_s": PROCESS_DEADLINE_S}),
@@ -460,6 +463,16 @@ DOC = "docs/ops/distributed_utils.md"
 _FIRST = "FirstRankPerNode: "
 _BARRIER = "_barrier_with_timeout: 'Returns: True if barrier completed successfully, False if timeout occurred'"
 _LOG = "barrier_and_log: 'Perform a distributed barrier and then log a message on rank 0.'"
+# Every rank of a process case ends by itself: a rank that never returns (or dies) returns nothing the seed documents
+# for its op.  The sentence each op's return rests on (docs/ops/distributed_utils.md#rules-seed-or-ours, per case).
+RANKS_END = {
+    "FirstRankPerNode": seed("FirstRankPerNode.__exit__: 'If the current process was the first on its node, release "
+                             "the waiting peer ranks by issuing a barrier.'"),
+    "_barrier_with_timeout": seed("_barrier_with_timeout: 'A timeout wrapper for torch.distributed.barrier()'; "
+                                  "'Returns: True if barrier completed successfully, False if timeout occurred'"),
+    "_create_gloo_group": seed("_create_gloo_group: 'Returns: Gloo process group for barriers'"),
+    "barrier_and_log": seed(_LOG),
+}
 # Where each property's rule comes from (docs/ops/distributed_utils.md#rules-seed-or-ours lists them).
 RULES = {
     "property:detached": ours(f"{DOC}#reduce_loss"),
@@ -480,16 +493,15 @@ RULES = {
     "property:error_names_rank": ours(f"{DOC}#firstrankpernode"),
     "property:single_process_true": seed(_FIRST + "'Works on a single GPU (no env flags, no distributed "
                                                   "initialisation).'"),
-    # a rank that never returns (or dies) returns nothing the seed documents
-    "property:ranks_end": seed("_barrier_with_timeout: 'A timeout wrapper for torch.distributed.barrier()'; "
-                               "FirstRankPerNode.__exit__: 'Returns: False so that any exception ... is propagated'"),
     "property:on_time_true": seed(_BARRIER),
     "property:waiting_ranks_false_within_timeout": seed(_BARRIER),
     "property:late_rank_false": seed(_BARRIER),
-    # the barrier's own group times out; the training group it keeps apart must still work
+    # the barrier's own group times out; the training group it keeps apart must still work, and a timed-out
+    # barrier returns False (the caller goes on): the next one, reached by every rank, completes
     "property:groups_work_after": seed("_barrier_with_timeout: 'This approach creates a separate Gloo process group for "
                                        "barrier operations while keeping the main NCCL backend for training "
-                                       "operations.'"),
+                                       "operations.'; 'Returns: True if barrier completed successfully, False if "
+                                       "timeout occurred'"),
     "property:gloo_group_over_all_ranks": seed("_create_gloo_group: 'Create a Gloo process group for barrier "
                                                "operations.'"),
     "property:none_without_distributed": ours(f"{DOC}#_create_gloo_group"),

@@ -231,7 +231,9 @@ BROKEN_CASES = {  # name -> (case patterns to run, checks that must fail)
     "ring_no_causal_between_blocks": (["ctx-*b2s16*"], {"forward", "grad:wqkv"}),
     "merge_in_float32": (["ctx-alltoall-b2s16*"], {"grad:wqkv"}),
     "thd_mask_by_token_id": (["packs-sentinel", "chunks2"], {"property:padding_mask"}),
-    "restores_no_restore": (["layout-*"], {"property:after:kept", "property:after:labels"}),
+    # create_context_parallel_ctx's no-restore buffer restored: the seed's rule; the batch's labels that
+    # make_cp_batch_and_ctx passes it as no-restore restored too: which are no-restore is ours (a warn, under --impl)
+    "restores_no_restore": (["layout-*"], {"property:after:kept"}),
 }
 
 
@@ -257,5 +259,11 @@ def test_broken_implementation_is_caught(run_shardcheck, name):
     if name == "labels_padded_zero":  # 10 tokens padded to 12 at cp 2: rank 0 holds the two padded ones
         row = bad[bad["check"] == "property:inside:labels"].iloc[0]
         assert "expected -100, got 0" in row["message"]
+    if name == "restores_no_restore":
+        labels = rows[rows["check"] == "property:after:labels"]
+        assert len(labels) and (labels["status"] == "warn").all() and (labels["rule_source"] == "ours").all(), labels
+    if name == "attention_mask_kept":  # kept whole, not sharded with the rest: the seed's "accordingly sharded"
+        kept = rows[rows["check"] == "property:attention_mask_dropped"]
+        assert (kept["status"] == "fail").all() and (kept["rule_source"] == "seed").all(), kept
     if name == "ring_no_causal_between_blocks":  # rank 0 holds the first chunk: it sees future chunks
         assert (bad[bad["check"] == "forward"]["status"] == "fail").all()

@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from shardcheck.harness.core.case import BAD_INPUT_CHECK, Case, Property, Rule, RuleSource, ours, seed
+from shardcheck.harness.core.case import (BAD_INPUT_CHECK, DOCUMENTED_RESULT, SIGNATURE_RULE, Case, Property, Rule,
+                                          RuleSource, ours, seed)
 from shardcheck.harness.core.records import Status, Symptom
 from shardcheck.harness.core.rules import under_rule
 from shardcheck.harness.findings.causes import causes, finding_lines
@@ -27,6 +28,43 @@ def _anchors(page: Path) -> set[str]:
     return slugs | set(re.findall(r'<a id="([^"]+)"', text))
 
 
+DOCS_OPS = " ".join(" ".join(p.read_text().split()) for p in sorted((ROOT / "docs" / "ops").glob("*.md")))
+
+
+def _seed_quotes(cite: str) -> list[str]:
+    """The sentences a seed rule quotes ('...'), an elision (...) splitting one into its pieces."""
+    quoted = re.findall(r"'(.+?)'(?=[\s;,)]|$)", cite)
+    return [piece.strip() for q in quoted for piece in re.split(r"\s*\.\.\.\s*", q) if piece.strip()]
+
+
+def _cite_problem(source: str, cite: str) -> str:
+    """Why a rule's cite is not where it says (empty when it is): ours, a docs/ops page and section that exist; seed,
+    each quoted sentence written in docs/ops too (the code never points outside the repository), or, quoting none,
+    the harness's generic rules or a signature fragment docs/ops writes as it stands."""
+    if source == RuleSource.OURS:
+        page, _, anchor = cite.partition("#")
+        if not (ROOT / page).is_file() or not page.startswith("docs/ops/"):
+            return f"{cite}: no such docs/ops page"
+        return "" if anchor in _anchors(ROOT / page) else f"{cite}: no such section"
+    if source != RuleSource.SEED:
+        return f"{cite}: source {source!r} is neither seed nor ours"
+    quotes = _seed_quotes(cite)
+    if not quotes:
+        known = cite in (DOCUMENTED_RESULT.cite, SIGNATURE_RULE.cite) or " ".join(cite.split()) in DOCS_OPS
+        return "" if known else f"{cite}: quotes no seed sentence, and docs/ops does not write it"
+    missing = [q for q in quotes if " ".join(q.split()) not in DOCS_OPS]
+    return f"{cite}: docs/ops does not quote {missing}" if missing else ""
+
+
+def test_a_cite_is_checked_against_docs_ops():
+    assert _cite_problem("seed", "make_cp_batch_for_te: 'Raises: ValueError – If qkv_format is not “thd”'") == ""
+    assert "does not quote" in _cite_problem("seed", "op: 'A sentence no seed ever wrote.'")
+    assert "quotes no seed sentence" in _cite_problem("seed", "what we think the seed means")
+    assert _cite_problem("ours", "docs/ops/model_utils.md#top-k--top-p-filtering") == ""
+    assert "no such section" in _cite_problem("ours", "docs/ops/model_utils.md#no-such-heading")
+    assert "no such docs/ops page" in _cite_problem("ours", "README.md#installing")
+
+
 def _cited_rules(case: Case) -> list[Rule]:
     rules = [case.rule, *case.rules.values()]
     return rules + ([case.bad_input.rule] if case.bad_input is not None else [])
@@ -39,31 +77,29 @@ def test_every_bad_input_and_rule_of_a_suite_cites_a_seed_sentence_or_a_docs_ops
             assert case.bad_input is None or case.bad_input.rule is not None, f"{case.op}[{case.case_id}]: no rule"
             assert case.rule_of(BAD_INPUT_CHECK if case.bad_input else "forward") is not None
             for rule in _cited_rules(case):
-                if rule.source == RuleSource.OURS:
-                    page, _, anchor = rule.cite.partition("#")
-                    assert (ROOT / page).is_file(), f"{case.op}: {rule} cites no page"
-                    assert anchor in _anchors(ROOT / page), f"{case.op}[{case.case_id}]: {rule}: no such section"
+                assert not _cite_problem(rule.source, rule.cite), f"{case.op}[{case.case_id}]: {_cite_problem(rule.source, rule.cite)}"
 
 
-def test_every_property_our_suites_can_emit_is_cited():
-    """Property names are only known when a case runs: the names the suites construct, read from their source, each
-    match a pattern of their suite's rules."""
-    for suite in SUITES:
-        cases = suite_cases(suite, False)
-        for case in cases:
-            if case.properties is None:
-                continue
-            # the names in the suites' sources that can reach this case are covered by its patterns or a catch-all
-            assert case.rules, f"{case.op}[{case.case_id}] has properties and no rules"
-    source = "\n".join(p.read_text() for p in (ROOT / "suites").glob("*.py"))
-    names = set(re.findall(r'Property\(f?"([^"{]+)', source)) | set(re.findall(r'_equal\(f?"([^"{]+)', source))
-    rules = {}
-    for suite in SUITES:
-        for case in suite_cases(suite, False):
-            rules.update(case.rules)
-    import fnmatch
-    uncited = sorted(n for n in names if not any(fnmatch.fnmatchcase(f"property:{n}", p) for p in rules))
-    assert not uncited, f"properties without a rule: {uncited}"
+def test_every_check_our_suites_build_at_run_time_cites_a_rule_written_in_docs_ops(run_shardcheck):
+    """Property names are built when a case runs (a key of the batch, a label of the case, a check a topology adds):
+    the suites' cases that have properties, run as the planner gives them (their quick cases, at world sizes 1 and
+    2: the DP, CP and TP of 2 that add names), and every check they emit, properties, bad inputs, forward, gradients
+    and the communication contract, cites a rule whose cite is where it says (`_cite_problem`)."""
+    ops = sorted({c.op for suite in SUITES for c in suite_cases(suite, True) if c.properties is not None})
+    run = run_shardcheck("run", *(a for op in ops for a in ("--op", op)), "--quick", "--world-sizes", "1,2",
+                         "--dtype", "float64")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    rows = run.rows
+    assert set(rows["op"]) == set(ops)
+    uncited = rows[rows["rule_source"].isna() | rows["rule_cite"].isna()]
+    assert not len(uncited), uncited[["op", "case_id", "check"]].drop_duplicates("check").to_string()
+    properties = rows[rows["check"].str.startswith("property:")]
+    # names a suite builds at run time, per topology, are among them
+    assert {"property:reassembled:position_ids", "property:inside:labels", "property:dp_sum",
+            "property:infer_group:vocab-on-tp", "property:unchanged:ids"} <= set(properties["check"])
+    rules = rows[["rule_source", "rule_cite"]].drop_duplicates()
+    problems = [p for r in rules.itertuples() if (p := _cite_problem(r.rule_source, r.rule_cite))]
+    assert not problems, problems
 
 
 def test_a_rule_of_ours_must_cite_its_docs_ops_section():
@@ -162,8 +198,14 @@ def test_docs_ops_tags_every_rule_of_its_family_seed_or_ours(family, suites):
     for suite in suites:
         for case in suite_cases(suite, False):
             for pattern, rule in case.rules.items():
-                line = next((ln for ln in table.splitlines() if ln.startswith(f"| `{pattern}` |")), None)
-                assert line is not None and f"| {rule.source} |" in line, f"{family}.md: {pattern} ({rule.source})"
+                # the row naming this case (a rule of its own), else the pattern's row for every case
+                rows = [ln for ln in table.splitlines() if ln.startswith(f"| `{pattern}` |")]
+                line = next((ln for ln in rows if f"[{case.case_id}]" in ln),
+                            next((ln for ln in rows if ln.split("|")[2].strip() == ""), None))
+                where = f"{family}.md: {pattern} ({rule.source}) for {case.op}[{case.case_id}]"
+                assert line is not None and f"| {rule.source} |" in line, where
+                cited = rule.cite if rule.source == RuleSource.SEED else f"(#{rule.cite.partition('#')[2]})"
+                assert cited in line, f"{where}: the table does not cite {rule.cite}"
             if case.bad_input is not None:
                 assert f"[{case.case_id}]" in table and case.bad_input.rule.source in ("seed", "ours")
 

@@ -149,6 +149,9 @@ class ResultRow(_Row, total=False):
     xfail_reference: str  # and its reference (an upstream issue), "" when it gives none
     rule_source: Optional[str]  # where the check's rule comes from: "seed" or "ours" (shardcheck.harness.core.case.Rule)
     rule_cite: Optional[str]  # the seed's sentence or signature, or our docs/ops section; None where nobody cited it
+    # "error" on a row its findings line demoted to `warn` (an exception only on input our rule feeds, under --impl:
+    # shardcheck.harness.findings.verdicts); the status the ranks gave it
+    demoted_from: Optional[str]
     item_seconds: float
     artefact: str  # failures/<item>/<check>.pt (the first failing items)
     error_map: str  # failures/<item>/<check>.png, drawn from the artefact by the report

@@ -28,10 +28,21 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    sum of wrong losses is wrong wherever it is checked), so "grad:student_logits wrong exactly at
    tp ≥ 2" and a hang stand beside "forward wrong everywhere".  Otherwise, when every item fails
    somewhere, it is one bug; else symptoms that share items are one cause.  Two different crashes
-   stay two causes.
+   stay two causes.  Warnings keep lines of their own, except properties warning in the same items (failures of
+   rules of ours under --impl): one cause, as they would be as failures.
 4. Causes across ops: one root is one line naming its ops: the same exception raised at the same line
    (a helper several ops share), the same warning over the module (float64 computed in float32 in
    every op), a rank dying of a crash signal (SIGSEGV, SIGABRT, SIGBUS, ...) under the same condition.
+5. Whose rule, per line: under `--impl`, a line whose exception shows only on rows judged by rules of ours (every
+   row of the line, its consequences included, has rule_source "ours") is a `warn`: "raises on input only our rule
+   feeds: ..." (loud on input the seed leaves open is acceptable, loud or right), where the evidence says that the
+   input is the trigger: at each op, topology and dtype of the line, a case judged by the seed's rules ran without
+   it (else, a run of only our-rule cases, the raise may be the op's own and the line stays an `error`).  It is
+   decided per line, after the grouping by root, never per row: the same exception on a seed-rule case too keeps the
+   one line an `error`.
+   Our own implementations are held to our rules (no such warn).  shardcheck.harness.findings.verdicts then marks
+   the line's rows `warn` (`demoted_from`: "error"), so that the exit code, the JUnit and the report say what the
+   line says; this module reads such rows as the errors they were, and decides again, the same way.
 
 Skipped rows are consequences (a hang's other items) and are not causes; neither are `xfail` rows (a case's
 KnownFailure that still fails: `known_failures` lists them, one line per mark).  An `xpass` row (a known failure
@@ -49,7 +60,9 @@ from typing import Callable
 import pandas as pd
 
 from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
+from shardcheck.harness.core.case import RuleSource
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, SYMPTOMS, Phase, Status, Symptom
+from shardcheck.harness.core.rules import is_ours
 from shardcheck.harness.findings import model_order
 
 COLUMNS = ["op", "ops", "status", "kind", "checks", "count", "condition", "worst", "rerun", "rule"]
@@ -279,14 +292,75 @@ def _display(ops: list[str]) -> str:
 def causes(df: pd.DataFrame) -> pd.DataFrame:
     """One row per cause of a run's non-passing rows (COLUMNS; `ops` the ops it covers, `op` them for
     people), errors first, then failures, then warnings."""
+    table = _table(df)
+    out = pd.DataFrame([{**{k: c[k] for k in COLUMNS if k != "rule"}, "rule": rule_text(c["rules"])} for c in table],
+                       columns=COLUMNS)
+    order = out["status"].map(STATUS_ORDER)
+    return out.assign(_o=-order, _n=-out["count"]).sort_values(["_o", "_n", "op"], kind="stable") \
+        .drop(columns=["_o", "_n"]).reset_index(drop=True)
+
+
+RAISES_ON_OURS = "raises on input only our rule feeds: "  # a demoted line's kind begins so (module docstring, 5)
+
+
+def demoted_lines(df: pd.DataFrame) -> list[tuple[list, str]]:
+    """The lines demoted to `warn` (module docstring, 5): per line, the index labels of its rows in `df` (the
+    exception's and its consequences') and the rule text it names."""
+    return [(c["members"], rule_text(c["rules"])) for c in _table(df) if c.get("demoted")]
+
+
+def _as_judged(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows with the status the ranks gave them: a row of a demoted line (verdicts.py) is the error it was."""
+    if "demoted_from" not in df:
+        return df
+    was = df["demoted_from"]
+    return df.assign(status=was.where(was.notna() & (was != ""), df["status"]))
+
+
+def _third_party(spec) -> bool:
+    return isinstance(spec, str) and not is_ours(spec)  # (None or NaN: the family's own implementation)
+
+
+WHERE = ["op", "dp", "cp", "tp", "dtype"]  # where a seed-rule case must have run without a demoted line's exception
+
+
+def _demoted(c: dict, bad: pd.DataFrame, seed_items: set) -> dict:
+    """`c`, a `warn` line if its exception shows only on rows judged by rules of ours, of modules under --impl, and
+    seed-rule cases ran without it at each op, topology and dtype it shows at (`seed_items`: their (op, item))."""
+    if c["status"] != Status.ERROR or c["symptoms"] != {Symptom.EXCEPTION}:
+        return c
+    rows = bad.loc[c["members"]]
+    if "rule_source" not in rows or "impl" not in rows or not (rows["rule_source"] == RuleSource.OURS).all():
+        return c
+    if not all(_third_party(spec) for spec in rows["impl"]):
+        return c  # our own implementations: we hold ourselves to our rules
+    raised = set(map(tuple, rows[["op", *ITEM]].astype(str).values))
+    clean = {(op, *item[1:]) for op, *item in seed_items if (op, *item) not in raised}  # (op, dp, cp, tp, dtype)
+    if not set(map(tuple, rows[WHERE].astype(str).values)) <= clean:
+        return c  # no seed-rule case ran there without it: nothing says the input is the trigger
+    return {**c, "status": Status.WARN, "kind": RAISES_ON_OURS + c["kind"], "demoted": True}
+
+
+def _seed_items(df: pd.DataFrame) -> set:
+    """(op, *ITEM) of the items whose values or gradients were judged by a rule of the seed's."""
+    if "rule_source" not in df:
+        return set()
+    judged = df[(df["rule_source"] == RuleSource.SEED) & df["check"].astype(str).str.match(r"forward|grad:")
+                & ~df["status"].isin([Status.SKIP, Status.XFAIL])]
+    return set(map(tuple, judged[["op", *ITEM]].astype(str).values))
+
+
+def _table(df: pd.DataFrame) -> list[dict]:
+    """The causes (module docstring), as dicts: what `causes` prints and `demoted_lines` reads."""
     if not len(df) or "status" not in df:
-        return pd.DataFrame(columns=COLUMNS)
+        return []
+    df = _as_judged(df)
     df = df[df["check"] != "bench"] if "check" in df else df
     if "params" not in df:  # rows written by hand (tests, other tools) may leave the case parameters out
         df = df.assign(params=[{} for _ in range(len(df))])
     bad = df[df["status"].isin(NOT_PASSING)]
     if not len(bad):
-        return pd.DataFrame(columns=COLUMNS)
+        return []
     bad = bad.assign(_kind=[_group_kind(r) for r in bad.to_dict("records")],
                      _part=[_part(r) for r in bad.to_dict("records")],
                      _symptom=[_symptom_of(r) for r in bad.to_dict("records")])
@@ -310,12 +384,8 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
     for op in dict.fromkeys(s["ops"][0] for s in symptoms):
         of_op = [s for s in symptoms if s["ops"] == (op,)]
         table += _per_op(of_op, df[df["op"] == op], passing_of.get(op, empty), bad)
-    table = _across_ops(table, bad, passing)
-    out = pd.DataFrame([{**{k: c[k] for k in COLUMNS if k != "rule"}, "rule": rule_text(c["rules"])} for c in table],
-                       columns=COLUMNS)
-    order = out["status"].map(STATUS_ORDER)
-    return out.assign(_o=-order, _n=-out["count"]).sort_values(["_o", "_n", "op"], kind="stable") \
-        .drop(columns=["_o", "_n"]).reset_index(drop=True)
+    seed_items = _seed_items(df)
+    return [_demoted(c, bad, seed_items) for c in _across_ops(table, bad, passing)]  # one root per line, then whose rule
 
 
 def _not_run(rows: pd.DataFrame, skipped: pd.DataFrame) -> str:
@@ -388,7 +458,7 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
             "checks": _checks(list(all_rows["check"].unique()), status), "count": len(all_rows), "condition": condition,
             "worst": _worst_text(worst, status), "rerun": rerun, "rows": list(rows.index),
             "items": set(map(tuple, rows[ITEM].astype(str).values)), "all_checks": list(all_rows["check"].unique()),
-            "rules": _rules(all_rows),
+            "rules": _rules(all_rows), "members": list(all_rows.index),
             "error_key": (worst.get("error_type"), worst.get("error_where")) if symptom in ERRORS else None}
 
 
@@ -433,6 +503,7 @@ def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -
             "symptoms": set().union(*(s["symptoms"] for s in group)), "signals": signals, "count": sum(s["count"] for s in group),
             "checks": _checks([c for s in group for c in s["all_checks"]], first["status"]), "all_checks": [c for s in group for c in s["all_checks"]],
             "condition": condition, "rules": {k: None for s in group for k in s["rules"]},
+            "members": [i for s in group for i in s["members"]],
             "rows": [i for s in group for i in s["rows"]], "items": set().union(*(s["items"] for s in group)),
             "error_key": first["error_key"] if all(s["error_key"] == first["error_key"] for s in group) else None}
 
@@ -446,7 +517,7 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
     hang) is a line of its own with the checks it caused; it never takes in a check that failed where it did not
     cause the failure, and two different crashes stay two lines."""
     failing = [s for s in symptoms if s["status"] in (Status.FAIL, Status.ERROR)]
-    warnings = [s for s in symptoms if s["status"] not in (Status.FAIL, Status.ERROR)]  # and known failures that pass: own lines
+    warnings = _same_items([s for s in symptoms if s["status"] not in (Status.FAIL, Status.ERROR)], passing, bad)
     crashes = [s for s in failing if _is_crash(s)]
     wrong = [s for s in failing if not _is_crash(s)]
     if len(crashes) == 1 and wrong:  # one trigger on the items for a crash and wrong answers: one bug, two faces
@@ -461,6 +532,18 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
             if condition.startswith("exactly"):
                 return [_merge(failing, condition, bad)] + warnings
     return crashes + _wrong_answers(wrong, rows, passing, bad, crashes) + warnings
+
+
+def _same_items(warnings: list[dict], passing: pd.DataFrame, bad: pd.DataFrame) -> list[dict]:
+    """Warnings with their own lines (a precision or communication finding, a known failure that passes), except
+    properties that warn in the same items (failures of rules of ours under --impl, core/rules.py): one cause, as
+    they would be as failures (several buffers of one batch left whole after exit)."""
+    groups: dict = {}
+    for s in warnings:
+        key = (frozenset(s["items"]),) if s["status"] == Status.WARN and s["symptoms"] == {Symptom.PROPERTY} else id(s)
+        groups.setdefault(key, []).append(s)
+    return [g[0] if len(g) == 1 else _merge(g, separating_condition(
+        bad.loc[[i for s in g for i in s["rows"]]], passing), bad) for g in groups.values()]
 
 
 def _wrong_answers(failing: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad: pd.DataFrame,
