@@ -22,6 +22,7 @@ import contextlib
 import cProfile
 import faulthandler
 import itertools
+import math
 import os
 import signal
 import sys
@@ -29,7 +30,7 @@ import sysconfig
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -79,6 +80,29 @@ class _Call:
     counter: CommCounter
     emit_check: Callable
     contexts: contextlib.ExitStack
+    # Outputs judged as the run made them (RankContext.judge_output): {output index: verdict}, emitted in output order
+    # after the run; the first exception the harness raised judging them (reported as a harness error then).
+    verdicts: dict[int, _Verdict] = field(default_factory=dict)
+    arrival_error: Exception | None = None
+
+
+@dataclass
+class _Verdict:
+    """One local tensor judged against its slice of the golden, before the precision step: what its row needs, and
+    what that step needs (the tensors themselves only where it compares them elementwise: per-row budgets)."""
+    check: str
+    stats: dict
+    status: Status
+    ratio: float
+    message: str
+    symptom: Symptom | None
+    got_dtype: torch.dtype
+    expect_dtype: torch.dtype
+    gold_full: torch.Tensor  # the golden's own tensor, not a copy
+    lay: object  # Layout
+    got: torch.Tensor | None
+    expected: torch.Tensor | None
+    piece: dict | None  # its failure artefact piece, when kept
 
 
 class Golden:
@@ -372,8 +396,11 @@ class Worker:
                           input_layouts=case.input_layouts, impl=impl, full_inputs=golden.inputs, contexts=contexts,
                           params=case.params, modules={fam: self.impls[fam] for fam in case.uses})
         counter = CommCounter(group_dims(mesh) if case.comm else {}, enabled=case.comm is not None)
-        return _Call(item, case, impl, mesh, ctx, golden, self._local_inputs(case, golden, mesh), counter, emit_check,
+        call = _Call(item, case, impl, mesh, ctx, golden, self._local_inputs(case, golden, mesh), counter, emit_check,
                      contexts)
+        index = {name: i for i, name in enumerate(case.output_names)}
+        ctx.judge_output = lambda name, got, lay: self._judge_arriving(call, index.get(name), got, lay)
+        return call
 
     def _call_step(self, call: _Call) -> tuple | None:
         """The op under test on this rank's pieces: its outputs, or None when that already decided the item (it
@@ -407,9 +434,15 @@ class Worker:
     def _judge_outputs(self, call: _Call, outs: tuple) -> None:
         """Every output against this rank's piece of the golden (or the case's own output check)."""
         case, golden, mesh, emit_check = call.case, call.golden, call.mesh, call.emit_check
+        if call.arrival_error is not None:  # shardcheck's own code raised judging an output as it came
+            raise call.arrival_error
         for i, (name, check, got, gold, naive, lay) in enumerate(zip(case.output_names, case.forward_checks, outs,
                                                                      golden.outputs, golden.naive_outputs,
                                                                      case.output_layouts)):
+            if i in call.verdicts:  # judged as it arrived: its precision step and row now, in output order
+                self._emit_verdict(emit_check, call.verdicts.pop(i), mesh, golden.inputs,
+                                   precision=(golden, lambda run, i=i: run[0][i], call.ctx.dtype))
+                continue
             if gold is None:  # the reference returns None here (e.g. an optional output): so must the op
                 emit_check(check, Status.PASS if got is None else Status.FAIL,
                            message="" if got is None else f"expected None, got {type(got).__name__}",
@@ -546,6 +579,26 @@ class Worker:
             index = index * mesh_dims(mesh).sizes[d] + mesh_dims(mesh).coords[d]
         return index
 
+    def _judge_arriving(self, call: _Call, index: int | None, got: torch.Tensor, lay) -> bool:
+        """RankContext.judge_output: output `index` of the run judged the moment the run makes it (a model case's
+        hook), its verdict kept for `_judge_outputs` and the tensor left to the run to drop.  False: judge it after
+        the run as usual (an output the golden has none of, or with a check of the case's own)."""
+        case, golden, mesh = call.case, call.golden, call.mesh
+        if call.arrival_error is not None:  # the harness failed on an earlier one: reported after the run
+            return True
+        if index is None or golden.outputs[index] is None or case.output_names[index] in case.output_checks:
+            return False
+        try:
+            gold, naive = golden.outputs[index], golden.naive_outputs[index]
+            expected = lay.local(gold, mesh, golden.inputs)
+            got_dtype = got.dtype
+            got = lay.reduce_partial(got, mesh)
+            call.verdicts[index] = self._measure(case.forward_checks[index], got, expected, gold, naive, lay, mesh,
+                                                 golden.inputs, naive.dtype, got_dtype, arriving=True)
+        except Exception as exc:  # raised as the harness's own error once the run is over, not as the model's
+            call.arrival_error = exc
+        return True
+
     def _emit_compare(self, emit_check, check, got, expected, gold_full, naive_full, lay, mesh, inputs, expect_dtype,
                       got_dtype=None, precision=None):
         """Judge one local tensor against its slice of the golden with per-element budgets.  `precision`
@@ -554,6 +607,14 @@ class Worker:
         if not isinstance(got, torch.Tensor):
             emit_check(check, Status.FAIL, message=f"got {type(got).__name__}, expected a tensor", symptom=Symptom.OUTPUT_TYPE)
             return
+        verdict = self._measure(check, got, expected, gold_full, naive_full, lay, mesh, inputs, expect_dtype, got_dtype)
+        self._emit_verdict(emit_check, verdict, mesh, inputs, precision)
+
+    def _measure(self, check, got, expected, gold_full, naive_full, lay, mesh, inputs, expect_dtype, got_dtype=None,
+                 arriving: bool = False) -> _Verdict:
+        """One local tensor's verdict before the precision step.  `arriving`: judged as the run made it (a model
+        case's step), so only a summary is kept, plus the tensors of this rank's first failing check of the step
+        (its failure artefact) and, with per-row budgets, those of a failing check (the precision step's)."""
         stats, status, ratio, limit = _judge(got, expected, gold_full, naive_full, expect_dtype, lay, mesh, inputs,
                                              self.budget_scope)
         msg = ""
@@ -562,43 +623,67 @@ class Worker:
         got_dtype = got_dtype or got.dtype
         if got_dtype != expect_dtype:
             status, msg, symptom = Status.FAIL, f"dtype {str(got_dtype)[6:]}, expected {str(expect_dtype)[6:]}", Symptom.DTYPE
+        for key in ("worst", "nonfinite"):
+            if stats.get(key):
+                stats[key]["global_index"] = list(lay.global_index(stats[key]["local_index"], gold_full.shape, mesh, inputs))
+        piece = None
+        if (self.failures_saved < self.plan.failure_artefacts and "shape_mismatch" not in stats
+                and gold_full.numel() <= MAX_ARTEFACT_NUMEL and (not arriving or self._first_failing(check, status))):
+            piece = {"got": got.detach() if not arriving else got.detach().clone(), "expected": expected.detach(),
+                     "indices": lay.mesh_indices(gold_full.shape, mesh, inputs), "budget": limit,
+                     "full_shape": tuple(gold_full.shape), "failed": status == Status.FAIL, "coords": mesh_coords(mesh)}
+            if arriving:  # the step's first failing check on this rank replaces a later one's
+                self.pieces = {c: p for c, p in self.pieces.items() if step_order(c) is None}
+            self.pieces[check] = piece
+        # A tensor-wide budget is one number: the precision step then needs the largest error alone, not the tensors.
+        elementwise = not arriving or (status == Status.FAIL and self.budget_scope != BudgetScope.TENSOR)
+        return _Verdict(check, stats, status, ratio, msg, symptom, got_dtype, expect_dtype, gold_full, lay,
+                        got if elementwise else None, expected if elementwise else None, piece)
+
+    def _first_failing(self, check: str, status: Status) -> bool:
+        """Whether a failing model check comes before every model check whose piece this rank keeps."""
+        order = step_order(check)
+        if status != Status.FAIL or order is None:
+            return False
+        kept = [step_order(c) for c in self.pieces if step_order(c) is not None]
+        return all(order < k for k in kept)
+
+    def _emit_verdict(self, emit_check, v: _Verdict, mesh, inputs, precision=None) -> None:
+        """The precision step of a verdict (a failing check that a legitimate precision difference explains becomes
+        `warn`), then its row."""
+        stats, status, msg, symptom = v.stats, v.status, v.message, v.symptom
         if status == Status.FAIL and precision is not None and "shape_mismatch" not in stats and not stats.get("nonfinite"):
-            finding, kind = self._precision_finding(got, expected, gold_full, lay, mesh, inputs, expect_dtype, got_dtype,
-                                                    *precision, scope=self.budget_scope)
+            finding, kind = self._precision_finding(v, mesh, inputs, *precision, scope=self.budget_scope)
             allowed = precision[0].case.allows_float32 if kind == "float32" else None
             if finding and allowed:  # the family's documented precision: not a finding at all
                 status, msg, symptom = Status.PASS, f"{finding}, which the contract allows ({allowed})", None
             elif finding:
                 status, msg, symptom = Status.WARN, "; ".join(m for m in (finding, msg) if m), Symptom(f"precision:{kind}")
-        for key in ("worst", "nonfinite"):
-            if stats.get(key):
-                stats[key]["global_index"] = list(lay.global_index(stats[key]["local_index"], gold_full.shape, mesh, inputs))
-        if (self.failures_saved < self.plan.failure_artefacts and "shape_mismatch" not in stats
-                and gold_full.numel() <= MAX_ARTEFACT_NUMEL):
-            self.pieces[check] = {"got": got.detach(), "expected": expected.detach(),
-                                  "indices": lay.mesh_indices(gold_full.shape, mesh, inputs), "budget": limit,
-                                  "full_shape": tuple(gold_full.shape), "failed": status == Status.FAIL,
-                                  "coords": mesh_coords(mesh)}
+        if v.piece is not None:
+            v.piece["failed"] = status == Status.FAIL
         stats.pop("err_ratio", None)
-        emit_check(check, status, err_ratio=ratio if ratio != float("inf") else None, message=msg, symptom=symptom,
-                   keep_message=status == Status.PASS and bool(msg),  # a precision the contract allows, cited
+        emit_check(v.check, status, err_ratio=v.ratio if v.ratio != float("inf") else None, message=msg,
+                   symptom=symptom, keep_message=status == Status.PASS and bool(msg),  # a precision the contract allows, cited
                    **{"budget": None, "err_naive": None, **stats})
 
     @staticmethod
-    def _precision_finding(got, expected, gold_full, lay, mesh, inputs, expect_dtype, got_dtype, golden, pick,
-                           item_dtype, scope=BudgetScope.ROW) -> tuple[str, str]:
+    def _precision_finding(v: _Verdict, mesh, inputs, golden, pick, item_dtype,
+                           scope=BudgetScope.ROW) -> tuple[str, str]:
         """(words, "float32" | "bfloat16") of the precision difference that explains a failing check, or ("", ""):
         a float64 item within the float32 budget of the same item, a bfloat16 item within the budget of bfloat16
         math."""
         kind, low = {torch.float64: ("float32", torch.float32),
                      torch.bfloat16: ("bfloat16 math", torch.bfloat16)}.get(item_dtype, (None, None))
-        if kind is None or got_dtype not in (expect_dtype, low):
+        if kind is None or v.got_dtype not in (v.expect_dtype, low):
             return "", ""
         try:
             alt = pick(golden.precision_run(kind))
         except Exception:  # the reference cannot run that way: no excuse for the error
             return "", ""
-        _, status, ratio, _ = _judge(got, expected, gold_full, alt, low, lay, mesh, inputs, scope)
+        if v.got is not None:
+            _, status, ratio, _ = _judge(v.got, v.expected, v.gold_full, alt, low, v.lay, mesh, inputs, scope)
+        else:  # a tensor-wide budget (one value): the largest error against it is the largest ratio, as compare()'s
+            status, ratio = _judge_largest(v.stats["max_abs_err"], budget(v.gold_full, alt, low, scope)[0])
         if status != Status.PASS:
             return "", ""
         if kind == "float32":
@@ -674,6 +759,14 @@ def _judge(got, expected, gold_full, ref_full, dtype, lay, mesh, inputs,
     stats = compare(got, expected, limit, err_naive)
     status, ratio = judge(stats)
     return stats, status, ratio, limit
+
+
+def _judge_largest(max_abs_err: float, limit_full: torch.Tensor) -> tuple[str, float]:
+    """(status, err/budget) of a tensor whose budget is one value throughout (BudgetScope.TENSOR), from its largest
+    error alone: what compare() and judge() give on the tensor itself (an error where the budget is 0: inf)."""
+    limit = float(limit_full.reshape(-1)[0]) if limit_full.numel() else 0.0
+    ratio = 0.0 if max_abs_err == 0 else (max_abs_err / limit if limit > 0 else math.inf)
+    return (Status.PASS if ratio <= 1.0 else Status.FAIL), ratio
 
 
 def _rendezvous(launch_dir: Path, rank: int, world: int, timeout: float) -> dist.Store:
