@@ -81,9 +81,10 @@ class _Call:
     emit_check: Callable
     contexts: contextlib.ExitStack
     # Outputs judged as the run made them (RankContext.judge_output): {output index: verdict}, emitted in output order
-    # after the run; the first exception the harness raised judging them (reported as a harness error then).
+    # after the run; the first exception the harness raised judging one, with its output's index (raised when the
+    # judging after the run reaches that output, as it would have raised judging it there).
     verdicts: dict[int, _Verdict] = field(default_factory=dict)
-    arrival_error: Exception | None = None
+    arrival_error: tuple[int, Exception] | None = None
 
 
 @dataclass
@@ -434,11 +435,11 @@ class Worker:
     def _judge_outputs(self, call: _Call, outs: tuple) -> None:
         """Every output against this rank's piece of the golden (or the case's own output check)."""
         case, golden, mesh, emit_check = call.case, call.golden, call.mesh, call.emit_check
-        if call.arrival_error is not None:  # shardcheck's own code raised judging an output as it came
-            raise call.arrival_error
         for i, (name, check, got, gold, naive, lay) in enumerate(zip(case.output_names, case.forward_checks, outs,
                                                                      golden.outputs, golden.naive_outputs,
                                                                      case.output_layouts)):
+            if call.arrival_error is not None and call.arrival_error[0] == i:  # the harness raised judging it
+                raise call.arrival_error[1]
             if i in call.verdicts:  # judged as it arrived: its precision step and row now, in output order
                 self._emit_verdict(emit_check, call.verdicts.pop(i), mesh, golden.inputs,
                                    precision=(golden, lambda run, i=i: run[0][i], call.ctx.dtype))
@@ -596,7 +597,7 @@ class Worker:
             call.verdicts[index] = self._measure(case.forward_checks[index], got, expected, gold, naive, lay, mesh,
                                                  golden.inputs, naive.dtype, got_dtype, arriving=True)
         except Exception as exc:  # raised as the harness's own error once the run is over, not as the model's
-            call.arrival_error = exc
+            call.arrival_error = (index, exc)
         return True
 
     def _emit_compare(self, emit_check, check, got, expected, gold_full, naive_full, lay, mesh, inputs, expect_dtype,
