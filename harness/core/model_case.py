@@ -105,25 +105,39 @@ class ModelCase:
     params: dict = field(default_factory=dict)
 
     def case(self) -> Case:
-        """The ordinary Case that runs this model's step (its output names from one float64 step on one device)."""
+        """The ordinary Case that runs this model's step.  Its outputs are named by one float64 step of the model on
+        one device, run the first time a rank (or the bench) asks for them, not here: loading a suite to plan runs
+        no model (the planner plans a model case's checks as its loss alone: PLANNED_CHECKS)."""
         if self.optimizer not in ("sgd", "adamw"):
             raise ModelCaseError(f"model case {self.op}[{self.case_id}]: optimizer {self.optimizer!r}; "
                                  "expected 'sgd' or 'adamw'")
-        # A skipped case never builds its model (its framework may be missing): its one check, the loss, is a skip.
-        order = ({"loss": torch.zeros(())} if self.skip_reason is not None
-                 else self._step_on_one_device(self._order_inputs()))
-        names = [n for n in order if not self._unchecked(n)]
-        self._names = names
-        self._shapes = {n: tuple(t.shape) for n, t in order.items()}
-        self._by_key = {_key_of(n): n for n in names}
-        case = Case(op=self.op, case_id=self.case_id, make_inputs=self._make_inputs, reference=self._reference,
-                    run=self._run, input_layouts=dict(self.input_layouts), output_names=tuple(names),
-                    output_layouts=tuple(REPLICATED for _ in names), budget_scope=BudgetScope.TENSOR,
-                    dtypes=self.dtypes, supports=self.supports, context_parallel=self._uses_cp(),
-                    xfail=self.xfail, skip_reason=self.skip_reason, params={"model": True, **self.params},
-                    uses=tuple(self.uses))
+        case = StepCase(op=self.op, case_id=self.case_id, make_inputs=self._make_inputs, reference=self._reference,
+                        run=self._run, input_layouts=dict(self.input_layouts), output_names=("loss",),
+                        output_layouts=(REPLICATED,), budget_scope=BudgetScope.TENSOR,
+                        dtypes=self.dtypes, supports=self.supports, context_parallel=self._uses_cp(),
+                        xfail=self.xfail, skip_reason=self.skip_reason, params={"model": True, **self.params},
+                        uses=tuple(self.uses))
+        case.model = self
         self._case = case
         return case
+
+    def outputs(self) -> tuple[str, ...]:
+        """The case's output names in step order, from one float64 step on one device: run once, the first time they
+        are asked for (a skipped case never builds its model, its framework may be missing: its one check, the
+        loss, is a skip)."""
+        names = getattr(self, "_names", None)
+        if names is None:
+            order = ({"loss": torch.zeros(())} if self.skip_reason is not None
+                     else self._step_on_one_device(self._order_inputs()))
+            names = tuple(n for n in order if not self._unchecked(n))
+            self._shapes = {n: tuple(t.shape) for n, t in order.items()}
+            self._by_key = {_key_of(n): n for n in names}
+            self._names = names
+        return names
+
+    def data_inputs(self, gen: torch.Generator) -> Tensors:
+        """The model's inputs without its weights (no model is built): what the planner lays out at a topology."""
+        return self.make_inputs(gen)
 
     def _unchecked(self, name: str) -> bool:
         kind, key = _key_of(name)
@@ -177,11 +191,12 @@ class ModelCase:
 
     def _reference(self, inputs: Tensors) -> tuple:
         got = self._step_on_one_device(inputs)
-        return tuple(got.get(n) for n in self._names)
+        return tuple(got.get(n) for n in self.outputs())
 
     # ---------------------------------------------------------------------------------------------- this rank
 
     def _run(self, impl, ctx: RankContext, local: Tensors) -> tuple:
+        names = self.outputs()
         model = self._fresh_model(local, ctx.device)
         model = self.parallelize(model, ctx)
         self._put_full_weights(model, local, ctx)
@@ -200,7 +215,7 @@ class ModelCase:
             got[name] = (None if judged else tensor.clone(), layout)
 
         self._step(model, data, ctx, arrive)
-        outs = [got.get(n, (None, REPLICATED)) for n in self._names]
+        outs = [got.get(n, (None, REPLICATED)) for n in names]
         self._case.output_layouts = tuple(lay for _, lay in outs)  # read by the harness after this run, this item
         return tuple(t for t, _ in outs)
 
@@ -310,6 +325,42 @@ class ModelCase:
         opt.step()
         for name, p in params:
             arrive("step", name, *view(p))
+
+
+# What the planner plans of a model case (its outputs are named by running it, which planning does not): the loss,
+# which every model case has.  The ranks report every check; a model item that does not run (skipped, or its ranks
+# died) has this one row.
+PLANNED_CHECKS = ("forward:loss",)
+
+
+class StepCase(Case):
+    """The Case a ModelCase makes: `output_names` (and the layouts before a run sets them) are its ModelCase's,
+    asked of it the first time something needs them (ModelCase.outputs), not when the case is made."""
+
+    model: ModelCase | None = None
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.model.outputs() if self.model is not None else self.__dict__["_output_names"]
+
+    @output_names.setter
+    def output_names(self, names: tuple[str, ...]) -> None:
+        self.__dict__["_output_names"] = tuple(names)
+
+    @property
+    def output_layouts(self) -> tuple[Layout, ...]:
+        layouts = self.__dict__["_output_layouts"]
+        if self.model is not None and len(layouts) != len(self.output_names):  # before the first run sets them
+            layouts = self.__dict__["_output_layouts"] = tuple(REPLICATED for _ in self.output_names)
+        return layouts
+
+    @output_layouts.setter
+    def output_layouts(self, layouts: tuple[Layout, ...]) -> None:
+        self.__dict__["_output_layouts"] = tuple(layouts)
+
+    def planning_inputs(self, gen: torch.Generator) -> Tensors:
+        """The inputs the planner lays out (Case.misfit): the model's data alone, its weights left unbuilt."""
+        return self.model.data_inputs(gen) if self.model is not None else self.make_inputs(gen)
 
 
 def _name(kind: str, index: int, key: str) -> str:
