@@ -53,8 +53,8 @@ def measure(worker: Worker, layers: int, seq: int, dim: int, scale: float = 1.0)
             golden = worker.golden(case, item, 1)  # computed once, outside the measurement
             if scale != 1.0 and not hasattr(golden, "scaled"):  # (the golden is kept per case: scaled once)
                 golden.outputs = golden.naive_outputs = tuple(o * scale for o in golden.outputs)
-                precision_run = golden.precision_run  # the precision step's reference runs scaled alike
-                golden.precision_run = lambda kind: (tuple(o * scale for o in precision_run(kind)[0]), {})
+                precision = golden._precision  # the precision step's reference runs scaled alike
+                golden._precision = lambda kind: (tuple(o * scale for o in precision(kind)[0]), {})
                 golden.scaled = True
             worker._emitted = set()
             if way == "step alone":

@@ -135,6 +135,10 @@ class ModelCase:
             self._names = names
         return names
 
+    def named(self) -> bool:
+        """Whether `outputs` has run in this process (without running it)."""
+        return getattr(self, "_names", None) is not None
+
     def data_inputs(self, gen: torch.Generator) -> Tensors:
         """The model's inputs without its weights (no model is built): what the planner lays out at a topology."""
         return self.make_inputs(gen)

@@ -48,7 +48,7 @@ from shardcheck.harness.core.compare import BudgetScope, budget, compare, judge
 from shardcheck.harness.core.peer_failure import is_peer_failure
 from shardcheck.harness.core.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path, stack_path
 from shardcheck.harness.core.plan_data import DTYPES, Item, Plan
-from shardcheck.harness.core.model_case import step_order
+from shardcheck.harness.core.model_case import StepCase, step_order
 from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
 from shardcheck.harness.rank.signatures import under_test
 from shardcheck.harness.rank.fuzz_cases import fuzz_case
@@ -135,13 +135,29 @@ class Golden:
         item's dtype without the float32 upcast (shardcheck.reference.low_precision_math).  Only run when a check
         fails, once per item."""
         if kind not in self._precision_runs:
-            if kind == "float32":
-                inputs = {k: v.float() if is_float(v) else v for k, v in self.inputs.items()}
-                self._precision_runs[kind] = self._reference(self.case, inputs, None, self.n_summands)
-            else:
-                with low_precision_math():
-                    self._precision_runs[kind] = self._reference(self.case, self.inputs, None, self.n_summands)
+            self._precision_runs[kind] = self._precision(kind)
         return self._precision_runs[kind]
+
+    def precision_limits(self, kind: str, dtype: torch.dtype) -> tuple[tuple, dict]:
+        """(outputs, {}) as precision_run gives them, each output reduced to its tensor-wide budget in `dtype` (one
+        number: BudgetScope.TENSOR) against that run: a model case's precision step needs no more, and the run (every
+        module's tensors of the step) is not kept."""
+        key = f"{kind} limits"
+        if key not in self._precision_runs:
+            outs = (self._precision_runs.get(kind) or self._precision(kind))[0]
+            limits = []
+            for gold, alt in zip(self.outputs, outs):
+                b = budget(gold, alt, dtype, BudgetScope.TENSOR)[0] if gold is not None and alt is not None else None
+                limits.append(None if b is None else float(b.reshape(-1)[0]) if b.numel() else 0.0)
+            self._precision_runs[key] = (tuple(limits), {})
+        return self._precision_runs[key]
+
+    def _precision(self, kind: str) -> tuple[tuple, dict]:
+        if kind == "float32":
+            inputs = {k: v.float() if is_float(v) else v for k, v in self.inputs.items()}
+            return self._reference(self.case, inputs, None, self.n_summands)
+        with low_precision_math():
+            return self._reference(self.case, self.inputs, None, self.n_summands)
 
     def _reference(self, case: Case, inputs: dict, gen, n_summands: int):
         inputs = {k: v.clone().requires_grad_(k in case.grad_inputs) for k, v in inputs.items()}
@@ -363,7 +379,7 @@ class Worker:
         # run of the reference inside a CP context would meet the context's attention).
         backward_error = self._backward_step(call, outs) if call.ctx.kept_open else None
         if backward_error is not None and not call.case.grad_inputs:  # the kept context failed to close
-            self._emit_error(call.emit_check, item.checks, backward_error, Phase.BACKWARD)
+            self._emit_error(call.emit_check, self._item_checks(item), backward_error, Phase.BACKWARD)
             return
         self.events.phase(item.id, Phase.JUDGING)
         self._judge_outputs(call, outs)
@@ -387,7 +403,7 @@ class Worker:
         try:
             golden = self.golden(case, item, n_summands)
         except Exception as exc:
-            for check in item.checks:
+            for check in self._item_checks(item):
                 emit_check(check, Status.ERROR, message=f"reference failed: {type(exc).__name__}: {exc}",
                            symptom=Symptom.REFERENCE, **_error_fields(exc), phase=Phase.SETUP)
             return None
@@ -415,7 +431,7 @@ class Worker:
                 emit_check(BAD_INPUT_CHECK, status, message=message, keep_message=True,
                            symptom=None if status == Status.PASS else Symptom.PROPERTY)
             else:
-                self._emit_error(emit_check, call.item.checks, exc, Phase.FORWARD)
+                self._emit_error(emit_check, self._item_checks(call.item), exc, Phase.FORWARD)
             return None
         if case.bad_input is not None and case.bad_input.interpretation is None:
             emit_check(BAD_INPUT_CHECK, Status.FAIL, message=case.bad_input.silent_return(), symptom=Symptom.PROPERTY)
@@ -426,7 +442,7 @@ class Worker:
             return None
         outs = as_tuple(outs)
         if len(outs) != len(case.output_names):
-            for check in call.item.checks:
+            for check in self._item_checks(call.item):
                 emit_check(check, Status.ERROR, message=f"op returned {len(outs)} outputs, expected {len(case.output_names)}",
                            symptom=Symptom.OUTPUTS, phase=Phase.FORWARD)
             return None
@@ -523,6 +539,15 @@ class Worker:
         except Exception as exc:
             return exc
         return None
+
+    def _item_checks(self, item: Item) -> list[str]:
+        """The checks this rank reports on when it cannot judge them one by one (the op raised, the harness did): the
+        plan's, or every check of a model case whose step has named them on this rank (its plan has the loss alone,
+        StepCase)."""
+        case = self.cases.get((item.op, item.case_id))
+        if isinstance(case, StepCase) and case.model is not None and case.model.named():
+            return case.forward_checks
+        return item.checks
 
     def _enter(self, item: Item, phase: Phase) -> None:
         self._phase = phase  # (for a harness error's row: where this rank was)
@@ -677,14 +702,14 @@ class Worker:
                      torch.bfloat16: ("bfloat16 math", torch.bfloat16)}.get(item_dtype, (None, None))
         if kind is None or v.got_dtype not in (v.expect_dtype, low):
             return "", ""
-        try:
-            alt = pick(golden.precision_run(kind))
+        try:  # a tensor-wide budget (one value): the largest error against it is the largest ratio, as compare()'s
+            alt = pick(golden.precision_run(kind) if v.got is not None else golden.precision_limits(kind, low))
         except Exception:  # the reference cannot run that way: no excuse for the error
             return "", ""
         if v.got is not None:
             _, status, ratio, _ = _judge(v.got, v.expected, v.gold_full, alt, low, v.lay, mesh, inputs, scope)
-        else:  # a tensor-wide budget (one value): the largest error against it is the largest ratio, as compare()'s
-            status, ratio = _judge_largest(v.stats["max_abs_err"], budget(v.gold_full, alt, low, scope)[0])
+        else:
+            status, ratio = _judge_largest(v.stats["max_abs_err"], alt)
         if status != Status.PASS:
             return "", ""
         if kind == "float32":
@@ -702,7 +727,8 @@ class Worker:
         emit_check = self.check_emitter(item, mesh)
         # A collective of the harness's own (summing a Partial output) failing because a peer failed is a consequence.
         secondary = is_peer_failure(exc)
-        for check in [c for c in item.checks if c not in self._emitted] or item.checks:
+        checks = self._item_checks(item)
+        for check in [c for c in checks if c not in self._emitted] or checks:
             emit_check(check, Status.ERROR, secondary=secondary, symptom=Symptom.BLOCKED if secondary else Symptom.HARNESS,
                        phase=phase, error_type=type(exc).__name__,
                        error_message=first, error_where=where,
@@ -762,10 +788,9 @@ def _judge(got, expected, gold_full, ref_full, dtype, lay, mesh, inputs,
     return stats, status, ratio, limit
 
 
-def _judge_largest(max_abs_err: float, limit_full: torch.Tensor) -> tuple[str, float]:
+def _judge_largest(max_abs_err: float, limit: float) -> tuple[str, float]:
     """(status, err/budget) of a tensor whose budget is one value throughout (BudgetScope.TENSOR), from its largest
     error alone: what compare() and judge() give on the tensor itself (an error where the budget is 0: inf)."""
-    limit = float(limit_full.reshape(-1)[0]) if limit_full.numel() else 0.0
     ratio = 0.0 if max_abs_err == 0 else (max_abs_err / limit if limit > 0 else math.inf)
     return (Status.PASS if ratio <= 1.0 else Status.FAIL), ratio
 
