@@ -10,7 +10,7 @@ per case and dtype).  Three ways, on the same code:
 
     python tests/model_case_memory.py --layers 2,8          # prints one JSON line per layer count (bytes)
 
-tests/test_model_case_memory.py runs it (small) and asserts the kept tensors do not grow with the model.
+tests/test_model_case_cost.py runs it (small) and asserts the kept tensors do not grow with the model.
 """
 
 from __future__ import annotations

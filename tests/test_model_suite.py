@@ -12,7 +12,6 @@ import shlex
 import pytest
 import torch
 
-from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.rank.suite_loader import load_suite, suite_cases
 from shardcheck.reference import decoder as ref
 from helpers import BROKEN
@@ -37,30 +36,6 @@ def test_the_suite_is_a_model_case_that_uses_the_seed_families():
     assert names[0] == "act00:tok_embeddings" and "loss" in names and "step:output.weight" in names
     assert case.context_parallel  # cp_utils shards the whole sequences itself
     assert load_suite("decoder").FAMILY == "decoder"
-
-
-def test_planning_runs_no_model_and_the_names_are_made_once_where_needed(monkeypatch):
-    built = []
-    real_build = ref.build
-    monkeypatch.setattr(ref, "build", lambda cfg, gen: built.append(cfg) or real_build(cfg, gen))
-    plan = build_plan(Selection(run_id="lazy", seed=0, timeout=60.0, device="cpu", backend="gloo",
-                                suites_wanted=["decoder"], world_sizes=[1, 2, 4]))
-    assert len(plan.items) == 30 and {tuple(i.checks) for i in plan.items} == {("forward:loss",)}
-    assert not any(i.skip for i in plan.items)  # its batch laid out at every topology, from the data alone
-    (case,) = suite_cases("decoder", quick=False)  # what a rank loads
-    assert built == []  # neither the planner nor loading the suite built (let alone ran) the model
-    names = case.output_names  # a rank's golden (or the bench) asks: the single-device step runs now
-    assert names[0] == "act00:tok_embeddings" and "forward:loss" in case.forward_checks and built
-    steps = len(built)
-    assert case.output_names == names and len(case.output_layouts) == len(names) and len(built) == steps  # once
-
-
-def test_the_bench_of_the_model_case_runs_its_step(run_shardcheck):
-    run = run_shardcheck("run", "--bench", "--suite", "decoder", "--topology", "dp=1,cp=1,tp=2", "--dtype", "float64",
-                         "--bench-iters", "2")
-    assert run.returncode == 0, run.stdout[-3000:]
-    bench = run.rows[run.rows["check"] == "bench"]
-    assert len(bench) == 1 and bench["status"].iloc[0] == "pass" and bench["time_ms"].iloc[0] > 0
 
 
 def test_rotary_positions_given_equal_the_offset_ones():

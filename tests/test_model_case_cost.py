@@ -2,7 +2,10 @@
 and the tensors of its first failing check, never every module's output and gradient at once.  Measured on the
 worker's own item (tests/model_case_memory.py, storage-based peak), and the rank's check events are the same as when
 every tensor is kept and judged after the step: passing, failing, and warning (the precision step, which a
-tensor-wide budget lets work from the largest error alone)."""
+tensor-wide budget lets work from the largest error alone).
+
+And the single-device step that names a model case's checks runs where a rank (or the bench) first needs it, never
+when a suite is loaded to plan: planning the decoder suite builds no model."""
 
 from __future__ import annotations
 
@@ -13,6 +16,9 @@ from collections import Counter
 
 import pytest
 
+from shardcheck.harness.driver.planner import Selection, build_plan
+from shardcheck.harness.rank.suite_loader import suite_cases
+from shardcheck.reference import decoder as ref
 from helpers import ROOT
 
 SCRIPT = ROOT / "tests" / "model_case_memory.py"
@@ -93,3 +99,63 @@ def cases(quick=False):
     assert bad["status"] == "error" and "shardcheck's own code raised" in bad["message"]
     assert "harness" in bad["symptom"] and bad["error_where"].startswith("harness/core/")
     assert set(rows.loc[[c for c in rows.index if c >= "forward:act01"], "status"]) == {"error"}
+
+
+# ---- the single-device step, run where it is needed -----------------------------------------------------------------
+
+def test_planning_runs_no_model_and_the_names_are_made_once_where_needed(monkeypatch):
+    built = []
+    real_build = ref.build
+    monkeypatch.setattr(ref, "build", lambda cfg, gen: built.append(cfg) or real_build(cfg, gen))
+    plan = build_plan(Selection(run_id="lazy", seed=0, timeout=60.0, device="cpu", backend="gloo",
+                                suites_wanted=["decoder"], world_sizes=[1, 2, 4]))
+    assert len(plan.items) == 30 and {tuple(i.checks) for i in plan.items} == {("forward:loss",)}
+    assert not any(i.skip for i in plan.items)  # its batch laid out at every topology, from the data alone
+    (case,) = suite_cases("decoder", quick=False)  # what a rank loads
+    assert built == []  # neither the planner nor loading the suite built (let alone ran) the model
+    names = case.output_names  # a rank's golden (or the bench) asks: the single-device step runs now
+    assert names[0] == "act00:tok_embeddings" and "forward:loss" in case.forward_checks and built
+    steps = len(built)
+    assert case.output_names == names and len(case.output_layouts) == len(names) and len(built) == steps  # once
+
+
+def test_the_bench_of_a_model_case_runs_its_step(run_shardcheck):
+    run = run_shardcheck("run", "--bench", "--suite", "decoder", "--topology", "dp=1,cp=1,tp=2", "--dtype", "float64",
+                         "--bench-iters", "2")
+    assert run.returncode == 0, run.stdout[-3000:]
+    bench = run.rows[run.rows["check"] == "bench"]
+    assert len(bench) == 1 and bench["status"].iloc[0] == "pass" and bench["time_ms"].iloc[0] > 0
+
+
+def test_a_model_that_cannot_be_built_is_planned_and_is_one_error_at_its_line(run_shardcheck, tmp_path):
+    suite = tmp_path / "unbuildable.py"
+    suite.write_text('''
+import torch
+from shardcheck import ModelCase
+
+FAMILY = "unbuildable"
+IMPLEMENTATION = __file__
+
+
+def parallelize(model, ctx):
+    return model
+
+
+def build(gen):
+    raise RuntimeError("no such checkpoint")  # the line a finding names
+
+
+def cases(quick=False):
+    return [ModelCase(op=f"{FAMILY}.parallelize", case_id="c", build=build, parallelize=parallelize,
+                      make_inputs=lambda gen: {"x": torch.randn(3, 4, generator=gen, dtype=torch.float64)},
+                      model_inputs=("x",), dtypes=("float64",))]
+''')
+    run = run_shardcheck("run", "--suite-path", str(suite), "--suite", "unbuildable", "--world-sizes", "1,2",
+                         "--topology", "dp=1,cp=1,tp=1", "--topology", "dp=1,cp=1,tp=2")
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    rows = run.rows
+    assert set(rows["check"]) == {"forward:loss"} and set(rows["status"]) == {"error"} and len(rows) == 2
+    (cause,) = run.causes.itertuples()
+    assert "reference failed" in cause.kind  # the single-device side, on the ranks, not a usage error at load
+    assert f"raised RuntimeError in setup at {suite}:14: no such checkpoint" in cause.worst  # the line that raised
+    assert set(rows["error_where"]) == {f"{suite}:14"}
