@@ -351,6 +351,11 @@ class RankContext:
     kept_open: bool = False
     # {family: its module under test} of the families the case `uses` (resolved as each family's own suite's)
     modules: dict[str, Any] = field(default_factory=dict)
+    # Where a run makes its outputs one at a time (a model case's hooks), it may hand each one here as it comes:
+    # judge_output(name, local tensor, layout) is True when the harness judged it at once (the run then keeps
+    # nothing of it and returns None in its place), False when the run must return it as usual.  None: no such
+    # judge (a benchmark's run): the run returns every output.
+    judge_output: Callable[[str, torch.Tensor, Layout], bool] | None = None
 
     def __post_init__(self):
         # Asked once, here: DeviceMesh builds tensors to find a coordinate, and a case's run asks inside

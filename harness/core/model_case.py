@@ -105,25 +105,43 @@ class ModelCase:
     params: dict = field(default_factory=dict)
 
     def case(self) -> Case:
-        """The ordinary Case that runs this model's step (its output names from one float64 step on one device)."""
+        """The ordinary Case that runs this model's step.  Its outputs are named by one float64 step of the model on
+        one device, run the first time a rank (or the bench) asks for them, not here: loading a suite to plan runs
+        no model (the planner plans a model case's checks as its loss alone: PLANNED_CHECKS)."""
         if self.optimizer not in ("sgd", "adamw"):
             raise ModelCaseError(f"model case {self.op}[{self.case_id}]: optimizer {self.optimizer!r}; "
                                  "expected 'sgd' or 'adamw'")
-        # A skipped case never builds its model (its framework may be missing): its one check, the loss, is a skip.
-        order = ({"loss": torch.zeros(())} if self.skip_reason is not None
-                 else self._step_on_one_device(self._order_inputs()))
-        names = [n for n in order if not self._unchecked(n)]
-        self._names = names
-        self._shapes = {n: tuple(t.shape) for n, t in order.items()}
-        self._by_key = {_key_of(n): n for n in names}
-        case = Case(op=self.op, case_id=self.case_id, make_inputs=self._make_inputs, reference=self._reference,
-                    run=self._run, input_layouts=dict(self.input_layouts), output_names=tuple(names),
-                    output_layouts=tuple(REPLICATED for _ in names), budget_scope=BudgetScope.TENSOR,
-                    dtypes=self.dtypes, supports=self.supports, context_parallel=self._uses_cp(),
-                    xfail=self.xfail, skip_reason=self.skip_reason, params={"model": True, **self.params},
-                    uses=tuple(self.uses))
+        case = StepCase(op=self.op, case_id=self.case_id, make_inputs=self._make_inputs, reference=self._reference,
+                        run=self._run, input_layouts=dict(self.input_layouts), output_names=("loss",),
+                        output_layouts=(REPLICATED,), budget_scope=BudgetScope.TENSOR,
+                        dtypes=self.dtypes, supports=self.supports, context_parallel=self._uses_cp(),
+                        xfail=self.xfail, skip_reason=self.skip_reason, params={"model": True, **self.params},
+                        uses=tuple(self.uses))
+        case.model = self
         self._case = case
         return case
+
+    def outputs(self) -> tuple[str, ...]:
+        """The case's output names in step order, from one float64 step on one device: run once, the first time they
+        are asked for (a skipped case never builds its model, its framework may be missing: its one check, the
+        loss, is a skip)."""
+        names = getattr(self, "_names", None)
+        if names is None:
+            order = ({"loss": torch.zeros(())} if self.skip_reason is not None
+                     else self._step_on_one_device(self._order_inputs()))
+            names = tuple(n for n in order if not self._unchecked(n))
+            self._shapes = {n: tuple(t.shape) for n, t in order.items()}
+            self._by_key = {_key_of(n): n for n in names}
+            self._names = names
+        return names
+
+    def named(self) -> bool:
+        """Whether `outputs` has run in this process (without running it)."""
+        return getattr(self, "_names", None) is not None
+
+    def data_inputs(self, gen: torch.Generator) -> Tensors:
+        """The model's inputs without its weights (no model is built): what the planner lays out at a topology."""
+        return self.make_inputs(gen)
 
     def _unchecked(self, name: str) -> bool:
         kind, key = _key_of(name)
@@ -166,45 +184,58 @@ class ModelCase:
         """{output name: full tensor} of one step of the single-device model, names in execution order."""
         model = self._fresh_model(inputs)
         data = {k: v for k, v in inputs.items() if not k.startswith(PARAM_PREFIX)}
-        steps = self._step(model, data, None)
+        steps: dict[str, list] = {kind: [] for kind in _STAGE}
+        # a copy: a module may change its output in place later
+        self._step(model, data, None, lambda kind, key, tensor, _: steps[kind].append((key, tensor.clone())))
         got = {}
         for kind in ("act", "loss", "dact", "dparam", "step"):
-            for i, (key, tensor, _) in enumerate(steps[kind]):
+            for i, (key, tensor) in enumerate(steps[kind]):
                 got[_name(kind, i, key)] = tensor
         return got
 
     def _reference(self, inputs: Tensors) -> tuple:
         got = self._step_on_one_device(inputs)
-        return tuple(got.get(n) for n in self._names)
+        return tuple(got.get(n) for n in self.outputs())
 
     # ---------------------------------------------------------------------------------------------- this rank
 
     def _run(self, impl, ctx: RankContext, local: Tensors) -> tuple:
+        names = self.outputs()
         model = self._fresh_model(local, ctx.device)
         model = self.parallelize(model, ctx)
         self._put_full_weights(model, local, ctx)
         data = {k: v for k, v in local.items() if not k.startswith(PARAM_PREFIX)}
-        steps = self._step(model, data, ctx)
         default = self._batch_layout()
-        got: dict[str, tuple[torch.Tensor, Layout]] = {}
-        for kind in ("act", "loss", "dact", "dparam", "step"):
-            for key, tensor, layout in steps[kind]:
-                name = self._by_key.get((kind, key))
-                if name is None:  # a module call the single-device model does not make: nothing to compare with
-                    continue
-                if layout is None and kind in ("act", "dact"):
-                    path = key.split("#")[0]
-                    declared = next((lay for pat, lay in self.activation_layouts.items()
-                                     if fnmatch.fnmatchcase(path if path != ROOT_NAME else "", pat)), None)
-                    if declared is not None and kind == "dact":  # a summand's gradient is the whole gradient
-                        declared = Layout(*[Replicate() if isinstance(p, Partial) else p for p in declared.placements])
-                    layout = declared or _layout_by_shape(tuple(tensor.shape), self._shapes[name], default, ctx)
-                elif layout is None and kind in ("dparam", "step"):
-                    layout = _param_layout(key, self.param_layouts)
-                got[name] = (tensor, layout if layout is not None else self.loss_layout)
-        outs = [got.get(n, (None, REPLICATED)) for n in self._names]
+        got: dict[str, tuple[torch.Tensor | None, Layout]] = {}
+
+        def arrive(kind: str, key: str, tensor: torch.Tensor, layout: Layout | None) -> None:
+            name = self._by_key.get((kind, key))
+            if name is None:  # a module call the single-device model does not make: nothing to compare with
+                return
+            layout = self._layout_of(kind, key, name, tensor, layout, default, ctx)
+            # Judged as it comes (the harness keeps a summary, and the tensors of the first divergence only), so that
+            # the rank never holds every module's output and gradient at once; else a copy, returned below.
+            judged = ctx.judge_output is not None and ctx.judge_output(name, tensor, layout)
+            got[name] = (None if judged else tensor.clone(), layout)
+
+        self._step(model, data, ctx, arrive)
+        outs = [got.get(n, (None, REPLICATED)) for n in names]
         self._case.output_layouts = tuple(lay for _, lay in outs)  # read by the harness after this run, this item
         return tuple(t for t, _ in outs)
+
+    def _layout_of(self, kind: str, key: str, name: str, tensor: torch.Tensor, layout: Layout | None,
+                   default: Layout, ctx: RankContext) -> Layout:
+        """The layout of a sharded tensor of the step: a DTensor's own, else the declared or inferred one."""
+        if layout is None and kind in ("act", "dact"):
+            path = key.split("#")[0]
+            declared = next((lay for pat, lay in self.activation_layouts.items()
+                             if fnmatch.fnmatchcase(path if path != ROOT_NAME else "", pat)), None)
+            if declared is not None and kind == "dact":  # a summand's gradient is the whole gradient
+                declared = Layout(*[Replicate() if isinstance(p, Partial) else p for p in declared.placements])
+            layout = declared or _layout_by_shape(tuple(tensor.shape), self._shapes[name], default, ctx)
+        elif layout is None and kind in ("dparam", "step"):
+            layout = _param_layout(key, self.param_layouts)
+        return layout if layout is not None else self.loss_layout
 
     def _batch_layout(self) -> Layout:
         """The layout an activation defaults to: the batch's placements over dp and cp, replicated over tp."""
@@ -243,24 +274,23 @@ class ModelCase:
 
     # ---------------------------------------------------------------------------------------------- the step
 
-    def _step(self, model: nn.Module, data: Tensors, ctx: RankContext | None) -> dict[str, list]:
-        """One training step with hooks: per kind (act, loss, dact, dparam, step), in execution order, a list of
-        (key, tensor, layout): the local tensor of a DTensor and its layout; a plain tensor and None."""
-        fwd: list = []
-        bwd: list = []
+    def _step(self, model: nn.Module, data: Tensors, ctx: RankContext | None,
+              arrive: Callable[[str, str, torch.Tensor, Layout | None], None]) -> None:
+        """One training step with hooks, each tensor handed to `arrive(kind, key, tensor, layout)` as it is made, in
+        execution order (kinds: act, loss, dact, dparam, step): the local tensor of a DTensor and its layout; a plain
+        tensor and None.  Detached, not copied: `arrive` copies what it keeps."""
         calls: dict[str, int] = {}
 
         batch = self._batch_layout()
 
-        def keep(t: torch.Tensor, activation: bool = False) -> tuple[torch.Tensor, Layout | None]:
-            # a detached copy: a module may change its output in place later
+        def view(t: torch.Tensor, activation: bool = False) -> tuple[torch.Tensor, Layout | None]:
             if isinstance(t, DTensor) and not _mapped(t):
                 # FSDP2's parameters and gradients on the flattened dp x cp mesh (and a TP shard sharded again over
                 # it, _StridedShard): no Layout of the (dp, cp, tp) mesh describes them, so the full tensor is judged
-                return t.full_tensor().detach().clone(), REPLICATED
+                return t.full_tensor().detach(), REPLICATED
             if isinstance(t, DTensor):  # an activation on the tp sub-mesh is still split over dp/cp as the batch
-                return t.to_local().detach().clone(), _dtensor_layout(t, batch if activation else REPLICATED)
-            return t.detach().clone(), None
+                return t.to_local().detach(), _dtensor_layout(t, batch if activation else REPLICATED)
+            return t.detach(), None
 
         def on_forward(path: str):
             def hook(module, args, out):
@@ -270,9 +300,9 @@ class ModelCase:
                 k = calls.get(path, 0)
                 calls[path] = k + 1
                 key = (path or ROOT_NAME) + (f"#{k}" if k else "")
-                fwd.append((key, *keep(tensor, activation=True)))
+                arrive("act", key, *view(tensor, activation=True))
                 if tensor.requires_grad:
-                    tensor.register_hook(lambda g, key=key: bwd.append((key, *keep(g, activation=True))) and None)
+                    tensor.register_hook(lambda g, key=key: arrive("dact", key, *view(g, activation=True)))
             return hook
 
         handles = [m.register_forward_hook(on_forward(path)) for path, m in model.named_modules()]
@@ -283,6 +313,7 @@ class ModelCase:
                 loss = self.loss(out, data, ctx) if self.loss is not None else out
                 if isinstance(loss, DTensor):
                     loss = loss.full_tensor()
+                arrive("loss", "loss", loss.detach(), None)
                 loss.backward()
         finally:
             for h in handles:
@@ -290,12 +321,50 @@ class ModelCase:
         params = list(model.named_parameters())
         # A DTensor gradient left Partial (a replicated norm weight under sequence parallelism) is the sum of the
         # ranks' pieces, as DTensor defines it: compared so, while the step shows whether the optimizer reduced it.
-        dparam = [(name, *keep(p.grad)) for name, p in params if p.grad is not None]
+        for name, p in params:
+            if p.grad is not None:
+                arrive("dparam", name, *view(p.grad))
         opt = (torch.optim.SGD([p for _, p in params], lr=self.lr) if self.optimizer == "sgd"
                else torch.optim.AdamW([p for _, p in params], lr=self.lr))
         opt.step()
-        return {"act": fwd, "loss": [("loss", loss.detach().clone(), None)], "dact": bwd, "dparam": dparam,
-                "step": [(name, *keep(p)) for name, p in params]}
+        for name, p in params:
+            arrive("step", name, *view(p))
+
+
+# What the planner plans of a model case (its outputs are named by running it, which planning does not): the loss,
+# which every model case has.  The ranks report every check; a model item that does not run (skipped, or its ranks
+# died) has this one row.
+PLANNED_CHECKS = ("forward:loss",)
+
+
+class StepCase(Case):
+    """The Case a ModelCase makes: `output_names` (and the layouts before a run sets them) are its ModelCase's,
+    asked of it the first time something needs them (ModelCase.outputs), not when the case is made."""
+
+    model: ModelCase | None = None
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.model.outputs() if self.model is not None else self.__dict__["_output_names"]
+
+    @output_names.setter
+    def output_names(self, names: tuple[str, ...]) -> None:
+        self.__dict__["_output_names"] = tuple(names)
+
+    @property
+    def output_layouts(self) -> tuple[Layout, ...]:
+        layouts = self.__dict__["_output_layouts"]
+        if self.model is not None and len(layouts) != len(self.output_names):  # before the first run sets them
+            layouts = self.__dict__["_output_layouts"] = tuple(REPLICATED for _ in self.output_names)
+        return layouts
+
+    @output_layouts.setter
+    def output_layouts(self, layouts: tuple[Layout, ...]) -> None:
+        self.__dict__["_output_layouts"] = tuple(layouts)
+
+    def planning_inputs(self, gen: torch.Generator) -> Tensors:
+        """The inputs the planner lays out (Case.misfit): the model's data alone, its weights left unbuilt."""
+        return self.model.data_inputs(gen) if self.model is not None else self.make_inputs(gen)
 
 
 def _name(kind: str, index: int, key: str) -> str:

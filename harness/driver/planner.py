@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from shardcheck.harness.core.case import BAD_INPUT_CHECK, Case, FuzzSpace
+from shardcheck.harness.core.model_case import PLANNED_CHECKS, StepCase
 from shardcheck.harness.driver.corpus import CorpusEntry
 from shardcheck.harness.rank.fuzz_cases import fuzz_case
 from shardcheck.harness.core.plan_data import DTYPES, Item, Plan, Xfail
@@ -48,6 +49,8 @@ def expected_checks(case: Case, bench: bool = False) -> list[str]:
         return ["bench"] + (["property:comm"] if case.comm else [])
     if case.bad_input is not None:  # the op raises (usually): one row; an answer it returns adds its own
         return [BAD_INPUT_CHECK]
+    if isinstance(case, StepCase):  # named by running the model, which the ranks do: the planner does not
+        return list(PLANNED_CHECKS)
     if not case.output_names and not case.comm:  # a properties-only case: its properties are named when they
         return ["property:properties"]  # run; this row stands for them when the op raises, is skipped or hangs
     return case.forward_checks + [f"grad:{n}" for n in case.grad_inputs] + (["property:comm"] if case.comm else [])
@@ -70,7 +73,7 @@ def known_failure(case: Case, topology: Topology, dtype: str) -> Xfail | None:
 def check_known_failure(case: Case) -> None:
     """A KnownFailure pattern that can match none of the case's checks is a typo that would leave the mark
     silently unused (properties are named when they run: `property:` patterns are taken on trust)."""
-    if case.xfail is None:
+    if case.xfail is None or isinstance(case, StepCase):  # (a model case's checks are named on the ranks)
         return
     checks = case.forward_checks + [f"grad:{n}" for n in case.grad_inputs] + (["property:comm"] if case.comm else []) \
         + ([BAD_INPUT_CHECK] if case.bad_input is not None else [])
@@ -260,7 +263,8 @@ def _misfit(case: Case, topo: Topology, seed: int, made: list[dict | None]) -> s
         return case.misfit(topo, {})
     if not made:
         try:
-            made.append(case.make_inputs(torch.Generator().manual_seed(seed)))
+            make = case.planning_inputs if isinstance(case, StepCase) else case.make_inputs  # (no model built)
+            made.append(make(torch.Generator().manual_seed(seed)))
         except Exception:  # the ranks report it (a reference error row): nothing to decide here
             made.append(None)
     return case.misfit(topo, made[0]) if made[0] is not None else ""

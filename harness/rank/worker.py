@@ -22,6 +22,7 @@ import contextlib
 import cProfile
 import faulthandler
 import itertools
+import math
 import os
 import signal
 import sys
@@ -29,7 +30,7 @@ import sysconfig
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -47,7 +48,7 @@ from shardcheck.harness.core.compare import BudgetScope, budget, compare, judge
 from shardcheck.harness.core.peer_failure import is_peer_failure
 from shardcheck.harness.core.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path, stack_path
 from shardcheck.harness.core.plan_data import DTYPES, Item, Plan
-from shardcheck.harness.core.model_case import step_order
+from shardcheck.harness.core.model_case import StepCase, step_order
 from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
 from shardcheck.harness.rank.signatures import under_test, used_by_one_case, used_drift
 from shardcheck.harness.rank.fuzz_cases import fuzz_case
@@ -79,6 +80,30 @@ class _Call:
     counter: CommCounter
     emit_check: Callable
     contexts: contextlib.ExitStack
+    # Outputs judged as the run made them (RankContext.judge_output): {output index: verdict}, emitted in output order
+    # after the run; the first exception the harness raised judging one, with its output's index (raised when the
+    # judging after the run reaches that output, as it would have raised judging it there).
+    verdicts: dict[int, _Verdict] = field(default_factory=dict)
+    arrival_error: tuple[int, Exception] | None = None
+
+
+@dataclass
+class _Verdict:
+    """One local tensor judged against its slice of the golden, before the precision step: what its row needs, and
+    what that step needs (the tensors themselves only where it compares them elementwise: per-row budgets)."""
+    check: str
+    stats: dict
+    status: Status
+    ratio: float
+    message: str
+    symptom: Symptom | None
+    got_dtype: torch.dtype
+    expect_dtype: torch.dtype
+    gold_full: torch.Tensor  # the golden's own tensor, not a copy
+    lay: object  # Layout
+    got: torch.Tensor | None
+    expected: torch.Tensor | None
+    piece: dict | None  # its failure artefact piece, when kept
 
 
 class Golden:
@@ -110,13 +135,29 @@ class Golden:
         item's dtype without the float32 upcast (shardcheck.reference.low_precision_math).  Only run when a check
         fails, once per item."""
         if kind not in self._precision_runs:
-            if kind == "float32":
-                inputs = {k: v.float() if is_float(v) else v for k, v in self.inputs.items()}
-                self._precision_runs[kind] = self._reference(self.case, inputs, None, self.n_summands)
-            else:
-                with low_precision_math():
-                    self._precision_runs[kind] = self._reference(self.case, self.inputs, None, self.n_summands)
+            self._precision_runs[kind] = self._precision(kind)
         return self._precision_runs[kind]
+
+    def precision_limits(self, kind: str, dtype: torch.dtype) -> tuple[tuple, dict]:
+        """(outputs, {}) as precision_run gives them, each output reduced to its tensor-wide budget in `dtype` (one
+        number: BudgetScope.TENSOR) against that run: a model case's precision step needs no more, and the run (every
+        module's tensors of the step) is not kept."""
+        key = f"{kind} limits"
+        if key not in self._precision_runs:
+            outs = (self._precision_runs.get(kind) or self._precision(kind))[0]
+            limits = []
+            for gold, alt in zip(self.outputs, outs):
+                b = budget(gold, alt, dtype, BudgetScope.TENSOR)[0] if gold is not None and alt is not None else None
+                limits.append(None if b is None else float(b.reshape(-1)[0]) if b.numel() else 0.0)
+            self._precision_runs[key] = (tuple(limits), {})
+        return self._precision_runs[key]
+
+    def _precision(self, kind: str) -> tuple[tuple, dict]:
+        if kind == "float32":
+            inputs = {k: v.float() if is_float(v) else v for k, v in self.inputs.items()}
+            return self._reference(self.case, inputs, None, self.n_summands)
+        with low_precision_math():
+            return self._reference(self.case, self.inputs, None, self.n_summands)
 
     def _reference(self, case: Case, inputs: dict, gen, n_summands: int):
         inputs = {k: v.clone().requires_grad_(k in case.grad_inputs) for k, v in inputs.items()}
@@ -338,7 +379,7 @@ class Worker:
         # run of the reference inside a CP context would meet the context's attention).
         backward_error = self._backward_step(call, outs) if call.ctx.kept_open else None
         if backward_error is not None and not call.case.grad_inputs:  # the kept context failed to close
-            self._emit_error(call.emit_check, item.checks, backward_error, Phase.BACKWARD)
+            self._emit_error(call.emit_check, self._item_checks(item), backward_error, Phase.BACKWARD)
             return
         self.events.phase(item.id, Phase.JUDGING)
         self._judge_outputs(call, outs)
@@ -373,7 +414,7 @@ class Worker:
         try:
             golden = self.golden(case, item, n_summands)
         except Exception as exc:
-            for check in item.checks:
+            for check in self._item_checks(item):
                 emit_check(check, Status.ERROR, message=f"reference failed: {type(exc).__name__}: {exc}",
                            symptom=Symptom.REFERENCE, **_error_fields(exc), phase=Phase.SETUP)
             return None
@@ -383,8 +424,11 @@ class Worker:
                           input_layouts=case.input_layouts, impl=impl, full_inputs=golden.inputs, contexts=contexts,
                           params=case.params, modules={fam: used_by_one_case(self.impls[fam]) for fam in case.uses})
         counter = CommCounter(group_dims(mesh) if case.comm else {}, enabled=case.comm is not None)
-        return _Call(item, case, impl, mesh, ctx, golden, self._local_inputs(case, golden, mesh), counter, emit_check,
+        call = _Call(item, case, impl, mesh, ctx, golden, self._local_inputs(case, golden, mesh), counter, emit_check,
                      contexts)
+        index = {name: i for i, name in enumerate(case.output_names)}
+        ctx.judge_output = lambda name, got, lay: self._judge_arriving(call, index.get(name), got, lay)
+        return call
 
     def _call_step(self, call: _Call) -> tuple | None:
         """The op under test on this rank's pieces: its outputs, or None when that already decided the item (it
@@ -398,7 +442,7 @@ class Worker:
                 emit_check(BAD_INPUT_CHECK, status, message=message, keep_message=True,
                            symptom=None if status == Status.PASS else Symptom.PROPERTY)
             else:
-                self._emit_error(emit_check, call.item.checks, exc, Phase.FORWARD)
+                self._emit_error(emit_check, self._item_checks(call.item), exc, Phase.FORWARD)
             return None
         if case.bad_input is not None and case.bad_input.interpretation is None:
             emit_check(BAD_INPUT_CHECK, Status.FAIL, message=case.bad_input.silent_return(), symptom=Symptom.PROPERTY)
@@ -409,7 +453,7 @@ class Worker:
             return None
         outs = as_tuple(outs)
         if len(outs) != len(case.output_names):
-            for check in call.item.checks:
+            for check in self._item_checks(call.item):
                 emit_check(check, Status.ERROR, message=f"op returned {len(outs)} outputs, expected {len(case.output_names)}",
                            symptom=Symptom.OUTPUTS, phase=Phase.FORWARD)
             return None
@@ -421,6 +465,12 @@ class Worker:
         for i, (name, check, got, gold, naive, lay) in enumerate(zip(case.output_names, case.forward_checks, outs,
                                                                      golden.outputs, golden.naive_outputs,
                                                                      case.output_layouts)):
+            if call.arrival_error is not None and call.arrival_error[0] == i:  # the harness raised judging it
+                raise call.arrival_error[1]
+            if i in call.verdicts:  # judged as it arrived: its precision step and row now, in output order
+                self._emit_verdict(emit_check, call.verdicts.pop(i), mesh, golden.inputs,
+                                   precision=(golden, lambda run, i=i: run[0][i], call.ctx.dtype))
+                continue
             if gold is None:  # the reference returns None here (e.g. an optional output): so must the op
                 emit_check(check, Status.PASS if got is None else Status.FAIL,
                            message="" if got is None else f"expected None, got {type(got).__name__}",
@@ -501,6 +551,15 @@ class Worker:
             return exc
         return None
 
+    def _item_checks(self, item: Item) -> list[str]:
+        """The checks this rank reports on when it cannot judge them one by one (the op raised, the harness did): the
+        plan's, or every check of a model case whose step has named them on this rank (its plan has the loss alone,
+        StepCase)."""
+        case = self.cases.get((item.op, item.case_id))
+        if isinstance(case, StepCase) and case.model is not None and case.model.named():
+            return case.forward_checks
+        return item.checks
+
     def _enter(self, item: Item, phase: Phase) -> None:
         self._phase = phase  # (for a harness error's row: where this rank was)
         self.events.phase(item.id, phase)
@@ -557,6 +616,26 @@ class Worker:
             index = index * mesh_dims(mesh).sizes[d] + mesh_dims(mesh).coords[d]
         return index
 
+    def _judge_arriving(self, call: _Call, index: int | None, got: torch.Tensor, lay) -> bool:
+        """RankContext.judge_output: output `index` of the run judged the moment the run makes it (a model case's
+        hook), its verdict kept for `_judge_outputs` and the tensor left to the run to drop.  False: judge it after
+        the run as usual (an output the golden has none of, or with a check of the case's own)."""
+        case, golden, mesh = call.case, call.golden, call.mesh
+        if call.arrival_error is not None:  # the harness failed on an earlier one: reported after the run
+            return True
+        if index is None or golden.outputs[index] is None or case.output_names[index] in case.output_checks:
+            return False
+        try:
+            gold, naive = golden.outputs[index], golden.naive_outputs[index]
+            expected = lay.local(gold, mesh, golden.inputs)
+            got_dtype = got.dtype
+            got = lay.reduce_partial(got, mesh)
+            call.verdicts[index] = self._measure(case.forward_checks[index], got, expected, gold, naive, lay, mesh,
+                                                 golden.inputs, naive.dtype, got_dtype, arriving=True)
+        except Exception as exc:  # raised as the harness's own error once the run is over, not as the model's
+            call.arrival_error = (index, exc)
+        return True
+
     def _emit_compare(self, emit_check, check, got, expected, gold_full, naive_full, lay, mesh, inputs, expect_dtype,
                       got_dtype=None, precision=None):
         """Judge one local tensor against its slice of the golden with per-element budgets.  `precision`
@@ -565,6 +644,14 @@ class Worker:
         if not isinstance(got, torch.Tensor):
             emit_check(check, Status.FAIL, message=f"got {type(got).__name__}, expected a tensor", symptom=Symptom.OUTPUT_TYPE)
             return
+        verdict = self._measure(check, got, expected, gold_full, naive_full, lay, mesh, inputs, expect_dtype, got_dtype)
+        self._emit_verdict(emit_check, verdict, mesh, inputs, precision)
+
+    def _measure(self, check, got, expected, gold_full, naive_full, lay, mesh, inputs, expect_dtype, got_dtype=None,
+                 arriving: bool = False) -> _Verdict:
+        """One local tensor's verdict before the precision step.  `arriving`: judged as the run made it (a model
+        case's step), so only a summary is kept, plus the tensors of this rank's first failing check of the step
+        (its failure artefact) and, with per-row budgets, those of a failing check (the precision step's)."""
         stats, status, ratio, limit = _judge(got, expected, gold_full, naive_full, expect_dtype, lay, mesh, inputs,
                                              self.budget_scope)
         msg = ""
@@ -573,43 +660,67 @@ class Worker:
         got_dtype = got_dtype or got.dtype
         if got_dtype != expect_dtype:
             status, msg, symptom = Status.FAIL, f"dtype {str(got_dtype)[6:]}, expected {str(expect_dtype)[6:]}", Symptom.DTYPE
+        for key in ("worst", "nonfinite"):
+            if stats.get(key):
+                stats[key]["global_index"] = list(lay.global_index(stats[key]["local_index"], gold_full.shape, mesh, inputs))
+        piece = None
+        if (self.failures_saved < self.plan.failure_artefacts and "shape_mismatch" not in stats
+                and gold_full.numel() <= MAX_ARTEFACT_NUMEL and (not arriving or self._first_failing(check, status))):
+            piece = {"got": got.detach() if not arriving else got.detach().clone(), "expected": expected.detach(),
+                     "indices": lay.mesh_indices(gold_full.shape, mesh, inputs), "budget": limit,
+                     "full_shape": tuple(gold_full.shape), "failed": status == Status.FAIL, "coords": mesh_coords(mesh)}
+            if arriving:  # the step's first failing check on this rank replaces a later one's
+                self.pieces = {c: p for c, p in self.pieces.items() if step_order(c) is None}
+            self.pieces[check] = piece
+        # A tensor-wide budget is one number: the precision step then needs the largest error alone, not the tensors.
+        elementwise = not arriving or (status == Status.FAIL and self.budget_scope != BudgetScope.TENSOR)
+        return _Verdict(check, stats, status, ratio, msg, symptom, got_dtype, expect_dtype, gold_full, lay,
+                        got if elementwise else None, expected if elementwise else None, piece)
+
+    def _first_failing(self, check: str, status: Status) -> bool:
+        """Whether a failing model check comes before every model check whose piece this rank keeps."""
+        order = step_order(check)
+        if status != Status.FAIL or order is None:
+            return False
+        kept = [step_order(c) for c in self.pieces if step_order(c) is not None]
+        return all(order < k for k in kept)
+
+    def _emit_verdict(self, emit_check, v: _Verdict, mesh, inputs, precision=None) -> None:
+        """The precision step of a verdict (a failing check that a legitimate precision difference explains becomes
+        `warn`), then its row."""
+        stats, status, msg, symptom = v.stats, v.status, v.message, v.symptom
         if status == Status.FAIL and precision is not None and "shape_mismatch" not in stats and not stats.get("nonfinite"):
-            finding, kind = self._precision_finding(got, expected, gold_full, lay, mesh, inputs, expect_dtype, got_dtype,
-                                                    *precision, scope=self.budget_scope)
+            finding, kind = self._precision_finding(v, mesh, inputs, *precision, scope=self.budget_scope)
             allowed = precision[0].case.allows_float32 if kind == "float32" else None
             if finding and allowed:  # the family's documented precision: not a finding at all
                 status, msg, symptom = Status.PASS, f"{finding}, which the contract allows ({allowed})", None
             elif finding:
                 status, msg, symptom = Status.WARN, "; ".join(m for m in (finding, msg) if m), Symptom(f"precision:{kind}")
-        for key in ("worst", "nonfinite"):
-            if stats.get(key):
-                stats[key]["global_index"] = list(lay.global_index(stats[key]["local_index"], gold_full.shape, mesh, inputs))
-        if (self.failures_saved < self.plan.failure_artefacts and "shape_mismatch" not in stats
-                and gold_full.numel() <= MAX_ARTEFACT_NUMEL):
-            self.pieces[check] = {"got": got.detach(), "expected": expected.detach(),
-                                  "indices": lay.mesh_indices(gold_full.shape, mesh, inputs), "budget": limit,
-                                  "full_shape": tuple(gold_full.shape), "failed": status == Status.FAIL,
-                                  "coords": mesh_coords(mesh)}
+        if v.piece is not None:
+            v.piece["failed"] = status == Status.FAIL
         stats.pop("err_ratio", None)
-        emit_check(check, status, err_ratio=ratio if ratio != float("inf") else None, message=msg, symptom=symptom,
-                   keep_message=status == Status.PASS and bool(msg),  # a precision the contract allows, cited
+        emit_check(v.check, status, err_ratio=v.ratio if v.ratio != float("inf") else None, message=msg,
+                   symptom=symptom, keep_message=status == Status.PASS and bool(msg),  # a precision the contract allows, cited
                    **{"budget": None, "err_naive": None, **stats})
 
     @staticmethod
-    def _precision_finding(got, expected, gold_full, lay, mesh, inputs, expect_dtype, got_dtype, golden, pick,
-                           item_dtype, scope=BudgetScope.ROW) -> tuple[str, str]:
+    def _precision_finding(v: _Verdict, mesh, inputs, golden, pick, item_dtype,
+                           scope=BudgetScope.ROW) -> tuple[str, str]:
         """(words, "float32" | "bfloat16") of the precision difference that explains a failing check, or ("", ""):
         a float64 item within the float32 budget of the same item, a bfloat16 item within the budget of bfloat16
         math."""
         kind, low = {torch.float64: ("float32", torch.float32),
                      torch.bfloat16: ("bfloat16 math", torch.bfloat16)}.get(item_dtype, (None, None))
-        if kind is None or got_dtype not in (expect_dtype, low):
+        if kind is None or v.got_dtype not in (v.expect_dtype, low):
             return "", ""
-        try:
-            alt = pick(golden.precision_run(kind))
+        try:  # a tensor-wide budget (one value): the largest error against it is the largest ratio, as compare()'s
+            alt = pick(golden.precision_run(kind) if v.got is not None else golden.precision_limits(kind, low))
         except Exception:  # the reference cannot run that way: no excuse for the error
             return "", ""
-        _, status, ratio, _ = _judge(got, expected, gold_full, alt, low, lay, mesh, inputs, scope)
+        if v.got is not None:
+            _, status, ratio, _ = _judge(v.got, v.expected, v.gold_full, alt, low, v.lay, mesh, inputs, scope)
+        else:
+            status, ratio = _judge_largest(v.stats["max_abs_err"], alt)
         if status != Status.PASS:
             return "", ""
         if kind == "float32":
@@ -627,7 +738,8 @@ class Worker:
         emit_check = self.check_emitter(item, mesh)
         # A collective of the harness's own (summing a Partial output) failing because a peer failed is a consequence.
         secondary = is_peer_failure(exc)
-        for check in [c for c in item.checks if c not in self._emitted] or item.checks:
+        checks = self._item_checks(item)
+        for check in [c for c in checks if c not in self._emitted] or checks:
             emit_check(check, Status.ERROR, secondary=secondary, symptom=Symptom.BLOCKED if secondary else Symptom.HARNESS,
                        phase=phase, error_type=type(exc).__name__,
                        error_message=first, error_where=where,
@@ -685,6 +797,13 @@ def _judge(got, expected, gold_full, ref_full, dtype, lay, mesh, inputs,
     stats = compare(got, expected, limit, err_naive)
     status, ratio = judge(stats)
     return stats, status, ratio, limit
+
+
+def _judge_largest(max_abs_err: float, limit: float) -> tuple[str, float]:
+    """(status, err/budget) of a tensor whose budget is one value throughout (BudgetScope.TENSOR), from its largest
+    error alone: what compare() and judge() give on the tensor itself (an error where the budget is 0: inf)."""
+    ratio = 0.0 if max_abs_err == 0 else (max_abs_err / limit if limit > 0 else math.inf)
+    return (Status.PASS if ratio <= 1.0 else Status.FAIL), ratio
 
 
 def _rendezvous(launch_dir: Path, rank: int, world: int, timeout: float) -> dist.Store:
