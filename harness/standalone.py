@@ -9,20 +9,37 @@ runs every selected topology whose size divides it.  Rank 0 merges the
 per-rank events into results.jsonl after each case, so --out must be on a filesystem that every
 node sees; it completes run.json and writes the report at the end.  Rank 0 exits as `shardcheck
 run` does: 1 when a check failed or errored (or warned, with --strict), else 0.
+
+A hang ends the run at once (a hand-launched run cannot replace its ranks): every rank runs a watchdog thread; at
+--timeout after an item's start (or when a rank's check-in after the item finds a peer missing) the rank that
+notices claims the finding in torchrun's store (`_Hang`).  Rank 0 claims at once; another rank claims only when rank
+0 has not within TAKEOVER seconds (rank 0 stuck in native code that holds the GIL: its Python threads do not run).
+The claimant writes the finding (every rank's stack, dumped by faulthandler's C timer, and the collectives compared),
+skips the items left, completes run.json, writes the report and exits 1; torchrun then ends the other ranks.  Where
+no rank's Python runs at all (every rank holding the GIL in native code), only the stack files are written and the
+run waits for torchrun or the user.
 """
 
 from __future__ import annotations
 
 import argparse
 import faulthandler
+import json
 import os
 import signal
 import sys
+import threading
+import time
+import traceback
+from collections import Counter
+from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import torch.distributed as dist
 
-from shardcheck.harness.core.events import stack_path
+from shardcheck.harness.core.events import EXIT_PEER_STUCK, stack_path
+from shardcheck.harness.core.records import RESULTS, RUN_META, RecordWriter
 from shardcheck.harness.core.plan_data import Item
 from shardcheck.harness.driver import postmortem, stacks
 from shardcheck.harness.driver.collect import Collector
@@ -32,6 +49,10 @@ from shardcheck.harness.core.topology import Topology, UsageError, default_topol
 from shardcheck.harness.rank import flight_recorder
 from shardcheck.harness.rank.worker import Worker
 from shardcheck.reports.report import build
+
+TAKEOVER = 3.0  # seconds a rank other than 0 leaves rank 0 to claim a hang's finding before claiming it itself
+WATCH_SLICE = 0.2  # how often the watchdog thread looks at the item in flight
+WRITTEN_WAIT = 120.0  # seconds a rank that lost the claim waits for the finding before it exits anyway
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,15 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     if flight_recorder.enabled():  # before the modules under test are imported (worker.load)
         worker.recorder = flight_recorder.install(launch_dir, rank)
     worker.load(plan, events_dir)
+    hang = _Hang(worker, plan, launch_dir, events_dir, args.out, args.strict)
     if rank != 0:
-        worker.run()
+        hang.start()
+        worker.run(on_stuck=hang.end)
         dist.barrier()
         dist.destroy_process_group()
         return EXIT_OK
     writer, meta = open_run(args.out, plan, sys.argv)
     collector = Collector(plan, plan.items, events_dir, writer, world)
-    worker.run(on_item_done=lambda item: collector.poll(),
-               on_stuck=lambda item: _stuck(collector, item, launch_dir, args.out))
+    hang.collector, hang.writer, hang.meta = collector, writer, meta
+    hang.start()
+    worker.run(on_item_done=lambda item: collector.poll(), on_stuck=hang.end)
     dist.barrier()  # every rank has written its last 'done'
     collector.poll()
     close_run(args.out, writer, meta)
@@ -82,15 +106,109 @@ def main(argv: list[str] | None = None) -> int:
     return exit_code(writer.counts, args.strict)
 
 
-def _stuck(collector: Collector, item: Item, launch_dir: Path, out: Path) -> None:
-    """Rank 0 found peers missing at the item's barrier: their own stack dumps (written at --timeout) and every
-    rank's collectives, compared, make the finding, as the driver's postmortem does."""
+class _Hang:
+    """Ends the run at a hang, on the one rank that claims it: the main thread's check-in after an item (a peer
+    missing) or the watchdog thread (the item still in flight at --timeout: this rank blocked in a collective or
+    spinning) calls `end`, which never returns.  Rank 0 writes with its own collector; another rank, when rank 0's
+    Python does not run, reads the events and rows rank 0 left and appends after them."""
+
+    def __init__(self, worker: Worker, plan, launch_dir: Path, events_dir: Path, out: Path, strict: bool):
+        self.worker, self.plan, self.launch_dir, self.events_dir, self.out, self.strict = (
+            worker, plan, launch_dir, events_dir, out, strict)
+        self.rank = worker.rank
+        # torchrun's store (its agent hosts it): it outlives any rank, and a blocked process group does not touch it
+        self.store = dist.PrefixStore("shardcheck-hang", dist.distributed_c10d._get_default_store())
+        self.collector: Collector | None = None  # rank 0's
+        self.writer: RecordWriter | None = None
+        self.meta: dict | None = None
+        self.lock = threading.Lock()  # the main thread and the watchdog may both end the run: the first one does
+
+    def start(self) -> None:
+        threading.Thread(target=self._watch, name="shardcheck-hang-watchdog", daemon=True).start()
+
+    def _watch(self) -> None:
+        # A Python thread: it runs while the main thread spins in Python or waits in gloo (which releases the GIL),
+        # not while the main thread holds the GIL in native code (another rank takes over then: `end`).
+        while True:
+            current = self.worker.current
+            if current is not None and time.time() >= current[1] + self.plan.timeout:
+                self.end(current[0])
+            time.sleep(WATCH_SLICE)
+
+    def end(self, item: Item) -> NoReturn:
+        self.lock.acquire()  # (never released: this process ends here)
+        key = f"{self.worker.plans_loaded - 1}/{item.id}"
+        if self.rank != 0:  # rank 0 claims first when its Python runs; the lowest other rank after it
+            time.sleep(TAKEOVER + 0.2 * self.rank)
+        try:
+            mine = self.store.add(f"claim/{key}", 1) == 1
+        except Exception:  # the store is gone: torchrun is ending the run
+            mine = False
+        if not mine:
+            try:
+                self.store.wait([f"written/{key}"], timedelta(seconds=WRITTEN_WAIT))
+            except Exception:
+                pass
+            _exit(EXIT_PEER_STUCK)
+        code = 1
+        try:
+            code = self._write(item)
+        except BaseException:  # the finding could not be written: say why, and still end the run
+            traceback.print_exc()
+        finally:
+            try:
+                self.store.set(f"written/{key}", str(self.rank))
+            except Exception:
+                pass
+        _exit(code)
+
+    def _write(self, item: Item) -> int:
+        """The hung item's finding, the items left skipped, run.json completed and the report: the exit code."""
+        collector, writer, meta = self.collector, self.writer, self.meta
+        if collector is None:  # rank 0 cannot: after the rows it wrote, from the events every rank left
+            writer = RecordWriter(self.out)
+            meta = json.loads((self.out / RUN_META).read_text()) if (self.out / RUN_META).is_file() else {}
+            collector = Collector(self.plan, self.plan.items, self.events_dir, writer, self.worker.world)
+            written = {(r["op"], r["case_id"], r["dtype"], r["dp"], r["cp"], r["tp"]) for r in _rows(self.out)}
+            collector.finished.update(i.id for i in self.plan.items
+                                      if (i.op, i.case_id, i.dtype, *i.topology) in written)
+        reason = (f"rank(s) did not finish the case within --timeout {self.plan.timeout:g}s; rank {self.rank} took "
+                  "the ranks' stacks and ended the hand-launched run")
+        cause = _stuck(collector, item, self.launch_dir, self.out, reason)
+        dp, cp, tp = item.topology
+        reason = (f"not run: the run ended at {item.op} case {item.case_id} {item.dtype} at dp{dp}-cp{cp}-tp{tp} "
+                  f"({cause}); a hand-launched run cannot replace its ranks")
+        for rest in collector.unfinished():
+            collector.skip(rest, reason)
+        writer.counts = dict(Counter(r["status"] for r in _rows(self.out)))  # rank 0's rows and these
+        close_run(self.out, writer, meta)
+        build(self.out)
+        print(f"shardcheck worker (rank {self.rank}): the run ended at a hang in {item.op} {item.case_id}: "
+              f"{self.out / RESULTS}", file=sys.stderr)
+        return exit_code(writer.counts, self.strict)
+
+
+def _rows(out: Path) -> list[dict]:
+    path = out / RESULTS
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def _exit(code: int) -> NoReturn:
+    """End this process now: its main thread may be blocked in a collective that never returns."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _stuck(collector: Collector, item: Item, launch_dir: Path, out: Path, reason: str) -> str:
+    """The hung item's finding: every rank's own stack dump (written at --timeout) and every rank's collectives,
+    compared, as the driver's postmortem does.  Returns the cause in a few words."""
     collector.poll()
     started = min(collector.state[item.id].started.values(), default=0.0)
     dp, cp, tp = item.topology
     dumps = stacks.dumped_since(launch_dir, list(range(dp * cp * tp)), started, wait=stacks.STACK_WAIT + 3)
     evidence = postmortem.of_dumps(launch_dir, item, 0, dumps, {}, out)
-    collector.abort(item, "", evidence=evidence)
+    return collector.abort(item, reason, evidence=evidence)
 
 
 if __name__ == "__main__":

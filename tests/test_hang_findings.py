@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -192,24 +193,75 @@ def test_a_gloo_abort_while_the_harness_judges_a_lazily_waited_output_says_judgi
             ) in forward["message"]
 
 
-@pytest.mark.timeout(400)
-def test_a_hang_under_a_hand_written_torchrun_names_where_each_rank_was_and_the_collective(tmp_path):
-    """harness/standalone.py has no driver to signal its ranks: each dumps its own stack into --out at --timeout and
-    records its collectives there; rank 0 folds them into the finding as the driver does.  (--timeout 20: a fresh
-    torchrun's first item imports torch's compiler stack, several seconds on a loaded machine.)"""
+STANDALONE_TIMEOUT = 20  # a fresh torchrun's first item imports torch's compiler stack: seconds on a loaded machine
+
+
+def _torchrun(tmp_path, module: str, dtypes: str = "float64"):
+    """A hand-written torchrun of two CPU ranks on one case of `tests/fixtures/model_utils/<module>.py`: (the
+    process, its --out, its wall seconds, the rows)."""
     out = tmp_path / "by-hand"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    started = time.time()
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "shardcheck.harness.standalone", "--impl",
-                           f"model_utils={FIXTURES / 'model_utils' / 'spins_in_forward'}.py", *TP2[:-2], "--timeout",
-                           "20", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
-    assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+                           f"model_utils={FIXTURES / 'model_utils' / module}.py", *TP2[:-5], "--dtype", dtypes,
+                           "--quick", "--timeout", str(STANDALONE_TIMEOUT), "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    seconds = time.time() - started
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return proc, out, seconds, rows
+
+
+@pytest.mark.timeout(300)
+def test_a_hang_under_a_hand_written_torchrun_names_where_each_rank_was_and_the_collective(tmp_path):
+    """harness/standalone.py has no driver to signal its ranks: each dumps its own stack into --out at --timeout and
+    records its collectives there; rank 0's watchdog thread (its main thread waits in gloo) folds them into the
+    finding as the driver does, completes run.json and the report, and exits 1 at once: torchrun ends rank 1."""
+    proc, out, seconds, rows = _torchrun(tmp_path, "spins_in_forward")
     forward = next(r for r in rows if r["check"] == "forward")
     assert forward["symptom"] == "hung" and forward["culprit_ranks"] == [1], forward["message"]
+    # from the case's start to the finding: the timeout and seconds, not gloo's own timeout (--timeout + 120 s)
+    assert forward["item_seconds"] < STANDALONE_TIMEOUT + 10, forward["item_seconds"]
+    assert seconds < STANDALONE_TIMEOUT + 90, seconds  # (the start-up of a torchrun on a loaded machine included)
     assert f"rank 1: running in {FIX}/spins_in_forward.py:17 _count_up_to ← {FIX}/spins_in_forward.py:24 forward" \
         in forward["message"]
     assert "rank 0: waiting in all_reduce #1 on tp at distributed_impl/model_utils.py:" in forward["message"]
     assert "rank 1 never entered all_reduce #1 on tp (the others did" in forward["message"]
+    assert "rank 0 took the ranks' stacks and ended the hand-launched run" in forward["message"]
     folder = out / forward["message"].split("stacks and collectives: ")[1].split(";")[0]
     assert "in _count_up_to" in (folder / "hang-stacks.txt").read_text()
+    # the run is whole, as `shardcheck run` leaves it: run.json completed, the report written
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["summary"] == {"error": 3} and "end" in meta, meta
+    assert "_count_up_to" in (out / "report.md").read_text()
+    assert "the run ended at a hang" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_hand_launched_rank_0_stuck_holding_the_gil_is_named_by_the_rank_that_takes_over(tmp_path):
+    """Rank 0 is stuck in native code that holds the GIL (a regular expression without end): none of its Python
+    threads runs, so rank 1 (waiting in gloo) claims the finding after TAKEOVER seconds, names rank 0's place from
+    the stack rank 0's faulthandler timer dumped, skips the item left and completes the run."""
+    proc, out, seconds, rows = _torchrun(tmp_path, "rank0_holds_the_gil", dtypes="float64,float32")
+    hung = [r for r in rows if r["symptom"] == "hung"]
+    assert {r["dtype"] for r in hung} == {"float64"} and len(hung) == 3, rows
+    forward = next(r for r in hung if r["check"] == "forward")
+    assert forward["culprit_ranks"] == [0] and forward["blocked_ranks"] == [1], forward["message"]
+    assert forward["item_seconds"] < STANDALONE_TIMEOUT + 10, forward["item_seconds"]
+    assert seconds < STANDALONE_TIMEOUT + 90, seconds
+    message = forward["message"]
+    assert ("rank 0: running in re/__init__.py:" in message
+            and f"fullmatch ← {FIX}/rank0_holds_the_gil.py:18 _parse_shard_table" in message), message
+    assert "rank 1: waiting in all_reduce #1 on tp at distributed_impl/model_utils.py:" in message
+    assert "rank 0 never entered all_reduce #1 on tp (the others did" in message
+    assert "rank 1 took the ranks' stacks and ended the hand-launched run" in message
+    assert forward["error_where"].startswith("re/__init__.py:"), forward["error_where"]
+    skipped = [r for r in rows if r["dtype"] == "float32"]
+    assert len(skipped) == 3 and {r["status"] for r in skipped} == {"skip"}, skipped
+    assert skipped[0]["message"].startswith("not run: the run ended at model_utils.DistributedLogprob case "
+                                            "b2s5v33-scale300.0-masked0.2 float64 at dp1-cp1-tp2 (hung)")
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["summary"] == {"error": 3, "skip": 3} and "end" in meta, meta
+    assert "_parse_shard_table" in (out / "report.md").read_text()
+    assert "shardcheck worker (rank 1): the run ended at a hang" in proc.stderr
