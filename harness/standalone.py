@@ -30,6 +30,9 @@ import signal
 import sys
 import threading
 import time
+import shutil
+import socket
+import subprocess
 import traceback
 from collections import Counter
 from datetime import timedelta
@@ -43,6 +46,7 @@ from shardcheck.harness.core.records import RESULTS, RUN_META, RecordWriter
 from shardcheck.harness.core.plan_data import Item
 from shardcheck.harness.driver import postmortem, stacks
 from shardcheck.harness.driver.collect import Collector
+from shardcheck.harness.driver.pool import rank_log
 from shardcheck.harness.driver.planner import DEFAULT_DTYPES
 from shardcheck.harness.driver.run import EXIT_OK, EXIT_USAGE, add_selection_args, close_run, exit_code, open_run, plan_from_args
 from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
@@ -53,6 +57,9 @@ from shardcheck.reports.report import build
 TAKEOVER = 3.0  # seconds a rank other than 0 leaves rank 0 to claim a hang's finding before claiming it itself
 WATCH_SLICE = 0.2  # how often the watchdog thread looks at the item in flight
 WRITTEN_WAIT = 120.0  # seconds a rank that lost the claim waits for the finding before it exits anyway
+ANSWER_WAIT = 2.0  # seconds the claimant of a death waits for the live ranks to answer torchrun's SIGTERM
+# A rank whose process ended without answering: torchrun's summary has its exit code (it is not told to the ranks).
+ENDED = "its process ended"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     add_selection_args(p)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
+    # torchrun ends every rank with SIGTERM when one dies: blocked here, before any thread starts (threads inherit
+    # the mask), it reaches _Hang's thread alone (sigwait), which writes the finding before this rank ends.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
     device = args.device or "cpu"
@@ -77,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     launch_dir = args.out / "workers"
     events_dir = launch_dir / "standalone"
     events_dir.mkdir(parents=True, exist_ok=True)
+    _tee_stderr(rank_log(launch_dir, rank))
+    (launch_dir / f"rank{rank}.host-pid").write_text(f"{socket.gethostname()} {os.getpid()}")
     worker = Worker(device, backend, plan.timeout, plan.shims)
     # Where a hung case was, as the driver's ranks tell it: each rank dumps its own stack into the shared folder when
     # an item outlives --timeout (no driver here to signal ranks on other nodes), and on SIGUSR1 (`kill -USR1` by
@@ -125,6 +137,21 @@ class _Hang:
 
     def start(self) -> None:
         threading.Thread(target=self._watch, name="shardcheck-hang-watchdog", daemon=True).start()
+        threading.Thread(target=self._on_sigterm, name="shardcheck-sigterm", daemon=True).start()
+
+    def _on_sigterm(self) -> None:
+        """torchrun ends every rank when one died (or the run was interrupted, or the claimant of a hang exited):
+        this rank answers in the store, then the case in flight is written as `end` writes a hang, the ranks that
+        did not answer named dead, with their last error lines (their stderr, teed into rank<R>.log)."""
+        signal.sigwait({signal.SIGTERM})
+        try:
+            self.store.set(f"answered/{self.rank}", "1")
+        except Exception:
+            pass
+        current = self.worker.current
+        if current is None:  # no case in flight (between cases, or after the run): nothing to tell
+            _exit(128 + signal.SIGTERM)
+        self.end(current[0], terminated=True)
 
     def _watch(self) -> None:
         # A Python thread: it runs while the main thread spins in Python or waits in gloo (which releases the GIL),
@@ -135,7 +162,7 @@ class _Hang:
                 self.end(current[0])
             time.sleep(WATCH_SLICE)
 
-    def end(self, item: Item) -> NoReturn:
+    def end(self, item: Item, terminated: bool = False) -> NoReturn:
         self.lock.acquire()  # (never released: this process ends here)
         key = f"{self.worker.plans_loaded - 1}/{item.id}"
         if self.rank != 0:  # rank 0 claims first when its Python runs; the lowest other rank after it
@@ -152,7 +179,9 @@ class _Hang:
             _exit(EXIT_PEER_STUCK)
         code = 1
         try:
-            code = self._write(item)
+            code = self._write(item, terminated)
+            if self.rank != 0:  # rank 0 did not claim: it holds the GIL, and cannot answer torchrun's SIGTERM either
+                _kill_if_local(self.launch_dir, 0)
         except BaseException:  # the finding could not be written: say why, and still end the run
             traceback.print_exc()
         finally:
@@ -162,8 +191,18 @@ class _Hang:
                 pass
         _exit(code)
 
-    def _write(self, item: Item) -> int:
-        """The hung item's finding, the items left skipped, run.json completed and the report: the exit code."""
+    def _dead(self, item: Item) -> dict[int, str]:
+        """The case's ranks that did not answer torchrun's SIGTERM within ANSWER_WAIT: {rank: how it ended}."""
+        dp, cp, tp = item.topology
+        keys = {r: f"answered/{r}" for r in range(dp * cp * tp)}
+        try:
+            self.store.wait(list(keys.values()), timedelta(seconds=ANSWER_WAIT))
+        except Exception:  # some did not answer
+            pass
+        return {r: ENDED for r, key in keys.items() if not self.store.check([key])}
+
+    def _write(self, item: Item, terminated: bool) -> int:
+        """The hung (or, `terminated` by torchrun, the dead) item's finding, the items left skipped, run.json completed and the report: the exit code."""
         collector, writer, meta = self.collector, self.writer, self.meta
         if collector is None:  # rank 0 cannot: after the rows it wrote, from the events every rank left
             writer = RecordWriter(self.out)
@@ -172,9 +211,14 @@ class _Hang:
             written = {(r["op"], r["case_id"], r["dtype"], r["dp"], r["cp"], r["tp"]) for r in _rows(self.out)}
             collector.finished.update(i.id for i in self.plan.items
                                       if (i.op, i.case_id, i.dtype, *i.topology) in written)
-        reason = (f"rank(s) did not finish the case within --timeout {self.plan.timeout:g}s; rank {self.rank} took "
-                  "the ranks' stacks and ended the hand-launched run")
-        cause = _stuck(collector, item, self.launch_dir, self.out, reason)
+        if terminated:  # no rank dead: torchrun was interrupted (or stopped by its own limits) while the case ran
+            deaths = self._dead(item)
+            reason = "" if deaths else "interrupted: torchrun ended the ranks (SIGTERM) while the case ran"
+            cause = _died(collector, item, self.launch_dir, self.out, deaths, reason)
+        else:
+            reason = (f"rank(s) did not finish the case within --timeout {self.plan.timeout:g}s; rank {self.rank} "
+                      "took the ranks' stacks and ended the hand-launched run")
+            cause = _stuck(collector, item, self.launch_dir, self.out, reason)
         dp, cp, tp = item.topology
         reason = (f"not run: the run ended at {item.op} case {item.case_id} {item.dtype} at dp{dp}-cp{cp}-tp{tp} "
                   f"({cause}); a hand-launched run cannot replace its ranks")
@@ -186,6 +230,40 @@ class _Hang:
         print(f"shardcheck worker (rank {self.rank}): the run ended at a hang in {item.op} {item.case_id}: "
               f"{self.out / RESULTS}", file=sys.stderr)
         return exit_code(writer.counts, self.strict)
+
+
+def _died(collector: Collector, item: Item, launch_dir: Path, out: Path, deaths: dict[int, str], reason: str) -> str:
+    """The finding of a case that lost ranks: their last error lines and the collectives compared."""
+    collector.poll()
+    evidence = postmortem.of_dumps(launch_dir, item, 0, {}, deaths, out)
+    return collector.abort(item, reason, deaths=deaths, evidence=evidence)
+
+
+def _kill_if_local(launch_dir: Path, rank: int) -> None:
+    """SIGKILL `rank` when it runs on this host (torchrun would after its 30 s grace; on another host it still does)."""
+    try:
+        host, pid = (launch_dir / f"rank{rank}.host-pid").read_text().split()
+        if host == socket.gethostname():
+            os.kill(int(pid), signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
+
+
+def _tee_stderr(log: Path) -> None:
+    """This rank's stderr also into `log`, as the driver's ranks have rank<R>.log: a dead rank's last error lines
+    (a traceback, gloo's abort) for the finding.  A `tee` process copies it, in a session of its own (torchrun's
+    teardown does not end it first): it reads to the end of the pipe however this rank ends (an abort, SIGKILL)."""
+    tee = shutil.which("tee")
+    if tee is None:  # (no coreutils: the finding then says only that the rank ended)
+        return
+    read, write = os.pipe()
+    console = os.dup(2)
+    subprocess.Popen([tee, "-a", str(log)], stdin=read, stdout=console, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True)
+    os.close(read)
+    os.close(console)
+    os.dup2(write, 2)
+    os.close(write)
 
 
 def _rows(out: Path) -> list[dict]:

@@ -265,3 +265,22 @@ def test_a_hand_launched_rank_0_stuck_holding_the_gil_is_named_by_the_rank_that_
     assert meta["summary"] == {"error": 3, "skip": 3} and "end" in meta, meta
     assert "_parse_shard_table" in (out / "report.md").read_text()
     assert "shardcheck worker (rank 1): the run ended at a hang" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_hand_launched_rank_that_dies_is_named_with_its_own_last_error_lines(tmp_path):
+    """Rank 1 ends with an uncaught exception; torchrun ends rank 0 with SIGTERM, which rank 0's thread answers: the
+    finding names rank 1 dead (it did not answer), with the exception and line from its stderr (teed into
+    workers/rank1.log), and the run is completed."""
+    proc, out, seconds, rows = _torchrun(tmp_path, "exits_with_exception", dtypes="float64,float32")
+    forward = next(r for r in rows if r["check"] == "forward" and r["dtype"] == "float64")
+    assert forward["symptom"] == "died" and forward["culprit_ranks"] == [1], forward["message"]
+    assert forward["phase"] == "forward" and forward["error_type"] == "its process ended", forward
+    assert forward["error_message"].endswith(f"ShardTableError: shard table corrupt on rank 1 (at {FIX}/"
+                                             "exits_with_exception.py:23 in forward)"), forward["error_message"]
+    assert forward["item_seconds"] < STANDALONE_TIMEOUT, forward["item_seconds"]  # at the death, not the timeout
+    assert seconds < STANDALONE_TIMEOUT + 90, seconds
+    assert "ShardTableError" in (out / "workers" / "rank1.log").read_text()
+    skipped = [r for r in rows if r["dtype"] == "float32"]
+    assert {r["status"] for r in skipped} == {"skip"} and "(rank 1 died (its process ended))" in skipped[0]["message"]
+    assert json.loads((out / "run.json").read_text())["summary"] == {"error": 3, "skip": 3}
