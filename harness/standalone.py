@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(device, backend, plan.timeout, plan.shims)
     # Where a hung case was, as the driver's ranks tell it: each rank dumps its own stack into the shared folder when
     # an item outlives --timeout (no driver here to signal ranks on other nodes), and on SIGUSR1 (`kill -USR1` by
-    # hand); its collectives go to rank<R>.collectives*.jsonl.  Rank 0 folds them into the finding (`_stuck`).
+    # hand); its collectives go to rank<R>.collectives.  Rank 0 folds them into the finding (`_stuck`).
     worker.dump_stacks_to = open(stack_path(launch_dir, rank), "a")
     faulthandler.register(signal.SIGUSR1, file=worker.dump_stacks_to, all_threads=True, chain=False)
     if flight_recorder.enabled():  # before the modules under test are imported (worker.load)
@@ -164,6 +164,8 @@ class _Hang:
 
     def end(self, item: Item, terminated: bool = False) -> NoReturn:
         self.lock.acquire()  # (never released: this process ends here)
+        if self.worker.recorder is not None:  # this rank's records written back, for a claimant on another node
+            self.worker.recorder.flush()
         key = f"{self.worker.plans_loaded - 1}/{item.id}"
         if self.rank != 0:  # rank 0 claims first when its Python runs; the lowest other rank after it
             time.sleep(TAKEOVER + 0.2 * self.rank)
