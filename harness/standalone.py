@@ -182,7 +182,7 @@ class _Hang:
         code = 1
         try:
             code = self._write(item, terminated)
-            if self.rank != 0:  # rank 0 did not claim: it holds the GIL, and cannot answer torchrun's SIGTERM either
+            if self.rank != 0 and not terminated:  # rank 0 did not claim a hang: it holds the GIL (no SIGTERM either)
                 _kill_if_local(self.launch_dir, 0)
         except BaseException:  # the finding could not be written: say why, and still end the run
             traceback.print_exc()
@@ -229,7 +229,7 @@ class _Hang:
         writer.counts = dict(Counter(r["status"] for r in _rows(self.out)))  # rank 0's rows and these
         close_run(self.out, writer, meta)
         build(self.out)
-        print(f"shardcheck worker (rank {self.rank}): the run ended at a hang in {item.op} {item.case_id}: "
+        print(f"shardcheck worker (rank {self.rank}): the run ended at {item.op} {item.case_id} ({cause}): "
               f"{self.out / RESULTS}", file=sys.stderr)
         return exit_code(writer.counts, self.strict)
 

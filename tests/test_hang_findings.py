@@ -235,7 +235,7 @@ def test_a_hang_under_a_hand_written_torchrun_names_where_each_rank_was_and_the_
     meta = json.loads((out / "run.json").read_text())
     assert meta["summary"] == {"error": 3} and "end" in meta, meta
     assert "_count_up_to" in (out / "report.md").read_text()
-    assert "the run ended at a hang" in proc.stderr
+    assert "the run ended at model_utils.DistributedLogprob b2s5v33-scale300.0-masked0.2 (hung)" in proc.stderr
 
 
 @pytest.mark.timeout(300)
@@ -264,7 +264,7 @@ def test_a_hand_launched_rank_0_stuck_holding_the_gil_is_named_by_the_rank_that_
     meta = json.loads((out / "run.json").read_text())
     assert meta["summary"] == {"error": 3, "skip": 3} and "end" in meta, meta
     assert "_parse_shard_table" in (out / "report.md").read_text()
-    assert "shardcheck worker (rank 1): the run ended at a hang" in proc.stderr
+    assert "shardcheck worker (rank 1): the run ended at model_utils.DistributedLogprob" in proc.stderr
 
 
 @pytest.mark.timeout(300)
@@ -284,3 +284,22 @@ def test_a_hand_launched_rank_that_dies_is_named_with_its_own_last_error_lines(t
     skipped = [r for r in rows if r["dtype"] == "float32"]
     assert {r["status"] for r in skipped} == {"skip"} and "(rank 1 died (its process ended))" in skipped[0]["message"]
     assert json.loads((out / "run.json").read_text())["summary"] == {"error": 3, "skip": 3}
+
+
+@pytest.mark.timeout(300)
+def test_a_hand_launched_gloo_abort_carries_gloos_message_whichever_rank_died(tmp_path):
+    """The ranks enter all_reduce #3 with different sizes: gloo aborts one of them (SIGABRT, its message on its
+    stderr); torchrun ends the other, which writes the finding (rank 0 at once, or rank 1 after TAKEOVER when rank 0
+    is the one that died), with gloo's message, the phase and the records compared."""
+    proc, out, seconds, rows = _torchrun(tmp_path, "collective_sizes_differ")
+    forward = next(r for r in rows if r["check"] == "forward")
+    assert forward["symptom"] == "died" and forward["phase"] == "forward", forward["message"]
+    assert "op.preamble.length <= op.nbytes" in forward["error_message"], forward["error_message"]
+    assert "gloo::EnforceNotMet" in forward["error_message"]
+    dead = forward["culprit_ranks"]
+    assert dead in ([0], [1]), dead
+    assert f"shardcheck worker (rank {1 - dead[0]}): the run ended at" in proc.stderr
+    assert (f"collective mismatch on tp: rank 0 in all_reduce #3 [10] float64 at {FIX}/collective_sizes_differ.py:24 "
+            f"forward, rank 1 in all_reduce #3 [20] float64") in forward["message"]
+    assert forward["item_seconds"] < STANDALONE_TIMEOUT, forward["item_seconds"]
+    assert json.loads((out / "run.json").read_text())["summary"] == {"error": 3}
