@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     # torchrun ends every rank with SIGTERM when one dies: blocked here, before any thread starts (threads inherit
     # the mask), it reaches _Hang's thread alone (sigwait), which writes the finding before this rank ends.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    sigterm = _Sigterm()
+    sigterm.start()
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
     device = args.device or "cpu"
@@ -99,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         worker.recorder = flight_recorder.install(launch_dir, rank)
     worker.load(plan, events_dir)
     hang = _Hang(worker, plan, launch_dir, events_dir, args.out, args.strict)
+    sigterm.hang = hang
     if rank != 0:
         hang.start()
         worker.run(on_stuck=hang.end)
@@ -137,13 +140,11 @@ class _Hang:
 
     def start(self) -> None:
         threading.Thread(target=self._watch, name="shardcheck-hang-watchdog", daemon=True).start()
-        threading.Thread(target=self._on_sigterm, name="shardcheck-sigterm", daemon=True).start()
 
-    def _on_sigterm(self) -> None:
+    def on_sigterm(self) -> NoReturn:
         """torchrun ends every rank when one died (or the run was interrupted, or the claimant of a hang exited):
         this rank answers in the store, then the case in flight is written as `end` writes a hang, the ranks that
         did not answer named dead, with their last error lines (their stderr, teed into rank<R>.log)."""
-        signal.sigwait({signal.SIGTERM})
         try:
             self.store.set(f"answered/{self.rank}", "1")
         except Exception:
@@ -232,6 +233,21 @@ class _Hang:
         print(f"shardcheck worker (rank {self.rank}): the run ended at {item.op} {item.case_id} ({cause}): "
               f"{self.out / RESULTS}", file=sys.stderr)
         return exit_code(writer.counts, self.strict)
+
+
+class _Sigterm(threading.Thread):
+    """Takes torchrun's SIGTERM (blocked in every other thread): before the run's cases start, the rank ends at once;
+    after, `_Hang.on_sigterm` writes the case in flight first."""
+
+    def __init__(self):
+        super().__init__(name="shardcheck-sigterm", daemon=True)
+        self.hang: _Hang | None = None
+
+    def run(self) -> None:
+        signal.sigwait({signal.SIGTERM})
+        if self.hang is None:
+            _exit(128 + signal.SIGTERM)
+        self.hang.on_sigterm()
 
 
 def _died(collector: Collector, item: Item, launch_dir: Path, out: Path, deaths: dict[int, str], reason: str) -> str:
