@@ -51,6 +51,7 @@ from shardcheck.harness.driver.planner import DEFAULT_DTYPES
 from shardcheck.harness.driver.run import EXIT_OK, EXIT_USAGE, add_selection_args, close_run, exit_code, open_run, plan_from_args
 from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
 from shardcheck.harness.rank import flight_recorder
+from shardcheck.harness.rank import worker as worker_module
 from shardcheck.harness.rank.worker import Worker
 from shardcheck.reports.report import build
 
@@ -183,7 +184,7 @@ class _Hang:
         code = 1
         try:
             code = self._write(item, terminated)
-            if self.rank != 0 and not terminated:  # rank 0 did not claim a hang: it holds the GIL (no SIGTERM either)
+            if self.rank != 0 and not terminated:  # rank 0 did not claim: it may hold the GIL (then no SIGTERM either)
                 _kill_if_local(self.launch_dir, 0)
         except BaseException:  # the finding could not be written: say why, and still end the run
             traceback.print_exc()
@@ -219,9 +220,12 @@ class _Hang:
             reason = "" if deaths else "interrupted: torchrun ended the ranks (SIGTERM) while the case ran"
             cause = _died(collector, item, self.launch_dir, self.out, deaths, reason)
         else:
-            reason = (f"rank(s) did not finish the case within --timeout {self.plan.timeout:g}s; rank {self.rank} "
-                      "took the ranks' stacks and ended the hand-launched run")
-            cause = _stuck(collector, item, self.launch_dir, self.out, reason)
+            started = self.worker.current[1] if self.worker.current else time.time()
+            late = (f"rank(s) did not finish the case within --timeout {self.plan.timeout:g}s; "
+                    if time.time() - started >= self.plan.timeout else "")  # (else: a peer raised, the others wait)
+            reason = f"{late}rank {self.rank} took the ranks' stacks and ended the hand-launched run"
+            at_barrier = threading.current_thread() is threading.main_thread()  # (else: the watchdog's thread)
+            cause = _stuck(collector, item, self.launch_dir, self.out, reason, self.rank, at_barrier)
         dp, cp, tp = item.topology
         reason = (f"not run: the run ended at {item.op} case {item.case_id} {item.dtype} at dp{dp}-cp{cp}-tp{tp} "
                   f"({cause}); a hand-launched run cannot replace its ranks")
@@ -257,14 +261,26 @@ def _died(collector: Collector, item: Item, launch_dir: Path, out: Path, deaths:
     return collector.abort(item, reason, deaths=deaths, evidence=evidence)
 
 
+def _local_pids(launch_dir: Path, ranks: list[int]) -> dict[int, int]:
+    """{rank: pid} of the ranks in `ranks` that run on this host (each wrote rank<R>.host-pid at its start)."""
+    pids = {}
+    for rank in ranks:
+        try:
+            host, pid = (launch_dir / f"rank{rank}.host-pid").read_text().split()
+        except (OSError, ValueError):
+            continue
+        if host == socket.gethostname():
+            pids[rank] = int(pid)
+    return pids
+
+
 def _kill_if_local(launch_dir: Path, rank: int) -> None:
     """SIGKILL `rank` when it runs on this host (torchrun would after its 30 s grace; on another host it still does)."""
-    try:
-        host, pid = (launch_dir / f"rank{rank}.host-pid").read_text().split()
-        if host == socket.gethostname():
-            os.kill(int(pid), signal.SIGKILL)
-    except (OSError, ValueError):
-        pass
+    for pid in _local_pids(launch_dir, [rank]).values():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _tee_stderr(log: Path) -> None:
@@ -296,13 +312,26 @@ def _exit(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _stuck(collector: Collector, item: Item, launch_dir: Path, out: Path, reason: str) -> str:
+def _stuck(collector: Collector, item: Item, launch_dir: Path, out: Path, reason: str, writer_rank: int,
+           at_barrier: bool) -> str:
     """The hung item's finding: every rank's own stack dump (written at --timeout) and every rank's collectives,
     compared, as the driver's postmortem does.  Returns the cause in a few words."""
     collector.poll()
     started = min(collector.state[item.id].started.values(), default=0.0)
     dp, cp, tp = item.topology
-    dumps = stacks.dumped_since(launch_dir, list(range(dp * cp * tp)), started, wait=stacks.STACK_WAIT + 3)
+    ranks = list(range(dp * cp * tp))
+    # the ranks on this host dump their stacks now (SIGUSR1, answered by faulthandler's C handler); the others' own
+    # timers dump theirs at --timeout (a peer that raised ends the case sooner: then only this host's are in)
+    local = _local_pids(launch_dir, ranks)
+    local.pop(writer_rank, None)  # (its own stack now is this code's: its timer's, or the barrier it came from)
+    dumps = stacks.take(launch_dir, sorted(local), local)
+    if at_barrier:  # the writer came from its check-in after the case: in the words of a stack, at the barrier
+        dumps[writer_rank] = (f"Current thread 0x0000000000000000 (most recent call first):\n  File "
+                              f"\"{worker_module.__file__}\", line 0 in barrier\n  (rank {writer_rank} wrote the "
+                              "finding from its check-in after the case)\n")
+    remote = [r for r in ranks if r not in dumps]
+    if remote:
+        dumps |= stacks.dumped_since(launch_dir, remote, started, wait=stacks.STACK_WAIT + 3)
     evidence = postmortem.of_dumps(launch_dir, item, 0, dumps, {}, out)
     return collector.abort(item, reason, evidence=evidence)
 

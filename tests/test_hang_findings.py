@@ -303,3 +303,20 @@ def test_a_hand_launched_gloo_abort_carries_gloos_message_whichever_rank_died(tm
             f"forward, rank 1 in all_reduce #3 [20] float64") in forward["message"]
     assert forward["item_seconds"] < STANDALONE_TIMEOUT, forward["item_seconds"]
     assert json.loads((out / "run.json").read_text())["summary"] == {"error": 3}
+
+
+@pytest.mark.timeout(300)
+def test_a_hand_launched_rank_that_raises_alone_ends_the_run_before_the_timeout_with_its_peers_stack(tmp_path):
+    """Rank 1 raises in the forward and waits at the case's check-in; rank 0 blocks in the all_reduce rank 1 left.
+    Rank 1 stops waiting RAISED_GRACE after its raise, takes rank 0's stack (SIGUSR1: same host) and, rank 0 not
+    claiming, writes the finding: the exception is the cause, rank 0 is named waiting, before --timeout."""
+    proc, out, seconds, rows = _torchrun(tmp_path, "error_one_rank")
+    forward = next(r for r in rows if r["check"] == "forward")
+    assert forward["symptom"] == "exception" and forward["culprit_ranks"] == [1], forward["message"]
+    assert forward["error_type"] == "RuntimeError" and forward["phase"] == "forward", forward
+    assert forward["item_seconds"] < STANDALONE_TIMEOUT, forward["item_seconds"]  # at the raise's grace
+    message = forward["message"]
+    assert "rank 0: waiting in all_reduce #1 on tp at distributed_impl/model_utils.py:" in message, message
+    assert "rank 1: finished its part, waiting for the others at the case's barrier" in message
+    assert "within --timeout" not in message
+    assert "hung after rank(s) 1 raised RuntimeError" in proc.stderr
