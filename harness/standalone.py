@@ -160,7 +160,8 @@ class _Hang:
         # not while the main thread holds the GIL in native code (another rank takes over then: `end`).
         while True:
             current = self.worker.current
-            if current is not None and time.time() >= current[1] + self.plan.timeout:
+            late = current is not None and time.time() >= current[1] + self.plan.timeout
+            if late and self.worker.current is current:  # (not the case that ended just now)
                 self.end(current[0])
             time.sleep(WATCH_SLICE)
 
@@ -206,7 +207,8 @@ class _Hang:
         return {r: ENDED for r, key in keys.items() if not self.store.check([key])}
 
     def _write(self, item: Item, terminated: bool) -> int:
-        """The hung (or, `terminated` by torchrun, the dead) item's finding, the items left skipped, run.json completed and the report: the exit code."""
+        """The hung (or, `terminated` by torchrun, the dead) item's finding, the items left skipped, run.json
+        completed and the report: the exit code."""
         collector, writer, meta = self.collector, self.writer, self.meta
         if collector is None:  # rank 0 cannot: after the rows it wrote, from the events every rank left
             writer = RecordWriter(self.out)
@@ -215,8 +217,9 @@ class _Hang:
             written = {(r["op"], r["case_id"], r["dtype"], r["dp"], r["cp"], r["tp"]) for r in _rows(self.out)}
             collector.finished.update(i.id for i in self.plan.items
                                       if (i.op, i.case_id, i.dtype, *i.topology) in written)
-        if terminated:  # no rank dead: torchrun was interrupted (or stopped by its own limits) while the case ran
+        if terminated:
             deaths = self._dead(item)
+            # no rank dead: torchrun was interrupted (Ctrl-C, its own limits) while the case ran
             reason = "" if deaths else "interrupted: torchrun ended the ranks (SIGTERM) while the case ran"
             cause = _died(collector, item, self.launch_dir, self.out, deaths, reason)
         else:

@@ -99,12 +99,13 @@ class FlightRecorder:
             shape = ",".join(map(str, tensor.shape)) or "-"  # "-": a 0-d tensor ("": no tensor)
             dtype = _DTYPES.get(tensor.dtype) or _dtype_name(tensor.dtype)
         dim = self.dims.get(group) or self._dim(group)
-        line = f"{n}\t{self.plan}\t{self.item}\t{group}\t{dim}\t{seq}\t{kind}\t{shape}\t{dtype}\t{where}\t{n}\n".encode()
+        line = (f"{n}\t{self.plan}\t{self.item}\t{group}\t{dim}\t{seq}\t{kind}\t{shape}\t{dtype}\t{where}\t"
+                f"{n}\n").encode(errors="replace")
         if len(line) > SLOT:  # a calling line too long for its slot: its file's start cut
             head = f"{n}\t{self.plan}\t{self.item}\t{group}\t{dim}\t{seq}\t{kind}\t{shape}\t{dtype}\t".encode()
             tail = f"\t{n}\n".encode()
             room = SLOT - len(head) - len(tail) - 3
-            line = head + b"..." + where.encode()[-room:] + tail
+            line = head + b"..." + where.encode(errors="replace")[-room:] + tail
         at = (n % RING) * SLOT
         self.ring[at:at + len(line)] = line
 
