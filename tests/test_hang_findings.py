@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -171,7 +172,7 @@ def test_without_the_flight_recorder_a_hang_still_has_the_stacks_and_says_no_col
     assert f"rank 1: running in {FIX}/spins_in_forward.py:17 _count_up_to" in message
     assert "rank 0: waiting in all_reduce at distributed_impl/model_utils.py:" in message  # (no record: no #number)
     assert "no collectives recorded (SHARDCHECK_FLIGHT_RECORDER=0)" in message and "never entered" not in message
-    assert not list((run.out / "workers").rglob("*.collectives*.jsonl"))
+    assert not list((run.out / "workers").rglob("*.collectives*"))
 
 
 def test_a_gloo_abort_while_the_harness_judges_a_lazily_waited_output_says_judging(run_shardcheck):
@@ -192,24 +193,130 @@ def test_a_gloo_abort_while_the_harness_judges_a_lazily_waited_output_says_judgi
             ) in forward["message"]
 
 
-@pytest.mark.timeout(400)
-def test_a_hang_under_a_hand_written_torchrun_names_where_each_rank_was_and_the_collective(tmp_path):
-    """harness/standalone.py has no driver to signal its ranks: each dumps its own stack into --out at --timeout and
-    records its collectives there; rank 0 folds them into the finding as the driver does.  (--timeout 20: a fresh
-    torchrun's first item imports torch's compiler stack, several seconds on a loaded machine.)"""
+STANDALONE_TIMEOUT = 20  # a fresh torchrun's first item imports torch's compiler stack: seconds on a loaded machine
+
+
+def _torchrun(tmp_path, module: str, dtypes: str = "float64"):
+    """A hand-written torchrun of two CPU ranks on one case of `tests/fixtures/model_utils/<module>.py`: (the
+    process, its --out, its wall seconds, the rows)."""
     out = tmp_path / "by-hand"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    started = time.time()
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "shardcheck.harness.standalone", "--impl",
-                           f"model_utils={FIXTURES / 'model_utils' / 'spins_in_forward'}.py", *TP2[:-2], "--timeout",
-                           "20", "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
-    assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+                           f"model_utils={FIXTURES / 'model_utils' / module}.py", *TP2[:-5], "--dtype", dtypes,
+                           "--quick", "--timeout", str(STANDALONE_TIMEOUT), "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    seconds = time.time() - started
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return proc, out, seconds, rows
+
+
+@pytest.mark.timeout(300)
+def test_a_hang_under_a_hand_written_torchrun_names_where_each_rank_was_and_the_collective(tmp_path):
+    """harness/standalone.py has no driver to signal its ranks: each dumps its own stack into --out at --timeout and
+    records its collectives there; rank 0's watchdog thread (its main thread waits in gloo) folds them into the
+    finding as the driver does, completes run.json and the report, and exits 1 at once: torchrun ends rank 1."""
+    proc, out, seconds, rows = _torchrun(tmp_path, "spins_in_forward")
     forward = next(r for r in rows if r["check"] == "forward")
     assert forward["symptom"] == "hung" and forward["culprit_ranks"] == [1], forward["message"]
+    # from the case's start to the finding: the timeout and seconds, not gloo's own timeout (--timeout + 120 s)
+    assert forward["item_seconds"] < STANDALONE_TIMEOUT + 10, forward["item_seconds"]
+    assert seconds < STANDALONE_TIMEOUT + 90, seconds  # (the start-up of a torchrun on a loaded machine included)
     assert f"rank 1: running in {FIX}/spins_in_forward.py:17 _count_up_to ← {FIX}/spins_in_forward.py:24 forward" \
         in forward["message"]
     assert "rank 0: waiting in all_reduce #1 on tp at distributed_impl/model_utils.py:" in forward["message"]
     assert "rank 1 never entered all_reduce #1 on tp (the others did" in forward["message"]
+    assert "rank 0 took the ranks' stacks and ended the hand-launched run" in forward["message"]
     folder = out / forward["message"].split("stacks and collectives: ")[1].split(";")[0]
     assert "in _count_up_to" in (folder / "hang-stacks.txt").read_text()
+    # the run is whole, as `shardcheck run` leaves it: run.json completed, the report written
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["summary"] == {"error": 3} and "end" in meta, meta
+    assert "_count_up_to" in (out / "report.md").read_text()
+    assert "the run ended at model_utils.DistributedLogprob b2s5v33-scale300.0-masked0.2 (hung)" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_hand_launched_rank_0_stuck_holding_the_gil_is_named_by_the_rank_that_takes_over(tmp_path):
+    """Rank 0 is stuck in native code that holds the GIL (a regular expression without end): none of its Python
+    threads runs, so rank 1 (waiting in gloo) claims the finding after TAKEOVER seconds, names rank 0's place from
+    the stack rank 0's faulthandler timer dumped, skips the item left and completes the run."""
+    proc, out, seconds, rows = _torchrun(tmp_path, "rank0_holds_the_gil", dtypes="float64,float32")
+    hung = [r for r in rows if r["symptom"] == "hung"]
+    assert {r["dtype"] for r in hung} == {"float64"} and len(hung) == 3, rows
+    forward = next(r for r in hung if r["check"] == "forward")
+    assert forward["culprit_ranks"] == [0] and forward["blocked_ranks"] == [1], forward["message"]
+    assert forward["item_seconds"] < STANDALONE_TIMEOUT + 10, forward["item_seconds"]
+    assert seconds < STANDALONE_TIMEOUT + 90, seconds
+    message = forward["message"]
+    assert ("rank 0: running in re/__init__.py:" in message
+            and f"fullmatch ← {FIX}/rank0_holds_the_gil.py:18 _parse_shard_table" in message), message
+    assert "rank 1: waiting in all_reduce #1 on tp at distributed_impl/model_utils.py:" in message
+    assert "rank 0 never entered all_reduce #1 on tp (the others did" in message
+    assert "rank 1 took the ranks' stacks and ended the hand-launched run" in message
+    assert forward["error_where"].startswith("re/__init__.py:"), forward["error_where"]
+    skipped = [r for r in rows if r["dtype"] == "float32"]
+    assert len(skipped) == 3 and {r["status"] for r in skipped} == {"skip"}, skipped
+    assert skipped[0]["message"].startswith("not run: the run ended at model_utils.DistributedLogprob case "
+                                            "b2s5v33-scale300.0-masked0.2 float64 at dp1-cp1-tp2 (hung)")
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["summary"] == {"error": 3, "skip": 3} and "end" in meta, meta
+    assert "_parse_shard_table" in (out / "report.md").read_text()
+    assert "shardcheck worker (rank 1): the run ended at model_utils.DistributedLogprob" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_hand_launched_rank_that_dies_is_named_with_its_own_last_error_lines(tmp_path):
+    """Rank 1 ends with an uncaught exception; torchrun ends rank 0 with SIGTERM, which rank 0's thread answers: the
+    finding names rank 1 dead (it did not answer), with the exception and line from its stderr (teed into
+    workers/rank1.log), and the run is completed."""
+    proc, out, seconds, rows = _torchrun(tmp_path, "exits_with_exception", dtypes="float64,float32")
+    forward = next(r for r in rows if r["check"] == "forward" and r["dtype"] == "float64")
+    assert forward["symptom"] == "died" and forward["culprit_ranks"] == [1], forward["message"]
+    assert forward["phase"] == "forward" and forward["error_type"] == "its process ended", forward
+    assert forward["error_message"].endswith(f"ShardTableError: shard table corrupt on rank 1 (at {FIX}/"
+                                             "exits_with_exception.py:23 in forward)"), forward["error_message"]
+    assert forward["item_seconds"] < STANDALONE_TIMEOUT, forward["item_seconds"]  # at the death, not the timeout
+    assert seconds < STANDALONE_TIMEOUT + 90, seconds
+    assert "ShardTableError" in (out / "workers" / "rank1.log").read_text()
+    skipped = [r for r in rows if r["dtype"] == "float32"]
+    assert {r["status"] for r in skipped} == {"skip"} and "(rank 1 died (its process ended))" in skipped[0]["message"]
+    assert json.loads((out / "run.json").read_text())["summary"] == {"error": 3, "skip": 3}
+
+
+@pytest.mark.timeout(300)
+def test_a_hand_launched_gloo_abort_carries_gloos_message_whichever_rank_died(tmp_path):
+    """The ranks enter all_reduce #3 with different sizes: gloo aborts one of them (SIGABRT, its message on its
+    stderr); torchrun ends the other, which writes the finding (rank 0 at once, or rank 1 after TAKEOVER when rank 0
+    is the one that died), with gloo's message, the phase and the records compared."""
+    proc, out, seconds, rows = _torchrun(tmp_path, "collective_sizes_differ")
+    forward = next(r for r in rows if r["check"] == "forward")
+    assert forward["symptom"] == "died" and forward["phase"] == "forward", forward["message"]
+    assert "op.preamble.length <= op.nbytes" in forward["error_message"], forward["error_message"]
+    assert "gloo::EnforceNotMet" in forward["error_message"]
+    dead = forward["culprit_ranks"]
+    assert dead in ([0], [1]), dead
+    assert f"shardcheck worker (rank {1 - dead[0]}): the run ended at" in proc.stderr
+    assert (f"collective mismatch on tp: rank 0 in all_reduce #3 [10] float64 at {FIX}/collective_sizes_differ.py:24 "
+            f"forward, rank 1 in all_reduce #3 [20] float64") in forward["message"]
+    assert forward["item_seconds"] < STANDALONE_TIMEOUT, forward["item_seconds"]
+    assert json.loads((out / "run.json").read_text())["summary"] == {"error": 3}
+
+
+@pytest.mark.timeout(300)
+def test_a_hand_launched_rank_that_raises_alone_ends_the_run_before_the_timeout_with_its_peers_stack(tmp_path):
+    """Rank 1 raises in the forward and waits at the case's check-in; rank 0 blocks in the all_reduce rank 1 left.
+    Rank 1 stops waiting RAISED_GRACE after its raise, takes rank 0's stack (SIGUSR1: same host) and, rank 0 not
+    claiming, writes the finding: the exception is the cause, rank 0 is named waiting, before --timeout."""
+    proc, out, seconds, rows = _torchrun(tmp_path, "error_one_rank")
+    forward = next(r for r in rows if r["check"] == "forward")
+    assert forward["symptom"] == "exception" and forward["culprit_ranks"] == [1], forward["message"]
+    assert forward["error_type"] == "RuntimeError" and forward["phase"] == "forward", forward
+    assert forward["item_seconds"] < STANDALONE_TIMEOUT, forward["item_seconds"]  # at the raise's grace
+    message = forward["message"]
+    assert "rank 0: waiting in all_reduce #1 on tp at distributed_impl/model_utils.py:" in message, message
+    assert "rank 1: finished its part, waiting for the others at the case's barrier" in message
+    assert "within --timeout" not in message
+    assert "hung after rank(s) 1 raised RuntimeError" in proc.stderr

@@ -4,11 +4,15 @@ a dead rank's last error lines (harness/driver/last_words.py)."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+
 import torch
 
 from shardcheck.harness.driver import flight, stacks
 from shardcheck.harness.driver.last_words import last_words
-from shardcheck.harness.rank.flight_recorder import RING, FlightRecorder
+from shardcheck.harness.rank.flight_recorder import RING, SLOT, FlightRecorder
 
 TORCH = "/venv/lib/python3.11/site-packages/torch"
 DUMP = f"""Thread 0x00007f00000000aa (most recent call first):
@@ -108,22 +112,49 @@ def test_flight_records_compared_name_a_mismatch_a_collective_never_entered_or_n
     assert a2a.text == ""
 
 
-def test_the_recorder_keeps_the_last_records_in_two_files_used_in_turn(tmp_path):
+def test_the_recorder_keeps_the_last_records_in_its_ring_in_order(tmp_path):
     rec = FlightRecorder(tmp_path, 0)
     rec.begin_item(0, 0, {"g1": "tp"})
     x = torch.randn(3, 2, generator=torch.Generator().manual_seed(0))
     for _ in range(RING * 2 + 10):
         rec.record("all_reduce", "g1", x, "/work/a.py:1 f")
-    rec.file.flush()
-    records = flight.read(tmp_path, 0)
-    assert RING <= len(records) <= 2 * RING
+    records = flight.read(tmp_path, 0)  # (no flush: the mapping is the file's page cache)
+    assert len(records) == RING
     assert records[-1]["seq"] == RING * 2 + 10 and records[-1]["shape"] == [3, 2] and records[-1]["dtype"] == "float32"
-    assert [r["seq"] for r in records] == list(range(records[0]["seq"], RING * 2 + 11))  # the last ones, in order
+    assert [r["seq"] for r in records] == list(range(RING + 11, RING * 2 + 11))  # the last ones, in order
     rec.begin_item(0, 1, {})
     rec.record("barrier", "g1", None, "/work/a.py:2 g")
-    rec.file.flush()
-    last = flight.read(tmp_path, 0)[-1]
-    assert (last["item"], last["seq"], last["dim"], last["shape"]) == (1, 1, "tp", None)  # numbered per item
+    rec.record("all_reduce", "g1", torch.tensor(1.5, dtype=torch.float64), "/work/" + "d" * 900 + "/b.py:3 h")
+    last = flight.read(tmp_path, 0)[-2:]
+    assert (last[0]["item"], last[0]["seq"], last[0]["dim"], last[0]["shape"], last[0]["dtype"]) == (1, 1, "tp", None,
+                                                                                                    None)
+    # a 0-d tensor's shape is [], and a calling line too long for its slot keeps its end (file, line, function)
+    assert last[1]["shape"] == [] and last[1]["dtype"] == "float64" and last[1]["seq"] == 2
+    assert last[1]["where"].startswith("...") and last[1]["where"].endswith("ddd/b.py:3 h"), last[1]["where"]
+
+
+def test_a_torn_slot_is_left_out_and_a_rank_killed_by_sigkill_leaves_every_record(tmp_path):
+    """A record is a store into a shared mapping of the file: no flush, no exit handler, and SIGKILL keeps it."""
+    code = ("import os, signal, sys, torch\n"
+            "from pathlib import Path\n"
+            "from shardcheck.harness.rank.flight_recorder import FlightRecorder\n"
+            "rec = FlightRecorder(Path(sys.argv[1]), 3)\n"
+            "rec.begin_item(0, 7, {'g': 'dp'})\n"
+            "for i in range(5): rec.record('all_gather', 'g', torch.zeros(i + 1, 2), f'/w/x.py:{i} f')\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    records = flight.read(tmp_path, 3)
+    assert [(r["seq"], r["shape"], r["where"]) for r in records] == [(i + 1, [i + 1, 2], f"/w/x.py:{i} f")
+                                                                     for i in range(5)]
+    # a slot half overwritten (a rank killed mid-write): its two record numbers differ, and it is not read
+    path = tmp_path / "rank3.collectives"
+    data = bytearray(path.read_bytes())
+    at = 5 * SLOT  # record n=5's slot
+    torn = b"9\t0\t7\tg\tdp\t9\tall_gather\t"
+    data[at:at + len(torn)] = torn
+    path.write_bytes(bytes(data))
+    assert [r["seq"] for r in flight.read(tmp_path, 3)] == [1, 2, 3, 4]
 
 
 def test_a_dead_ranks_last_words_are_its_native_abort_or_its_last_exception_with_where():
@@ -135,6 +166,9 @@ def test_a_dead_ranks_last_words_are_its_native_abort_or_its_last_exception_with
               "ValueError: B=0 < dp=4\n")
     assert last_words(python) == "ValueError: B=0 < dp=4 (at /work/x.py:12 in load)"
     assert last_words("all fine\n") == ""
+    # under torchrun torch prefixes a rank's lines: read through it
+    prefixed = "".join(f"[rank1]:{line}\n" for line in python.splitlines())
+    assert last_words(prefixed) == "ValueError: B=0 < dp=4 (at /work/x.py:12 in load)"
 
 
 def test_a_hand_launched_ranks_own_timer_dump_is_read_back_its_last_one_and_only_if_fresh(tmp_path):

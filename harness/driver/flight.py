@@ -9,12 +9,11 @@ float32 at a.py:57 f, rank 1 in all_gather #2 [8] int64 at a.py:60 g", or, where
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardcheck.harness.driver.stacks import where_text
-from shardcheck.harness.rank.flight_recorder import record_paths
+from shardcheck.harness.rank.flight_recorder import read_records
 
 MESH_DIMS = ("dp", "cp", "tp")
 # collectives whose tensors legitimately differ between ranks (splits, roots, point to point): compared by kind only
@@ -30,19 +29,8 @@ class FlightFinding:
 
 
 def read(launch_dir: Path, rank: int) -> list[dict]:
-    """A rank's records (the last RING..2*RING), in the order it entered them."""
-    records = []
-    for path in record_paths(launch_dir, rank):
-        try:
-            lines = path.read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:  # the line being written when the rank died
-                continue
-    return sorted(records, key=lambda r: r["n"])
+    """A rank's records (the last RING), in the order it entered them."""
+    return read_records(launch_dir, rank)
 
 
 def case_records(launch_dir: Path, ranks: list[int], plan: int, item: int) -> dict[int, list[dict]]:

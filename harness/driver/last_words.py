@@ -18,6 +18,7 @@ EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception
 _FRAME_LINE = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+), in (?P<func>.*)$')
 _NATIVE = re.compile(r"terminate called|what\(\):|enforce fail|Fatal Python error|Segmentation fault|"
                      r"Aborted|\[E\d*\s|NCCL error|gloo::")
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:")
 TAIL = 400  # lines of the log's end read: the death is there
 MAX_CHARS = 400
 
@@ -25,7 +26,8 @@ MAX_CHARS = 400
 def last_words(text: str) -> str:
     """The last error a log shows, in one line ("" when it shows none): a native abort's lines, else the last
     Python exception with where it was raised."""
-    lines = text.splitlines()[-TAIL:]
+    # (torch prefixes a rank's lines under torchrun: "[rank1]:   File ...")
+    lines = [_RANK_PREFIX.sub("", ln) for ln in text.splitlines()[-TAIL:]]
     native = [i for i, ln in enumerate(lines) if _NATIVE.search(ln)]
     raised = [i for i, ln in enumerate(lines) if EXCEPTION_LINE.match(ln.strip())]
     if native and (not raised or native[-1] > raised[-1]):

@@ -36,7 +36,8 @@ from shardcheck.harness.driver.pool import Launch, LaunchSettings, WorkerPool
 # stuck before their first item (a suite's import, the rendezvous).  Start-up counts against it: 16 CPU ranks forked
 # from the fork server are up and through a first item within about 1 s of their plan (measured on the shared
 # 2-core box at load 18), so 10 s is ample.  CUDA ranks are fresh processes, each importing torch and starting
-# CUDA (the pool starts them ahead, while the driver plans): they get START_GRACE_FRESH (not measured here).
+# CUDA (the pool starts them ahead, while the driver plans): they get START_GRACE_FRESH, a generous guess, not a
+# measurement (no GPU where this was written; docs/checks.md says so).
 WATCHDOG_GRACE = 10.0
 START_GRACE_FRESH = 60.0
 # Once an item runs, the driver itself ends it at --timeout + ITEM_GRACE (a rank at the item's barrier reports its

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sysconfig
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -30,6 +31,7 @@ _TORCH = f"{os.sep}torch{os.sep}"
 _WAITS_IN = {"distributed_c10d.py", "_functional_collectives.py", "c10d_logger.py", "_collective_utils.py",
              "rendezvous.py"}
 _WORKER = f"{os.sep}rank{os.sep}worker.py"
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
 
 @dataclass(frozen=True)
@@ -49,12 +51,15 @@ class State(StrEnum):
 
 
 def short_path(path: str) -> str:
-    """A frame's file for people: relative to the working directory when inside it, torch's from `torch/`."""
+    """A frame's file for people: relative to the working directory when inside it, torch's from `torch/`, the
+    standard library's from its package (`re/__init__.py`)."""
     p = Path(path)
     if p.is_absolute() and p.is_relative_to(Path.cwd()):
         return str(p.relative_to(Path.cwd()))
     if _TORCH in path:
         return "torch" + os.sep + path.rsplit(_TORCH, 1)[1]
+    if path.startswith(_STDLIB) and "site-packages" not in path:
+        return path.removeprefix(_STDLIB)
     return path
 
 

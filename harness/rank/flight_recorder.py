@@ -1,31 +1,38 @@
 """The rank side of the collective flight recorder: every collective this rank enters, written as it starts.
 
 PyTorch's Flight Recorder keeps a ring of each rank's NCCL collectives and dumps it on a timeout; nothing does
-that for gloo, and a rank blocked in C++ runs no Python (no signal handler, no atexit).  So each record is on
-disk before the collective starts: one JSON line, line-buffered, in LAUNCH_DIR/rank<R>.collectives<0|1>.jsonl,
-two files used in turn (RING lines each) so that the last RING..2*RING records are always kept.  The driver
-reads them when a case hangs or a rank dies (shardcheck.harness.driver.flight).
+that for gloo, and a rank blocked in C++ runs no Python (no signal handler, no atexit).  So each record is in the
+file before the collective starts: LAUNCH_DIR/rank<R>.collectives, a ring of RING fixed slots mapped into memory
+(MAP_SHARED).  A record is a store into the kernel's page cache, no system call: the file holds it as soon as it
+is written, so a rank killed by SIGKILL or aborted by gloo leaves every record it wrote (what is not kept: the
+last records when the machine itself goes down, and, on a filesystem shared between nodes, records not yet written
+back when another node reads them: `flush` (msync) does that, the hand-launched watchdog calls it at a hang).  The
+driver reads them when a case hangs or a rank dies (shardcheck.harness.driver.flight, `read_records`).
 
 Cheap enough to stay on in every run: the entry points of torch.distributed's collectives and of its functional
 collectives (what DTensor's redistributions call) are wrapped, not every aten op (a dispatch mode over every op,
-as the communication counter is, costs far more).  A record: {n, plan, item, group, dim, seq (per group within the
-item, from 1), kind, shape, dtype, where (the calling line outside torch)}.
+as the communication counter is, costs far more); the calling line is a walk up the frames with what is torch's
+cached per code object, the group's name cached per group object, the record one tab-separated line (no JSON).
+A record: n, plan, item, group, dim, seq (per group within the item, from 1), kind, shape, dtype, where (the calling
+line outside torch).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import json
+import mmap
 import os
 import sys
 from pathlib import Path
 
-RING = 256  # records per file; the two files hold the last 256..512
+RING = 512  # slots: the last RING records are kept
+SLOT = 512  # bytes a record may take (a longer calling line is cut)
 # SHARDCHECK_FLIGHT_RECORDER=0 in the environment of the run (its ranks inherit it) runs without the recorder: to
 # measure its cost, or to rule it out; a hang's finding then has the stacks but no collectives compared.
 SWITCH = "SHARDCHECK_FLIGHT_RECORDER"
-RECORD_FILES = ("collectives0.jsonl", "collectives1.jsonl")
+RECORD_FILE = "collectives"
+_FIELDS = 11  # n, plan, item, group, dim, seq, kind, shape, dtype, where, n again (a torn slot's two n differ)
 
 # c10d entry point -> (kind, name of the parameter whose tensor this rank hands over; None: no tensor worth naming)
 _C10D = {
@@ -55,19 +62,19 @@ def enabled() -> bool:
     return os.environ.get(SWITCH, "1").strip() != "0"
 
 
-def record_paths(launch_dir: Path, rank: int) -> list[Path]:
-    return [launch_dir / f"rank{rank}.{name}" for name in RECORD_FILES]
+def record_path(launch_dir: Path, rank: int) -> Path:
+    return launch_dir / f"rank{rank}.{RECORD_FILE}"
 
 
 class FlightRecorder:
     """This rank's records (one per launch, kept across its plans)."""
 
     def __init__(self, launch_dir: Path, rank: int):
-        self.paths = record_paths(launch_dir, rank)
-        self.current = 0
-        self.file = open(self.paths[0], "w", buffering=1)
-        self.lines = 0  # in the current file
-        self.n = 0  # records so far (the reader orders the two files' lines by it)
+        self.path = record_path(launch_dir, rank)
+        with open(self.path, "w+b") as fh:
+            fh.truncate(RING * SLOT)  # (sparse: slots never written read as zeros)
+            self.ring = mmap.mmap(fh.fileno(), RING * SLOT)  # MAP_SHARED: stores land in the file
+        self.n = 0  # records so far (slot n % RING; the reader orders the slots by it)
         self.plan: int | None = None
         self.item: int | None = None
         self.seq: dict[str, int] = {}  # group name -> collectives entered on it in this item
@@ -86,23 +93,63 @@ class FlightRecorder:
 
     def record(self, kind: str, group: str, tensor, where: str) -> None:
         self.seq[group] = seq = self.seq.get(group, 0) + 1
-        self.n += 1
-        is_tensor = hasattr(tensor, "shape") and hasattr(tensor, "dtype")
-        line = json.dumps({"n": self.n, "plan": self.plan, "item": self.item, "group": group,
-                           "dim": self.dims.get(group) or self._dim(group),
-                           "seq": seq, "kind": kind, "shape": list(tensor.shape) if is_tensor else None,
-                           "dtype": str(tensor.dtype).removeprefix("torch.") if is_tensor else None, "where": where})
-        if self.lines >= RING:  # the other file, emptied: the last RING records stay in this one
-            self.file.close()
-            self.current = 1 - self.current
-            self.file = open(self.paths[self.current], "w", buffering=1)
-            self.lines = 0
-        self.file.write(line + "\n")
-        self.lines += 1
+        n = self.n = self.n + 1
+        shape = dtype = ""
+        if tensor is not None and hasattr(tensor, "dtype"):
+            shape = ",".join(map(str, tensor.shape)) or "-"  # "-": a 0-d tensor ("": no tensor)
+            dtype = _DTYPES.get(tensor.dtype) or _dtype_name(tensor.dtype)
+        dim = self.dims.get(group) or self._dim(group)
+        line = (f"{n}\t{self.plan}\t{self.item}\t{group}\t{dim}\t{seq}\t{kind}\t{shape}\t{dtype}\t{where}\t"
+                f"{n}\n").encode(errors="replace")
+        if len(line) > SLOT:  # a calling line too long for its slot: its file's start cut
+            head = f"{n}\t{self.plan}\t{self.item}\t{group}\t{dim}\t{seq}\t{kind}\t{shape}\t{dtype}\t".encode()
+            tail = f"\t{n}\n".encode()
+            room = SLOT - len(head) - len(tail) - 3
+            line = head + b"..." + where.encode(errors="replace")[-room:] + tail
+        at = (n % RING) * SLOT
+        self.ring[at:at + len(line)] = line
+
+    def flush(self) -> None:
+        """Write the records back to the file's storage (msync): for readers on other nodes of a shared filesystem."""
+        self.ring.flush()
+
+
+_DTYPES: dict = {}
+
+
+def _dtype_name(dtype) -> str:
+    _DTYPES[dtype] = name = str(dtype).removeprefix("torch.")
+    return name
+
+
+def read_records(launch_dir: Path, rank: int) -> list[dict]:
+    """A rank's records (the last RING), in the order it entered them; a slot torn by a death mid-write is left out."""
+    try:
+        data = record_path(launch_dir, rank).read_bytes()
+    except OSError:
+        return []
+    records = []
+    for at in range(0, len(data), SLOT):
+        line = data[at:at + SLOT].split(b"\n", 1)[0].decode(errors="replace")
+        fields = line.split("\t")
+        if len(fields) != _FIELDS or fields[0] != fields[-1]:
+            continue
+        n, plan, item, group, dim, seq, kind, shape, dtype, where, _ = fields
+        try:
+            records.append({"n": int(n), "plan": None if plan == "None" else int(plan),
+                            "item": None if item == "None" else int(item), "group": group, "dim": dim,
+                            "seq": int(seq), "kind": kind,
+                            "shape": None if not shape else [] if shape == "-" else [int(d) for d in shape.split(",")],
+                            "dtype": dtype or None, "where": where})
+        except ValueError:
+            continue
+    return sorted(records, key=lambda r: r["n"])
 
 
 _RECORDER: FlightRecorder | None = None
 _TORCH_DIR = ""  # frames in torch (and this file) are not "where": the caller's line is
+_SKIPPED: dict = {}  # code object -> whether its frames are torch's (or this file's): not "where"
+_GROUP_NAMES: dict = {}  # group object (None, a ProcessGroup, a (mesh, dim) pair) -> its name
 
 
 def _world_name() -> str:
@@ -114,21 +161,37 @@ def _world_name() -> str:
 def _where() -> str:
     """FILE:LINE FUNCTION of the innermost frame outside torch and this file."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith((_TORCH_DIR, __file__)):
+    while frame is not None:
+        code = frame.f_code
+        skip = _SKIPPED.get(code)
+        if skip is None:
+            skip = _SKIPPED[code] = code.co_filename.startswith((_TORCH_DIR, __file__))
+        if not skip:
+            return f"{code.co_filename}:{frame.f_lineno} {code.co_name}"
         frame = frame.f_back
-    if frame is None:
-        return "?"
-    return f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}"
+    return "?"
 
 
 def _group_name(group, funcol: bool) -> str:
+    if isinstance(group, str):  # a functional collective's group given by name
+        return group
+    try:
+        return _GROUP_NAMES[group]
+    except (KeyError, TypeError):  # TypeError: a list of ranks (unhashable), resolved every time
+        pass
     import torch.distributed as dist
 
     if funcol:
         from torch.distributed._functional_collectives import _resolve_group_name
 
-        return str(_resolve_group_name(group))
-    return (group or dist.group.WORLD).group_name
+        name = str(_resolve_group_name(group))
+    else:
+        name = (group or dist.group.WORLD).group_name
+    try:  # (None: the world's group, the same for the life of the rank)
+        _GROUP_NAMES[group] = name
+    except TypeError:
+        pass
+    return name
 
 
 def _recorded(fn, kind: str, tensor_param: str | None, funcol: bool):

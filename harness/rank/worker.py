@@ -218,6 +218,7 @@ class Worker:
         # this file, when an item is still running at --timeout (faulthandler's own timer thread, answered while
         # the rank spins or blocks in C++).
         self.dump_stacks_to = None
+        self.current: tuple[Item, float] | None = None  # (the item in flight, its start): a watchdog thread reads it
 
     def load(self, plan: Plan, events_dir: Path) -> None:
         """Make `plan` the one `run` runs; its events go to `events_dir`."""
@@ -259,6 +260,7 @@ class Worker:
             if item.world_size != self.world:
                 continue
             started = time.time()
+            self.current = (item, started)
             self.events.started(item.id)
             if self.dump_stacks_to is not None:
                 faulthandler.dump_traceback_later(self.plan.timeout, file=self.dump_stacks_to)
@@ -299,6 +301,8 @@ class Worker:
                 os._exit(EXIT_PEER_STUCK)
             if self.dump_stacks_to is not None:
                 faulthandler.cancel_dump_traceback_later()
+            if not missing:
+                self.current = None
             if missing:
                 self.events.stuck(item.id, missing, round(time.time() - started, 1))
                 self.events.file.flush()
