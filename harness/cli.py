@@ -250,7 +250,7 @@ def _run(args) -> int:
                      hang_budget=not args.no_hang_budget, pool=pool)
         finally:
             close_run(run_dir, writer, meta)
-    from shardcheck.harness.findings.verdicts import settle
+    from shardcheck.harness.findings.verdicts import settle  # (pandas: not at import, so --help stays quick)
 
     # the rows of a findings line demoted to warn become warn rows, so that the counts, the exit code, the JUnit and
     # the report say what the line says (shardcheck.harness.findings.verdicts)
@@ -380,10 +380,12 @@ def _fuzz(args, session, spaces, base, run_dir: Path, corpus: Path, device: str,
         run_plan(plan, run_dir, writer, show_progress=False, hang_budget=not args.no_hang_budget, pool=session.pool)
     finally:
         close_run(run_dir, writer, meta)
+    from shardcheck.harness.findings.verdicts import settle
+
+    counts = settle(run_dir, writer.counts)
     build(run_dir)
     rows = load(run_dir)
     _print_findings(rows)
-    counts = writer.counts
     print(f"shardcheck fuzz: {len(failures)} op(s) failed; the shrunk cases: {counts['pass']} passed, "
           f"{counts['fail']} failed, {counts['error']} errors -> {run_dir / 'report.html'}")
     _print_failures(run_dir, rows)

@@ -53,6 +53,7 @@ from shardcheck.harness.core.topology import Topology, UsageError, default_topol
 from shardcheck.harness.rank import flight_recorder
 from shardcheck.harness.rank import worker as worker_module
 from shardcheck.harness.rank.worker import Worker
+from shardcheck.harness.findings.verdicts import settle
 from shardcheck.reports.report import build
 
 TAKEOVER = 3.0  # seconds a rank other than 0 leaves rank 0 to claim a hang's finding before claiming it itself
@@ -117,9 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     dist.barrier()  # every rank has written its last 'done'
     collector.poll()
     close_run(args.out, writer, meta)
+    counts = settle(args.out, writer.counts)  # a line demoted to warn: its rows too (findings/verdicts.py)
     build(args.out)
     dist.destroy_process_group()
-    return exit_code(writer.counts, args.strict)
+    return exit_code(counts, args.strict)
 
 
 class _Hang:
@@ -236,6 +238,7 @@ class _Hang:
             collector.skip(rest, reason)
         writer.counts = dict(Counter(r["status"] for r in _rows(self.out)))  # rank 0's rows and these
         close_run(self.out, writer, meta)
+        writer.counts = settle(self.out, writer.counts)
         build(self.out)
         print(f"shardcheck worker (rank {self.rank}): the run ended at {item.op} {item.case_id} ({cause}): "
               f"{self.out / RESULTS}", file=sys.stderr)

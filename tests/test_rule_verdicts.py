@@ -5,11 +5,15 @@ docstring 5; harness/findings/verdicts.py)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 import pandas as pd
 
-from helpers import BROKEN, IMPLS
+from helpers import BROKEN, IMPLS, ROOT
+from shardcheck.harness.core.records import load
 from shardcheck.harness.core.records import Status, Symptom
 from shardcheck.harness.findings.causes import RAISES_ON_OURS, causes, finding_lines
 from shardcheck.harness.findings.verdicts import DEMOTED_NOTE, demote
@@ -165,3 +169,18 @@ def test_settle_rewrites_only_the_demoted_rows_and_the_summary(tmp_path):
     kept = write(_rows(seed_case_raises=True), tmp_path / "kept")  # nothing demoted: nothing rewritten
     before = (kept / RESULTS).read_bytes()
     assert settle(kept, {Status.ERROR: 6}) == {Status.ERROR: 6} and (kept / RESULTS).read_bytes() == before
+
+
+def test_a_hand_launched_run_settles_its_demoted_rows_too(tmp_path):
+    """harness/standalone.py, under torchrun, decides the same line and exits 0 on it."""
+    out = tmp_path / "by-hand"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                           "-m", "shardcheck.harness.standalone", "--impl",
+                           f"model_utils={IMPLS / 'rejects_negative_targets_model_utils.py'}", *LOGPROB[:6],
+                           "--topology", "dp=1,cp=1,tp=1", "--dtype", "float64", "--out", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = load(out)
+    assert Status.ERROR not in set(rows["status"]) and (rows["demoted_from"] == "error").sum() == 3, rows
+    assert json.loads((out / "run.json").read_text())["summary"]["error"] == 0
