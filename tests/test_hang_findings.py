@@ -193,10 +193,11 @@ def test_a_gloo_abort_while_the_harness_judges_a_lazily_waited_output_says_judgi
             ) in forward["message"]
 
 
-STANDALONE_TIMEOUT = 20  # a fresh torchrun's first item imports torch's compiler stack: seconds on a loaded machine
+STANDALONE_TIMEOUT = 20  # a fresh torchrun's first item imports torch's compiler stack: 0.5 s idle, seconds loaded
+HANG_TIMEOUT = 10  # the hang tests wait it out: shorter (the raise and death tests end before, at ~10 s, a raise's grace)
 
 
-def _torchrun(tmp_path, module: str, dtypes: str = "float64"):
+def _torchrun(tmp_path, module: str, dtypes: str = "float64", timeout: float = STANDALONE_TIMEOUT):
     """A hand-written torchrun of two CPU ranks on one case of `tests/fixtures/model_utils/<module>.py`: (the
     process, its --out, its wall seconds, the rows)."""
     out = tmp_path / "by-hand"
@@ -205,7 +206,7 @@ def _torchrun(tmp_path, module: str, dtypes: str = "float64"):
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "shardcheck.harness.standalone", "--impl",
                            f"model_utils={FIXTURES / 'model_utils' / module}.py", *TP2[:-5], "--dtype", dtypes,
-                           "--quick", "--timeout", str(STANDALONE_TIMEOUT), "--out", str(out)],
+                           "--quick", "--timeout", str(timeout), "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     seconds = time.time() - started
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -218,12 +219,12 @@ def test_a_hang_under_a_hand_written_torchrun_names_where_each_rank_was_and_the_
     """harness/standalone.py has no driver to signal its ranks: each dumps its own stack into --out at --timeout and
     records its collectives there; rank 0's watchdog thread (its main thread waits in gloo) folds them into the
     finding as the driver does, completes run.json and the report, and exits 1 at once: torchrun ends rank 1."""
-    proc, out, seconds, rows = _torchrun(tmp_path, "spins_in_forward")
+    proc, out, seconds, rows = _torchrun(tmp_path, "spins_in_forward", timeout=HANG_TIMEOUT)
     forward = next(r for r in rows if r["check"] == "forward")
     assert forward["symptom"] == "hung" and forward["culprit_ranks"] == [1], forward["message"]
     # from the case's start to the finding: the timeout and seconds, not gloo's own timeout (--timeout + 120 s)
-    assert forward["item_seconds"] < STANDALONE_TIMEOUT + 10, forward["item_seconds"]
-    assert seconds < STANDALONE_TIMEOUT + 90, seconds  # (the start-up of a torchrun on a loaded machine included)
+    assert forward["item_seconds"] < HANG_TIMEOUT + 10, forward["item_seconds"]
+    assert seconds < HANG_TIMEOUT + 90, seconds  # (the start-up of a torchrun on a loaded machine included)
     assert f"rank 1: running in {FIX}/spins_in_forward.py:17 _count_up_to ← {FIX}/spins_in_forward.py:24 forward" \
         in forward["message"]
     assert "rank 0: waiting in all_reduce #1 on tp at distributed_impl/model_utils.py:" in forward["message"]
@@ -243,13 +244,13 @@ def test_a_hand_launched_rank_0_stuck_holding_the_gil_is_named_by_the_rank_that_
     """Rank 0 is stuck in native code that holds the GIL (a regular expression without end): none of its Python
     threads runs, so rank 1 (waiting in gloo) claims the finding after TAKEOVER seconds, names rank 0's place from
     the stack rank 0's faulthandler timer dumped, skips the item left and completes the run."""
-    proc, out, seconds, rows = _torchrun(tmp_path, "rank0_holds_the_gil", dtypes="float64,float32")
+    proc, out, seconds, rows = _torchrun(tmp_path, "rank0_holds_the_gil", dtypes="float64,float32", timeout=HANG_TIMEOUT)
     hung = [r for r in rows if r["symptom"] == "hung"]
     assert {r["dtype"] for r in hung} == {"float64"} and len(hung) == 3, rows
     forward = next(r for r in hung if r["check"] == "forward")
     assert forward["culprit_ranks"] == [0] and forward["blocked_ranks"] == [1], forward["message"]
-    assert forward["item_seconds"] < STANDALONE_TIMEOUT + 10, forward["item_seconds"]
-    assert seconds < STANDALONE_TIMEOUT + 90, seconds
+    assert forward["item_seconds"] < HANG_TIMEOUT + 10, forward["item_seconds"]
+    assert seconds < HANG_TIMEOUT + 90, seconds
     message = forward["message"]
     assert ("rank 0: running in re/__init__.py:" in message
             and f"fullmatch ← {FIX}/rank0_holds_the_gil.py:18 _parse_shard_table" in message), message

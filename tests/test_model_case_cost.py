@@ -159,3 +159,51 @@ def cases(quick=False):
     assert "reference failed" in cause.kind  # the single-device side, on the ranks, not a usage error at load
     assert f"raised RuntimeError in setup at {suite}:14: no such checkpoint" in cause.worst  # the line that raised
     assert set(rows["error_where"]) == {f"{suite}:14"}
+
+
+KNOWN_MLP = '''
+import torch
+from torch import nn
+from shardcheck import KnownFailure, ModelCase
+
+FAMILY = "known_mlp"
+IMPLEMENTATION = __file__
+
+
+def parallelize(model, ctx):  # a plan that scales the last layer's output on every rank: wrong from that layer on
+    model[2].register_forward_hook(lambda module, args, out: out * 1.5)
+    return model
+
+
+def cases(quick=False):
+    def build(gen):
+        model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)).double()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+        return model
+
+    return [ModelCase(op=f"{FAMILY}.parallelize", case_id="c", build=build, parallelize=parallelize,
+                      make_inputs=lambda gen: {"x": torch.randn(3, 4, generator=gen, dtype=torch.float64)},
+                      model_inputs=("x",), loss=lambda out, inputs, ctx: (out ** 2).sum(), dtypes=("float64",),
+                      xfail=KnownFailure("the last layer is scaled", checks=PATTERNS))]
+'''
+
+
+@pytest.mark.parametrize("patterns, code", [(("forward:*",), 0), (("forward:act*:3",), 2)])
+def test_a_model_cases_known_failure_marks_its_checks_and_a_typo_is_one_usage_line(run_shardcheck, tmp_path,
+                                                                                   patterns, code):
+    """A model case's check names come from one step of the model: for a marked case the planner runs it, so a
+    pattern that matches none of them (module "3" does not exist) is still one line and exit 2."""
+    suite = tmp_path / "known_mlp.py"
+    suite.write_text(KNOWN_MLP.replace("PATTERNS", repr(patterns)))
+    run = run_shardcheck("run", "--suite-path", str(suite), "--suite", "known_mlp", "--world-sizes", "1",
+                         "--topology", "dp=1,cp=1,tp=1")
+    assert run.returncode == code, run.stdout[-2000:] + run.stderr[-2000:]
+    if code == 2:
+        (line,) = run.stderr.strip().splitlines()
+        assert "KnownFailure check pattern 'forward:act*:3' matches none of its checks" in line, line
+        return
+    rows = run.rows.set_index("check")
+    assert rows.loc["forward:act00:0", "status"] == "pass" and rows.loc["forward:act02:2", "status"] == "xfail"
+    assert rows.loc["forward:loss", "status"] == "xfail"
