@@ -159,7 +159,8 @@ OUTSIDE_VOCAB = ours("docs/ops/README.md#conventions-shared-by-every-family")  #
 RULES = {
     # chunking bounds memory and changes nothing else
     "property:chunked_equals_unchunked": seed("'chunk_size – Chunk size for memory efficiency (in sequence dimension)'"),
-    "property:survivors_sum_to_1": ours(f"{DOC}#top-k--top-p-filtering"),
+    # filtering comes before the log-softmax, so the probabilities are over the survivors and sum to 1
+    "property:survivors_sum_to_1": seed("'Non-parallel: applies top-k/top-p filtering, log_softmax, and gather'"),
     # a sum of p·log p over a distribution is never positive
     "property:entropy_nonpositive": seed("ChunkedDistributedEntropy: 'Compute H_all = sum_v p_v log p_v across TP'"),
 }
