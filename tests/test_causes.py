@@ -176,9 +176,11 @@ def test_a_rank_raising_in_backward_and_its_blocked_peers_are_one_cause(run_shar
     next collective: one cause, named by the exception, whatever the count of blocked ranks."""
     run = run_shardcheck("run", "--impl", f"kd_loss={BROKEN / 'kd_loss' / 'no_graph_without_tokens.py'}",
                          "--op", "kd_loss.KDLoss", *KD_EMPTY_DP_RANK, "--topology", "dp=2,cp=1,tp=1",
-                         "--topology", "dp=2,cp=1,tp=2", "--dtype", "float64", "--quick", "--timeout", "10", timeout=400)
+                         "--topology", "dp=2,cp=1,tp=2", "--dtype", "float64", "--quick", "--timeout", "20", timeout=400)
     assert run.returncode == 1, run.stdout + run.stderr
     cause = assert_one_cause(run)
+    # the blocked ranks were waited for RAISED_GRACE (10 s) after the raise, not --timeout: the message says which
+    assert run.rows["message"].str.contains("did not finish the case within 10s of the raise").any()
     assert cause["status"] == "error" and cause["kind"].startswith(
         "RuntimeError: element N of tensors does not require grad and does not have a grad_fn"), cause["kind"]
     assert "raised RuntimeError in backward" in cause["worst"] and "then blocked" in cause["worst"]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shardcheck.harness.rank.artefacts import ArtefactBudget
+from shardcheck.harness.rank.worker import RAISED_GRACE
 from shardcheck.harness.core.compare import merge_ranks
 from shardcheck.harness.core.events import PIECES, Checked, Done, Event, PhaseEntered, Started, Stuck
 from shardcheck.harness.core.plan_data import Item, Plan, Xfail
@@ -156,9 +157,12 @@ class Collector:
             # The budget, not the measured wait: the barrier's poll and a loaded machine add a tenth or two, and
             # the user set --timeout (the event keeps the measured wait).
             budget = self.plan.timeout
+            after_raise = root["symptom"] != Symptom.HUNG and not deaths
             why = (f"blocked after rank(s) {', '.join(map(str, raised['culprit_ranks']))} raised {raised.get('error_type')}"
-                   if root["symptom"] != Symptom.HUNG and not deaths else "blocked or dead")
-            notes.append(f"rank(s) {', '.join(map(str, stuck_ranks))} did not finish the case within {budget:g}s "
+                   if after_raise else "blocked or dead")
+            # after a raise, the ranks that got to the item's end wait RAISED_GRACE for the others, not --timeout
+            within = f"{min(RAISED_GRACE, budget):g}s of the raise" if after_raise else f"{budget:g}s"
+            notes.append(f"rank(s) {', '.join(map(str, stuck_ranks))} did not finish the case within {within} "
                          f"({why}; " + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in stuck_ranks) + ")")
         if reason:
             notes.append(reason)
