@@ -10,6 +10,7 @@ when a suite is loaded to plan: planning the decoder suite builds no model."""
 from __future__ import annotations
 
 import json
+import string
 import subprocess
 import sys
 from collections import Counter
@@ -22,6 +23,36 @@ from shardcheck.reference import decoder as ref
 from helpers import ROOT
 
 SCRIPT = ROOT / "tests" / "model_case_memory.py"
+
+# A suite file of one model case: a 4 → 6 → 2 MLP in float64 on 3 rows, its loss the sum of squares; $family, the
+# plan's lines before `return model` ($plan) and the ModelCase's further arguments ($case_args) are the test's.
+TINY_MLP_SUITE = string.Template('''
+import torch
+from torch import nn
+from shardcheck import HeadTail, KnownFailure, Layout, ModelCase
+
+FAMILY = "$family"
+IMPLEMENTATION = __file__
+
+
+def parallelize(model, ctx):
+$plan    return model
+
+
+def build(gen):
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+    return model
+
+
+def cases(quick=False):
+    return [ModelCase(op=f"{FAMILY}.parallelize", case_id="c", build=build, parallelize=parallelize,
+                      make_inputs=lambda gen: {"x": torch.randn(3, 4, generator=gen, dtype=torch.float64)},
+                      model_inputs=("x",), loss=lambda out, inputs, ctx: (out ** 2).sum(), dtypes=("float64",),
+                      $case_args)]
+''')
 SMALL = ("--seq", "16", "--dim", "32")
 
 
@@ -63,33 +94,9 @@ def test_failing_and_precision_warned_checks_are_the_same_judged_as_they_arrive(
 
 def test_an_exception_of_the_harness_while_judging_as_they_arrive_is_a_harness_error(run_shardcheck, tmp_path):
     suite = tmp_path / "bad_layout_mlp.py"
-    suite.write_text('''
-import torch
-from torch import nn
-from shardcheck import HeadTail, Layout, ModelCase
-
-FAMILY = "bad_layout_mlp"
-IMPLEMENTATION = __file__
-
-
-def parallelize(model, ctx):
-    return model
-
-
-def cases(quick=False):
-    def build(gen):
-        model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)).double()
-        with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
-        return model
-
     # a declared layout the activation cannot take (3 rows in 2·TP chunks): the harness's slicing raises
-    return [ModelCase(op=f"{FAMILY}.parallelize", case_id="c", build=build, parallelize=parallelize,
-                      make_inputs=lambda gen: {"x": torch.randn(3, 4, generator=gen, dtype=torch.float64)},
-                      model_inputs=("x",), activation_layouts={"1": Layout(tp=HeadTail(0))},
-                      loss=lambda out, inputs, ctx: (out ** 2).sum(), dtypes=("float64",))]
-''')
+    suite.write_text(TINY_MLP_SUITE.substitute(family="bad_layout_mlp", plan="",
+                                               case_args='activation_layouts={"1": Layout(tp=HeadTail(0))}'))
     run = run_shardcheck("run", "--suite-path", str(suite), "--suite", "bad_layout_mlp", "--world-sizes", "2",
                          "--topology", "dp=1,cp=1,tp=2")
     assert run.returncode == 1
@@ -161,33 +168,6 @@ def cases(quick=False):
     assert set(rows["error_where"]) == {f"{suite}:14"}
 
 
-KNOWN_MLP = '''
-import torch
-from torch import nn
-from shardcheck import KnownFailure, ModelCase
-
-FAMILY = "known_mlp"
-IMPLEMENTATION = __file__
-
-
-def parallelize(model, ctx):  # a plan that scales the last layer's output on every rank: wrong from that layer on
-    model[2].register_forward_hook(lambda module, args, out: out * 1.5)
-    return model
-
-
-def cases(quick=False):
-    def build(gen):
-        model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)).double()
-        with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
-        return model
-
-    return [ModelCase(op=f"{FAMILY}.parallelize", case_id="c", build=build, parallelize=parallelize,
-                      make_inputs=lambda gen: {"x": torch.randn(3, 4, generator=gen, dtype=torch.float64)},
-                      model_inputs=("x",), loss=lambda out, inputs, ctx: (out ** 2).sum(), dtypes=("float64",),
-                      xfail=KnownFailure("the last layer is scaled", checks=PATTERNS))]
-'''
 
 
 @pytest.mark.parametrize("patterns, code", [(("forward:*",), 0), (("forward:act*:3",), 2)])
@@ -196,7 +176,10 @@ def test_a_model_cases_known_failure_marks_its_checks_and_a_typo_is_one_usage_li
     """A model case's check names come from one step of the model: for a marked case the planner runs it, so a
     pattern that matches none of them (module "3" does not exist) is still one line and exit 2."""
     suite = tmp_path / "known_mlp.py"
-    suite.write_text(KNOWN_MLP.replace("PATTERNS", repr(patterns)))
+    # a plan that scales the last layer's output on every rank: wrong from that layer on
+    suite.write_text(TINY_MLP_SUITE.substitute(
+        family="known_mlp", plan="    model[2].register_forward_hook(lambda module, args, out: out * 1.5)\n",
+        case_args=f'xfail=KnownFailure("the last layer is scaled", checks={patterns!r})'))
     run = run_shardcheck("run", "--suite-path", str(suite), "--suite", "known_mlp", "--world-sizes", "1",
                          "--topology", "dp=1,cp=1,tp=1")
     assert run.returncode == code, run.stdout[-2000:] + run.stderr[-2000:]

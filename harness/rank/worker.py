@@ -239,6 +239,9 @@ class Worker:
                 self.cases[(item.op, item.case_id)] = fuzz_case(space, item.fuzz)
         # someone else's module: its ops are called by the seed's parameter names (harness/rank/signatures.py)
         self.impls = {fam: under_test(fam, spec, plan.default_impl.get(fam)) for fam, spec in plan.impl.items()}
+        # the ops with a signature row of their own in this plan (harness/driver/run.py): a used family's drift of
+        # one of them is not repeated on a model case's row (_emit_used_signatures)
+        self.ops_with_signature_rows = {i.op for i in plan.items} | set(plan.missing_ops)
         self._golden_key, self._golden = None, None
         self.events_dir = events_dir
         self.pieces: dict[str, dict] = {}  # this item's compared tensors, kept for failure artefacts
@@ -400,8 +403,7 @@ class Worker:
         """property:signature of the functions the case called from the families it uses (Case.uses) where one is
         someone else's module: called by keyword, a drift still runs, so it is a row of its own.  An op the run
         selects has its own signature row already (harness/driver/run.py): not repeated here."""
-        reported = {i.op for i in self.plan.items} | set(self.plan.missing_ops)
-        looked_up, drift = used_drift(call.ctx.modules, reported)
+        looked_up, drift = used_drift(call.ctx.modules, self.ops_with_signature_rows)
         if looked_up:
             call.emit_check(SIGNATURE_CHECK, Status.FAIL if drift else Status.PASS, message="; ".join(drift),
                             symptom=Symptom.SIGNATURE if drift else None)
