@@ -27,13 +27,14 @@ Megatron-Core is imported lazily: importing this module (or ``shardcheck.distrib
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 # The original GPTModel.forward, saved by the first patch; the chunk size of the last patch call.
-_ORIGINAL_FORWARD: Optional[Callable] = None
-_CHUNK_SIZE: Optional[int] = None
+_ORIGINAL_FORWARD: Callable | None = None
+_CHUNK_SIZE: int | None = None
 
 
 def _gpt_model_class():
@@ -77,15 +78,15 @@ def _fused_forward(
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
     attention_mask: torch.Tensor,
-    decoder_input: Optional[torch.Tensor],
-    labels: Optional[torch.Tensor],
+    decoder_input: torch.Tensor | None,
+    labels: torch.Tensor | None,
     inference_context: Any,
     packed_seq_params: Any,
-    extra_block_kwargs: Optional[dict],
-    runtime_gather_output: Optional[bool],
+    extra_block_kwargs: dict | None,
+    runtime_gather_output: bool | None,
     inference_params: Any,
-    loss_mask: Optional[torch.Tensor],
-    padding_mask: Optional[torch.Tensor],
+    loss_mask: torch.Tensor | None,
+    padding_mask: torch.Tensor | None,
     hidden_states_to_logprobs: Callable,
 ) -> torch.Tensor:
     """The fused path: embedding + decoder as in GPTModel.forward, then `hidden_states_to_logprobs` (with
@@ -95,8 +96,10 @@ def _fused_forward(
     if labels is None:
         raise ValueError("return_logprobs_for_linear_ce_fusion=True needs labels (the unshifted [B, S] ids)")
     if loss_mask is not None:
-        raise ValueError("loss_mask is not supported with return_logprobs_for_linear_ce_fusion=True: the result is "
-                         "per-token log-probs; apply the mask to them")
+        raise ValueError(
+            "loss_mask is not supported with return_logprobs_for_linear_ce_fusion=True: the result is "
+            "per-token log-probs; apply the mask to them"
+        )
     if _CHUNK_SIZE is None:
         raise ValueError("call patch_gpt_model_forward_for_linear_ce_fusion(chunk_size=...) first")
     cp_size = max(get_pg_size(self.cp_group), int(getattr(self.config, "context_parallel_size", 1) or 1))
@@ -105,23 +108,37 @@ def _fused_forward(
     tp_group = self.tp_group
     tp_size = get_pg_size(tp_group)
     if tp_size > 1 and not self.config.sequence_parallel:
-        raise ValueError(f"linear-CE fusion at TP = {tp_size} needs sequence-parallel hidden states "
-                         "(config.sequence_parallel=True)")
+        raise ValueError(
+            f"linear-CE fusion at TP = {tp_size} needs sequence-parallel hidden states (config.sequence_parallel=True)"
+        )
     if self.mtp_process or getattr(self.config, "mtp_num_layers", None):
         raise ValueError("linear-CE fusion does not support multi-token prediction")
 
     inference_context = deprecate_inference_params(inference_context, inference_params)
     preproc_output = self._preprocess(
-        input_ids=input_ids, position_ids=position_ids, decoder_input=decoder_input,
-        inference_context=inference_context, packed_seq_params=packed_seq_params, padding_mask=padding_mask,
+        input_ids=input_ids,
+        position_ids=position_ids,
+        decoder_input=decoder_input,
+        inference_context=inference_context,
+        packed_seq_params=packed_seq_params,
+        padding_mask=padding_mask,
     )
-    decoder_input, rotary_pos_emb, rotary_pos_cos, rotary_pos_sin, sequence_len_offset, padding_mask = preproc_output[:6]
+    decoder_input, rotary_pos_emb, rotary_pos_cos, rotary_pos_sin, sequence_len_offset, padding_mask = preproc_output[
+        :6
+    ]
     rotary_pos_cos_sin = preproc_output[6] if len(preproc_output) == 7 else None
     hidden_states = self.decoder(
-        hidden_states=decoder_input, attention_mask=attention_mask, inference_context=inference_context,
-        rotary_pos_emb=rotary_pos_emb, rotary_pos_cos=rotary_pos_cos, rotary_pos_sin=rotary_pos_sin,
-        rotary_pos_cos_sin=rotary_pos_cos_sin, packed_seq_params=packed_seq_params,
-        sequence_len_offset=sequence_len_offset, padding_mask=padding_mask, **(extra_block_kwargs or {}),
+        hidden_states=decoder_input,
+        attention_mask=attention_mask,
+        inference_context=inference_context,
+        rotary_pos_emb=rotary_pos_emb,
+        rotary_pos_cos=rotary_pos_cos,
+        rotary_pos_sin=rotary_pos_sin,
+        rotary_pos_cos_sin=rotary_pos_cos_sin,
+        packed_seq_params=packed_seq_params,
+        sequence_len_offset=sequence_len_offset,
+        padding_mask=padding_mask,
+        **(extra_block_kwargs or {}),
     )  # [S/TP, B, H] with sequence parallelism, else [S, B, H]
     if not self.post_process:
         return hidden_states
@@ -132,10 +149,21 @@ def _fused_forward(
         raise ValueError("linear-CE fusion does not support an output-layer bias")
     expected_shape = (labels.shape[1] // tp_size, labels.shape[0])
     if labels.dim() != 2 or labels.shape[1] % tp_size or tuple(hidden_states.shape[:2]) != expected_shape:
-        raise ValueError(f"labels {tuple(labels.shape)} do not fit the decoder output {tuple(hidden_states.shape)} "
-                         f"(expected [S/TP, B, H] = [{labels.shape[1]}/{tp_size}, {labels.shape[0]}, H])")
+        raise ValueError(
+            f"labels {tuple(labels.shape)} do not fit the decoder output {tuple(hidden_states.shape)} "
+            f"(expected [S/TP, B, H] = [{labels.shape[1]}/{tp_size}, {labels.shape[0]}, H])"
+        )
     vocab_start, vocab_end = _vocab_range(self, weight, tp_size, get_pg_rank(tp_group))
     return hidden_states_to_logprobs(
-        hidden_states, self.output_layer, output_weight, runtime_gather_output, labels, vocab_start, vocab_end,
-        tp_group, inference_only=not torch.is_grad_enabled(), cp_group=None, chunk_size=_CHUNK_SIZE,
+        hidden_states,
+        self.output_layer,
+        output_weight,
+        runtime_gather_output,
+        labels,
+        vocab_start,
+        vocab_end,
+        tp_group,
+        inference_only=not torch.is_grad_enabled(),
+        cp_group=None,
+        chunk_size=_CHUNK_SIZE,
     )

@@ -16,7 +16,7 @@ row ever meets a fully masked block (no NaN).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, List, Optional, Set
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -25,8 +25,14 @@ from torch.distributed.device_mesh import DeviceMesh
 
 ROTATE_METHODS = ("allgather", "alltoall")
 # Right-padding of the batch to a multiple of 2·CP: padded tokens carry no loss and are masked.
-PAD_FILLS = {"input_ids": 0, "inputs_embeds": 0.0, "labels": -100, "position_ids": 0, "loss_mask": 0,
-             "padding_mask": True}
+PAD_FILLS = {
+    "input_ids": 0,
+    "inputs_embeds": 0.0,
+    "labels": -100,
+    "position_ids": 0,
+    "loss_mask": 0,
+    "padding_mask": True,
+}
 # Query rows per score block: rows·(keys per chunk) ≤ BLOCK_ELEMENTS bounds the transient
 # [B, H, rows, c] scores (and their backward's p, dp, ds), so attention memory shrinks ~1/CP.
 BLOCK_ELEMENTS = 1 << 15
@@ -37,6 +43,7 @@ def _block_rows(n_keys: int) -> int:
 
 
 # ---- head-tail positions ---------------------------------------------------------------------
+
 
 def _head_tail_index(length: int, cp_size: int, cp_rank: int, device=None) -> torch.Tensor:
     """Positions CP rank `cp_rank` holds of `length`: chunks r and 2·CP−1−r of 2·CP."""
@@ -63,6 +70,7 @@ def _chunk_visibility(q_chunk: int, k_chunk: int) -> str:
 
 # ---- ring attention ----------------------------------------------------------------------------
 
+
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 or better for the softmax and the merges; float64 stays float64."""
     return torch.promote_types(dtype, torch.float32)
@@ -74,7 +82,7 @@ def _block_forward(q, k, v, scale: float, causal: bool):
     outs, lses = [], []
     step = _block_rows(k.shape[-2])
     for i0 in range(0, q.shape[-2], step):
-        qb = q[..., i0:i0 + step, :]
+        qb = q[..., i0 : i0 + step, :]
         scores = torch.matmul(qb, k.transpose(-1, -2)) * scale
         if causal:
             rows = torch.arange(i0, i0 + qb.shape[-2], device=q.device)
@@ -227,8 +235,17 @@ class _RingAttention(torch.autograd.Function):
                     if seen == "none":
                         continue
                     qi = halves[i]
-                    dq_b, dk_b, dv_b = _block_backward(qc[..., qi, :], kb, vb, out[..., qi, :], lse[..., qi],
-                                                       doutc[..., qi, :], delta[..., qi], scale, seen == "causal")
+                    dq_b, dk_b, dv_b = _block_backward(
+                        qc[..., qi, :],
+                        kb,
+                        vb,
+                        out[..., qi, :],
+                        lse[..., qi],
+                        doutc[..., qi, :],
+                        delta[..., qi],
+                        scale,
+                        seen == "causal",
+                    )
                     dq[..., qi, :] += dq_b
                     dkv[0, ..., halves[j], :] += dk_b
                     dkv[1, ..., halves[j], :] += dv_b
@@ -242,11 +259,14 @@ class _RingAttention(torch.autograd.Function):
 def _ring_sdpa(rotator: _Rotator, original: Callable):
     """The SDPA that runs inside the CP context."""
 
-    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                     enable_gqa=False):
+    def scaled_dot_product_attention(
+        query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+    ):
         if attn_mask is not None or not is_causal:
-            raise NotImplementedError("context-parallel attention is causal only (is_causal=True, no attn_mask); "
-                                      "drop attention_mask from the batch")
+            raise NotImplementedError(
+                "context-parallel attention is causal only (is_causal=True, no attn_mask); "
+                "drop attention_mask from the batch"
+            )
         if dropout_p:
             raise NotImplementedError("context-parallel attention does not support dropout")
         if key.shape[-3] != query.shape[-3]:
@@ -265,6 +285,7 @@ def _ring_sdpa(rotator: _Rotator, original: Callable):
 
 
 # ---- the CP context ------------------------------------------------------------------------
+
 
 class _ContextParallel:
     """Shard buffers in place on enter, ring attention inside, restore on exit."""
@@ -308,10 +329,10 @@ class _ContextParallel:
 
 def create_context_parallel_ctx(
     cp_mesh: DeviceMesh,
-    cp_buffers: List[torch.Tensor],
-    cp_seq_dims: List[int],
-    cp_no_restore_buffers: Set[torch.Tensor],
-    cp_rotate_method: Optional[str] = None,
+    cp_buffers: list[torch.Tensor],
+    cp_seq_dims: list[int],
+    cp_no_restore_buffers: set[torch.Tensor],
+    cp_rotate_method: str | None = None,
 ):
     """A context manager: buffers sharded head-tail in place on enter, exact causal ring attention
     inside, buffers not in `cp_no_restore_buffers` restored on exit."""
@@ -323,8 +344,10 @@ def create_context_parallel_ctx(
     cp_size = cp_mesh.size()
     for i, (buf, dim) in enumerate(zip(cp_buffers, cp_seq_dims)):
         if buf.shape[dim] % (2 * cp_size):
-            raise ValueError(f"buffer {i} {tuple(buf.shape)}: sequence length {buf.shape[dim]} (dim {dim}) is not "
-                             f"divisible by 2·CP = {2 * cp_size}")
+            raise ValueError(
+                f"buffer {i} {tuple(buf.shape)}: sequence length {buf.shape[dim]} (dim {dim}) is not "
+                f"divisible by 2·CP = {2 * cp_size}"
+            )
     return _ContextParallel(cp_mesh, cp_buffers, cp_seq_dims, cp_no_restore_buffers or (), method)
 
 
@@ -351,6 +374,7 @@ def get_train_context(enable_loss_parallel: bool, enable_compiled_autograd: bool
 
 
 # ---- batches -------------------------------------------------------------------------------
+
 
 def _build_position_ids(batch, device):
     """Add position_ids = arange(S)[None] when missing; returns the batch."""
@@ -400,13 +424,18 @@ def make_cp_batch_and_ctx(
         return contextlib.nullcontext, batch
     cp_mesh = device_mesh["cp"]
     if use_te:
-        return contextlib.nullcontext, make_cp_batch_for_te(cp_mesh, batch, padding_token_id=padding_token_id,
-                                                            num_chunks=num_chunks,
-                                                            seq_lens_padding_value=seq_lens_padding_value)
+        return contextlib.nullcontext, make_cp_batch_for_te(
+            cp_mesh,
+            batch,
+            padding_token_id=padding_token_id,
+            num_chunks=num_chunks,
+            seq_lens_padding_value=seq_lens_padding_value,
+        )
     has_ids, has_embeds = batch.get("input_ids") is not None, batch.get("inputs_embeds") is not None
     if has_ids == has_embeds:
-        raise ValueError("the batch needs exactly one of input_ids and inputs_embeds, got "
-                         + ("both" if has_ids else "neither"))
+        raise ValueError(
+            "the batch needs exactly one of input_ids and inputs_embeds, got " + ("both" if has_ids else "neither")
+        )
     batch.pop("attention_mask", None)  # CP attention is causal: a mask cannot be sharded with it
     primary_key = "input_ids" if has_ids else "inputs_embeds"
     primary = batch[primary_key]
@@ -420,9 +449,13 @@ def make_cp_batch_and_ctx(
     seq_len = primary.shape[1]
     pad = (-seq_len) % (2 * cp_size)
     # name -> (seq dim, fill for right padding)
-    fills = {primary_key: (1, PAD_FILLS[primary_key]), "labels": (1, PAD_FILLS["labels"]),
-             "position_ids": (2 if batch["position_ids"].dim() == 3 else 1, PAD_FILLS["position_ids"]),
-             "loss_mask": (1, PAD_FILLS["loss_mask"]), "padding_mask": (1, PAD_FILLS["padding_mask"])}
+    fills = {
+        primary_key: (1, PAD_FILLS[primary_key]),
+        "labels": (1, PAD_FILLS["labels"]),
+        "position_ids": (2 if batch["position_ids"].dim() == 3 else 1, PAD_FILLS["position_ids"]),
+        "loss_mask": (1, PAD_FILLS["loss_mask"]),
+        "padding_mask": (1, PAD_FILLS["padding_mask"]),
+    }
     names = [k for k in fills if batch.get(k) is not None]
     for name in names:
         dim, fill = fills[name]
@@ -431,13 +464,15 @@ def make_cp_batch_and_ctx(
     in_place = [k for k in names if not (k == "inputs_embeds" and trainable_embeds)]
     buffers = [batch[k] for k in in_place]
     no_restore = {batch[k] for k in in_place if k != "position_ids"}
-    cp_ctx = create_context_parallel_ctx(cp_mesh, buffers, [fills[k][0] for k in in_place], no_restore,
-                                         cp_rotate_method="allgather")
+    cp_ctx = create_context_parallel_ctx(
+        cp_mesh, buffers, [fills[k][0] for k in in_place], no_restore, cp_rotate_method="allgather"
+    )
     batch_ctx = _BatchContext(batch, cp_ctx, cp_size, cp_mesh.get_local_rank())
     return get_train_context(False, False, batch_ctx), batch
 
 
 # ---- THD packed batches --------------------------------------------------------------------
+
 
 def _thd_partition_index(cu_seqlens_padded: torch.Tensor, cp_size: int, cp_rank: int) -> torch.Tensor:
     """Transformer Engine's thd_get_partitioned_indices in plain torch: rank r keeps chunks r and
@@ -471,8 +506,9 @@ def _to_thd(batch, padding_token_id: int, seq_lens_padding_value: int) -> dict:
             span = slice(offset, offset + padded_length)
             ids.append(input_ids[row, span])
             labs.append(labels[row, span])
-            pos.append(position_ids[row, span] if position_ids is not None
-                       else torch.arange(padded_length, device=device))
+            pos.append(
+                position_ids[row, span] if position_ids is not None else torch.arange(padded_length, device=device)
+            )
             pad_mask.append(torch.arange(padded_length, device=device) >= length)  # by position, not by token id
             real.append(length)
             padded.append(padded_length)
@@ -480,10 +516,14 @@ def _to_thd(batch, padding_token_id: int, seq_lens_padding_value: int) -> dict:
     cu = torch.tensor([0] + real, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
     cu_padded = torch.tensor([0] + padded, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
     return {
-        "input_ids": torch.cat(ids), "labels": torch.cat(labs), "position_ids": torch.cat(pos),
-        "cu_seqlens": cu, "cu_seqlens_padded": cu_padded,
+        "input_ids": torch.cat(ids),
+        "labels": torch.cat(labs),
+        "position_ids": torch.cat(pos),
+        "cu_seqlens": cu,
+        "cu_seqlens_padded": cu_padded,
         "max_seqlen": torch.tensor(max(padded, default=0), dtype=torch.int32, device=device),
-        "qkv_format": "thd", "padding_mask": torch.cat(pad_mask),
+        "qkv_format": "thd",
+        "padding_mask": torch.cat(pad_mask),
     }
 
 
@@ -523,10 +563,24 @@ def make_cp_batch_for_te(
         raise ValueError(f"batch size {rows} is not divisible by num_chunks = {num_chunks}")
     per = rows // num_chunks
     keys = [k for k in ("input_ids", "labels", "position_ids", "seq_lens", "seq_lens_padded") if k in batch]
-    parts = [_shard_thd_chunk_for_te({k: batch[k][i * per:(i + 1) * per] for k in keys}, cp_mesh, qkv_format,
-                                     seq_lens_padding_value, padding_token_id) for i in range(num_chunks)]
-    fills = {"input_ids": padding_token_id, "labels": -100, "position_ids": 0, "padding_mask": True,
-             "cu_seqlens": seq_lens_padding_value, "cu_seqlens_padded": seq_lens_padding_value}
+    parts = [
+        _shard_thd_chunk_for_te(
+            {k: batch[k][i * per : (i + 1) * per] for k in keys},
+            cp_mesh,
+            qkv_format,
+            seq_lens_padding_value,
+            padding_token_id,
+        )
+        for i in range(num_chunks)
+    ]
+    fills = {
+        "input_ids": padding_token_id,
+        "labels": -100,
+        "position_ids": 0,
+        "padding_mask": True,
+        "cu_seqlens": seq_lens_padding_value,
+        "cu_seqlens_padded": seq_lens_padding_value,
+    }
     out = {}
     for key, fill in fills.items():
         longest = max(p[key].shape[0] for p in parts)

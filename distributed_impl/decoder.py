@@ -22,20 +22,28 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 def _tensor_parallel(model: nn.Module, ctx) -> None:
     tp = ctx.mesh["tp"]
-    parallelize_module(model, tp, {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
-        "output": ColwiseParallel(),  # local [B, S, V/TP] logits: what from_parallel_logits_to_logprobs takes
-    })
+    parallelize_module(
+        model,
+        tp,
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
+            "output": ColwiseParallel(),  # local [B, S, V/TP] logits: what from_parallel_logits_to_logprobs takes
+        },
+    )
     for block in model.layers:
-        parallelize_module(block, tp, {
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(),
-            "feed_forward.w3": ColwiseParallel(),
-        })
+        parallelize_module(
+            block,
+            tp,
+            {
+                "attention.wq": ColwiseParallel(),
+                "attention.wk": ColwiseParallel(),
+                "attention.wv": ColwiseParallel(),
+                "attention.wo": RowwiseParallel(),
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(),
+                "feed_forward.w3": ColwiseParallel(),
+            },
+        )
 
 
 def _shard_batch_over_cp(model: nn.Module, ctx) -> None:
@@ -87,8 +95,9 @@ def loss(logits: torch.Tensor, tokens: torch.Tensor, ctx) -> torch.Tensor:
     start = ctx.rank("tp") * v_local
     tp_group = ctx.group("tp") if ctx.size("tp") > 1 else None
     cp_group = ctx.group("cp") if ctx.size("cp") > 1 else None
-    logprobs = model_utils.from_parallel_logits_to_logprobs(logits, tokens, start, start + v_local, tp_group,
-                                                            cp_group=cp_group)
+    logprobs = model_utils.from_parallel_logits_to_logprobs(
+        logits, tokens, start, start + v_local, tp_group, cp_group=cp_group
+    )
     # summed in float32 at least, as the reference's log-softmax math (docs/ops/README.md)
     local_sum = -logprobs.to(torch.promote_types(logprobs.dtype, torch.float32)).sum()
     dp_group = ctx.group("dp") if ctx.size("dp") > 1 else None

@@ -14,7 +14,7 @@ from contextlib import ContextDecorator, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import reduce
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,8 +32,13 @@ def _distributed() -> bool:
 
 # ---- losses ---------------------------------------------------------------------------------
 
-def reduce_loss(loss_store: list[torch.Tensor], total_num_tokens: torch.Tensor, per_token_loss: bool = True,
-                dp_group: Optional[dist.ProcessGroup] = None) -> tuple[torch.Tensor, torch.Tensor]:
+
+def reduce_loss(
+    loss_store: list[torch.Tensor],
+    total_num_tokens: torch.Tensor,
+    per_token_loss: bool = True,
+    dp_group: dist.ProcessGroup | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, denominator), not divided: loss = the sum of `loss_store` ([1], detached, float32 or
     better); denominator = `total_num_tokens` (int64: a count past 2**31 is kept exactly) when
     `per_token_loss`, else the number of losses.  Both summed over `dp_group` when given."""
@@ -45,8 +50,9 @@ def reduce_loss(loss_store: list[torch.Tensor], total_num_tokens: torch.Tensor, 
     if per_token_loss:
         tokens = torch.as_tensor(total_num_tokens)
         if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool or tokens.numel() != 1:
-            raise ValueError(f"reduce_loss: total_num_tokens must be one integer, got {tokens.dtype} of shape "
-                             f"{tuple(tokens.shape)}")
+            raise ValueError(
+                f"reduce_loss: total_num_tokens must be one integer, got {tokens.dtype} of shape {tuple(tokens.shape)}"
+            )
         denominator = tokens.detach().to(device, torch.int64).reshape(1).clone()
     else:
         denominator = torch.tensor([len(loss_store)], dtype=torch.int64, device=device)
@@ -57,6 +63,7 @@ def reduce_loss(loss_store: list[torch.Tensor], total_num_tokens: torch.Tensor, 
 
 
 # ---- evaluation sharding ----------------------------------------------------------------------
+
 
 @dataclass
 class DDPConfig:
@@ -91,6 +98,7 @@ def dp_eval_sample_shard(distributed_config: Any, dp_rank: int, dp_size: int) ->
 
 
 # ---- gradient accumulation --------------------------------------------------------------------
+
 
 def get_sync_ctx(model, is_optim_step, defer_fsdp_grad_sync: bool):
     """The context to run one micro-batch's forward and backward in.

@@ -8,7 +8,6 @@ them. ``preserve_grad=True`` makes the gather autograd-aware: its backward reduc
 rank's loss. Otherwise the remote slices are detached and the local slice is ``t`` itself.
 """
 
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -47,7 +46,7 @@ def _all_gather_tensor(t: torch.Tensor, preserve_grad: bool = False) -> torch.Te
     return torch.cat(pieces, dim=0)
 
 
-def dist_gather_tensor(t: Optional[torch.Tensor], preserve_grad: bool = False) -> Optional[torch.Tensor]:
+def dist_gather_tensor(t: torch.Tensor | None, preserve_grad: bool = False) -> torch.Tensor | None:
     """All-gather t along dim 0 across the default process group.
 
     None -> None; no process group or a world of 1 -> t unchanged. Tensors that require grad keep
@@ -63,14 +62,16 @@ def dist_gather_tensor(t: Optional[torch.Tensor], preserve_grad: bool = False) -
     return _all_gather_tensor(t, preserve_grad)
 
 
-def dist_gather_tensor_with_dim1_padding(t: Optional[torch.Tensor], padding_value: int | float | bool = 0,
-                                         preserve_grad: bool = False) -> Optional[torch.Tensor]:
+def dist_gather_tensor_with_dim1_padding(
+    t: torch.Tensor | None, padding_value: int | float | bool = 0, preserve_grad: bool = False
+) -> torch.Tensor | None:
     """All-gather t after right-padding dim 1 with `padding_value` to the largest dim 1 over ranks."""
     if t is None:
         return None
     if t.ndim < 2:
-        raise ValueError(f"dist_gather_tensor_with_dim1_padding pads dim 1: t must have at least 2 dims, got shape "
-                         f"{tuple(t.shape)}")
+        raise ValueError(
+            f"dist_gather_tensor_with_dim1_padding pads dim 1: t must have at least 2 dims, got shape {tuple(t.shape)}"
+        )
     if not _gathering():
         return t
     longest = torch.tensor([t.shape[1]], dtype=torch.int64, device=t.device)
@@ -82,28 +83,37 @@ def dist_gather_tensor_with_dim1_padding(t: Optional[torch.Tensor], padding_valu
     return _all_gather_tensor(t, preserve_grad)
 
 
-def _check_mask_args(scores: torch.Tensor, passage_doc_ids: torch.Tensor, train_n_passages: int, rank: int,
-                     local_batch_size: int) -> None:
+def _check_mask_args(
+    scores: torch.Tensor, passage_doc_ids: torch.Tensor, train_n_passages: int, rank: int, local_batch_size: int
+) -> None:
     if scores.ndim != 2:
-        raise ValueError(f"scores must be 2-D [local_batch_size, B_global * train_n_passages], got shape {tuple(scores.shape)}")
+        raise ValueError(
+            f"scores must be 2-D [local_batch_size, B_global * train_n_passages], got shape {tuple(scores.shape)}"
+        )
     if passage_doc_ids.ndim != 1 or passage_doc_ids.shape[0] != scores.shape[1]:
-        raise ValueError(f"passage_doc_ids shape {tuple(passage_doc_ids.shape)} does not match the {scores.shape[1]} "
-                         f"score columns")
+        raise ValueError(
+            f"passage_doc_ids shape {tuple(passage_doc_ids.shape)} does not match the {scores.shape[1]} score columns"
+        )
     if passage_doc_ids.is_floating_point() or passage_doc_ids.is_complex() or passage_doc_ids.dtype == torch.bool:
         raise ValueError(f"passage_doc_ids must be an integer tensor, got dtype {passage_doc_ids.dtype}")
     if train_n_passages < 1 or local_batch_size < 0 or rank < 0:
-        raise ValueError(f"train_n_passages {train_n_passages} must be >= 1, local_batch_size {local_batch_size} and "
-                         f"rank {rank} >= 0")
+        raise ValueError(
+            f"train_n_passages {train_n_passages} must be >= 1, local_batch_size {local_batch_size} and "
+            f"rank {rank} >= 0"
+        )
     if scores.shape[0] != local_batch_size:
         raise ValueError(f"scores has {scores.shape[0]} rows, expected local_batch_size {local_batch_size}")
     last_positive = ((rank + 1) * local_batch_size - 1) * train_n_passages
     if local_batch_size and last_positive >= scores.shape[1]:
-        raise ValueError(f"rank {rank} with local_batch_size {local_batch_size} and train_n_passages {train_n_passages} "
-                         f"puts a positive at column {last_positive}, but scores has {scores.shape[1]} columns")
+        raise ValueError(
+            f"rank {rank} with local_batch_size {local_batch_size} and train_n_passages {train_n_passages} "
+            f"puts a positive at column {last_positive}, but scores has {scores.shape[1]} columns"
+        )
 
 
-def mask_gathered_passages_same_doc_as_positive(scores: torch.Tensor, passage_doc_ids: torch.Tensor,
-                                                train_n_passages: int, rank: int, local_batch_size: int) -> None:
+def mask_gathered_passages_same_doc_as_positive(
+    scores: torch.Tensor, passage_doc_ids: torch.Tensor, train_n_passages: int, rank: int, local_batch_size: int
+) -> None:
     """In place: local query row i is global query g = rank·local_batch_size + i, its positive column
     p = g·train_n_passages; every other column whose doc id equals the positive's gets finfo(dtype).min."""
     _check_mask_args(scores, passage_doc_ids, train_n_passages, rank, local_batch_size)

@@ -13,8 +13,9 @@ per-token results are all-gathered over CP, so every CP rank returns the full se
 CP rank's result is a separate summand for the backward.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -88,7 +89,9 @@ def _check_saved(ctx: Any) -> None:
 
 
 def _gather_owned(
-    values: torch.Tensor, ids: torch.Tensor, vocab_start_index: int,
+    values: torch.Tensor,
+    ids: torch.Tensor,
+    vocab_start_index: int,
     gather: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lambda v, i: v.gather(-1, i),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """gather(values, id - start) (values[..., id - start]) for the ids this rank owns, 0 elsewhere; plus
@@ -157,7 +160,7 @@ def _check_same_across(group: dist.ProcessGroup, device: torch.device, what: str
 # so the backward sums the upstream gradients over CP and keeps this rank's positions.
 
 
-def _cp_size_rank(cp_group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
+def _cp_size_rank(cp_group: dist.ProcessGroup | None) -> tuple[int, int]:
     if cp_group is None:
         return 1, 0
     return dist.get_world_size(cp_group), dist.get_rank(cp_group)
@@ -199,7 +202,9 @@ def _permutation_positions(seq_index: torch.Tensor, cp_size: int) -> torch.Tenso
     return order.view(cp_size, L // cp_size)
 
 
-def _gather_positions(local: torch.Tensor, group: dist.ProcessGroup, seq_dim: int, positions: torch.Tensor) -> torch.Tensor:
+def _gather_positions(
+    local: torch.Tensor, group: dist.ProcessGroup, seq_dim: int, positions: torch.Tensor
+) -> torch.Tensor:
     """Every rank's local piece along ``seq_dim`` put at its global positions: the full tensor."""
     cp_size = positions.shape[0]
     x = local.movedim(seq_dim, 0).contiguous()
@@ -210,7 +215,9 @@ def _gather_positions(local: torch.Tensor, group: dist.ProcessGroup, seq_dim: in
     return full.movedim(0, seq_dim)
 
 
-def _sum_grads_at_positions(grad: torch.Tensor, group: dist.ProcessGroup, seq_dim: int, positions: torch.Tensor) -> torch.Tensor:
+def _sum_grads_at_positions(
+    grad: torch.Tensor, group: dist.ProcessGroup, seq_dim: int, positions: torch.Tensor
+) -> torch.Tensor:
     """Backward of ``_gather_positions``: the sum over ranks of their upstream gradients, at this
     rank's positions (a reduce-scatter, done as all-to-all + local sum, which gloo supports).
     The incoming gradient may be expanded or non-contiguous and is never modified."""
@@ -237,15 +244,15 @@ class _GatherCPPositions(torch.autograd.Function):
         return _sum_grads_at_positions(grad, ctx.cp_group, ctx.seq_dim, ctx.positions), None, None, None
 
 
-def _gather_cp(tensor: torch.Tensor, cp_group: Optional[dist.ProcessGroup], seq_dim: int, positions: torch.Tensor) -> torch.Tensor:
+def _gather_cp(
+    tensor: torch.Tensor, cp_group: dist.ProcessGroup | None, seq_dim: int, positions: torch.Tensor
+) -> torch.Tensor:
     if positions.shape[0] == 1:
         return tensor
     return _GatherCPPositions.apply(tensor, cp_group, seq_dim % tensor.ndim, positions)
 
 
-def _get_tokens_on_this_cp_rank(
-    input_ids: torch.Tensor, cp_rank: int, cp_size: int, seq_dim: int = 1
-) -> torch.Tensor:
+def _get_tokens_on_this_cp_rank(input_ids: torch.Tensor, cp_rank: int, cp_size: int, seq_dim: int = 1) -> torch.Tensor:
     """This CP rank's tokens in the head-tail layout: chunks ``cp_rank`` and ``2·cp_size−1−cp_rank``
     of 2·cp_size along ``seq_dim``, in that order.  Any dtype; ``cp_size == 1`` returns the input."""
     if cp_size == 1:
@@ -422,7 +429,9 @@ def _chunked_logprob_backward(ctx: Any, grad_output: torch.Tensor) -> torch.Tens
     for s0, s1 in _chunks(logits.shape[1], ctx.chunk_size):
         # Recompute the softmax of this chunk instead of having saved O(B*S*V_local) of it.
         softmax = _compute_distributed_softmax(_upcast(logits[:, s0:s1], ctx.temperature), ctx.tp_group)
-        grad = _gather_logprob_grad(softmax, ids[:, s0:s1], valid[:, s0:s1], grad_output[:, s0:s1], ctx.vocab_start_index)
+        grad = _gather_logprob_grad(
+            softmax, ids[:, s0:s1], valid[:, s0:s1], grad_output[:, s0:s1], ctx.vocab_start_index
+        )
         # d(z / T)/dz = 1 / T
         grad_input[:, s0:s1] = grad / ctx.temperature if ctx.temperature != 1.0 else grad
     return grad_input
@@ -445,8 +454,15 @@ class ChunkedDistributedLogprob(torch.autograd.Function):
         _check_logits("vocab_parallel_logits", vocab_parallel_logits)
         _check_ids("target", target, vocab_parallel_logits.shape[:2])
         return _chunked_logprob_forward(
-            ctx, vocab_parallel_logits, target.unsqueeze(-1), vocab_start_index, vocab_end_index, chunk_size,
-            tp_group, inference_only, 1.0,
+            ctx,
+            vocab_parallel_logits,
+            target.unsqueeze(-1),
+            vocab_start_index,
+            vocab_end_index,
+            chunk_size,
+            tp_group,
+            inference_only,
+            1.0,
         ).squeeze(-1)
 
     @staticmethod
@@ -459,12 +475,21 @@ class _ChunkedDistributedLogprobScaled(torch.autograd.Function):
     (scaling the whole tensor first would either round in bf16 or materialise it in fp32)."""
 
     @staticmethod
-    def forward(ctx, logits, target, vocab_start_index, vocab_end_index, chunk_size, tp_group, inference_only, temperature):
+    def forward(
+        ctx, logits, target, vocab_start_index, vocab_end_index, chunk_size, tp_group, inference_only, temperature
+    ):
         _check_logits("vocab_parallel_logits", logits)
         _check_ids("target", target, logits.shape[:2])
         return _chunked_logprob_forward(
-            ctx, logits, target.unsqueeze(-1), vocab_start_index, vocab_end_index, chunk_size, tp_group,
-            inference_only, temperature,
+            ctx,
+            logits,
+            target.unsqueeze(-1),
+            vocab_start_index,
+            vocab_end_index,
+            chunk_size,
+            tp_group,
+            inference_only,
+            temperature,
         ).squeeze(-1)
 
     @staticmethod
@@ -522,7 +547,7 @@ def _vocab_parallel_logprobs(
     vocab_end_index: int,
     tp_group: dist.ProcessGroup,
     inference_only: bool,
-    chunk_size: Optional[int],
+    chunk_size: int | None,
     sampling_params: Any,
 ) -> torch.Tensor:
     """[B,S] log-probs of an already shifted target: picks the plain / chunked / sampling op
@@ -555,9 +580,9 @@ def from_parallel_logits_to_logprobs(
     vocab_end_index: int,
     tp_group: dist.ProcessGroup,
     inference_only: bool = False,
-    cp_group: Optional[dist.ProcessGroup] = None,
-    chunk_size: Optional[int] = None,
-    sampling_params: Optional[TrainingSamplingParams] = None,
+    cp_group: dist.ProcessGroup | None = None,
+    chunk_size: int | None = None,
+    sampling_params: TrainingSamplingParams | None = None,
 ) -> torch.Tensor:
     """[B,L-1] log-probs of the next token from vocab-parallel logits [B,S/CP,V_local] in the head-tail
     CP layout; ``target`` is the unshifted full [B,L] input ids (position t scores token t+1), L ≤ S:
@@ -568,15 +593,32 @@ def from_parallel_logits_to_logprobs(
     B, S_local, _ = vocab_parallel_logits.shape
     positions = _head_tail_positions(S_local * cp_size, cp_size)
     return _next_token_logprobs(
-        vocab_parallel_logits, target, positions, cp_group, cp_rank, vocab_start_index, vocab_end_index, tp_group,
-        inference_only, chunk_size, sampling_params,
+        vocab_parallel_logits,
+        target,
+        positions,
+        cp_group,
+        cp_rank,
+        vocab_start_index,
+        vocab_end_index,
+        tp_group,
+        inference_only,
+        chunk_size,
+        sampling_params,
     )
 
 
 def _next_token_logprobs(
-    logits: torch.Tensor, target: torch.Tensor, positions: torch.Tensor, cp_group: Optional[dist.ProcessGroup],
-    cp_rank: int, vocab_start_index: int, vocab_end_index: int, tp_group: dist.ProcessGroup, inference_only: bool,
-    chunk_size: Optional[int], sampling_params: Any,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    positions: torch.Tensor,
+    cp_group: dist.ProcessGroup | None,
+    cp_rank: int,
+    vocab_start_index: int,
+    vocab_end_index: int,
+    tp_group: dist.ProcessGroup,
+    inference_only: bool,
+    chunk_size: int | None,
+    sampling_params: Any,
 ) -> torch.Tensor:
     """Shared body of the next-token fronts: ``logits`` hold the sequence positions ``positions[cp_rank]``."""
     _check_logits("vocab_parallel_logits", logits)
@@ -599,9 +641,9 @@ def from_parallel_logits_to_logprobs_packed_sequences(
     vocab_end_index: int,
     group: dist.ProcessGroup,
     inference_only: bool = False,
-    cp_group: Optional[dist.ProcessGroup] = None,
-    chunk_size: Optional[int] = None,
-    sampling_params: Optional[TrainingSamplingParams] = None,
+    cp_group: dist.ProcessGroup | None = None,
+    chunk_size: int | None = None,
+    sampling_params: TrainingSamplingParams | None = None,
     target_is_pre_rolled: bool = False,
 ) -> torch.Tensor:
     """[B, unpacked_seqlen-1] next-token log-probs of packed sequences.
@@ -631,7 +673,13 @@ def from_parallel_logits_to_logprobs_packed_sequences(
         rolled = torch.cat([target[:, a:b].roll(shifts=-1, dims=1) for a, b in zip(bounds[:-1], bounds[1:])], dim=1)
         local_target = rolled[:, positions[cp_rank].to(rolled.device)].long()
     logprobs = _vocab_parallel_logprobs(
-        vocab_parallel_logits, local_target, vocab_start_index, vocab_end_index, group, inference_only, chunk_size,
+        vocab_parallel_logits,
+        local_target,
+        vocab_start_index,
+        vocab_end_index,
+        group,
+        inference_only,
+        chunk_size,
         sampling_params,
     )
     logprobs = _gather_cp(logprobs, cp_group, 1, positions)[0]  # [T], natural order
@@ -695,7 +743,9 @@ def all_to_all_vp2sq(vocab_parallel_logits: torch.Tensor, tp_group: dist.Process
     Differentiable (the backward is ``all_to_all_sq2vp``). Needs equal shards on every rank.
     """
     if vocab_parallel_logits.ndim != 2:
-        raise ValueError(f"all_to_all_vp2sq needs a 2-D [BS, V_local] tensor, got shape {tuple(vocab_parallel_logits.shape)}")
+        raise ValueError(
+            f"all_to_all_vp2sq needs a 2-D [BS, V_local] tensor, got shape {tuple(vocab_parallel_logits.shape)}"
+        )
     world = dist.get_world_size(tp_group)
     BS, V_local = vocab_parallel_logits.shape
     if BS % world != 0:
@@ -707,7 +757,9 @@ def all_to_all_vp2sq(vocab_parallel_logits: torch.Tensor, tp_group: dist.Process
 def all_to_all_sq2vp(seq_parallel_logits: torch.Tensor, tp_group: dist.ProcessGroup) -> torch.Tensor:
     """[BS/TP, V] -> [BS, V_local]: exact inverse of ``all_to_all_vp2sq``. Differentiable."""
     if seq_parallel_logits.ndim != 2:
-        raise ValueError(f"all_to_all_sq2vp needs a 2-D [BS/TP, V] tensor, got shape {tuple(seq_parallel_logits.shape)}")
+        raise ValueError(
+            f"all_to_all_sq2vp needs a 2-D [BS/TP, V] tensor, got shape {tuple(seq_parallel_logits.shape)}"
+        )
     world = dist.get_world_size(tp_group)
     BS_local, V = seq_parallel_logits.shape
     if V % world != 0:
@@ -719,7 +771,7 @@ def all_to_all_sq2vp(seq_parallel_logits: torch.Tensor, tp_group: dist.ProcessGr
 # ----------------------------------------------------------------------------- top-k / top-p sampling
 
 
-def _sampling_tuple(sampling_params: Any) -> tuple[Optional[int], float, float]:
+def _sampling_tuple(sampling_params: Any) -> tuple[int | None, float, float]:
     """(top_k, top_p, temperature) of any object with those attributes; None means no sampling."""
     if sampling_params is None:
         return None, 1.0, 1.0
@@ -729,11 +781,11 @@ def _sampling_tuple(sampling_params: Any) -> tuple[Optional[int], float, float]:
     return top_k, top_p, temperature
 
 
-def _need_filtering(top_k: Optional[int], top_p: float) -> bool:
+def _need_filtering(top_k: int | None, top_p: float) -> bool:
     return (top_k is not None and top_k > 0) or top_p < 1.0
 
 
-def _filter_logits(x: torch.Tensor, top_k: Optional[int], top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _filter_logits(x: torch.Tensor, top_k: int | None, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k then top-p filtering of full-vocab rows (last dim). Returns (filtered, dropped mask).
 
     top-k keeps every logit >= the k-th largest (ties may keep more); None or <= 0 disables.
@@ -778,8 +830,14 @@ def _sampling_chunk(
 
 
 def _sampling_chunk_grad(
-    softmax: torch.Tensor, t: torch.Tensor, chosen: torch.Tensor, valid: torch.Tensor, g: torch.Tensor,
-    temperature: float, dtype: torch.dtype, tp_group: dist.ProcessGroup,
+    softmax: torch.Tensor,
+    t: torch.Tensor,
+    chosen: torch.Tensor,
+    valid: torch.Tensor,
+    g: torch.Tensor,
+    temperature: float,
+    dtype: torch.dtype,
+    tp_group: dist.ProcessGroup,
 ) -> torch.Tensor:
     """(onehot - softmax) * g on the survivors (softmax is 0 on filtered ids), back to [R, V_local]."""
     g = torch.where(valid, g.to(softmax.dtype), torch.zeros((), dtype=softmax.dtype))
@@ -807,8 +865,15 @@ def _gather_chunk_rows(local_lps: list[torch.Tensor], tp_group: dist.ProcessGrou
 
 
 def _sampling_forward(
-    ctx: Any, logits: torch.Tensor, target: torch.Tensor, tp_group: dist.ProcessGroup, top_k, top_p,
-    chunk_size: Optional[int], inference_only: bool, temperature: float,
+    ctx: Any,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    tp_group: dist.ProcessGroup,
+    top_k,
+    top_p,
+    chunk_size: int | None,
+    inference_only: bool,
+    temperature: float,
 ) -> torch.Tensor:
     _check_logits("vocab_parallel_logits", logits)
     _check_ids("target", target, logits.shape[:2])
@@ -959,8 +1024,15 @@ class ChunkedDistributedGatherLogprob(torch.autograd.Function):
         _check_logits("vocab_parallel_logits", vocab_parallel_logits)
         _check_ids("global_indices", global_indices, (*vocab_parallel_logits.shape[:2], global_indices.shape[-1]))
         return _chunked_logprob_forward(
-            ctx, vocab_parallel_logits, global_indices, vocab_start_index, vocab_end_index, chunk_size, tp_group,
-            inference_only, 1.0,
+            ctx,
+            vocab_parallel_logits,
+            global_indices,
+            vocab_start_index,
+            vocab_end_index,
+            chunk_size,
+            tp_group,
+            inference_only,
+            1.0,
         )
 
     @staticmethod
@@ -1039,7 +1111,7 @@ def distributed_vocab_topk(
     *,
     vocab_start_index: int,
     vocab_end_index: int,
-    chunk_size: Optional[int] = None,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Global top-k over the sharded vocab: values [B,S,k] (descending, compute dtype; exact copies of
     the logits) and int64 global ids. No gradient."""
@@ -1102,12 +1174,12 @@ class _GatherInComputeDtype(torch.autograd.Function):
 def gather_logits_at_global_indices(
     vocab_parallel_logits: torch.Tensor,
     global_indices: torch.Tensor,
-    tp_group: Optional[dist.ProcessGroup] = None,
-    cp_group: Optional[dist.ProcessGroup] = None,
+    tp_group: dist.ProcessGroup | None = None,
+    cp_group: dist.ProcessGroup | None = None,
     *,
     vocab_start_index: int,
     vocab_end_index: int,
-    chunk_size: Optional[int] = None,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """[B,S,K] raw logits (compute dtype) at global ids; differentiable w.r.t. the logits.
 
@@ -1159,10 +1231,10 @@ def get_distillation_topk_logprobs_from_logits(
     teacher_topk_indices: torch.Tensor,
     zero_outside_topk: bool,
     calculate_entropy: bool,
-    vocab_parallel_rank: Optional[int] = None,
-    vocab_parallel_group: Optional[dist.ProcessGroup] = None,
-    context_parallel_group: Optional[dist.ProcessGroup] = None,
-) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    vocab_parallel_rank: int | None = None,
+    vocab_parallel_group: dist.ProcessGroup | None = None,
+    context_parallel_group: dist.ProcessGroup | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(student_topk_logprobs, teacher_topk_logprobs, H_all or None), last position dropped.
 
     Teacher: log-softmax over its K logits. Student: full-vocab log-probs at the K ids
@@ -1172,7 +1244,9 @@ def get_distillation_topk_logprobs_from_logits(
     logits and ids are the full [B,S,K]; every result is the full sequence on every rank.
     """
     if teacher_topk_indices.shape[-1] <= 0:
-        raise ValueError(f"top-k width must be positive, got teacher_topk_indices of shape {tuple(teacher_topk_indices.shape)}")
+        raise ValueError(
+            f"top-k width must be positive, got teacher_topk_indices of shape {tuple(teacher_topk_indices.shape)}"
+        )
     if vocab_parallel_group is not None:
         if vocab_parallel_rank is None:
             raise ValueError("vocab_parallel_rank must be given with vocab_parallel_group")
@@ -1204,8 +1278,11 @@ def get_distillation_topk_logprobs_from_logits(
         student = torch.log_softmax(picked, dim=-1)
     h_all = None
     if calculate_entropy:
-        h_all = (ChunkedDistributedEntropy.apply(local, chunk_size, group, False) if group is not None
-                 else _LocalEntropy.apply(local))
+        h_all = (
+            ChunkedDistributedEntropy.apply(local, chunk_size, group, False)
+            if group is not None
+            else _LocalEntropy.apply(local)
+        )
         h_all = _gather_cp(h_all, context_parallel_group, 1, positions)[:, :-1]
     teacher = torch.log_softmax(_upcast(teacher_topk_logits.to(local.device)), dim=-1)
     return student[:, :-1], teacher[:, :-1], h_all
@@ -1303,7 +1380,10 @@ class ChunkedDistributedHiddenStatesToLogprobs(torch.autograd.Function):
         for s0, s1 in _chunks(S, ctx.chunk_size):
             softmax = _compute_distributed_softmax(_hidden_chunk_logits(full[s0:s1], weight), ctx.tp_group)
             grad_logits = _gather_logprob_grad(
-                softmax, target[:, s0:s1, None], valid[:, s0:s1, None], grad_output[:, s0:s1, None],
+                softmax,
+                target[:, s0:s1, None],
+                valid[:, s0:s1, None],
+                grad_output[:, s0:s1, None],
                 ctx.vocab_start_index,
             )  # [B,c,V_local]
             grad_full[s0:s1] = torch.matmul(grad_logits, weight_c).transpose(0, 1)
@@ -1318,15 +1398,15 @@ class ChunkedDistributedHiddenStatesToLogprobs(torch.autograd.Function):
 def from_parallel_hidden_states_to_logprobs(
     tensor_parallel_hidden_states: torch.Tensor,
     output_weight_layer: Any,
-    output_weight: Optional[torch.Tensor],
+    output_weight: torch.Tensor | None,
     runtime_gather_output: bool,
     target: torch.Tensor,
     vocab_start_index: int,
     vocab_end_index: int,
     tp_group: dist.ProcessGroup,
     inference_only: bool = False,
-    cp_group: Optional[dist.ProcessGroup] = None,
-    chunk_size: Optional[int] = None,
+    cp_group: dist.ProcessGroup | None = None,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """[B,L-1] next-token log-probs from sequence-parallel hidden states [S/(CP·TP),B,H].
 
@@ -1347,8 +1427,14 @@ def from_parallel_hidden_states_to_logprobs(
     _check_target("target", target, tensor_parallel_hidden_states.shape[1], positions.numel())
     local_target = _shift_pad_and_take(target, positions.numel(), positions, cp_rank)
     logprobs = ChunkedDistributedHiddenStatesToLogprobs.apply(
-        tensor_parallel_hidden_states, local_target, weight, vocab_start_index, vocab_end_index,
-        S_cp if chunk_size is None else chunk_size, tp_group, inference_only,
+        tensor_parallel_hidden_states,
+        local_target,
+        weight,
+        vocab_start_index,
+        vocab_end_index,
+        S_cp if chunk_size is None else chunk_size,
+        tp_group,
+        inference_only,
     )
     logprobs = _gather_cp(logprobs, cp_group, 1, positions)
     return logprobs[:, : target.shape[1] - 1].contiguous()
@@ -1363,7 +1449,7 @@ def _is_dtensor(x: Any) -> bool:
     return isinstance(x, DTensor)
 
 
-def _dtensor_vocab_shard(x: Any) -> tuple[torch.Tensor, Optional[dist.ProcessGroup], int, int]:
+def _dtensor_vocab_shard(x: Any) -> tuple[torch.Tensor, dist.ProcessGroup | None, int, int]:
     """(local tensor, TP group, vocab start, vocab end) of a [B,S,V] DTensor.
 
     The TP group is the mesh group of the dim whose placement is Shard(last dim); None when the
@@ -1383,15 +1469,18 @@ def _dtensor_vocab_shard(x: Any) -> tuple[torch.Tensor, Optional[dist.ProcessGro
     return local, mesh.get_group(vocab_dims[0]), offset[-1], offset[-1] + local_shape[-1]
 
 
-def _seq_shard_group(x: Any) -> tuple[Optional[dist.ProcessGroup], int]:
+def _seq_shard_group(x: Any) -> tuple[dist.ProcessGroup | None, int]:
     """(group, size) of the mesh dim over which DTensor ``x`` shards its sequence dim (dim 1):
     its context-parallel group; (None, 1) for a plain tensor or an unsharded sequence."""
     if not _is_dtensor(x):
         return None, 1
     from torch.distributed.tensor import Shard
 
-    dims = [i for i, p in enumerate(x.placements)
-            if isinstance(p, Shard) and p.dim % x.ndim == 1 and x.device_mesh.size(i) > 1]
+    dims = [
+        i
+        for i, p in enumerate(x.placements)
+        if isinstance(p, Shard) and p.dim % x.ndim == 1 and x.device_mesh.size(i) > 1
+    ]
     if len(dims) > 1:
         raise ValueError(f"sequence dim sharded over several mesh dims {dims}: placements {x.placements}")
     if not dims:
@@ -1399,7 +1488,7 @@ def _seq_shard_group(x: Any) -> tuple[Optional[dist.ProcessGroup], int]:
     return x.device_mesh.get_group(dims[0]), x.device_mesh.size(dims[0])
 
 
-def _cp_layout(seq_index: Optional[torch.Tensor], seq_len: int, cp_size: int) -> torch.Tensor:
+def _cp_layout(seq_index: torch.Tensor | None, seq_len: int, cp_size: int) -> torch.Tensor:
     """Positions table of a DTensor sequence shard: the ``seq_index`` permutation, or without one the
     DTensor's own contiguous Shard(1).  ``seq_index`` is ignored without context parallelism."""
     if cp_size == 1 or seq_index is None:
@@ -1411,7 +1500,7 @@ def _cp_layout(seq_index: Optional[torch.Tensor], seq_len: int, cp_size: int) ->
     return _permutation_positions(seq_index, cp_size)
 
 
-def _full_ids(ids: Any, positions: torch.Tensor, cp_group: Optional[dist.ProcessGroup]) -> torch.Tensor:
+def _full_ids(ids: Any, positions: torch.Tensor, cp_group: dist.ProcessGroup | None) -> torch.Tensor:
     """Input ids as a full-sequence local tensor: a DTensor's sequence shards are all-gathered over CP
     (ids are per-token scalars) and put back in natural order through ``positions``."""
     if not _is_dtensor(ids):
@@ -1443,9 +1532,9 @@ def dtensor_from_parallel_logits_to_logprobs(
     vocab_end_index: int,
     tp_group: dist.ProcessGroup,
     inference_only: bool = False,
-    seq_index: Optional[torch.Tensor] = None,
-    chunk_size: Optional[int] = None,
-    sampling_params: Optional[TrainingSamplingParams] = None,
+    seq_index: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+    sampling_params: TrainingSamplingParams | None = None,
 ) -> torch.Tensor:
     """[B,S-1] next-token log-probs from vocab-parallel logits [B,S/CP,V_local].
 
@@ -1459,17 +1548,26 @@ def dtensor_from_parallel_logits_to_logprobs(
     positions = _cp_layout(seq_index, vocab_parallel_logits.shape[1] * cp_size, cp_size)
     ids = _full_ids(target, positions, cp_group)
     return _next_token_logprobs(
-        vocab_parallel_logits, ids, positions, cp_group, _cp_size_rank(cp_group)[1], vocab_start_index,
-        vocab_end_index, tp_group, inference_only, chunk_size, sampling_params,
+        vocab_parallel_logits,
+        ids,
+        positions,
+        cp_group,
+        _cp_size_rank(cp_group)[1],
+        vocab_start_index,
+        vocab_end_index,
+        tp_group,
+        inference_only,
+        chunk_size,
+        sampling_params,
     )
 
 
 def get_logprobs_from_vocab_parallel_logits(
     vocab_parallel_logits: Any,
     input_ids: Any,
-    seq_index: Optional[torch.Tensor] = None,
-    chunk_size: Optional[int] = None,
-    sampling_params: Optional[TrainingSamplingParams] = None,
+    seq_index: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+    sampling_params: TrainingSamplingParams | None = None,
 ) -> torch.Tensor:
     """[B,S-1] next-token log-probs from DTensor logits [B,S,V]: the TP group and vocab range come from
     the placement of the vocab dim (uneven shards included), the CP group from that of the sequence
@@ -1482,19 +1580,28 @@ def get_logprobs_from_vocab_parallel_logits(
     positions = _cp_layout(seq_index, vocab_parallel_logits.shape[1], cp_size)
     ids = _full_ids(input_ids, positions, cp_group)
     return _next_token_logprobs(
-        local, ids, positions, cp_group, _cp_size_rank(cp_group)[1], start, end, tp_group,
-        not torch.is_grad_enabled(), chunk_size, sampling_params,
+        local,
+        ids,
+        positions,
+        cp_group,
+        _cp_size_rank(cp_group)[1],
+        start,
+        end,
+        tp_group,
+        not torch.is_grad_enabled(),
+        chunk_size,
+        sampling_params,
     )
 
 
 def get_next_token_logprobs_from_logits(
     input_ids: torch.Tensor,
     next_token_logits: torch.Tensor,
-    seq_index: Optional[torch.Tensor] = None,
-    vocab_parallel_rank: Optional[int] = None,
-    vocab_parallel_group: Optional[dist.ProcessGroup] = None,
-    context_parallel_group: Optional[dist.ProcessGroup] = None,
-    sampling_params: Optional[TrainingSamplingParams] = None,
+    seq_index: torch.Tensor | None = None,
+    vocab_parallel_rank: int | None = None,
+    vocab_parallel_group: dist.ProcessGroup | None = None,
+    context_parallel_group: dist.ProcessGroup | None = None,
+    sampling_params: TrainingSamplingParams | None = None,
 ) -> torch.Tensor:
     """[B,L-1] next-token log-probs of the unshifted ids [B,L]: vocab-parallel logits with a group (even
     shards, this rank's range from ``vocab_parallel_rank``), a DTensor, or a plain full-vocab tensor.
@@ -1515,8 +1622,17 @@ def get_next_token_logprobs_from_logits(
     cp_size, cp_rank = _cp_size_rank(context_parallel_group)
     positions = _head_tail_positions(next_token_logits.shape[1] * cp_size, cp_size)
     return _next_token_logprobs(
-        next_token_logits, input_ids, positions, context_parallel_group, cp_rank, start, end, vocab_parallel_group,
-        not torch.is_grad_enabled(), None, sampling_params,
+        next_token_logits,
+        input_ids,
+        positions,
+        context_parallel_group,
+        cp_rank,
+        start,
+        end,
+        vocab_parallel_group,
+        not torch.is_grad_enabled(),
+        None,
+        sampling_params,
     )
 
 
@@ -1537,24 +1653,45 @@ def _gpt_forward_with_linear_ce_fusion(
     labels: torch.Tensor = None,
     inference_context: Any = None,
     packed_seq_params: Any = None,
-    extra_block_kwargs: Optional[dict] = None,
-    runtime_gather_output: Optional[bool] = None,
+    extra_block_kwargs: dict | None = None,
+    runtime_gather_output: bool | None = None,
     *,
-    inference_params: Optional[Any] = None,
-    loss_mask: Optional[torch.Tensor] = None,
-    padding_mask: Optional[torch.Tensor] = None,
+    inference_params: Any | None = None,
+    loss_mask: torch.Tensor | None = None,
+    padding_mask: torch.Tensor | None = None,
     return_logprobs_for_linear_ce_fusion: bool = False,
 ) -> torch.Tensor:
     """GPTModel.forward with the fused log-prob path (distributed_impl/_linear_ce_fusion.py); without the flag, the
     original."""
     if not return_logprobs_for_linear_ce_fusion:
         return _linear_ce_fusion._original_forward()(
-            self, input_ids, position_ids, attention_mask, decoder_input, labels, inference_context,
-            packed_seq_params, extra_block_kwargs, runtime_gather_output,
-            inference_params=inference_params, loss_mask=loss_mask, padding_mask=padding_mask,
+            self,
+            input_ids,
+            position_ids,
+            attention_mask,
+            decoder_input,
+            labels,
+            inference_context,
+            packed_seq_params,
+            extra_block_kwargs,
+            runtime_gather_output,
+            inference_params=inference_params,
+            loss_mask=loss_mask,
+            padding_mask=padding_mask,
         )
     return _linear_ce_fusion._fused_forward(
-        self, input_ids, position_ids, attention_mask, decoder_input, labels, inference_context, packed_seq_params,
-        extra_block_kwargs, runtime_gather_output, inference_params, loss_mask, padding_mask,
+        self,
+        input_ids,
+        position_ids,
+        attention_mask,
+        decoder_input,
+        labels,
+        inference_context,
+        packed_seq_params,
+        extra_block_kwargs,
+        runtime_gather_output,
+        inference_params,
+        loss_mask,
+        padding_mask,
         from_parallel_hidden_states_to_logprobs,
     )

@@ -42,8 +42,23 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(args.seeds):
             out = root / f"seed{seed}"
             if not (out / "results.jsonl").exists():
-                subprocess.run([sys.executable, "-m", "shardcheck.harness.cli", "run", "--seed", str(seed), "--dtype",
-                                "float32,bfloat16", "--out", str(out), "--no-progress", *run_args], check=False)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "shardcheck.harness.cli",
+                        "run",
+                        "--seed",
+                        str(seed),
+                        "--dtype",
+                        "float32,bfloat16",
+                        "--out",
+                        str(out),
+                        "--no-progress",
+                        *run_args,
+                    ],
+                    check=False,
+                )
             outs.append(out)
         rows = load(*outs)
     rows = rows[rows["err_naive"].notna()]
@@ -63,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     worst = rows.sort_values("err_ratio", ascending=False).head(5)
     print(worst[["op", "case_id", "dp", "tp", "dtype", "check", "err_ratio"]].to_markdown(index=False))
     failed = int((rows["status"] != Status.PASS).sum())
-    print(f"\nchecks: {len(rows)} ({failed} not passing); largest err/err_naive {ratio.max():.3f} "
-          f"(KAPPA {_by_name(KAPPA)}, FLOOR_ULPS {_by_name(FLOOR_ULPS)}); largest err/budget {rows['err_ratio'].max():.3f}")
+    print(
+        f"\nchecks: {len(rows)} ({failed} not passing); largest err/err_naive {ratio.max():.3f} "
+        f"(KAPPA {_by_name(KAPPA)}, FLOOR_ULPS {_by_name(FLOOR_ULPS)}); largest err/budget {rows['err_ratio'].max():.3f}"
+    )
     return 0 if failed == 0 and rows["err_ratio"].max() <= 0.5 else 1
 
 

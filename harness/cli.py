@@ -16,10 +16,19 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shardcheck.harness.core.options import (DEFAULT_TIMEOUT, DEFAULT_WORLD_SIZES, EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args,
-                             add_suite_path_arg, impl_map, str_list)
-from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
+from shardcheck.harness.core.options import (
+    DEFAULT_TIMEOUT,
+    DEFAULT_WORLD_SIZES,
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_USAGE,
+    add_selection_args,
+    add_suite_path_arg,
+    impl_map,
+    str_list,
+)
 from shardcheck.harness.core.records import Status, Symptom
+from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
 
 if TYPE_CHECKING:
     from shardcheck.harness.driver.pool import WorkerPool
@@ -50,20 +59,31 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("--bench", action="store_true", help="measure time, memory and collectives (benchmark cases)")
     run.add_argument("--bench-iters", type=int, default=10, help="timed iterations per benchmark (all ranks)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument("--no-hang-budget", action="store_true",
-                     help="after an op hangs or a rank dies at a topology, still try its remaining items there "
-                          "(default: record them as skipped)")
+    run.add_argument(
+        "--no-hang-budget",
+        action="store_true",
+        help="after an op hangs or a rank dies at a topology, still try its remaining items there "
+        "(default: record them as skipped)",
+    )
     run.add_argument("--junit-xml", type=Path, metavar="PATH", help="also write JUnit XML (one testcase per item)")
-    run.add_argument("--profile", action="store_true",
-                     help="cProfile the driver and every rank: <run>/profile/*.prof and breakdown.md (where the time goes)")
-    fz = sub.add_parser("fuzz", help="draw cases from each op's fuzz space, shrink the first failure, save it to "
-                                     "the corpus `run` replays")
+    run.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile the driver and every rank: <run>/profile/*.prof and breakdown.md (where the time goes)",
+    )
+    fz = sub.add_parser(
+        "fuzz",
+        help="draw cases from each op's fuzz space, shrink the first failure, save it to the corpus `run` replays",
+    )
     add_suite_path_arg(fz)
     fz.add_argument("--suite", action="append", help="suite name (repeatable, or comma-separated)")
     fz.add_argument("--op", action="append", help="op id family.Name (repeatable, or comma-separated)")
     fz.add_argument("--impl", action="append", help="FAMILY=MODULE or FAMILY=path/to/file.py")
-    fz.add_argument("--examples", type=int, help=f"examples per op (default {DEFAULT_FUZZ_EXAMPLES}; with --time: "
-                                                 "until the time is up)")
+    fz.add_argument(
+        "--examples",
+        type=int,
+        help=f"examples per op (default {DEFAULT_FUZZ_EXAMPLES}; with --time: until the time is up)",
+    )
     fz.add_argument("--time", type=float, metavar="SECONDS", help="wall-clock budget of the whole search")
     fz.add_argument("--seed", type=int, default=0, help="the same seed draws the same examples")
     fz.add_argument("--topology", action="append", help="dp=1,cp=1,tp=2 (repeatable): the topologies to draw from")
@@ -73,9 +93,13 @@ def make_parser() -> argparse.ArgumentParser:
     fz.add_argument("--no-hang-budget", action="store_true", help="(as for run; an example is a single item)")
     fz.add_argument("--no-shims", action="store_true", help="do not install shardcheck's CPU shims (as for run)")
     fz.add_argument("--out", type=Path, help="run directory (default shardcheck-runs/fuzz-<run-id>)")
-    fz.add_argument("--corpus", type=Path, metavar="DIR",
-                    help="where shrunk failures are saved (default: [tool.shardcheck] fuzz-corpus of ./pyproject.toml, "
-                         "else ./fuzz-corpus)")
+    fz.add_argument(
+        "--corpus",
+        type=Path,
+        metavar="DIR",
+        help="where shrunk failures are saved (default: [tool.shardcheck] fuzz-corpus of ./pyproject.toml, "
+        "else ./fuzz-corpus)",
+    )
     fz.add_argument("--no-progress", action="store_true", help="no line per example")
     lst = sub.add_parser("list", help="ops, suites and default topologies")
     lst.add_argument("--quick", action="store_true")
@@ -124,8 +148,10 @@ def cmd_compare(args) -> int:
     if note:
         print(f"**Note:** {note}\n")
     print(table.to_markdown(index=False) if len(table) else "No changes beyond the thresholds.")
-    print(f"\n**{regressions} regression(s)** (max slowdown {args.max_slowdown:g}% beyond the spread, "
-          f"max memory growth {args.max_memory_growth:g}%)")
+    print(
+        f"\n**{regressions} regression(s)** (max slowdown {args.max_slowdown:g}% beyond the spread, "
+        f"max memory growth {args.max_memory_growth:g}%)"
+    )
     return EXIT_FAIL if regressions else EXIT_OK
 
 
@@ -216,11 +242,19 @@ def _run(args) -> int:
                 device, backend = _device_and_backend(args.device, topologies, world_sizes)
                 if not early and known_worlds:
                     pool.start(known_worlds, LaunchSettings(device, backend, args.timeout, not args.no_shims))
-                plan = plan_from_args(args, run_id=run_id, world_sizes=world_sizes, topologies=topologies,
-                                      device=device, backend=backend, default_dtypes=_default_dtypes(args.bench, device),
-                                      bench=args.bench, bench_iters=args.bench_iters)
-                from shardcheck.harness.driver.launch import run_plan
+                plan = plan_from_args(
+                    args,
+                    run_id=run_id,
+                    world_sizes=world_sizes,
+                    topologies=topologies,
+                    device=device,
+                    backend=backend,
+                    default_dtypes=_default_dtypes(args.bench, device),
+                    bench=args.bench,
+                    bench_iters=args.bench_iters,
+                )
                 from shardcheck.harness.core.records import load
+                from shardcheck.harness.driver.launch import run_plan
                 from shardcheck.harness.driver.run import close_run, exit_code, open_run
                 from shardcheck.reports.report import build
         except BaseException:
@@ -237,17 +271,28 @@ def _run(args) -> int:
             args.profile_dir.mkdir(parents=True, exist_ok=True)
             plan.profile = str(args.profile_dir)
         writer, meta = open_run(run_dir, plan, args.argv)
-        print(f"shardcheck: {len(plan.items)} cases on world size(s) {', '.join(map(str, worlds))} "
-              f"({device}, {backend}) -> {run_dir}", file=sys.stderr)
+        print(
+            f"shardcheck: {len(plan.items)} cases on world size(s) {', '.join(map(str, worlds))} "
+            f"({device}, {backend}) -> {run_dir}",
+            file=sys.stderr,
+        )
         if meta["shim_notes"]:
             print("shardcheck: " + "; ".join(meta["shim_notes"]), file=sys.stderr)
         foreign = {fam: spec for fam, spec in sorted(plan.impl.items()) if spec != f"shardcheck.distributed_impl.{fam}"}
         if foreign:  # someone else's module (maybe inside a model case's step): say which, every family
-            print("shardcheck: modules under test: " + ", ".join(f"{f}={s}" for f, s in sorted(plan.impl.items())),
-                  file=sys.stderr)
+            print(
+                "shardcheck: modules under test: " + ", ".join(f"{f}={s}" for f, s in sorted(plan.impl.items())),
+                file=sys.stderr,
+            )
         try:
-            run_plan(plan, run_dir, writer, show_progress=not args.no_progress and sys.stderr.isatty(),
-                     hang_budget=not args.no_hang_budget, pool=pool)
+            run_plan(
+                plan,
+                run_dir,
+                writer,
+                show_progress=not args.no_progress and sys.stderr.isatty(),
+                hang_budget=not args.no_hang_budget,
+                pool=pool,
+            )
         finally:
             close_run(run_dir, writer, meta)
     from shardcheck.harness.findings.verdicts import settle  # (pandas: not at import, so --help stays quick)
@@ -259,9 +304,13 @@ def _run(args) -> int:
     rows = load(run_dir)
     _write_ci_outputs(run_dir, rows, run_id, args.junit_xml)
     _print_findings(rows)
-    known = "".join(f", {counts[s]} {s}ed" for s in (Status.XFAIL, Status.XPASS) if counts[Status.XFAIL] or counts[Status.XPASS])
-    print(f"shardcheck: {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
-          f"{counts['error']} errors, {counts['skip']} skipped{known} -> {run_dir / 'report.html'}")
+    known = "".join(
+        f", {counts[s]} {s}ed" for s in (Status.XFAIL, Status.XPASS) if counts[Status.XFAIL] or counts[Status.XPASS]
+    )
+    print(
+        f"shardcheck: {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
+        f"{counts['error']} errors, {counts['skip']} skipped{known} -> {run_dir / 'report.html'}"
+    )
     _print_harness_errors(rows)
     if counts[Status.FAIL] or counts[Status.ERROR] or counts[Status.XPASS]:
         _print_failures(run_dir, rows)
@@ -270,8 +319,9 @@ def _run(args) -> int:
     return exit_code(counts, args.strict)
 
 
-def _device_and_backend(wanted: str | None, topologies: list[Topology], world_sizes: list[int] | None
-                        ) -> tuple[str, str]:
+def _device_and_backend(
+    wanted: str | None, topologies: list[Topology], world_sizes: list[int] | None
+) -> tuple[str, str]:
     import torch
 
     device = wanted or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -291,11 +341,11 @@ def _run_dir(out: Path | None, run_id: str) -> Path:
 
 
 def cmd_fuzz(args) -> int:
-    from shardcheck.harness.rank import shims
     from shardcheck.harness.driver.corpus import corpus_dir, load_corpus
     from shardcheck.harness.driver.fuzz import FuzzSession
     from shardcheck.harness.driver.planner import plan_fuzz
     from shardcheck.harness.driver.run import suite_paths
+    from shardcheck.harness.rank import shims
 
     if args.examples is not None and args.examples <= 0:
         raise UsageError(f"--examples must be positive, got {args.examples}")
@@ -314,9 +364,18 @@ def cmd_fuzz(args) -> int:
     load_corpus(corpus)  # a corrupt corpus is bad usage before the search, not after it
     if not args.no_shims:
         shims.install(device)
-    base, spaces, skipped = plan_fuzz(run_id=run_id, suites_wanted=str_list(args.suite), ops=str_list(args.op),
-                                      impl=impl_map(args.impl), seed=args.seed, timeout=args.timeout, device=device,
-                                      backend=backend, suite_paths=suite_paths(args), corpus_dir=str(corpus))
+    base, spaces, skipped = plan_fuzz(
+        run_id=run_id,
+        suites_wanted=str_list(args.suite),
+        ops=str_list(args.op),
+        impl=impl_map(args.impl),
+        seed=args.seed,
+        timeout=args.timeout,
+        device=device,
+        backend=backend,
+        suite_paths=suite_paths(args),
+        corpus_dir=str(corpus),
+    )
     base.shims = not args.no_shims
     for what, reason in skipped.items():
         print(f"skip {what}: {reason}")
@@ -324,28 +383,39 @@ def cmd_fuzz(args) -> int:
         raise UsageError("nothing to fuzz: no selected op has a fuzz space")
     examples = args.examples or (MAX_FUZZ_EXAMPLES if args.time else DEFAULT_FUZZ_EXAMPLES)
     with _pool(args, run_dir.resolve()) as pool:
-        session = FuzzSession(base, topologies, run_dir.resolve(), pool, examples=examples, seconds=args.time,
-                              hang_budget=not args.no_hang_budget)
+        session = FuzzSession(
+            base,
+            topologies,
+            run_dir.resolve(),
+            pool,
+            examples=examples,
+            seconds=args.time,
+            hang_budget=not args.no_hang_budget,
+        )
         return _fuzz(args, session, spaces, base, run_dir, corpus, device, backend, topologies, examples)
 
 
-def _fuzz(args, session, spaces, base, run_dir: Path, corpus: Path, device: str, backend: str, topologies,
-          examples: int) -> int:
+def _fuzz(
+    args, session, spaces, base, run_dir: Path, corpus: Path, device: str, backend: str, topologies, examples: int
+) -> int:
     """cmd_fuzz's search and its report, on the session's ranks."""
     import json
 
+    from shardcheck.harness.core.records import load
     from shardcheck.harness.driver.corpus import CorpusEntry, save_entry
     from shardcheck.harness.driver.launch import run_plan
     from shardcheck.harness.driver.planner import build_fuzz_case, fuzz_item
-    from shardcheck.harness.core.records import load
     from shardcheck.harness.driver.run import close_run, open_run
     from shardcheck.reports.report import build
 
     budget = [f"{args.examples} examples per op"] if args.examples else []
     budget += [f"{args.time:g} s in all"] if args.time else []
     budget = " and ".join(budget)
-    print(f"shardcheck fuzz: {len(spaces)} op(s), {budget or f'{examples} examples per op'}, seed {args.seed}, "
-          f"topologies {' '.join(map(str, topologies))} ({device}, {backend}) -> {run_dir}", file=sys.stderr)
+    print(
+        f"shardcheck fuzz: {len(spaces)} op(s), {budget or f'{examples} examples per op'}, seed {args.seed}, "
+        f"topologies {' '.join(map(str, topologies))} ({device}, {backend}) -> {run_dir}",
+        file=sys.stderr,
+    )
     show = not args.no_progress and sys.stderr.isatty()
 
     def progress(search, example) -> None:
@@ -360,8 +430,9 @@ def _fuzz(args, session, spaces, base, run_dir: Path, corpus: Path, device: str,
             print("\r\033[K", end="", file=sys.stderr)
         searches.append(found)
         print(_search_line(found))
-    (run_dir / "fuzz.json").write_text(json.dumps({"seed": args.seed, "impl": base.impl,
-                                                   "ops": [s.to_json() for s in searches]}, indent=1))
+    (run_dir / "fuzz.json").write_text(
+        json.dumps({"seed": args.seed, "impl": base.impl, "ops": [s.to_json() for s in searches]}, indent=1)
+    )
     failures = [s for s in searches if s.failure]
     if not failures:
         print(f"shardcheck fuzz: no failure in {sum(s.examples for s in searches)} examples -> {run_dir}")
@@ -370,8 +441,14 @@ def _fuzz(args, session, spaces, base, run_dir: Path, corpus: Path, device: str,
     # report, the rerun line.
     plan = dataclasses.replace(base, items=[])
     for found in failures:
-        entry = CorpusEntry(suite=found.suite, op=found.op, params=found.failure.params, seed=args.seed,
-                            signature=list(found.failure.signature), impl=base.impl.get(found.op.split(".", 1)[0]))
+        entry = CorpusEntry(
+            suite=found.suite,
+            op=found.op,
+            params=found.failure.params,
+            seed=args.seed,
+            signature=list(found.failure.signature),
+            impl=base.impl.get(found.op.split(".", 1)[0]),
+        )
         print(f"shardcheck fuzz: saved {save_entry(corpus, entry)}")
         case = build_fuzz_case(found.suite, _space(spaces, found.op), entry.params, "shrunk params")
         plan.items.append(fuzz_item(len(plan.items), found.suite, case, entry.params, args.seed))
@@ -386,8 +463,10 @@ def _fuzz(args, session, spaces, base, run_dir: Path, corpus: Path, device: str,
     build(run_dir)
     rows = load(run_dir)
     _print_findings(rows)
-    print(f"shardcheck fuzz: {len(failures)} op(s) failed; the shrunk cases: {counts['pass']} passed, "
-          f"{counts['fail']} failed, {counts['error']} errors -> {run_dir / 'report.html'}")
+    print(
+        f"shardcheck fuzz: {len(failures)} op(s) failed; the shrunk cases: {counts['pass']} passed, "
+        f"{counts['fail']} failed, {counts['error']} errors -> {run_dir / 'report.html'}"
+    )
     _print_failures(run_dir, rows)
     return EXIT_FAIL
 
@@ -406,10 +485,12 @@ def _search_line(found) -> str:
         why = f" ({found.stopped})" if found.stopped else ""
         return f"PASS {head}, no failure{why}" + (f"; {found.note}" if found.note else "")
     first, shrunk = found.first, found.failure
-    lines = [f"FAIL {head}: {' '.join(shrunk.signature)}, first at example {found.examples_to_failure}, shrunk from",
-             f"    {_params_text(first.params)}",
-             "  to",
-             f"    {_params_text(shrunk.params)}"]
+    lines = [
+        f"FAIL {head}: {' '.join(shrunk.signature)}, first at example {found.examples_to_failure}, shrunk from",
+        f"    {_params_text(first.params)}",
+        "  to",
+        f"    {_params_text(shrunk.params)}",
+    ]
     if found.stopped:
         lines.append(f"  ({found.stopped})")
     if found.note:
@@ -447,8 +528,10 @@ def _print_harness_errors(rows) -> None:
     bad = rows[(rows["status"] == Status.ERROR) & (rows["symptom"] == Symptom.HARNESS)]
     for (error_type, where), group in bad.groupby(["error_type", "error_where"], sort=False):
         items = len(group.drop_duplicates(["op", "case_id", "dtype", "dp", "cp", "tp"]))
-        print(f"shardcheck: {len(group)} error(s) in {items} item(s) are shardcheck's own fault, not the op's: "
-              f"{error_type}: {group['error_message'].iloc[0]} raised at {where}; please report it")
+        print(
+            f"shardcheck: {len(group)} error(s) in {items} item(s) are shardcheck's own fault, not the op's: "
+            f"{error_type}: {group['error_message'].iloc[0]} raised at {where}; please report it"
+        )
 
 
 def _write_ci_outputs(run_dir: Path, rows, run_id: str, junit_xml: Path | None) -> None:
@@ -501,9 +584,13 @@ def cmd_list(args) -> int:
     print("default dtypes: " + ",".join(DEFAULT_DTYPES))
     corpus = corpus_dir(args.corpus)
     entries = load_corpus(corpus)
-    per_suite = ", ".join(f"{suite} {sum(e.suite == suite for e in entries)}" for suite in sorted({e.suite for e in entries}))
-    print(f"fuzz corpus {corpus}: {len(entries)} saved case{'s' if len(entries) != 1 else ''}"
-          + (f" ({per_suite}); `run` replays them first" if entries else ""))
+    per_suite = ", ".join(
+        f"{suite} {sum(e.suite == suite for e in entries)}" for suite in sorted({e.suite for e in entries})
+    )
+    print(
+        f"fuzz corpus {corpus}: {len(entries)} saved case{'s' if len(entries) != 1 else ''}"
+        + (f" ({per_suite}); `run` replays them first" if entries else "")
+    )
     return EXIT_OK
 
 
@@ -550,8 +637,14 @@ def main(argv: list[str] | None = None, pool: WorkerPool | None = None, own_proc
         args.pool, args.argv, args.own_process = pool, sys.argv if argv is None else ["shardcheck", *argv], own_process
         if args.command is None:
             raise UsageError("missing command: run, fuzz, list, report, compare or dashboard (see shardcheck --help)")
-        commands = {"run": cmd_run, "fuzz": cmd_fuzz, "list": cmd_list, "report": cmd_report, "compare": cmd_compare,
-                    "dashboard": cmd_dashboard}
+        commands = {
+            "run": cmd_run,
+            "fuzz": cmd_fuzz,
+            "list": cmd_list,
+            "report": cmd_report,
+            "compare": cmd_compare,
+            "dashboard": cmd_dashboard,
+        }
         return commands[args.command](args)
     except UsageError as exc:
         print(f"shardcheck: error: {exc}", file=sys.stderr)

@@ -26,13 +26,13 @@ import argparse
 import faulthandler
 import json
 import os
+import shutil
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
-import shutil
-import socket
-import subprocess
 import traceback
 from collections import Counter
 from datetime import timedelta
@@ -42,18 +42,26 @@ from typing import NoReturn
 import torch.distributed as dist
 
 from shardcheck.harness.core.events import EXIT_PEER_STUCK, stack_path
-from shardcheck.harness.core.records import RESULTS, RUN_META, RecordWriter
 from shardcheck.harness.core.plan_data import Item
+from shardcheck.harness.core.records import RESULTS, RUN_META, RecordWriter
+from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
 from shardcheck.harness.driver import postmortem, stacks
 from shardcheck.harness.driver.collect import Collector
-from shardcheck.harness.driver.pool import rank_log
 from shardcheck.harness.driver.planner import DEFAULT_DTYPES
-from shardcheck.harness.driver.run import EXIT_OK, EXIT_USAGE, add_selection_args, close_run, exit_code, open_run, plan_from_args
-from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
+from shardcheck.harness.driver.pool import rank_log
+from shardcheck.harness.driver.run import (
+    EXIT_OK,
+    EXIT_USAGE,
+    add_selection_args,
+    close_run,
+    exit_code,
+    open_run,
+    plan_from_args,
+)
+from shardcheck.harness.findings.verdicts import settle
 from shardcheck.harness.rank import flight_recorder
 from shardcheck.harness.rank import worker as worker_module
 from shardcheck.harness.rank.worker import Worker
-from shardcheck.harness.findings.verdicts import settle
 from shardcheck.reports.report import build
 
 TAKEOVER = 3.0  # seconds a rank other than 0 leaves rank 0 to claim a hang's finding before claiming it itself
@@ -82,9 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         divisors = [w for w in range(1, world + 1) if world % w == 0]
         topologies = [Topology.parse(t) for t in args.topology or []] or default_topologies(divisors)
-        plan = plan_from_args(args, run_id=run_id, world_sizes=[world],
-                              topologies=[t for t in topologies if world % t.size == 0], device=device,
-                              backend=backend, default_dtypes=list(DEFAULT_DTYPES))
+        plan = plan_from_args(
+            args,
+            run_id=run_id,
+            world_sizes=[world],
+            topologies=[t for t in topologies if world % t.size == 0],
+            device=device,
+            backend=backend,
+            default_dtypes=list(DEFAULT_DTYPES),
+        )
     except UsageError as exc:
         print(f"shardcheck worker: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -132,7 +146,13 @@ class _Hang:
 
     def __init__(self, worker: Worker, plan, launch_dir: Path, events_dir: Path, out: Path, strict: bool):
         self.worker, self.plan, self.launch_dir, self.events_dir, self.out, self.strict = (
-            worker, plan, launch_dir, events_dir, out, strict)
+            worker,
+            plan,
+            launch_dir,
+            events_dir,
+            out,
+            strict,
+        )
         self.rank = worker.rank
         # torchrun's store (its agent hosts it): it outlives any rank, and a blocked process group does not touch it
         self.store = dist.PrefixStore("shardcheck-hang", dist.distributed_c10d._get_default_store())
@@ -217,8 +237,9 @@ class _Hang:
             meta = json.loads((self.out / RUN_META).read_text()) if (self.out / RUN_META).is_file() else {}
             collector = Collector(self.plan, self.plan.items, self.events_dir, writer, self.worker.world)
             written = {(r["op"], r["case_id"], r["dtype"], r["dp"], r["cp"], r["tp"]) for r in _rows(self.out)}
-            collector.finished.update(i.id for i in self.plan.items
-                                      if (i.op, i.case_id, i.dtype, *i.topology) in written)
+            collector.finished.update(
+                i.id for i in self.plan.items if (i.op, i.case_id, i.dtype, *i.topology) in written
+            )
         if terminated:
             deaths = self._dead(item)
             # no rank dead: torchrun was interrupted (Ctrl-C, its own limits) while the case ran
@@ -226,22 +247,30 @@ class _Hang:
             cause = _died(collector, item, self.launch_dir, self.out, deaths, reason)
         else:
             started = self.worker.current[1] if self.worker.current else time.time()
-            late = (f"rank(s) did not finish the case within --timeout {self.plan.timeout:g}s; "
-                    if time.time() - started >= self.plan.timeout else "")  # (else: a peer raised, the others wait)
+            late = (
+                f"rank(s) did not finish the case within --timeout {self.plan.timeout:g}s; "
+                if time.time() - started >= self.plan.timeout
+                else ""
+            )  # (else: a peer raised, the others wait)
             reason = f"{late}rank {self.rank} took the ranks' stacks and ended the hand-launched run"
             at_barrier = threading.current_thread() is threading.main_thread()  # (else: the watchdog's thread)
             cause = _stuck(collector, item, self.launch_dir, self.out, reason, self.rank, at_barrier)
         dp, cp, tp = item.topology
-        reason = (f"not run: the run ended at {item.op} case {item.case_id} {item.dtype} at dp{dp}-cp{cp}-tp{tp} "
-                  f"({cause}); a hand-launched run cannot replace its ranks")
+        reason = (
+            f"not run: the run ended at {item.op} case {item.case_id} {item.dtype} at dp{dp}-cp{cp}-tp{tp} "
+            f"({cause}); a hand-launched run cannot replace its ranks"
+        )
         for rest in collector.unfinished():
             collector.skip(rest, reason)
         writer.counts = dict(Counter(r["status"] for r in _rows(self.out)))  # rank 0's rows and these
         close_run(self.out, writer, meta)
         writer.counts = settle(self.out, writer.counts)
         build(self.out)
-        print(f"shardcheck worker (rank {self.rank}): the run ended at {item.op} {item.case_id} ({cause}): "
-              f"{self.out / RESULTS}", file=sys.stderr)
+        print(
+            f"shardcheck worker (rank {self.rank}): the run ended at {item.op} {item.case_id} ({cause}): "
+            f"{self.out / RESULTS}",
+            file=sys.stderr,
+        )
         return exit_code(writer.counts, self.strict)
 
 
@@ -298,8 +327,14 @@ def _tee_stderr(log: Path) -> None:
         return
     read, write = os.pipe()
     console = os.dup(2)
-    subprocess.Popen([tee, "-a", str(log)], stdin=read, stdout=console, stderr=subprocess.DEVNULL,
-                     start_new_session=True, close_fds=True)
+    subprocess.Popen(
+        [tee, "-a", str(log)],
+        stdin=read,
+        stdout=console,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
     os.close(read)
     os.close(console)
     os.dup2(write, 2)
@@ -318,8 +353,9 @@ def _exit(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _stuck(collector: Collector, item: Item, launch_dir: Path, out: Path, reason: str, writer_rank: int,
-           at_barrier: bool) -> str:
+def _stuck(
+    collector: Collector, item: Item, launch_dir: Path, out: Path, reason: str, writer_rank: int, at_barrier: bool
+) -> str:
     """The hung item's finding: every rank's own stack dump (written at --timeout) and every rank's collectives,
     compared, as the driver's postmortem does.  Returns the cause in a few words."""
     collector.poll()
@@ -332,9 +368,11 @@ def _stuck(collector: Collector, item: Item, launch_dir: Path, out: Path, reason
     local.pop(writer_rank, None)  # (its own stack now is this code's: its timer's, or the barrier it came from)
     dumps = stacks.take(launch_dir, sorted(local), local)
     if at_barrier:  # the writer came from its check-in after the case: in the words of a stack, at the barrier
-        dumps[writer_rank] = (f"Current thread 0x0000000000000000 (most recent call first):\n  File "
-                              f"\"{worker_module.__file__}\", line 0 in barrier\n  (rank {writer_rank} wrote the "
-                              "finding from its check-in after the case)\n")
+        dumps[writer_rank] = (
+            f"Current thread 0x0000000000000000 (most recent call first):\n  File "
+            f'"{worker_module.__file__}", line 0 in barrier\n  (rank {writer_rank} wrote the '
+            "finding from its check-in after the case)\n"
+        )
     remote = [r for r in ranks if r not in dumps]
     if remote:
         dumps |= stacks.dumped_since(launch_dir, remote, started, wait=stacks.STACK_WAIT + 3)

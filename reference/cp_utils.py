@@ -14,8 +14,9 @@ import torch.nn.functional as F
 PARAM_NAMES = ("embed", "pos_embed", "wqkv", "wo", "lm_head")
 
 
-def attention_block_loss(params: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], num_valid: torch.Tensor,
-                         n_heads: int) -> torch.Tensor:
+def attention_block_loss(
+    params: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], num_valid: torch.Tensor, n_heads: int
+) -> torch.Tensor:
     """Token cross-entropy of a one-layer causal attention block, summed over the valid tokens
     (labels != -100 and loss_mask != 0) and divided by `num_valid` (the global count).
 
@@ -42,8 +43,9 @@ def attention_block_loss(params: dict[str, torch.Tensor], batch: dict[str, torch
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     out = torch.matmul(attn.transpose(1, 2).reshape(b, s, hidden), params["wo"].t()) + h
     logits = torch.matmul(out, params["lm_head"].t())
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1), ignore_index=-100,
-                         reduction="none")
+    ce = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1), ignore_index=-100, reduction="none"
+    )
     loss_mask = batch.get("loss_mask")
     if loss_mask is not None:
         ce = ce * loss_mask.reshape(-1).to(ce.dtype)
@@ -78,8 +80,9 @@ def padded_batch(batch: dict[str, torch.Tensor], cp_size: int) -> dict[str, torc
     return out
 
 
-def thd_batch(batch: dict[str, torch.Tensor], padding_token_id: int = 0, num_chunks: int = 1,
-              seq_lens_padding_value: int = -1000) -> dict[str, torch.Tensor]:
+def thd_batch(
+    batch: dict[str, torch.Tensor], padding_token_id: int = 0, num_chunks: int = 1, seq_lens_padding_value: int = -1000
+) -> dict[str, torch.Tensor]:
     """BSHD -> THD on one device (no CP partition).  A pack is absent when its seq_lens_padded
     entry is the sentinel.  padding_mask: True past each sequence's real length (by position)."""
     bsz = batch["input_ids"].shape[0]
@@ -101,16 +104,27 @@ def thd_batch(batch: dict[str, torch.Tensor], padding_token_id: int = 0, num_chu
                 lens.append(real)
                 lens_padded.append(padded)
                 start += padded
-        chunks.append({
-            "input_ids": torch.cat(keep_ids), "labels": torch.cat(keep_labels), "position_ids": torch.cat(keep_pos),
-            "padding_mask": torch.cat(keep_pad),
-            "cu_seqlens": torch.cumsum(torch.tensor([0] + lens), 0).to(torch.int32),
-            "cu_seqlens_padded": torch.cumsum(torch.tensor([0] + lens_padded), 0).to(torch.int32),
-            "max_seqlen": torch.tensor(max(lens_padded), dtype=torch.int32)})
+        chunks.append(
+            {
+                "input_ids": torch.cat(keep_ids),
+                "labels": torch.cat(keep_labels),
+                "position_ids": torch.cat(keep_pos),
+                "padding_mask": torch.cat(keep_pad),
+                "cu_seqlens": torch.cumsum(torch.tensor([0] + lens), 0).to(torch.int32),
+                "cu_seqlens_padded": torch.cumsum(torch.tensor([0] + lens_padded), 0).to(torch.int32),
+                "max_seqlen": torch.tensor(max(lens_padded), dtype=torch.int32),
+            }
+        )
     if num_chunks == 1:
         return chunks[0]
-    fills = {"input_ids": padding_token_id, "labels": -100, "position_ids": 0, "padding_mask": True,
-             "cu_seqlens": seq_lens_padding_value, "cu_seqlens_padded": seq_lens_padding_value}
+    fills = {
+        "input_ids": padding_token_id,
+        "labels": -100,
+        "position_ids": 0,
+        "padding_mask": True,
+        "cu_seqlens": seq_lens_padding_value,
+        "cu_seqlens_padded": seq_lens_padding_value,
+    }
     out = {}
     for key, fill in fills.items():
         longest = max(ch[key].shape[0] for ch in chunks)

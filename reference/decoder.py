@@ -47,11 +47,13 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, base: float = 10000.0):
         super().__init__()
-        self.register_buffer("inv_freq", base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim),
-                             persistent=False)
+        self.register_buffer(
+            "inv_freq", base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim), persistent=False
+        )
 
-    def forward(self, x: torch.Tensor, offset: int | torch.Tensor = 0,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, offset: int | torch.Tensor = 0, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if position_ids is None and isinstance(offset, torch.Tensor):
             pos = offset.to(x.device, torch.float64).view(1, x.shape[1])
         elif position_ids is None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import torch
 
 
-def reduce_loss(losses: torch.Tensor, num_tokens: torch.Tensor, per_token_loss: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def reduce_loss(
+    losses: torch.Tensor, num_tokens: torch.Tensor, per_token_loss: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, denominator) of every micro-batch on one device: loss = the sum of `losses` ([L]) in
     float32 or better, shape [1]; denominator = the sum of the token counts `num_tokens` (int64, no
     truncation) when `per_token_loss`, else the number of losses L."""
@@ -24,7 +26,7 @@ def reduce_loss(losses: torch.Tensor, num_tokens: torch.Tensor, per_token_loss: 
 
 def score_samples(values: torch.Tensor) -> torch.Tensor:
     """The eval "model": one score per sample (a fixed, nonlinear function of the sample)."""
-    return torch.tanh(values) * 2.0 + values ** 2
+    return torch.tanh(values) * 2.0 + values**2
 
 
 def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
@@ -32,8 +34,9 @@ def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b
     return torch.tanh(x @ w1.T + b1) @ w2.T + b2
 
 
-def accumulated_gradients(x: torch.Tensor, y: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
-                          b2: torch.Tensor) -> torch.Tensor:
+def accumulated_gradients(
+    x: torch.Tensor, y: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor
+) -> torch.Tensor:
     """Gradient of Σ_m mean((mlp(x[m]) − y[m])²) over micro-batches m (x: [M, B, F], y: [M, B, O]) with
     respect to (w1, b1, w2, b2), flattened in that order: what gradient accumulation over M
     micro-batches of the full batch B reaches on one device."""

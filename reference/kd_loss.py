@@ -4,7 +4,6 @@ Plain torch, differentiable by ordinary autograd, any dtype. The harness takes g
 values and gradients from here (typically in float64). See docs/ops/kd_loss.md.
 """
 
-from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -23,8 +22,7 @@ def _check_shapes(student_logits: torch.Tensor, teacher_logits: torch.Tensor, la
         raise ValueError(f"logits need a vocab dim, got student_logits shape {tuple(student_logits.shape)}")
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(
-            f"student_logits shape {tuple(student_logits.shape)} != "
-            f"teacher_logits shape {tuple(teacher_logits.shape)}"
+            f"student_logits shape {tuple(student_logits.shape)} != teacher_logits shape {tuple(teacher_logits.shape)}"
         )
     if labels.shape != student_logits.shape[:-1]:
         raise ValueError(
@@ -63,7 +61,7 @@ def kd_loss(
     ignore_index: int = -100,
     temperature: float = 1.0,
     fp32_upcast: bool = True,
-    num_batch_labels: Optional[Union[int, torch.Tensor]] = None,
+    num_batch_labels: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scalar KD loss: ``sum(kl) / num_batch_labels`` if given, else mean over valid tokens.
 

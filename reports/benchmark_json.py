@@ -31,21 +31,60 @@ def write(run_dir: Path, df: pd.DataFrame, meta: dict) -> Path | None:
     benchmarks = []
     for _, r in bench.iterrows():
         param = f"{r['case_id']}-dp{r['dp']}-cp{r['cp']}-tp{r['tp']}-{r['dtype']}"
-        extra = {k: r[k] for k in ("peak_bytes", "peak_bytes_fwd", "time_fwd_ms", "time_bwd_ms", "comm_calls", "comm_bytes",
-                                   "ref_time_ms", "ref_peak_bytes", "expected_peak_bytes", "world_size", "device", "backend") if k in r and _present(r[k])}
-        benchmarks.append({
-            "group": r["op"], "name": f"{r['op']}[{param}]", "fullname": f"shardcheck::{r['op']}[{param}]",
-            "params": {**(r["params"] or {}), "dp": int(r["dp"]), "cp": int(r["cp"]), "tp": int(r["tp"]), "dtype": r["dtype"]},
-            "param": param, "extra_info": extra,
-            "options": {"disable_gc": False, "timer": "perf_counter" if r["device"] == "cpu" else "cuda_event",
-                        "min_rounds": int(r["iters"]), "max_time": 0, "min_time": 0, "warmup": int(r["warmup"])},
-            "stats": _stats(list(r["times_ms"])),
-        })
+        extra = {
+            k: r[k]
+            for k in (
+                "peak_bytes",
+                "peak_bytes_fwd",
+                "time_fwd_ms",
+                "time_bwd_ms",
+                "comm_calls",
+                "comm_bytes",
+                "ref_time_ms",
+                "ref_peak_bytes",
+                "expected_peak_bytes",
+                "world_size",
+                "device",
+                "backend",
+            )
+            if k in r and _present(r[k])
+        }
+        benchmarks.append(
+            {
+                "group": r["op"],
+                "name": f"{r['op']}[{param}]",
+                "fullname": f"shardcheck::{r['op']}[{param}]",
+                "params": {
+                    **(r["params"] or {}),
+                    "dp": int(r["dp"]),
+                    "cp": int(r["cp"]),
+                    "tp": int(r["tp"]),
+                    "dtype": r["dtype"],
+                },
+                "param": param,
+                "extra_info": extra,
+                "options": {
+                    "disable_gc": False,
+                    "timer": "perf_counter" if r["device"] == "cpu" else "cuda_event",
+                    "min_rounds": int(r["iters"]),
+                    "max_time": 0,
+                    "min_time": 0,
+                    "warmup": int(r["warmup"]),
+                },
+                "stats": _stats(list(r["times_ms"])),
+            }
+        )
     doc = {
-        "machine_info": {"node": meta.get("host"), "processor": platform.processor(), "machine": platform.machine(),
-                         "python_implementation": platform.python_implementation(),
-                         "python_version": platform.python_version(), "system": platform.system(),
-                         "release": platform.release(), "device_name": meta.get("device_name")},
+        "machine_info": {
+            "node": meta.get("host"),
+            "processor": platform.processor(),
+            "machine": platform.machine(),
+            "python_implementation": platform.python_implementation(),
+            "python_version": platform.python_version(),
+            "system": platform.system(),
+            "release": platform.release(),
+            "device_name": meta.get("device_name"),
+        },
         "commit_info": {"id": meta.get("git_commit"), "dirty": meta.get("git_dirty"), "project": "shardcheck"},
         "benchmarks": benchmarks,
         "datetime": meta.get("start") or dt.datetime.now().isoformat(),

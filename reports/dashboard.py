@@ -32,8 +32,15 @@ DASHBOARD = "dashboard.html"
 LINE_KEY = ["dp", "cp", "tp", "dtype", "device", "device_name"]
 CHECK_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "device", "device_name", "check"]
 STATUSES = [Status.PASS, Status.WARN, Status.FAIL, Status.ERROR, Status.SKIP, Status.XFAIL, Status.XPASS]
-STATUS_COLOURS = {"pass": "#4caf50", "warn": "#ffb300", "fail": "#e53935", "error": "#8e0000", "skip": "#bdbdbd",
-                  "xfail": "#7986cb", "xpass": "#d81b60"}
+STATUS_COLOURS = {
+    "pass": "#4caf50",
+    "warn": "#ffb300",
+    "fail": "#e53935",
+    "error": "#8e0000",
+    "skip": "#bdbdbd",
+    "xfail": "#7986cb",
+    "xpass": "#d81b60",
+}
 
 
 def load_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -44,12 +51,22 @@ def load_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
         meta = json.loads((d / RUN_META).read_text()) if (d / RUN_META).is_file() else {}
         df = load(d)
         run_id = meta.get("run_id") or (str(df["run_id"].iloc[0]) if "run_id" in df else d.name)
-        runs.append({"run_id": run_id, "dir": str(d), "start": meta.get("start") or "",
-                     "commit": (meta.get("git_commit") or "")[:8] + ("+dirty" if meta.get("git_dirty") else ""),
-                     "device_name": meta.get("device_name") or "", "backend": meta.get("backend") or "",
-                     "machine": machine_label(meta.get("machine"))})
-        frames.append(df.assign(run_dir=str(d), device_name=meta.get("device_name") or "",
-                                machine_key=_machine_key(meta.get("machine"))))
+        runs.append(
+            {
+                "run_id": run_id,
+                "dir": str(d),
+                "start": meta.get("start") or "",
+                "commit": (meta.get("git_commit") or "")[:8] + ("+dirty" if meta.get("git_dirty") else ""),
+                "device_name": meta.get("device_name") or "",
+                "backend": meta.get("backend") or "",
+                "machine": machine_label(meta.get("machine")),
+            }
+        )
+        frames.append(
+            df.assign(
+                run_dir=str(d), device_name=meta.get("device_name") or "", machine_key=_machine_key(meta.get("machine"))
+            )
+        )
     runs = pd.DataFrame(runs).sort_values(["start", "run_id"], kind="stable").reset_index(drop=True)
     runs["index"] = range(len(runs))
     runs["label"] = [f"{r.commit or 'no commit'}\n{r.start.replace('T', ' ')[5:16]}" for r in runs.itertuples()]
@@ -104,12 +121,22 @@ def regressions(rows: pd.DataFrame, max_slowdown: float, max_memory_growth: floa
         for _, r in line.iterrows():
             if previous is not None:
                 # times from two machines do not compare: memory (and statuses) only
-                judge_time = not (previous["machine_key"] and r["machine_key"] and previous["machine_key"] != r["machine_key"])
-                notes = [n for n in change_notes(previous, r, max_slowdown, max_memory_growth, judge_time)
-                         if n.startswith("REGRESSION")]
+                judge_time = not (
+                    previous["machine_key"] and r["machine_key"] and previous["machine_key"] != r["machine_key"]
+                )
+                notes = [
+                    n
+                    for n in change_notes(previous, r, max_slowdown, max_memory_growth, judge_time)
+                    if n.startswith("REGRESSION")
+                ]
                 if notes:
-                    found.append({**dict(zip(["op", "case_id", *LINE_KEY], key)), "run": int(r["run"]),
-                                  "note": "; ".join(n.removeprefix("REGRESSION: ") for n in notes)})
+                    found.append(
+                        {
+                            **dict(zip(["op", "case_id", *LINE_KEY], key)),
+                            "run": int(r["run"]),
+                            "note": "; ".join(n.removeprefix("REGRESSION: ") for n in notes),
+                        }
+                    )
             previous = r
     return pd.DataFrame(found, columns=["op", "case_id", *LINE_KEY, "run", "note"])
 
@@ -120,9 +147,11 @@ def machines_html(runs: pd.DataFrame, rows: pd.DataFrame) -> str:
     if len(known) < 2:
         return ""
     labels = sorted(set(runs["machine"]) - {"machine not recorded"})
-    return (f"<p><b>These runs come from {len(known)} machines</b> ({html.escape('; '.join(labels))}): a time is "
-            "not judged against a previous run from another machine; memory, collectives and "
-            "statuses across all.  Read the time plots per machine (the Runs table names each run's).</p>")
+    return (
+        f"<p><b>These runs come from {len(known)} machines</b> ({html.escape('; '.join(labels))}): a time is "
+        "not judged against a previous run from another machine; memory, collectives and "
+        "statuses across all.  Read the time plots per machine (the Runs table names each run's).</p>"
+    )
 
 
 def _png(fig) -> str:
@@ -146,16 +175,18 @@ def bench_figure(op: str, case_id: str, rows: pd.DataFrame, runs: pd.DataFrame, 
         med, q1, q3 = (np.array(v) for v in zip(*(_band(r) for _, r in line.iterrows())))
         (drawn,) = ax_t.plot(x, med, marker="o", ms=4, label=_line_name(key))
         ax_t.fill_between(x, q1, q3, color=drawn.get_color(), alpha=0.2, lw=0)
-        ax_m.plot(x, line["peak_bytes"] / 2 ** 20, marker="o", ms=4, color=drawn.get_color())
+        ax_m.plot(x, line["peak_bytes"] / 2**20, marker="o", ms=4, color=drawn.get_color())
         flagged = marks[(marks[LINE_KEY].astype(str) == pd.Series(key, index=LINE_KEY).astype(str)).all(axis=1)]
         for _, m in flagged.iterrows():
             r = line[line["run"] == m["run"]].iloc[0]
             axes = [ax_t] if "time" in m["note"] else []
             axes += [ax_m] if "memory" in m["note"] else []
             for ax in axes or [ax_t]:
-                y = r["time_ms"] if ax is ax_t else r["peak_bytes"] / 2 ** 20
+                y = r["time_ms"] if ax is ax_t else r["peak_bytes"] / 2**20
                 ax.plot([m["run"]], [y], marker="X", ms=13, color="red", mec="black", zorder=5)
-                ax.annotate("regression", (m["run"], y), textcoords="offset points", xytext=(6, 6), fontsize=7, color="red")
+                ax.annotate(
+                    "regression", (m["run"], y), textcoords="offset points", xytext=(6, 6), fontsize=7, color="red"
+                )
     for ax, ylabel in ((ax_t, "time ms (median, IQR band)"), (ax_m, "peak MiB (max over ranks)")):
         ax.set_xticks(runs["index"], runs["label"], fontsize=7)
         ax.set_xlim(-0.5, len(runs) - 0.5)
@@ -181,26 +212,32 @@ def counts_figure(table: pd.DataFrame, runs: pd.DataFrame) -> str:
     return _png(fig)
 
 
-def build_dashboard(run_dirs: list[Path], out_dir: Path, max_slowdown: float = 10.0,
-                    max_memory_growth: float = 5.0) -> tuple[Path, int]:
+def build_dashboard(
+    run_dirs: list[Path], out_dir: Path, max_slowdown: float = 10.0, max_memory_growth: float = 5.0
+) -> tuple[Path, int]:
     """Write out_dir/dashboard.html; returns (its path, number of regression marks)."""
     runs, rows = load_runs(run_dirs)
     table = status_counts(runs, rows)
     marks = regressions(rows, max_slowdown, max_memory_growth)
     bench = rows[(rows["check"] == "bench") & rows["time_ms"].notna()]
-    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
-             "td,th{border:1px solid #ccc;padding:3px 6px}h2{margin-top:1.5em}img{max-width:100%}"
-             "td.bad{background:#fbb;font-weight:bold}")
-    page = ["<!doctype html><html><head><meta charset='utf-8'><title>shardcheck dashboard</title>",
-            f"<style>{style}</style></head><body><h1>shardcheck dashboard: {len(runs)} runs</h1>",
-            f"<p>From {html.escape(str(runs['start'].iloc[0]))} to {html.escape(str(runs['start'].iloc[-1]))}. "
-            f"Regression marks follow <code>shardcheck compare</code>'s rule against the previous run of the same line "
-            f"(time beyond {max_slowdown:g}% and beyond the two runs' IQRs added; memory beyond {max_memory_growth:g}%; "
-            f"a check that passed and now fails, or is marked as a known failure).</p>",
-            machines_html(runs, rows),
-            "<h2>Runs</h2>", _table_html(table, bad_columns=(Status.FAIL, Status.ERROR, Status.XPASS, "new failures")),
-            f"<img alt='checks per run' src='data:image/png;base64,{counts_figure(table, runs)}'>",
-            f"<h2>Regressions ({len(marks)})</h2>"]
+    style = (
+        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
+        "td,th{border:1px solid #ccc;padding:3px 6px}h2{margin-top:1.5em}img{max-width:100%}"
+        "td.bad{background:#fbb;font-weight:bold}"
+    )
+    page = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>shardcheck dashboard</title>",
+        f"<style>{style}</style></head><body><h1>shardcheck dashboard: {len(runs)} runs</h1>",
+        f"<p>From {html.escape(str(runs['start'].iloc[0]))} to {html.escape(str(runs['start'].iloc[-1]))}. "
+        f"Regression marks follow <code>shardcheck compare</code>'s rule against the previous run of the same line "
+        f"(time beyond {max_slowdown:g}% and beyond the two runs' IQRs added; memory beyond {max_memory_growth:g}%; "
+        f"a check that passed and now fails, or is marked as a known failure).</p>",
+        machines_html(runs, rows),
+        "<h2>Runs</h2>",
+        _table_html(table, bad_columns=(Status.FAIL, Status.ERROR, Status.XPASS, "new failures")),
+        f"<img alt='checks per run' src='data:image/png;base64,{counts_figure(table, runs)}'>",
+        f"<h2>Regressions ({len(marks)})</h2>",
+    ]
     if len(marks):
         shown = marks.assign(run=marks["run"].map(lambda i: f"{i}: {runs['commit'][i]} {runs['start'][i]}"))
         page.append(_table_html(shown))

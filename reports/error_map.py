@@ -27,8 +27,10 @@ RATIO_FLOOR = 1e-3  # ratios below show as the floor colour
 
 def shown_dims(ndim: int, shards: dict[int, dict]) -> list[int]:
     """The (up to) two tensor dims to draw: sharded dims first, later dims before earlier ones."""
+
     def sharded(d: int) -> bool:
         return len({tuple(s["indices"][d].tolist()) for s in shards.values()}) > 1
+
     ranked = sorted(range(ndim), key=lambda d: (not sharded(d), -d))
     return sorted(ranked[:2])
 
@@ -78,16 +80,26 @@ def _pool(grid: np.ndarray, axis: int) -> tuple[np.ndarray, int]:
         return grid, 1
     width = -(-n // MAX_CELLS)
     pad = width * -(-n // width) - n
-    padded = np.concatenate([grid, np.full(grid.shape[:axis] + (pad,) + grid.shape[axis + 1:], np.nan)], axis=axis) if pad else grid
+    padded = (
+        np.concatenate([grid, np.full(grid.shape[:axis] + (pad,) + grid.shape[axis + 1 :], np.nan)], axis=axis)
+        if pad
+        else grid
+    )
     shape = list(padded.shape)
-    shape[axis:axis + 1] = [shape[axis] // width, width]
+    shape[axis : axis + 1] = [shape[axis] // width, width]
     with np.errstate(all="ignore"):
         pooled = np.nanmax(np.where(np.isnan(padded), -np.inf, padded).reshape(shape), axis=axis + 1)
     return np.where(pooled == -np.inf, np.nan, pooled), width
 
 
-def draw_error_map(abs_err: torch.Tensor, budget: float | torch.Tensor, shards: dict[int, dict], title: str, path: Path,
-                   worst: list[int] | None = None) -> Path:
+def draw_error_map(
+    abs_err: torch.Tensor,
+    budget: float | torch.Tensor,
+    shards: dict[int, dict],
+    title: str,
+    path: Path,
+    worst: list[int] | None = None,
+) -> Path:
     """Draw |err| / budget of a full tensor with its shard boundaries; writes `path` (PNG).  `budget`:
     one number, or the per-element budgets (same shape; NaN where no rank holds a position)."""
     err = abs_err.double().numpy()
@@ -96,8 +108,13 @@ def draw_error_map(abs_err: torch.Tensor, budget: float | torch.Tensor, shards: 
         ratio = np.where(limit > 0, err / limit, np.where(err > 0, np.inf, 0.0))
     ratio = np.where(np.isnan(err) | np.isnan(limit), np.nan, ratio)
     held = limit[~np.isnan(limit)]
-    budget_text = (f"budget {held.max():.3g}" if held.size and held.min() == held.max()
-                   else f"per-row budgets {held.min():.3g}..{held.max():.3g}" if held.size else "no budget")
+    budget_text = (
+        f"budget {held.max():.3g}"
+        if held.size and held.min() == held.max()
+        else f"per-row budgets {held.min():.3g}..{held.max():.3g}"
+        if held.size
+        else "no budget"
+    )
     dims = shown_dims(err.ndim, shards)
     grid = _reduce(ratio, dims)
     row_dim, col_dim = (dims + [None, None])[:2] if len(dims) == 2 else (None, dims[0] if dims else None)
@@ -128,8 +145,12 @@ def draw_error_map(abs_err: torch.Tensor, budget: float | torch.Tensor, shards: 
             return ""
         splitters = _splitting_mesh_dims(d, shards)
         pooled = row_bin if d == row_dim else col_bin
-        return (f"dim {d} ({err.shape[d]} positions" + (f", {pooled} per cell" if pooled > 1 else "") + ")"
-                + (f" — split over {'/'.join(splitters)}" if splitters else ""))
+        return (
+            f"dim {d} ({err.shape[d]} positions"
+            + (f", {pooled} per cell" if pooled > 1 else "")
+            + ")"
+            + (f" — split over {'/'.join(splitters)}" if splitters else "")
+        )
 
     ax.set_xlabel(axis_label(col_dim), fontsize=9)
     ax.set_ylabel(axis_label(row_dim), fontsize=9)
@@ -142,25 +163,47 @@ def draw_error_map(abs_err: torch.Tensor, budget: float | torch.Tensor, shards: 
         x0, x1 = start / col_bin - 0.5, end / col_bin - 0.5
         ax.axvline(x0, color="black", lw=1.2)
         ax.axvline(x1, color="black", lw=1.2)
-        ax.text((x0 + x1) / 2, 1.01, f"{label}\nmax {value:.2g}", transform=ax.get_xaxis_transform(),
-                ha="center", va="bottom", fontsize=7, fontweight="bold", clip_on=False)
+        ax.text(
+            (x0 + x1) / 2,
+            1.01,
+            f"{label}\nmax {value:.2g}",
+            transform=ax.get_xaxis_transform(),
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            fontweight="bold",
+            clip_on=False,
+        )
     for start, end, label, value in _segment_stats(row_dim, shards, ratio, dims):
         y0, y1 = start / row_bin - 0.5, end / row_bin - 0.5
         ax.axhline(y0, color="black", lw=1.2, ls="--")
         ax.axhline(y1, color="black", lw=1.2, ls="--")
-        ax.text(1.005, (y0 + y1) / 2, f"{label} max {value:.2g}", transform=ax.get_yaxis_transform(),
-                ha="left", va="center", fontsize=7, fontweight="bold", clip_on=False)
+        ax.text(
+            1.005,
+            (y0 + y1) / 2,
+            f"{label} max {value:.2g}",
+            transform=ax.get_yaxis_transform(),
+            ha="left",
+            va="center",
+            fontsize=7,
+            fontweight="bold",
+            clip_on=False,
+        )
     if worst is not None and len(worst) == err.ndim and dims:
         r = worst[row_dim] / row_bin if row_dim is not None else 0
         c = worst[col_dim] / col_bin if col_dim is not None else 0
         ax.plot([c], [r], marker="o", ms=11, mfc="none", mec="blue", mew=2)
     failing = np.sum(ratio > 1)
     reduced = [d for d in range(err.ndim) if d not in dims]
-    ax.set_title(f"{title}\n|err| / budget ({budget_text})"
-                 + (f", max over dim {', '.join(map(str, reduced))}" if reduced else "")
-                 + f"; {failing} of {ratio.size} elements fail" + ("; o = worst element" if worst else "")
-                 + ("" if any(segments(d, shards) for d in range(err.ndim)) else "; not split: every rank holds all of it"),
-                 fontsize=9, pad=28 if col_dim is not None and _segment_stats(col_dim, shards, ratio, dims) else 6)
+    ax.set_title(
+        f"{title}\n|err| / budget ({budget_text})"
+        + (f", max over dim {', '.join(map(str, reduced))}" if reduced else "")
+        + f"; {failing} of {ratio.size} elements fail"
+        + ("; o = worst element" if worst else "")
+        + ("" if any(segments(d, shards) for d in range(err.ndim)) else "; not split: every rank holds all of it"),
+        fontsize=9,
+        pad=28 if col_dim is not None and _segment_stats(col_dim, shards, ratio, dims) else 6,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -188,6 +231,7 @@ def draw_artefact(artefact: Path, path: Path, worst: list[int] | None = None) ->
     """The error map of a saved failure artefact (`failures/<item>/<check>.pt`, harness/rank/artefacts.py), to `path`."""
     full = torch.load(artefact, weights_only=False)
     topo = full["topology"]
-    title = (f"{full['op']} [{full['case_id']}] dp{topo['dp']}-cp{topo['cp']}-tp{topo['tp']} {full['dtype']} "
-             f"{full['check']}")
+    title = (
+        f"{full['op']} [{full['case_id']}] dp{topo['dp']}-cp{topo['cp']}-tp{topo['tp']} {full['dtype']} {full['check']}"
+    )
     return draw_error_map(full["abs_err"], full["budget"], full["shards"], title, path, worst=worst)

@@ -61,19 +61,29 @@ def junit_tree(df: pd.DataFrame, run_id: str) -> ET.ElementTree:
         suite = ET.SubElement(root, "testsuite", name=op)
         counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0.0}
         for (_, case_id, dp, cp, tp, dtype), rows in op_rows.groupby(ITEM_KEY, sort=False):
-            seconds = float(rows["item_seconds"].max()) if "item_seconds" in rows and rows["item_seconds"].notna().any() else 0.0
-            case = ET.SubElement(suite, "testcase", classname=op, name=f"{case_id} [dp{dp}-cp{cp}-tp{tp} {dtype}]",
-                                 time=f"{seconds:.3f}")
+            seconds = (
+                float(rows["item_seconds"].max())
+                if "item_seconds" in rows and rows["item_seconds"].notna().any()
+                else 0.0
+            )
+            case = ET.SubElement(
+                suite, "testcase", classname=op, name=f"{case_id} [dp{dp}-cp{cp}-tp{tp} {dtype}]", time=f"{seconds:.3f}"
+            )
             status = _item_status(rows["status"])
             counts["tests"] += 1
             counts["time"] += seconds
             if status in FAILING:
                 bad = rows[rows["status"].isin(FAILING)]
                 first = bad[bad["status"] == status].iloc[0]  # the message and type: the item's worst check
-                text = "\n".join(f"{r['check']}: {r['status']}: {r['message']}" for _, r in bad.iterrows()) + _rerun(rows)
+                text = "\n".join(f"{r['check']}: {r['status']}: {r['message']}" for _, r in bad.iterrows()) + _rerun(
+                    rows
+                )
                 tag = "error" if status == "error" else "failure"
-                message = (f"{first['check']}: {_known_failure(first)} now passes on every rank; remove its mark"
-                           if first["status"] == Status.XPASS else f"{first['check']}: {first['message']}")
+                message = (
+                    f"{first['check']}: {_known_failure(first)} now passes on every rank; remove its mark"
+                    if first["status"] == Status.XPASS
+                    else f"{first['check']}: {first['message']}"
+                )
                 element = ET.SubElement(case, tag, message=message[:1000], type=_failure_type(first))
                 element.text = text
                 counts["errors" if status == "error" else "failures"] += 1
@@ -83,8 +93,9 @@ def junit_tree(df: pd.DataFrame, run_id: str) -> ET.ElementTree:
                 ET.SubElement(case, "system-out").text = text + _rerun(rows)
             elif status == Status.XFAIL:
                 known = rows[rows["status"] == Status.XFAIL]
-                element = ET.SubElement(case, "skipped", type="shardcheck.xfail",
-                                        message=_known_failure(known.iloc[0])[:1000])
+                element = ET.SubElement(
+                    case, "skipped", type="shardcheck.xfail", message=_known_failure(known.iloc[0])[:1000]
+                )
                 element.text = "\n".join(f"{r['check']}: {r['message']}" for _, r in known.iterrows()) + _rerun(rows)
                 counts["skipped"] += 1
             elif status == Status.SKIP:

@@ -26,9 +26,11 @@ from shardcheck.harness.findings import model_order  # noqa: E402
 
 ITEM_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype"]
 FLOOR = 1e-6  # an exact match (err/budget 0) is drawn here
-TITLES = {"forward": "forward: module outputs in execution order, then the loss",
-          "backward": "backward: the gradient at each module's output, in backward order",
-          "parameters": "parameters: each gradient, then each value after the optimizer step"}
+TITLES = {
+    "forward": "forward: module outputs in execution order, then the loss",
+    "backward": "backward: the gradient at each module's output, in backward order",
+    "parameters": "parameters: each gradient, then each value after the optimizer step",
+}
 MAX_CHARTS = 8  # failing items charted per report (the first ones, in run order)
 
 
@@ -53,11 +55,24 @@ def profile(rows: pd.DataFrame) -> pd.DataFrame:
             continue
         kind = m.group(1) or m.group(5) or "loss"
         direction = {"dact": "backward", "dparam": "parameters", "step": "parameters"}.get(kind, "forward")
-        name = ("loss" if kind == "loss" else m.group(3) if m.group(1)
-                else f"{m.group(6)} ({'gradient' if kind == 'dparam' else 'after the step'})")
-        out.append({"direction": direction, "order": model_order.step_order(r["check"]),
-                    "module": name, "check": r["check"], "status": r["status"],
-                    "err_ratio": _ratio(r), "first": r["check"] == first})
+        name = (
+            "loss"
+            if kind == "loss"
+            else m.group(3)
+            if m.group(1)
+            else f"{m.group(6)} ({'gradient' if kind == 'dparam' else 'after the step'})"
+        )
+        out.append(
+            {
+                "direction": direction,
+                "order": model_order.step_order(r["check"]),
+                "module": name,
+                "check": r["check"],
+                "status": r["status"],
+                "err_ratio": _ratio(r),
+                "first": r["check"] == first,
+            }
+        )
     table = pd.DataFrame(out, columns=["direction", "order", "module", "check", "status", "err_ratio", "first"])
     return table.sort_values("order", kind="stable").reset_index(drop=True)
 
@@ -89,8 +104,9 @@ def draw(rows: pd.DataFrame, path: Path, title: str) -> pd.DataFrame:
         ax.grid(alpha=0.3)
         for i in part.index[part["first"]]:
             ax.axvline(i, color="#b00", lw=1.5, alpha=0.6)
-            ax.annotate("first divergence", (i, y[i]), xytext=(5, 5), textcoords="offset points", color="#b00",
-                        fontsize=8)
+            ax.annotate(
+                "first divergence", (i, y[i]), xytext=(5, 5), textcoords="offset points", color="#b00", fontsize=8
+            )
     where = model_order.summary([first]) if first else "every check within its budget"
     fig.suptitle(f"{title}\n{where}", fontsize=9)
     fig.savefig(path, dpi=90)

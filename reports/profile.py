@@ -22,8 +22,11 @@ RANK_PARTS = {
     "inputs sliced": [("harness/rank/worker.py", "_local_inputs")],
     "op forward": [("harness/rank/worker.py", "_call_op")],
     "op backward": [("harness/rank/worker.py", "_backward")],
-    "checks": [("harness/rank/worker.py", "_emit_compare"), ("harness/rank/worker.py", "emit_comm"),
-               ("harness/rank/worker.py", "_emit_properties")],
+    "checks": [
+        ("harness/rank/worker.py", "_emit_compare"),
+        ("harness/rank/worker.py", "emit_comm"),
+        ("harness/rank/worker.py", "_emit_properties"),
+    ],
     "benchmark": [("harness/rank/bench.py", "run_bench_item")],
     "events": [("harness/core/events.py", "emit")],
     "barrier": [("harness/rank/worker.py", "barrier")],
@@ -58,7 +61,9 @@ def breakdown(profile_dir: Path) -> str:
         parts["item loop"] += _cumulative(stats, [("harness/rank/worker.py", "run")])
     lines = ["## Rank side (seconds, summed over the ranks of the launch)", ""]
     launches = sorted(by_launch, key=lambda w: int(w[1:]))
-    lines.append("| part | " + " | ".join(f"world {w[1:]} ({int(by_launch[w]['ranks'])} ranks)" for w in launches) + " |")
+    lines.append(
+        "| part | " + " | ".join(f"world {w[1:]} ({int(by_launch[w]['ranks'])} ranks)" for w in launches) + " |"
+    )
     lines.append("|---|" + "---:|" * len(launches))
     rows = [*RANK_PARTS, "item loop"]
     for part in rows:
@@ -70,8 +75,15 @@ def breakdown(profile_dir: Path) -> str:
         threads = sorted(profile_dir.glob("driver-launch-w*.prof"))  # launches side by side: one per thread
         for path in threads:
             stats.add(str(path))
-        lines += ["", "## Driver (seconds" + (f"; the main thread and {len(threads)} launch threads, summed"
-                                               if threads else "") + ")", "", "| part | seconds |", "|---|---:|"]
+        lines += [
+            "",
+            "## Driver (seconds"
+            + (f"; the main thread and {len(threads)} launch threads, summed" if threads else "")
+            + ")",
+            "",
+            "| part | seconds |",
+            "|---|---:|",
+        ]
         for part, wanted in DRIVER_PARTS.items():
             lines.append(f"| {part} | {_cumulative(stats, wanted):.2f} |")
         lines.append(f"| total (imports included) | {total:.1f} |")

@@ -62,21 +62,26 @@ def machine_note(base_dir, new_dir) -> str | None:
     """A line when BASE and NEW ran on different machines (their timings are then not judged), else None."""
     base, new = run_machine(base_dir), run_machine(new_dir)
     if same_machine(base, new) is False:
-        return (f"timings come from different machines (BASE: {machine_label(base)}; NEW: {machine_label(new)}): "
-                "not compared; memory, collectives and statuses judged only")
+        return (
+            f"timings come from different machines (BASE: {machine_label(base)}; NEW: {machine_label(new)}): "
+            "not compared; memory, collectives and statuses judged only"
+        )
     return None
 
 
-def change_notes(base: dict, new: dict, max_slowdown: float, max_memory_growth: float,
-                 judge_time: bool = True) -> list[str]:
+def change_notes(
+    base: dict, new: dict, max_slowdown: float, max_memory_growth: float, judge_time: bool = True
+) -> list[str]:
     """The rule, for one check in two runs (dicts with status, time_ms, time_ms_iqr, peak_bytes):
     notes on what changed; those starting with 'REGRESSION' are regressions.  `judge_time` False (the runs'
     machines differ): times are left out.  The dashboard uses it too."""
     notes = []
     statuses = (base["status"], new["status"])
     if base["status"] in PASSED and new["status"] in STOPPED_PASSING:
-        notes.append(f"REGRESSION: {base['status']} -> {new['status']}"  # a new finding too
-                     + (" (passed in BASE, a known failure in NEW)" if new["status"] == Status.XFAIL else ""))
+        notes.append(
+            f"REGRESSION: {base['status']} -> {new['status']}"  # a new finding too
+            + (" (passed in BASE, a known failure in NEW)" if new["status"] == Status.XFAIL else "")
+        )
     elif statuses in KNOWN_FAILURE_CHANGES:
         notes.append(f"{base['status']} -> {new['status']}: {KNOWN_FAILURE_CHANGES[statuses]}")
     tb, tn = base["time_ms"], new["time_ms"]
@@ -123,9 +128,16 @@ def compare_runs(base_dir, new_dir, max_slowdown: float, max_memory_growth: floa
             notes += change_notes(base, new, max_slowdown, max_memory_growth, judge_time)
         if notes:
             regressions += sum(n.startswith("REGRESSION") for n in notes)
-            rows.append({**{k: r[k] for k in KEY}, "base": r.get("status_base"), "new": r.get("status_new"),
-                         "time_ms": _pair(r["time_ms_base"], r["time_ms_new"]),
-                         "peak_bytes": _pair(r["peak_bytes_base"], r["peak_bytes_new"]), "change": "; ".join(notes)})
+            rows.append(
+                {
+                    **{k: r[k] for k in KEY},
+                    "base": r.get("status_base"),
+                    "new": r.get("status_new"),
+                    "time_ms": _pair(r["time_ms_base"], r["time_ms_new"]),
+                    "peak_bytes": _pair(r["peak_bytes_base"], r["peak_bytes_new"]),
+                    "change": "; ".join(notes),
+                }
+            )
     table = pd.DataFrame(rows, columns=KEY + ["base", "new", "time_ms", "peak_bytes", "change"])
     return table, regressions
 

@@ -14,9 +14,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from shardcheck.harness.findings.causes import causes, finding_lines, known_failure_text, known_failures  # noqa: E402
 from shardcheck.harness.core.compare import FAILING, STATUS_ORDER  # noqa: E402
 from shardcheck.harness.core.records import RUN_META, Status, load  # noqa: E402
+from shardcheck.harness.findings.causes import causes, finding_lines, known_failure_text, known_failures  # noqa: E402
 from shardcheck.reports import benchmark_json  # noqa: E402
 from shardcheck.reports.error_map import draw_artefact  # noqa: E402
 from shardcheck.reports.model_chart import model_charts  # noqa: E402
@@ -30,9 +30,11 @@ def uses_lines(df: pd.DataFrame) -> list[str]:
     if "uses_impl" not in df:
         return []
     rows = df[df["uses_impl"].map(lambda u: isinstance(u, dict))].drop_duplicates("op")
-    return [f"- {r['op']} (its own {r['family']}={r['impl']}) calls "
-            + ", ".join(f"{fam}={spec}" for fam, spec in sorted(r["uses_impl"].items()))
-            for r in rows.to_dict("records")]
+    return [
+        f"- {r['op']} (its own {r['family']}={r['impl']}) calls "
+        + ", ".join(f"{fam}={spec}" for fam, spec in sorted(r["uses_impl"].items()))
+        for r in rows.to_dict("records")
+    ]
 
 
 def _topology(df: pd.DataFrame) -> pd.Series:
@@ -70,13 +72,20 @@ def failing_items(df: pd.DataFrame) -> list[dict]:
     for key, rows in bad.groupby(ITEM_KEY, sort=False):
         op, case_id, dp, cp, tp, dtype = key
         error_maps = rows["error_map"] if "error_map" in rows else pd.Series(None, index=rows.index)
-        items.append({
-            "op": op, "case_id": case_id, "topology": f"dp{dp}-cp{cp}-tp{tp}", "dtype": dtype,
-            "status": _worst(rows["status"]),
-            "checks": [(r["check"], r["status"], r["message"], m if isinstance(m, str) else None)
-                       for (_, r), m in zip(rows.iterrows(), error_maps)],
-            "rerun": rows["rerun"].dropna().iloc[0] if "rerun" in rows and rows["rerun"].notna().any() else None,
-        })
+        items.append(
+            {
+                "op": op,
+                "case_id": case_id,
+                "topology": f"dp{dp}-cp{cp}-tp{tp}",
+                "dtype": dtype,
+                "status": _worst(rows["status"]),
+                "checks": [
+                    (r["check"], r["status"], r["message"], m if isinstance(m, str) else None)
+                    for (_, r), m in zip(rows.iterrows(), error_maps)
+                ],
+                "rerun": rows["rerun"].dropna().iloc[0] if "rerun" in rows and rows["rerun"].notna().any() else None,
+            }
+        )
     return items
 
 
@@ -113,18 +122,22 @@ def _failures_html(items: list[dict], run_dir: Path) -> str:
     parts = []
     for item in items[:MAX_LISTED_ITEMS]:
         parts.append(f"<div class='item'><h3 class='{item['status']}'>{html.escape(item_title(item))}</h3><ul>")
-        parts += [f"<li><code>{html.escape(checks)}</code> <b>{status}</b>: {html.escape(message)}</li>"
-                  for checks, status, message in folded_checks(item)]
+        parts += [
+            f"<li><code>{html.escape(checks)}</code> <b>{status}</b>: {html.escape(message)}</li>"
+            for checks, status, message in folded_checks(item)
+        ]
         parts.append("</ul>")
         if item["rerun"]:
             parts.append(f"<pre class='rerun'>rerun: {html.escape(item['rerun'])}</pre>")
         for check, _, _, path in item["checks"]:
             if path and (run_dir / path).is_file():
                 data = base64.b64encode((run_dir / path).read_bytes()).decode()
-                parts.append(f"<figure><img class='errmap' alt='error map {html.escape(check)}' src='data:image/png;base64,{data}'>"
-                             f"<figcaption>error map of <code>{html.escape(check)}</code>: |err| / budget, shard "
-                             f"boundaries labelled by rank (tensors: <code>{html.escape(str(Path(path).with_suffix('.pt')))}</code>)"
-                             f"</figcaption></figure>")
+                parts.append(
+                    f"<figure><img class='errmap' alt='error map {html.escape(check)}' src='data:image/png;base64,{data}'>"
+                    f"<figcaption>error map of <code>{html.escape(check)}</code>: |err| / budget, shard "
+                    f"boundaries labelled by rank (tensors: <code>{html.escape(str(Path(path).with_suffix('.pt')))}</code>)"
+                    f"</figcaption></figure>"
+                )
         parts.append("</div>")
     if len(items) > MAX_LISTED_ITEMS:
         parts.append(f"<p>... and {len(items) - MAX_LISTED_ITEMS} more failing items (see results.jsonl)</p>")
@@ -154,14 +167,18 @@ def _known_failures_html(table: pd.DataFrame) -> str:
         reference = html.escape(r.reference)
         if r.reference.startswith(("http://", "https://")):
             reference = f"<a href='{reference}'>{reference}</a>"
-        items.append(f"<li class='xfail'><b>XFAIL</b> <code>{html.escape(r.op)}</code>: {html.escape(r.reason)}"
-                     + (f" ({reference})" if r.reference else "")
-                     + f"<br><small>{html.escape(r.checks)}; {r.count} row(s) in {r.items} item(s) "
-                     f"{html.escape(r.where)}</small>"
-                     + (f"<pre class='rerun'>rerun: {html.escape(r.rerun)}</pre>" if isinstance(r.rerun, str) else "")
-                     + "</li>")
-    return (f"<h2>Known failures ({int(table['count'].sum())} xfail rows, not failing the run)</h2>"
-            f"<ul class='findings'>{''.join(items)}</ul>")
+        items.append(
+            f"<li class='xfail'><b>XFAIL</b> <code>{html.escape(r.op)}</code>: {html.escape(r.reason)}"
+            + (f" ({reference})" if r.reference else "")
+            + f"<br><small>{html.escape(r.checks)}; {r.count} row(s) in {r.items} item(s) "
+            f"{html.escape(r.where)}</small>"
+            + (f"<pre class='rerun'>rerun: {html.escape(r.rerun)}</pre>" if isinstance(r.rerun, str) else "")
+            + "</li>"
+        )
+    return (
+        f"<h2>Known failures ({int(table['count'].sum())} xfail rows, not failing the run)</h2>"
+        f"<ul class='findings'>{''.join(items)}</ul>"
+    )
 
 
 def findings_markdown(table: pd.DataFrame) -> list[str]:
@@ -177,12 +194,18 @@ def _findings_html(table: pd.DataFrame) -> str:
         return "<h2>Findings</h2><p>None: every check passed.</p>"
     items = []
     for r in table.itertuples():
-        items.append(f"<li class='{r.status}'><b>{r.status.upper()}</b> <code>{html.escape(r.op)}</code>: "
-                     f"{html.escape(r.kind)} — {html.escape(r.condition)}; {html.escape(r.checks)}; {r.count} row(s)"
-                     + (f" <small>[{html.escape(r.rule)}]</small>" if isinstance(getattr(r, "rule", None), str) and r.rule else "")
-                     + f"<br><small>worst: {html.escape(r.worst)}</small>"
-                     + (f"<pre class='rerun finding'>rerun: {html.escape(r.rerun)}</pre>" if isinstance(r.rerun, str) else "")
-                     + "</li>")
+        items.append(
+            f"<li class='{r.status}'><b>{r.status.upper()}</b> <code>{html.escape(r.op)}</code>: "
+            f"{html.escape(r.kind)} — {html.escape(r.condition)}; {html.escape(r.checks)}; {r.count} row(s)"
+            + (
+                f" <small>[{html.escape(r.rule)}]</small>"
+                if isinstance(getattr(r, "rule", None), str) and r.rule
+                else ""
+            )
+            + f"<br><small>worst: {html.escape(r.worst)}</small>"
+            + (f"<pre class='rerun finding'>rerun: {html.escape(r.rerun)}</pre>" if isinstance(r.rerun, str) else "")
+            + "</li>"
+        )
     return f"<h2>Findings ({len(table)})</h2><ul class='findings'>" + "".join(items) + "</ul>"
 
 
@@ -195,9 +218,15 @@ def summary_markdown(run_dir: str | Path, max_items: int = 30) -> str:
     counts = df["status"].value_counts().reindex(COUNTED, fill_value=0)
     items = failing_items(df)
     mark = "❌" if counts[list(FAILING)].any() else "⚠️" if counts[Status.WARN] else "✅"
-    lines = [f"## {mark} shardcheck run {meta.get('run_id', run_dir.name)}", "",
-             f"**{len(df)} checks: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + "**"
-             + (f" (commit {str(meta['git_commit'])[:10]})" if meta.get("git_commit") else ""), ""]
+    lines = [
+        f"## {mark} shardcheck run {meta.get('run_id', run_dir.name)}",
+        "",
+        f"**{len(df)} checks: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items())
+        + "**"
+        + (f" (commit {str(meta['git_commit'])[:10]})" if meta.get("git_commit") else ""),
+        "",
+    ]
     lines += findings_markdown(causes(df)) + known_failures_markdown(known_failures(df))
     checks = df[df["check"] != "bench"]
     if len(checks):
@@ -236,8 +265,15 @@ def heatmap(df: pd.DataFrame, path: Path) -> None:
     im = ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, norm=norm, aspect="auto")
     for (i, j), v in np.ndenumerate(values):
         cell = labels.iat[i, j]
-        label = (f"{v:.2g}" if cell == Status.PASS and not np.isnan(v) else "" if cell in (Status.PASS, "") else
-                 cell if cell == Status.SKIP else cell.upper())
+        label = (
+            f"{v:.2g}"
+            if cell == Status.PASS and not np.isnan(v)
+            else ""
+            if cell in (Status.PASS, "")
+            else cell
+            if cell == Status.SKIP
+            else cell.upper()
+        )
         ax.text(j, i, label, ha="center", va="center", fontsize=7, color="black")
     ax.set_xticks(range(len(grid.columns)), grid.columns, rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(len(grid.index)), grid.index, fontsize=8)
@@ -250,21 +286,32 @@ def heatmap(df: pd.DataFrame, path: Path) -> None:
 def bench_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per benchmark: time (median ± IQR of the per-iteration max over ranks), memory, collectives."""
     b = df[df["check"] == "bench"].assign(topology=lambda d: _topology(d))
-    mib = 2 ** 20
-    table = pd.DataFrame({
-        "op": b["op"], "case": b["case_id"], "topology": b["topology"], "dtype": b["dtype"],
-        "time ms": b["time_ms"].map("{:.3f}".format) + " ± " + b["time_ms_iqr"].map("{:.2f}".format),
-        "fwd ms": b["time_fwd_ms"].map("{:.3f}".format), "bwd ms": b["time_bwd_ms"].map("{:.3f}".format),
-        "peak MiB": (b["peak_bytes"] / mib).map("{:.2f}".format), "fwd peak MiB": (b["peak_bytes_fwd"] / mib).map("{:.2f}".format),
-        # the case's model of its peak (Case.memory): a gap is a tracker error or a tensor the op should not make
-        "model MiB": (_column(b, "expected_peak_bytes") / mib).map(lambda v: "" if pd.isna(v) else f"{v:.2f}"),
-        "peak / model": (b["peak_bytes"] / _column(b, "expected_peak_bytes")).map(
-            lambda v: "" if pd.isna(v) else f"{v:.2f}x" + (" (!)" if _off_model(v) else "")),
-        "ref ms": b.get("ref_time_ms", pd.Series(index=b.index, dtype=float)).map(lambda v: "" if pd.isna(v) else f"{v:.3f}"),
-        "vs ref": (b["time_ms"] / b.get("ref_time_ms", pd.Series(index=b.index, dtype=float))).map(
-            lambda v: "" if pd.isna(v) else f"{v:.2f}x"),
-        "collectives fwd / bwd": b["comm_calls"].map(_comm_text),
-    })
+    mib = 2**20
+    table = pd.DataFrame(
+        {
+            "op": b["op"],
+            "case": b["case_id"],
+            "topology": b["topology"],
+            "dtype": b["dtype"],
+            "time ms": b["time_ms"].map("{:.3f}".format) + " ± " + b["time_ms_iqr"].map("{:.2f}".format),
+            "fwd ms": b["time_fwd_ms"].map("{:.3f}".format),
+            "bwd ms": b["time_bwd_ms"].map("{:.3f}".format),
+            "peak MiB": (b["peak_bytes"] / mib).map("{:.2f}".format),
+            "fwd peak MiB": (b["peak_bytes_fwd"] / mib).map("{:.2f}".format),
+            # the case's model of its peak (Case.memory): a gap is a tracker error or a tensor the op should not make
+            "model MiB": (_column(b, "expected_peak_bytes") / mib).map(lambda v: "" if pd.isna(v) else f"{v:.2f}"),
+            "peak / model": (b["peak_bytes"] / _column(b, "expected_peak_bytes")).map(
+                lambda v: "" if pd.isna(v) else f"{v:.2f}x" + (" (!)" if _off_model(v) else "")
+            ),
+            "ref ms": b.get("ref_time_ms", pd.Series(index=b.index, dtype=float)).map(
+                lambda v: "" if pd.isna(v) else f"{v:.3f}"
+            ),
+            "vs ref": (b["time_ms"] / b.get("ref_time_ms", pd.Series(index=b.index, dtype=float))).map(
+                lambda v: "" if pd.isna(v) else f"{v:.2f}x"
+            ),
+            "collectives fwd / bwd": b["comm_calls"].map(_comm_text),
+        }
+    )
     return table.reset_index(drop=True)
 
 
@@ -291,18 +338,25 @@ def memory_gaps(df: pd.DataFrame) -> list[str]:
             continue
         gap = r["peak_bytes"] - e
         saved = r.get("saved_bytes")
-        beyond = "" if pd.isna(saved) else (" (more than the saved-for-backward tensors, "
-                                             f"{saved / 2 ** 20:.2f} MiB)" if abs(gap) > saved else "")
-        lines.append(f"{r['op']} [{r['case_id']}] dp{r['dp']}-cp{r['cp']}-tp{r['tp']} {r['dtype']}: measured "
-                     f"{r['peak_bytes'] / 2 ** 20:.2f} MiB, model {e / 2 ** 20:.2f} MiB ({r.get('memory_model', '')}): "
-                     f"{r['peak_bytes'] / e:.2f}x{beyond}")
+        beyond = (
+            ""
+            if pd.isna(saved)
+            else (f" (more than the saved-for-backward tensors, {saved / 2**20:.2f} MiB)" if abs(gap) > saved else "")
+        )
+        lines.append(
+            f"{r['op']} [{r['case_id']}] dp{r['dp']}-cp{r['cp']}-tp{r['tp']} {r['dtype']}: measured "
+            f"{r['peak_bytes'] / 2**20:.2f} MiB, model {e / 2**20:.2f} MiB ({r.get('memory_model', '')}): "
+            f"{r['peak_bytes'] / e:.2f}x{beyond}"
+        )
     return lines
 
 
 def _comm_text(calls) -> str:
     if not isinstance(calls, dict):
         return ""
-    return " / ".join(", ".join(f"{n}×{k}" for k, n in calls.get(p, {}).items()) or "-" for p in ("forward", "backward"))
+    return " / ".join(
+        ", ".join(f"{n}×{k}" for k, n in calls.get(p, {}).items()) or "-" for p in ("forward", "backward")
+    )
 
 
 MESH_AXES = ("dp", "cp", "tp")  # a sweep over a mesh dim: x is the topology's size there
@@ -311,18 +365,31 @@ MESH_AXES = ("dp", "cp", "tp")  # a sweep over a mesh dim: x is the topology's s
 def sweep_plots(df: pd.DataFrame, run_dir: Path) -> list[Path]:
     """Time and peak memory against each swept parameter (params['sweep']), one line per op and topology."""
     # (a sweep naming no number of its params is refused at planning; rows of older runs are left out)
-    b = df[(df["check"] == "bench") & df["params"].map(
-        lambda p: isinstance(p, dict) and isinstance(p.get("sweep"), str)
-        and (p["sweep"] in MESH_AXES or isinstance(p.get(p["sweep"]), (int, float))))]
+    b = df[
+        (df["check"] == "bench")
+        & df["params"].map(
+            lambda p: (
+                isinstance(p, dict)
+                and isinstance(p.get("sweep"), str)
+                and (p["sweep"] in MESH_AXES or isinstance(p.get(p["sweep"]), (int, float)))
+            )
+        )
+    ]
     paths = []
     for axis, rows in b.groupby(b["params"].map(lambda p: p["sweep"])):
         x = rows[axis] if axis in MESH_AXES else rows["params"].map(lambda p: p[axis])
-        rows = rows.assign(x=x.astype(float), line=rows["op"].str.split(".").str[-1] + " " + (
-            "" if axis in MESH_AXES else _topology(rows)) + " " + rows["dtype"])
+        rows = rows.assign(
+            x=x.astype(float),
+            line=rows["op"].str.split(".").str[-1]
+            + " "
+            + ("" if axis in MESH_AXES else _topology(rows))
+            + " "
+            + rows["dtype"],
+        )
         fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
         for line, g in rows.sort_values("x").groupby("line"):
             ax_t.errorbar(g["x"], g["time_ms"], yerr=g["time_ms_iqr"] / 2, marker="o", capsize=3, label=line)
-            ax_m.plot(g["x"], g["peak_bytes"] / 2 ** 20, marker="o", label=line)
+            ax_m.plot(g["x"], g["peak_bytes"] / 2**20, marker="o", label=line)
         for ax, ylabel in ((ax_t, "time ms (median, IQR bars)"), (ax_m, "peak MiB (fwd+bwd, max over ranks)")):
             ax.set_xlabel(axis)
             ax.set_ylabel(ylabel)
@@ -342,7 +409,9 @@ def draw_error_maps(df: pd.DataFrame, run_dir: Path) -> None:
     if "artefact" not in df:
         return
     for _, row in df[df["artefact"].map(lambda a: isinstance(a, str))].iterrows():
-        png = run_dir / (row["error_map"] if isinstance(row.get("error_map"), str) else Path(row["artefact"]).with_suffix(".png"))
+        png = run_dir / (
+            row["error_map"] if isinstance(row.get("error_map"), str) else Path(row["artefact"]).with_suffix(".png")
+        )
         if not png.is_file() and (run_dir / row["artefact"]).is_file():
             mismatch = row["mismatch"] if isinstance(row.get("mismatch"), dict) else {}
             draw_artefact(run_dir / row["artefact"], png, worst=mismatch.get("global_index"))
@@ -374,7 +443,9 @@ def build(run_dir: str | Path) -> list[Path]:
             header.append(f"- {key}: {meta[key]}")
     header += [f"- {note}" for note in meta.get("shim_notes", [])]  # CPU shims the run used (harness/shims)
     if meta.get("impl"):  # each family's module under test, the families a model case uses included
-        header.append("- modules under test: " + ", ".join(f"{fam}={spec}" for fam, spec in sorted(meta["impl"].items())))
+        header.append(
+            "- modules under test: " + ", ".join(f"{fam}={spec}" for fam, spec in sorted(meta["impl"].items()))
+        )
     header += uses_lines(df)
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
     findings = causes(df)  # grouping every non-passing row: once for both pages
@@ -387,7 +458,11 @@ def build(run_dir: str | Path) -> list[Path]:
     if len(bench):
         md += ["## Benchmarks", "", bench.to_markdown(index=False), ""]
         if gaps:
-            md += ["Peak memory off the op's memory model (beyond 1.5×, or under 2/3 of it):", ""] + [f"- {g}" for g in gaps] + [""]
+            md += (
+                ["Peak memory off the op's memory model (beyond 1.5×, or under 2/3 of it):", ""]
+                + [f"- {g}" for g in gaps]
+                + [""]
+            )
     md += [f"![{title}]({path.name})" for title, path in images]
     items = failing_items(df)
     md += ["", "## Failures", "", bad.to_markdown(index=False) if len(bad) else "None."]
@@ -395,31 +470,49 @@ def build(run_dir: str | Path) -> list[Path]:
         md += ["", f"## Failing items ({len(items)}): rerun lines and error maps", ""] + failures_markdown(items)
     (run_dir / "report.md").write_text("\n".join(md) + "\n")
 
-    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
-             "td,th{border:1px solid #ccc;padding:3px 6px}td.pass{background:#dfd}td.fail{background:#fbb}"
-             "td.error{background:#f88;font-weight:bold}td.skip{background:#eee}td.warn{background:#fe9}"
-             "td.xfail{background:#dde4f4}td.xpass{background:#f9c;font-weight:bold}"
-             "ul.findings li{margin-bottom:6px}li.warn b{color:#a60}li.fail b{color:#b00}li.error b{color:#700}"
-             "li.xfail b{color:#446}li.xpass b{color:#b06}"
-             "div.item{border-top:1px solid #ccc;margin-top:1em}h3.fail{color:#b00}h3.error{color:#700}h3.xpass{color:#b06}"
-             "pre.rerun{background:#f4f4f4;padding:6px;white-space:pre-wrap;font-size:12px}"
-             "img.errmap{max-width:1000px;border:1px solid #ddd}figcaption{font-size:12px;color:#555}")
+    style = (
+        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
+        "td,th{border:1px solid #ccc;padding:3px 6px}td.pass{background:#dfd}td.fail{background:#fbb}"
+        "td.error{background:#f88;font-weight:bold}td.skip{background:#eee}td.warn{background:#fe9}"
+        "td.xfail{background:#dde4f4}td.xpass{background:#f9c;font-weight:bold}"
+        "ul.findings li{margin-bottom:6px}li.warn b{color:#a60}li.fail b{color:#b00}li.error b{color:#700}"
+        "li.xfail b{color:#446}li.xpass b{color:#b06}"
+        "div.item{border-top:1px solid #ccc;margin-top:1em}h3.fail{color:#b00}h3.error{color:#700}h3.xpass{color:#b06}"
+        "pre.rerun{background:#f4f4f4;padding:6px;white-space:pre-wrap;font-size:12px}"
+        "img.errmap{max-width:1000px;border:1px solid #ddd}figcaption{font-size:12px;color:#555}"
+    )
     cells = table.to_html(index=False, escape=True) if len(table) else ""
     for status in STATUS_ORDER:
         cells = cells.replace(f"<td>{status}</td>", f'<td class="{status}">{status}</td>')
-    pictures = "".join(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
-                       f"src='data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}'>" for title, path in images)
-    page = [f"<!doctype html><html><head><meta charset='utf-8'><title>shardcheck {html.escape(meta.get('run_id', ''))}</title>",
-            f"<style>{style}</style></head><body>", f"<h1>shardcheck run {html.escape(meta.get('run_id', run_dir.name))}</h1>",
-            "<ul>" + "".join(f"<li>{html.escape(line[2:])}</li>" for line in header[2:]) + "</ul>",
-            f"<p><b>{len(df)} checks: {html.escape(summary)}</b></p>", _findings_html(findings),
-            _known_failures_html(known),
-            "<h2>Status: op × dtype × topology</h2>" + cells if cells else "",
-            "<h2>Benchmarks</h2>" + bench.to_html(index=False, escape=True) if len(bench) else "",
-            ("<p>Peak memory off the op's memory model (beyond 1.5×, or under 2/3 of it):</p><ul>"
-             + "".join(f"<li>{html.escape(g)}</li>" for g in gaps) + "</ul>") if gaps else "", pictures,
-            "<h2>Failures</h2>", bad.to_html(index=False, escape=True) if len(bad) else "<p>None.</p>",
-            f"<h2>Failing items ({len(items)}): rerun lines and error maps</h2>" + _failures_html(items, run_dir) if items else "",
-            "</body></html>"]
+    pictures = "".join(
+        f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
+        f"src='data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}'>"
+        for title, path in images
+    )
+    page = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>shardcheck {html.escape(meta.get('run_id', ''))}</title>",
+        f"<style>{style}</style></head><body>",
+        f"<h1>shardcheck run {html.escape(meta.get('run_id', run_dir.name))}</h1>",
+        "<ul>" + "".join(f"<li>{html.escape(line[2:])}</li>" for line in header[2:]) + "</ul>",
+        f"<p><b>{len(df)} checks: {html.escape(summary)}</b></p>",
+        _findings_html(findings),
+        _known_failures_html(known),
+        "<h2>Status: op × dtype × topology</h2>" + cells if cells else "",
+        "<h2>Benchmarks</h2>" + bench.to_html(index=False, escape=True) if len(bench) else "",
+        (
+            "<p>Peak memory off the op's memory model (beyond 1.5×, or under 2/3 of it):</p><ul>"
+            + "".join(f"<li>{html.escape(g)}</li>" for g in gaps)
+            + "</ul>"
+        )
+        if gaps
+        else "",
+        pictures,
+        "<h2>Failures</h2>",
+        bad.to_html(index=False, escape=True) if len(bad) else "<p>None.</p>",
+        f"<h2>Failing items ({len(items)}): rerun lines and error maps</h2>" + _failures_html(items, run_dir)
+        if items
+        else "",
+        "</body></html>",
+    ]
     (run_dir / "report.html").write_text("\n".join(page))
     return [run_dir / "report.md", run_dir / "report.html"] + [p for _, p in images]

@@ -54,25 +54,85 @@ from typing import TYPE_CHECKING
 # The names load on first use (PEP 562), so that `import shardcheck.harness.core.options` -- what the CLI reads
 # before torch is imported, to answer bad usage at once -- does not import torch through this package.
 _SOURCES = {
-    "Partial": "torch.distributed.tensor", "Replicate": "torch.distributed.tensor", "Shard": "torch.distributed.tensor",
-    "Topology": "shardcheck.harness.core.topology", "ModelCase": "shardcheck.harness.core.model_case",
-    **{name: "shardcheck.harness.core.case" for name in (
-        "REPLICATED", "BadInput", "Case", "FuzzSpace", "GradSum", "HeadTail", "KnownFailure", "Layout", "MemoryModel",
-        "PackedHeadTail", "Permuted", "Property", "RankContext", "Rule", "RuleSource", "seed", "ours", "cite")},
+    "Partial": "torch.distributed.tensor",
+    "Replicate": "torch.distributed.tensor",
+    "Shard": "torch.distributed.tensor",
+    "Topology": "shardcheck.harness.core.topology",
+    "ModelCase": "shardcheck.harness.core.model_case",
+    **{
+        name: "shardcheck.harness.core.case"
+        for name in (
+            "REPLICATED",
+            "BadInput",
+            "Case",
+            "FuzzSpace",
+            "GradSum",
+            "HeadTail",
+            "KnownFailure",
+            "Layout",
+            "MemoryModel",
+            "PackedHeadTail",
+            "Permuted",
+            "Property",
+            "RankContext",
+            "Rule",
+            "RuleSource",
+            "seed",
+            "ours",
+            "cite",
+        )
+    },
 }
 
 __all__ = [
-    "Case", "Layout", "REPLICATED", "Shard", "Replicate", "Partial", "HeadTail", "PackedHeadTail", "Permuted",
-    "GradSum", "Property", "BadInput", "RankContext", "Topology", "KnownFailure", "FuzzSpace", "MemoryModel", "ModelCase",
-    "Rule", "RuleSource", "seed", "ours", "cite",
+    "Case",
+    "Layout",
+    "REPLICATED",
+    "Shard",
+    "Replicate",
+    "Partial",
+    "HeadTail",
+    "PackedHeadTail",
+    "Permuted",
+    "GradSum",
+    "Property",
+    "BadInput",
+    "RankContext",
+    "Topology",
+    "KnownFailure",
+    "FuzzSpace",
+    "MemoryModel",
+    "ModelCase",
+    "Rule",
+    "RuleSource",
+    "seed",
+    "ours",
+    "cite",
 ]
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import Partial, Replicate, Shard
 
-    from shardcheck.harness.core.case import (REPLICATED, BadInput, Case, FuzzSpace, GradSum, HeadTail, KnownFailure,
-                                              Layout, MemoryModel, PackedHeadTail, Permuted, Property, RankContext,
-                                              Rule, RuleSource, cite, ours, seed)
+    from shardcheck.harness.core.case import (
+        REPLICATED,
+        BadInput,
+        Case,
+        FuzzSpace,
+        GradSum,
+        HeadTail,
+        KnownFailure,
+        Layout,
+        MemoryModel,
+        PackedHeadTail,
+        Permuted,
+        Property,
+        RankContext,
+        Rule,
+        RuleSource,
+        cite,
+        ours,
+        seed,
+    )
     from shardcheck.harness.core.model_case import ModelCase
     from shardcheck.harness.core.topology import Topology
 

@@ -14,8 +14,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from shardcheck.harness.core.processes import ProcessRun, RankOutcome, RankProcess, load_module
 from shardcheck import Property
+from shardcheck.harness.core.processes import ProcessRun, RankOutcome, RankProcess, load_module
 
 PROCESS_DEADLINE_S = 20.0  # a fresh rank still running then is killed: a hang costs this much
 BARRIER_TIMEOUT_S = 1.0  # the timeout a late rank misses
@@ -26,6 +26,7 @@ STAGGER_S = 0.3  # rank r arrives at barrier_and_log r·STAGGER_S late
 
 
 # ---- scenarios --------------------------------------------------------------------------------
+
 
 def first_rank_scenario(proc: RankProcess, impl_ref: str, raising_rank: int) -> bool:
     impl = load_module(impl_ref)
@@ -77,8 +78,12 @@ def gloo_group_scenario(proc: RankProcess, impl_ref: str) -> dict:
     dist.monitored_barrier(group=group, timeout=timedelta(seconds=ON_TIME_TIMEOUT_S))
     total = torch.tensor([proc.rank + 1.0])
     dist.all_reduce(total, group=group)
-    return {"group": type(group).__name__, "ranks": dist.get_process_group_ranks(group),
-            "backend": str(dist.get_backend(group)), "sum": total.item()}
+    return {
+        "group": type(group).__name__,
+        "ranks": dist.get_process_group_ranks(group),
+        "backend": str(dist.get_backend(group)),
+        "sum": total.item(),
+    }
 
 
 LOG_MESSAGE = "shardcheck: barrier_and_log after every rank arrived"
@@ -96,12 +101,18 @@ def barrier_log_scenario(proc: RankProcess, impl_ref: str) -> None:
 
 # ---- properties -------------------------------------------------------------------------------
 
+
 def ranks_ended_cleanly(run: ProcessRun) -> Property:
     """Every rank exited 0 by itself; the value recorded is the ranks' wall time (a hang: the deadline)."""
     bad = [r for r in run.ranks if r.killed or r.exitcode != 0]
-    return Property("ranks_end", not bad, run.wall_s,
-                    f"every rank exited 0 in {run.wall_s:.1f}s" if not bad else
-                    f"deadline {run.deadline_s:g}s: " + "; ".join(r.describe() for r in bad))
+    return Property(
+        "ranks_end",
+        not bad,
+        run.wall_s,
+        f"every rank exited 0 in {run.wall_s:.1f}s"
+        if not bad
+        else f"deadline {run.deadline_s:g}s: " + "; ".join(r.describe() for r in bad),
+    )
 
 
 def judge_first_rank_order(run: ProcessRun) -> list[Property]:
@@ -109,8 +120,10 @@ def judge_first_rank_order(run: ProcessRun) -> list[Property]:
     for r in run.ranks:
         want = r.local_rank == 0
         if not (r.returned and r.result is want):
-            returned_ok.append(f"rank {r.rank} (node {r.node}, local rank {r.local_rank}): "
-                               f"{'got ' + repr(r.result) if r.returned else 'no result'}, expected {want}")
+            returned_ok.append(
+                f"rank {r.rank} (node {r.node}, local rank {r.local_rank}): "
+                f"{'got ' + repr(r.result) if r.returned else 'no result'}, expected {want}"
+            )
     for node in range(run.nodes):
         ranks = [r for r in run.ranks if r.node == node]
         first = next(r for r in ranks if r.local_rank == 0)
@@ -120,20 +133,35 @@ def judge_first_rank_order(run: ProcessRun) -> list[Property]:
                 continue
             entered = r.event("enter")
             if left is None or entered is None or entered.seq < left.seq:
-                order_bad.append(f"node {node}: rank {r.rank} entered "
-                                 f"{'(never)' if entered is None else f'at #{entered.seq}'} before its first rank "
-                                 f"{first.rank} left {'(never)' if left is None else f'at #{left.seq}'}")
+                order_bad.append(
+                    f"node {node}: rank {r.rank} entered "
+                    f"{'(never)' if entered is None else f'at #{entered.seq}'} before its first rank "
+                    f"{first.rank} left {'(never)' if left is None else f'at #{left.seq}'}"
+                )
     order = " ".join(f"{e.name}:{e.rank}" for e in run.events() if e.name in ("enter", "leave"))
     still_initialized = [r.rank for r in run.ranks if (r.event("after") and r.event("after").data.get("process_group"))]
     return [
         ranks_ended_cleanly(run),
-        Property("first_rank_per_node_true", not returned_ok, None,
-                 "; ".join(returned_ok) if returned_ok else "True on local rank 0 of each node, False elsewhere"),
-        Property("others_enter_after_first_left", not order_bad, None,
-                 ("; ".join(order_bad) + f" (order: {order})") if order_bad else f"order: {order}"),
-        Property("own_process_group_destroyed", not still_initialized, None,
-                 f"process group still initialised after the block on rank(s) {still_initialized}" if still_initialized
-                 else "the process group it created is gone after the block"),
+        Property(
+            "first_rank_per_node_true",
+            not returned_ok,
+            None,
+            "; ".join(returned_ok) if returned_ok else "True on local rank 0 of each node, False elsewhere",
+        ),
+        Property(
+            "others_enter_after_first_left",
+            not order_bad,
+            None,
+            ("; ".join(order_bad) + f" (order: {order})") if order_bad else f"order: {order}",
+        ),
+        Property(
+            "own_process_group_destroyed",
+            not still_initialized,
+            None,
+            f"process group still initialised after the block on rank(s) {still_initialized}"
+            if still_initialized
+            else "the process group it created is gone after the block",
+        ),
     ]
 
 
@@ -143,12 +171,24 @@ def judge_first_rank_raise(run: ProcessRun, raising_rank: int) -> list[Property]
     named = origin is not None and origin.rank == raising_rank and "failure inside" in (origin.error or "")
     went_on = [r.rank for r in run.ranks if r.event("after") is not None]
     return [
-        Property("exception_ends_every_rank", not survivors and not went_on, run.wall_s,
-                 (f"every rank ended non-zero within {run.wall_s:.1f}s: " if not survivors else
-                  f"not every rank ended non-zero by itself (deadline {run.deadline_s:g}s): ") + run.describe()
-                 + (f"; rank(s) {went_on} carried on after the block" if went_on else "")),
-        Property("error_names_rank", named, None,
-                 f"origin: {origin.describe() if origin else 'none'} (expected rank {raising_rank}'s RuntimeError)"),
+        Property(
+            "exception_ends_every_rank",
+            not survivors and not went_on,
+            run.wall_s,
+            (
+                f"every rank ended non-zero within {run.wall_s:.1f}s: "
+                if not survivors
+                else f"not every rank ended non-zero by itself (deadline {run.deadline_s:g}s): "
+            )
+            + run.describe()
+            + (f"; rank(s) {went_on} carried on after the block" if went_on else ""),
+        ),
+        Property(
+            "error_names_rank",
+            named,
+            None,
+            f"origin: {origin.describe() if origin else 'none'} (expected rank {raising_rank}'s RuntimeError)",
+        ),
     ]
 
 
@@ -182,34 +222,62 @@ def judge_late_rank(run: ProcessRun) -> list[Property]:
         res = r.result if r.returned else None
         if res is None or res["world_sum"] != want or res["gloo_sum"] != want or res["barrier_after"] is not True:
             after_bad.append(f"rank {r.rank}: {res if res is not None else (r.error or 'no result')}")
-    took = [f"{elapsed(r, 'late')[0]:.2f}s" for r in run.ranks if r.rank != late and elapsed(r, 'late')[0] is not None]
+    took = [f"{elapsed(r, 'late')[0]:.2f}s" for r in run.ranks if r.rank != late and elapsed(r, "late")[0] is not None]
     killed = "; ".join(r.describe() for r in run.ranks if r.killed)
     suffix = f" ({killed})" if killed else ""
     return [
         ranks_ended_cleanly(run),
         Property("on_time_true", not on_time, None, "; ".join(on_time) + suffix if on_time else "True on every rank"),
-        Property("waiting_ranks_false_within_timeout", not waited, None,
-                 (f"expected False after {BARRIER_TIMEOUT_S:g}s (+ {SLACK_S:g}s slack): " + "; ".join(waited) + suffix)
-                 if waited else f"False after {', '.join(took)} (timeout {BARRIER_TIMEOUT_S:g}s)"),
-        Property("late_rank_false", not late_bad, None,
-                 ("; ".join(late_bad) + suffix) if late_bad else f"rank {late}, arriving after the others gave up: False"),
-        Property("groups_work_after", not after_bad, None,
-                 ("; ".join(after_bad) + suffix) if after_bad else
-                 "all-reduce on the default and the gloo group right, and a barrier on the gloo group True"),
+        Property(
+            "waiting_ranks_false_within_timeout",
+            not waited,
+            None,
+            (f"expected False after {BARRIER_TIMEOUT_S:g}s (+ {SLACK_S:g}s slack): " + "; ".join(waited) + suffix)
+            if waited
+            else f"False after {', '.join(took)} (timeout {BARRIER_TIMEOUT_S:g}s)",
+        ),
+        Property(
+            "late_rank_false",
+            not late_bad,
+            None,
+            ("; ".join(late_bad) + suffix) if late_bad else f"rank {late}, arriving after the others gave up: False",
+        ),
+        Property(
+            "groups_work_after",
+            not after_bad,
+            None,
+            ("; ".join(after_bad) + suffix)
+            if after_bad
+            else "all-reduce on the default and the gloo group right, and a barrier on the gloo group True",
+        ),
     ]
 
 
 def judge_gloo_group(runs: dict[str, ProcessRun]) -> list[Property]:
     world = runs["world"]
-    want = {"group": "ProcessGroup", "ranks": list(range(world.world_size)), "backend": "gloo",
-            "sum": float(sum(range(1, world.world_size + 1)))}
-    bad = [f"rank {r.rank}: {r.result if r.returned else r.error}" for r in world.ranks if not (r.returned and r.result == want)]
+    want = {
+        "group": "ProcessGroup",
+        "ranks": list(range(world.world_size)),
+        "backend": "gloo",
+        "sum": float(sum(range(1, world.world_size + 1))),
+    }
+    bad = [
+        f"rank {r.rank}: {r.result if r.returned else r.error}"
+        for r in world.ranks
+        if not (r.returned and r.result == want)
+    ]
     single = runs["single"].ranks[0]
     return [
         ranks_ended_cleanly(world),
-        Property("gloo_group_over_all_ranks", not bad, None,
-                 "; ".join(bad) if bad else f"a gloo group of ranks {want['ranks']}: monitored_barrier and all-reduce work"),
-        Property("none_without_distributed", single.returned and single.result == {"group": None}, None, single.describe()),
+        Property(
+            "gloo_group_over_all_ranks",
+            not bad,
+            None,
+            "; ".join(bad) if bad else f"a gloo group of ranks {want['ranks']}: monitored_barrier and all-reduce work",
+        ),
+        Property(
+            "none_without_distributed", single.returned and single.result == {"group": None}, None, single.describe()
+        ),
     ]
 
 
@@ -227,9 +295,19 @@ def judge_barrier_log(runs: dict[str, ProcessRun]) -> list[Property]:
     return [
         ranks_ended_cleanly(run),
         Property("one_record_from_rank_0", one, None, f"records with the message: {where}"),
-        Property("logged_after_every_rank_arrived", after, None,
-                 f"records {where}; last arrival #{last_arrival} ({len(arrivals)} of {run.world_size} ranks arrived)"),
-        Property("every_rank_waits", waited, None,
-                 "returns " + " ".join(f"{e.rank}:#{e.seq}" for e in returns) + f"; last arrival #{last_arrival}"),
-        Property("single_process_logs_once", len(single) == 1, None, f"{len(single)} record(s) without torch.distributed"),
+        Property(
+            "logged_after_every_rank_arrived",
+            after,
+            None,
+            f"records {where}; last arrival #{last_arrival} ({len(arrivals)} of {run.world_size} ranks arrived)",
+        ),
+        Property(
+            "every_rank_waits",
+            waited,
+            None,
+            "returns " + " ".join(f"{e.rank}:#{e.seq}" for e in returns) + f"; last arrival #{last_arrival}",
+        ),
+        Property(
+            "single_process_logs_once", len(single) == 1, None, f"{len(single)} record(s) without torch.distributed"
+        ),
     ]

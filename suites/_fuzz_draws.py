@@ -5,7 +5,7 @@ Smallest first everywhere: hypothesis shrinks toward the first topology and the 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from shardcheck import Topology
 
@@ -38,8 +38,9 @@ def chunk_or_none(most: int = 9):
 def logits_draw():
     """Draw fields (suites._model_utils_inputs.Draw): the usual scale or huge logits, ties, a -inf fraction."""
     s = st()
-    return s.fixed_dictionaries({"scale": s.sampled_from([3.0, 300.0]), "ties": s.booleans(),
-                                 "neg_inf": s.sampled_from([0.0, 0.2, 0.5])})
+    return s.fixed_dictionaries(
+        {"scale": s.sampled_from([3.0, 300.0]), "ties": s.booleans(), "neg_inf": s.sampled_from([0.0, 0.2, 0.5])}
+    )
 
 
 def masked():

@@ -30,7 +30,9 @@ warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.core"
 def megatron_missing() -> str | None:
     """Why the Megatron cases cannot run here, or None."""
     try:
-        found = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+        found = (
+            importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+        )
     except (ImportError, ValueError):
         found = False
     return None if found else "megatron-core is not installed (pip install -e .[megatron])"
@@ -59,9 +61,16 @@ def megatron_shims(device: torch.device, tp_group=None):
     from megatron.core.tensor_parallel import random as megatron_random
 
     group_if_none = megatron_utils.get_tensor_model_parallel_group_if_none
-    users = [] if torch.distributed.is_initialized() else [
-        m for name, m in list(sys.modules.items())
-        if name.startswith("megatron.core") and getattr(m, "get_tensor_model_parallel_group_if_none", None) is group_if_none]
+    users = (
+        []
+        if torch.distributed.is_initialized()
+        else [
+            m
+            for name, m in list(sys.modules.items())
+            if name.startswith("megatron.core")
+            and getattr(m, "get_tensor_model_parallel_group_if_none", None) is group_if_none
+        ]
+    )
 
     saved_tracker = (megatron_random._CUDA_RNG_STATE_TRACKER, megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED)
     saved_buffer, saved_tp = parallel_state._GLOBAL_MEMORY_BUFFER, parallel_state._TENSOR_MODEL_PARALLEL_GROUP
@@ -95,8 +104,10 @@ class UnderShims(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, fn, device, tp_group, *tensors):
-        inner = [t.detach().requires_grad_(t.is_floating_point() and ctx.needs_input_grad[3 + i])
-                 for i, t in enumerate(tensors)]
+        inner = [
+            t.detach().requires_grad_(t.is_floating_point() and ctx.needs_input_grad[3 + i])
+            for i, t in enumerate(tensors)
+        ]
         with torch.enable_grad(), megatron_shims(device, tp_group):
             outs = fn(*inner)
         outs = outs if isinstance(outs, tuple) else (outs,)
@@ -150,14 +161,22 @@ def param_layouts(tied: bool) -> dict[str, Layout]:
     layouts = {"embedding.word_embeddings.weight": COLUMN}
     for i in range(LAYERS):
         pre = f"decoder.layers.{i}."
-        layouts.update({
-            pre + "input_layernorm.weight": REPLICATED, pre + "input_layernorm.bias": REPLICATED,
-            pre + "self_attention.linear_proj.weight": ROW, pre + "self_attention.linear_proj.bias": REPLICATED,
-            pre + "self_attention.linear_qkv.weight": COLUMN, pre + "self_attention.linear_qkv.bias": COLUMN,
-            pre + "pre_mlp_layernorm.weight": REPLICATED, pre + "pre_mlp_layernorm.bias": REPLICATED,
-            pre + "mlp.linear_fc1.weight": COLUMN, pre + "mlp.linear_fc1.bias": COLUMN,
-            pre + "mlp.linear_fc2.weight": ROW, pre + "mlp.linear_fc2.bias": REPLICATED,
-        })
+        layouts.update(
+            {
+                pre + "input_layernorm.weight": REPLICATED,
+                pre + "input_layernorm.bias": REPLICATED,
+                pre + "self_attention.linear_proj.weight": ROW,
+                pre + "self_attention.linear_proj.bias": REPLICATED,
+                pre + "self_attention.linear_qkv.weight": COLUMN,
+                pre + "self_attention.linear_qkv.bias": COLUMN,
+                pre + "pre_mlp_layernorm.weight": REPLICATED,
+                pre + "pre_mlp_layernorm.bias": REPLICATED,
+                pre + "mlp.linear_fc1.weight": COLUMN,
+                pre + "mlp.linear_fc1.bias": COLUMN,
+                pre + "mlp.linear_fc2.weight": ROW,
+                pre + "mlp.linear_fc2.bias": REPLICATED,
+            }
+        )
     layouts.update({"decoder.final_layernorm.weight": REPLICATED, "decoder.final_layernorm.bias": REPLICATED})
     if not tied:
         layouts["output_layer.weight"] = COLUMN
@@ -185,7 +204,7 @@ def make_params(gen: torch.Generator, tied: bool, vocab: int = VOCAB) -> dict[st
         if name == "embedding.word_embeddings.weight":
             params[name] = noise * 0.4
         elif name == "output_layer.weight":
-            params[name] = noise * (3.0 / HIDDEN ** 0.5)
+            params[name] = noise * (3.0 / HIDDEN**0.5)
         elif "layernorm.weight" in name:
             params[name] = 1.0 + 0.2 * noise
         elif name.endswith(".bias"):
@@ -198,8 +217,17 @@ def make_params(gen: torch.Generator, tied: bool, vocab: int = VOCAB) -> dict[st
 _MODELS: dict[tuple, torch.nn.Module] = {}
 
 
-def build_model(tied: bool, tp_group, dtype: torch.dtype, device: torch.device, sequence_parallel: bool | None = None,
-                vocab: int = VOCAB, seq: int = SEQ, cp_group=None, cache: bool = True):
+def build_model(
+    tied: bool,
+    tp_group,
+    dtype: torch.dtype,
+    device: torch.device,
+    sequence_parallel: bool | None = None,
+    vocab: int = VOCAB,
+    seq: int = SEQ,
+    cp_group=None,
+    cache: bool = True,
+):
     """The tiny GPTModel, TP-sharded over `tp_group` (sequence parallel at TP > 1 unless told otherwise); the op
     cases never use its own parameter values (they pass theirs through functional_call). `cp_group`: a CP group for
     the model's pg_collection (only to check that the fusion refuses CP). Cached per process unless `cache` is off
@@ -222,17 +250,37 @@ def build_model(tied: bool, tp_group, dtype: torch.dtype, device: torch.device, 
     groups.pp = groups.ep = groups.expt_tp = groups.dp = groups.dp_cp = groups.expt_dp = one
     groups.embd = groups.pos_embd = None
     config = TransformerConfig(
-        num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, ffn_hidden_size=FFN,
-        tensor_model_parallel_size=tp, sequence_parallel=sp, params_dtype=dtype, bf16=dtype == torch.bfloat16,
-        use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=False,
-        bias_dropout_fusion=False, masked_softmax_fusion=False, gradient_accumulation_fusion=False,
-        apply_rope_fusion=False, persist_layer_norm=False)
+        num_layers=LAYERS,
+        hidden_size=HIDDEN,
+        num_attention_heads=HEADS,
+        ffn_hidden_size=FFN,
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sp,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        use_cpu_initialization=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+    )
     layer = get_gpt_layer_local_spec()
     layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = SequenceParallelNorm
     spec = TransformerBlockSubmodules(layer_specs=[layer] * LAYERS, layer_norm=SequenceParallelNorm)
     with megatron_shims(device):
-        model = GPTModel(config, spec, vocab_size=vocab, max_sequence_length=seq, position_embedding_type="rope",
-                         share_embeddings_and_output_weights=tied, pg_collection=groups).to(device=device, dtype=dtype)
+        model = GPTModel(
+            config,
+            spec,
+            vocab_size=vocab,
+            max_sequence_length=seq,
+            position_embedding_type="rope",
+            share_embeddings_and_output_weights=tied,
+            pg_collection=groups,
+        ).to(device=device, dtype=dtype)
     if cache:
         _MODELS[key] = model
     return model
@@ -263,5 +311,7 @@ def sharded_params(model, x: dict, names, tp_group) -> dict:
     own = dict(model.named_parameters())
     check_names(model, dict.fromkeys(names))
     summed = tp_group.size() > 1
-    return {n: GradSum.apply(t, (tp_group,)) if summed and getattr(own[n], "sequence_parallel", False) else t
-            for n, t in zip(names, x)}
+    return {
+        n: GradSum.apply(t, (tp_group,)) if summed and getattr(own[n], "sequence_parallel", False) else t
+        for n, t in zip(names, x)
+    }

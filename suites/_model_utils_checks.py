@@ -6,12 +6,12 @@ forward check of one output: `(got, expected, full, local, ctx) -> (passed, mess
 
 from __future__ import annotations
 
-import torch
-
 from dataclasses import replace
 
-from shardcheck.reference import model_utils as ref
+import torch
+
 from shardcheck import Case, Property, Rule, cite, ours, seed
+from shardcheck.reference import model_utils as ref
 from shardcheck.suites._model_utils_inputs import BATCH, Sampling, tie_straddles
 
 
@@ -48,12 +48,14 @@ def chunked_equals_unchunked(unchunked, eps_of=None, factor: float = 16.0):
     """property chunked_equals_unchunked: the op's first output equals the unchunked op's on the same
     rank's inputs.  `unchunked(impl, ctx, detached_inputs)`; tolerance factor * eps of the output
     dtype (or of `eps_of(ctx)`)."""
+
     def prop(ctx, full, local, outs):
         inputs = {k: (v.detach() if isinstance(v, torch.Tensor) else v) for k, v in local.items()}
         with torch.no_grad():
             want = unchunked(ctx.impl, ctx, inputs)
         eps = torch.finfo(eps_of(ctx) if eps_of else outs[0].dtype).eps
         return [close("chunked_equals_unchunked", outs[0], want, factor * eps)]
+
     return prop
 
 
@@ -61,6 +63,7 @@ def survivors_sum_to_1(call, v: int):
     """property survivors_sum_to_1: per position, the op's probabilities of all V ids sum to 1 (filtered
     ids contribute exp(-inf) = 0).  One call on the batch repeated V times, target v in copy v.
     `call(impl, ctx, logits, target)`."""
+
     def prop(ctx, full, local, outs):
         logits, target = local["logits"].detach(), local["target"]
         b, s = target.shape
@@ -70,8 +73,15 @@ def survivors_sum_to_1(call, v: int):
         total = lp.double().exp().view(v, b, -1).sum(0)
         err = float((total - 1).abs().max())
         tol = 4 * v * torch.finfo(lp.dtype).eps
-        return [Property("survivors_sum_to_1", err <= tol, err,
-                         f"max |sum_v p_v - 1| {err:.3g} over survivors (tolerance {tol:.3g})")]
+        return [
+            Property(
+                "survivors_sum_to_1",
+                err <= tol,
+                err,
+                f"max |sum_v p_v - 1| {err:.3g} over survivors (tolerance {tol:.3g})",
+            )
+        ]
+
     return prop
 
 
@@ -79,8 +89,11 @@ def entropy_nonpositive(ctx, full, local, outs):
     h = outs[0].detach()
     bad = ~(h <= 0)  # NaN counts as bad
     worst = float(h[torch.isfinite(h)].max()) if torch.isfinite(h).any() else float("nan")
-    msg = f"max H_all {worst:.3g}" + (f"; {int(bad.sum())} position(s) > 0 or NaN, first at "
-                                      f"{tuple(int(i) for i in bad.nonzero()[0])}" if bad.any() else "")
+    msg = f"max H_all {worst:.3g}" + (
+        f"; {int(bad.sum())} position(s) > 0 or NaN, first at {tuple(int(i) for i in bad.nonzero()[0])}"
+        if bad.any()
+        else ""
+    )
     return [Property("entropy_nonpositive", not bool(bad.any()), worst, msg)]
 
 
@@ -88,6 +101,7 @@ def any_tied_survivor(smp: Sampling):
     """Forward check of a top-p case with tied logits at the boundary: the golden's values, except where
     the target is in a tie group that top-p keeps in part: there it may have survived (its log-prob over
     the kept set, the same whichever tied ids are kept) or not (-inf)."""
+
     def check(got, expected, full, local, ctx):
         x = BATCH.local(full["logits"], ctx.mesh).double() / smp.temperature
         target = BATCH.local(full["target"], ctx.mesh).long()
@@ -100,17 +114,21 @@ def any_tied_survivor(smp: Sampling):
             return False, f"got {getattr(got, 'shape', type(got).__name__)}, expected shape {tuple(expected.shape)}"
         g, e = got.detach().double().cpu(), expected.double()
         tol = 64 * torch.finfo(got.dtype).eps * max(1.0, finite_scale(e))
+
         def near(a, b):
             return (a == b) | ((a - b).abs() <= tol)
+
         ok = near(g, e) | (open_choice & ((g == float("-inf")) | near(g, if_kept)))
         if not ok.all():
             i = tuple(int(j) for j in (~ok).nonzero()[0])
-            return False, (f"{int((~ok).sum())} position(s) wrong, first at local {i}: expected {float(e[i])}"
-                           + (f" or {float(if_kept[i])} or -inf (tied at the top-p boundary)" if open_choice[i] else "")
-                           + f", got {float(g[i])}")
+            return False, (
+                f"{int((~ok).sum())} position(s) wrong, first at local {i}: expected {float(e[i])}"
+                + (f" or {float(if_kept[i])} or -inf (tied at the top-p boundary)" if open_choice[i] else "")
+                + f", got {float(g[i])}"
+            )
         return True, f"{int(open_choice.sum())} target(s) tied at the top-p boundary; any tied survivor accepted"
-    return check
 
+    return check
 
 
 def topk_values_exact(got, expected, full, local, ctx):
@@ -122,7 +140,10 @@ def topk_values_exact(got, expected, full, local, ctx):
     diff = got.double() != expected
     if diff.any():
         i = tuple(int(j) for j in diff.nonzero()[0])
-        return False, f"{int(diff.sum())} value(s) differ from torch.topk, first at local {i}: expected {float(expected[i])}, got {float(got[i])}"
+        return (
+            False,
+            f"{int(diff.sum())} value(s) differ from torch.topk, first at local {i}: expected {float(expected[i])}, got {float(got[i])}",
+        )
     return True, "values equal torch.topk exactly"
 
 
@@ -146,8 +167,10 @@ def topk_ids_valid(got, expected, full, local, ctx):
     bad = picked != values
     if bad.any():
         i = tuple(int(j) for j in bad.nonzero()[0])
-        return False, (f"{int(bad.sum())} id(s) whose logit is not the top-k value, first at local {i}: "
-                       f"id {int(got[i])} has logit {float(picked[i])}, expected value {float(values[i])}")
+        return False, (
+            f"{int(bad.sum())} id(s) whose logit is not the top-k value, first at local {i}: "
+            f"id {int(got[i])} has logit {float(picked[i])}, expected value {float(values[i])}"
+        )
     return True, "every id's logit equals its top-k value"
 
 
@@ -158,7 +181,9 @@ OUTSIDE_VOCAB = ours("docs/ops/README.md#conventions-shared-by-every-family")  #
 # Where each property's rule comes from (docs/ops/model_utils.md#rules-seed-or-ours lists them).
 RULES = {
     # chunking bounds memory and changes nothing else
-    "property:chunked_equals_unchunked": seed("'chunk_size – Chunk size for memory efficiency (in sequence dimension)'"),
+    "property:chunked_equals_unchunked": seed(
+        "'chunk_size – Chunk size for memory efficiency (in sequence dimension)'"
+    ),
     # filtering comes before the log-softmax, so the probabilities are over the survivors and sum to 1
     "property:survivors_sum_to_1": seed("'Non-parallel: applies top-k/top-p filtering, log_softmax, and gather'"),
     # a sum of p·log p over a distribution is never positive

@@ -6,7 +6,6 @@ import torch
 
 from shardcheck.suites._model_utils_inputs import Sampling
 
-
 # ---- on the TP axis -------------------------------------------------------------------------
 #
 # Per rank and phase, {"<kind>@<mesh dim>": (calls, bytes)}: exactly what the correct implementation
@@ -51,9 +50,11 @@ def merge(*phases: dict) -> dict:
 
 def contract(fn):
     """fn(ctx) -> (forward, backward) dicts  ->  a Case.comm."""
+
     def comm(ctx) -> dict:
         fwd, bwd = fn(ctx)
         return {"forward": fwd, "backward": bwd}
+
     return comm
 
 
@@ -182,12 +183,16 @@ def distillation_comm(ctx, s: int, k: int, zero: bool, entropy: bool):
     gather_logits_at_global_indices (one SUM of [n, K]); calculate_entropy adds ChunkedDistributedEntropy.
     The teacher side is local. DTensor student logits add nothing (to_local / from_local are local)."""
     chunk = max(1, min(s, 1024))
-    fwd, bwd = logprob_comm(ctx, s, chunk, k=k, name="student_logits") if zero else \
-        gather_logits_comm(ctx, k, name="student_logits")
+    fwd, bwd = (
+        logprob_comm(ctx, s, chunk, k=k, name="student_logits")
+        if zero
+        else gather_logits_comm(ctx, k, name="student_logits")
+    )
     if entropy:
         f2, b2 = entropy_comm(ctx, s, chunk, name="student_logits")
         fwd, bwd = merge(fwd, f2), merge(bwd, b2)
     return fwd, bwd
+
 
 # ---- on the CP axis -------------------------------------------------------------------------
 #
@@ -211,6 +216,7 @@ def cp_gather_comm(ctx, numel_local: int, itemsize: int, grad: bool = True):
 def with_cp_gather(tp_contract, numel_local_of, ids_gather: bool = False, grad: bool = True):
     """A Case.comm: `tp_contract(ctx)` + the CP gather of a per-token result of numel_local_of(ctx)
     elements in the compute dtype (+ one all-gather of the int64 ids for DTensor targets)."""
+
     def both(ctx):
         fwd, bwd = tp_contract(ctx)
         f2, b2 = cp_gather_comm(ctx, numel_local_of(ctx), compute_bytes(ctx), grad)
@@ -218,6 +224,7 @@ def with_cp_gather(tp_contract, numel_local_of, ids_gather: bool = False, grad: 
         if ids_gather and ctx.size("cp") > 1:
             fwd = merge(fwd, {AG_CP: (1, rows(ctx) * 8)})
         return fwd, bwd
+
     return contract(both)
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch.distributed.tensor import DTensor
 
-from shardcheck.reference import model_utils as ref
 from shardcheck import HeadTail, Layout, PackedHeadTail, Permuted, Shard
+from shardcheck.reference import model_utils as ref
 
 LOGITS = Layout(dp=Shard(0), tp=Shard(-1))  # [B, S, V]: batch over DP, vocab over TP
 BATCH = Layout(dp=Shard(0))  # [B, ...]: batch over DP, replicated over TP
@@ -51,7 +51,9 @@ class Draw:
         return make_logits(gen, shape, self.scale, self.ties, self.neg_inf)
 
 
-def make_logits(gen: torch.Generator, shape, scale: float = 3.0, ties: bool = False, neg_inf: float = 0.0) -> torch.Tensor:
+def make_logits(
+    gen: torch.Generator, shape, scale: float = 3.0, ties: bool = False, neg_inf: float = 0.0
+) -> torch.Tensor:
     """Seeded logits; `ties` rounds them to few distinct values, `neg_inf` masks that fraction to -inf."""
     logits = torch.randn(shape, generator=gen, dtype=torch.float64) * scale
     if ties:
@@ -63,7 +65,9 @@ def make_logits(gen: torch.Generator, shape, scale: float = 3.0, ties: bool = Fa
     return logits
 
 
-def make_targets(gen: torch.Generator, shape, vocab: int, masked: float = 0.0, avoid: torch.Tensor | None = None) -> torch.Tensor:
+def make_targets(
+    gen: torch.Generator, shape, vocab: int, masked: float = 0.0, avoid: torch.Tensor | None = None
+) -> torch.Tensor:
     """Token ids in [0, V); `masked` of them -100 and a few out of range (logprob 0, no gradient).
     `avoid` (logits) keeps targets off -inf logits (index 0 is always finite)."""
     target = torch.randint(0, vocab, shape, generator=gen)
@@ -84,6 +88,7 @@ def logits_and_target(gen, b: int, s: int, v: int, draw: Draw = Draw(), shift: b
 
 
 # ---- sampling (top-k / top-p) ---------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -194,8 +199,9 @@ def mask_ids(gen, ids: torch.Tensor, vocab: int, masked: float) -> torch.Tensor:
     return torch.where((r >= masked) & (r < masked * 1.25), vocab + 3, ids)
 
 
-def sampling_inputs(gen, b: int, s: int, v: int, sampling: Sampling, draw: Draw = Draw(),
-                    shift: bool = False) -> dict[str, torch.Tensor]:
+def sampling_inputs(
+    gen, b: int, s: int, v: int, sampling: Sampling, draw: Draw = Draw(), shift: bool = False
+) -> dict[str, torch.Tensor]:
     """Logits and targets: a third of the targets on their row's argmax (the last of tied maxima), a
     third among the row's 3 largest logits, a third uniform (often filtered out: logprob -inf)."""
     logits = sampling_logits(gen, (b, s, v), sampling, draw)
@@ -211,6 +217,7 @@ def sampling_inputs(gen, b: int, s: int, v: int, sampling: Sampling, draw: Draw 
 
 
 # ---- ids, teacher top-k, hidden states ------------------------------------------------------
+
 
 def make_indices(gen, b: int, s: int, k: int, v: int, dup: bool = True, masked: float = 0.0) -> torch.Tensor:
     """[B,S,K] global ids; `dup`: the last id repeats the first (and a third of positions repeat one id K times)."""
@@ -232,8 +239,11 @@ def distill_inputs(gen, b: int, s: int, v: int, k: int, draw: Draw = Draw()) -> 
     """Student logits [B, S, V], a teacher's top-K logits (descending) and its K distinct ids."""
     teacher = make_logits(gen, (b, s, k)).sort(dim=-1, descending=True).values  # a teacher's top-k logits
     ids = torch.rand((b, s, v), generator=gen).argsort(dim=-1)[..., :k]  # distinct ids, as top-k gives
-    return {"student_logits": make_logits(gen, (b, s, v), draw.scale, draw.ties, draw.neg_inf),
-            "teacher_topk_logits": teacher, "teacher_topk_indices": ids}
+    return {
+        "student_logits": make_logits(gen, (b, s, v), draw.scale, draw.ties, draw.neg_inf),
+        "teacher_topk_logits": teacher,
+        "teacher_topk_indices": ids,
+    }
 
 
 def huge_logits_close_top(gen, shape, scale: float = 300.0) -> torch.Tensor:
@@ -247,11 +257,15 @@ def huge_logits_close_top(gen, shape, scale: float = 300.0) -> torch.Tensor:
     return torch.where(close, runner_up, logits)
 
 
-def hidden_inputs(gen, s: int, b: int, h: int, v: int, scale: float = 1.0, masked: float = 0.0) -> dict[str, torch.Tensor]:
+def hidden_inputs(
+    gen, s: int, b: int, h: int, v: int, scale: float = 1.0, masked: float = 0.0
+) -> dict[str, torch.Tensor]:
     """hidden [S,B,H], weight [V,H] (logits ~ N(0, H) * scale^2) and target ids [B,S]."""
-    return {"hidden": torch.randn((s, b, h), generator=gen, dtype=torch.float64) * scale,
-            "weight": torch.randn((v, h), generator=gen, dtype=torch.float64) * scale,
-            "target": make_targets(gen, (b, s), v, masked)}
+    return {
+        "hidden": torch.randn((s, b, h), generator=gen, dtype=torch.float64) * scale,
+        "weight": torch.randn((v, h), generator=gen, dtype=torch.float64) * scale,
+        "target": make_targets(gen, (b, s), v, masked),
+    }
 
 
 def hidden_logits(x: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -261,12 +275,15 @@ def hidden_logits(x: dict[str, torch.Tensor]) -> torch.Tensor:
 
 # ---- what the op is handed ------------------------------------------------------------------
 
+
 def dtensor(ctx, local: torch.Tensor, name: str, layout: Layout) -> DTensor:
     """The DTensor whose local piece on this rank is `local` (uneven shards included).  A dim laid out by a
     CP index rule is a Shard of the (permuted) sequence, as upstream builds it."""
     shape = torch.Size(ctx.full_shapes[name])
-    placements = [Shard(p.dim % len(shape)) if isinstance(p, (Shard, HeadTail, PackedHeadTail, Permuted)) else p
-                  for p in layout.placements]
+    placements = [
+        Shard(p.dim % len(shape)) if isinstance(p, (Shard, HeadTail, PackedHeadTail, Permuted)) else p
+        for p in layout.placements
+    ]
     stride = torch.empty(shape, device="meta").stride()
     return DTensor.from_local(local, ctx.mesh, placements, run_check=False, shape=shape, stride=stride)
 

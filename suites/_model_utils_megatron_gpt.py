@@ -25,8 +25,18 @@ from torch.distributed.tensor import DTensor
 
 from shardcheck import REPLICATED, Layout, ModelCase, Shard
 from shardcheck.harness.core.restore import owners_of, restored
-from shardcheck.suites._megatron_model import (BATCH, HEADS, ONE_RANK, SEQ, VOCAB, build_model, make_params,
-                                               megatron_missing, megatron_shims, model_args)
+from shardcheck.suites._megatron_model import (
+    BATCH,
+    HEADS,
+    ONE_RANK,
+    SEQ,
+    VOCAB,
+    build_model,
+    make_params,
+    megatron_missing,
+    megatron_shims,
+    model_args,
+)
 
 FORWARD_OP = "model_utils._gpt_forward_with_linear_ce_fusion"
 COLUMN, ROW, SEQUENCE = Layout(tp=Shard(0)), Layout(tp=Shard(1)), Layout(tp=Shard(0))
@@ -34,9 +44,14 @@ COLUMN, ROW, SEQUENCE = Layout(tp=Shard(0)), Layout(tp=Shard(1)), Layout(tp=Shar
 # The single-device weights into the TP model: column-parallel (and vocab) rows, row-parallel columns; norms and
 # row-parallel biases replicated (no glob).
 PARAM_LAYOUTS = {
-    "embedding.word_embeddings.weight": COLUMN, "output_layer.weight": COLUMN,
-    "*.linear_qkv.weight": COLUMN, "*.linear_qkv.bias": COLUMN, "*.linear_fc1.weight": COLUMN,
-    "*.linear_fc1.bias": COLUMN, "*.linear_proj.weight": ROW, "*.linear_fc2.weight": ROW,
+    "embedding.word_embeddings.weight": COLUMN,
+    "output_layer.weight": COLUMN,
+    "*.linear_qkv.weight": COLUMN,
+    "*.linear_qkv.bias": COLUMN,
+    "*.linear_fc1.weight": COLUMN,
+    "*.linear_fc1.bias": COLUMN,
+    "*.linear_proj.weight": ROW,
+    "*.linear_fc2.weight": ROW,
 }
 # Megatron keeps activations [S, B, H]; under sequence parallelism every one of them is a sequence shard (dim 0): the
 # embedding's, the norms', the attention's and the MLP's outputs after the row-parallel reduce-scatter, the layers'.
@@ -46,10 +61,15 @@ PARAM_LAYOUTS = {
 # (`*` spans dots): the exceptions first, then the rule.  At TP 1 each is the whole tensor.
 ACTIVATION_LAYOUTS = {
     "rotary_pos_emb": REPLICATED,
-    "*.self_attention.linear_qkv": Layout(tp=Shard(-1)), "*.mlp.linear_fc1": Layout(tp=Shard(-1)),
-    "*.self_attention.q_layernorm": Layout(tp=Shard(2)), "*.self_attention.k_layernorm": Layout(tp=Shard(2)),
-    "*.core_attention.scale_mask_softmax": Layout(tp=Shard(1)), "*.core_attention.attention_dropout": Layout(tp=Shard(1)),
-    "*.core_attention": Layout(tp=Shard(-1)), "output_layer": Layout(tp=Shard(-1)), "": Layout(tp=Shard(-1)),
+    "*.self_attention.linear_qkv": Layout(tp=Shard(-1)),
+    "*.mlp.linear_fc1": Layout(tp=Shard(-1)),
+    "*.self_attention.q_layernorm": Layout(tp=Shard(2)),
+    "*.self_attention.k_layernorm": Layout(tp=Shard(2)),
+    "*.core_attention.scale_mask_softmax": Layout(tp=Shard(1)),
+    "*.core_attention.attention_dropout": Layout(tp=Shard(1)),
+    "*.core_attention": Layout(tp=Shard(-1)),
+    "output_layer": Layout(tp=Shard(-1)),
+    "": Layout(tp=Shard(-1)),
     "*": SEQUENCE,
 }
 
@@ -67,8 +87,12 @@ def make_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
     """input_ids and next-token labels [B, S], with Megatron's position ids and boolean causal mask."""
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=gen)
     ids, positions, mask = model_args(tokens[:, :-1].contiguous())
-    return {"input_ids": ids, "position_ids": positions.contiguous(), "attention_mask": mask,
-            "labels": tokens[:, 1:].contiguous()}
+    return {
+        "input_ids": ids,
+        "position_ids": positions.contiguous(),
+        "attention_mask": mask,
+        "labels": tokens[:, 1:].contiguous(),
+    }
 
 
 def build(tied: bool):
@@ -85,12 +109,14 @@ def build(tied: bool):
             for name, p in model.named_parameters():
                 p.copy_(weights[name])
         return model
+
     return full_model
 
 
 def _all_reduce_grad(group):
     def hook(p: torch.Tensor) -> None:
         dist.all_reduce(p.grad, group=group)
+
     return hook
 
 
@@ -106,6 +132,7 @@ def parallelize(tied: bool, sync_sp_grads: bool = True):
                 if getattr(p, "sequence_parallel", False):
                     p.register_post_accumulate_grad_hook(_all_reduce_grad(tp))
         return sharded
+
     return plan
 
 
@@ -151,8 +178,19 @@ def step_context(ctx):
 
 def gpt_model_case(tied: bool, sync_sp_grads: bool = True, case_id: str | None = None) -> ModelCase:
     return ModelCase(
-        op=FORWARD_OP, case_id=case_id or f"model-{'tied' if tied else 'untied'}",
-        build=build(tied), parallelize=parallelize(tied, sync_sp_grads), make_inputs=make_inputs,
-        model_inputs=("input_ids", "position_ids", "attention_mask"), loss=loss, step_context=step_context,
-        param_layouts=PARAM_LAYOUTS, activation_layouts=ACTIVATION_LAYOUTS, unchecked_modules=UNCHECKED, batch="input_ids",
-        supports=supports, skip_reason=megatron_missing(), params={"tied": tied, "S": SEQ, "B": BATCH, "V": VOCAB})
+        op=FORWARD_OP,
+        case_id=case_id or f"model-{'tied' if tied else 'untied'}",
+        build=build(tied),
+        parallelize=parallelize(tied, sync_sp_grads),
+        make_inputs=make_inputs,
+        model_inputs=("input_ids", "position_ids", "attention_mask"),
+        loss=loss,
+        step_context=step_context,
+        param_layouts=PARAM_LAYOUTS,
+        activation_layouts=ACTIVATION_LAYOUTS,
+        unchecked_modules=UNCHECKED,
+        batch="input_ids",
+        supports=supports,
+        skip_reason=megatron_missing(),
+        params={"tied": tied, "S": SEQ, "B": BATCH, "V": VOCAB},
+    )

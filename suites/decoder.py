@@ -36,16 +36,30 @@ def _loss(logits: torch.Tensor, inputs: dict[str, torch.Tensor], ctx) -> torch.T
 
 
 def _supports(t) -> bool:
-    return (BATCH % t.dp == 0 and SEQ % (2 * t.cp) == 0 and CONFIG.kv_heads % t.tp == 0
-            and CONFIG.vocab % t.tp == 0 and CONFIG.hidden % t.tp == 0)
+    return (
+        BATCH % t.dp == 0
+        and SEQ % (2 * t.cp) == 0
+        and CONFIG.kv_heads % t.tp == 0
+        and CONFIG.vocab % t.tp == 0
+        and CONFIG.hidden % t.tp == 0
+    )
 
 
 def cases(quick: bool = False) -> list[ModelCase]:
-    return [ModelCase(
-        op=f"{FAMILY}.parallelize", case_id="step",
-        build=lambda gen: ref.build(CONFIG, gen),
-        parallelize=lambda model, ctx: ctx.impl.parallelize(model, ctx),
-        make_inputs=_make_inputs, model_inputs=("tokens",), loss=_loss,
-        input_layouts={"tokens": Layout(dp=Shard(0))},  # whole sequences: cp_utils shards them inside the step
-        batch_layout=Layout(dp=Shard(0), cp=HeadTail(1)), context_parallel=True, uses=USES,
-        supports=_supports, params={"layers": CONFIG.layers})]
+    return [
+        ModelCase(
+            op=f"{FAMILY}.parallelize",
+            case_id="step",
+            build=lambda gen: ref.build(CONFIG, gen),
+            parallelize=lambda model, ctx: ctx.impl.parallelize(model, ctx),
+            make_inputs=_make_inputs,
+            model_inputs=("tokens",),
+            loss=_loss,
+            input_layouts={"tokens": Layout(dp=Shard(0))},  # whole sequences: cp_utils shards them inside the step
+            batch_layout=Layout(dp=Shard(0), cp=HeadTail(1)),
+            context_parallel=True,
+            uses=USES,
+            supports=_supports,
+            params={"layers": CONFIG.layers},
+        )
+    ]

@@ -34,15 +34,27 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, Layout, Partial, Property, Shard, cite, ours, seed
 from shardcheck.harness.core.measure import CommCounter, group_dims
 from shardcheck.harness.core.processes import module_ref, run_ranks
 from shardcheck.reference import distributed_utils as ref
-from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, Layout, Partial, Property, Shard, cite, ours, seed
-from shardcheck.suites._distributed_utils_processes import (BARRIER_TIMEOUT_S, BLOCK_S, PROCESS_DEADLINE_S, SLACK_S, STAGGER_S,
-                                                 barrier_log_scenario, first_rank_scenario, gloo_group_scenario,
-                                                 judge_barrier_log, judge_first_rank_order, judge_first_rank_raise,
-                                                 judge_gloo_group, judge_late_rank, judge_no_distributed,
-                                                 late_rank_scenario)
+from shardcheck.suites._distributed_utils_processes import (
+    BARRIER_TIMEOUT_S,
+    BLOCK_S,
+    PROCESS_DEADLINE_S,
+    SLACK_S,
+    STAGGER_S,
+    barrier_log_scenario,
+    first_rank_scenario,
+    gloo_group_scenario,
+    judge_barrier_log,
+    judge_first_rank_order,
+    judge_first_rank_raise,
+    judge_gloo_group,
+    judge_late_rank,
+    judge_no_distributed,
+    late_rank_scenario,
+)
 from shardcheck.suites._fuzz_draws import topology as fuzz_topology
 
 FAMILY = "distributed_utils"
@@ -69,14 +81,22 @@ class LossSpec:
     per_token: bool
     dp_group: bool
     big: bool = False  # token counts whose sum exceeds int32 (on every rank)
-    n_losses: int = N_LOSSES  # micro-batch losses over the DP group (torch.chunk sizes: uneven per rank when DP does not divide)
+    n_losses: int = (
+        N_LOSSES  # micro-batch losses over the DP group (torch.chunk sizes: uneven per rank when DP does not divide)
+    )
     n_slices: int = N_SLICES  # token counts over the DP group (a rank may hold none: 0 tokens)
 
     @property
     def case_id(self) -> str:
         sizes = [] if (self.n_losses, self.n_slices) == (N_LOSSES, N_SLICES) else [f"l{self.n_losses}t{self.n_slices}"]
-        return "-".join(["per-token" if self.per_token else "per-loss", "dp-group" if self.dp_group else "local",
-                         *(["tokens-over-int32"] if self.big else []), *sizes])
+        return "-".join(
+            [
+                "per-token" if self.per_token else "per-loss",
+                "dp-group" if self.dp_group else "local",
+                *(["tokens-over-int32"] if self.big else []),
+                *sizes,
+            ]
+        )
 
 
 def _loss_inputs(spec: LossSpec):
@@ -87,6 +107,7 @@ def _loss_inputs(spec: LossSpec):
         else:
             tokens = torch.randint(1, 5000, (spec.n_slices,), generator=gen)
         return {"losses": losses, "num_tokens": tokens}
+
     return make
 
 
@@ -95,17 +116,28 @@ def _loss_run(spec: LossSpec):
         # Losses as they come out of a training step: attached to a graph (the result must not be).
         loss_store = list(x["losses"].clone().requires_grad_().unbind(0))
         total_num_tokens = x["num_tokens"].sum()  # this rank's count, a 0-d int64 tensor
-        return impl.reduce_loss(loss_store, total_num_tokens, per_token_loss=spec.per_token,
-                                dp_group=ctx.group("dp") if spec.dp_group else None)
+        return impl.reduce_loss(
+            loss_store,
+            total_num_tokens,
+            per_token_loss=spec.per_token,
+            dp_group=ctx.group("dp") if spec.dp_group else None,
+        )
+
     return run
 
 
 def _count_check(summed_over_dp: bool):
     """The denominator: one integer (any integer dtype), exactly the expected count.  Without
     dp_group the DP ranks' counts are summed (in int64, every rank takes part)."""
+
     def check(got, expected, full, local, ctx):
-        valid = isinstance(got, torch.Tensor) and got.numel() == 1 and not got.is_floating_point() \
-            and not got.is_complex() and got.dtype != torch.bool
+        valid = (
+            isinstance(got, torch.Tensor)
+            and got.numel() == 1
+            and not got.is_floating_point()
+            and not got.is_complex()
+            and got.dtype != torch.bool
+        )
         total = got.detach().to("cpu", torch.int64).reshape(1).clone() if valid else torch.zeros(1, dtype=torch.int64)
         if summed_over_dp and ctx.size("dp") > 1:
             dist.all_reduce(total, group=ctx.group("dp"))
@@ -115,52 +147,83 @@ def _count_check(summed_over_dp: bool):
         want = int(expected.reshape(-1)[0])
         where = f"sum over {ctx.size('dp')} DP ranks of the denominators" if summed_over_dp else "denominator"
         return int(total) == want, f"{where} {int(total)} ({str(got.dtype)[6:]}), expected {want}"
+
     return check
 
 
 def _detached(ctx, full, local, outs):
     loss, denominator = outs
-    attached = [name for name, t in (("loss", loss), ("denominator", denominator))
-                if isinstance(t, torch.Tensor) and t.requires_grad]
-    return [Property("detached", not attached, None,
-                     f"{', '.join(attached)} still attached to the graph" if attached else "loss and denominator detached")]
+    attached = [
+        name
+        for name, t in (("loss", loss), ("denominator", denominator))
+        if isinstance(t, torch.Tensor) and t.requires_grad
+    ]
+    return [
+        Property(
+            "detached",
+            not attached,
+            None,
+            f"{', '.join(attached)} still attached to the graph" if attached else "loss and denominator detached",
+        )
+    ]
 
 
 def _loss_comm(spec: LossSpec):
     """With dp_group: one all-reduce of the [1] loss (float32 or better) and one of the [1] int64
     denominator; without: nothing."""
+
     def comm(ctx) -> dict:
         if not spec.dp_group:
             return {"forward": {}, "backward": {}}
         loss_bytes = torch.promote_types(ctx.dtype, torch.float32).itemsize
         return {"forward": {"all_reduce@dp": (2, loss_bytes + 8)}, "backward": {}}
+
     return comm
 
 
 def loss_case(spec: LossSpec) -> Case:
     layout = REPLICATED if spec.dp_group else DP_SUM
     return Case(
-        op=OP + "reduce_loss", case_id=spec.case_id,
-        params={"per_token_loss": spec.per_token, "dp_group": spec.dp_group, "tokens_over_int32": spec.big,
-                "n_losses": spec.n_losses, "n_token_slices": spec.n_slices},
-        make_inputs=_loss_inputs(spec), reference=lambda x, s=spec: ref.reduce_loss(x["losses"], x["num_tokens"], s.per_token),
-        run=_loss_run(spec), input_layouts={"losses": DP_SHARDED, "num_tokens": DP_SHARDED},
-        output_layouts=(layout, layout), output_names=("loss", "denominator"),
+        op=OP + "reduce_loss",
+        case_id=spec.case_id,
+        params={
+            "per_token_loss": spec.per_token,
+            "dp_group": spec.dp_group,
+            "tokens_over_int32": spec.big,
+            "n_losses": spec.n_losses,
+            "n_token_slices": spec.n_slices,
+        },
+        make_inputs=_loss_inputs(spec),
+        reference=lambda x, s=spec: ref.reduce_loss(x["losses"], x["num_tokens"], s.per_token),
+        run=_loss_run(spec),
+        input_layouts={"losses": DP_SHARDED, "num_tokens": DP_SHARDED},
+        output_layouts=(layout, layout),
+        output_names=("loss", "denominator"),
         output_checks={"denominator": _count_check(summed_over_dp=not spec.dp_group)},
         # Token slices may leave a DP rank none (it counts 0 tokens: fuzz found it); losses may not (an empty loss_store
         # is bad input, docs/ops/distributed_utils.md): a DP size that leaves a rank no loss is not planned.
-        properties=_detached, comm=_loss_comm(spec),
+        properties=_detached,
+        comm=_loss_comm(spec),
         supports=lambda t: _dp_only(t) and min(_chunk_sizes(spec.n_losses, t.dp)) > 0,
         empty_pieces=("dp",),
-        allows_float32="ours: docs/ops/distributed_utils.md#reduce_loss, the loss 'in float32 or better'")
+        allows_float32="ours: docs/ops/distributed_utils.md#reduce_loss, the loss 'in float32 or better'",
+    )
 
 
 def _zero_loss(got, expected, full, local, ctx):
     """The loss of an empty loss_store: the empty sum, 0, as one float (float32 or better) detached."""
-    ok = isinstance(got, torch.Tensor) and got.numel() == 1 and got.dtype in (torch.float32, torch.float64) \
-        and not got.requires_grad and float(got.reshape(-1)[0]) == 0.0
-    what = f"{str(got.dtype)[6:]} {tuple(got.shape)} = {got.detach().reshape(-1).tolist()}" \
-        if isinstance(got, torch.Tensor) else type(got).__name__
+    ok = (
+        isinstance(got, torch.Tensor)
+        and got.numel() == 1
+        and got.dtype in (torch.float32, torch.float64)
+        and not got.requires_grad
+        and float(got.reshape(-1)[0]) == 0.0
+    )
+    what = (
+        f"{str(got.dtype)[6:]} {tuple(got.shape)} = {got.detach().reshape(-1).tolist()}"
+        if isinstance(got, torch.Tensor)
+        else type(got).__name__
+    )
     return ok, f"got {what}, expected one float32/float64 0.0, detached"
 
 
@@ -169,20 +232,42 @@ def loss_bad_input_cases() -> list[Case]:
         return impl.reduce_loss([], x["num_tokens"].sum(), dp_group=ctx.group("dp"))
 
     def run_float_count(impl, ctx, x):
-        return impl.reduce_loss(list(x["losses"].unbind(0)), x["num_tokens"].sum().double() + 0.5, dp_group=ctx.group("dp"))
+        return impl.reduce_loss(
+            list(x["losses"].unbind(0)), x["num_tokens"].sum().double() + 0.5, dp_group=ctx.group("dp")
+        )
 
-    common = dict(op=OP + "reduce_loss", make_inputs=_loss_inputs(LossSpec(True, True)),
-                  input_layouts={"losses": DP_SHARDED, "num_tokens": DP_SHARDED}, dtypes=("float64",), supports=_dp_only)
-    return [Case(case_id="empty-loss-store", params={"loss_store": []}, run=run_empty,
-                 # The sum of no losses is 0; the denominator is still the tokens' count, summed over DP.
-                 reference=lambda x: ref.reduce_loss(x["losses"][:0], x["num_tokens"], True),
-                 output_names=("loss", "denominator"), output_layouts=(REPLICATED, REPLICATED),
-                 output_checks={"loss": _zero_loss, "denominator": _count_check(summed_over_dp=False)},
-                 bad_input=BadInput("an empty loss_store", interpretation="the empty sum: loss 0, the token count "
-                                    "as denominator"), **common),
-            # The denominator is an integer count: no answer keeps both it and a fractional count.
-            Case(case_id="fractional-token-count", params={"total_num_tokens": "float, n + 0.5"}, run=run_float_count,
-                 reference=lambda x: (), bad_input=BadInput("a fractional token count (n + 0.5)"), **common)]
+    common = dict(
+        op=OP + "reduce_loss",
+        make_inputs=_loss_inputs(LossSpec(True, True)),
+        input_layouts={"losses": DP_SHARDED, "num_tokens": DP_SHARDED},
+        dtypes=("float64",),
+        supports=_dp_only,
+    )
+    return [
+        Case(
+            case_id="empty-loss-store",
+            params={"loss_store": []},
+            run=run_empty,
+            # The sum of no losses is 0; the denominator is still the tokens' count, summed over DP.
+            reference=lambda x: ref.reduce_loss(x["losses"][:0], x["num_tokens"], True),
+            output_names=("loss", "denominator"),
+            output_layouts=(REPLICATED, REPLICATED),
+            output_checks={"loss": _zero_loss, "denominator": _count_check(summed_over_dp=False)},
+            bad_input=BadInput(
+                "an empty loss_store", interpretation="the empty sum: loss 0, the token count as denominator"
+            ),
+            **common,
+        ),
+        # The denominator is an integer count: no answer keeps both it and a fractional count.
+        Case(
+            case_id="fractional-token-count",
+            params={"total_num_tokens": "float, n + 0.5"},
+            run=run_float_count,
+            reference=lambda x: (),
+            bad_input=BadInput("a fractional token count (n + 0.5)"),
+            **common,
+        ),
+    ]
 
 
 # ---- dp_eval_sample_shard ---------------------------------------------------------------------
@@ -243,6 +328,7 @@ def _eval_run(kind: str):
         scores = torch.zeros_like(values)
         scores[ids] = ref.score_samples(values[ids])
         return scores
+
     return run
 
 
@@ -251,7 +337,11 @@ def _eval_properties(kind: str):
         impl, rank, size = ctx.impl, ctx.rank("dp"), ctx.size("dp")
         got = impl.dp_eval_sample_shard(_config(kind, impl), rank, size)
         want = _expected_shard(kind, rank, size)
-        props = [Property("returns", got == want, None, f"{kind} at DP rank {rank} of {size}: got {got!r}, expected {want!r}")]
+        props = [
+            Property(
+                "returns", got == want, None, f"{kind} at DP rank {rank} of {size}: got {got!r}, expected {want!r}"
+            )
+        ]
         # Coverage for any N: the shards every DP rank gets, applied to range(n).
         shards = [impl.dp_eval_sample_shard(_config(kind, impl), r, size) for r in range(size)]
         per_sample = size if kind != "ddp" or size == 1 else 1  # sharded models: every rank scores everything
@@ -263,20 +353,36 @@ def _eval_properties(kind: str):
                     counts[i] += 1
             if counts != [per_sample] * n:
                 bad.append(f"N={n}: times scored {counts}")
-        props.append(Property("coverage", not bad, None,
-                              "; ".join(bad[:3]) if bad else f"N = 0..{2 * size + 1}: every sample scored "
-                              f"{'exactly once' if per_sample == 1 else f'by all {size} ranks'}"))
+        props.append(
+            Property(
+                "coverage",
+                not bad,
+                None,
+                "; ".join(bad[:3])
+                if bad
+                else f"N = 0..{2 * size + 1}: every sample scored "
+                f"{'exactly once' if per_sample == 1 else f'by all {size} ranks'}",
+            )
+        )
         return props
+
     return properties
 
 
 def eval_case(kind: str, n: int) -> Case:
     return Case(
-        op=OP + "dp_eval_sample_shard", case_id=f"{kind}-n{n}", params={"config": CONFIGS[kind].__name__, "n_samples": n},
+        op=OP + "dp_eval_sample_shard",
+        case_id=f"{kind}-n{n}",
+        params={"config": CONFIGS[kind].__name__, "n_samples": n},
         make_inputs=lambda gen: {"values": torch.randn(n, generator=gen, dtype=torch.float64)},
-        reference=lambda x: ref.score_samples(x["values"]), run=_eval_run(kind),
-        output_layouts=(DP_SUM if kind == "ddp" else REPLICATED,), output_names=("scores",),
-        properties=_eval_properties(kind), dtypes=("float64",), supports=_dp_only)
+        reference=lambda x: ref.score_samples(x["values"]),
+        run=_eval_run(kind),
+        output_layouts=(DP_SUM if kind == "ddp" else REPLICATED,),
+        output_names=("scores",),
+        properties=_eval_properties(kind),
+        dtypes=("float64",),
+        supports=_dp_only,
+    )
 
 
 def eval_bad_input_cases() -> list[Case]:
@@ -287,12 +393,26 @@ def eval_bad_input_cases() -> list[Case]:
         return (impl.dp_eval_sample_shard(_config("ddp", impl), 0, 0),)  # one output, whatever it is
 
     common = dict(op=OP + "dp_eval_sample_shard", make_inputs=lambda gen: {}, dtypes=("float64",), supports=_dp_only)
-    return [Case(case_id="rank-equals-size", params={"dp_rank": "dp_size"}, run=rank_out_of_range,
-                 reference=lambda x: (), bad_input=BadInput("a DP rank equal to the DP size (no such rank)"), **common),
-            # The seed's rule gives a shard only for DDP with dp_size > 1: None (every rank scores everything).
-            Case(case_id="size-zero", params={"dp_rank": 0, "dp_size": 0}, run=zero_size, reference=lambda x: None,
-                 output_names=("shard",), bad_input=BadInput("a DP size of 0", interpretation="no shard below 2 "
-                                                              "ranks: None"), **common)]
+    return [
+        Case(
+            case_id="rank-equals-size",
+            params={"dp_rank": "dp_size"},
+            run=rank_out_of_range,
+            reference=lambda x: (),
+            bad_input=BadInput("a DP rank equal to the DP size (no such rank)"),
+            **common,
+        ),
+        # The seed's rule gives a shard only for DDP with dp_size > 1: None (every rank scores everything).
+        Case(
+            case_id="size-zero",
+            params={"dp_rank": 0, "dp_size": 0},
+            run=zero_size,
+            reference=lambda x: None,
+            output_names=("shard",),
+            bad_input=BadInput("a DP size of 0", interpretation="no shard below 2 ranks: None"),
+            **common,
+        ),
+    ]
 
 
 # ---- get_sync_ctx -----------------------------------------------------------------------------
@@ -305,14 +425,23 @@ def _sync_inputs(micro_batches: int = MICRO_BATCHES, batch: int = BATCH):
     def make(gen: torch.Generator) -> dict[str, torch.Tensor]:
         def randn(*shape):
             return torch.randn(shape, generator=gen, dtype=torch.float64)
-        return {"x": randn(micro_batches, batch, FEATURES), "y": randn(micro_batches, batch, OUT),
-                "w1": randn(HIDDEN, FEATURES) * 0.5, "b1": randn(HIDDEN) * 0.1, "w2": randn(OUT, HIDDEN) * 0.5,
-                "b2": randn(OUT) * 0.1}
+
+        return {
+            "x": randn(micro_batches, batch, FEATURES),
+            "y": randn(micro_batches, batch, OUT),
+            "w1": randn(HIDDEN, FEATURES) * 0.5,
+            "b1": randn(HIDDEN) * 0.1,
+            "w2": randn(OUT, HIDDEN) * 0.5,
+            "b2": randn(OUT) * 0.1,
+        }
+
     return make
 
 
 def _model(x: dict, dtype: torch.dtype) -> torch.nn.Sequential:
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUT)).to(dtype)
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUT)).to(
+        dtype
+    )
     with torch.no_grad():
         for param, name in zip(model.parameters(), ("w1", "b1", "w2", "b2")):
             param.copy_(x[name])
@@ -348,6 +477,7 @@ def _sync_run(kind: str):
         # What each micro-batch communicated, for _sync_properties (the harness passes the outputs on).
         flat.collectives_per_micro_batch = per_micro_batch
         return flat
+
     return run
 
 
@@ -372,27 +502,48 @@ def _sync_properties(kind: str):
         if dp > 1:
             props.append(Property("grad_sync_on_optim_step", syncs[-1] > 0, None, seen))
         return props
+
     return properties
 
 
 def sync_case(kind: str, micro_batches: int = MICRO_BATCHES, batch: int = BATCH) -> Case:
     return Case(
-        op=OP + "get_sync_ctx", case_id=f"{kind}-{micro_batches}-micro-batches" + (f"-b{batch}" if batch != BATCH else ""),
-        params={"model": kind, "micro_batches": micro_batches, "batch": batch, "defer_fsdp_grad_sync": kind != "fsdp2-every-step"},
+        op=OP + "get_sync_ctx",
+        case_id=f"{kind}-{micro_batches}-micro-batches" + (f"-b{batch}" if batch != BATCH else ""),
+        params={
+            "model": kind,
+            "micro_batches": micro_batches,
+            "batch": batch,
+            "defer_fsdp_grad_sync": kind != "fsdp2-every-step",
+        },
         make_inputs=_sync_inputs(micro_batches, batch),
         reference=lambda x: ref.accumulated_gradients(x["x"], x["y"], x["w1"], x["b1"], x["w2"], x["b2"]),
-        run=_sync_run(kind), input_layouts={"x": Layout(dp=Shard(1)), "y": Layout(dp=Shard(1))},
-        output_layouts=(DP_SUM if kind == "plain" else REPLICATED,), output_names=("grads",),
-        properties=_sync_properties(kind), dtypes=("float64", "float32"),
-        supports=lambda t: _dp_only(t) and batch % t.dp == 0)
+        run=_sync_run(kind),
+        input_layouts={"x": Layout(dp=Shard(1)), "y": Layout(dp=Shard(1))},
+        output_layouts=(DP_SUM if kind == "plain" else REPLICATED,),
+        output_names=("grads",),
+        properties=_sync_properties(kind),
+        dtypes=("float64", "float32"),
+        supports=lambda t: _dp_only(t) and batch % t.dp == 0,
+    )
 
 
 def _process_case(op: str, case_id: str, run, properties, params: dict, ends: bool = True) -> Case:
     """`ends`: its properties include property:ranks_end (every rank ends by itself), cited per op (RANKS_END)."""
-    return Case(op=OP + op, case_id=case_id, params=params, make_inputs=lambda gen: {}, reference=lambda x: (),
-                run=run, output_layouts=(), output_names=(), properties=lambda ctx, full, local, outs: properties(outs[0]),
-                dtypes=("float64",), supports=lambda t: t.size == 1,
-                rules={"property:ranks_end": RANKS_END[op]} if ends else {})
+    return Case(
+        op=OP + op,
+        case_id=case_id,
+        params=params,
+        make_inputs=lambda gen: {},
+        reference=lambda x: (),
+        run=run,
+        output_layouts=(),
+        output_names=(),
+        properties=lambda ctx, full, local, outs: properties(outs[0]),
+        dtypes=("float64",),
+        supports=lambda t: t.size == 1,
+        rules={"property:ranks_end": RANKS_END[op]} if ends else {},
+    )
 
 
 RAISING_RANK = 2  # node 1's first rank: its node-mate waits in the barrier for it
@@ -403,52 +554,101 @@ def process_cases() -> list[Case]:
         return run_ranks(first_rank_scenario, 4, nodes=2, args=(module_ref(impl), -1), deadline=PROCESS_DEADLINE_S)
 
     def first_rank_raises(impl, ctx, x):
-        return run_ranks(first_rank_scenario, 4, nodes=2, args=(module_ref(impl), RAISING_RANK),
-                         init_process_group=True, deadline=PROCESS_DEADLINE_S)
+        return run_ranks(
+            first_rank_scenario,
+            4,
+            nodes=2,
+            args=(module_ref(impl), RAISING_RANK),
+            init_process_group=True,
+            deadline=PROCESS_DEADLINE_S,
+        )
 
     def first_rank_single(impl, ctx, x):
-        return run_ranks(first_rank_scenario, 1, args=(module_ref(impl), -1), distributed_env=False,
-                         deadline=PROCESS_DEADLINE_S)
+        return run_ranks(
+            first_rank_scenario, 1, args=(module_ref(impl), -1), distributed_env=False, deadline=PROCESS_DEADLINE_S
+        )
 
     def late_rank(impl, ctx, x):
-        return run_ranks(late_rank_scenario, 3, args=(module_ref(impl),), init_process_group=True,
-                         deadline=PROCESS_DEADLINE_S)
+        return run_ranks(
+            late_rank_scenario, 3, args=(module_ref(impl),), init_process_group=True, deadline=PROCESS_DEADLINE_S
+        )
 
     def gloo_group(impl, ctx, x):
-        return {"world": run_ranks(gloo_group_scenario, 3, args=(module_ref(impl),), init_process_group=True,
-                                   deadline=PROCESS_DEADLINE_S),
-                "single": run_ranks(gloo_group_scenario, 1, args=(module_ref(impl),), distributed_env=False,
-                                    deadline=PROCESS_DEADLINE_S)}
+        return {
+            "world": run_ranks(
+                gloo_group_scenario, 3, args=(module_ref(impl),), init_process_group=True, deadline=PROCESS_DEADLINE_S
+            ),
+            "single": run_ranks(
+                gloo_group_scenario, 1, args=(module_ref(impl),), distributed_env=False, deadline=PROCESS_DEADLINE_S
+            ),
+        }
 
     def barrier_log(impl, ctx, x):
-        return {"world": run_ranks(barrier_log_scenario, 3, args=(module_ref(impl),), init_process_group=True,
-                                   deadline=PROCESS_DEADLINE_S),
-                "single": run_ranks(barrier_log_scenario, 1, args=(module_ref(impl),), distributed_env=False,
-                                    deadline=PROCESS_DEADLINE_S)}
+        return {
+            "world": run_ranks(
+                barrier_log_scenario, 3, args=(module_ref(impl),), init_process_group=True, deadline=PROCESS_DEADLINE_S
+            ),
+            "single": run_ranks(
+                barrier_log_scenario, 1, args=(module_ref(impl),), distributed_env=False, deadline=PROCESS_DEADLINE_S
+            ),
+        }
 
     nodes = {"world_size": 4, "nodes": 2, "deadline_s": PROCESS_DEADLINE_S}
     return [
-        _process_case("FirstRankPerNode", "2-nodes-of-2", first_rank_nodes, judge_first_rank_order,
-                      {**nodes, "block_s": BLOCK_S, "process_group": "created by the op"}),
-        _process_case("FirstRankPerNode", f"raises-on-rank-{RAISING_RANK}", first_rank_raises,
-                      lambda run: judge_first_rank_raise(run, RAISING_RANK), {**nodes, "raising_rank": RAISING_RANK},
-                      ends=False),
-        _process_case("FirstRankPerNode", "no-distributed", first_rank_single, judge_no_distributed,
-                      {"world_size": 1}, ends=False),
-        _process_case("_barrier_with_timeout", "late-rank", late_rank, judge_late_rank,
-                      {"world_size": 3, "timeout_s": BARRIER_TIMEOUT_S, "slack_s": SLACK_S,
-                       "late_rank": "arrives after the others returned", "deadline_s": PROCESS_DEADLINE_S}),
+        _process_case(
+            "FirstRankPerNode",
+            "2-nodes-of-2",
+            first_rank_nodes,
+            judge_first_rank_order,
+            {**nodes, "block_s": BLOCK_S, "process_group": "created by the op"},
+        ),
+        _process_case(
+            "FirstRankPerNode",
+            f"raises-on-rank-{RAISING_RANK}",
+            first_rank_raises,
+            lambda run: judge_first_rank_raise(run, RAISING_RANK),
+            {**nodes, "raising_rank": RAISING_RANK},
+            ends=False,
+        ),
+        _process_case(
+            "FirstRankPerNode", "no-distributed", first_rank_single, judge_no_distributed, {"world_size": 1}, ends=False
+        ),
+        _process_case(
+            "_barrier_with_timeout",
+            "late-rank",
+            late_rank,
+            judge_late_rank,
+            {
+                "world_size": 3,
+                "timeout_s": BARRIER_TIMEOUT_S,
+                "slack_s": SLACK_S,
+                "late_rank": "arrives after the others returned",
+                "deadline_s": PROCESS_DEADLINE_S,
+            },
+        ),
         _process_case("_create_gloo_group", "all-ranks", gloo_group, judge_gloo_group, {"world_size": 3}),
-        _process_case("barrier_and_log", "staggered-arrivals", barrier_log, judge_barrier_log,
-                      {"world_size": 3, "stagger_s": STAGGER_S}),
+        _process_case(
+            "barrier_and_log",
+            "staggered-arrivals",
+            barrier_log,
+            judge_barrier_log,
+            {"world_size": 3, "stagger_s": STAGGER_S},
+        ),
     ]
 
 
 # ---- the case matrix ----------------------------------------------------------------------------
 
+
 def cases(quick: bool = False) -> list[Case]:
-    loss_specs = [LossSpec(True, True), LossSpec(True, False), LossSpec(False, True), LossSpec(False, False),
-                  LossSpec(True, True, big=True), LossSpec(True, False, big=True)]
+    loss_specs = [
+        LossSpec(True, True),
+        LossSpec(True, False),
+        LossSpec(False, True),
+        LossSpec(False, False),
+        LossSpec(True, True, big=True),
+        LossSpec(True, False, big=True),
+    ]
     if quick:
         loss_specs = [LossSpec(True, True, big=True), LossSpec(False, False)]
     sizes = (3, 7) if quick else (1, 3, 7, 8)
@@ -466,44 +666,61 @@ _LOG = "barrier_and_log: 'Perform a distributed barrier and then log a message o
 # Every rank of a process case ends by itself: a rank that never returns (or dies) returns nothing the seed documents
 # for its op.  The sentence each op's return rests on (docs/ops/distributed_utils.md#rules-seed-or-ours, per case).
 RANKS_END = {
-    "FirstRankPerNode": seed("FirstRankPerNode.__exit__: 'If the current process was the first on its node, release "
-                             "the waiting peer ranks by issuing a barrier.'"),
-    "_barrier_with_timeout": seed("_barrier_with_timeout: 'A timeout wrapper for torch.distributed.barrier()'; "
-                                  "'Returns: True if barrier completed successfully, False if timeout occurred'"),
+    "FirstRankPerNode": seed(
+        "FirstRankPerNode.__exit__: 'If the current process was the first on its node, release "
+        "the waiting peer ranks by issuing a barrier.'"
+    ),
+    "_barrier_with_timeout": seed(
+        "_barrier_with_timeout: 'A timeout wrapper for torch.distributed.barrier()'; "
+        "'Returns: True if barrier completed successfully, False if timeout occurred'"
+    ),
     "_create_gloo_group": seed("_create_gloo_group: 'Returns: Gloo process group for barriers'"),
     "barrier_and_log": seed(_LOG),
 }
 # Where each property's rule comes from (docs/ops/distributed_utils.md#rules-seed-or-ours lists them).
 RULES = {
     "property:detached": ours(f"{DOC}#reduce_loss"),
-    "property:returns": seed("dp_eval_sample_shard: 'Return (dp_rank, dp_size) to shard eval samples across DP ranks, "
-                             "else None.'"),
-    "property:coverage": seed("dp_eval_sample_shard: 'Only DDP replicates the full model on every rank, so only there "
-                              "can each rank score a disjoint subset independently.'"),
+    "property:returns": seed(
+        "dp_eval_sample_shard: 'Return (dp_rank, dp_size) to shard eval samples across DP ranks, else None.'"
+    ),
+    "property:coverage": seed(
+        "dp_eval_sample_shard: 'Only DDP replicates the full model on every rank, so only there "
+        "can each rank score a disjoint subset independently.'"
+    ),
     "property:no_collectives": ours(f"{DOC}#get_sync_ctx"),
     "property:grad_sync_every_micro_batch": seed("get_sync_ctx: 'False: always sync gradients on every micro-batch'"),
-    "property:no_grad_sync_before_optim_step": seed("get_sync_ctx: 'True: disable gradient sync on non-final "
-                                                    "micro-batches'"),
+    "property:no_grad_sync_before_optim_step": seed(
+        "get_sync_ctx: 'True: disable gradient sync on non-final micro-batches'"
+    ),
     "property:grad_sync_on_optim_step": seed("get_sync_ctx: 'Whether the current step is an optimizer step.'"),
     "property:first_rank_per_node_true": seed(_FIRST + "'Returns: True - if the current process is node-rank-0'"),
-    "property:others_enter_after_first_left": seed(_FIRST + "'Lets RANK==0 run the protected code first on each node.'"),
-    "property:own_process_group_destroyed": seed(_FIRST + "'If this context manager created the process group, "
-                                                          "destroy it.'"),
-    "property:exception_ends_every_rank": seed(_FIRST + "'If an exception occurred, abort the entire distributed job.'"),
+    "property:others_enter_after_first_left": seed(
+        _FIRST + "'Lets RANK==0 run the protected code first on each node.'"
+    ),
+    "property:own_process_group_destroyed": seed(
+        _FIRST + "'If this context manager created the process group, destroy it.'"
+    ),
+    "property:exception_ends_every_rank": seed(
+        _FIRST + "'If an exception occurred, abort the entire distributed job.'"
+    ),
     "property:error_names_rank": ours(f"{DOC}#firstrankpernode"),
-    "property:single_process_true": seed(_FIRST + "'Works on a single GPU (no env flags, no distributed "
-                                                  "initialisation).'"),
+    "property:single_process_true": seed(
+        _FIRST + "'Works on a single GPU (no env flags, no distributed initialisation).'"
+    ),
     "property:on_time_true": seed(_BARRIER),
     "property:waiting_ranks_false_within_timeout": seed(_BARRIER),
     "property:late_rank_false": seed(_BARRIER),
     # the barrier's own group times out; the training group it keeps apart must still work, and a timed-out
     # barrier returns False (the caller goes on): the next one, reached by every rank, completes
-    "property:groups_work_after": seed("_barrier_with_timeout: 'This approach creates a separate Gloo process group for "
-                                       "barrier operations while keeping the main NCCL backend for training "
-                                       "operations.'; 'Returns: True if barrier completed successfully, False if "
-                                       "timeout occurred'"),
-    "property:gloo_group_over_all_ranks": seed("_create_gloo_group: 'Create a Gloo process group for barrier "
-                                               "operations.'"),
+    "property:groups_work_after": seed(
+        "_barrier_with_timeout: 'This approach creates a separate Gloo process group for "
+        "barrier operations while keeping the main NCCL backend for training "
+        "operations.'; 'Returns: True if barrier completed successfully, False if "
+        "timeout occurred'"
+    ),
+    "property:gloo_group_over_all_ranks": seed(
+        "_create_gloo_group: 'Create a Gloo process group for barrier operations.'"
+    ),
     "property:none_without_distributed": ours(f"{DOC}#_create_gloo_group"),
     "property:one_record_from_rank_0": seed(_LOG),
     "property:logged_after_every_rank_arrived": seed(_LOG),
@@ -517,6 +734,7 @@ RULES = {
 # The value ops only.  The process-level ops (FirstRankPerNode, _barrier_with_timeout, _create_gloo_group,
 # barrier_and_log) have no parameter space: their cases are fixed scenarios on fresh ranks (ordering, deadlines,
 # exits), whose only sizes are the world and node counts of the scenario itself.
+
 
 def _chunk_sizes(n: int, parts: int) -> list[int]:
     """torch.chunk sizes of n items over `parts` ranks (the Shard layout): trailing ranks may get fewer, or none."""
@@ -534,24 +752,37 @@ def _reduce_loss_params(topologies):
         topology = draw(fuzz_topology(topologies, cp=True, legal=_dp_only))
         dp = topology[0]
         n_losses = draw(st.integers(dp, 3 * dp + 3).filter(lambda n: min(_chunk_sizes(n, dp)) > 0))
-        return {"topology": topology, "dtype": draw(st.sampled_from(["float64", "float32", "bfloat16"])),
-                "per_token_loss": draw(st.booleans()), "dp_group": draw(st.booleans()),
-                "n_losses": n_losses, "n_token_slices": draw(st.integers(1, 2 * dp + 3)),
-                "tokens_over_int32": draw(st.booleans())}
+        return {
+            "topology": topology,
+            "dtype": draw(st.sampled_from(["float64", "float32", "bfloat16"])),
+            "per_token_loss": draw(st.booleans()),
+            "dp_group": draw(st.booleans()),
+            "n_losses": n_losses,
+            "n_token_slices": draw(st.integers(1, 2 * dp + 3)),
+            "tokens_over_int32": draw(st.booleans()),
+        }
+
     return params()
 
 
 def _reduce_loss_case(p: dict) -> Case:
-    return loss_case(LossSpec(p["per_token_loss"], p["dp_group"], p["tokens_over_int32"], p["n_losses"],
-                              p["n_token_slices"]))
+    return loss_case(
+        LossSpec(p["per_token_loss"], p["dp_group"], p["tokens_over_int32"], p["n_losses"], p["n_token_slices"])
+    )
 
 
 def _eval_shard_params(topologies):
     """Every config kind on every sample count up to past 2·DP (the coverage property checks every N up to 2·DP + 1)."""
     from hypothesis import strategies as st
 
-    return st.fixed_dictionaries({"topology": fuzz_topology(topologies, cp=True, legal=_dp_only), "dtype": st.just("float64"),
-                                  "config": st.sampled_from(list(CONFIGS)), "n_samples": st.integers(1, 13)})
+    return st.fixed_dictionaries(
+        {
+            "topology": fuzz_topology(topologies, cp=True, legal=_dp_only),
+            "dtype": st.just("float64"),
+            "config": st.sampled_from(list(CONFIGS)),
+            "n_samples": st.integers(1, 13),
+        }
+    )
 
 
 def _sync_params(topologies):
@@ -562,9 +793,14 @@ def _sync_params(topologies):
     @st.composite
     def params(draw):
         topology = draw(fuzz_topology(topologies, cp=True, legal=_dp_only))
-        return {"topology": topology, "dtype": draw(st.sampled_from(["float64", "float32"])),
-                "model": draw(st.sampled_from(list(MODEL_KINDS))), "micro_batches": draw(st.integers(1, 4)),
-                "batch": topology[0] * draw(st.integers(1, 3))}
+        return {
+            "topology": topology,
+            "dtype": draw(st.sampled_from(["float64", "float32"])),
+            "model": draw(st.sampled_from(list(MODEL_KINDS))),
+            "micro_batches": draw(st.integers(1, 4)),
+            "batch": topology[0] * draw(st.integers(1, 3)),
+        }
+
     return params()
 
 

@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from shardcheck import BadInput, Case, FuzzSpace, Layout, Partial, Property, Replicate, Shard, cite, seed
 from shardcheck.harness.core.compare import budget
 from shardcheck.reference import kd_loss as ref
-from shardcheck import BadInput, Case, FuzzSpace, Layout, Partial, Property, Replicate, Shard, cite, seed
 
 FAMILY = "kd_loss"
 OP = FAMILY + "."
@@ -36,6 +36,7 @@ LOSS = Layout(dp=Partial())  # scalar: the full loss is the sum of the DP ranks'
 
 # ---- inputs -------------------------------------------------------------------------------
 
+
 def make_logits(gen: torch.Generator, shape, scale: float = 3.0, neg_inf: float = 0.0) -> torch.Tensor:
     logits = torch.randn(shape, generator=gen, dtype=torch.float64) * scale
     if neg_inf:
@@ -45,8 +46,9 @@ def make_logits(gen: torch.Generator, shape, scale: float = 3.0, neg_inf: float 
     return logits
 
 
-def make_labels(gen: torch.Generator, b: int, s: int, v: int, valid: list[int], ignore_index: int,
-                m100: float = 0.0) -> torch.Tensor:
+def make_labels(
+    gen: torch.Generator, b: int, s: int, v: int, valid: list[int], ignore_index: int, m100: float = 0.0
+) -> torch.Tensor:
     """Token ids with exactly `valid[row]` valid positions per row (random places), the rest
     `ignore_index`; `m100` of the valid ones become -100 (valid when ignore_index != -100)."""
     labels = torch.randint(0, v, (b, s), generator=gen)
@@ -101,31 +103,50 @@ class Spec:
 
     @property
     def params(self) -> dict:
-        return {"mode": self.mode, "B": self.b, "S": self.s, "V": self.v,
-                "valid_per_row": list(self.valid) if self.valid is not None else None,
-                "temperature": self.temperature, "fp32_upcast": self.fp32_upcast, "ignore_index": self.ignore_index,
-                "num_batch_labels": self.nbl, "chunk_size": self.chunk, "scale": self.scale,
-                "teacher_neg_inf": self.neg_inf}
+        return {
+            "mode": self.mode,
+            "B": self.b,
+            "S": self.s,
+            "V": self.v,
+            "valid_per_row": list(self.valid) if self.valid is not None else None,
+            "temperature": self.temperature,
+            "fp32_upcast": self.fp32_upcast,
+            "ignore_index": self.ignore_index,
+            "num_batch_labels": self.nbl,
+            "chunk_size": self.chunk,
+            "scale": self.scale,
+            "teacher_neg_inf": self.neg_inf,
+        }
 
 
 def _inputs(spec: Spec):
     def make(gen: torch.Generator) -> dict[str, torch.Tensor]:
         b, s, v = spec.b, spec.s, spec.v
         valid = list(spec.valid) if spec.valid is not None else [s] * b
-        x = {"student_logits": make_logits(gen, (b, s, v), spec.scale),
-             "teacher_logits": make_logits(gen, (b, s, v), spec.scale, spec.neg_inf),
-             "labels": make_labels(gen, b, s, v, valid, spec.ignore_index, spec.m100)}
+        x = {
+            "student_logits": make_logits(gen, (b, s, v), spec.scale),
+            "teacher_logits": make_logits(gen, (b, s, v), spec.scale, spec.neg_inf),
+            "labels": make_labels(gen, b, s, v, valid, spec.ignore_index, spec.m100),
+        }
         if spec.nbl != "none":  # the GLOBAL count of valid tokens, replicated on every rank
             x["num_batch_labels"] = (x["labels"] != spec.ignore_index).sum() + spec.nbl_extra
         return x
+
     return make
 
 
 def _reference(spec: Spec):
     def reference(x):
-        return ref.kd_loss(x["student_logits"], x["teacher_logits"], x["labels"], ignore_index=spec.ignore_index,
-                           temperature=spec.temperature, fp32_upcast=spec.fp32_upcast,
-                           num_batch_labels=x.get("num_batch_labels"))
+        return ref.kd_loss(
+            x["student_logits"],
+            x["teacher_logits"],
+            x["labels"],
+            ignore_index=spec.ignore_index,
+            temperature=spec.temperature,
+            fp32_upcast=spec.fp32_upcast,
+            num_batch_labels=x.get("num_batch_labels"),
+        )
+
     return reference
 
 
@@ -133,8 +154,14 @@ def _dtensor(ctx, local: torch.Tensor, full_shape) -> DTensor:
     """A vocab-sharded DTensor over the case's mesh (uneven shards: global shape given)."""
     ndim = local.ndim
     stride = torch.empty(full_shape, device="meta").stride()
-    return DTensor.from_local(local, ctx.mesh, [Shard(0), Replicate(), Shard(ndim - 1)], run_check=False,
-                              shape=torch.Size(full_shape), stride=stride)
+    return DTensor.from_local(
+        local,
+        ctx.mesh,
+        [Shard(0), Replicate(), Shard(ndim - 1)],
+        run_check=False,
+        shape=torch.Size(full_shape),
+        stride=stride,
+    )
 
 
 def _run(spec: Spec):
@@ -146,12 +173,18 @@ def _run(spec: Spec):
             teacher = _dtensor(ctx, teacher, ctx.full_shapes["teacher_logits"])
         elif spec.mode == "group":
             tp_group = ctx.group("tp")
-        loss_fn = impl.KDLoss(ignore_index=spec.ignore_index, temperature=spec.temperature,
-                              fp32_upcast=spec.fp32_upcast, tp_group=tp_group, chunk_size=spec.chunk)
+        loss_fn = impl.KDLoss(
+            ignore_index=spec.ignore_index,
+            temperature=spec.temperature,
+            fp32_upcast=spec.fp32_upcast,
+            tp_group=tp_group,
+            chunk_size=spec.chunk,
+        )
         nbl = x.get("num_batch_labels")
         if spec.nbl == "int":
             nbl = int(nbl)
         return loss_fn(student, teacher, x["labels"], num_batch_labels=nbl)
+
     return run
 
 
@@ -160,7 +193,9 @@ def _budget(golden: torch.Tensor, naive: torch.Tensor, dtype: torch.dtype) -> fl
     return budget(golden, naive, dtype)[0]
 
 
-def _loss_budget(spec: Spec, full: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, float]:
+def _loss_budget(
+    spec: Spec, full: dict[str, torch.Tensor], dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(golden, naive, budget) of the scalar loss on the full (dtype-rounded) inputs.
 
     The harness budget κ·err_naive + floor, widened for fp32_upcast=False in a 16-bit
@@ -182,13 +217,14 @@ def _loss_budget(spec: Spec, full: dict[str, torch.Tensor], dtype: torch.dtype) 
         p = log_p.exp()
         terms = torch.where(p > 0, p * (log_p.abs() + log_q.abs() + (log_p - log_q).abs()), torch.zeros_like(p))
         denom = full.get("num_batch_labels", max(int(valid.sum()), 1))
-        composed = torch.finfo(dtype).eps * spec.temperature ** 2 * float(terms.sum()) / float(denom)
+        composed = torch.finfo(dtype).eps * spec.temperature**2 * float(terms.sum()) / float(denom)
         b = max(b, composed)
     return golden, naive, b
 
 
 def _loss_check(spec: Spec):
     """Forward check of the loss for fp32_upcast=False: dtype of the reference, error within _loss_budget."""
+
     def check(got, expected, full, local, ctx):
         golden, naive, b = _loss_budget(spec, full, ctx.dtype)
         if not isinstance(got, torch.Tensor) or got.shape != golden.shape:
@@ -198,11 +234,13 @@ def _loss_check(spec: Spec):
         total = LOSS.reduce_partial(got, ctx.mesh).double().cpu()
         err = float((total - golden).abs()) if torch.isfinite(total) else float("inf")
         return err <= b, f"|err| {err:.3g}, budget {b:.3g}: got {float(total):.10g}, expected {float(golden):.10g}"
+
     return check
 
 
 def _dp_sum_property(spec: Spec):
     """all_reduce over DP of the per-rank losses == the reference loss on the full batch."""
+
     def properties(ctx, full, local, outs):
         if ctx.size("dp") == 1:
             return []
@@ -211,8 +249,16 @@ def _dp_sum_property(spec: Spec):
         golden, _, b = _loss_budget(spec, full, ctx.dtype)
         err = float((got.cpu() - golden).abs())
         ok = err <= b  # False for NaN
-        return [Property("dp_sum", ok, err, f"sum over {ctx.size('dp')} DP ranks {float(got):.10g}, "
-                                            f"full-batch reference {float(golden):.10g}, |err| {err:.3g}, budget {b:.3g}")]
+        return [
+            Property(
+                "dp_sum",
+                ok,
+                err,
+                f"sum over {ctx.size('dp')} DP ranks {float(got):.10g}, "
+                f"full-batch reference {float(golden):.10g}, |err| {err:.3g}, budget {b:.3g}",
+            )
+        ]
+
     return properties
 
 
@@ -249,6 +295,7 @@ def kd_comm(spec: Spec):
     logits and their backward are local (labels are plain tensors), measured at dp/tp 1, 2, 4.
     Plain (non-TP) path: no collectives at all.
     """
+
     def comm(ctx) -> dict:
         n = _n_valid(spec, ctx)
         if spec.mode == "plain" or n == 0:
@@ -256,6 +303,7 @@ def kd_comm(spec: Spec):
         chunks = -(-n // spec.chunk) if spec.chunk > 0 else 1
         e = _compute_dtype(spec, ctx.dtype).itemsize
         return {"forward": {"all_reduce@tp": (2 * chunks + 1, 5 * n * e)}, "backward": {}}
+
     return comm
 
 
@@ -272,16 +320,35 @@ def kd_case(spec: Spec, teacher_grad: bool = False) -> Case:
         supports = lambda t: t.dp == 1  # per-rank mean: only the full batch on one rank is the reference
     else:
         supports = lambda t, b=spec.b: b % t.dp == 0
-    extra = dict(case_id=spec.case_id + "-tgrad", grad_inputs=("student_logits", "teacher_logits"), dtypes=("float64",),
-                 params={**spec.params, "teacher_grad": True}) if teacher_grad else \
-        dict(case_id=spec.case_id, grad_inputs=("student_logits",), params=spec.params,
-             properties=_dp_sum_property(spec) if spec.nbl != "none" else None)
+    extra = (
+        dict(
+            case_id=spec.case_id + "-tgrad",
+            grad_inputs=("student_logits", "teacher_logits"),
+            dtypes=("float64",),
+            params={**spec.params, "teacher_grad": True},
+        )
+        if teacher_grad
+        else dict(
+            case_id=spec.case_id,
+            grad_inputs=("student_logits",),
+            params=spec.params,
+            properties=_dp_sum_property(spec) if spec.nbl != "none" else None,
+        )
+    )
     return Case(
-        op=OP + "KDLoss", make_inputs=_inputs(spec), reference=_reference(spec), run=_run(spec),
+        op=OP + "KDLoss",
+        make_inputs=_inputs(spec),
+        reference=_reference(spec),
+        run=_run(spec),
         input_layouts={"student_logits": logits, "teacher_logits": logits, "labels": BATCH},
-        output_layouts=(LOSS,), output_names=("loss",), supports=supports,
-        output_checks={} if spec.fp32_upcast else {"loss": _loss_check(spec)}, comm=kd_comm(spec),
-        allows_float32=FP32_UPCAST_RULE if spec.fp32_upcast else None, **extra)
+        output_layouts=(LOSS,),
+        output_names=("loss",),
+        supports=supports,
+        output_checks={} if spec.fp32_upcast else {"loss": _loss_check(spec)},
+        comm=kd_comm(spec),
+        allows_float32=FP32_UPCAST_RULE if spec.fp32_upcast else None,
+        **extra,
+    )
 
 
 def _well_conditioned(spec: Spec) -> bool:
@@ -345,22 +412,38 @@ class Mismatch:
     what: str
 
     def inputs(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        return {"student_logits": make_logits(gen, self.student), "teacher_logits": make_logits(gen, self.teacher),
-                "labels": torch.randint(0, self.student[-1], self.labels, generator=gen)}
+        return {
+            "student_logits": make_logits(gen, self.student),
+            "teacher_logits": make_logits(gen, self.teacher),
+            "labels": torch.randint(0, self.student[-1], self.labels, generator=gen),
+        }
 
 
-MISMATCHES = (Mismatch("student-teacher-mismatch", (2, 4, 16), (2, 3, 16), (2, 4), "student and teacher logits"),
-              Mismatch("labels-mismatch", (2, 4, 16), (2, 4, 16), (2, 3), "logits and labels"))
+MISMATCHES = (
+    Mismatch("student-teacher-mismatch", (2, 4, 16), (2, 3, 16), (2, 4), "student and teacher logits"),
+    Mismatch("labels-mismatch", (2, 4, 16), (2, 4, 16), (2, 3), "logits and labels"),
+)
 
 
 def mismatch_case(spec: Mismatch, mode: str) -> Case:
     logits = BATCH if mode == "plain" else VOCAB_SHARDED
     return Case(
-        op=OP + "KDLoss", case_id=f"{spec.name}-{mode}",
-        params={"mode": mode, "student": list(spec.student), "teacher": list(spec.teacher), "labels": list(spec.labels)},
-        make_inputs=spec.inputs, reference=lambda x: (), run=_run(Spec(mode, nbl="none")),
+        op=OP + "KDLoss",
+        case_id=f"{spec.name}-{mode}",
+        params={
+            "mode": mode,
+            "student": list(spec.student),
+            "teacher": list(spec.teacher),
+            "labels": list(spec.labels),
+        },
+        make_inputs=spec.inputs,
+        reference=lambda x: (),
+        run=_run(Spec(mode, nbl="none")),
         input_layouts={"student_logits": logits, "teacher_logits": logits, "labels": BATCH},
-        bad_input=BadInput(f"{spec.what} of mismatched shapes"), dtypes=("float64",), supports=lambda t: 2 % t.dp == 0)
+        bad_input=BadInput(f"{spec.what} of mismatched shapes"),
+        dtypes=("float64",),
+        supports=lambda t: 2 % t.dp == 0,
+    )
 
 
 def bad_input_cases() -> list[Case]:
@@ -368,6 +451,7 @@ def bad_input_cases() -> list[Case]:
 
 
 # ---- _infer_tp_group_from_dtensor ---------------------------------------------------------
+
 
 def _infer_run(impl, ctx, x):
     local = x["logits"]
@@ -404,17 +488,30 @@ def _infer_properties(ctx, full, local, outs):
         if want is None:
             ok = got is None
         else:
-            ok = isinstance(got, dist.ProcessGroup) and dist.get_process_group_ranks(got) == dist.get_process_group_ranks(want)
-        props.append(Property(f"infer_group:{name}", ok, None,
-                              f"got {_describe_group(got)}, expected {_describe_group(want)}"))
+            ok = isinstance(got, dist.ProcessGroup) and dist.get_process_group_ranks(
+                got
+            ) == dist.get_process_group_ranks(want)
+        props.append(
+            Property(f"infer_group:{name}", ok, None, f"got {_describe_group(got)}, expected {_describe_group(want)}")
+        )
     return props
 
 
 def infer_cases() -> list[Case]:
-    return [Case(
-        op=OP + "_infer_tp_group_from_dtensor", case_id="placements", params={"shape": [4, 3, 8]},
-        make_inputs=lambda gen: {"logits": make_logits(gen, (4, 3, 8))}, reference=lambda x: (), run=_infer_run,
-        output_layouts=(), output_names=(), properties=_infer_properties, dtypes=("float64",))]
+    return [
+        Case(
+            op=OP + "_infer_tp_group_from_dtensor",
+            case_id="placements",
+            params={"shape": [4, 3, 8]},
+            make_inputs=lambda gen: {"logits": make_logits(gen, (4, 3, 8))},
+            reference=lambda x: (),
+            run=_infer_run,
+            output_layouts=(),
+            output_names=(),
+            properties=_infer_properties,
+            dtypes=("float64",),
+        )
+    ]
 
 
 def cases(quick: bool = False) -> list[Case]:
@@ -423,16 +520,21 @@ def cases(quick: bool = False) -> list[Case]:
     out += [kd_case(s, teacher_grad=True) for s in (specs[1:2] if quick else specs) if _well_conditioned(s)]
     out += bad_input_cases()[:1] if quick else bad_input_cases()
     # KDLoss supports a TP rank holding no vocab entries (V = 37 at TP 16): the cases test them.
-    return cite([replace(c, empty_pieces=("tp",)) for c in out + infer_cases()], RULES,
-                bad_input=seed("KDLoss.forward: teacher_logits 'Same shape as student_logits.'"))
+    return cite(
+        [replace(c, empty_pieces=("tp",)) for c in out + infer_cases()],
+        RULES,
+        bad_input=seed("KDLoss.forward: teacher_logits 'Same shape as student_logits.'"),
+    )
 
 
 # Where each property's rule comes from (docs/ops/kd_loss.md#rules-seed-or-ours lists them).
 RULES = {
     "property:dp_sum": seed("KDLoss.forward: 'When provided the loss is sum(kl_per_token) / num_batch_labels'"),
-    "property:infer_group:*": seed("_infer_tp_group_from_dtensor: 'If logits is a DTensor sharded on the vocab (last) "
-                                   "dimension, return its TP process group. ... Returns None for plain tensors or "
-                                   "DTensors that are not vocab-sharded.'"),
+    "property:infer_group:*": seed(
+        "_infer_tp_group_from_dtensor: 'If logits is a DTensor sharded on the vocab (last) "
+        "dimension, return its TP process group. ... Returns None for plain tensors or "
+        "DTensors that are not vocab-sharded.'"
+    ),
 }
 
 
@@ -443,6 +545,7 @@ RULES = {
 # same case ids at tp 1, 2, 4 (V is the total vocab: V_local = V / tp). The dtype is the CLI's
 # (float32 on CPU by default). Sizes are chosen to keep the whole suite's bench near 2 minutes on
 # a 2-core machine (each case runs ~15 fwd+bwd steps, plus ~13 reference steps at size 1).
+
 
 def _tp_only(topo) -> bool:
     return topo.dp == 1 and topo.cp == 1
@@ -456,22 +559,30 @@ def bench_case(sweep: str, b: int, s: int, v: int, chunk: int = 0, temperature: 
     """One benchmark case of KDLoss; `sweep` names the parameter its sweep plot varies."""
     spec = Spec("group", b=b, s=s, v=v, temperature=temperature, chunk=chunk)
     return Case(
-        op=OP + "KDLoss", case_id=f"bench-{sweep}-b{b}s{s}v{v}-chunk{chunk}",
+        op=OP + "KDLoss",
+        case_id=f"bench-{sweep}-b{b}s{s}v{v}-chunk{chunk}",
         params={**spec.params, "N": b * s, "sweep": sweep},
-        make_inputs=_inputs(spec), reference=_reference(spec), run=_run(spec),
+        make_inputs=_inputs(spec),
+        reference=_reference(spec),
+        run=_run(spec),
         input_layouts={"student_logits": VOCAB_SHARDED, "teacher_logits": VOCAB_SHARDED, "labels": BATCH},
-        output_layouts=(LOSS,), output_names=("loss",), grad_inputs=("student_logits",), comm=kd_comm(spec),
-        supports=_tp_only if sweep == "tp" else _single)
+        output_layouts=(LOSS,),
+        output_names=("loss",),
+        grad_inputs=("student_logits",),
+        comm=kd_comm(spec),
+        supports=_tp_only if sweep == "tp" else _single,
+    )
 
 
 def bench_cases(quick: bool = False) -> list[Case]:
     if quick:  # tiny: two points per sweep axis that the report plots, a few seconds in all
-        return ([bench_case("S", 1, s, 1024) for s in (64, 256)]
-                + [bench_case("tp", 1, 256, 1024)])
-    return ([bench_case("S", 1, s, 1024) for s in (512, 1024, 2048, 4096)]  # N up to 4096
-            + [bench_case("V", 1, 256, v) for v in (4096, 8192, 16384, 32768)]  # V up to 32k
-            + [bench_case("chunk_size", 1, 2048, 2048, chunk) for chunk in (128, 512, 2048)]  # 2048: one chunk
-            + [bench_case("tp", 1, 1024, 4096)])  # V_local 4096, 2048, 1024 at tp 1, 2, 4
+        return [bench_case("S", 1, s, 1024) for s in (64, 256)] + [bench_case("tp", 1, 256, 1024)]
+    return (
+        [bench_case("S", 1, s, 1024) for s in (512, 1024, 2048, 4096)]  # N up to 4096
+        + [bench_case("V", 1, 256, v) for v in (4096, 8192, 16384, 32768)]  # V up to 32k
+        + [bench_case("chunk_size", 1, 2048, 2048, chunk) for chunk in (128, 512, 2048)]  # 2048: one chunk
+        + [bench_case("tp", 1, 1024, 4096)]
+    )  # V_local 4096, 2048, 1024 at tp 1, 2, 4
 
 
 # ---- fuzz space (`shardcheck fuzz`) -----------------------------------------------------------
@@ -479,6 +590,7 @@ def bench_cases(quick: bool = False) -> list[Case]:
 # row (none to all), chunk sizes (0: one chunk), temperatures, ignore_index 0 with -100 labels among the valid ones,
 # the three forms of num_batch_labels, huge logits and teacher -inf, every dtype; the teacher gradient in float64 on
 # well-conditioned inputs (as kd_case).
+
 
 def _kd_params(topologies):
     from shardcheck.suites._fuzz_draws import DTYPES, multiple_of, st, topology
@@ -504,21 +616,46 @@ def _kd_params(topologies):
         valid = d(s.lists(s.integers(0, sl), min_size=b, max_size=b))
         # num_batch_labels counts every micro-batch's tokens: 0 only when none has any (0 / 0, no loss defined)
         extra = d(s.integers(0 if sum(valid) else 1, 3)) if nbl != "none" else 0
-        return {"topology": topo, "dtype": dtype, "mode": d(s.sampled_from(MODES)), "B": b, "S": sl,
-                "V": v, "valid_per_row": valid,
-                "temperature": d(s.sampled_from([1.0, 0.5, 2.0, 3.0])), "fp32_upcast": fp32_upcast,
-                "ignore_index": ignore_index, "m100": d(s.sampled_from([0.0, 0.3])) if ignore_index != -100 else 0.0,
-                "num_batch_labels": nbl, "nbl_extra": extra,
-                "chunk_size": d(s.integers(0, 6)), "scale": scale, "teacher_neg_inf": d(s.sampled_from([0.0, 0.3])),
-                "teacher_grad": dtype == "float64" and scale < 100 and d(s.booleans())}
+        return {
+            "topology": topo,
+            "dtype": dtype,
+            "mode": d(s.sampled_from(MODES)),
+            "B": b,
+            "S": sl,
+            "V": v,
+            "valid_per_row": valid,
+            "temperature": d(s.sampled_from([1.0, 0.5, 2.0, 3.0])),
+            "fp32_upcast": fp32_upcast,
+            "ignore_index": ignore_index,
+            "m100": d(s.sampled_from([0.0, 0.3])) if ignore_index != -100 else 0.0,
+            "num_batch_labels": nbl,
+            "nbl_extra": extra,
+            "chunk_size": d(s.integers(0, 6)),
+            "scale": scale,
+            "teacher_neg_inf": d(s.sampled_from([0.0, 0.3])),
+            "teacher_grad": dtype == "float64" and scale < 100 and d(s.booleans()),
+        }
+
     return draw()
 
 
 def _kd_fuzz_case(p: dict) -> Case:
-    spec = Spec(p["mode"], b=p["B"], s=p["S"], v=p["V"], valid=tuple(p["valid_per_row"]), temperature=p["temperature"],
-                fp32_upcast=p["fp32_upcast"], ignore_index=p["ignore_index"], m100=p["m100"],
-                nbl=p["num_batch_labels"], nbl_extra=p["nbl_extra"], chunk=p["chunk_size"], scale=p["scale"],
-                neg_inf=p["teacher_neg_inf"])
+    spec = Spec(
+        p["mode"],
+        b=p["B"],
+        s=p["S"],
+        v=p["V"],
+        valid=tuple(p["valid_per_row"]),
+        temperature=p["temperature"],
+        fp32_upcast=p["fp32_upcast"],
+        ignore_index=p["ignore_index"],
+        m100=p["m100"],
+        nbl=p["num_batch_labels"],
+        nbl_extra=p["nbl_extra"],
+        chunk=p["chunk_size"],
+        scale=p["scale"],
+        neg_inf=p["teacher_neg_inf"],
+    )
     return kd_case(spec, teacher_grad=p["teacher_grad"])
 
 
@@ -526,18 +663,33 @@ def _infer_params(topologies):
     from shardcheck.suites._fuzz_draws import st, topology
 
     s = st()
-    return s.fixed_dictionaries({"topology": topology(topologies), "dtype": s.just("float64"),
-                                 "shape": s.lists(s.integers(1, 6), min_size=3, max_size=3)})
+    return s.fixed_dictionaries(
+        {
+            "topology": topology(topologies),
+            "dtype": s.just("float64"),
+            "shape": s.lists(s.integers(1, 6), min_size=3, max_size=3),
+        }
+    )
 
 
 def _infer_fuzz_case(p: dict) -> Case:
     shape = tuple(p["shape"])
     return Case(
-        op=OP + "_infer_tp_group_from_dtensor", case_id="placements", params={"shape": list(shape)},
-        make_inputs=lambda gen: {"logits": make_logits(gen, shape)}, reference=lambda x: (), run=_infer_run,
-        output_layouts=(), output_names=(), properties=_infer_properties, dtypes=("float64",))
+        op=OP + "_infer_tp_group_from_dtensor",
+        case_id="placements",
+        params={"shape": list(shape)},
+        make_inputs=lambda gen: {"logits": make_logits(gen, shape)},
+        reference=lambda x: (),
+        run=_infer_run,
+        output_layouts=(),
+        output_names=(),
+        properties=_infer_properties,
+        dtypes=("float64",),
+    )
 
 
 def fuzz_spaces() -> list[FuzzSpace]:
-    return [FuzzSpace(OP + "KDLoss", _kd_params, _kd_fuzz_case),
-            FuzzSpace(OP + "_infer_tp_group_from_dtensor", _infer_params, _infer_fuzz_case)]
+    return [
+        FuzzSpace(OP + "KDLoss", _kd_params, _kd_fuzz_case),
+        FuzzSpace(OP + "_infer_tp_group_from_dtensor", _infer_params, _infer_fuzz_case),
+    ]

@@ -19,16 +19,51 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from shardcheck import (
+    REPLICATED,
+    BadInput,
+    Case,
+    FuzzSpace,
+    GradSum,
+    HeadTail,
+    Layout,
+    PackedHeadTail,
+    Partial,
+    Permuted,
+    Shard,
+    ours,
+)
 from shardcheck.reference import model_utils as ref
-from shardcheck import (REPLICATED, BadInput, Case, FuzzSpace, GradSum, HeadTail, Layout, PackedHeadTail, Partial,
-                        Permuted, Shard, ours)
+from shardcheck.suites._fuzz_draws import DTYPES
+from shardcheck.suites._fuzz_draws import topology as fuzz_topology
 from shardcheck.suites._model_utils_checks import DOC, cited
-from shardcheck.suites._model_utils_comm import (AG_CP, A2A_CP, compute_bytes, contract, cp_gather_comm, distillation_comm,
-                                      gather_logits_comm, hidden_comm, merge, next_token_comm, rows, s_local,
-                                      with_cp_gather)
-from shardcheck.suites._model_utils_inputs import (NO_SAMPLING, Draw, Sampling, distill_inputs, dtensor, gather_inputs, hidden_inputs,
-                                        make_logits, sampling_inputs, sampling_params)
-from shardcheck.suites._fuzz_draws import topology as fuzz_topology, DTYPES
+from shardcheck.suites._model_utils_comm import (
+    A2A_CP,
+    AG_CP,
+    compute_bytes,
+    contract,
+    cp_gather_comm,
+    distillation_comm,
+    gather_logits_comm,
+    hidden_comm,
+    merge,
+    next_token_comm,
+    rows,
+    s_local,
+    with_cp_gather,
+)
+from shardcheck.suites._model_utils_inputs import (
+    NO_SAMPLING,
+    Draw,
+    Sampling,
+    distill_inputs,
+    dtensor,
+    gather_inputs,
+    hidden_inputs,
+    make_logits,
+    sampling_inputs,
+    sampling_params,
+)
 
 FAMILY = "model_utils"
 OP = FAMILY + "."
@@ -54,12 +89,14 @@ PADDED = 13  # a target length that is not: padded to 16 by the op
 def cp_fits(b: int, tp_rows: int | None = None, v: int | None = None):
     """supports: B divides over DP; for the all-to-all (sampling) paths the local rows B_local·S/CP split over
     TP and the vocab shards are even."""
+
     def fits(t) -> bool:
         if b % t.dp:
             return False
         if tp_rows is not None and (b // t.dp * tp_rows // t.cp) % t.tp:
             return False
         return v is None or v % t.tp == 0
+
     return fits
 
 
@@ -73,6 +110,7 @@ def tags(draw: Draw) -> list[str]:
 
 
 # ---- the layout ops --------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TokensSpec:
@@ -90,32 +128,46 @@ class TokensSpec:
         return {"x": make_logits(gen, self.shape)}
 
 
-TOKENS_SPECS = (TokensSpec((2, 16), 1, "int64"), TokensSpec((16, 3, 4), 0, "float"), TokensSpec((2, 3, 16), 2, "float"),
-                TokensSpec((2, 8, 5), 1, "bool"))
+TOKENS_SPECS = (
+    TokensSpec((2, 16), 1, "int64"),
+    TokensSpec((16, 3, 4), 0, "float"),
+    TokensSpec((2, 3, 16), 2, "float"),
+    TokensSpec((2, 8, 5), 1, "bool"),
+)
 
 
 def tokens_case(spec: TokensSpec) -> Case:
     return Case(
         op=OP + "_get_tokens_on_this_cp_rank",
         case_id=_case_id("x" + "x".join(map(str, spec.shape)), spec.kind, f"seqdim{spec.seq_dim}"),
-        params={"shape": list(spec.shape), "seq_dim": spec.seq_dim, "kind": spec.kind}, make_inputs=spec.inputs,
+        params={"shape": list(spec.shape), "seq_dim": spec.seq_dim, "kind": spec.kind},
+        make_inputs=spec.inputs,
         reference=lambda x: x["x"].clone(),  # the layout of the full tensor: the harness's HeadTail rule slices it
-        run=lambda impl, ctx, x: impl._get_tokens_on_this_cp_rank(x["x"], ctx.rank("cp"), ctx.size("cp"),
-                                                                  seq_dim=spec.seq_dim),
+        run=lambda impl, ctx, x: impl._get_tokens_on_this_cp_rank(
+            x["x"], ctx.rank("cp"), ctx.size("cp"), seq_dim=spec.seq_dim
+        ),
         output_layouts=(Layout(cp=HeadTail(spec.seq_dim)),),
         dtypes=("float64", "float32", "bfloat16") if spec.kind == "float" else ("float64",),
-        supports=lambda t: t.tp == 1 and t.dp == 1, comm=contract(lambda ctx: ({}, {})),  # a local slice
-        cp_lengths=(spec.shape[spec.seq_dim],))
+        supports=lambda t: t.tp == 1 and t.dp == 1,
+        comm=contract(lambda ctx: ({}, {})),  # a local slice
+        cp_lengths=(spec.shape[spec.seq_dim],),
+    )
 
 
 def tokens_not_divisible_case() -> Case:
     """A length not divisible by 2·CP: no layout is documented for it, so the op must raise (never drop a tail)."""
     return Case(
-        op=OP + "_get_tokens_on_this_cp_rank", case_id="x2x6-not-divisible", params={"shape": [2, 6], "seq_dim": 1},
-        make_inputs=lambda gen: {"x": torch.randint(0, 100, (2, 6), generator=gen)}, reference=lambda x: None,
+        op=OP + "_get_tokens_on_this_cp_rank",
+        case_id="x2x6-not-divisible",
+        params={"shape": [2, 6], "seq_dim": 1},
+        make_inputs=lambda gen: {"x": torch.randint(0, 100, (2, 6), generator=gen)},
+        reference=lambda x: None,
         run=lambda impl, ctx, x: impl._get_tokens_on_this_cp_rank(x["x"], ctx.rank("cp"), ctx.size("cp"), seq_dim=1),
-        bad_input=BadInput("a sequence of 6 tokens, not divisible by 2·CP = 8"), dtypes=("float64",),
-        context_parallel=True, supports=lambda t: t.cp == 4 and t.dp == 1 and t.tp == 1)
+        bad_input=BadInput("a sequence of 6 tokens, not divisible by 2·CP = 8"),
+        dtypes=("float64",),
+        context_parallel=True,
+        supports=lambda t: t.cp == 4 and t.dp == 1 and t.tp == 1,
+    )
 
 
 @dataclass(frozen=True)
@@ -136,10 +188,12 @@ class AllGatherSpec:
         return y.sum(-1) if self.upstream == "sum_last" else y.sum() if self.upstream == "sum_all" else y
 
 
-ALL_GATHER_SPECS = (AllGatherSpec("allgather_cp_sharded_tensor", (4, 16, 3), 1),
-                    AllGatherSpec("allgather_cp_sharded_tensor", (16, 2, 3), 0, "sum_last"),
-                    AllGatherSpec("AllGatherCPTensor", (2, 3, 16), 2, "sum_all"),
-                    AllGatherSpec("AllGatherCPTensor", (4, 16, 3), 1, "sum_last"))
+ALL_GATHER_SPECS = (
+    AllGatherSpec("allgather_cp_sharded_tensor", (4, 16, 3), 1),
+    AllGatherSpec("allgather_cp_sharded_tensor", (16, 2, 3), 0, "sum_last"),
+    AllGatherSpec("AllGatherCPTensor", (2, 3, 16), 2, "sum_all"),
+    AllGatherSpec("AllGatherCPTensor", (4, 16, 3), 1, "sum_last"),
+)
 
 
 def all_gather_case(spec: AllGatherSpec) -> Case:
@@ -158,21 +212,31 @@ def all_gather_case(spec: AllGatherSpec) -> Case:
     # a sum over everything is a per-DP-rank partial sum of the global one
     out_layout = Layout(dp=Partial()) if spec.upstream == "sum_all" else Layout(dp=Shard(spec.batch_dim))
     return Case(
-        op=OP + spec.op, case_id=_case_id("x" + "x".join(map(str, spec.shape)), f"seqdim{spec.seq_dim}", spec.upstream),
+        op=OP + spec.op,
+        case_id=_case_id("x" + "x".join(map(str, spec.shape)), f"seqdim{spec.seq_dim}", spec.upstream),
         params={"shape": list(spec.shape), "seq_dim": spec.seq_dim, "upstream": spec.upstream},
         make_inputs=lambda gen: {"x": make_logits(gen, spec.shape)},
-        reference=lambda x: spec.finish(x["x"] * 1.0), run=run,
-        input_layouts={"x": Layout(dp=Shard(spec.batch_dim), cp=HeadTail(spec.seq_dim))}, output_layouts=(out_layout,),
-        grad_inputs=("x",), summed_over=SUMMED, comm=contract(comm),
-        supports=lambda t: spec.shape[spec.batch_dim] % t.dp == 0 and t.tp == 1)
+        reference=lambda x: spec.finish(x["x"] * 1.0),
+        run=run,
+        input_layouts={"x": Layout(dp=Shard(spec.batch_dim), cp=HeadTail(spec.seq_dim))},
+        output_layouts=(out_layout,),
+        grad_inputs=("x",),
+        summed_over=SUMMED,
+        comm=contract(comm),
+        supports=lambda t: spec.shape[spec.batch_dim] % t.dp == 0 and t.tp == 1,
+    )
 
 
 def layout_cases(quick: bool) -> list[Case]:
-    return ([tokens_case(s) for s in (TOKENS_SPECS[:2] if quick else TOKENS_SPECS)] + [tokens_not_divisible_case()]
-            + [all_gather_case(s) for s in (ALL_GATHER_SPECS[1:3] if quick else ALL_GATHER_SPECS)])
+    return (
+        [tokens_case(s) for s in (TOKENS_SPECS[:2] if quick else TOKENS_SPECS)]
+        + [tokens_not_divisible_case()]
+        + [all_gather_case(s) for s in (ALL_GATHER_SPECS[1:3] if quick else ALL_GATHER_SPECS)]
+    )
 
 
 # ---- next-token log-probs: from_parallel_logits_to_logprobs and its fronts --------------------
+
 
 def next_token_inputs(gen, b: int, v: int, smp: Sampling, target_len: int = S, draw: Draw = Draw(), s: int = S):
     """Logits [B, S, V]; an unshifted target [B, target_len] (the op pads a shorter one)."""
@@ -187,6 +251,7 @@ def next_token_reference(smp: Sampling):
         if smp == NO_SAMPLING:
             return ref.next_token_logprobs(x["logits"][:, :n], x["target"])
         return ref.next_token_sampling_logprobs(x["logits"][:, :n], x["target"], smp.top_k, smp.top_p, smp.temperature)
+
     return reference
 
 
@@ -219,20 +284,45 @@ def next_token_case(spec: NextTokenSpec) -> Case:
     def run(impl, ctx, x):
         start, end = ctx.local_range("logits", -1)
         return impl.from_parallel_logits_to_logprobs(
-            x["logits"], x["target"], start, end, ctx.group("tp"), cp_group=ctx.group("cp"), chunk_size=spec.chunk,
-            sampling_params=sampling_params(smp))
+            x["logits"],
+            x["target"],
+            start,
+            end,
+            ctx.group("tp"),
+            cp_group=ctx.group("cp"),
+            chunk_size=spec.chunk,
+            sampling_params=sampling_params(smp),
+        )
 
     n = spec.target_len
     return Case(
         op=OP + "from_parallel_logits_to_logprobs",
-        case_id=_case_id(f"cp-b{spec.b}s{spec.s}v{spec.v}", f"target{n}" if n != spec.s else "", smp.tag(),
-                         f"chunk{spec.chunk}", *tags(spec.draw)),
-        params={"B": spec.b, "S": spec.s, "V": spec.v, "target_len": n, "chunk_size": spec.chunk, **spec.draw.extra,
-                **smp.params()},
-        make_inputs=spec.inputs, reference=next_token_reference(smp), run=run,
-        input_layouts={"logits": CP_LOGITS, "target": BATCH}, output_layouts=(BATCH,), grad_inputs=("logits",),
-        summed_over=SUMMED, supports=cp_fits(spec.b, spec.s, spec.v) if smp.filtering else cp_fits(spec.b),
-        comm=with_cp_gather(lambda ctx: next_token_comm(ctx, s_local(ctx), smp, spec.chunk), rows))
+        case_id=_case_id(
+            f"cp-b{spec.b}s{spec.s}v{spec.v}",
+            f"target{n}" if n != spec.s else "",
+            smp.tag(),
+            f"chunk{spec.chunk}",
+            *tags(spec.draw),
+        ),
+        params={
+            "B": spec.b,
+            "S": spec.s,
+            "V": spec.v,
+            "target_len": n,
+            "chunk_size": spec.chunk,
+            **spec.draw.extra,
+            **smp.params(),
+        },
+        make_inputs=spec.inputs,
+        reference=next_token_reference(smp),
+        run=run,
+        input_layouts={"logits": CP_LOGITS, "target": BATCH},
+        output_layouts=(BATCH,),
+        grad_inputs=("logits",),
+        summed_over=SUMMED,
+        supports=cp_fits(spec.b, spec.s, spec.v) if smp.filtering else cp_fits(spec.b),
+        comm=with_cp_gather(lambda ctx: next_token_comm(ctx, s_local(ctx), smp, spec.chunk), rows),
+    )
 
 
 def _permutation(gen, kind: str, length: int = S) -> torch.Tensor:
@@ -269,17 +359,30 @@ class FrontEndSpec:
 
 
 FRONT_END_SPECS = (
-    FrontEndSpec("dtensor_from_parallel_logits_to_logprobs", "seq_index", NextTokenSpec(4, 37, draw=Draw(masked=0.2)),
-                 "random"),
-    FrontEndSpec("dtensor_from_parallel_logits_to_logprobs", "seq_index",
-                 NextTokenSpec(2, 32, Sampling(top_k=5, temperature=0.7), 3), "head_tail"),
+    FrontEndSpec(
+        "dtensor_from_parallel_logits_to_logprobs", "seq_index", NextTokenSpec(4, 37, draw=Draw(masked=0.2)), "random"
+    ),
+    FrontEndSpec(
+        "dtensor_from_parallel_logits_to_logprobs",
+        "seq_index",
+        NextTokenSpec(2, 32, Sampling(top_k=5, temperature=0.7), 3),
+        "head_tail",
+    ),
     FrontEndSpec("get_logprobs_from_vocab_parallel_logits", "seq_index", NextTokenSpec(2, 37, chunk=2), "random"),
-    FrontEndSpec("get_logprobs_from_vocab_parallel_logits", "shard1",
-                 NextTokenSpec(4, 24, Sampling(top_p=0.8), draw=Draw(masked=0.2))),
-    FrontEndSpec("get_next_token_logprobs_from_logits", "vocab_parallel_group", NextTokenSpec(2, 32, draw=Draw(masked=0.2))),
-    FrontEndSpec("get_next_token_logprobs_from_logits", "plain", NextTokenSpec(2, 24, Sampling(top_k=4, temperature=1.3))),
-    FrontEndSpec("get_next_token_logprobs_from_logits", "dtensor", NextTokenSpec(2, 32, Sampling(temperature=1.5)),
-                 "random"),
+    FrontEndSpec(
+        "get_logprobs_from_vocab_parallel_logits",
+        "shard1",
+        NextTokenSpec(4, 24, Sampling(top_p=0.8), draw=Draw(masked=0.2)),
+    ),
+    FrontEndSpec(
+        "get_next_token_logprobs_from_logits", "vocab_parallel_group", NextTokenSpec(2, 32, draw=Draw(masked=0.2))
+    ),
+    FrontEndSpec(
+        "get_next_token_logprobs_from_logits", "plain", NextTokenSpec(2, 24, Sampling(top_k=4, temperature=1.3))
+    ),
+    FrontEndSpec(
+        "get_next_token_logprobs_from_logits", "dtensor", NextTokenSpec(2, 32, Sampling(temperature=1.5)), "random"
+    ),
 )
 
 
@@ -295,42 +398,82 @@ def front_end_case(spec: FrontEndSpec) -> Case:
         if spec.op == "dtensor_from_parallel_logits_to_logprobs":
             start, end = ctx.local_range("logits", -1)
             return impl.dtensor_from_parallel_logits_to_logprobs(
-                x["logits"], ids, start, end, ctx.group("tp"), seq_index=seq_index, chunk_size=lg.chunk,
-                sampling_params=sp)
+                x["logits"],
+                ids,
+                start,
+                end,
+                ctx.group("tp"),
+                seq_index=seq_index,
+                chunk_size=lg.chunk,
+                sampling_params=sp,
+            )
         logits = dtensor(ctx, x["logits"], "logits", logits_layout)
         if spec.op == "get_logprobs_from_vocab_parallel_logits":
-            return impl.get_logprobs_from_vocab_parallel_logits(logits, ids, seq_index=seq_index, chunk_size=lg.chunk,
-                                                                sampling_params=sp)
+            return impl.get_logprobs_from_vocab_parallel_logits(
+                logits, ids, seq_index=seq_index, chunk_size=lg.chunk, sampling_params=sp
+            )
         if spec.variant == "dtensor":
             return impl.get_next_token_logprobs_from_logits(ids, logits, seq_index=seq_index, sampling_params=sp)
-        kw = dict(vocab_parallel_rank=ctx.rank("tp"), vocab_parallel_group=ctx.group("tp")) \
-            if spec.variant == "vocab_parallel_group" else {}
-        return impl.get_next_token_logprobs_from_logits(x["target"], x["logits"], context_parallel_group=ctx.group("cp"),
-                                                        sampling_params=sp, **kw)
+        kw = (
+            dict(vocab_parallel_rank=ctx.rank("tp"), vocab_parallel_group=ctx.group("tp"))
+            if spec.variant == "vocab_parallel_group"
+            else {}
+        )
+        return impl.get_next_token_logprobs_from_logits(
+            x["target"], x["logits"], context_parallel_group=ctx.group("cp"), sampling_params=sp, **kw
+        )
 
     replicated = spec.variant == "plain"
-    ids_gather = ids_layout is not BATCH and spec.op != "get_next_token_logprobs_from_logits" or spec.variant == "dtensor"
-    tp_contract = (lambda ctx: ({}, {})) if replicated else \
-        (lambda ctx: next_token_comm(ctx, s_local(ctx), smp, lg.chunk))
+    ids_gather = (
+        ids_layout is not BATCH and spec.op != "get_next_token_logprobs_from_logits" or spec.variant == "dtensor"
+    )
+    tp_contract = (
+        (lambda ctx: ({}, {})) if replicated else (lambda ctx: next_token_comm(ctx, s_local(ctx), smp, lg.chunk))
+    )
     even = spec.variant == "vocab_parallel_group"
-    supports = cp_fits(lg.b) if replicated else \
-        cp_fits(lg.b, lg.s if smp.filtering else None, lg.v if smp.filtering or even else None)
+    supports = (
+        cp_fits(lg.b)
+        if replicated
+        else cp_fits(lg.b, lg.s if smp.filtering else None, lg.v if smp.filtering or even else None)
+    )
     if spec.permutation is not None:  # seed: a seq_index "is only provided for cp sharded logits"
         fits = supports
         supports = lambda t: t.cp > 1 and fits(t)  # noqa: E731
     return Case(
         op=OP + spec.op,
-        case_id=_case_id("cp", spec.variant, f"b{lg.b}s{lg.s}v{lg.v}", smp.tag(), f"chunk{lg.chunk}" if lg.chunk else "",
-                         spec.permutation and f"perm_{spec.permutation}", *tags(lg.draw)),
-        params={"variant": spec.variant, "B": lg.b, "S": lg.s, "V": lg.v, "chunk_size": lg.chunk,
-                "permutation": spec.permutation, **lg.draw.extra, **smp.params()},
-        make_inputs=spec.inputs, reference=next_token_reference(smp), run=run,
-        input_layouts={"logits": logits_layout, "target": ids_layout}, output_layouts=(BATCH,),
-        grad_inputs=("logits",), summed_over=SUMMED, supports=supports,
-        comm=with_cp_gather(tp_contract, rows, ids_gather=ids_gather))
+        case_id=_case_id(
+            "cp",
+            spec.variant,
+            f"b{lg.b}s{lg.s}v{lg.v}",
+            smp.tag(),
+            f"chunk{lg.chunk}" if lg.chunk else "",
+            spec.permutation and f"perm_{spec.permutation}",
+            *tags(lg.draw),
+        ),
+        params={
+            "variant": spec.variant,
+            "B": lg.b,
+            "S": lg.s,
+            "V": lg.v,
+            "chunk_size": lg.chunk,
+            "permutation": spec.permutation,
+            **lg.draw.extra,
+            **smp.params(),
+        },
+        make_inputs=spec.inputs,
+        reference=next_token_reference(smp),
+        run=run,
+        input_layouts={"logits": logits_layout, "target": ids_layout},
+        output_layouts=(BATCH,),
+        grad_inputs=("logits",),
+        summed_over=SUMMED,
+        supports=supports,
+        comm=with_cp_gather(tp_contract, rows, ids_gather=ids_gather),
+    )
 
 
 # ---- gathers at global ids, distillation, hidden states -------------------------------------
+
 
 @dataclass(frozen=True)
 class GatherSpec:
@@ -344,9 +487,12 @@ class GatherSpec:
     s: int = S
 
 
-GATHER_SPECS = (GatherSpec(4, 37, 5, draw=Draw(masked=0.2)), GatherSpec(2, 32, 4, draw=Draw(scale=300.0)),
-                GatherSpec(2, 24, 3, "none"),
-                GatherSpec(2, 37, 4, draw=Draw(neg_inf=0.3)))  # ids on -inf logits, through the TP sum and the CP gather
+GATHER_SPECS = (
+    GatherSpec(4, 37, 5, draw=Draw(masked=0.2)),
+    GatherSpec(2, 32, 4, draw=Draw(scale=300.0)),
+    GatherSpec(2, 24, 3, "none"),
+    GatherSpec(2, 37, 4, draw=Draw(neg_inf=0.3)),
+)  # ids on -inf logits, through the TP sum and the CP gather
 
 
 def gather_case(spec: GatherSpec) -> Case:
@@ -355,19 +501,31 @@ def gather_case(spec: GatherSpec) -> Case:
     def run(impl, ctx, x):
         start, end = ctx.local_range("logits", -1) if sharded else (0, spec.v)
         return impl.gather_logits_at_global_indices(
-            x["logits"], x["indices"], ctx.group("tp") if sharded else None, ctx.group("cp"),
-            vocab_start_index=start, vocab_end_index=end)
+            x["logits"],
+            x["indices"],
+            ctx.group("tp") if sharded else None,
+            ctx.group("cp"),
+            vocab_start_index=start,
+            vocab_end_index=end,
+        )
 
     tp_contract = (lambda ctx: gather_logits_comm(ctx, spec.k)) if sharded else (lambda ctx: ({}, {}))
     return Case(
         op=OP + "gather_logits_at_global_indices",
-        case_id=_case_id(f"cp-b{spec.b}s{spec.s}v{spec.v}-k{spec.k}-dup", f"tp_group_{spec.tp_group}", *tags(spec.draw)),
+        case_id=_case_id(
+            f"cp-b{spec.b}s{spec.s}v{spec.v}-k{spec.k}-dup", f"tp_group_{spec.tp_group}", *tags(spec.draw)
+        ),
         params={"B": spec.b, "S": spec.s, "V": spec.v, "K": spec.k, "tp_group": spec.tp_group, **spec.draw.extra},
         make_inputs=lambda gen: gather_inputs(gen, spec.b, spec.s, spec.v, spec.k, spec.draw),
-        reference=lambda x: ref.gather_logits(x["logits"], x["indices"]), run=run,
+        reference=lambda x: ref.gather_logits(x["logits"], x["indices"]),
+        run=run,
         input_layouts={"logits": CP_LOGITS if sharded else CP_BATCH, "indices": BATCH},
-        output_layouts=(BATCH,), grad_inputs=("logits",), summed_over=SUMMED, supports=cp_fits(spec.b),
-        comm=with_cp_gather(tp_contract, lambda ctx: rows(ctx) * spec.k))
+        output_layouts=(BATCH,),
+        grad_inputs=("logits",),
+        summed_over=SUMMED,
+        supports=cp_fits(spec.b),
+        comm=with_cp_gather(tp_contract, lambda ctx: rows(ctx) * spec.k),
+    )
 
 
 @dataclass(frozen=True)
@@ -382,26 +540,42 @@ class DistillSpec:
     s: int = S
 
 
-DISTILL_SPECS = (DistillSpec(2, 32, 4, False, True), DistillSpec(2, 32, 4, True, True),
-                 DistillSpec(4, 24, 3, True, False, "plain", Draw(ties=True)),
-                 DistillSpec(2, 32, 4, False, False, draw=Draw(scale=300.0)),
-                 # almost one-hot rows, full vocab: only the entropy's gradient is left (the log-softmax over K = 1
-                 # id is 0), ~1e-28 at the row's max, where autograd through p log p gives 0
-                 DistillSpec(2, 5, 1, False, True, "plain", Draw(scale=300.0)))
+DISTILL_SPECS = (
+    DistillSpec(2, 32, 4, False, True),
+    DistillSpec(2, 32, 4, True, True),
+    DistillSpec(4, 24, 3, True, False, "plain", Draw(ties=True)),
+    DistillSpec(2, 32, 4, False, False, draw=Draw(scale=300.0)),
+    # almost one-hot rows, full vocab: only the entropy's gradient is left (the log-softmax over K = 1
+    # id is 0), ~1e-28 at the row's max, where autograd through p log p gives 0
+    DistillSpec(2, 5, 1, False, True, "plain", Draw(scale=300.0)),
+)
 
 
 def distillation_case(spec: DistillSpec) -> Case:
     zero, ent = spec.zero_outside_topk, spec.calculate_entropy
 
     def run(impl, ctx, x):
-        kw = dict(vocab_parallel_rank=ctx.rank("tp"), vocab_parallel_group=ctx.group("tp")) if spec.path == "group" else {}
+        kw = (
+            dict(vocab_parallel_rank=ctx.rank("tp"), vocab_parallel_group=ctx.group("tp"))
+            if spec.path == "group"
+            else {}
+        )
         return impl.get_distillation_topk_logprobs_from_logits(
-            x["student_logits"], x["teacher_topk_logits"], x["teacher_topk_indices"], zero, ent,
-            context_parallel_group=ctx.group("cp"), **kw)
+            x["student_logits"],
+            x["teacher_topk_logits"],
+            x["teacher_topk_indices"],
+            zero,
+            ent,
+            context_parallel_group=ctx.group("cp"),
+            **kw,
+        )
 
     def comm(ctx):
-        fwd, bwd = distillation_comm(ctx, s_local(ctx, "student_logits"), spec.k, zero, ent) \
-            if spec.path == "group" else ({}, {})
+        fwd, bwd = (
+            distillation_comm(ctx, s_local(ctx, "student_logits"), spec.k, zero, ent)
+            if spec.path == "group"
+            else ({}, {})
+        )
         n = rows(ctx, "student_logits")
         for numel in [n * spec.k] + ([n] if ent else []):  # student log-probs, then H_all
             f2, b2 = cp_gather_comm(ctx, numel, compute_bytes(ctx))
@@ -410,18 +584,40 @@ def distillation_case(spec: DistillSpec) -> Case:
 
     return Case(
         op=OP + "get_distillation_topk_logprobs_from_logits",
-        case_id=_case_id(f"cp-b{spec.b}s{spec.s}v{spec.v}-k{spec.k}", f"zero_outside_{zero}", f"entropy_{ent}", spec.path,
-                         *tags(spec.draw)),
-        params={"B": spec.b, "S": spec.s, "V": spec.v, "K": spec.k, "zero_outside_topk": zero, "calculate_entropy": ent,
-                "path": spec.path, **spec.draw.extra},
+        case_id=_case_id(
+            f"cp-b{spec.b}s{spec.s}v{spec.v}-k{spec.k}",
+            f"zero_outside_{zero}",
+            f"entropy_{ent}",
+            spec.path,
+            *tags(spec.draw),
+        ),
+        params={
+            "B": spec.b,
+            "S": spec.s,
+            "V": spec.v,
+            "K": spec.k,
+            "zero_outside_topk": zero,
+            "calculate_entropy": ent,
+            "path": spec.path,
+            **spec.draw.extra,
+        },
         make_inputs=lambda gen: distill_inputs(gen, spec.b, spec.s, spec.v, spec.k, spec.draw),
         reference=lambda x: ref.distillation_topk_logprobs(
-            x["student_logits"], x["teacher_topk_logits"], x["teacher_topk_indices"], zero, ent),
-        run=run, input_layouts={"student_logits": CP_LOGITS if spec.path == "group" else CP_BATCH,
-                                "teacher_topk_logits": BATCH, "teacher_topk_indices": BATCH},
-        output_layouts=(BATCH, BATCH, BATCH if ent else REPLICATED), output_names=("student", "teacher", "H_all"),
-        grad_inputs=("student_logits",), summed_over=SUMMED,
-        supports=cp_fits(spec.b, v=spec.v) if spec.path == "group" else cp_fits(spec.b), comm=contract(comm))
+            x["student_logits"], x["teacher_topk_logits"], x["teacher_topk_indices"], zero, ent
+        ),
+        run=run,
+        input_layouts={
+            "student_logits": CP_LOGITS if spec.path == "group" else CP_BATCH,
+            "teacher_topk_logits": BATCH,
+            "teacher_topk_indices": BATCH,
+        },
+        output_layouts=(BATCH, BATCH, BATCH if ent else REPLICATED),
+        output_names=("student", "teacher", "H_all"),
+        grad_inputs=("student_logits",),
+        summed_over=SUMMED,
+        supports=cp_fits(spec.b, v=spec.v) if spec.path == "group" else cp_fits(spec.b),
+        comm=contract(comm),
+    )
 
 
 @dataclass(frozen=True)
@@ -444,7 +640,7 @@ class HiddenSpec:
 
     def inputs(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
         x = hidden_inputs(gen, self.s, self.b, self.h, self.v, self.scale, self.masked)
-        x["target"] = x["target"][:, :self.target_len].contiguous()
+        x["target"] = x["target"][:, : self.target_len].contiguous()
         return x
 
 
@@ -455,33 +651,67 @@ def hidden_states_case(spec: HiddenSpec) -> Case:
     def run(impl, ctx, x):
         weight = GradSum.apply(x["weight"], (ctx.group("dp"), ctx.group("cp")))
         return impl.from_parallel_hidden_states_to_logprobs(
-            x["hidden"], None, weight, False, x["target"], *ctx.local_range("weight", 0), ctx.group("tp"),
-            cp_group=ctx.group("cp"), chunk_size=spec.chunk)
+            x["hidden"],
+            None,
+            weight,
+            False,
+            x["target"],
+            *ctx.local_range("weight", 0),
+            ctx.group("tp"),
+            cp_group=ctx.group("cp"),
+            chunk_size=spec.chunk,
+        )
 
     def comm(ctx):
         s_cp = spec.s // ctx.size("cp")
         fwd, bwd = hidden_comm(ctx, s_cp, spec.chunk)
         if ctx.size("cp") > 1:  # the DDP stand-in sums the weight gradient over CP too
-            bwd = merge(bwd, {"all_reduce@cp": (1, ctx.local_shape("weight")[0] * ctx.full_shapes["weight"][1]
-                                                * compute_bytes(ctx))})
+            bwd = merge(
+                bwd,
+                {
+                    "all_reduce@cp": (
+                        1,
+                        ctx.local_shape("weight")[0] * ctx.full_shapes["weight"][1] * compute_bytes(ctx),
+                    )
+                },
+            )
         f2, b2 = cp_gather_comm(ctx, ctx.local_shape("hidden")[1] * s_cp, compute_bytes(ctx))
         return merge(fwd, f2), merge(bwd, b2)
 
     n = spec.target_len
     return Case(
         op=OP + "from_parallel_hidden_states_to_logprobs",
-        case_id=_case_id(f"cp-s{spec.s}b{spec.b}h{spec.h}v{spec.v}", f"target{n}" if n != spec.s else "",
-                         f"chunk{spec.chunk}", *[f"{k}{x}" for k, x in spec.extra.items()]),
-        params={"S": spec.s, "B": spec.b, "H": spec.h, "V": spec.v, "target_len": n, "chunk_size": spec.chunk,
-                **spec.extra},
+        case_id=_case_id(
+            f"cp-s{spec.s}b{spec.b}h{spec.h}v{spec.v}",
+            f"target{n}" if n != spec.s else "",
+            f"chunk{spec.chunk}",
+            *[f"{k}{x}" for k, x in spec.extra.items()],
+        ),
+        params={
+            "S": spec.s,
+            "B": spec.b,
+            "H": spec.h,
+            "V": spec.v,
+            "target_len": n,
+            "chunk_size": spec.chunk,
+            **spec.extra,
+        },
         make_inputs=spec.inputs,
-        reference=lambda x: ref.hidden_states_to_logprobs(x["hidden"][: x["target"].shape[1]], x["weight"], x["target"]),
-        run=run, input_layouts={"hidden": HIDDEN_CP, "weight": WEIGHT, "target": BATCH}, output_layouts=(BATCH,),
-        grad_inputs=("hidden", "weight"), summed_over=SUMMED, comm=contract(comm),
-        supports=lambda t: spec.b % t.dp == 0 and (spec.s // t.cp) % t.tp == 0)
+        reference=lambda x: ref.hidden_states_to_logprobs(
+            x["hidden"][: x["target"].shape[1]], x["weight"], x["target"]
+        ),
+        run=run,
+        input_layouts={"hidden": HIDDEN_CP, "weight": WEIGHT, "target": BATCH},
+        output_layouts=(BATCH,),
+        grad_inputs=("hidden", "weight"),
+        summed_over=SUMMED,
+        comm=contract(comm),
+        supports=lambda t: spec.b % t.dp == 0 and (spec.s // t.cp) % t.tp == 0,
+    )
 
 
 # ---- packed sequences ------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class PackedSpec:
@@ -513,7 +743,7 @@ def packed_inputs(gen, spec: PackedSpec, pad_id: int = 0) -> dict[str, torch.Ten
     target = x["target"].clone()
     start = 0
     for p, r in zip(spec.padded, spec.real):
-        target[:, start + r:start + p] = pad_id  # padding tokens, as a packer writes them
+        target[:, start + r : start + p] = pad_id  # padding tokens, as a packer writes them
         start += p
     bounds = torch.tensor([0, *torch.tensor(spec.padded).cumsum(0).tolist()])
     if spec.pre_rolled:
@@ -527,25 +757,60 @@ def packed_case(spec: PackedSpec) -> Case:
     def run(impl, ctx, x):
         start, end = ctx.local_range("logits", -1)
         return impl.from_parallel_logits_to_logprobs_packed_sequences(
-            x["logits"], x["target"], x["cu_seqlens_padded"], spec.unpacked_seqlen, start, end, ctx.group("tp"),
-            cp_group=ctx.group("cp"), chunk_size=spec.chunk, sampling_params=sampling_params(smp),
-            target_is_pre_rolled=spec.pre_rolled)
+            x["logits"],
+            x["target"],
+            x["cu_seqlens_padded"],
+            spec.unpacked_seqlen,
+            start,
+            end,
+            ctx.group("tp"),
+            cp_group=ctx.group("cp"),
+            chunk_size=spec.chunk,
+            sampling_params=sampling_params(smp),
+            target_is_pre_rolled=spec.pre_rolled,
+        )
 
     return Case(
         op=OP + "from_parallel_logits_to_logprobs_packed_sequences",
-        case_id=_case_id("packed", "-".join(f"{r}of{p}" for p, r in zip(spec.padded, spec.real)), f"v{spec.v}",
-                         smp.tag(), f"chunk{spec.chunk}", "pre_rolled" if spec.pre_rolled else "",
-                         f"unpacked{spec.unpacked_seqlen}", *tags(spec.draw)),
-        params={"padded": list(spec.padded), "real": list(spec.real), "V": spec.v, "chunk_size": spec.chunk,
-                "pre_rolled": spec.pre_rolled, "unpacked_seqlen": spec.unpacked_seqlen, **spec.draw.extra, **smp.params()},
+        case_id=_case_id(
+            "packed",
+            "-".join(f"{r}of{p}" for p, r in zip(spec.padded, spec.real)),
+            f"v{spec.v}",
+            smp.tag(),
+            f"chunk{spec.chunk}",
+            "pre_rolled" if spec.pre_rolled else "",
+            f"unpacked{spec.unpacked_seqlen}",
+            *tags(spec.draw),
+        ),
+        params={
+            "padded": list(spec.padded),
+            "real": list(spec.real),
+            "V": spec.v,
+            "chunk_size": spec.chunk,
+            "pre_rolled": spec.pre_rolled,
+            "unpacked_seqlen": spec.unpacked_seqlen,
+            **spec.draw.extra,
+            **smp.params(),
+        },
         make_inputs=lambda gen: packed_inputs(gen, spec),
         reference=lambda x: ref.packed_next_token_logprobs(
-            x["logits"], x["target"], x["cu_seqlens_padded"], spec.unpacked_seqlen, spec.pre_rolled, smp.top_k,
-            smp.top_p, smp.temperature),
-        run=run, input_layouts={"logits": PACKED_LOGITS, "target": PACKED_IDS if spec.pre_rolled else REPLICATED},
-        output_layouts=(REPLICATED,), grad_inputs=("logits",), summed_over=SUMMED,
+            x["logits"],
+            x["target"],
+            x["cu_seqlens_padded"],
+            spec.unpacked_seqlen,
+            spec.pre_rolled,
+            smp.top_k,
+            smp.top_p,
+            smp.temperature,
+        ),
+        run=run,
+        input_layouts={"logits": PACKED_LOGITS, "target": PACKED_IDS if spec.pre_rolled else REPLICATED},
+        output_layouts=(REPLICATED,),
+        grad_inputs=("logits",),
+        summed_over=SUMMED,
         supports=lambda t: t.dp == 1 and (not smp.filtering or ((T // t.cp) % t.tp == 0 and spec.v % t.tp == 0)),
-        comm=with_cp_gather(lambda ctx: next_token_comm(ctx, s_local(ctx), smp, spec.chunk), rows))
+        comm=with_cp_gather(lambda ctx: next_token_comm(ctx, s_local(ctx), smp, spec.chunk), rows),
+    )
 
 
 # ---- scale: CP 8 and 16 ------------------------------------------------------------------------------
@@ -562,24 +827,39 @@ def at_scale(case: Case) -> Case:
 
 def scale_cases() -> list[Case]:
     """A case of every sequence-sharding op at S = 32 (packed sequences of 32 and 64), CP 8 and 16 only."""
-    return [at_scale(c) for c in (
-        tokens_case(TokensSpec((SCALE_S, 3, 2), 0, "float")),
-        all_gather_case(AllGatherSpec("allgather_cp_sharded_tensor", (2, SCALE_S, 3), 1, "sum_last")),
-        all_gather_case(AllGatherSpec("AllGatherCPTensor", (2, 3, SCALE_S), 2, "sum_all")),
-        next_token_case(NextTokenSpec(2, 37, chunk=3, target_len=29, draw=Draw(masked=0.2), s=SCALE_S)),
-        front_end_case(FrontEndSpec("get_next_token_logprobs_from_logits", "vocab_parallel_group",
-                                    NextTokenSpec(2, 32, draw=Draw(masked=0.2), s=SCALE_S))),
-        front_end_case(FrontEndSpec("get_next_token_logprobs_from_logits", "plain",
-                                    NextTokenSpec(2, 24, Sampling(top_k=4, temperature=1.3), s=SCALE_S))),
-        gather_case(GatherSpec(2, 37, 4, draw=Draw(neg_inf=0.3), s=SCALE_S)),
-        distillation_case(DistillSpec(2, 32, 4, True, True, s=SCALE_S)),
-        hidden_states_case(HiddenSpec(2, 6, 37, 3, 29, masked=0.2, s=SCALE_S)),
-        packed_case(PackedSpec((SCALE_S, 2 * SCALE_S), (21, 64), 33, 40, chunk=3, pre_rolled=True,
-                               draw=Draw(masked=0.1))),
-    )]
+    return [
+        at_scale(c)
+        for c in (
+            tokens_case(TokensSpec((SCALE_S, 3, 2), 0, "float")),
+            all_gather_case(AllGatherSpec("allgather_cp_sharded_tensor", (2, SCALE_S, 3), 1, "sum_last")),
+            all_gather_case(AllGatherSpec("AllGatherCPTensor", (2, 3, SCALE_S), 2, "sum_all")),
+            next_token_case(NextTokenSpec(2, 37, chunk=3, target_len=29, draw=Draw(masked=0.2), s=SCALE_S)),
+            front_end_case(
+                FrontEndSpec(
+                    "get_next_token_logprobs_from_logits",
+                    "vocab_parallel_group",
+                    NextTokenSpec(2, 32, draw=Draw(masked=0.2), s=SCALE_S),
+                )
+            ),
+            front_end_case(
+                FrontEndSpec(
+                    "get_next_token_logprobs_from_logits",
+                    "plain",
+                    NextTokenSpec(2, 24, Sampling(top_k=4, temperature=1.3), s=SCALE_S),
+                )
+            ),
+            gather_case(GatherSpec(2, 37, 4, draw=Draw(neg_inf=0.3), s=SCALE_S)),
+            distillation_case(DistillSpec(2, 32, 4, True, True, s=SCALE_S)),
+            hidden_states_case(HiddenSpec(2, 6, 37, 3, 29, masked=0.2, s=SCALE_S)),
+            packed_case(
+                PackedSpec((SCALE_S, 2 * SCALE_S), (21, 64), 33, 40, chunk=3, pre_rolled=True, draw=Draw(masked=0.1))
+            ),
+        )
+    ]
 
 
 # ---- the case matrix -----------------------------------------------------------------------------
+
 
 def cases(quick: bool = False) -> list[Case]:
     # The vocab-parallel ops support a TP rank holding no vocab entries (V = 37 at TP 16): the cases test them.
@@ -588,14 +868,24 @@ def cases(quick: bool = False) -> list[Case]:
 
 def _matrix(quick: bool) -> list[Case]:
     if quick:
-        return (layout_cases(quick) + [next_token_case(NEXT_TOKEN_SPECS[i]) for i in (1, 3)]
-                + [front_end_case(FRONT_END_SPECS[i]) for i in (0, 3, 4, 5)]
-                + [gather_case(s) for s in GATHER_SPECS[2:]] + [distillation_case(s) for s in DISTILL_SPECS[:2]]
-                + [hidden_states_case(HIDDEN_SPECS[1])] + [packed_case(s) for s in PACKED_SPECS[:2]])
-    return (layout_cases(quick) + [next_token_case(s) for s in NEXT_TOKEN_SPECS]
-            + [front_end_case(s) for s in FRONT_END_SPECS] + [gather_case(s) for s in GATHER_SPECS]
-            + [distillation_case(s) for s in DISTILL_SPECS] + [hidden_states_case(s) for s in HIDDEN_SPECS]
-            + [packed_case(s) for s in PACKED_SPECS])
+        return (
+            layout_cases(quick)
+            + [next_token_case(NEXT_TOKEN_SPECS[i]) for i in (1, 3)]
+            + [front_end_case(FRONT_END_SPECS[i]) for i in (0, 3, 4, 5)]
+            + [gather_case(s) for s in GATHER_SPECS[2:]]
+            + [distillation_case(s) for s in DISTILL_SPECS[:2]]
+            + [hidden_states_case(HIDDEN_SPECS[1])]
+            + [packed_case(s) for s in PACKED_SPECS[:2]]
+        )
+    return (
+        layout_cases(quick)
+        + [next_token_case(s) for s in NEXT_TOKEN_SPECS]
+        + [front_end_case(s) for s in FRONT_END_SPECS]
+        + [gather_case(s) for s in GATHER_SPECS]
+        + [distillation_case(s) for s in DISTILL_SPECS]
+        + [hidden_states_case(s) for s in HIDDEN_SPECS]
+        + [packed_case(s) for s in PACKED_SPECS]
+    )
 
 
 # ---- fuzz spaces (`shardcheck fuzz`) -----------------------------------------------------------------
@@ -606,10 +896,14 @@ def _matrix(quick: bool) -> list[Case]:
 # masked and out-of-range ids, ties, huge and -inf logits, random seq_index permutations, packed rows of 1-3
 # sequences of any padded length (a multiple of 2·CP) with rows narrower or wider than the sequences.
 
+
 def _draw_sampling(draw, st) -> dict:
     """top_k None, or 1 to past a vocab shard (12 > V_local of most draws at TP 4); top_p; temperature."""
-    return {"top_k": draw(st.one_of(st.none(), st.integers(1, 12))), "top_p": draw(st.sampled_from([1.0, 0.9, 0.5])),
-            "temperature": draw(st.sampled_from([1.0, 0.7, 1.5]))}
+    return {
+        "top_k": draw(st.one_of(st.none(), st.integers(1, 12))),
+        "top_p": draw(st.sampled_from([1.0, 0.9, 0.5])),
+        "temperature": draw(st.sampled_from([1.0, 0.7, 1.5])),
+    }
 
 
 def _filtering(p: dict) -> bool:
@@ -628,8 +922,11 @@ def _draw_sizes(draw, st, topology: list[int], even_rows: bool, even_vocab: bool
 
 
 def _draw_logits(draw, st, neg_inf: bool = False) -> dict:
-    p = {"scale": draw(st.sampled_from([3.0, 300.0])), "ties": draw(st.booleans()),
-         "masked": draw(st.sampled_from([0.0, 0.2, 0.5]))}
+    p = {
+        "scale": draw(st.sampled_from([3.0, 300.0])),
+        "ties": draw(st.booleans()),
+        "masked": draw(st.sampled_from([0.0, 0.2, 0.5])),
+    }
     if neg_inf:
         p["neg_inf"] = draw(st.sampled_from([0.0, 0.3]))
     return p
@@ -659,6 +956,7 @@ def _chunk(draw, st):
 
 def _space(legal, body):
     """params(topologies): a topology legal for the op, a dtype, then `body(draw, st, topology)`'s parameters."""
+
     def params(topologies):
         from hypothesis import strategies as st
 
@@ -668,14 +966,18 @@ def _space(legal, body):
             p = {"topology": topology, **body(draw, st, topology)}
             p.setdefault("dtype", draw(st.sampled_from(DTYPES)))
             return p
+
         return draw_params()
+
     return params
 
 
 def _tokens_body(draw, st, topology):
     ndim = draw(st.integers(1, 3))
     seq_dim = draw(st.integers(0, ndim - 1))
-    shape = [2 * topology[1] * draw(st.integers(1, 4)) if d == seq_dim else draw(st.integers(1, 3)) for d in range(ndim)]
+    shape = [
+        2 * topology[1] * draw(st.integers(1, 4)) if d == seq_dim else draw(st.integers(1, 3)) for d in range(ndim)
+    ]
     kind = draw(st.sampled_from(["float", "int64", "bool"]))
     p = {"shape": shape, "seq_dim": seq_dim, "kind": kind}
     if kind != "float":
@@ -700,36 +1002,58 @@ def _next_token_body(draw, st, topology, even_vocab: bool = False, short_target:
     as a DTensor laid out like the logits get the full length."""
     p = _draw_sampling(draw, st)
     p.update(_draw_sizes(draw, st, topology, _filtering(p), _filtering(p) or even_vocab))
-    p.update(chunk_size=_chunk(draw, st), target_len=draw(st.integers(2, p["S"])) if short_target else p["S"],
-             **_draw_logits(draw, st))
+    p.update(
+        chunk_size=_chunk(draw, st),
+        target_len=draw(st.integers(2, p["S"])) if short_target else p["S"],
+        **_draw_logits(draw, st),
+    )
     return p
 
 
 def _next_token_spec(p: dict) -> NextTokenSpec:
-    return NextTokenSpec(p["B"], p["V"], Sampling(p["top_k"], p["top_p"], p["temperature"]), p["chunk_size"],
-                         p["target_len"], _sampling_draw(p), p["S"])
+    return NextTokenSpec(
+        p["B"],
+        p["V"],
+        Sampling(p["top_k"], p["top_p"], p["temperature"]),
+        p["chunk_size"],
+        p["target_len"],
+        _sampling_draw(p),
+        p["S"],
+    )
 
 
 def _front_end_body(op: str):
-    variants = {"dtensor_from_parallel_logits_to_logprobs": ["seq_index"],
-                "get_logprobs_from_vocab_parallel_logits": ["shard1", "seq_index"],
-                "get_next_token_logprobs_from_logits": ["plain", "vocab_parallel_group", "dtensor"]}[op]
+    variants = {
+        "dtensor_from_parallel_logits_to_logprobs": ["seq_index"],
+        "get_logprobs_from_vocab_parallel_logits": ["shard1", "seq_index"],
+        "get_next_token_logprobs_from_logits": ["plain", "vocab_parallel_group", "dtensor"],
+    }[op]
 
     def body(draw, st, topology):
         variant = draw(st.sampled_from(variants))
-        p = {"variant": variant, **_next_token_body(draw, st, topology, even_vocab=variant == "vocab_parallel_group",
-                                                    short_target=variant in ("plain", "vocab_parallel_group"))}
+        p = {
+            "variant": variant,
+            **_next_token_body(
+                draw,
+                st,
+                topology,
+                even_vocab=variant == "vocab_parallel_group",
+                short_target=variant in ("plain", "vocab_parallel_group"),
+            ),
+        }
         if op == "get_next_token_logprobs_from_logits":
             p["chunk_size"] = None  # the dispatcher takes no chunk size
         permuted = variant == "seq_index" or (variant == "dtensor" and draw(st.booleans()))
         p["permutation"] = "random" if permuted and topology[1] > 1 else None  # seed: only for CP-sharded logits
         return p
+
     return body
 
 
 def _front_end_case(op: str):
     def case(p: dict) -> Case:
         return front_end_case(FrontEndSpec(op, p["variant"], _next_token_spec(p), p["permutation"]))
+
     return case
 
 
@@ -742,8 +1066,13 @@ def _gather_body(draw, st, topology):
 def _distill_body(draw, st, topology):
     path = draw(st.sampled_from(["group", "plain"]))
     p = {"path": path, **_draw_sizes(draw, st, topology, False, path == "group")}
-    p.update(K=draw(st.integers(1, min(6, p["V"]))), zero_outside_topk=draw(st.booleans()),
-             calculate_entropy=draw(st.booleans()), scale=draw(st.sampled_from([3.0, 300.0])), ties=draw(st.booleans()))
+    p.update(
+        K=draw(st.integers(1, min(6, p["V"]))),
+        zero_outside_topk=draw(st.booleans()),
+        calculate_entropy=draw(st.booleans()),
+        scale=draw(st.sampled_from([3.0, 300.0])),
+        ties=draw(st.booleans()),
+    )
     return p
 
 
@@ -752,17 +1081,30 @@ def _hidden_body(draw, st, topology):
     unit = 1 if cp == 1 else 2 * cp
     m = draw(st.integers(2 if cp == 1 else 1, 9 if cp == 1 else 3).filter(lambda m: (unit * m // cp) % tp == 0))
     s = unit * m
-    return {"B": dp * draw(st.integers(1, 2)), "S": s, "H": draw(st.integers(1, 8)), "V": draw(st.integers(3, 40)),
-            "chunk_size": _chunk(draw, st), "target_len": draw(st.integers(2, s)),
-            "scale": draw(st.sampled_from([1.0, 3.0])), "masked": draw(st.sampled_from([0.0, 0.2]))}
+    return {
+        "B": dp * draw(st.integers(1, 2)),
+        "S": s,
+        "H": draw(st.integers(1, 8)),
+        "V": draw(st.integers(3, 40)),
+        "chunk_size": _chunk(draw, st),
+        "target_len": draw(st.integers(2, s)),
+        "scale": draw(st.sampled_from([1.0, 3.0])),
+        "masked": draw(st.sampled_from([0.0, 0.2])),
+    }
 
 
 def _packed_body(draw, st, topology):
     cp, tp = topology[1], topology[2]
     padded = [2 * cp * draw(st.integers(1, 3)) for _ in range(draw(st.integers(1, 3)))]
     real = [draw(st.integers(1, n)) for n in padded]
-    p = {"padded": padded, "real": real, "unpacked_seqlen": draw(st.integers(2, max(padded) + 3)),
-         "chunk_size": _chunk(draw, st), "pre_rolled": draw(st.booleans()), **_draw_sampling(draw, st)}
+    p = {
+        "padded": padded,
+        "real": real,
+        "unpacked_seqlen": draw(st.integers(2, max(padded) + 3)),
+        "chunk_size": _chunk(draw, st),
+        "pre_rolled": draw(st.booleans()),
+        **_draw_sampling(draw, st),
+    }
     if _filtering(p) and (sum(padded) // cp) % tp:  # the all-to-all needs the local rows to split over TP
         p.update(top_k=None, top_p=1.0)
     p["V"] = draw(st.integers(3, 40).filter(lambda v: not _filtering(p) or v % tp == 0))
@@ -770,33 +1112,80 @@ def _packed_body(draw, st, topology):
 
 
 def _packed_case(p: dict) -> Case:
-    return packed_case(PackedSpec(tuple(p["padded"]), tuple(p["real"]), p["V"], p["unpacked_seqlen"],
-                                  Sampling(p["top_k"], p["top_p"], p["temperature"]), p["chunk_size"], p["pre_rolled"],
-                                  _sampling_draw(p)))
+    return packed_case(
+        PackedSpec(
+            tuple(p["padded"]),
+            tuple(p["real"]),
+            p["V"],
+            p["unpacked_seqlen"],
+            Sampling(p["top_k"], p["top_p"], p["temperature"]),
+            p["chunk_size"],
+            p["pre_rolled"],
+            _sampling_draw(p),
+        )
+    )
 
 
 def fuzz_spaces() -> list[FuzzSpace]:
     tp1 = lambda t: t.tp == 1  # noqa: E731
-    front_ends = ("dtensor_from_parallel_logits_to_logprobs", "get_logprobs_from_vocab_parallel_logits",
-                  "get_next_token_logprobs_from_logits")
+    front_ends = (
+        "dtensor_from_parallel_logits_to_logprobs",
+        "get_logprobs_from_vocab_parallel_logits",
+        "get_next_token_logprobs_from_logits",
+    )
     return [
-        FuzzSpace(OP + "_get_tokens_on_this_cp_rank", _space(lambda t: t.tp == 1 and t.dp == 1, _tokens_body),
-                  lambda p: tokens_case(TokensSpec(tuple(p["shape"]), p["seq_dim"], p["kind"]))),
-        *[FuzzSpace(OP + name, _space(tp1, _all_gather_body),
-                    lambda p, name=name: all_gather_case(AllGatherSpec(name, tuple(p["shape"]), p["seq_dim"], p["upstream"])))
-          for name in ("allgather_cp_sharded_tensor", "AllGatherCPTensor")],
-        FuzzSpace(OP + "from_parallel_logits_to_logprobs", _space(lambda t: True, _next_token_body),
-                  lambda p: next_token_case(_next_token_spec(p))),
+        FuzzSpace(
+            OP + "_get_tokens_on_this_cp_rank",
+            _space(lambda t: t.tp == 1 and t.dp == 1, _tokens_body),
+            lambda p: tokens_case(TokensSpec(tuple(p["shape"]), p["seq_dim"], p["kind"])),
+        ),
+        *[
+            FuzzSpace(
+                OP + name,
+                _space(tp1, _all_gather_body),
+                lambda p, name=name: all_gather_case(
+                    AllGatherSpec(name, tuple(p["shape"]), p["seq_dim"], p["upstream"])
+                ),
+            )
+            for name in ("allgather_cp_sharded_tensor", "AllGatherCPTensor")
+        ],
+        FuzzSpace(
+            OP + "from_parallel_logits_to_logprobs",
+            _space(lambda t: True, _next_token_body),
+            lambda p: next_token_case(_next_token_spec(p)),
+        ),
         *[FuzzSpace(OP + op, _space(lambda t: True, _front_end_body(op)), _front_end_case(op)) for op in front_ends],
-        FuzzSpace(OP + "gather_logits_at_global_indices", _space(lambda t: True, _gather_body),
-                  lambda p: gather_case(GatherSpec(p["B"], p["V"], p["K"], p["tp_group"], _draw(p), p["S"]))),
-        FuzzSpace(OP + "get_distillation_topk_logprobs_from_logits", _space(lambda t: True, _distill_body),
-                  lambda p: distillation_case(DistillSpec(p["B"], p["V"], p["K"], p["zero_outside_topk"],
-                                                          p["calculate_entropy"], p["path"],
-                                                          Draw(scale=p["scale"], ties=p["ties"]), p["S"]))),
-        FuzzSpace(OP + "from_parallel_hidden_states_to_logprobs", _space(lambda t: True, _hidden_body),
-                  lambda p: hidden_states_case(HiddenSpec(p["B"], p["H"], p["V"], p["chunk_size"], p["target_len"],
-                                                          p["scale"], p["masked"], p["S"]))),
-        FuzzSpace(OP + "from_parallel_logits_to_logprobs_packed_sequences", _space(lambda t: t.dp == 1, _packed_body),
-                  _packed_case),
+        FuzzSpace(
+            OP + "gather_logits_at_global_indices",
+            _space(lambda t: True, _gather_body),
+            lambda p: gather_case(GatherSpec(p["B"], p["V"], p["K"], p["tp_group"], _draw(p), p["S"])),
+        ),
+        FuzzSpace(
+            OP + "get_distillation_topk_logprobs_from_logits",
+            _space(lambda t: True, _distill_body),
+            lambda p: distillation_case(
+                DistillSpec(
+                    p["B"],
+                    p["V"],
+                    p["K"],
+                    p["zero_outside_topk"],
+                    p["calculate_entropy"],
+                    p["path"],
+                    Draw(scale=p["scale"], ties=p["ties"]),
+                    p["S"],
+                )
+            ),
+        ),
+        FuzzSpace(
+            OP + "from_parallel_hidden_states_to_logprobs",
+            _space(lambda t: True, _hidden_body),
+            lambda p: hidden_states_case(
+                HiddenSpec(p["B"], p["H"], p["V"], p["chunk_size"], p["target_len"], p["scale"], p["masked"], p["S"])
+            ),
+        ),
+        FuzzSpace(
+            OP + "from_parallel_logits_to_logprobs_packed_sequences",
+            _space(lambda t: t.dp == 1, _packed_body),
+            _packed_case,
+        ),
     ]

@@ -26,17 +26,32 @@ precisions) -> gathered at the shifted labels; 0 where a label is outside [0, V)
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, Layout, Property, Shard, cite, ours
-from shardcheck.suites._megatron_model import (BATCH, HEADS, HIDDEN, LAYERS, ONE_RANK, SEQ, VOCAB, UnderShims, build_model,
-                                    call_model, check_names, make_params, megatron_missing, megatron_shims,
-                                    param_layouts, sharded_params)
-from shardcheck.suites._model_utils_megatron_gpt import gpt_model_case, patched_forward
+from shardcheck.suites._megatron_model import (
+    BATCH,
+    HEADS,
+    HIDDEN,
+    LAYERS,
+    ONE_RANK,
+    SEQ,
+    VOCAB,
+    UnderShims,
+    build_model,
+    call_model,
+    check_names,
+    make_params,
+    megatron_missing,
+    megatron_shims,
+    param_layouts,
+    sharded_params,
+)
 from shardcheck.suites._model_utils_comm import merge
+from shardcheck.suites._model_utils_megatron_gpt import gpt_model_case, patched_forward
 
 FAMILY = "model_utils"
 PATCH_OP = "model_utils.patch_gpt_model_forward_for_linear_ce_fusion"
@@ -73,8 +88,15 @@ def reference_logprobs(x: dict, tied: bool, vocab: int = VOCAB) -> torch.Tensor:
 # ---- cases -----------------------------------------------------------------------------------------------------
 
 
-def make_inputs(gen: torch.Generator, tied: bool, masked: float = 0.0, labels_are_ids: bool = False,
-                vocab: int = VOCAB, b: int = BATCH, s: int = SEQ) -> dict[str, torch.Tensor]:
+def make_inputs(
+    gen: torch.Generator,
+    tied: bool,
+    masked: float = 0.0,
+    labels_are_ids: bool = False,
+    vocab: int = VOCAB,
+    b: int = BATCH,
+    s: int = SEQ,
+) -> dict[str, torch.Tensor]:
     """input_ids and labels [B, S] (labels: the unshifted ids to score, -100 where masked) and every parameter."""
     params = make_params(gen, tied, vocab)
     ids = torch.randint(0, vocab, (b, s), generator=gen)
@@ -84,8 +106,9 @@ def make_inputs(gen: torch.Generator, tied: bool, masked: float = 0.0, labels_ar
     return {"input_ids": ids, "labels": labels, **params}
 
 
-def run_fused(impl, ctx, x: dict, tied: bool, chunk: int, vocab: int = VOCAB, twice: bool = False,
-              **kwargs) -> torch.Tensor:
+def run_fused(
+    impl, ctx, x: dict, tied: bool, chunk: int, vocab: int = VOCAB, twice: bool = False, **kwargs
+) -> torch.Tensor:
     """[B, S-1] log-probs from this rank's TP-sharded model, GPTModel.forward patched by the module under test."""
     names = list(param_layouts(tied))
     tp_group = ctx.group("tp")
@@ -122,8 +145,14 @@ def _same_without_grad(ctx, full, local, outs, tied, chunk, vocab: int = VOCAB):
     with torch.no_grad():
         again = run_fused(ctx.impl, ctx, x, tied, chunk, vocab=vocab, twice=True)
     same = torch.equal(again, outs[0].detach())
-    return [Property("no_grad_same", same, float((again - outs[0].detach()).abs().max()),
-                     "" if same else "torch.no_grad() after a second patch call changes the fused log-probs")]
+    return [
+        Property(
+            "no_grad_same",
+            same,
+            float((again - outs[0].detach()).abs().max()),
+            "" if same else "torch.no_grad() after a second patch call changes the fused log-probs",
+        )
+    ]
 
 
 def _bit_identical(ctx, full, local, outs, tied):
@@ -135,8 +164,14 @@ def _bit_identical(ctx, full, local, outs, tied):
             got = run_flag_off(ctx.impl, ctx, x, tied, patched=True, labels=labels)
             want = run_flag_off(ctx.impl, ctx, x, tied, patched=False, labels=labels)
             same = torch.equal(got, want)
-            props.append(Property(f"bit_identical_{what}", same, float((got - want).abs().max()),
-                                  "" if same else f"flag-off {what} differ from the unpatched GPTModel.forward"))
+            props.append(
+                Property(
+                    f"bit_identical_{what}",
+                    same,
+                    float((got - want).abs().max()),
+                    "" if same else f"flag-off {what} differ from the unpatched GPTModel.forward",
+                )
+            )
     return props
 
 
@@ -158,7 +193,13 @@ def _decoder_comm(ctx, s: int, b: int, output_layer: bool) -> tuple[dict, dict]:
     e = ctx.dtype.itemsize
     full = s * b * HIDDEN * e
     out = int(output_layer)
-    ag_f, rs_f, ag_b, rs_b, sp_params = 2 * LAYERS + out, 2 * LAYERS + 1, 4 * LAYERS + 1 + out, 2 * LAYERS + out, 6 * LAYERS + 2
+    ag_f, rs_f, ag_b, rs_b, sp_params = (
+        2 * LAYERS + out,
+        2 * LAYERS + 1,
+        4 * LAYERS + 1 + out,
+        2 * LAYERS + out,
+        6 * LAYERS + 2,
+    )
     fwd = {AG: (ag_f, ag_f * full // tp), RS: (rs_f, rs_f * full)}
     bwd = {AG: (ag_b, ag_b * full // tp), RS: (rs_b, rs_b * full), AR: (sp_params, sp_params * HIDDEN * e)}
     return fwd, bwd
@@ -203,9 +244,17 @@ class FusionSpec:
 
     @property
     def extra(self) -> dict:
-        return {k: x for k, x, default in (("masked", self.masked, 0.0), ("labels_are_ids", self.labels_are_ids, False),
-                                           ("S", self.seq, SEQ), ("V", self.vocab, VOCAB), ("B", self.batch, BATCH))
-                if x != default}
+        return {
+            k: x
+            for k, x, default in (
+                ("masked", self.masked, 0.0),
+                ("labels_are_ids", self.labels_are_ids, False),
+                ("S", self.seq, SEQ),
+                ("V", self.vocab, VOCAB),
+                ("B", self.batch, BATCH),
+            )
+            if x != default
+        }
 
     @property
     def case_id(self) -> str:
@@ -214,7 +263,15 @@ class FusionSpec:
 
     @property
     def params(self) -> dict:
-        return {"tied": self.tied, "chunk_size": self.chunk, "S": SEQ, "B": BATCH, "H": HIDDEN, "V": VOCAB, **self.extra}
+        return {
+            "tied": self.tied,
+            "chunk_size": self.chunk,
+            "S": SEQ,
+            "B": BATCH,
+            "H": HIDDEN,
+            "V": VOCAB,
+            **self.extra,
+        }
 
     def inputs(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
         return make_inputs(gen, self.tied, self.masked, self.labels_are_ids, self.vocab, self.batch, self.seq)
@@ -223,21 +280,36 @@ class FusionSpec:
         return supports(t, self.seq, self.vocab)
 
 
-FUSION_SPECS = (FusionSpec(True, 5), FusionSpec(False, 5), FusionSpec(True, 4), FusionSpec(False, 16),
-                FusionSpec(True, 3, masked=0.25), FusionSpec(False, 8, labels_are_ids=True))
+FUSION_SPECS = (
+    FusionSpec(True, 5),
+    FusionSpec(False, 5),
+    FusionSpec(True, 4),
+    FusionSpec(False, 16),
+    FusionSpec(True, 3, masked=0.25),
+    FusionSpec(False, 8, labels_are_ids=True),
+)
 
 
 def fused_case(spec: FusionSpec, skip: str | None) -> Case:
     """Values and every parameter gradient in float64, and the same values under torch.no_grad after a second patch."""
     return Case(
-        op=PATCH_OP, case_id=spec.case_id, params=spec.params, make_inputs=spec.inputs,
+        op=PATCH_OP,
+        case_id=spec.case_id,
+        params=spec.params,
+        make_inputs=spec.inputs,
         reference=lambda x: reference_logprobs(x, spec.tied, spec.vocab),
         run=lambda impl, ctx, x: run_fused(impl, ctx, x, spec.tied, spec.chunk, vocab=spec.vocab),
-        input_layouts=param_layouts(spec.tied), output_layouts=(REPLICATED,), grad_inputs=tuple(param_layouts(spec.tied)),
-        properties=lambda ctx, full, local, outs: _same_without_grad(ctx, full, local, outs, spec.tied, spec.chunk,
-                                                                     spec.vocab),
-        comm=lambda ctx: fused_comm(ctx, spec.tied, spec.chunk, spec.seq, spec.vocab, spec.batch), dtypes=("float64",),
-        supports=spec.supports, skip_reason=skip)
+        input_layouts=param_layouts(spec.tied),
+        output_layouts=(REPLICATED,),
+        grad_inputs=tuple(param_layouts(spec.tied)),
+        properties=lambda ctx, full, local, outs: _same_without_grad(
+            ctx, full, local, outs, spec.tied, spec.chunk, spec.vocab
+        ),
+        comm=lambda ctx: fused_comm(ctx, spec.tied, spec.chunk, spec.seq, spec.vocab, spec.batch),
+        dtypes=("float64",),
+        supports=spec.supports,
+        skip_reason=skip,
+    )
 
 
 def fused_values_case(spec: FusionSpec, skip: str | None) -> Case:
@@ -245,12 +317,19 @@ def fused_values_case(spec: FusionSpec, skip: str | None) -> Case:
     by up to 0.76 of the budget (the vocab-weight gradient summed chunk by chunk vs one matmul): too close to flaky;
     the float64 cases check every gradient sharply."""
     return Case(
-        op=PATCH_OP, case_id=f"{spec.case_id}-values", params=spec.params, make_inputs=spec.inputs,
+        op=PATCH_OP,
+        case_id=f"{spec.case_id}-values",
+        params=spec.params,
+        make_inputs=spec.inputs,
         reference=lambda x: reference_logprobs(x, spec.tied, spec.vocab),
         run=lambda impl, ctx, x: run_fused(impl, ctx, x, spec.tied, spec.chunk, vocab=spec.vocab),
-        input_layouts=param_layouts(spec.tied), output_layouts=(REPLICATED,),
-        comm=lambda ctx: fused_comm(ctx, spec.tied, spec.chunk, spec.seq, spec.vocab, spec.batch), dtypes=("float32",),
-        supports=spec.supports, skip_reason=skip)
+        input_layouts=param_layouts(spec.tied),
+        output_layouts=(REPLICATED,),
+        comm=lambda ctx: fused_comm(ctx, spec.tied, spec.chunk, spec.seq, spec.vocab, spec.batch),
+        dtypes=("float32",),
+        supports=spec.supports,
+        skip_reason=skip,
+    )
 
 
 def flag_off_case(tied: bool, skip: str | None) -> Case:
@@ -258,22 +337,35 @@ def flag_off_case(tied: bool, skip: str | None) -> Case:
     logits and bit-identical logits and loss (properties).  Every parameter's gradient of this path is the model
     case's (suites/_model_utils_megatron_gpt.py: one training step, module by module, in three dtypes)."""
     return Case(
-        op=FORWARD_OP, case_id=f"{'tied' if tied else 'untied'}-flag-off",
+        op=FORWARD_OP,
+        case_id=f"{'tied' if tied else 'untied'}-flag-off",
         params={"tied": tied, "S": SEQ, "B": BATCH, "H": HIDDEN, "V": VOCAB},
-        make_inputs=lambda gen: make_inputs(gen, tied), reference=lambda x: golden_logits(x, tied),
+        make_inputs=lambda gen: make_inputs(gen, tied),
+        reference=lambda x: golden_logits(x, tied),
         run=lambda impl, ctx, x: run_flag_off(impl, ctx, x, tied),
-        input_layouts=param_layouts(tied), output_layouts=(Layout(tp=Shard(-1)),), output_names=("logits",),
+        input_layouts=param_layouts(tied),
+        output_layouts=(Layout(tp=Shard(-1)),),
+        output_names=("logits",),
         properties=lambda ctx, full, local, outs: _bit_identical(ctx, full, local, outs, tied),
-        comm=lambda ctx: flag_off_comm(ctx, tied), dtypes=("float64", "float32"), supports=supports, skip_reason=skip)
+        comm=lambda ctx: flag_off_comm(ctx, tied),
+        dtypes=("float64", "float32"),
+        supports=supports,
+        skip_reason=skip,
+    )
 
 
 def cases(quick: bool = False) -> list[Case]:
     skip = megatron_missing()
     specs = FUSION_SPECS[:2] if quick else FUSION_SPECS
-    out = ([fused_case(s, skip) for s in specs] + [fused_values_case(s, skip) for s in specs[:2]]
-           + [flag_off_case(tied, skip) for tied in ((True,) if quick else (True, False))] + bad_input_cases(skip))
-    return (cite(out, RULES, bad_input=ours(f"{DOC}#megatron-core-gptmodel-fusion"))
-            + [gpt_model_case(tied) for tied in ((False,) if quick else (False, True))])
+    out = (
+        [fused_case(s, skip) for s in specs]
+        + [fused_values_case(s, skip) for s in specs[:2]]
+        + [flag_off_case(tied, skip) for tied in ((True,) if quick else (True, False))]
+        + bad_input_cases(skip)
+    )
+    return cite(out, RULES, bad_input=ours(f"{DOC}#megatron-core-gptmodel-fusion")) + [
+        gpt_model_case(tied) for tied in ((False,) if quick else (False, True))
+    ]
 
 
 DOC = "docs/ops/model_utils.md"
@@ -285,6 +377,7 @@ RULES = {
 
 
 # ---- uses it does not serve ------------------------------------------------------------------------------------
+
 
 def _call_with(impl, ctx, x, model_kwargs: dict | None = None, chunk: int = 4, **forward_kwargs):
     """The patched forward of a model built with `model_kwargs`, called with `forward_kwargs`."""
@@ -308,26 +401,46 @@ class BadUse:
 
 BAD_USES = (
     BadUse("no-labels", "the fused forward without labels", lambda impl, ctx, x: _call_with(impl, ctx, x, labels=None)),
-    BadUse("loss-mask", "a loss_mask handed to the fused forward",
-           lambda impl, ctx, x: _call_with(impl, ctx, x, loss_mask=torch.ones_like(x["labels"]))),
+    BadUse(
+        "loss-mask",
+        "a loss_mask handed to the fused forward",
+        lambda impl, ctx, x: _call_with(impl, ctx, x, loss_mask=torch.ones_like(x["labels"])),
+    ),
     BadUse("chunk-size-0", "chunk_size 0", lambda impl, ctx, x: _call_with(impl, ctx, x, chunk=0)),
-    BadUse("tp-without-sequence-parallel", "TP > 1 without sequence parallelism",
-           lambda impl, ctx, x: _call_with(impl, ctx, x, {"sequence_parallel": False}),
-           lambda t: supports(t) and t.tp > 1),
-    BadUse("context-parallel", "a model with a CP group",
-           lambda impl, ctx, x: _call_with(impl, ctx, x, {"cp_group": ctx.group("cp")}),
-           lambda t: t.dp == 1 and t.tp == 1 and t.cp == 2),
+    BadUse(
+        "tp-without-sequence-parallel",
+        "TP > 1 without sequence parallelism",
+        lambda impl, ctx, x: _call_with(impl, ctx, x, {"sequence_parallel": False}),
+        lambda t: supports(t) and t.tp > 1,
+    ),
+    BadUse(
+        "context-parallel",
+        "a model with a CP group",
+        lambda impl, ctx, x: _call_with(impl, ctx, x, {"cp_group": ctx.group("cp")}),
+        lambda t: t.dp == 1 and t.tp == 1 and t.cp == 2,
+    ),
 )
 
 
 def bad_input_cases(skip: str | None) -> list[Case]:
     """No answer is documented for these uses, so the op must raise on every rank (before any collective, or a
     peer hangs)."""
-    return [Case(op=PATCH_OP, case_id=f"error-{use.name}", params={"error": use.name},
-                 make_inputs=lambda gen: make_inputs(gen, True), reference=lambda x: None, run=use.run,
-                 bad_input=BadInput(use.what), dtypes=("float64",), supports=use.supports,
-                 context_parallel=use.name == "context-parallel", skip_reason=skip)
-            for use in BAD_USES]
+    return [
+        Case(
+            op=PATCH_OP,
+            case_id=f"error-{use.name}",
+            params={"error": use.name},
+            make_inputs=lambda gen: make_inputs(gen, True),
+            reference=lambda x: None,
+            run=use.run,
+            bad_input=BadInput(use.what),
+            dtypes=("float64",),
+            supports=use.supports,
+            context_parallel=use.name == "context-parallel",
+            skip_reason=skip,
+        )
+        for use in BAD_USES
+    ]
 
 
 # ---- benchmarks (`shardcheck run --bench`): the fused path vs logits-then-log-softmax ------------------------------
@@ -339,13 +452,18 @@ def bad_input_cases(skip: str | None) -> list[Case]:
 
 def bench_case(tied: bool, s: int, v: int, chunk: int, skip: str | None) -> Case:
     return Case(
-        op=PATCH_OP, case_id=f"bench-{'tied' if tied else 'untied'}-b1s{s}v{v}-chunk{chunk}",
+        op=PATCH_OP,
+        case_id=f"bench-{'tied' if tied else 'untied'}-b1s{s}v{v}-chunk{chunk}",
         params={"tied": tied, "B": 1, "S": s, "V": v, "H": HIDDEN, "chunk_size": chunk, "sweep": "V"},
         make_inputs=lambda gen: make_inputs(gen, tied, vocab=v, b=1, s=s),
         reference=lambda x: reference_logprobs(x, tied, vocab=v),
         run=lambda impl, ctx, x: run_fused(impl, ctx, x, tied, chunk, vocab=v),
-        input_layouts=param_layouts(tied), grad_inputs=tuple(param_layouts(tied)),
-        comm=lambda ctx: fused_comm(ctx, tied, chunk, s=s, vocab=v), supports=lambda t: t.size == 1, skip_reason=skip)
+        input_layouts=param_layouts(tied),
+        grad_inputs=tuple(param_layouts(tied)),
+        comm=lambda ctx: fused_comm(ctx, tied, chunk, s=s, vocab=v),
+        supports=lambda t: t.size == 1,
+        skip_reason=skip,
+    )
 
 
 def bench_cases(quick: bool = False) -> list[Case]:
@@ -366,17 +484,27 @@ def bench_cases(quick: bool = False) -> list[Case]:
 def _fuzz_params(topologies):
     from hypothesis import strategies as st
 
-    allowed = sorted({t for t in topologies if supports(t, t.tp * 4, t.tp * 8)}, key=lambda t: (t.size, t.tp, t.cp, t.dp))
+    allowed = sorted(
+        {t for t in topologies if supports(t, t.tp * 4, t.tp * 8)}, key=lambda t: (t.size, t.tp, t.cp, t.dp)
+    )
     topology = st.sampled_from([[t.dp, t.cp, t.tp] for t in allowed]) if allowed else st.nothing()
 
     @st.composite
     def params(draw):
         dp, cp, tp = draw(topology)
         seq = tp * draw(st.integers(-(-2 // tp), 12 // tp + 1))  # S ≥ 2: one next-token log-prob at least
-        return {"topology": [dp, cp, tp], "dtype": draw(st.sampled_from(["float64", "float32"])),
-                "tied": draw(st.booleans()), "S": seq, "V": tp * draw(st.integers(2, 40 // tp)),
-                "B": draw(st.integers(1, 2)), "chunk_size": draw(st.integers(1, seq + 2)),
-                "masked": draw(st.sampled_from([0.0, 0.25, 0.9])), "labels_are_ids": draw(st.booleans())}
+        return {
+            "topology": [dp, cp, tp],
+            "dtype": draw(st.sampled_from(["float64", "float32"])),
+            "tied": draw(st.booleans()),
+            "S": seq,
+            "V": tp * draw(st.integers(2, 40 // tp)),
+            "B": draw(st.integers(1, 2)),
+            "chunk_size": draw(st.integers(1, seq + 2)),
+            "masked": draw(st.sampled_from([0.0, 0.25, 0.9])),
+            "labels_are_ids": draw(st.booleans()),
+        }
+
     return params()
 
 

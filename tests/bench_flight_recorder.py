@@ -49,10 +49,12 @@ def measure(recorder_file: str, calls: int, blocks: int) -> dict[str, float]:
 
         recorded_noop = module._recorded(noop, "all_reduce", "tensor", False)
         out = {}
-        for name, recorded, bare, args in (("no-op collective", recorded_noop, noop, (t,)),
-                                           ("no-op collective, group given", recorded_noop, noop, (t, None, world)),
-                                           ("c10d all_reduce", recorded_c10d, bare_c10d, (t,)),
-                                           ("funcol all_reduce", recorded_funcol, bare_funcol, (t, "sum", world))):
+        for name, recorded, bare, args in (
+            ("no-op collective", recorded_noop, noop, (t,)),
+            ("no-op collective, group given", recorded_noop, noop, (t, None, world)),
+            ("c10d all_reduce", recorded_c10d, bare_c10d, (t,)),
+            ("funcol all_reduce", recorded_funcol, bare_funcol, (t, "sum", world)),
+        ):
             block(recorded, *args), block(bare, *args)  # warm
             diffs = [block(recorded, *args) - block(bare, *args) for _ in range(blocks)]
             out[name] = statistics.median(diffs)
@@ -74,15 +76,21 @@ def main() -> None:
     results: dict[str, list[dict]] = {r: [] for r in args.recorders}
     for _ in range(args.rounds):
         for r in args.recorders:
-            child = subprocess.run([sys.executable, __file__, r, "--one", "--calls", str(args.calls), "--blocks",
-                                    str(args.blocks)], capture_output=True, text=True, check=True,
-                                   env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+            child = subprocess.run(
+                [sys.executable, __file__, r, "--one", "--calls", str(args.calls), "--blocks", str(args.blocks)],
+                capture_output=True,
+                text=True,
+                check=True,
+                env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+            )
             results[r].append(json.loads(child.stdout.strip().splitlines()[-1]))
     for r, runs in results.items():
         for name in runs[0]:
             values = [run[name] for run in runs]
-            print(f"{r}: {name}: " + " / ".join(f"{v:.1f}" for v in values) + f" µs per record (median "
-                  f"{statistics.median(values):.1f})")
+            print(
+                f"{r}: {name}: " + " / ".join(f"{v:.1f}" for v in values) + f" µs per record (median "
+                f"{statistics.median(values):.1f})"
+            )
 
 
 if __name__ == "__main__":

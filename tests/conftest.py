@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers import BROKEN, FIXTURES, Run, assert_one_cause, shardcheck
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pandas as pd
 
 from shardcheck.harness import cli as shardcheck_cli
-from shardcheck.harness.findings.causes import causes, finding_lines
 from shardcheck.harness.core.compare import NOT_PASSING
 from shardcheck.harness.core.records import load
 from shardcheck.harness.driver.pool import WorkerPool
+from shardcheck.harness.findings.causes import causes, finding_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN = ROOT / "tests" / "broken"  # <suite>/<bug>.py: an op bug the suite must catch, with one cause
@@ -91,8 +91,13 @@ def cli(*args: str, timeout: float = 120, fresh: bool = False) -> subprocess.Com
     """Any shardcheck command line (no --out added); in this process unless `fresh` (as `shardcheck`).  `--no-shims`
     runs are always fresh: the shims the other runs installed in this process would stay."""
     if fresh or "--no-shims" in args:
-        return subprocess.run([sys.executable, "-m", "shardcheck.harness.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "shardcheck.harness.cli", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     return subprocess.CompletedProcess(["shardcheck", *args], *in_process(list(args)))
 
 
@@ -103,8 +108,7 @@ def assert_one_cause(run: Run) -> pd.Series:
     table = run.causes
     ops = set(run.failed()["op"])
     named = [op for cause_ops in table["ops"] for op in cause_ops]
-    assert len(table) >= 1 and sorted(named) == sorted(ops), \
-        "\n".join(finding_lines(table)) + "\n" + run.stdout[-3000:]
+    assert len(table) >= 1 and sorted(named) == sorted(ops), "\n".join(finding_lines(table)) + "\n" + run.stdout[-3000:]
     for cause in table.itertuples():
         assert f"{cause.status.upper()} {cause.op}: {cause.kind}" in run.stdout
     return table.iloc[0]

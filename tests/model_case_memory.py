@@ -40,9 +40,19 @@ def measure(worker: Worker, layers: int, seq: int, dim: int, scale: float = 1.0)
     finding keeps are then in the figure too) or, within the float32 budget, warns (1 + 1e-9: the precision step)."""
     suite.CONFIG = ref.Config(vocab=64, dim=dim, layers=layers, heads=4, kv_heads=4, hidden=2 * dim)
     suite.SEQ = seq
-    plan = build_plan(Selection(run_id="memory", seed=0, timeout=60.0, device="cpu", backend="gloo",
-                                suites_wanted=["decoder"], world_sizes=[1], topologies=[Topology(1, 1, 1)],
-                                dtypes=["float64"]))
+    plan = build_plan(
+        Selection(
+            run_id="memory",
+            seed=0,
+            timeout=60.0,
+            device="cpu",
+            backend="gloo",
+            suites_wanted=["decoder"],
+            world_sizes=[1],
+            topologies=[Topology(1, 1, 1)],
+            dtypes=["float64"],
+        )
+    )
     plan.failure_artefacts = 8  # as the driver sends it while the run's artefact budget lasts
     (item,) = plan.items
     out, events = {}, {}
@@ -71,7 +81,9 @@ def measure(worker: Worker, layers: int, seq: int, dim: int, scale: float = 1.0)
             out[way] = tracker.peak
             worker.events.file.flush()
             lines = [json.loads(line) for line in Path(worker.events.file.name).read_text().splitlines()]
-            events[way] = [{k: v for k, v in e.items() if k not in ("time", "item")} for e in lines if e["t"] == "check"]
+            events[way] = [
+                {k: v for k, v in e.items() if k not in ("time", "item")} for e in lines if e["t"] == "check"
+            ]
     return out, events
 
 
@@ -87,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker("cpu", "gloo", 60.0, False, store=dist.HashStore(), rank=0, world=1)  # a world of one rank
     for layers in [int(n) for n in args.layers.split(",")]:
         peaks, events = measure(worker, layers, args.seq, args.dim, args.scale)
-        print(json.dumps({"layers": layers, "scale": args.scale, **peaks, **({"events": events} if args.events else {})}),
-              flush=True)
+        print(
+            json.dumps({"layers": layers, "scale": args.scale, **peaks, **({"events": events} if args.events else {})}),
+            flush=True,
+        )
     dist.destroy_process_group()
     return 0
 

@@ -37,7 +37,9 @@ def export_real_module(namespace: dict[str, Any], family: str, source: Path | No
     spec.loader.exec_module(copy)
     unknown = [n for n in replacements if not hasattr(copy, n)]
     if unknown:
-        raise AttributeError(f"{source or 'shardcheck.distributed_impl.' + family} has no {', '.join(unknown)} to replace")
+        raise AttributeError(
+            f"{source or 'shardcheck.distributed_impl.' + family} has no {', '.join(unknown)} to replace"
+        )
     for key, value in replacements.items():
         setattr(copy, key, value)
     for key, value in vars(copy).items():

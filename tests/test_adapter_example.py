@@ -8,10 +8,31 @@ from __future__ import annotations
 
 from helpers import ROOT
 
-ADAPTER_RUN = ("run", "--impl", "kd_loss=examples/adapters/kd_loss_adapter.py", "--op", "kd_loss.KDLoss",
-               "--world-sizes", "1,2", "--dtype", "float64", "--strict")
-LEGACY_RUN = ("run", "--impl", "kd_loss=examples/adapters/legacy_kd_loss.py", "--op", "kd_loss.KDLoss",
-              "--case", "group-b4s6v37-T1-nbltensor-chunk0-masked", "--world-sizes", "1", "--dtype", "float64")
+ADAPTER_RUN = (
+    "run",
+    "--impl",
+    "kd_loss=examples/adapters/kd_loss_adapter.py",
+    "--op",
+    "kd_loss.KDLoss",
+    "--world-sizes",
+    "1,2",
+    "--dtype",
+    "float64",
+    "--strict",
+)
+LEGACY_RUN = (
+    "run",
+    "--impl",
+    "kd_loss=examples/adapters/legacy_kd_loss.py",
+    "--op",
+    "kd_loss.KDLoss",
+    "--case",
+    "group-b4s6v37-T1-nbltensor-chunk0-masked",
+    "--world-sizes",
+    "1",
+    "--dtype",
+    "float64",
+)
 
 
 def test_guide_shows_the_adapter_and_the_commands_tested_here():

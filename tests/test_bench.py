@@ -13,9 +13,9 @@ import json
 
 import pandas as pd
 import pytest
+from helpers import BROKEN, FIXTURES, cli, shardcheck
 
 from shardcheck.harness.rank.suite_loader import suite_cases, suite_names
-from helpers import BROKEN, FIXTURES, cli, shardcheck
 
 MEASURED = ("time_ms", "time_ms_iqr", "peak_bytes", "comm_calls", "comm_bytes")
 KEY = ["op", "case_id", "dp", "cp", "tp", "dtype"]
@@ -33,7 +33,10 @@ def quick_runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("bench")
     topologies = [arg for t in ("tp=1", "tp=2", "tp=4", "cp=2") for arg in ("--topology", t)]
     again = [arg for t in ("tp=1", "tp=2", "cp=2") for arg in ("--topology", t)]
-    return [shardcheck("run", "--bench", "--quick", *args, out=base / f"run{i}") for i, args in enumerate((topologies, again))]
+    return [
+        shardcheck("run", "--bench", "--quick", *args, out=base / f"run{i}")
+        for i, args in enumerate((topologies, again))
+    ]
 
 
 def _bench_rows(run) -> pd.DataFrame:
@@ -46,7 +49,9 @@ def test_bench_records_export_and_plots(quick_runs):
     assert run.returncode == 0, run.stdout + run.stderr
     rows = run.rows
     bench = rows[rows["check"] == "bench"]
-    assert {"kd_loss.KDLoss", "model_utils.DistributedLogprob", "model_utils.ChunkedDistributedLogprob"} <= set(bench["op"])
+    assert {"kd_loss.KDLoss", "model_utils.DistributedLogprob", "model_utils.ChunkedDistributedLogprob"} <= set(
+        bench["op"]
+    )
     assert set(bench["tp"]) == {1, 2, 4}  # the tp sweep
     for col in MEASURED:
         assert bench[col].notna().all(), f"{col} missing in some bench row"
@@ -64,7 +69,9 @@ def test_bench_records_export_and_plots(quick_runs):
     single = bench[bench["world_size"].notna() & (bench["dp"] * bench["cp"] * bench["tp"] == 1)]
     assert len(single) and single["ref_time_ms"].notna().all() and (single["ref_peak_bytes"] > 0).all()
     # the communication contracts hold in the bench runs too: one passing row per bench item whose case has one
-    with_contract = {(c.op, c.case_id) for name in suite_names() for c in suite_cases(name, quick=True, bench=True) if c.comm}
+    with_contract = {
+        (c.op, c.case_id) for name in suite_names() for c in suite_cases(name, quick=True, bench=True) if c.comm
+    }
     comm = rows[rows["check"] == "property:comm"]
     expected = bench[[(op, cid) in with_contract for op, cid in zip(bench["op"], bench["case_id"])]]
     assert len(comm) == len(expected) > 0 and (comm["status"] == "pass").all()
@@ -106,8 +113,16 @@ def test_memory_and_communication_are_deterministic(quick_runs):
 def test_extra_allgather_fails_the_comm_contract(run_shardcheck):
     """Right values, wrong cost: a DistributedLogprob that also all-gathers the [B, S, V] logits.
     Beyond the contract is a performance finding: `warn`, which fails the run under --strict."""
-    run = run_shardcheck("run", *_impl("extra_allgather"), "--op", "model_utils.DistributedLogprob", "--quick",
-                         "--dtype", "float64", *TP2)
+    run = run_shardcheck(
+        "run",
+        *_impl("extra_allgather"),
+        "--op",
+        "model_utils.DistributedLogprob",
+        "--quick",
+        "--dtype",
+        "float64",
+        *TP2,
+    )
     assert run.returncode == 1, run.stdout + run.stderr
     rows = run.rows
     bad = run.failed()
@@ -127,9 +142,18 @@ def test_compare_gate(quick_runs, run_shardcheck):
 
     # Twice the forward work: the bench run itself warns on property:comm (the collectives doubled;
     # --strict fails it), and compare flags the deterministic memory growth on every case.
-    slow = run_shardcheck("run", "--bench", "--quick", "--impl", f"model_utils={FIXTURES / 'model_utils' / 'slow_2x.py'}",
-                          "--op", "model_utils.DistributedLogprob",
-                          "--topology", "dp=1,cp=1,tp=1", *TP2)
+    slow = run_shardcheck(
+        "run",
+        "--bench",
+        "--quick",
+        "--impl",
+        f"model_utils={FIXTURES / 'model_utils' / 'slow_2x.py'}",
+        "--op",
+        "model_utils.DistributedLogprob",
+        "--topology",
+        "dp=1,cp=1,tp=1",
+        *TP2,
+    )
     assert slow.returncode == 1, slow.stdout + slow.stderr
     comm = slow.rows[slow.rows["check"] == "property:comm"]
     assert len(comm) and (comm["status"] == "warn").all()
@@ -142,7 +166,10 @@ def test_compare_gate(quick_runs, run_shardcheck):
     real = real.loc[twice.index]
     assert (twice["peak_bytes"] > 1.05 * real["peak_bytes"]).all()
     for key in twice.index:
-        assert twice.at[key, "comm_calls"]["forward"]["all_reduce@tp"] == 2 * real.at[key, "comm_calls"]["forward"]["all_reduce@tp"]
+        assert (
+            twice.at[key, "comm_calls"]["forward"]["all_reduce@tp"]
+            == 2 * real.at[key, "comm_calls"]["forward"]["all_reduce@tp"]
+        )
     # reported, not asserted (tiny quick sizes on a shared machine): how much slower it measured
     ratio = (twice["time_ms"] / real["time_ms"]).round(2)
     print("slow_2x / real time ratio per case:", ratio.to_dict())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from helpers import FIXTURES, cli
 
-BAD_SWEEP = f'''
+BAD_SWEEP = f"""
 import dataclasses, sys
 sys.path.insert(0, {str(FIXTURES / "memory")!r})
 import dtensor_memory as base
@@ -21,15 +21,24 @@ def cases(quick):
 
 def bench_cases(quick):
     return [dataclasses.replace(c, params={{"sweep": SWEEP}}) for c in base.bench_cases(quick)]
-'''
+"""
 
 
 def test_bench_sweep_naming_no_parameter_is_one_line_and_exit_2(tmp_path):
     for sweep, why in (('"S"', "which its params lack"), ('"sweep"', "not a number there")):
         suite = tmp_path / f"bad_sweep_{len(why)}.py"
         suite.write_text(BAD_SWEEP.replace("SWEEP", sweep))
-        run = cli("run", "--bench", "--suite-path", str(suite), "--topology", "tp=1", "--no-progress",
-                  "--out", str(tmp_path / f"run{len(why)}"))
+        run = cli(
+            "run",
+            "--bench",
+            "--suite-path",
+            str(suite),
+            "--topology",
+            "tp=1",
+            "--no-progress",
+            "--out",
+            str(tmp_path / f"run{len(why)}"),
+        )
         assert run.returncode == 2, run.stdout + run.stderr
         lines = run.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
@@ -44,9 +53,23 @@ BOX_B = {"cpu": "AMD EPYC 9654 96-Core Processor", "cores": 16, "gpu": None, "to
 
 
 def _bench_row(time_ms: float, peak: int, status: str = "pass") -> dict:
-    return {"run_id": "r", "op": "model_utils.DistributedLogprob", "family": "model_utils", "case_id": "bench-S-1024",
-            "dp": 1, "cp": 1, "tp": 1, "dtype": "float32", "device": "cpu", "check": "bench", "status": status,
-            "time_ms": time_ms, "time_ms_iqr": 0.2, "peak_bytes": peak, "times_ms": [time_ms - 0.1, time_ms, time_ms + 0.1]}
+    return {
+        "run_id": "r",
+        "op": "model_utils.DistributedLogprob",
+        "family": "model_utils",
+        "case_id": "bench-S-1024",
+        "dp": 1,
+        "cp": 1,
+        "tp": 1,
+        "dtype": "float32",
+        "device": "cpu",
+        "check": "bench",
+        "status": status,
+        "time_ms": time_ms,
+        "time_ms_iqr": 0.2,
+        "peak_bytes": peak,
+        "times_ms": [time_ms - 0.1, time_ms, time_ms + 0.1],
+    }
 
 
 def _comm_row(status: str) -> dict:
@@ -103,10 +126,12 @@ def test_compare_across_machines_judges_memory_and_collectives_only(tmp_path):
 def test_dashboard_across_machines_marks_memory_not_time(tmp_path):
     from shardcheck.reports.dashboard import build_dashboard, load_runs, regressions
 
-    dirs = [_fake_run(tmp_path, "a", "2026-11-01T10:00:00", BOX_A, [_bench_row(10.0, 1000)]),
-            _fake_run(tmp_path, "b", "2026-11-02T10:00:00", BOX_B, [_bench_row(30.0, 1000)]),  # other box: 3x
-            _fake_run(tmp_path, "c", "2026-11-03T10:00:00", BOX_B, [_bench_row(31.0, 1600)]),  # memory +60 %
-            _fake_run(tmp_path, "d", "2026-11-04T10:00:00", BOX_B, [_bench_row(62.0, 1600)])]  # same box: 2x
+    dirs = [
+        _fake_run(tmp_path, "a", "2026-11-01T10:00:00", BOX_A, [_bench_row(10.0, 1000)]),
+        _fake_run(tmp_path, "b", "2026-11-02T10:00:00", BOX_B, [_bench_row(30.0, 1000)]),  # other box: 3x
+        _fake_run(tmp_path, "c", "2026-11-03T10:00:00", BOX_B, [_bench_row(31.0, 1600)]),  # memory +60 %
+        _fake_run(tmp_path, "d", "2026-11-04T10:00:00", BOX_B, [_bench_row(62.0, 1600)]),
+    ]  # same box: 2x
     runs, rows = load_runs(dirs)
     marks = regressions(rows, max_slowdown=10.0, max_memory_growth=5.0)
     assert [(m.run, m.note.split(" ")[0]) for m in marks.itertuples()] == [(2, "memory"), (3, "time")]

@@ -10,8 +10,16 @@ FULL_BYTES = 64 * 256 * 4  # the fixture's [64, 256] float32 input
 
 
 def test_dtensor_peak_is_local_storage(tmp_path):
-    run = shardcheck("run", "--bench", "--bench-iters", "2", "--suite-path", str(FIXTURES / "memory"), *TOPOLOGIES,
-                     out=tmp_path / "run")
+    run = shardcheck(
+        "run",
+        "--bench",
+        "--bench-iters",
+        "2",
+        "--suite-path",
+        str(FIXTURES / "memory"),
+        *TOPOLOGIES,
+        out=tmp_path / "run",
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     rows = run.rows
     peak = rows[rows["check"] == "bench"].set_index(["op", "tp"])["peak_bytes"]
@@ -28,9 +36,22 @@ def test_dtensor_peak_is_local_storage(tmp_path):
 def test_logprob_peak_beside_its_model(tmp_path):
     """(Chunked)DistributedLogprob's bench rows carry the peak their shapes predict (suites/_model_utils_bench.py);
     ours measure within 10 % of it, falling as 1/TP, and no gap is reported."""
-    run = shardcheck("run", "--bench", "--quick", "--bench-iters", "2", "--op", "model_utils.DistributedLogprob",
-                     "--op", "model_utils.ChunkedDistributedLogprob", "--topology", "tp=1", "--topology", "tp=2",
-                     out=tmp_path / "run")
+    run = shardcheck(
+        "run",
+        "--bench",
+        "--quick",
+        "--bench-iters",
+        "2",
+        "--op",
+        "model_utils.DistributedLogprob",
+        "--op",
+        "model_utils.ChunkedDistributedLogprob",
+        "--topology",
+        "tp=1",
+        "--topology",
+        "tp=2",
+        out=tmp_path / "run",
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     bench = run.rows[run.rows["check"] == "bench"]
     assert len(bench) and bench["expected_peak_bytes"].notna().all() and bench["memory_model"].str.len().gt(0).all()
@@ -45,8 +66,20 @@ def test_materialised_logits_show_as_a_gap(tmp_path):
     """A ChunkedDistributedLogprob that ignores chunk_size (the whole softmax made and saved): right values, and a
     peak ~1.8x its model, named in the report with the model's terms."""
     impl = FIXTURES / "model_utils" / "chunked_materialises_logits.py"
-    run = shardcheck("run", "--bench", "--quick", "--bench-iters", "2", "--impl", f"model_utils={impl}",
-                     "--op", "model_utils.ChunkedDistributedLogprob", "--topology", "tp=1", out=tmp_path / "run")
+    run = shardcheck(
+        "run",
+        "--bench",
+        "--quick",
+        "--bench-iters",
+        "2",
+        "--impl",
+        f"model_utils={impl}",
+        "--op",
+        "model_utils.ChunkedDistributedLogprob",
+        "--topology",
+        "tp=1",
+        out=tmp_path / "run",
+    )
     assert run.returncode == 0, run.stdout + run.stderr  # a cost finding in the report, not a failing check
     bench = run.rows[run.rows["check"] == "bench"]
     ratio = bench["peak_bytes"] / bench["expected_peak_bytes"]

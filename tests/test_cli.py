@@ -5,30 +5,33 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import ROOT, cli
+
 from shardcheck.harness.cli import main
 
 
-@pytest.mark.parametrize("args, words", [
-    (["run", "--op", "model_utils.NoSuchOp"], "unknown op 'model_utils.NoSuchOp'"),
-    (["run", "--suite", "nosuite"], "unknown suite 'nosuite'"),
-    (["run", "--topology", "dp=1,cp=1,tp=0"], "tp must be positive, got 0"),
-    (["run", "--topology", "dp=-2"], "dp must be positive, got -2"),
-    (["run", "--topology", "tp=two"], "tp must be an integer"),
-    (["run", "--dtype", "float8"], "unknown dtype 'float8'"),
-    (["run", "--impl", "model_utils=no.such.module"], "cannot import: ModuleNotFoundError"),
-    (["run", "--impl", "model_utils=tests/broken/does_not_exist.py"], "no such file"),
-    (["run", "--impl", "nofamily=x"], "unknown family 'nofamily'"),
-    (["run", "--impl", "model_utils"], "--impl expects FAMILY=MODULE"),
-    (["run", "--world-sizes", "0"], "world sizes must be positive"),
-    (["run", "--world-sizes", "a,b"], "expected comma-separated integers"),
-    (["run", "--timeout", "0"], "--timeout must be positive"),
-    (["run", "--case", "no-such-case*"], "nothing to run"),
-    (["run", "--bogus"], "unrecognized arguments: --bogus"),
-    (["report", "/nonexistent/dir"], "no results.jsonl"),
-    ([], "missing command"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["run", "--op", "model_utils.NoSuchOp"], "unknown op 'model_utils.NoSuchOp'"),
+        (["run", "--suite", "nosuite"], "unknown suite 'nosuite'"),
+        (["run", "--topology", "dp=1,cp=1,tp=0"], "tp must be positive, got 0"),
+        (["run", "--topology", "dp=-2"], "dp must be positive, got -2"),
+        (["run", "--topology", "tp=two"], "tp must be an integer"),
+        (["run", "--dtype", "float8"], "unknown dtype 'float8'"),
+        (["run", "--impl", "model_utils=no.such.module"], "cannot import: ModuleNotFoundError"),
+        (["run", "--impl", "model_utils=tests/broken/does_not_exist.py"], "no such file"),
+        (["run", "--impl", "nofamily=x"], "unknown family 'nofamily'"),
+        (["run", "--impl", "model_utils"], "--impl expects FAMILY=MODULE"),
+        (["run", "--world-sizes", "0"], "world sizes must be positive"),
+        (["run", "--world-sizes", "a,b"], "expected comma-separated integers"),
+        (["run", "--timeout", "0"], "--timeout must be positive"),
+        (["run", "--case", "no-such-case*"], "nothing to run"),
+        (["run", "--bogus"], "unrecognized arguments: --bogus"),
+        (["report", "/nonexistent/dir"], "no results.jsonl"),
+        ([], "missing command"),
+    ],
+)
 def test_bad_usage_is_one_line_and_exit_2(args, words, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # in-process (fast); an escaping exception would fail the test
     code = main(args + (["--out", str(tmp_path / "run")] if args[:1] == ["run"] else []))
@@ -63,21 +66,42 @@ def test_impl_that_raises_at_import_is_usage_error(tmp_path, capsys):
 
 def test_impl_lacking_every_selected_op_is_usage_error(capsys, tmp_path):
     path = tmp_path / "log_softmax_only.py"  # the wrong file for this op
-    path.write_text("def _compute_distributed_log_softmax(vocab_parallel_logits, group):\n    raise NotImplementedError\n")
-    err = _usage_error(capsys, "run", "--impl", f"model_utils={path}", "--op", "model_utils.DistributedLogprob",
-                       "--out", str(tmp_path / "run"))
-    assert "module has none of the selected ops (no 'DistributedLogprob', needed by model_utils.DistributedLogprob)" in err
+    path.write_text(
+        "def _compute_distributed_log_softmax(vocab_parallel_logits, group):\n    raise NotImplementedError\n"
+    )
+    err = _usage_error(
+        capsys,
+        "run",
+        "--impl",
+        f"model_utils={path}",
+        "--op",
+        "model_utils.DistributedLogprob",
+        "--out",
+        str(tmp_path / "run"),
+    )
+    assert (
+        "module has none of the selected ops (no 'DistributedLogprob', needed by model_utils.DistributedLogprob)" in err
+    )
 
 
 def test_list_names_every_op_and_default_topologies(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    for op in ("_compute_distributed_log_softmax", "_compute_distributed_softmax", "DistributedLogprob",
-               "ChunkedDistributedLogprob", "DistributedCrossEntropy", "from_parallel_logits_to_logprobs",
-               "all_to_all_vp2sq", "all_to_all_sq2vp"):
+    for op in (
+        "_compute_distributed_log_softmax",
+        "_compute_distributed_softmax",
+        "DistributedLogprob",
+        "ChunkedDistributedLogprob",
+        "DistributedCrossEntropy",
+        "from_parallel_logits_to_logprobs",
+        "all_to_all_vp2sq",
+        "all_to_all_sq2vp",
+    ):
         assert f"model_utils.{op} " in out
-    assert ("default topologies: dp1-cp1-tp1 dp2-cp1-tp1 dp1-cp2-tp1 dp1-cp1-tp2 dp4-cp1-tp1 dp2-cp2-tp1 dp1-cp4-tp1 "
-            "dp2-cp1-tp2 dp1-cp2-tp2 dp1-cp1-tp4") in out
+    assert (
+        "default topologies: dp1-cp1-tp1 dp2-cp1-tp1 dp1-cp2-tp1 dp1-cp1-tp2 dp4-cp1-tp1 dp2-cp2-tp1 dp1-cp4-tp1 "
+        "dp2-cp1-tp2 dp1-cp2-tp2 dp1-cp1-tp4"
+    ) in out
 
 
 def test_out_dir_holding_a_run_is_refused(tmp_path, capsys):

@@ -58,10 +58,12 @@ def test_low_precision_budget_follows_the_reference_error():
     b, err_naive = budget(golden, naive, torch.bfloat16)
     assert float(err_naive[0]) == pytest.approx(float((naive.double() - golden).abs().max()))
     bf16 = torch.bfloat16
-    expected_b = KAPPA[bf16] * float(err_naive[0]) + FLOOR_ULPS[bf16] * torch.finfo(bf16).eps * float(golden.abs().max())
+    expected_b = KAPPA[bf16] * float(err_naive[0]) + FLOOR_ULPS[bf16] * torch.finfo(bf16).eps * float(
+        golden.abs().max()
+    )
     assert float(b[0]) == pytest.approx(expected_b) and (b == b[0]).all()  # one row: one budget
     # a correct sharded op rounding the other way passes; a real error does not
-    other_rounding = (golden * (1 + 2 ** -9)).to(torch.bfloat16)
+    other_rounding = (golden * (1 + 2**-9)).to(torch.bfloat16)
     assert judge(compare(other_rounding, golden, b, err_naive))[0] == "pass"
     wrong = naive.clone()
     wrong[17] += 1.0
@@ -94,16 +96,31 @@ def test_budgets_are_per_row():
 
 
 def _rank(rank, status, ratio=0.5, **extra):
-    return {"rank": rank, "coords": {"dp": 0, "cp": 0, "tp": rank}, "status": status, "max_abs_err": ratio * 1e-9,
-            "max_rel_err": 0.0, "budget": 1e-9, "err_ratio": ratio, **extra}
+    return {
+        "rank": rank,
+        "coords": {"dp": 0, "cp": 0, "tp": rank},
+        "status": status,
+        "max_abs_err": ratio * 1e-9,
+        "max_rel_err": 0.0,
+        "budget": 1e-9,
+        "err_ratio": ratio,
+        **extra,
+    }
 
 
 def test_merge_names_the_worst_rank_and_location():
     worst = {"local_index": [0, 3], "global_index": [0, 19], "expected": -2.0, "got": -2.5}
     row = merge_ranks([_rank(0, "pass"), _rank(1, "fail", 5e8, worst=worst)], expected_ranks=[0, 1])
     assert row["status"] == "fail"
-    assert row["mismatch"] == {"rank": 1, "coords": {"dp": 0, "cp": 0, "tp": 1}, "global_index": [0, 19],
-                               "local_index": [0, 3], "expected": -2.0, "got": -2.5, "kind": "value"}
+    assert row["mismatch"] == {
+        "rank": 1,
+        "coords": {"dp": 0, "cp": 0, "tp": 1},
+        "global_index": [0, 19],
+        "local_index": [0, 3],
+        "expected": -2.0,
+        "got": -2.5,
+        "kind": "value",
+    }
     assert row["message"].startswith("rank 1 (dp=0, cp=0, tp=1): |err| 0.5 > budget 1e-09 at global (0, 19)")
     assert [r["status"] for r in row["per_rank"]] == ["pass", "fail"]
 
@@ -118,8 +135,11 @@ def test_merge_puts_the_cause_before_consequences_and_flags_missing_ranks():
 
 
 def test_a_precision_warning_on_some_ranks_only_is_a_failure():
-    warn = dict(message="float64 computed in float32 (err/budget 0.3 against the float32 budget)",
-                symptom="precision:float32", worst={"local_index": [0], "global_index": [0], "expected": 1.0, "got": 1.000001})
+    warn = dict(
+        message="float64 computed in float32 (err/budget 0.3 against the float32 budget)",
+        symptom="precision:float32",
+        worst={"local_index": [0], "global_index": [0], "expected": 1.0, "got": 1.000001},
+    )
     row = merge_ranks([_rank(0, "warn", 5.0, **warn), _rank(1, "warn", 4.0, **warn)], expected_ranks=[0, 1])
     assert row["status"] == "warn"
     row = merge_ranks([_rank(0, "pass"), _rank(1, "warn", 5.0, **warn)], expected_ranks=[0, 1])

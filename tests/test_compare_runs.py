@@ -5,14 +5,27 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import cli
 
 
 def _row(op="model_utils.DistributedLogprob", check="bench", status="pass", time_ms=10.0, iqr=0.5, peak=1000, **kw):
-    return {"run_id": "r", "op": op, "family": "model_utils", "case_id": "S1024", "dp": 1, "cp": 1, "tp": 2,
-            "dtype": "float32", "device": "cpu", "check": check, "status": status, "time_ms": time_ms,
-            "time_ms_iqr": iqr, "peak_bytes": peak, **kw}
+    return {
+        "run_id": "r",
+        "op": op,
+        "family": "model_utils",
+        "case_id": "S1024",
+        "dp": 1,
+        "cp": 1,
+        "tp": 2,
+        "dtype": "float32",
+        "device": "cpu",
+        "check": check,
+        "status": status,
+        "time_ms": time_ms,
+        "time_ms_iqr": iqr,
+        "peak_bytes": peak,
+        **kw,
+    }
 
 
 def _run(tmp_path, name, rows):
@@ -48,7 +61,9 @@ def test_slowdown_within_the_spread_is_noise(tmp_path):
 
 def test_memory_growth_and_new_failures(tmp_path):
     base = _run(tmp_path, "base", [_row(peak=1000), _row(check="grad:logits", time_ms=None, iqr=None, peak=None)])
-    new = _run(tmp_path, "new", [_row(peak=1100), _row(check="grad:logits", status="fail", time_ms=None, iqr=None, peak=None)])
+    new = _run(
+        tmp_path, "new", [_row(peak=1100), _row(check="grad:logits", status="fail", time_ms=None, iqr=None, peak=None)]
+    )
     proc = cli("compare", base, new, "--max-memory-growth", "5")
     assert proc.returncode == 1
     assert "REGRESSION: memory +10%" in proc.stdout and "REGRESSION: pass -> fail" in proc.stdout

@@ -10,14 +10,38 @@ from shardcheck.harness.findings.causes import causes, separating_condition
 HANG_SKIP = "not run: the op hung at this topology before (--no-hang-budget runs it anyway)"
 
 
-def _row(status: str, case_id: str, cp: int, positions: str, check: str = "forward", dtype: str = "float64",
-         message: str = "") -> dict:
+def _row(
+    status: str,
+    case_id: str,
+    cp: int,
+    positions: str,
+    check: str = "forward",
+    dtype: str = "float64",
+    message: str = "",
+) -> dict:
     symptom = {"fail": "values", "error": "hung"}.get(status)
-    return {"op": "model_utils_cp.Y", "case_id": case_id, "status": status, "check": check, "dp": 1, "cp": cp,
-            "tp": 1, "dtype": dtype, "params": {"B": 2, "S": 16, "positions": positions}, "message": message,
-            "err_ratio": 9.0 if status == "fail" else None, "mismatch": None, "rerun": None, "symptom": symptom,
-            "culprit_ranks": [0] if symptom else [], "blocked_ranks": [], "error_type": None, "error_message": None,
-            "error_where": None, "phase": "forward" if symptom == "hung" else None}
+    return {
+        "op": "model_utils_cp.Y",
+        "case_id": case_id,
+        "status": status,
+        "check": check,
+        "dp": 1,
+        "cp": cp,
+        "tp": 1,
+        "dtype": dtype,
+        "params": {"B": 2, "S": 16, "positions": positions},
+        "message": message,
+        "err_ratio": 9.0 if status == "fail" else None,
+        "mismatch": None,
+        "rerun": None,
+        "symptom": symptom,
+        "culprit_ranks": [0] if symptom else [],
+        "blocked_ranks": [],
+        "error_type": None,
+        "error_message": None,
+        "error_where": None,
+        "phase": "forward" if symptom == "hung" else None,
+    }
 
 
 def _checks(status: str, case_id: str, cp: int, positions: str, dtype: str = "float64") -> list[dict]:
@@ -69,8 +93,11 @@ def test_items_a_hang_budget_skipped_never_count_as_evidence():
     """At cp 2 the op hung in one item; the budget skipped the others there.  The skipped items neither pass nor fail:
     the condition is from the items that ran, and the line says how many were skipped (they may show it too)."""
     rows = [_row("error", "scale30", 2, "none", "forward")]
-    rows += [_row("skip", case, 2, "none", check, message=HANG_SKIP) for case in ("scale10", "scale20")
-             for check in ("forward", "grad:logits")]
+    rows += [
+        _row("skip", case, 2, "none", check, message=HANG_SKIP)
+        for case in ("scale10", "scale20")
+        for check in ("forward", "grad:logits")
+    ]
     rows += _checks("pass", "scale10", 1, "none") + _checks("pass", "scale20", 1, "none")
     rows += _checks("pass", "scale30", 1, "none")
     table = causes(pd.DataFrame(rows))

@@ -8,16 +8,17 @@ import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import BROKEN
 
 from shardcheck.distributed_impl import cp_utils as impl
 from shardcheck.harness.core.case import head_tail_positions
 from shardcheck.reference import cp_utils as ref
-from helpers import BROKEN
 
 SENTINEL = -1000
 
 
 # ---- the implementation's pieces, one process ---------------------------------------------------
+
 
 @pytest.mark.parametrize("length, cp", [(8, 2), (16, 4), (12, 3), (4, 1)])
 def test_head_tail_index_matches_the_harness_rule(length, cp):
@@ -55,7 +56,7 @@ def test_merge_of_disjoint_key_blocks_is_full_softmax_attention():
 def test_causal_block_masks_future_keys_and_never_nans():
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn((1, 1, 6, 3), generator=gen, dtype=torch.float64) for _ in range(3))
-    out, lse = impl._block_forward(q, k, v, 3 ** -0.5, causal=True)
+    out, lse = impl._block_forward(q, k, v, 3**-0.5, causal=True)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), rtol=1e-13, atol=1e-13)
     assert torch.isfinite(lse).all()
 
@@ -97,7 +98,10 @@ def test_build_position_ids_only_when_missing():
     batch = impl._build_position_ids({"input_ids": torch.zeros(2, 5, dtype=torch.long)}, "cpu")
     assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4]]
     given = torch.tensor([[4, 3, 2, 1, 0]])
-    assert impl._build_position_ids({"input_ids": torch.zeros(1, 5), "position_ids": given}, "cpu")["position_ids"] is given
+    assert (
+        impl._build_position_ids({"input_ids": torch.zeros(1, 5), "position_ids": given}, "cpu")["position_ids"]
+        is given
+    )
 
 
 def test_get_train_context_enters_the_cp_context():
@@ -116,12 +120,20 @@ def test_get_train_context_enters_the_cp_context():
 
 
 def test_thd_seed_example_and_padding_mask_by_position():
-    batch = {"input_ids": torch.tensor([[1, 2, 3, 4]]), "labels": torch.tensor([[2, 3, 4, 5]]),
-             "seq_lens": torch.tensor([[4]]), "seq_lens_padded": torch.tensor([[4]])}
+    batch = {
+        "input_ids": torch.tensor([[1, 2, 3, 4]]),
+        "labels": torch.tensor([[2, 3, 4, 5]]),
+        "seq_lens": torch.tensor([[4]]),
+        "seq_lens_padded": torch.tensor([[4]]),
+    }
     assert impl.make_cp_batch_for_te(None, batch)["input_ids"].shape == torch.Size([4])
     # real tokens equal to the padding id (0) stay unmasked; the pad positions past the real length are masked
-    batch = {"input_ids": torch.tensor([[0, 5, 0, 0, 7, 0, 0, 0]]), "labels": torch.arange(8)[None],
-             "seq_lens": torch.tensor([[3, 2, SENTINEL]]), "seq_lens_padded": torch.tensor([[4, 4, SENTINEL]])}
+    batch = {
+        "input_ids": torch.tensor([[0, 5, 0, 0, 7, 0, 0, 0]]),
+        "labels": torch.arange(8)[None],
+        "seq_lens": torch.tensor([[3, 2, SENTINEL]]),
+        "seq_lens_padded": torch.tensor([[4, 4, SENTINEL]]),
+    }
     out = impl.make_cp_batch_for_te(None, batch, seq_lens_padding_value=SENTINEL)
     assert out["padding_mask"].tolist() == [False, False, False, True, False, False, True, True]
     assert out["cu_seqlens"].tolist() == [0, 3, 5] and out["cu_seqlens"].dtype == torch.int32
@@ -133,8 +145,12 @@ def test_thd_seed_example_and_padding_mask_by_position():
 
 
 def test_thd_bad_input():
-    batch = {"input_ids": torch.zeros(3, 8, dtype=torch.long), "labels": torch.zeros(3, 8, dtype=torch.long),
-             "seq_lens": torch.tensor([[8]] * 3), "seq_lens_padded": torch.tensor([[8]] * 3)}
+    batch = {
+        "input_ids": torch.zeros(3, 8, dtype=torch.long),
+        "labels": torch.zeros(3, 8, dtype=torch.long),
+        "seq_lens": torch.tensor([[8]] * 3),
+        "seq_lens_padded": torch.tensor([[8]] * 3),
+    }
     with pytest.raises(ValueError):
         impl.make_cp_batch_for_te(None, batch, qkv_format="bshd")
     with pytest.raises(ValueError, match="num_chunks"):
@@ -145,14 +161,20 @@ def test_thd_bad_input():
 
 # ---- the reference --------------------------------------------------------------------------------
 
+
 def _step_inputs(gen, b=2, s=6, h=4, v=7):
-    params = {"embed": torch.randn((v, h), generator=gen, dtype=torch.float64),
-              "pos_embed": torch.randn((s + 2, h), generator=gen, dtype=torch.float64),
-              "wqkv": torch.randn((3 * h, h), generator=gen, dtype=torch.float64),
-              "wo": torch.randn((h, h), generator=gen, dtype=torch.float64),
-              "lm_head": torch.randn((v, h), generator=gen, dtype=torch.float64)}
-    batch = {"input_ids": torch.randint(0, v, (b, s), generator=gen), "labels": torch.randint(0, v, (b, s), generator=gen),
-             "loss_mask": torch.tensor([[1, 0, 1, 1, 1, 0], [1, 1, 1, 0, 1, 1]])}
+    params = {
+        "embed": torch.randn((v, h), generator=gen, dtype=torch.float64),
+        "pos_embed": torch.randn((s + 2, h), generator=gen, dtype=torch.float64),
+        "wqkv": torch.randn((3 * h, h), generator=gen, dtype=torch.float64),
+        "wo": torch.randn((h, h), generator=gen, dtype=torch.float64),
+        "lm_head": torch.randn((v, h), generator=gen, dtype=torch.float64),
+    }
+    batch = {
+        "input_ids": torch.randint(0, v, (b, s), generator=gen),
+        "labels": torch.randint(0, v, (b, s), generator=gen),
+        "loss_mask": torch.tensor([[1, 0, 1, 1, 1, 0], [1, 1, 1, 0, 1, 1]]),
+    }
     return params, batch
 
 
@@ -181,25 +203,31 @@ def test_reference_attention_mask_of_ones_is_causal():
 
 # ---- the suite's structure -------------------------------------------------------------------------
 
+
 def test_quick_cases_cover_the_ops_and_both_rotations():
     from shardcheck.harness.core.topology import default_topologies
     from shardcheck.suites import cp_utils as suite
 
     quick = suite.cases(quick=True)
-    assert {c.op for c in quick} == {"cp_utils.make_cp_batch_and_ctx", "cp_utils.create_context_parallel_ctx",
-                                     "cp_utils.make_cp_batch_for_te"}
+    assert {c.op for c in quick} == {
+        "cp_utils.make_cp_batch_and_ctx",
+        "cp_utils.create_context_parallel_ctx",
+        "cp_utils.make_cp_batch_for_te",
+    }
     rotations = {c.params.get("rotate") for c in quick if c.grad_inputs}
     assert rotations == {"allgather", "alltoall"}
     # the scale cases (CP 8 and 16 only) do not slow the quick run at 1/2/4
-    assert all(c.context_parallel for c in quick) and len([c for c in quick if not c.case_id.startswith("scale-")]) <= 10
-    assert all(not c.runs_on(t) for c in quick if c.case_id.startswith("scale-")
-               for t in default_topologies([1, 2, 4]))
+    assert (
+        all(c.context_parallel for c in quick) and len([c for c in quick if not c.case_id.startswith("scale-")]) <= 10
+    )
+    assert all(not c.runs_on(t) for c in quick if c.case_id.startswith("scale-") for t in default_topologies([1, 2, 4]))
     full = suite.cases()
     assert len({(c.op, c.case_id) for c in full}) == len(full)
     assert sum(c.bad_input is not None for c in full) == 9
 
 
 # ---- the suite on the real implementation ----------------------------------------------------------
+
 
 def test_quick_suite_passes_at_cp_2_and_4(run_shardcheck):
     run = run_shardcheck("run", "--suite", "cp_utils", "--quick", "--world-sizes", "1,2,4", timeout=300)
@@ -222,8 +250,10 @@ def test_quick_suite_passes_at_cp_2_and_4(run_shardcheck):
 # ---- broken implementations --------------------------------------------------------------------------
 
 BROKEN_CASES = {  # name -> (case patterns to run, checks that must fail)
-    "labels_padded_zero": (["layout-b2s10-*", "batch-allgather-b2s10h8v11-ids-pos-given"],
-                           {"property:inside:labels", "forward"}),
+    "labels_padded_zero": (
+        ["layout-b2s10-*", "batch-allgather-b2s10h8v11-ids-pos-given"],
+        {"property:inside:labels", "forward"},
+    ),
     # one bug, two symptoms in different items, so two findings lines (one root per line): the mask left in the batch
     # where the layout is inspected, and the step's attention failing on the unsharded mask
     "attention_mask_kept": (["layout-b2s10-*"], {"property:attention_mask_dropped"}),
@@ -240,8 +270,19 @@ BROKEN_CASES = {  # name -> (case patterns to run, checks that must fail)
 @pytest.mark.parametrize("name", sorted(BROKEN_CASES))
 def test_broken_implementation_is_caught(run_shardcheck, name):
     patterns, must_fail = BROKEN_CASES[name]
-    args = ["run", "--suite", "cp_utils", "--topology", "dp=1,cp=2,tp=1", "--dtype", "float64", "--timeout", "120",
-            "--impl", f"cp_utils={BROKEN / 'cp_utils' / name.split(':')[0]}.py"]
+    args = [
+        "run",
+        "--suite",
+        "cp_utils",
+        "--topology",
+        "dp=1,cp=2,tp=1",
+        "--dtype",
+        "float64",
+        "--timeout",
+        "120",
+        "--impl",
+        f"cp_utils={BROKEN / 'cp_utils' / name.split(':')[0]}.py",
+    ]
     for p in patterns:
         args += ["--case", p]
     run = run_shardcheck(*args)

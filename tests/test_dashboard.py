@@ -6,36 +6,75 @@ from __future__ import annotations
 import json
 
 import pandas as pd
-
 from helpers import cli
+
 from shardcheck.reports.dashboard import build_dashboard, load_runs, regressions, status_counts
 
 
 def _bench(time_ms, peak=1000, iqr=0.2, dtype="float32", device="cpu", case_id="bench-S-1024", status="pass"):
-    return {"run_id": "r", "op": "model_utils.DistributedLogprob", "family": "model_utils", "case_id": case_id,
-            "dp": 1, "cp": 1, "tp": 1, "dtype": dtype, "device": device, "check": "bench", "status": status,
-            "time_ms": time_ms, "time_ms_iqr": iqr, "peak_bytes": peak, "times_ms": [time_ms - iqr / 2, time_ms, time_ms + iqr / 2]}
+    return {
+        "run_id": "r",
+        "op": "model_utils.DistributedLogprob",
+        "family": "model_utils",
+        "case_id": case_id,
+        "dp": 1,
+        "cp": 1,
+        "tp": 1,
+        "dtype": dtype,
+        "device": device,
+        "check": "bench",
+        "status": status,
+        "time_ms": time_ms,
+        "time_ms_iqr": iqr,
+        "peak_bytes": peak,
+        "times_ms": [time_ms - iqr / 2, time_ms, time_ms + iqr / 2],
+    }
 
 
 def _check(status, case_id="b4s6"):
-    return {"run_id": "r", "op": "model_utils.DistributedLogprob", "family": "model_utils", "case_id": case_id,
-            "dp": 1, "cp": 1, "tp": 2, "dtype": "float64", "device": "cpu", "check": "forward", "status": status}
+    return {
+        "run_id": "r",
+        "op": "model_utils.DistributedLogprob",
+        "family": "model_utils",
+        "case_id": case_id,
+        "dp": 1,
+        "cp": 1,
+        "tp": 2,
+        "dtype": "float64",
+        "device": "cpu",
+        "check": "forward",
+        "status": status,
+    }
 
 
 def _run(tmp_path, name, start, commit, rows, device_name="x86_64"):
     d = tmp_path / name
     d.mkdir()
     (d / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (d / "run.json").write_text(json.dumps({"run_id": name, "start": start, "git_commit": commit, "git_dirty": False,
-                                            "device_name": device_name}))
+    (d / "run.json").write_text(
+        json.dumps(
+            {"run_id": name, "start": start, "git_commit": commit, "git_dirty": False, "device_name": device_name}
+        )
+    )
     return d
 
 
 def _history(tmp_path):
     return [  # given out of order: the dashboard orders by start time
-        _run(tmp_path, "c", "2026-11-03T10:00:00", "cccccccc1", [_bench(10.2, peak=1500), _check("fail"),
-                                                                 _bench(99.0, dtype="bfloat16")]),
-        _run(tmp_path, "a", "2026-11-01T10:00:00", "aaaaaaaa1", [_bench(10.0), _check("pass"), _bench(5.0, dtype="bfloat16")]),
+        _run(
+            tmp_path,
+            "c",
+            "2026-11-03T10:00:00",
+            "cccccccc1",
+            [_bench(10.2, peak=1500), _check("fail"), _bench(99.0, dtype="bfloat16")],
+        ),
+        _run(
+            tmp_path,
+            "a",
+            "2026-11-01T10:00:00",
+            "aaaaaaaa1",
+            [_bench(10.0), _check("pass"), _bench(5.0, dtype="bfloat16")],
+        ),
         _run(tmp_path, "b", "2026-11-02T10:00:00", "bbbbbbbb1", [_bench(21.0), _check("pass")]),
         # another device: 10x slower, but never compared with the CPU line
         _run(tmp_path, "d", "2026-11-04T10:00:00", "dddddddd1", [_bench(100.0)], device_name="slow-box"),
@@ -50,7 +89,11 @@ def test_runs_are_ordered_and_regressions_follow_compares_rule(tmp_path):
     found = {(m.run, m.dtype, m.device_name, m.note.split(" ")[0]) for m in marks.itertuples()}
     # a -> b: time doubled (beyond 10% and the spread); b -> c: memory +50% (time came back down);
     # bfloat16 a -> c: 5 -> 99 ms is a regression of its own line; run d is on another device: no mark
-    assert found == {(1, "float32", "x86_64", "time"), (2, "float32", "x86_64", "memory"), (2, "bfloat16", "x86_64", "time")}
+    assert found == {
+        (1, "float32", "x86_64", "time"),
+        (2, "float32", "x86_64", "memory"),
+        (2, "bfloat16", "x86_64", "time"),
+    }
     table = status_counts(runs, rows)
     assert list(table["pass"]) == [3, 2, 2, 1] and list(table["fail"]) == [0, 0, 1, 0]
     assert list(table["new failures"]) == [0, 0, 1, 0]

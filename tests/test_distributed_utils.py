@@ -13,8 +13,8 @@ import time
 
 import pytest
 import torch
-
 from helpers import BROKEN, IMPLS
+
 from shardcheck.distributed_impl import distributed_utils as impl
 from shardcheck.reference import distributed_utils as ref
 
@@ -24,6 +24,7 @@ PROCESS_TOPOLOGY = ("--topology", "dp=1,cp=1,tp=1", *TIMEOUT)
 
 
 # ---- references -------------------------------------------------------------------------------
+
 
 def test_reference_reduce_loss():
     losses = torch.tensor([0.5, 1.25, 2.0], dtype=torch.bfloat16)
@@ -37,7 +38,10 @@ def test_reference_reduce_loss():
 
 def test_reference_accumulated_gradients_match_nn_linear():
     gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(3, 4, 6, generator=gen, dtype=torch.float64), torch.randn(3, 4, 2, generator=gen, dtype=torch.float64)
+    x, y = (
+        torch.randn(3, 4, 6, generator=gen, dtype=torch.float64),
+        torch.randn(3, 4, 2, generator=gen, dtype=torch.float64),
+    )
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).double()
     for m in range(3):  # gradient accumulation on one device
         ((model(x[m]) - y[m]) ** 2).mean().backward()
@@ -48,6 +52,7 @@ def test_reference_accumulated_gradients_match_nn_linear():
 
 
 # ---- the implementation without a process group ------------------------------------------------
+
 
 def test_reduce_loss_local():
     gen = torch.Generator().manual_seed(1)
@@ -95,12 +100,20 @@ def test_single_process_behaviour(caplog, monkeypatch):
 
 # ---- the suite ----------------------------------------------------------------------------------
 
+
 def test_quick_cases_cover_every_op():
     from shardcheck.suites import distributed_utils as suite
 
     quick = suite.cases(quick=True)
-    assert {c.op.split(".")[1] for c in quick} == {"reduce_loss", "dp_eval_sample_shard", "get_sync_ctx", "FirstRankPerNode",
-                                                   "_barrier_with_timeout", "_create_gloo_group", "barrier_and_log"}
+    assert {c.op.split(".")[1] for c in quick} == {
+        "reduce_loss",
+        "dp_eval_sample_shard",
+        "get_sync_ctx",
+        "FirstRankPerNode",
+        "_barrier_with_timeout",
+        "_create_gloo_group",
+        "barrier_and_log",
+    }
     ids = [(c.op, c.case_id) for c in suite.cases(quick=False)]
     assert len(ids) == len(set(ids))
     # fresh-rank cases run once, on the size-1 topology, and within the worker's default timeout
@@ -128,11 +141,18 @@ def test_quick_suite_passes(run_shardcheck):
         assert set(got["dp"]) == {2, 4}, case
     assert {"forward", "property:no_grad_sync_before_optim_step"} <= checks("get_sync_ctx")
     assert {"property:returns", "property:coverage", "forward"} <= checks("dp_eval_sample_shard")
-    assert {"property:first_rank_per_node_true", "property:others_enter_after_first_left",
-            "property:exception_ends_every_rank", "property:error_names_rank", "property:single_process_true"} \
-        <= checks("FirstRankPerNode")
-    assert {"property:waiting_ranks_false_within_timeout", "property:late_rank_false",
-            "property:groups_work_after"} <= checks("_barrier_with_timeout")
+    assert {
+        "property:first_rank_per_node_true",
+        "property:others_enter_after_first_left",
+        "property:exception_ends_every_rank",
+        "property:error_names_rank",
+        "property:single_process_true",
+    } <= checks("FirstRankPerNode")
+    assert {
+        "property:waiting_ranks_false_within_timeout",
+        "property:late_rank_false",
+        "property:groups_work_after",
+    } <= checks("_barrier_with_timeout")
     assert {"property:one_record_from_rank_0", "property:logged_after_every_rank_arrived"} <= checks("barrier_and_log")
     assert "property:gloo_group_over_all_ranks" in checks("_create_gloo_group")
 
@@ -144,8 +164,16 @@ def test_own_config_classes_are_the_ones_its_cases_receive(run_shardcheck):
     own = _load(IMPLS / "own_config_classes_distributed_utils.py")
     assert suite.config_class(own, "ddp") is own.DDPConfig and suite.config_class(impl, "fsdp2") is impl.FSDP2Config
     assert suite.config_class(ref, "ddp") is suite.DDPConfig  # no class of that name: the stand-in
-    run = run_shardcheck("run", "--suite", "distributed_utils", "--op", "distributed_utils.dp_eval_sample_shard", *DP2,
-                         "--impl", f"distributed_utils={IMPLS / 'own_config_classes_distributed_utils.py'}")
+    run = run_shardcheck(
+        "run",
+        "--suite",
+        "distributed_utils",
+        "--op",
+        "distributed_utils.dp_eval_sample_shard",
+        *DP2,
+        "--impl",
+        f"distributed_utils={IMPLS / 'own_config_classes_distributed_utils.py'}",
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     rows = run.rows
     assert (rows["status"] == "pass").all(), run.failed()[["case_id", "check", "message"]]
@@ -160,10 +188,19 @@ def _load(path):
 
 # ---- broken implementations ----------------------------------------------------------------------
 
+
 def _broken(run_shardcheck, name, op, topology):
     started = time.monotonic()
-    run = run_shardcheck("run", "--suite", "distributed_utils", "--op", f"distributed_utils.{op}", *topology,
-                         "--impl", f"distributed_utils={BROKEN / 'distributed_utils' / name}.py")
+    run = run_shardcheck(
+        "run",
+        "--suite",
+        "distributed_utils",
+        "--op",
+        f"distributed_utils.{op}",
+        *topology,
+        "--impl",
+        f"distributed_utils={BROKEN / 'distributed_utils' / name}.py",
+    )
     assert run.returncode == 1, run.stdout + run.stderr
     return run.rows, time.monotonic() - started
 
@@ -230,7 +267,9 @@ def test_broken_barrier_hangs_on_late_rank_ends_at_the_deadline(run_shardcheck):
     message = ends.iloc[0]["message"]
     # the waiting ranks block in the barrier, the late rank waits for them: all killed at the deadline
     assert "still running at the deadline, killed (last event: call:late)" in message
-    assert "rank 2 (node 0, local rank 2): still running at the deadline, killed (last event: return:on-time)" in message
+    assert (
+        "rank 2 (node 0, local rank 2): still running at the deadline, killed (last event: return:on-time)" in message
+    )
     assert len(_failed(rows, "property:waiting_ranks_false_within_timeout")) == 1
     # the fresh ranks ran for the deadline, not longer (the property's value is their wall time)
     assert PROCESS_DEADLINE_S <= ends.iloc[0]["max_abs_err"] < PROCESS_DEADLINE_S + 5

@@ -11,9 +11,9 @@ from collections import Counter
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import BROKEN, ROOT, shardcheck
 
 from shardcheck.harness.rank.suite_loader import load_suite
-from helpers import BROKEN, ROOT, shardcheck
 
 EXAMPLES = ROOT / "examples"
 MEGATRON = EXAMPLES / "megatron_vocab_parallel_ce"
@@ -36,17 +36,23 @@ def _targets(shape, v, seed=1):
 
 # ---- the references -----------------------------------------------------------------------------------------------
 
+
 def test_megatron_reference_is_cross_entropy_with_megatrons_smoothing():
     logits, target = _logits(5, 3, 11), _targets((5, 3), 11)
-    torch.testing.assert_close(megatron_suite.cross_entropy(logits, target),
-                               F.cross_entropy(logits.transpose(1, 2), target, reduction="none"), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        megatron_suite.cross_entropy(logits, target),
+        F.cross_entropy(logits.transpose(1, 2), target, reduction="none"),
+        rtol=1e-12,
+        atol=1e-12,
+    )
     # smoothing α: the target keeps 1 − α, the other V − 1 entries share α (not torch's α/V over all V)
     alpha = 0.3
     q = torch.full(logits.shape, alpha / 10, dtype=torch.float64).scatter_(-1, target.unsqueeze(-1), 1 - alpha)
     expected = -(q * logits.log_softmax(-1)).sum(-1)
     torch.testing.assert_close(megatron_suite.cross_entropy(logits, target, alpha), expected, rtol=1e-12, atol=1e-12)
-    assert not torch.allclose(expected, F.cross_entropy(logits.transpose(1, 2), target, reduction="none",
-                                                        label_smoothing=alpha))
+    assert not torch.allclose(
+        expected, F.cross_entropy(logits.transpose(1, 2), target, reduction="none", label_smoothing=alpha)
+    )
     # float32 whatever the input; an id outside [0, V) has no answer
     assert megatron_suite.cross_entropy(logits.bfloat16(), target).dtype == torch.float32
     target[0, 0], target[1, 1] = -100, 11
@@ -93,6 +99,7 @@ def test_torch_reference_is_f_cross_entropy_values_and_gradients(name):
 
 # ---- both suites as CI runs them ----------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def ci_run(tmp_path_factory):
     # not --strict: Megatron computes float64 logits in float32, a `warn` by the harness's rules (asserted below)
@@ -135,7 +142,9 @@ def test_torch_loss_parallel_example_at_tp_1_and_2(ci_run):
     assert refused["n8v37-mean-ls0.1"].startswith("raised RuntimeError")
     # the communication contract holds exactly: 3 all-reduces of per-token scalars forward, nothing backward
     comm = rows[(rows["check"] == "property:comm") & (rows["case_id"] == "n8v37-mean") & (rows["tp"] == 2)]
-    assert list(comm["status"]) == ["pass"] * 3 and all(c == {"forward": {"all_reduce@tp": 3}} for c in comm["comm_calls"])
+    assert list(comm["status"]) == ["pass"] * 3 and all(
+        c == {"forward": {"all_reduce@tp": 3}} for c in comm["comm_calls"]
+    )
 
 
 @pytest.mark.skipif(NO_MEGATRON is not None, reason=f"{NO_MEGATRON}: the Megatron example's cases are all skipped")
@@ -147,7 +156,8 @@ def test_megatron_example_at_tp_1_and_2(ci_run):
     assert set(warned["dtype"]) == {"float64"} and set(warned["check"]) == {"forward", "grad:logits"}
     assert warned["message"].str.contains("): float64 computed in float32 (err/budget", regex=False).all()
     assert _xfail_rows(rows, "megatron_vocab_parallel_ce") == {
-        ("s6b4v64-ls0.1", "forward"): 2, ("s6b4v64-ls0.1", "grad:logits"): 2,  # smoothing over each rank's piece
+        ("s6b4v64-ls0.1", "forward"): 2,
+        ("s6b4v64-ls0.1", "grad:logits"): 2,  # smoothing over each rank's piece
         ("s6b4v64-ls0.1", "property:tp_ranks_agree"): 2,
         ("s6b4v64-scale100-ls0.1", "forward"): 9,  # log(0) after the softmax underflows: +inf, at every TP
         # at TP 2 the gradients are off; at TP 1 (float64) only float32 math shows, within that budget: the mark
@@ -155,15 +165,21 @@ def test_megatron_example_at_tp_1_and_2(ci_run):
         ("s6b4v64-scale100-ls0.1", "grad:logits"): 4,
         ("caller-logits", "property:logits_unchanged"): 3,  # float32 logits overwritten in place
         ("s6b4v64-ids-out-of-range", "property:bad_input"): 3,  # no ignore_index, no refusal
-        ("s6b4v37-uneven-vocab", "forward"): 3, ("s6b4v37-uneven-vocab", "grad:logits"): 3,  # unequal pieces
+        ("s6b4v37-uneven-vocab", "forward"): 3,
+        ("s6b4v37-uneven-vocab", "grad:logits"): 3,  # unequal pieces
         ("s6b4v64-ls-0.1", "property:bad_input"): 3,  # a negative label_smoothing ignored
     }
     smoothing = rows[(rows["case_id"] == "s6b4v64-ls0.1") & (rows["status"] == "xfail")]
     assert set(smoothing["tp"]) == {2} and set(smoothing["xfail_reference"]) == {
-        "https://github.com/NVIDIA/Megatron-LM/issues/737"}
+        "https://github.com/NVIDIA/Megatron-LM/issues/737"
+    }
     overwritten = rows[(rows["check"] == "property:logits_unchanged") & (rows["status"] == "xfail")]
     assert set(overwritten["dtype"]) == {"float32"}
-    assert overwritten["message"].str.contains("overwritten in place (they now hold the logits' gradient)", regex=False).all()
+    assert (
+        overwritten["message"]
+        .str.contains("overwritten in place (they now hold the logits' gradient)", regex=False)
+        .all()
+    )
     # Megatron's own masking (loss · loss_mask, ids -100 under the mask) is right, values and gradients
     masked = rows[rows["case_id"] == "s6b4v64-loss-mask"]
     assert set(masked[masked["dtype"] != "float64"]["status"]) == {"pass"}
@@ -171,11 +187,24 @@ def test_megatron_example_at_tp_1_and_2(ci_run):
 
 # ---- a broken variant of each is caught ---------------------------------------------------------------------------
 
+
 @pytest.mark.skipif(NO_MEGATRON is not None, reason=f"{NO_MEGATRON}")
 def test_megatron_example_catches_local_target_ids(run_shardcheck):
-    run = run_shardcheck("run", "--suite-path", str(MEGATRON), "--impl",
-                         f"megatron_vocab_parallel_ce={BROKEN / 'megatron_vocab_parallel_ce' / 'local_target_ids.py'}",
-                         "--case", "s6b4v64", "--case", "n24v40", "--world-sizes", "1,2", "--dtype", "float32")
+    run = run_shardcheck(
+        "run",
+        "--suite-path",
+        str(MEGATRON),
+        "--impl",
+        f"megatron_vocab_parallel_ce={BROKEN / 'megatron_vocab_parallel_ce' / 'local_target_ids.py'}",
+        "--case",
+        "s6b4v64",
+        "--case",
+        "n24v40",
+        "--world-sizes",
+        "1,2",
+        "--dtype",
+        "float32",
+    )
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
     failed = run.failed()
     assert set(failed["tp"]) == {2} and set(failed["check"]) == {"forward", "grad:logits"}
@@ -184,10 +213,21 @@ def test_megatron_example_catches_local_target_ids(run_shardcheck):
 
 
 def test_torch_example_catches_a_loss_that_gathers_the_vocab(run_shardcheck):
-    run = run_shardcheck("run", "--suite-path", str(TORCH_LP), "--impl",
-                         f"torch_loss_parallel={BROKEN / 'torch_loss_parallel' / 'gathers_the_vocab.py'}",
-                         "--case", "n8v37-mean", "--case", "n8v37-none-masked0.3", "--world-sizes", "1,2",
-                         "--dtype", "float32")
+    run = run_shardcheck(
+        "run",
+        "--suite-path",
+        str(TORCH_LP),
+        "--impl",
+        f"torch_loss_parallel={BROKEN / 'torch_loss_parallel' / 'gathers_the_vocab.py'}",
+        "--case",
+        "n8v37-mean",
+        "--case",
+        "n8v37-none-masked0.3",
+        "--world-sizes",
+        "1,2",
+        "--dtype",
+        "float32",
+    )
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]  # --strict: a comm finding fails the run
     failed = run.failed()
     assert set(failed["check"]) == {"property:comm"} and set(failed["tp"]) == {2}

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import ROOT, Run, assert_one_cause, shardcheck
 
 from shardcheck.harness.cli import main
-from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.core.records import load
+from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.rank.signatures import signature_rows, under_test
-from helpers import ROOT, Run, assert_one_cause, shardcheck
 
 # What a suite imports of shardcheck: the case-writing API, nothing else.
 API_IMPORT = "from shardcheck import Case, GradSum, Layout"
@@ -141,7 +141,7 @@ def bench_cases(quick):  # the log-softmax is measured on its first cases
 
 # The sum of exponentials all-reduced in place, outside autograd: the values are right, the gradient
 # through the other ranks' sums is lost.
-BROKEN = '''\
+BROKEN = """\
 import torch.distributed as dist
 
 
@@ -156,7 +156,7 @@ def vocab_parallel_log_softmax(logits, group):
 
 def row_parallel_linear(x, weight, group):
     raise NotImplementedError
-'''
+"""
 
 OPS = ("my_tp.vocab_parallel_log_softmax", "my_tp.row_parallel_linear")
 SMALL = ("--world-sizes", "1,2")  # dp1-cp1-tp1, dp2-cp1-tp1, dp1-cp1-tp2
@@ -183,22 +183,48 @@ def suite_file(team) -> Path:
 @pytest.fixture(scope="module")
 def passing(suite_file, tmp_path_factory) -> Run:
     out = tmp_path_factory.mktemp("runs") / "pass"
-    return shardcheck("run", "--suite-path", str(suite_file), *SMALL, "--dtype", "float64,float32",
-                      "--junit-xml", str(out.parent / "pass.xml"), out=out)
+    return shardcheck(
+        "run",
+        "--suite-path",
+        str(suite_file),
+        *SMALL,
+        "--dtype",
+        "float64,float32",
+        "--junit-xml",
+        str(out.parent / "pass.xml"),
+        out=out,
+    )
 
 
 @pytest.fixture(scope="module")
 def broken(suite_file, team, tmp_path_factory) -> Run:
     out = tmp_path_factory.mktemp("runs") / "broken"
-    return shardcheck("run", "--suite-path", str(suite_file), "--impl", f"my_tp={team / 'variants/broken_log_softmax.py'}",
-                      "--op", OPS[0], *SMALL, "--dtype", "float64,float32", out=out)
+    return shardcheck(
+        "run",
+        "--suite-path",
+        str(suite_file),
+        "--impl",
+        f"my_tp={team / 'variants/broken_log_softmax.py'}",
+        "--op",
+        OPS[0],
+        *SMALL,
+        "--dtype",
+        "float64,float32",
+        out=out,
+    )
 
 
 def _from(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`shardcheck ARGS` run from `cwd` (this checkout's harness, whatever is installed)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "shardcheck.harness.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "shardcheck.harness.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_the_suite_file_imports_only_the_case_writing_api():
@@ -241,7 +267,7 @@ def test_broken_variant_fails_on_the_gradient_and_its_rerun_line_reproduces(brok
     assert set(bad["status"]) == {"fail"} and set(bad["culprit_ranks"].map(tuple)) == {(0, 1)}
     assert "FAIL my_tp.vocab_parallel_log_softmax: wrong values — exactly in grad:logits, at tp ≥ 2" in broken.stdout
     assert "grad:logits: rank " in broken.stdout and "failing rank(s): 0, 1" in broken.stdout
-    lines = [line[len("rerun: "):] for line in broken.stdout.splitlines() if line.startswith("rerun: ")]
+    lines = [line[len("rerun: ") :] for line in broken.stdout.splitlines() if line.startswith("rerun: ")]
     assert len(lines) == 4
     args = shlex.split(lines[0])
     assert args[:6] == ["shardcheck", "run", "--suite-path", str(suite_file), "--suite", "my_tp_ops"]
@@ -273,12 +299,24 @@ def test_suite_paths_from_pyproject(team, tmp_path):
         listed = _from(team, "list")
         assert listed.returncode == 0, listed.stderr
         assert f"suite my_tp_ops (external: {team / 'ops' / 'my_tp_ops.py'}):" in listed.stdout
-        run = _from(team, "run", "--suite", "my_tp", *TP2, "--dtype", "float64", "--strict", "--out",
-                    str(tmp_path / "run"), "--no-progress")
+        run = _from(
+            team,
+            "run",
+            "--suite",
+            "my_tp",
+            *TP2,
+            "--dtype",
+            "float64",
+            "--strict",
+            "--out",
+            str(tmp_path / "run"),
+            "--no-progress",
+        )
         assert run.returncode == 0, run.stdout + run.stderr
         assert "shardcheck: 7 passed, 0 warnings, 0 failed, 0 errors, 0 skipped" in run.stdout
         assert json.loads((tmp_path / "run" / "run.json").read_text())["impl"] == {
-            "my_tp": str(team / "ops" / "my_tp_ops.py")}
+            "my_tp": str(team / "ops" / "my_tp_ops.py")
+        }
     finally:
         (team / "pyproject.toml").unlink()
 
@@ -288,18 +326,43 @@ def test_bench_on_the_external_suite(suite_file, tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     rows = run.rows
     # the linear's own benchmark case; the log-softmax measured on its first correctness cases
-    assert sorted(zip(rows["op"], rows["case_id"])) == [(OPS[1], "b8k64n32"), (OPS[0], "b2s3v37"),
-                                                         (OPS[0], "b2s3v8-masked")]
+    assert sorted(zip(rows["op"], rows["case_id"])) == [
+        (OPS[1], "b8k64n32"),
+        (OPS[0], "b2s3v37"),
+        (OPS[0], "b2s3v8-masked"),
+    ]
     assert (rows["check"] == "bench").all() and (rows["status"] == "pass").all() and (rows["time_ms"] > 0).all()
 
 
 def test_hand_launched_worker_runs_the_external_suite(suite_file, tmp_path):
     out = tmp_path / "by-hand"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "shardcheck.harness.standalone", "--suite-path", str(suite_file), "--suite", "my_tp_ops",
-                           "--dtype", "float64", "--strict", "--out", str(out)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "shardcheck.harness.standalone",
+            "--suite-path",
+            str(suite_file),
+            "--suite",
+            "my_tp_ops",
+            "--dtype",
+            "float64",
+            "--strict",
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = load(out)
     assert set(zip(rows["dp"], rows["tp"])) == {(1, 1), (2, 1), (1, 2)}
@@ -320,17 +383,22 @@ def _usage_error(capsys, *args: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("files, words", [
-    ({}, "no such file or directory"),
-    ({"s.py": GOOD_CASES}, "FAMILY must be a name"),
-    ({"s.py": "FAMILY = 'x'\n"}, "defines no function cases(quick)"),
-    ({"s.py": "FAMILY = 'x'\nraise RuntimeError('boom at import')\n" + GOOD_CASES},
-     "cannot import: RuntimeError: boom at import"),
-    ({"s.py": "FAMILY = 'x'\ndef cases(quick):\n    return [1 / 0]\n"}, "cases() raised ZeroDivisionError"),
-    ({"s.py": "FAMILY = 'x'\ndef cases(quick):\n    return ['a case']\n"}, "cases() returned a str"),
-    ({"kd_loss.py": "FAMILY = 'x'\n" + GOOD_CASES}, "its name 'kd_loss' is a built-in suite's"),
-    ({"s.txt": ""}, "not a .py file"),
-])
+@pytest.mark.parametrize(
+    "files, words",
+    [
+        ({}, "no such file or directory"),
+        ({"s.py": GOOD_CASES}, "FAMILY must be a name"),
+        ({"s.py": "FAMILY = 'x'\n"}, "defines no function cases(quick)"),
+        (
+            {"s.py": "FAMILY = 'x'\nraise RuntimeError('boom at import')\n" + GOOD_CASES},
+            "cannot import: RuntimeError: boom at import",
+        ),
+        ({"s.py": "FAMILY = 'x'\ndef cases(quick):\n    return [1 / 0]\n"}, "cases() raised ZeroDivisionError"),
+        ({"s.py": "FAMILY = 'x'\ndef cases(quick):\n    return ['a case']\n"}, "cases() returned a str"),
+        ({"kd_loss.py": "FAMILY = 'x'\n" + GOOD_CASES}, "its name 'kd_loss' is a built-in suite's"),
+        ({"s.txt": ""}, "not a .py file"),
+    ],
+)
 def test_bad_suite_is_one_line(tmp_path, capsys, files, words):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -349,23 +417,46 @@ def test_two_suites_of_one_name_are_named_both(tmp_path, capsys):
 
 def test_new_family_needs_an_implementation(suite_file, tmp_path, capsys):
     lone = tmp_path / "lone.py"
-    lone.write_text(SUITE.replace('FAMILY = "my_tp"', 'FAMILY = "lone"').replace("my_tp.", "lone.")
-                    .replace("IMPLEMENTATION = __file__", "UNUSED = 0"))
-    assert f"family 'lone' has no implementation: set IMPLEMENTATION in suite {lone} or pass --impl lone=MODULE" in \
-        _usage_error(capsys, "run", "--suite-path", str(lone), "--out", str(tmp_path / "run"))
+    lone.write_text(
+        SUITE.replace('FAMILY = "my_tp"', 'FAMILY = "lone"')
+        .replace("my_tp.", "lone.")
+        .replace("IMPLEMENTATION = __file__", "UNUSED = 0")
+    )
+    assert (
+        f"family 'lone' has no implementation: set IMPLEMENTATION in suite {lone} or pass --impl lone=MODULE"
+        in _usage_error(capsys, "run", "--suite-path", str(lone), "--out", str(tmp_path / "run"))
+    )
     missing = tmp_path / "missing_impl.py"
     missing.write_text(SUITE.replace("IMPLEMENTATION = __file__", "IMPLEMENTATION = 'impl/nowhere.py'"))
-    assert f"IMPLEMENTATION 'impl/nowhere.py': no such file ({tmp_path / 'impl' / 'nowhere.py'})" in \
-        _usage_error(capsys, "run", "--suite-path", str(missing), "--out", str(tmp_path / "run"))
+    assert f"IMPLEMENTATION 'impl/nowhere.py': no such file ({tmp_path / 'impl' / 'nowhere.py'})" in _usage_error(
+        capsys, "run", "--suite-path", str(missing), "--out", str(tmp_path / "run")
+    )
 
 
 def test_implementation_by_module_name_from_the_suite_folder(tmp_path):
     """IMPLEMENTATION as a module name: a sibling of the suite file (its folder is on sys.path)."""
     (tmp_path / "sibling_tp_impl.py").write_text(SUITE)
-    (tmp_path / "sibling_tp.py").write_text(SUITE.replace("IMPLEMENTATION = __file__", "IMPLEMENTATION = 'sibling_tp_impl'"))
-    plan = build_plan(Selection(run_id="r", suites_wanted=[], ops=[], case_patterns=[], world_sizes=[2], topologies=[],
-                      dtypes=["float64"], impl={}, quick=True, seed=0, timeout=60, device="cpu", backend="gloo",
-                      suite_paths=[str(tmp_path / "sibling_tp.py")]))
+    (tmp_path / "sibling_tp.py").write_text(
+        SUITE.replace("IMPLEMENTATION = __file__", "IMPLEMENTATION = 'sibling_tp_impl'")
+    )
+    plan = build_plan(
+        Selection(
+            run_id="r",
+            suites_wanted=[],
+            ops=[],
+            case_patterns=[],
+            world_sizes=[2],
+            topologies=[],
+            dtypes=["float64"],
+            impl={},
+            quick=True,
+            seed=0,
+            timeout=60,
+            device="cpu",
+            backend="gloo",
+            suite_paths=[str(tmp_path / "sibling_tp.py")],
+        )
+    )
     assert plan.impl == plan.default_impl == {"my_tp": "sibling_tp_impl"}
     assert plan.suite_paths == [str(tmp_path / "sibling_tp.py")] and {i.suite for i in plan.items} == {"sibling_tp"}
 
@@ -373,11 +464,28 @@ def test_implementation_by_module_name_from_the_suite_folder(tmp_path):
 def test_impl_of_a_new_family_is_held_to_the_signatures_of_its_implementation(suite_file, tmp_path):
     """--impl of a new family: its signatures against IMPLEMENTATION's, its ops called by those names."""
     swapped = tmp_path / "swapped_tp.py"
-    swapped.write_text("def vocab_parallel_log_softmax(logits, group):\n    return logits\n\n"
-                       "def row_parallel_linear(weight, x, group):\n    return x @ weight.T\n")
-    plan = build_plan(Selection(run_id="r", suites_wanted=["my_tp"], ops=[], case_patterns=[], world_sizes=[1], topologies=[],
-                      dtypes=["float64"], impl={"my_tp": str(swapped)}, quick=True, seed=0, timeout=60, device="cpu",
-                      backend="gloo", suite_paths=[str(suite_file)]))
+    swapped.write_text(
+        "def vocab_parallel_log_softmax(logits, group):\n    return logits\n\n"
+        "def row_parallel_linear(weight, x, group):\n    return x @ weight.T\n"
+    )
+    plan = build_plan(
+        Selection(
+            run_id="r",
+            suites_wanted=["my_tp"],
+            ops=[],
+            case_patterns=[],
+            world_sizes=[1],
+            topologies=[],
+            dtypes=["float64"],
+            impl={"my_tp": str(swapped)},
+            quick=True,
+            seed=0,
+            timeout=60,
+            device="cpu",
+            backend="gloo",
+            suite_paths=[str(suite_file)],
+        )
+    )
     assert plan.default_impl == {"my_tp": str(suite_file)} and plan.impl == {"my_tp": str(swapped)}
     rows = signature_rows(plan, {})
     assert [(r["op"], r["status"]) for r in rows] == [("my_tp.row_parallel_linear", "fail")]
@@ -387,12 +495,15 @@ def test_impl_of_a_new_family_is_held_to_the_signatures_of_its_implementation(su
     assert torch.equal(module.row_parallel_linear(x, w, None), x @ w.T)  # called by the default's names
 
 
-@pytest.mark.parametrize("config, words", [
-    ("[tool.shardcheck\n", "pyproject.toml: cannot read: "),
-    ("[tool.shardcheck]\nsuite-paths = ['nowhere']\n", "suite-paths: nowhere: no such file or directory"),
-    ("[tool.shardcheck]\nsuite-paths = 'ops'\n", "suite-paths must be a list of paths"),
-    ("[tool.shardcheck]\nsuite_paths = ['ops']\n", "unknown key(s) suite_paths; known: suite-paths"),
-])
+@pytest.mark.parametrize(
+    "config, words",
+    [
+        ("[tool.shardcheck\n", "pyproject.toml: cannot read: "),
+        ("[tool.shardcheck]\nsuite-paths = ['nowhere']\n", "suite-paths: nowhere: no such file or directory"),
+        ("[tool.shardcheck]\nsuite-paths = 'ops'\n", "suite-paths must be a list of paths"),
+        ("[tool.shardcheck]\nsuite_paths = ['ops']\n", "unknown key(s) suite_paths; known: suite-paths"),
+    ],
+)
 def test_bad_pyproject_config_is_one_line(tmp_path, capsys, monkeypatch, config, words):
     (tmp_path / "pyproject.toml").write_text(config)
     monkeypatch.chdir(tmp_path)
@@ -406,8 +517,20 @@ def test_a_suite_imports_its_own_sibling_before_anything_of_the_same_name(tmp_pa
     folder = tmp_path / "sib"
     folder.mkdir()
     (folder / "reference.py").write_text("OWN_REFERENCE = True\n")
-    (folder / "sib_tp.py").write_text(SUITE.replace(API_IMPORT, API_IMPORT + "\nfrom reference import OWN_REFERENCE  # noqa"))
-    run = shardcheck("run", "--suite-path", str(folder / "sib_tp.py"), "--op", OPS[0], "--world-sizes", "1",
-                     "--dtype", "float64", out=tmp_path / "run")
+    (folder / "sib_tp.py").write_text(
+        SUITE.replace(API_IMPORT, API_IMPORT + "\nfrom reference import OWN_REFERENCE  # noqa")
+    )
+    run = shardcheck(
+        "run",
+        "--suite-path",
+        str(folder / "sib_tp.py"),
+        "--op",
+        OPS[0],
+        "--world-sizes",
+        "1",
+        "--dtype",
+        "float64",
+        out=tmp_path / "run",
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert set(run.rows["status"]) == {"pass"} and len(run.rows) >= 2

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import BROKEN, ROOT
 from torch.distributed.tensor import Shard
 
-from helpers import BROKEN, ROOT
-from shardcheck.harness.rank.artefacts import ArtefactBudget, reassemble
 from shardcheck.harness.core.case import HeadTail, Layout
-from shardcheck.harness.driver.collect import glob_escape, rerun_command
 from shardcheck.harness.core.plan_data import Item, Plan
+from shardcheck.harness.driver.collect import glob_escape, rerun_command
+from shardcheck.harness.rank.artefacts import ArtefactBudget, reassemble
 from shardcheck.reports.error_map import draw_artefact, draw_error_map, segments, shown_dims
 
 WRONG_OFFSET = ("--impl", f"model_utils={BROKEN / 'model_utils' / 'wrong_vocab_offset.py'}")
@@ -36,8 +36,15 @@ def _pieces(layout: Layout, shape, sizes: dict, wrong) -> dict[int, dict]:
                 local = expected[torch.meshgrid(*ix, indexing="ij")] if shape else expected
                 got = local.clone()
                 wrong(coords, got)
-                pieces[rank] = {"got": got, "expected": local, "indices": ix, "budget": 1e-10, "full_shape": shape,
-                                "failed": True, "coords": coords}
+                pieces[rank] = {
+                    "got": got,
+                    "expected": local,
+                    "indices": ix,
+                    "budget": 1e-10,
+                    "full_shape": shape,
+                    "failed": True,
+                    "coords": coords,
+                }
                 rank += 1
     return pieces
 
@@ -46,6 +53,7 @@ def test_reassembly_puts_every_piece_back_and_keeps_the_wrong_replica():
     def wrong(coords, got):
         if coords["tp"] == 1:
             got[:, 0] += 1.0  # the first local position of each rank's head-tail piece
+
     layout = Layout(dp=Shard(0), cp=HeadTail(1))  # replicated over tp: two copies of every piece
     full = reassemble(_pieces(layout, (4, 8), {"dp": 2, "cp": 2, "tp": 2}, wrong))
     assert not torch.isnan(full["expected"]).any() and not torch.isnan(full["actual"]).any()
@@ -88,26 +96,53 @@ def test_artefact_budget_bounds_the_items_saved(tmp_path):
     budget = ArtefactBudget(max_items=1)
     first = budget.save(_item(0), ["forward"], pieces_dir, tmp_path)
     item_dir = "00000-model_utils.DistributedLogprob-b2_x_-dp2-cp1-tp2-float32"
-    assert first == {"forward": {"artefact": str(Path("failures", item_dir, "forward.pt")),
-                                 "error_map": str(Path("failures", item_dir, "forward.png"))}}
+    assert first == {
+        "forward": {
+            "artefact": str(Path("failures", item_dir, "forward.pt")),
+            "error_map": str(Path("failures", item_dir, "forward.png")),
+        }
+    }
     saved = torch.load(tmp_path / first["forward"]["artefact"], weights_only=False)
     assert saved["expected"].shape == (3, 10) and saved["check"] == "forward"
     diff = saved["actual"] - saved["expected"]
-    assert torch.allclose(diff[:, 5:], torch.ones(3, 5, dtype=torch.float64)) and (diff[:, :5] == 0).all()  # tp1's half is off by 1
-    drawn = draw_artefact(tmp_path / first["forward"]["artefact"], tmp_path / first["forward"]["error_map"], worst=[0, 7])
+    assert (
+        torch.allclose(diff[:, 5:], torch.ones(3, 5, dtype=torch.float64)) and (diff[:, :5] == 0).all()
+    )  # tp1's half is off by 1
+    drawn = draw_artefact(
+        tmp_path / first["forward"]["artefact"], tmp_path / first["forward"]["error_map"], worst=[0, 7]
+    )
     assert drawn.stat().st_size > 5000
     assert budget.save(_item(1), ["forward"], pieces_dir, tmp_path) == {}  # budget spent
     assert len(list((tmp_path / "failures").iterdir())) == 1
 
 
 def _item(i: int, case_id: str = "b2[x]*?", impl: str = "") -> Item:
-    return Item(id=i, suite="model_utils", op="model_utils.DistributedLogprob", case_id=case_id, dtype="float32",
-                topology=(2, 1, 2), world_size=4, seed=123, checks=["forward"])
+    return Item(
+        id=i,
+        suite="model_utils",
+        op="model_utils.DistributedLogprob",
+        case_id=case_id,
+        dtype="float32",
+        topology=(2, 1, 2),
+        world_size=4,
+        seed=123,
+        checks=["forward"],
+    )
 
 
 def test_rerun_command_selects_exactly_its_item():
-    plan = Plan(run_id="r", quick=True, seed=7, timeout=5, device="cpu", backend="gloo",
-                impl={"model_utils": "tests/broken/model_utils/one_rank_off.py", "kd_loss": "shardcheck.distributed_impl.kd_loss"})
+    plan = Plan(
+        run_id="r",
+        quick=True,
+        seed=7,
+        timeout=5,
+        device="cpu",
+        backend="gloo",
+        impl={
+            "model_utils": "tests/broken/model_utils/one_rank_off.py",
+            "kd_loss": "shardcheck.distributed_impl.kd_loss",
+        },
+    )
     args = shlex.split(rerun_command(plan, _item(0)))
     assert args[:2] == ["shardcheck", "run"]
     opts = {a: b for a, b in zip(args, args[1:]) if a.startswith("--") and not b.startswith("--")}
@@ -122,12 +157,21 @@ def test_rerun_command_selects_exactly_its_item():
 
 
 def _rerun_lines(text: str) -> list[str]:
-    return [line[len("rerun: "):] for line in text.splitlines() if line.startswith("rerun: ")]
+    return [line[len("rerun: ") :] for line in text.splitlines() if line.startswith("rerun: ")]
 
 
 def test_failing_run_leaves_artefacts_error_maps_and_rerun_lines_that_reproduce(run_shardcheck):
-    run = run_shardcheck("run", *WRONG_OFFSET, "--op", "model_utils.DistributedLogprob",
-                         "--case", "b4s6v37-masked0.3", "--case", "b2s5*", *TP2)
+    run = run_shardcheck(
+        "run",
+        *WRONG_OFFSET,
+        "--op",
+        "model_utils.DistributedLogprob",
+        "--case",
+        "b4s6v37-masked0.3",
+        "--case",
+        "b2s5*",
+        *TP2,
+    )
     assert run.returncode == 1, run.stdout + run.stderr
     rows = run.rows
     bad = rows[rows["status"] == "fail"]
@@ -135,7 +179,9 @@ def test_failing_run_leaves_artefacts_error_maps_and_rerun_lines_that_reproduce(
     assert items == 2
     # one rerun line per failing item, on stdout and in both reports
     lines = _rerun_lines(run.stdout)
-    assert len(lines) == 2 and all(line.startswith("shardcheck run --suite model_utils --op model_utils.DistributedLogprob") for line in lines)
+    assert len(lines) == 2 and all(
+        line.startswith("shardcheck run --suite model_utils --op model_utils.DistributedLogprob") for line in lines
+    )
     md = (run.out / "report.md").read_text()
     assert sorted(_rerun_lines(md)) == sorted(lines)
     page = (run.out / "report.html").read_text()
@@ -155,12 +201,18 @@ def test_failing_run_leaves_artefacts_error_maps_and_rerun_lines_that_reproduce(
     # a rerun line runs that item alone and fails the same way
     line = next(lr for lr in lines if "b4s6v37" in lr)
     out = run.out.parent / "rerun"
-    proc = subprocess.run([sys.executable, "-m", "shardcheck.harness.cli", *shlex.split(line)[1:], "--out", str(out), "--no-progress"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardcheck.harness.cli", *shlex.split(line)[1:], "--out", str(out), "--no-progress"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     again = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert {(r["op"], r["case_id"], r["dp"], r["cp"], r["tp"], r["dtype"]) for r in again} == {
-        ("model_utils.DistributedLogprob", "b4s6v37-masked0.3", 1, 1, 2, "float64")}
+        ("model_utils.DistributedLogprob", "b4s6v37-masked0.3", 1, 1, 2, "float64")
+    }
     before = rows[rows["case_id"] == "b4s6v37-masked0.3"].set_index("check")
     for r in again:
         assert r["status"] == before.loc[r["check"], "status"]

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import BROKEN, FIXTURES, cli, shardcheck
 
 SMALL = ("--world-sizes", "1,2", "--seed", "0")
@@ -21,23 +20,59 @@ SMALL = ("--world-sizes", "1,2", "--seed", "0")
 MISSED = {
     # the top-k chunk loop stops one position early: a last chunk of one position is lost
     "model_utils.distributed_vocab_topk": (
-        "model_utils", BROKEN / "model_utils" / "topk_chunk_tail.py", "forward:ids",
-        lambda p: (p["B"], p["S"], p["V"], p["k"], p["topology"]) == (1, 1, 1, 1, [1, 1, 1])),
+        "model_utils",
+        BROKEN / "model_utils" / "topk_chunk_tail.py",
+        "forward:ids",
+        lambda p: (p["B"], p["S"], p["V"], p["k"], p["topology"]) == (1, 1, 1, 1, [1, 1, 1]),
+    ),
     # chunk_size 0 squeezes the token dim: one valid token on a rank becomes a [V] vector
     "kd_loss.KDLoss": (
-        "kd_loss", BROKEN / "kd_loss" / "unchunked_squeeze.py", "forward",
-        lambda p: p["chunk_size"] == 0 and p["valid_per_row"] == [1]
-        and (p["B"], p["S"], p["V"], p["topology"]) == (1, 1, 1, [1, 1, 1])),
+        "kd_loss",
+        BROKEN / "kd_loss" / "unchunked_squeeze.py",
+        "forward",
+        lambda p: (
+            p["chunk_size"] == 0
+            and p["valid_per_row"] == [1]
+            and (p["B"], p["S"], p["V"], p["topology"]) == (1, 1, 1, [1, 1, 1])
+        ),
+    ),
     # the loss count taken as this rank's count times DP: wrong as soon as the losses split unevenly
     "distributed_utils.reduce_loss": (
-        "distributed_utils", BROKEN / "distributed_utils" / "loss_count_assumes_equal_ranks.py", "forward:denominator",
-        lambda p: p == {"topology": [2, 1, 1], "dtype": "float64", "per_token_loss": False, "dp_group": True,
-                        "n_losses": 3, "n_token_slices": 1, "tokens_over_int32": False}),
+        "distributed_utils",
+        BROKEN / "distributed_utils" / "loss_count_assumes_equal_ranks.py",
+        "forward:denominator",
+        lambda p: (
+            p
+            == {
+                "topology": [2, 1, 1],
+                "dtype": "float64",
+                "per_token_loss": False,
+                "dp_group": True,
+                "n_losses": 3,
+                "n_token_slices": 1,
+                "tokens_over_int32": False,
+            }
+        ),
+    ),
     # max_seqlen of the first chunk only: wrong when a later chunk holds the longest sequence
     "cp_utils.make_cp_batch_for_te": (
-        "cp_utils", BROKEN / "cp_utils" / "max_seqlen_of_first_chunk.py", "property:max_seqlen",
-        lambda p: p == {"topology": [1, 1, 1], "dtype": "float64", "lens": [[[1, 2]], [[1, 4]]], "S": 4,
-                        "padding_token_id": 0, "num_chunks": 2, "position_ids": False, "embeds": 0}),
+        "cp_utils",
+        BROKEN / "cp_utils" / "max_seqlen_of_first_chunk.py",
+        "property:max_seqlen",
+        lambda p: (
+            p
+            == {
+                "topology": [1, 1, 1],
+                "dtype": "float64",
+                "lens": [[[1, 2]], [[1, 4]]],
+                "S": 4,
+                "padding_token_id": 0,
+                "num_chunks": 2,
+                "position_ids": False,
+                "embeds": 0,
+            }
+        ),
+    ),
 }
 SELECT = [arg for op, (family, path, _, _) in MISSED.items() for arg in ("--op", op, "--impl", f"{family}={path}")]
 
@@ -81,7 +116,7 @@ def test_the_report_and_rerun_lines_of_the_shrunk_cases(missed):
     tmp, run, _ = missed
     assert (tmp / "fuzz" / "report.html").is_file()
     for op in MISSED:
-        assert f"rerun: shardcheck run --suite " in run.stdout and f"--op {op} --case fuzz-" in run.stdout
+        assert "rerun: shardcheck run --suite " in run.stdout and f"--op {op} --case fuzz-" in run.stdout
     assert run.stdout.count("--corpus") >= len(MISSED)
 
 
@@ -90,8 +125,19 @@ def test_run_replays_the_corpus_first(missed):
     op = "distributed_utils.reduce_loss"
     family, path, check, _ = MISSED[op]
     corpus = ["--corpus", str(tmp / "corpus")]
-    broken = shardcheck("run", "--op", op, "--impl", f"{family}={path}", "--dtype", "float64", "--world-sizes", "2",
-                        *corpus, out=tmp / "replay-broken")
+    broken = shardcheck(
+        "run",
+        "--op",
+        op,
+        "--impl",
+        f"{family}={path}",
+        "--dtype",
+        "float64",
+        "--world-sizes",
+        "2",
+        *corpus,
+        out=tmp / "replay-broken",
+    )
     assert broken.returncode == 1
     rows = broken.rows
     first = rows.iloc[0]["case_id"]
@@ -100,8 +146,19 @@ def test_run_replays_the_corpus_first(missed):
     assert set(failed["case_id"]) == {first} and set(failed["check"]) == {check}
     rerun = failed.iloc[0]["rerun"]
     assert "--corpus" in rerun and f"--case {first}" in rerun
-    ours = shardcheck("run", "--op", op, "--case", "fuzz-*", "--dtype", "float64", "--world-sizes", "2", *corpus,
-                      out=tmp / "replay-ours")
+    ours = shardcheck(
+        "run",
+        "--op",
+        op,
+        "--case",
+        "fuzz-*",
+        "--dtype",
+        "float64",
+        "--world-sizes",
+        "2",
+        *corpus,
+        out=tmp / "replay-ours",
+    )
     assert ours.returncode == 0 and len(ours.rows) > 0, ours.stdout[-2000:]
     listed = cli("list", *corpus)
     assert "fuzz corpus" in listed.stdout and f"{len(MISSED)} saved case" in listed.stdout
@@ -133,12 +190,15 @@ def test_a_suite_without_a_space_is_skipped(tmp_path):
     assert "nothing to fuzz" in run.stderr and "Traceback" not in run.stderr
 
 
-@pytest.mark.parametrize("args, words", [
-    (("--examples", "0"), "--examples must be positive"),
-    (("--time", "-1"), "--time must be positive"),
-    (("--op", "model_utils.nope"), "unknown op"),
-    (("--topology", "dp=x"), "bad topology"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--examples", "0"), "--examples must be positive"),
+        (("--time", "-1"), "--time must be positive"),
+        (("--op", "model_utils.nope"), "unknown op"),
+        (("--topology", "dp=x"), "bad topology"),
+    ],
+)
 def test_bad_usage_is_one_line_and_exit_2(tmp_path, args, words):
     result = cli("fuzz", *args, "--out", str(tmp_path / "out"), "--corpus", str(tmp_path / "corpus"))
     assert result.returncode == 2 and words in result.stderr and "Traceback" not in result.stderr
@@ -149,8 +209,9 @@ def test_a_corrupt_corpus_file_is_exit_2_with_its_path(tmp_path):
     bad = tmp_path / "corpus" / "broken.json"
     bad.write_text('{"suite": "kd_loss"')
     for command in ("fuzz", "run"):
-        result = cli(command, "--op", "kd_loss.KDLoss", "--corpus", str(tmp_path / "corpus"),
-                     "--out", str(tmp_path / command))
+        result = cli(
+            command, "--op", "kd_loss.KDLoss", "--corpus", str(tmp_path / "corpus"), "--out", str(tmp_path / command)
+        )
         assert result.returncode == 2 and str(bad) in result.stderr and "Traceback" not in result.stderr
 
 
@@ -158,9 +219,21 @@ def test_a_hanging_example_ends(tmp_path):
     """A rank blocked in a collective its peer skipped: the example ends at --timeout like a `run` item (the peer is
     named, the ranks relaunched), the search goes on within --time, and the shrunk case is reported."""
     started = time.time()
-    run, summary = _fuzz(tmp_path, "fuzz", "--op", "model_utils.DistributedLogprob",
-                         "--impl", f"model_utils={FIXTURES / 'model_utils' / 'skips_collective.py'}",
-                         "--topology", "dp=1,cp=1,tp=2", "--timeout", "5", "--time", "30", timeout=400)
+    run, summary = _fuzz(
+        tmp_path,
+        "fuzz",
+        "--op",
+        "model_utils.DistributedLogprob",
+        "--impl",
+        f"model_utils={FIXTURES / 'model_utils' / 'skips_collective.py'}",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--timeout",
+        "5",
+        "--time",
+        "30",
+        timeout=400,
+    )
     assert run.returncode == 1, run.stdout[-3000:]
     assert time.time() - started < 300
     op = summary["ops"][0]

@@ -9,20 +9,26 @@ drawn examples (`example_suite`: the route `shardcheck fuzz` takes, without the 
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import BROKEN, assert_one_cause, shardcheck
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from shardcheck.harness.core.topology import Topology, default_topologies
-from helpers import BROKEN, ROOT, assert_one_cause, shardcheck
 
-SUITES = ("model_utils", "kd_loss", "cp_utils", "inbatch_neg_utils", "distributed_utils", "model_utils_cp",
-          "model_utils_megatron")
+SUITES = (
+    "model_utils",
+    "kd_loss",
+    "cp_utils",
+    "inbatch_neg_utils",
+    "distributed_utils",
+    "model_utils_cp",
+    "model_utils_megatron",
+)
 TOPOLOGIES = default_topologies([1, 2, 4])
 
 
@@ -35,8 +41,9 @@ def draw_examples(strategy, n: int, at: int = 0) -> list[dict]:
     drawn = []
 
     @seed(at)
-    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=n, database=None, phases=[Phase.generate], deadline=None, suppress_health_check=list(HealthCheck)
+    )
     @given(strategy)
     def collect(params):
         drawn.append(params)
@@ -46,7 +53,7 @@ def draw_examples(strategy, n: int, at: int = 0) -> list[dict]:
 
 
 # An external suite whose cases are the drawn examples of one suite's spaces, each at its one dtype and topology.
-EXAMPLE_SUITE = '''\
+EXAMPLE_SUITE = """\
 import dataclasses
 import importlib
 import json
@@ -67,7 +74,7 @@ def cases(quick=False):
         out.append(dataclasses.replace(case, case_id=f"ex{{i}}", dtypes=(p["dtype"],), params={{**case.params, **p}},
                                        supports=lambda t, p=p: t == Topology(*p["topology"])))
     return out
-'''
+"""
 
 
 def example_suite(folder: Path, suite: str, examples: list[tuple[str, dict]]) -> Path:
@@ -75,7 +82,9 @@ def example_suite(folder: Path, suite: str, examples: list[tuple[str, dict]]) ->
     test is the suite's own (ours), another one comes with `--impl`."""
     family = importlib.import_module(f"shardcheck.suites.{suite}").FAMILY
     path = folder / f"fuzz_{suite}.py"
-    path.write_text(EXAMPLE_SUITE.format(suite=suite, impl=f"shardcheck.distributed_impl.{family}", examples=json.dumps(examples)))
+    path.write_text(
+        EXAMPLE_SUITE.format(suite=suite, impl=f"shardcheck.distributed_impl.{family}", examples=json.dumps(examples))
+    )
     return path
 
 
@@ -85,7 +94,12 @@ def world_sizes(examples: list[tuple[str, dict]]) -> str:
 
 # ---- every space draws only legal, valid, cheap cases -----------------------------------------------
 
-ALL_SPACES = [(suite, op) for suite in SUITES if hasattr(importlib.import_module(f"shardcheck.suites.{suite}"), "fuzz_spaces") for op in spaces(suite)]
+ALL_SPACES = [
+    (suite, op)
+    for suite in SUITES
+    if hasattr(importlib.import_module(f"shardcheck.suites.{suite}"), "fuzz_spaces")
+    for op in spaces(suite)
+]
 
 
 @pytest.mark.parametrize("suite, op", ALL_SPACES, ids=[op for _, op in ALL_SPACES])
@@ -116,19 +130,40 @@ def test_space_draws_legal_valid_cases(suite, op):
 
 MISSED = {
     "reduce_loss_equal_counts": dict(
-        suite="distributed_utils", broken="distributed_utils/loss_count_assumes_equal_ranks.py",
-        op="distributed_utils.reduce_loss", check="forward:denominator",
-        minimal={"topology": [2, 1, 1], "dtype": "float64", "per_token_loss": False, "dp_group": True, "n_losses": 3,
-                 "n_token_slices": 1, "tokens_over_int32": False},
+        suite="distributed_utils",
+        broken="distributed_utils/loss_count_assumes_equal_ranks.py",
+        op="distributed_utils.reduce_loss",
+        check="forward:denominator",
+        minimal={
+            "topology": [2, 1, 1],
+            "dtype": "float64",
+            "per_token_loss": False,
+            "dp_group": True,
+            "n_losses": 3,
+            "n_token_slices": 1,
+            "tokens_over_int32": False,
+        },
         # one loss fewer is even over 2 ranks: right there
-        passing=[{"n_losses": 2}, {"per_token_loss": True}, {"dp_group": False}]),
+        passing=[{"n_losses": 2}, {"per_token_loss": True}, {"dp_group": False}],
+    ),
     "thd_max_seqlen_first_chunk": dict(
-        suite="cp_utils", broken="cp_utils/max_seqlen_of_first_chunk.py", op="cp_utils.make_cp_batch_for_te",
+        suite="cp_utils",
+        broken="cp_utils/max_seqlen_of_first_chunk.py",
+        op="cp_utils.make_cp_batch_for_te",
         check="property:max_seqlen",
-        minimal={"topology": [1, 1, 1], "dtype": "float64", "lens": [[[1, 2]], [[1, 4]]], "S": 4, "padding_token_id": 0,
-                 "num_chunks": 2, "position_ids": False, "embeds": 0},
+        minimal={
+            "topology": [1, 1, 1],
+            "dtype": "float64",
+            "lens": [[[1, 2]], [[1, 4]]],
+            "S": 4,
+            "padding_token_id": 0,
+            "num_chunks": 2,
+            "position_ids": False,
+            "embeds": 0,
+        },
         # the longest sequence in the first chunk, or one chunk: right there
-        passing=[{"lens": [[[1, 4]], [[1, 2]]]}, {"num_chunks": 1}]),
+        passing=[{"lens": [[[1, 4]], [[1, 2]]]}, {"num_chunks": 1}],
+    ),
 }
 
 
@@ -144,8 +179,18 @@ def missed_runs(tmp_path_factory):
         family = importlib.import_module(f"shardcheck.suites.{m['suite']}").FAMILY
         examples = [(m["op"], m["minimal"])] + [(m["op"], {**m["minimal"], **change}) for change in m["passing"]]
         suite = example_suite(folder, m["suite"], examples)
-        drawn = shardcheck("run", "--suite-path", str(suite), "--suite", suite.stem, "--impl", f"{family}={impl}",
-                           "--world-sizes", world_sizes(examples), out=folder / "drawn")
+        drawn = shardcheck(
+            "run",
+            "--suite-path",
+            str(suite),
+            "--suite",
+            suite.stem,
+            "--impl",
+            f"{family}={impl}",
+            "--world-sizes",
+            world_sizes(examples),
+            out=folder / "drawn",
+        )
         runs[name] = drawn
     return runs
 

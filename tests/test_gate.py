@@ -22,9 +22,22 @@ def test_hanging_op_costs_one_timeout_per_topology(tmp_path, monkeypatch):
     junit = tmp_path / "junit.xml"
     started = time.time()
     # world size 2: tp1 and dp2 pass (no TP peer to skip), tp2 hangs in its first of 3 quick cases
-    run = shardcheck("run", *SKIPS_COLLECTIVE, "--op", "model_utils.DistributedLogprob", "--world-sizes", "2",
-                     *FLOAT64_QUICK, "--timeout", "5", "--junit-xml", str(junit), out=tmp_path / "run", timeout=300,
-                     fresh=True)  # (its launches counted in its own folder)
+    run = shardcheck(
+        "run",
+        *SKIPS_COLLECTIVE,
+        "--op",
+        "model_utils.DistributedLogprob",
+        "--world-sizes",
+        "2",
+        *FLOAT64_QUICK,
+        "--timeout",
+        "5",
+        "--junit-xml",
+        str(junit),
+        out=tmp_path / "run",
+        timeout=300,
+        fresh=True,
+    )  # (its launches counted in its own folder)
     elapsed = time.time() - started
     assert run.returncode == 1, run.stdout + run.stderr
     rows = run.rows
@@ -33,8 +46,11 @@ def test_hanging_op_costs_one_timeout_per_topology(tmp_path, monkeypatch):
     assert sorted(map(sorted, items)) == [["error"], ["skip"], ["skip"]]
     hung_case = items[items == {"error"}].index[0]
     skipped = tp2[tp2["status"] == "skip"]
-    assert skipped["message"].str.startswith(f"skipped: model_utils.DistributedLogprob hung in case {hung_case} "
-                                             "float64 at dp1-cp1-tp2").all()
+    assert (
+        skipped["message"]
+        .str.startswith(f"skipped: model_utils.DistributedLogprob hung in case {hung_case} float64 at dp1-cp1-tp2")
+        .all()
+    )
     forward_tp1 = rows[(rows["tp"] == 1) & (rows["check"] == "forward")]  # (this impl has no backward at all)
     assert len(forward_tp1) == 3 and (forward_tp1["status"] == "pass").all()  # dp2 ran every item
     # one timeout and one relaunch, not three of each (wall clock: loose, launches are slow on a loaded machine)
@@ -51,7 +67,9 @@ def test_hanging_op_costs_one_timeout_per_topology(tmp_path, monkeypatch):
     assert "did not finish the case within" in error.get("message") and "rerun: shardcheck run" in error.text
     names = {c.get("name") for c in cases}
     assert f"{hung_case} [dp1-cp1-tp2 float64]" in names
-    assert all(s.get("message").startswith("skipped: model_utils.DistributedLogprob hung") for s in root.iter("skipped"))
+    assert all(
+        s.get("message").startswith("skipped: model_utils.DistributedLogprob hung") for s in root.iter("skipped")
+    )
     # the GitHub step summary is appended to, not overwritten
     text = summary.read_text()
     assert text.startswith("earlier step\n") and "shardcheck run" in text and "5 skip" in text
@@ -59,9 +77,25 @@ def test_hanging_op_costs_one_timeout_per_topology(tmp_path, monkeypatch):
 
 
 def test_no_hang_budget_tries_every_item(tmp_path):
-    run = shardcheck("run", *SKIPS_COLLECTIVE, "--op", "model_utils.DistributedLogprob", "--topology", "tp=2",
-                     "--case", "b4s6v37-masked0.3", "--case", "b2s5*", *FLOAT64_QUICK, "--timeout", "5",
-                     "--no-hang-budget", out=tmp_path / "run", timeout=300, fresh=True)
+    run = shardcheck(
+        "run",
+        *SKIPS_COLLECTIVE,
+        "--op",
+        "model_utils.DistributedLogprob",
+        "--topology",
+        "tp=2",
+        "--case",
+        "b4s6v37-masked0.3",
+        "--case",
+        "b2s5*",
+        *FLOAT64_QUICK,
+        "--timeout",
+        "5",
+        "--no-hang-budget",
+        out=tmp_path / "run",
+        timeout=300,
+        fresh=True,
+    )
     assert run.returncode == 1, run.stdout + run.stderr
     rows = run.rows
     assert set(rows["status"]) == {"error"} and rows["case_id"].nunique() == 2
@@ -82,11 +116,34 @@ def test_killed_rank_is_named_with_its_signal_and_the_run_goes_on(tmp_path):
 
     impl = FIXTURES / "model_utils" / "sleeps_in_forward.py"
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "shardcheck.harness.cli", "run", "--impl", f"model_utils={impl}",
-                             "--op", "model_utils.DistributedLogprob", "--op", "model_utils.ChunkedDistributedLogprob",
-                             "--case", "b2s5*", "--topology", "tp=2", *FLOAT64_QUICK, "--timeout", "60",
-                             "--out", str(out), "--no-progress"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shardcheck.harness.cli",
+            "run",
+            "--impl",
+            f"model_utils={impl}",
+            "--op",
+            "model_utils.DistributedLogprob",
+            "--op",
+            "model_utils.ChunkedDistributedLogprob",
+            "--case",
+            "b2s5*",
+            "--topology",
+            "tp=2",
+            *FLOAT64_QUICK,
+            "--timeout",
+            "60",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         events = out / "workers" / "w2-launch0" / "plan0" / "rank1.jsonl"
         deadline = time.time() + 120

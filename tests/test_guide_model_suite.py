@@ -16,8 +16,15 @@ def test_the_suite_from_the_guide_passes_under_tp_and_dp(run_shardcheck):
     rows = run.rows
     assert {tuple(t) for t in rows[["dp", "cp", "tp"]].values} == {(1, 1, 1), (2, 1, 1), (1, 1, 2)}
     checks = set(rows["check"])
-    assert {"forward:act00:blocks.0.norm", "forward:act02:blocks.0.act", "forward:loss", "forward:dact00:head",
-            "forward:dparam:blocks.0.up.weight", "forward:step:blocks.1.down.bias", "forward:step:head.weight"} <= checks
+    assert {
+        "forward:act00:blocks.0.norm",
+        "forward:act02:blocks.0.act",
+        "forward:loss",
+        "forward:dact00:head",
+        "forward:dparam:blocks.0.up.weight",
+        "forward:step:blocks.1.down.bias",
+        "forward:step:head.weight",
+    } <= checks
 
 
 def test_its_plan_without_the_dp_all_reduce_names_the_first_parameter(run_shardcheck):

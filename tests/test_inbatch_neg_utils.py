@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import BROKEN
+
 from shardcheck.distributed_impl import inbatch_neg_utils as impl
 from shardcheck.reference import inbatch_neg_utils as ref
 
@@ -24,6 +24,7 @@ MIN64 = torch.finfo(torch.float64).min
 
 
 # ---- the reference and the implementation on one process ------------------------------------
+
 
 def _scores(b, cols, seed=0, dtype=torch.float64):
     return torch.randn((b, cols), generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
@@ -56,13 +57,15 @@ def test_impl_mask_equals_reference_on_every_rank(dtype, n):
     for dp in (1, 2, 4):
         b_local = b // dp
         for rank in range(dp):
-            rows = full[rank * b_local:(rank + 1) * b_local].clone()
+            rows = full[rank * b_local : (rank + 1) * b_local].clone()
             impl.mask_gathered_passages_same_doc_as_positive(rows, ids, n, rank, b_local)
-            want = ref.masked_scores(full, ids, n, 0, b)[rank * b_local:(rank + 1) * b_local]
+            want = ref.masked_scores(full, ids, n, 0, b)[rank * b_local : (rank + 1) * b_local]
             assert torch.equal(rows, want), (dp, rank)
             positives = (rank * b_local + torch.arange(b_local)) * n
-            assert torch.equal(rows[torch.arange(b_local), positives], full[rank * b_local:(rank + 1) * b_local][
-                torch.arange(b_local), positives])  # the positive is never masked
+            assert torch.equal(
+                rows[torch.arange(b_local), positives],
+                full[rank * b_local : (rank + 1) * b_local][torch.arange(b_local), positives],
+            )  # the positive is never masked
 
 
 def test_doc_ids_duplicate_across_ranks():
@@ -138,12 +141,27 @@ def test_reference_contrastive_step():
 
 # ---- placement on the default group (no launch) ---------------------------------------------
 
+
 def _plan(world_sizes, topologies=()):
     from shardcheck.harness.driver.planner import Selection, build_plan
 
-    return build_plan(Selection(run_id="t", suites_wanted=["inbatch_neg_utils"], ops=[], case_patterns=[],
-                      world_sizes=world_sizes, topologies=list(topologies), dtypes=["float64"], impl={}, quick=True,
-                      seed=0, timeout=60, device="cpu", backend="gloo"))
+    return build_plan(
+        Selection(
+            run_id="t",
+            suites_wanted=["inbatch_neg_utils"],
+            ops=[],
+            case_patterns=[],
+            world_sizes=world_sizes,
+            topologies=list(topologies),
+            dtypes=["float64"],
+            impl={},
+            quick=True,
+            seed=0,
+            timeout=60,
+            device="cpu",
+            backend="gloo",
+        )
+    )
 
 
 def test_world_group_cases_run_in_a_launch_of_their_size():
@@ -174,12 +192,15 @@ def test_default_run_includes_the_suite():
 
     assert "inbatch_neg_utils" in suite_names()
     plan = _plan(None)  # the default world sizes, as `shardcheck run` with no arguments
-    assert {i.op for i in plan.items} >= {"inbatch_neg_utils.dist_gather_tensor",
-                                          "inbatch_neg_utils.dist_gather_tensor_with_dim1_padding",
-                                          "inbatch_neg_utils.mask_gathered_passages_same_doc_as_positive"}
+    assert {i.op for i in plan.items} >= {
+        "inbatch_neg_utils.dist_gather_tensor",
+        "inbatch_neg_utils.dist_gather_tensor_with_dim1_padding",
+        "inbatch_neg_utils.mask_gathered_passages_same_doc_as_positive",
+    }
 
 
 # ---- the suite on the real implementation -------------------------------------------------------
+
 
 def test_quick_suite_passes(run_shardcheck):
     run = run_shardcheck("run", "--suite", "inbatch_neg_utils", "--quick", "--world-sizes", "1,2,4", "--timeout", "120")
@@ -194,8 +215,10 @@ def test_quick_suite_passes(run_shardcheck):
     assert (step["world_size"] == step["dp"]).all()
     # the DP > 1 step moves its passages once each way (checked tight by property:comm)
     comm = step[(step["check"] == "property:comm") & (step["dp"] == 2) & (step["dtype"] == "float64")].iloc[0]
-    assert comm["comm_calls"] == {"forward": {"all_gather@dp": 2},
-                                  "backward": {"all_reduce@dp": 2, "reduce_scatter@dp": 1}}
+    assert comm["comm_calls"] == {
+        "forward": {"all_gather@dp": 2},
+        "backward": {"all_reduce@dp": 2, "reduce_scatter@dp": 1},
+    }
     assert set(rows[rows["case_id"] == STEP_LOCAL]["dp"]) == {2}
     mask = rows[rows["op"] == "inbatch_neg_utils.mask_gathered_passages_same_doc_as_positive"]
     kept = mask[mask["check"] == "property:positive_kept"]
@@ -205,6 +228,7 @@ def test_quick_suite_passes(run_shardcheck):
 
 
 # ---- broken implementations ---------------------------------------------------------------------
+
 
 def _run_broken(run_shardcheck, name):
     run = run_shardcheck("run", *BROKEN_RUN, "--impl", f"inbatch_neg_utils={BROKEN / 'inbatch_neg_utils' / name}.py")
@@ -230,7 +254,8 @@ def test_broken_remote_detached(run_shardcheck):
     run = _run_broken(run_shardcheck, "remote_detached")
     rows = run.rows
     assert _bad(rows) == {(STEP_PRESERVE, c) for c in ("grad:weight", "grad:bias", "grad:passage_features")} | {
-        ("float-b4h3-preserve", "grad:t")}
+        ("float-b4h3-preserve", "grad:t")
+    }
     row = _row(rows, STEP_PRESERVE, "grad:passage_features")
     assert _failing_ranks(row) == {0, 1}  # both ranks' passages miss the other rank's loss
     assert "grad:passage_features" in run.stdout

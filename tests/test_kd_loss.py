@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import BROKEN, IMPLS
+
 from shardcheck.reference import kd_loss as ref
 
 TOPOS = ("--topology", "dp=1,cp=1,tp=2", "--topology", "dp=2,cp=1,tp=2")
@@ -19,6 +19,7 @@ BROKEN_RUN = ("--suite", "kd_loss", "--quick", "--dtype", "float64", *TOPOS)
 
 
 # ---- the reference against direct formulas ------------------------------------------------------
+
 
 def _logits(*shape, seed=0, scale=3.0):
     gen = torch.Generator().manual_seed(seed)
@@ -50,11 +51,16 @@ def test_reference_matches_kl_div(T, ignore_index):
     per_token, loss = _direct(s, t, labels, T, ignore_index)
     got = ref.kd_loss_per_token(s, t, labels, ignore_index=ignore_index, temperature=T)
     torch.testing.assert_close(got, per_token, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(ref.kd_loss(s, t, labels, ignore_index=ignore_index, temperature=T), loss,
-                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        ref.kd_loss(s, t, labels, ignore_index=ignore_index, temperature=T), loss, rtol=1e-12, atol=1e-12
+    )
     # num_batch_labels replaces the count
-    torch.testing.assert_close(ref.kd_loss(s, t, labels, ignore_index=ignore_index, temperature=T, num_batch_labels=17),
-                               per_token.sum() / 17, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        ref.kd_loss(s, t, labels, ignore_index=ignore_index, temperature=T, num_batch_labels=17),
+        per_token.sum() / 17,
+        rtol=1e-12,
+        atol=1e-12,
+    )
     assert (got >= -1e-12).all()  # a KL divergence
 
 
@@ -109,6 +115,7 @@ def test_reference_rejects_bad_shapes():
 
 # ---- the suite's structure (no launch) -----------------------------------------------------------
 
+
 def test_quick_cases_cover_modes_dp_masking_chunking():
     from shardcheck.suites import kd_loss as suite
 
@@ -127,6 +134,7 @@ def test_quick_cases_cover_modes_dp_masking_chunking():
 
 # ---- the suite on the real implementation -------------------------------------------------------
 
+
 def test_quick_suite_passes(run_shardcheck):
     """Every topology of world sizes 1, 2, 4 (tp 1, 2, 4; dp up to 4) fits one launch."""
     run = run_shardcheck("run", "--suite", "kd_loss", "--quick", "--world-sizes", "1,2,4")
@@ -144,12 +152,18 @@ def test_quick_suite_passes(run_shardcheck):
     assert set(dp_sum["dp"]) == {2, 4}
     assert len(kd[kd["check"] == "property:bad_input"])
     infer = rows[rows["op"] == "kd_loss._infer_tp_group_from_dtensor"]
-    assert {"property:infer_group:plain", "property:infer_group:vocab-on-tp", "property:infer_group:seq-on-tp",
-            "property:infer_group:replicated", "property:infer_group:vocab-on-dp"} <= set(infer["check"])
+    assert {
+        "property:infer_group:plain",
+        "property:infer_group:vocab-on-tp",
+        "property:infer_group:seq-on-tp",
+        "property:infer_group:replicated",
+        "property:infer_group:vocab-on-dp",
+    } <= set(infer["check"])
     assert {1, 2, 4} <= set(infer["tp"])
 
 
 # ---- broken implementations ---------------------------------------------------------------------
+
 
 def _run_broken(run_shardcheck, name):
     run = run_shardcheck("run", *BROKEN_RUN, "--impl", f"kd_loss={BROKEN / 'kd_loss' / name}.py")
@@ -159,8 +173,13 @@ def _run_broken(run_shardcheck, name):
 
 
 def _row(rows, case_prefix, check, dp, tp):
-    sel = rows[rows["case_id"].str.startswith(case_prefix) & (rows["check"] == check) & (rows["dp"] == dp)
-               & (rows["tp"] == tp) & ~rows["case_id"].str.endswith("-tgrad")]
+    sel = rows[
+        rows["case_id"].str.startswith(case_prefix)
+        & (rows["check"] == check)
+        & (rows["dp"] == dp)
+        & (rows["tp"] == tp)
+        & ~rows["case_id"].str.endswith("-tgrad")
+    ]
     assert len(sel) == 1, (case_prefix, check, dp, tp, sel[["case_id", "check"]])
     return sel.iloc[0]
 
@@ -250,8 +269,20 @@ def test_broken_chunk_drops_last(run_shardcheck):
 def test_float64_computed_in_float32_is_the_seeds_fp32_upcast_not_a_finding(run_shardcheck):
     """The seed casts the logits to float32 under fp32_upcast: a float64 loss only as good as float32 (and in float32)
     passes, citing the seed, even under --strict; the same precision is still a warning where nothing allows it."""
-    run = run_shardcheck("run", "--impl", f"kd_loss={IMPLS / 'upcast_to_float32_kd_loss.py'}", "--suite", "kd_loss",
-                         "--quick", "--op", "kd_loss.KDLoss", "--dtype", "float64", "--topology", "dp=1,cp=1,tp=2")
+    run = run_shardcheck(
+        "run",
+        "--impl",
+        f"kd_loss={IMPLS / 'upcast_to_float32_kd_loss.py'}",
+        "--suite",
+        "kd_loss",
+        "--quick",
+        "--op",
+        "kd_loss.KDLoss",
+        "--dtype",
+        "float64",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     rows = run.rows
     assert (rows["status"] == "pass").all(), run.failed()[["case_id", "check", "message"]]

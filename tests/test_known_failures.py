@@ -12,46 +12,73 @@ import xml.etree.ElementTree as ET
 
 import pandas as pd
 import pytest
-
 from helpers import FIXTURES, Run, cli, shardcheck
-from shardcheck.harness.driver import planner as plan_module
+
 from shardcheck.harness.core.case import KnownFailure
-from shardcheck.harness.findings.causes import causes, finding_lines, known_failures, known_failures_line
-from shardcheck.harness.driver.collect import Collector
 from shardcheck.harness.core.events import Events, events_path
 from shardcheck.harness.core.plan_data import Item, Plan, Xfail
-from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.core.records import load
-from shardcheck.harness.driver.run import EXIT_FAIL, EXIT_OK, close_run, exit_code, open_run
 from shardcheck.harness.core.topology import Topology, UsageError
+from shardcheck.harness.driver import planner as plan_module
+from shardcheck.harness.driver.collect import Collector
+from shardcheck.harness.driver.planner import Selection, build_plan
+from shardcheck.harness.driver.run import EXIT_FAIL, EXIT_OK, close_run, exit_code, open_run
+from shardcheck.harness.findings.causes import causes, finding_lines, known_failures, known_failures_line
 from shardcheck.reports import junit
 from shardcheck.reports.dashboard import load_runs, status_counts
 from shardcheck.reports.regression import compare_runs
 from shardcheck.reports.report import build
 
 OP = "model_utils.DistributedLogprob"
-MARK = Xfail(reason="vocab offset off by one on ranks past the first shard", reference="https://example.org/issues/7",
-             checks=["*"])
+MARK = Xfail(
+    reason="vocab offset off by one on ranks past the first shard",
+    reference="https://example.org/issues/7",
+    checks=["*"],
+)
 
 
 # ---- seeded rows: per-rank events merged by the driver's Collector ----------------------------------------------
 
+
 def _item(item_id, case_id, checks, dtype="float64", xfail=None, tp=2) -> Item:
-    return Item(id=item_id, suite="model_utils", op=OP, case_id=case_id, dtype=dtype, topology=(1, 1, tp),
-                world_size=tp, seed=item_id, checks=checks, params={"B": 4, "masked": 0.3}, xfail=xfail)
+    return Item(
+        id=item_id,
+        suite="model_utils",
+        op=OP,
+        case_id=case_id,
+        dtype=dtype,
+        topology=(1, 1, tp),
+        world_size=tp,
+        seed=item_id,
+        checks=checks,
+        params={"B": 4, "masked": 0.3},
+        xfail=xfail,
+    )
 
 
 def _check_event(status: str, rank: int) -> dict:
     """One rank's result as the worker reports it: a wrong value on rank 1 is 1.98 where -0.097 was expected."""
     if status == "fail":
-        return {"status": "fail", "message": "", "max_abs_err": 2.07, "err_ratio": 1.0e10, "budget": 2.07e-10,
-                "worst": {"local_index": [1, 2, 8], "global_index": [1, 2, 27], "expected": -0.0973, "got": 1.98},
-                "symptom": "values"}
+        return {
+            "status": "fail",
+            "message": "",
+            "max_abs_err": 2.07,
+            "err_ratio": 1.0e10,
+            "budget": 2.07e-10,
+            "worst": {"local_index": [1, 2, 8], "global_index": [1, 2, 27], "expected": -0.0973, "got": 1.98},
+            "symptom": "values",
+        }
     if status == "warn":
         return {"status": "warn", "message": "forward all_reduce@tp: 4 call(s) > allowed 3", "symptom": "comm"}
     if status == "precision":  # a wrong value whose error fits the bfloat16-math budget
-        return {"status": "warn", "message": "|err| 0.02 fits the bfloat16-math budget", "max_abs_err": 0.02,
-                "err_ratio": 40.0, "budget": 5e-4, "symptom": "precision:bfloat16"}
+        return {
+            "status": "warn",
+            "message": "|err| 0.02 fits the bfloat16-math budget",
+            "max_abs_err": 0.02,
+            "err_ratio": 40.0,
+            "budget": 5e-4,
+            "symptom": "precision:bfloat16",
+        }
     if status == "skip":
         return {"status": "skip", "message": "needs the [megatron] extra"}
     return {"status": "pass", "message": "", "max_abs_err": 1e-17, "err_ratio": 0.01 + 0.001 * rank, "budget": 1e-15}
@@ -68,8 +95,9 @@ def _emit(events: dict[int, Events], item: Item, results: dict[str, dict[int, st
         return
     for check, per_rank in results.items():
         for r in ranks:
-            events[r].checked(item.id, check=check, coords={"dp": 0, "cp": 0, "tp": r},
-                           **_check_event(per_rank.get(r, "pass"), r))
+            events[r].checked(
+                item.id, check=check, coords={"dp": 0, "cp": 0, "tp": r}, **_check_event(per_rank.get(r, "pass"), r)
+            )
     for r in ranks:
         events[r].done(item.id, 0.1)
 
@@ -80,13 +108,23 @@ def seeded_run(tmp_path):
     (the mark's `when` left it out) failing, a marked item now passing, a marked item that hangs, and a marked item
     with a skipped and a warning check.  Written as the driver writes runs: open_run, Collector, close_run."""
     checks = ["forward", "grad:logits", "property:comm"]
-    items = [_item(0, "b4s6v37-masked0.3", checks, xfail=MARK),
-             _item(1, "b4s6v37-masked0.3", checks, dtype="float32"),
-             _item(2, "b4s6v37", checks, xfail=MARK),
-             _item(3, "b4s8v64", checks, xfail=MARK),
-             _item(4, "b2s4v16", checks, xfail=MARK)]
-    plan = Plan(run_id="seeded", quick=True, seed=0, timeout=10.0, device="cpu", backend="gloo",
-                impl={"model_utils": "shardcheck.distributed_impl.model_utils"}, items=items)
+    items = [
+        _item(0, "b4s6v37-masked0.3", checks, xfail=MARK),
+        _item(1, "b4s6v37-masked0.3", checks, dtype="float32"),
+        _item(2, "b4s6v37", checks, xfail=MARK),
+        _item(3, "b4s8v64", checks, xfail=MARK),
+        _item(4, "b2s4v16", checks, xfail=MARK),
+    ]
+    plan = Plan(
+        run_id="seeded",
+        quick=True,
+        seed=0,
+        timeout=10.0,
+        device="cpu",
+        backend="gloo",
+        impl={"model_utils": "shardcheck.distributed_impl.model_utils"},
+        items=items,
+    )
     run_dir = tmp_path / "run"
     events_dir = run_dir / "workers" / "w2-launch0"
     events = {r: Events(events_path(events_dir, r), r) for r in range(2)}
@@ -94,7 +132,11 @@ def seeded_run(tmp_path):
     _emit(events, items[1], {"forward": {}, "grad:logits": {1: "fail"}, "property:comm": {}})
     _emit(events, items[2], {"forward": {}, "grad:logits": {}, "property:comm": {}})
     _emit(events, items[3], None)
-    _emit(events, items[4], {"forward": {0: "skip", 1: "skip"}, "grad:logits": {}, "property:comm": {0: "warn", 1: "warn"}})
+    _emit(
+        events,
+        items[4],
+        {"forward": {0: "skip", 1: "skip"}, "grad:logits": {}, "property:comm": {0: "warn", 1: "warn"}},
+    )
     writer, meta = open_run(run_dir, plan, ["shardcheck", "run"])
     collector = Collector(plan, items, events_dir, writer, 2)
     collector.poll()
@@ -116,8 +158,9 @@ def test_the_merge_turns_marked_failures_into_xfail_and_marked_passes_into_xpass
     assert _status(rows, "b4s6v37-masked0.3") == {"forward": "pass", "grad:logits": "xfail", "property:comm": "pass"}
     known = rows[rows["status"] == "xfail"].set_index(["case_id", "check"]).loc[("b4s6v37-masked0.3", "grad:logits")]
     assert known["message"].startswith("rank 1 (dp=0, cp=0, tp=1): |err| 2.08 > budget 2.07e-10 at global (1, 2, 27)")
-    assert known["message"].endswith("; known failure: vocab offset off by one on ranks past the first shard "
-                                     "(https://example.org/issues/7)")
+    assert known["message"].endswith(
+        "; known failure: vocab offset off by one on ranks past the first shard (https://example.org/issues/7)"
+    )
     assert known["symptom"] == "values" and known["culprit_ranks"] == [1]  # what the known failure looks like
     assert known["xfail_reason"] == MARK.reason and known["xfail_reference"] == MARK.reference
     assert known["rerun"].startswith("shardcheck run --suite model_utils --op model_utils.DistributedLogprob")
@@ -143,8 +186,16 @@ def test_a_marked_error_within_the_bfloat16_budget_is_xfail(tmp_path):
     """A marked check whose error fits the bfloat16-math budget (a precision `warn` on every rank) is the known
     failure all the same: `xfail`, not `warn`, and its passing sibling stays `pass` (the mark still needed)."""
     item = _item(0, "b4s6v37", ["forward", "grad:logits"], dtype="bfloat16", xfail=MARK)
-    plan = Plan(run_id="bf16", quick=True, seed=0, timeout=10.0, device="cpu", backend="gloo",
-                impl={"model_utils": "shardcheck.distributed_impl.model_utils"}, items=[item])
+    plan = Plan(
+        run_id="bf16",
+        quick=True,
+        seed=0,
+        timeout=10.0,
+        device="cpu",
+        backend="gloo",
+        impl={"model_utils": "shardcheck.distributed_impl.model_utils"},
+        items=[item],
+    )
     run_dir = tmp_path / "run"
     events_dir = run_dir / "workers" / "w2-launch0"
     events = {r: Events(events_path(events_dir, r), r) for r in range(2)}
@@ -177,8 +228,13 @@ def test_xfail_rows_are_no_cause_and_an_xpass_is_a_finding_of_its_own(seeded_run
     assert xpass["kind"] == "a known failure now passes: remove its KnownFailure mark" and xpass["count"] == 4
     assert xpass["condition"] == "in 2 item(s) at dp1-cp1-tp2 in float64"  # where the mark no longer holds
     lines = finding_lines(table)
-    at = lines.index(next(line for line in lines if line.startswith("XPASS model_utils.DistributedLogprob: a known "
-                                                                         "failure now passes")))
+    at = lines.index(
+        next(
+            line
+            for line in lines
+            if line.startswith("XPASS model_utils.DistributedLogprob: a known failure now passes")
+        )
+    )
     assert lines[at + 1].startswith("    worst: passes on every rank, but is marked as a known failure")
     assert lines[at + 2].startswith("    rerun: shardcheck run ")
     known = known_failures(rows)
@@ -186,15 +242,20 @@ def test_xfail_rows_are_no_cause_and_an_xpass_is_a_finding_of_its_own(seeded_run
     entry = known.iloc[0]
     assert (entry["reason"], entry["reference"], entry["count"], entry["items"]) == (MARK.reason, MARK.reference, 4, 2)
     assert entry["checks"] == "forward, grad:logits, property:comm" and entry["where"] == "at dp1-cp1-tp2 in float64"
-    assert known_failures_line(known) == ("Known failures (4 xfail row(s), not failing the run): "
-                                          f"{OP}: {MARK.reason} ({MARK.reference}), 4 row(s)")
+    assert known_failures_line(known) == (
+        f"Known failures (4 xfail row(s), not failing the run): {OP}: {MARK.reason} ({MARK.reference}), 4 row(s)"
+    )
 
 
 def test_junit_skips_a_known_failure_with_its_reason_and_fails_an_xpass(seeded_run):
     run_dir, _ = seeded_run
     root = ET.fromstring(ET.tostring(junit.junit_tree(load(run_dir), "seeded").getroot()))
     assert {k: root.get(k) for k in ("tests", "failures", "errors", "skipped")} == {
-        "tests": "5", "failures": "3", "errors": "0", "skipped": "2"}
+        "tests": "5",
+        "failures": "3",
+        "errors": "0",
+        "skipped": "2",
+    }
     cases = {c.get("name"): c for c in root.iter("testcase")}
     for name in ("b4s6v37-masked0.3 [dp1-cp1-tp2 float64]", "b4s8v64 [dp1-cp1-tp2 float64]"):
         skipped = cases[name].find("skipped")
@@ -203,8 +264,9 @@ def test_junit_skips_a_known_failure_with_its_reason_and_fails_an_xpass(seeded_r
         assert "rerun: shardcheck run" in skipped.text
     xpass = cases["b4s6v37 [dp1-cp1-tp2 float64]"].find("failure")
     assert xpass.get("type") == "shardcheck.xpass"
-    assert xpass.get("message") == (f"forward: known failure: {MARK.reason} ({MARK.reference}) now passes on every "
-                                    "rank; remove its mark")
+    assert xpass.get("message") == (
+        f"forward: known failure: {MARK.reason} ({MARK.reference}) now passes on every rank; remove its mark"
+    )
     assert "rerun: shardcheck run" in xpass.text
     # an xpass beside a warning and a skip is still a failure
     assert cases["b2s4v16 [dp1-cp1-tp2 float64]"].find("failure").get("type") == "shardcheck.xpass"
@@ -235,15 +297,46 @@ def test_compare_says_how_known_failures_changed_and_gates_a_check_that_stopped_
     def run(name, statuses):
         d = tmp_path / name
         d.mkdir()
-        rows = [{"run_id": name, "op": OP, "case_id": case, "dp": 1, "cp": 1, "tp": 2, "dtype": "float64",
-                 "device": "cpu", "check": "forward", "status": status} for case, status in statuses.items()]
+        rows = [
+            {
+                "run_id": name,
+                "op": OP,
+                "case_id": case,
+                "dp": 1,
+                "cp": 1,
+                "tp": 2,
+                "dtype": "float64",
+                "device": "cpu",
+                "check": "forward",
+                "status": status,
+            }
+            for case, status in statuses.items()
+        ]
         (d / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return d
 
-    base = run("base", {"fixed": "xfail", "fixed-unmarked": "xfail", "broke-marked": "pass", "still": "xfail",
-                        "was-xpass": "xpass", "unmarked": "xfail"})
-    new = run("new", {"fixed": "xpass", "fixed-unmarked": "pass", "broke-marked": "xfail", "still": "xfail",
-                      "was-xpass": "fail", "unmarked": "fail"})
+    base = run(
+        "base",
+        {
+            "fixed": "xfail",
+            "fixed-unmarked": "xfail",
+            "broke-marked": "pass",
+            "still": "xfail",
+            "was-xpass": "xpass",
+            "unmarked": "xfail",
+        },
+    )
+    new = run(
+        "new",
+        {
+            "fixed": "xpass",
+            "fixed-unmarked": "pass",
+            "broke-marked": "xfail",
+            "still": "xfail",
+            "was-xpass": "fail",
+            "unmarked": "fail",
+        },
+    )
     table, regressions = compare_runs(base, new, 10.0, 5.0)
     change = dict(zip(table["case_id"], table["change"]))
     assert change == {
@@ -268,14 +361,29 @@ def test_the_dashboard_counts_known_failures_per_run(seeded_run):
 # ---- the plan resolves a case's mark per item ------------------------------------------------------------------
 
 KNOWN = FIXTURES / "known_failures" / "known_failing.py"  # an external suite: a marked op with a known defect
-FIXTURE_REASON, FIXTURE_REFERENCE = "partial row sums are never all-reduced over TP", \
-    "https://example.org/known_failing/issues/1"
+FIXTURE_REASON, FIXTURE_REFERENCE = (
+    "partial row sums are never all-reduced over TP",
+    "https://example.org/known_failing/issues/1",
+)
 
 
 def _plan(**over) -> Plan:
-    args = dict(run_id="p", suites_wanted=[], ops=[], case_patterns=[], world_sizes=None,
-                topologies=[Topology(1, 1, 1), Topology(1, 1, 2)], dtypes=["float64", "float32"], impl={}, quick=True,
-                seed=0, timeout=60.0, device="cpu", backend="gloo", suite_paths=[str(KNOWN)])
+    args = dict(
+        run_id="p",
+        suites_wanted=[],
+        ops=[],
+        case_patterns=[],
+        world_sizes=None,
+        topologies=[Topology(1, 1, 1), Topology(1, 1, 2)],
+        dtypes=["float64", "float32"],
+        impl={},
+        quick=True,
+        seed=0,
+        timeout=60.0,
+        device="cpu",
+        backend="gloo",
+        suite_paths=[str(KNOWN)],
+    )
     return build_plan(Selection(**{**args, **over}))
 
 
@@ -286,8 +394,10 @@ def test_the_plan_resolves_when_per_item_and_plan_json_carries_it():
     mark = Xfail(FIXTURE_REASON, FIXTURE_REFERENCE, ["*"])
     # known-b4v37 is marked in float64 only (its `when`), fixed-b4v37 everywhere
     assert {k for k, v in marked.items() if v is not None} == {
-        ("known-b4v37", (1, 1, 1), "float64"), ("known-b4v37", (1, 1, 2), "float64"),
-        *((("fixed-b4v37", t, d) for t in ((1, 1, 1), (1, 1, 2)) for d in ("float64", "float32")))}
+        ("known-b4v37", (1, 1, 1), "float64"),
+        ("known-b4v37", (1, 1, 2), "float64"),
+        *(("fixed-b4v37", t, d) for t in ((1, 1, 1), (1, 1, 2)) for d in ("float64", "float32")),
+    }
     assert all(v in (None, mark) for v in marked.values())
     again = Plan.from_json(plan.to_json())
     assert [i.xfail for i in again.items] == [i.xfail for i in plan.items]
@@ -307,8 +417,11 @@ def _marked(monkeypatch, mark: KnownFailure) -> None:
 def test_a_mark_that_can_match_no_check_or_whose_when_raises_is_one_usage_line(monkeypatch):
     selection = dict(suites_wanted=["model_utils"], ops=[OP], case_patterns=["b4s6v37-masked0.3"], suite_paths=[])
     _marked(monkeypatch, KnownFailure("typo", checks=("grad:logit",)))
-    with pytest.raises(UsageError, match=r"KnownFailure check pattern 'grad:logit' matches none of its checks "
-                                         r"\(forward, grad:logits"):
+    with pytest.raises(
+        UsageError,
+        match=r"KnownFailure check pattern 'grad:logit' matches none of its checks "
+        r"\(forward, grad:logits",
+    ):
         _plan(**selection)
     _marked(monkeypatch, KnownFailure("bad when", when=lambda topology, dtype: topology.pp > 1))
     with pytest.raises(UsageError, match=r"KnownFailure.when\(dp1-cp1-tp1, 'float64'\) raised AttributeError"):
@@ -320,10 +433,20 @@ def test_a_mark_that_can_match_no_check_or_whose_when_raises_is_one_usage_line(m
 
 # ---- end to end: an external suite with its op's defect marked -------------------------------------------------
 
+
 def _run(tmp_path, name, *args) -> tuple[Run, ET.Element]:
     xml = tmp_path / f"{name}.xml"
-    run = shardcheck("run", "--suite-path", str(KNOWN), "--topology", "dp=1,cp=1,tp=2", *args, "--junit-xml", str(xml),
-                     out=tmp_path / name)
+    run = shardcheck(
+        "run",
+        "--suite-path",
+        str(KNOWN),
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        *args,
+        "--junit-xml",
+        str(xml),
+        out=tmp_path / name,
+    )
     return run, ET.parse(xml).getroot()
 
 
@@ -335,8 +458,10 @@ def test_a_known_failure_is_xfail_and_the_run_passes(tmp_path):
     assert "> budget" in known["message"] and "failing rank(s): 0, 1" in known["message"]  # the finding, kept
     assert known["message"].endswith(f"; known failure: {FIXTURE_REASON} ({FIXTURE_REFERENCE})")
     assert "shardcheck: 1 passed, 0 warnings, 0 failed, 0 errors, 0 skipped, 1 xfailed, 0 xpassed" in run.stdout
-    assert (f"Known failures (1 xfail row(s), not failing the run): known_failing.tp_row_sum: {FIXTURE_REASON} "
-            f"({FIXTURE_REFERENCE}), 1 row(s)") in run.stdout
+    assert (
+        f"Known failures (1 xfail row(s), not failing the run): known_failing.tp_row_sum: {FIXTURE_REASON} "
+        f"({FIXTURE_REFERENCE}), 1 row(s)"
+    ) in run.stdout
     assert "Findings" not in run.stdout and "rerun:" not in run.stdout  # not printed as a failure
     assert json.loads((run.out / "run.json").read_text())["summary"]["xfail"] == 1
     assert (xml.get("tests"), xml.get("skipped"), xml.get("failures")) == ("1", "1", "0")
@@ -356,11 +481,15 @@ def test_outside_its_when_the_defect_fails_and_a_fixed_one_is_xpass(tmp_path):
         assert _status(rows, "fixed-b4v37", dtype) == {"forward": "xpass", "grad:x": "xpass"}
     assert "2 passed, 0 warnings, 1 failed, 0 errors, 0 skipped, 1 xfailed, 4 xpassed" in run.stdout
     assert "FAIL known_failing.tp_row_sum: wrong values" in run.stdout
-    assert "XPASS known_failing.tp_row_sum_fixed: a known failure now passes: remove its KnownFailure mark" in run.stdout
+    assert (
+        "XPASS known_failing.tp_row_sum_fixed: a known failure now passes: remove its KnownFailure mark" in run.stdout
+    )
     title = "XPASS known_failing.tp_row_sum_fixed [fixed-b4v37] dp1-cp1-tp2 float64"
     assert title in run.stdout
     rerun = run.stdout.split(title)[1].split("\nrerun: ")[1].splitlines()[0]
-    assert rerun.startswith(f"shardcheck run --suite-path {KNOWN} --suite known_failing --op known_failing.tp_row_sum_fixed")
+    assert rerun.startswith(
+        f"shardcheck run --suite-path {KNOWN} --suite known_failing --op known_failing.tp_row_sum_fixed"
+    )
     assert (xml.get("tests"), xml.get("failures"), xml.get("skipped")) == ("4", "3", "1")
     xpass = [f for f in xml.iter("failure") if f.get("type") == "shardcheck.xpass"]
     assert len(xpass) == 2 and all("now passes on every rank; remove its mark" in f.get("message") for f in xpass)
@@ -373,6 +502,8 @@ def test_the_cli_prints_the_rerun_line_of_every_known_failure(seeded_run, capsys
     _print_findings(load(run_dir))
     out = capsys.readouterr().out
     known_line = next(i for i, ln in enumerate(out.splitlines()) if ln.startswith("Known failures ("))
-    reruns = [ln for ln in out.splitlines()[known_line + 1:] if ln.startswith("  rerun (model_utils.DistributedLogprob): ")]
+    reruns = [
+        ln for ln in out.splitlines()[known_line + 1 :] if ln.startswith("  rerun (model_utils.DistributedLogprob): ")
+    ]
     assert len(reruns) == len(known_failures(load(run_dir))) >= 1
     assert all(" --op model_utils.DistributedLogprob " in ln for ln in reruns)

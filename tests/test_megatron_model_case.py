@@ -5,20 +5,20 @@ norm's parameter, and its rerun line reproduces it alone."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import shlex
 
-import contextlib
-
 import pytest
 import torch
-
-from shardcheck import ModelCase
 from helpers import BROKEN
 
+from shardcheck import ModelCase
+
 FORWARD = "model_utils._gpt_forward_with_linear_ce_fusion"
-needs_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron") is None,
-                                    reason="megatron-core is not installed (pip install -e .[megatron])")
+needs_megatron = pytest.mark.skipif(
+    importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed (pip install -e .[megatron])"
+)
 NOT_REDUCED = BROKEN / "megatron_gpt_plan" / "sp_norm_grad_not_reduced.py"
 
 
@@ -33,34 +33,63 @@ def test_a_step_context_is_entered_around_the_step_and_unchecked_modules_are_not
     def build(gen):
         return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()
 
-    case = ModelCase(op="f.plan", case_id="x", build=build, parallelize=lambda m, c: m,
-                     make_inputs=lambda g: {"tokens": torch.randn(5, 3, generator=g, dtype=torch.float64)},
-                     loss=lambda out, inputs, ctx: (out ** 2).mean(), step_context=around,
-                     unchecked_modules=("1",)).case()
+    case = ModelCase(
+        op="f.plan",
+        case_id="x",
+        build=build,
+        parallelize=lambda m, c: m,
+        make_inputs=lambda g: {"tokens": torch.randn(5, 3, generator=g, dtype=torch.float64)},
+        loss=lambda out, inputs, ctx: (out**2).mean(),
+        step_context=around,
+        unchecked_modules=("1",),
+    ).case()
     assert entered == []  # the single-device step runs when its output names are first needed, not before
     names = list(case.output_names)
     assert entered == [None] and list(case.output_names) == names and entered == [None]  # once, no rank context
     assert "act00:0" in names and "act02:2" in names and not any(n.endswith(":1") for n in names)
     assert "dparam:0.weight" in names  # parameters are never unchecked
-    skipped = ModelCase(op="f.plan", case_id="y", build=lambda g: 1 / 0, parallelize=lambda m, c: m,
-                        make_inputs=lambda g: {}, skip_reason="needs a framework").case()
+    skipped = ModelCase(
+        op="f.plan",
+        case_id="y",
+        build=lambda g: 1 / 0,
+        parallelize=lambda m, c: m,
+        make_inputs=lambda g: {},
+        skip_reason="needs a framework",
+    ).case()
     assert skipped.output_names == ("loss",) and skipped.skip_reason == "needs a framework"  # never built
 
 
 @needs_megatron
 def test_the_gpt_model_passes_at_tp_2_and_4_with_sequence_parallelism(run_shardcheck):
-    run = run_shardcheck("run", "--suite", "model_utils_megatron", "--case", "model-untied", "--timeout", "180",
-                         "--topology", "dp=1,cp=1,tp=2", "--topology", "dp=1,cp=1,tp=4")
+    run = run_shardcheck(
+        "run",
+        "--suite",
+        "model_utils_megatron",
+        "--case",
+        "model-untied",
+        "--timeout",
+        "180",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--topology",
+        "dp=1,cp=1,tp=4",
+    )
     assert run.returncode == 0, run.stdout[-3000:]
     rows = run.rows
     assert (rows["status"] == "pass").all() and set(rows["op"]) == {FORWARD}
     assert set(zip(rows["tp"], rows["dtype"])) == {(tp, d) for tp in (2, 4) for d in ("float64", "float32", "bfloat16")}
     checks = set(rows["check"])
     # sequence-parallel activations (dim 0 of [S, B, H]), column-parallel ones, the head-split attention, the logits
-    assert {"forward:act02:embedding", "forward:act19:decoder.layers.0", "forward:act36:decoder.final_layernorm",
-            "forward:act05:decoder.layers.0.self_attention.linear_qkv", "forward:act39:model", "forward:loss",
-            "forward:act08:decoder.layers.0.self_attention.core_attention.scale_mask_softmax",
-            "forward:dact00:model"} <= checks
+    assert {
+        "forward:act02:embedding",
+        "forward:act19:decoder.layers.0",
+        "forward:act36:decoder.final_layernorm",
+        "forward:act05:decoder.layers.0.self_attention.linear_qkv",
+        "forward:act39:model",
+        "forward:loss",
+        "forward:act08:decoder.layers.0.self_attention.core_attention.scale_mask_softmax",
+        "forward:dact00:model",
+    } <= checks
     assert len([c for c in checks if c.startswith("forward:dparam:")]) == 28  # every parameter, untied model
     assert len([c for c in checks if c.startswith("forward:step:")]) == 28
     assert not any("word_embeddings" in c and ":act" in c for c in checks)  # unchecked: another form under SP
@@ -69,8 +98,19 @@ def test_the_gpt_model_passes_at_tp_2_and_4_with_sequence_parallelism(run_shardc
 
 @needs_megatron
 def test_a_norm_gradient_never_all_reduced_is_one_finding_naming_the_parameter(run_shardcheck):
-    args = ("run", "--suite-path", str(NOT_REDUCED), "--suite", "sp_norm_grad_not_reduced", "--world-sizes", "1,2",
-            "--dtype", "float64", "--timeout", "180")
+    args = (
+        "run",
+        "--suite-path",
+        str(NOT_REDUCED),
+        "--suite",
+        "sp_norm_grad_not_reduced",
+        "--world-sizes",
+        "1,2",
+        "--dtype",
+        "float64",
+        "--timeout",
+        "180",
+    )
     run = run_shardcheck(*args)
     assert run.returncode == 1
     table = run.causes

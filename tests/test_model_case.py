@@ -14,13 +14,13 @@ import shlex
 import pandas as pd
 import pytest
 import torch
+from helpers import BROKEN, ROOT
 
 from shardcheck import ModelCase
 from shardcheck.harness.core.compare import BudgetScope, budget
 from shardcheck.harness.findings import model_order
 from shardcheck.harness.findings.causes import causes
 from shardcheck.harness.rank.suite_loader import load_suite, suite_cases
-from helpers import BROKEN, ROOT
 
 DECODER = ROOT / "examples" / "decoder_tp"
 MLP = ROOT / "docs" / "model-cases" / "plain_tp_mlp.py"  # the guide's worked example
@@ -35,6 +35,7 @@ def _first_cause(run):
 
 
 # ---- the API, without ranks ----------------------------------------------------------------------------------------
+
 
 def test_a_model_case_is_a_case_whose_outputs_follow_the_step():
     suite = load_suite("plain_tp_mlp", [str(MLP)])
@@ -53,8 +54,14 @@ def test_suites_may_return_model_cases_and_a_bad_one_is_one_line():
     cases = suite_cases("plain_tp_mlp", quick=False, suite_paths=[str(MLP)])
     assert [c.case_id for c in cases] == ["tp", "no-layouts", "no-allreduce"]
     with pytest.raises(ValueError, match="optimizer 'adam'"):
-        ModelCase(op="f.g", case_id="x", build=lambda g: torch.nn.Linear(2, 2), parallelize=lambda m, c: m,
-                  make_inputs=lambda g: {"tokens": torch.randn(2, 2, generator=g)}, optimizer="adam").case()
+        ModelCase(
+            op="f.g",
+            case_id="x",
+            build=lambda g: torch.nn.Linear(2, 2),
+            parallelize=lambda m, c: m,
+            make_inputs=lambda g: {"tokens": torch.randn(2, 2, generator=g)},
+            optimizer="adam",
+        ).case()
 
 
 def test_step_order_and_the_summary_name_the_first_divergence():
@@ -73,13 +80,35 @@ def test_the_first_divergence_and_the_worst_name_one_parameter():
     # two parameters wrong, the second by more: the line names the first in the case's output order, both halves
     def row(check, ratio=None, tp=2, rank=0):
         status = "fail" if ratio else "pass"
-        return {"op": "m.parallelize", "case_id": "c", "status": status, "check": check, "dp": 1, "cp": 1, "tp": tp,
-                "dtype": "float64", "params": {"model": True}, "err_ratio": ratio, "mismatch": None,
-                "message": f"rank {rank} (dp=0, cp=0, tp={rank}): |err| {ratio}" if ratio else "", "rerun": "rerun",
-                "symptom": "values" if ratio else None, "culprit_ranks": [rank], "blocked_ranks": [],
-                "error_type": None, "error_message": None, "error_where": None, "phase": None}
-    wrong = {"forward:dparam:a.weight": (5.0, 1), "forward:dparam:b.weight": (50.0, 0),
-             "forward:step:a.weight": (3.0, 1), "forward:step:b.weight": (30.0, 0)}
+        return {
+            "op": "m.parallelize",
+            "case_id": "c",
+            "status": status,
+            "check": check,
+            "dp": 1,
+            "cp": 1,
+            "tp": tp,
+            "dtype": "float64",
+            "params": {"model": True},
+            "err_ratio": ratio,
+            "mismatch": None,
+            "message": f"rank {rank} (dp=0, cp=0, tp={rank}): |err| {ratio}" if ratio else "",
+            "rerun": "rerun",
+            "symptom": "values" if ratio else None,
+            "culprit_ranks": [rank],
+            "blocked_ranks": [],
+            "error_type": None,
+            "error_message": None,
+            "error_where": None,
+            "phase": None,
+        }
+
+    wrong = {
+        "forward:dparam:a.weight": (5.0, 1),
+        "forward:dparam:b.weight": (50.0, 0),
+        "forward:step:a.weight": (3.0, 1),
+        "forward:step:b.weight": (30.0, 0),
+    }
     rows = [row(check, ratio, rank=rank) for check, (ratio, rank) in wrong.items()]
     rows += [row("forward:dparam:a.weight", 4.0, rank=0)]  # the same check on another rank: not its worst
     rows += [row(c, tp=2) for c in ("forward:act00:x", "forward:loss")]
@@ -108,13 +137,23 @@ def test_a_tensor_budget_covers_rows_that_are_exact_zeros_on_one_device():
 
 # ---- runs ----------------------------------------------------------------------------------------------------------
 
+
 def _topologies(rows) -> set[str]:
     return {f"dp{dp}-cp{cp}-tp{tp}" for dp, cp, tp in zip(rows["dp"], rows["cp"], rows["tp"])}
 
 
 def test_decoder_plan_passes_over_every_dp_cp_tp_at_world_sizes_1_2_4(run_shardcheck):
-    run = run_shardcheck("run", "--suite-path", str(DECODER), "--suite", "decoder_tp", "--world-sizes", "1,2,4",
-                         "--dtype", "float64,bfloat16")
+    run = run_shardcheck(
+        "run",
+        "--suite-path",
+        str(DECODER),
+        "--suite",
+        "decoder_tp",
+        "--world-sizes",
+        "1,2,4",
+        "--dtype",
+        "float64,bfloat16",
+    )
     assert run.returncode == 0, run.stdout[-3000:]
     rows = run.rows
     every = {f"dp{dp}-cp{cp}-tp{tp}" for dp in (1, 2, 4) for cp in (1, 2, 4) for tp in (1, 2, 4) if dp * cp * tp <= 4}
@@ -122,29 +161,74 @@ def test_decoder_plan_passes_over_every_dp_cp_tp_at_world_sizes_1_2_4(run_shardc
     assert set(rows["case_id"]) == {"mha", "gqa", "odd-vocab"}
     assert set(rows[rows["case_id"] == "gqa"]["tp"]) == {1, 2, 4}  # 2 key/value heads: split at TP 2, whole at TP 4
     checks = set(rows["check"])
-    assert {"forward:loss", "forward:act00:tok_embeddings", "forward:act05:layers.0.attention.rope",
-            "forward:dparam:norm.weight", "forward:step:output.weight"} <= checks
+    assert {
+        "forward:loss",
+        "forward:act00:tok_embeddings",
+        "forward:act05:layers.0.attention.rope",
+        "forward:dparam:norm.weight",
+        "forward:step:output.weight",
+    } <= checks
     notes = json.loads((run.out / "run.json").read_text())["shim_notes"]
     assert any(n.startswith("used shardcheck's CPU shim for torch context parallelism") for n in notes)
 
 
-@pytest.mark.parametrize("bug, case, first, params, where, sizes", [
-    ("norm_grad_not_reduced", "mha", "first diverging: parameter layers.0.attention_norm.weight (gradient)",
-     "wrong parameters: layers.0.attention_norm.weight, layers.1.attention_norm.weight", {"dp1-cp1-tp2"}, "1,2"),
-    ("rowwise_output_partial", "mha", "first diverging: module layers.0.attention.wo (output, forward)",
-     "parameter(s) wrong", {"dp1-cp1-tp2"}, "1,2"),
-    ("rotary_not_offset", "mha", "first diverging: module layers.0.attention.rope (output, forward)",
-     "parameter(s) wrong", {"dp1-cp2-tp1"}, "1,2"),
-    ("loss_local_mean_summed", "mha", "first diverging: the loss [forward:loss]", "parameter(s) wrong",
-     {"dp2-cp1-tp1", "dp1-cp2-tp1"}, "1,2"),
-    ("vocab_padded_with_zeros", "odd-vocab", "first diverging: the loss [forward:loss]", "parameter(s) wrong",
-     {"dp1-cp1-tp2"}, "1,2"),
-    # 2 key/value heads at TP 4, each rank's picked round-robin: wk/wv agree, the attention's output (wo's) does not
-    ("kv_heads_split_as_if_tp_divided", "gqa", "first diverging: module layers.0.attention.wo (output, forward)",
-     "parameter(s) wrong", {"dp1-cp1-tp4"}, "4"),
-])
-def test_each_broken_plan_is_one_finding_at_its_first_divergence(run_shardcheck, bug, case, first, params, where,
-                                                                 sizes):
+@pytest.mark.parametrize(
+    "bug, case, first, params, where, sizes",
+    [
+        (
+            "norm_grad_not_reduced",
+            "mha",
+            "first diverging: parameter layers.0.attention_norm.weight (gradient)",
+            "wrong parameters: layers.0.attention_norm.weight, layers.1.attention_norm.weight",
+            {"dp1-cp1-tp2"},
+            "1,2",
+        ),
+        (
+            "rowwise_output_partial",
+            "mha",
+            "first diverging: module layers.0.attention.wo (output, forward)",
+            "parameter(s) wrong",
+            {"dp1-cp1-tp2"},
+            "1,2",
+        ),
+        (
+            "rotary_not_offset",
+            "mha",
+            "first diverging: module layers.0.attention.rope (output, forward)",
+            "parameter(s) wrong",
+            {"dp1-cp2-tp1"},
+            "1,2",
+        ),
+        (
+            "loss_local_mean_summed",
+            "mha",
+            "first diverging: the loss [forward:loss]",
+            "parameter(s) wrong",
+            {"dp2-cp1-tp1", "dp1-cp2-tp1"},
+            "1,2",
+        ),
+        (
+            "vocab_padded_with_zeros",
+            "odd-vocab",
+            "first diverging: the loss [forward:loss]",
+            "parameter(s) wrong",
+            {"dp1-cp1-tp2"},
+            "1,2",
+        ),
+        # 2 key/value heads at TP 4, each rank's picked round-robin: wk/wv agree, the attention's output (wo's) does not
+        (
+            "kv_heads_split_as_if_tp_divided",
+            "gqa",
+            "first diverging: module layers.0.attention.wo (output, forward)",
+            "parameter(s) wrong",
+            {"dp1-cp1-tp4"},
+            "4",
+        ),
+    ],
+)
+def test_each_broken_plan_is_one_finding_at_its_first_divergence(
+    run_shardcheck, bug, case, first, params, where, sizes
+):
     impl = f"decoder_tp={BROKEN / 'decoder_tp' / bug}.py"
     run = run_shardcheck(*DECODER_RUN[:-1], case, "--world-sizes", sizes, "--dtype", "float64", "--impl", impl)
     assert run.returncode == 1
@@ -179,6 +263,7 @@ def test_a_parameter_matching_no_layout_is_one_error_naming_it(run_shardcheck):
 
 def test_the_guide_shows_the_example_file_and_nothing_else():
     import re
+
     guide = (ROOT / "docs" / "model-cases.md").read_text()
     blocks = re.findall(r"<!-- file: (\S+) -->\n```python\n(.*?)```\n", guide, re.S)
     assert {path for path, _ in blocks} == {"docs/model-cases/plain_tp_mlp.py"}

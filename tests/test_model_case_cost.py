@@ -16,17 +16,17 @@ import sys
 from collections import Counter
 
 import pytest
+from helpers import ROOT
 
 from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.rank.suite_loader import suite_cases
 from shardcheck.reference import decoder as ref
-from helpers import ROOT
 
 SCRIPT = ROOT / "tests" / "model_case_memory.py"
 
 # A suite file of one model case: a 4 → 6 → 2 MLP in float64 on 3 rows, its loss the sum of squares; $family, the
 # plan's lines before `return model` ($plan) and the ModelCase's further arguments ($case_args) are the test's.
-TINY_MLP_SUITE = string.Template('''
+TINY_MLP_SUITE = string.Template("""
 import torch
 from torch import nn
 from shardcheck import HeadTail, KnownFailure, Layout, ModelCase
@@ -52,13 +52,14 @@ def cases(quick=False):
                       make_inputs=lambda gen: {"x": torch.randn(3, 4, generator=gen, dtype=torch.float64)},
                       model_inputs=("x",), loss=lambda out, inputs, ctx: (out ** 2).sum(), dtypes=("float64",),
                       $case_args)]
-''')
+""")
 SMALL = ("--seq", "16", "--dim", "32")
 
 
 def _measure(*args: str) -> list[dict]:
-    done = subprocess.run([sys.executable, str(SCRIPT), *SMALL, "--events", *args], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *SMALL, "--events", *args], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines()]
 
@@ -86,8 +87,9 @@ def test_failing_and_precision_warned_checks_are_the_same_judged_as_they_arrive(
     assert events["as they arrive"] == events["after the run"]
     assert Counter(e["status"] for e in events["as they arrive"]) == {status: len(events["after the run"])}
     if status == "warn":  # from the largest error alone, the same ratio as the tensors give
-        assert all(e["message"].startswith("float64 computed in float32 (err/budget ")
-                   for e in events["as they arrive"])
+        assert all(
+            e["message"].startswith("float64 computed in float32 (err/budget ") for e in events["as they arrive"]
+        )
     # a failing step keeps the first failing tensor's piece: more than a passing step, far less than every copy
     assert m["as they arrive"] - m["step alone"] < (m["after the run"] - m["step alone"]) / 4
 
@@ -95,10 +97,22 @@ def test_failing_and_precision_warned_checks_are_the_same_judged_as_they_arrive(
 def test_an_exception_of_the_harness_while_judging_as_they_arrive_is_a_harness_error(run_shardcheck, tmp_path):
     suite = tmp_path / "bad_layout_mlp.py"
     # a declared layout the activation cannot take (3 rows in 2·TP chunks): the harness's slicing raises
-    suite.write_text(TINY_MLP_SUITE.substitute(family="bad_layout_mlp", plan="",
-                                               case_args='activation_layouts={"1": Layout(tp=HeadTail(0))}'))
-    run = run_shardcheck("run", "--suite-path", str(suite), "--suite", "bad_layout_mlp", "--world-sizes", "2",
-                         "--topology", "dp=1,cp=1,tp=2")
+    suite.write_text(
+        TINY_MLP_SUITE.substitute(
+            family="bad_layout_mlp", plan="", case_args='activation_layouts={"1": Layout(tp=HeadTail(0))}'
+        )
+    )
+    run = run_shardcheck(
+        "run",
+        "--suite-path",
+        str(suite),
+        "--suite",
+        "bad_layout_mlp",
+        "--world-sizes",
+        "2",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+    )
     assert run.returncode == 1
     rows = run.rows.set_index("check")
     assert rows.loc["forward:act00:0", "status"] == "pass"  # judged before the output whose slicing raised
@@ -110,12 +124,22 @@ def test_an_exception_of_the_harness_while_judging_as_they_arrive_is_a_harness_e
 
 # ---- the single-device step, run where it is needed -----------------------------------------------------------------
 
+
 def test_planning_runs_no_model_and_the_names_are_made_once_where_needed(monkeypatch):
     built = []
     real_build = ref.build
     monkeypatch.setattr(ref, "build", lambda cfg, gen: built.append(cfg) or real_build(cfg, gen))
-    plan = build_plan(Selection(run_id="lazy", seed=0, timeout=60.0, device="cpu", backend="gloo",
-                                suites_wanted=["decoder"], world_sizes=[1, 2, 4]))
+    plan = build_plan(
+        Selection(
+            run_id="lazy",
+            seed=0,
+            timeout=60.0,
+            device="cpu",
+            backend="gloo",
+            suites_wanted=["decoder"],
+            world_sizes=[1, 2, 4],
+        )
+    )
     assert len(plan.items) == 30 and {tuple(i.checks) for i in plan.items} == {("forward:loss",)}
     assert not any(i.skip for i in plan.items)  # its batch laid out at every topology, from the data alone
     (case,) = suite_cases("decoder", quick=False)  # what a rank loads
@@ -127,8 +151,18 @@ def test_planning_runs_no_model_and_the_names_are_made_once_where_needed(monkeyp
 
 
 def test_the_bench_of_a_model_case_runs_its_step(run_shardcheck):
-    run = run_shardcheck("run", "--bench", "--suite", "decoder", "--topology", "dp=1,cp=1,tp=2", "--dtype", "float64",
-                         "--bench-iters", "2")
+    run = run_shardcheck(
+        "run",
+        "--bench",
+        "--suite",
+        "decoder",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--dtype",
+        "float64",
+        "--bench-iters",
+        "2",
+    )
     assert run.returncode == 0, run.stdout[-3000:]
     bench = run.rows[run.rows["check"] == "bench"]
     assert len(bench) == 1 and bench["status"].iloc[0] == "pass" and bench["time_ms"].iloc[0] > 0
@@ -136,7 +170,7 @@ def test_the_bench_of_a_model_case_runs_its_step(run_shardcheck):
 
 def test_a_model_that_cannot_be_built_is_planned_and_is_one_error_at_its_line(run_shardcheck, tmp_path):
     suite = tmp_path / "unbuildable.py"
-    suite.write_text('''
+    suite.write_text("""
 import torch
 from shardcheck import ModelCase
 
@@ -156,9 +190,20 @@ def cases(quick=False):
     return [ModelCase(op=f"{FAMILY}.parallelize", case_id="c", build=build, parallelize=parallelize,
                       make_inputs=lambda gen: {"x": torch.randn(3, 4, generator=gen, dtype=torch.float64)},
                       model_inputs=("x",), dtypes=("float64",))]
-''')
-    run = run_shardcheck("run", "--suite-path", str(suite), "--suite", "unbuildable", "--world-sizes", "1,2",
-                         "--topology", "dp=1,cp=1,tp=1", "--topology", "dp=1,cp=1,tp=2")
+""")
+    run = run_shardcheck(
+        "run",
+        "--suite-path",
+        str(suite),
+        "--suite",
+        "unbuildable",
+        "--world-sizes",
+        "1,2",
+        "--topology",
+        "dp=1,cp=1,tp=1",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+    )
     assert run.returncode == 1 and "Traceback" not in run.stderr
     rows = run.rows
     assert set(rows["check"]) == {"forward:loss"} and set(rows["status"]) == {"error"} and len(rows) == 2
@@ -168,20 +213,24 @@ def cases(quick=False):
     assert set(rows["error_where"]) == {f"{suite}:14"}
 
 
-
-
 @pytest.mark.parametrize("patterns, code", [(("forward:*",), 0), (("forward:act*:3",), 2)])
-def test_a_model_cases_known_failure_marks_its_checks_and_a_typo_is_one_usage_line(run_shardcheck, tmp_path,
-                                                                                   patterns, code):
+def test_a_model_cases_known_failure_marks_its_checks_and_a_typo_is_one_usage_line(
+    run_shardcheck, tmp_path, patterns, code
+):
     """A model case's check names come from one step of the model: for a marked case the planner runs it, so a
     pattern that matches none of them (module "3" does not exist) is still one line and exit 2."""
     suite = tmp_path / "known_mlp.py"
     # a plan that scales the last layer's output on every rank: wrong from that layer on
-    suite.write_text(TINY_MLP_SUITE.substitute(
-        family="known_mlp", plan="    model[2].register_forward_hook(lambda module, args, out: out * 1.5)\n",
-        case_args=f'xfail=KnownFailure("the last layer is scaled", checks={patterns!r})'))
-    run = run_shardcheck("run", "--suite-path", str(suite), "--suite", "known_mlp", "--world-sizes", "1",
-                         "--topology", "dp=1,cp=1,tp=1")
+    suite.write_text(
+        TINY_MLP_SUITE.substitute(
+            family="known_mlp",
+            plan="    model[2].register_forward_hook(lambda module, args, out: out * 1.5)\n",
+            case_args=f'xfail=KnownFailure("the last layer is scaled", checks={patterns!r})',
+        )
+    )
+    run = run_shardcheck(
+        "run", "--suite-path", str(suite), "--suite", "known_mlp", "--world-sizes", "1", "--topology", "dp=1,cp=1,tp=1"
+    )
     assert run.returncode == code, run.stdout[-2000:] + run.stderr[-2000:]
     if code == 2:
         (line,) = run.stderr.strip().splitlines()

@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+from helpers import BROKEN, ROOT
 
 from shardcheck.reports.model_chart import chart_name, first_divergence, profile
-from helpers import BROKEN, ROOT
 
 DECODER = ROOT / "examples" / "decoder_tp"
 
@@ -19,30 +19,61 @@ def _rows(checks: dict[str, tuple[str, float | None]]) -> pd.DataFrame:
 
 
 def test_the_profile_orders_the_step_and_marks_its_first_divergence():
-    rows = _rows({
-        "forward:dact00:model": ("fail", 9.0), "forward:loss": ("fail", 40.0), "forward:act02:b": ("fail", 3e4),
-        "forward:act00:a": ("pass", 0.0), "forward:act01:b.inner": ("fail", 2.5), "forward:dparam:b.weight": ("fail", 7.0),
-        "forward:step:b.weight": ("fail", None), "forward:dact01:b": ("pass", 0.3), "grad:x": ("fail", 5.0),
-    })
+    rows = _rows(
+        {
+            "forward:dact00:model": ("fail", 9.0),
+            "forward:loss": ("fail", 40.0),
+            "forward:act02:b": ("fail", 3e4),
+            "forward:act00:a": ("pass", 0.0),
+            "forward:act01:b.inner": ("fail", 2.5),
+            "forward:dparam:b.weight": ("fail", 7.0),
+            "forward:step:b.weight": ("fail", None),
+            "forward:dact01:b": ("pass", 0.3),
+            "grad:x": ("fail", 5.0),
+        }
+    )
     data = profile(rows)
-    assert list(data["check"]) == ["forward:act00:a", "forward:act01:b.inner", "forward:act02:b", "forward:loss",
-                                   "forward:dact00:model", "forward:dact01:b", "forward:dparam:b.weight",
-                                   "forward:step:b.weight"]  # step order; a check that is not the model's is left out
+    assert list(data["check"]) == [
+        "forward:act00:a",
+        "forward:act01:b.inner",
+        "forward:act02:b",
+        "forward:loss",
+        "forward:dact00:model",
+        "forward:dact01:b",
+        "forward:dparam:b.weight",
+        "forward:step:b.weight",
+    ]  # step order; a check that is not the model's is left out
     assert list(data["direction"]) == ["forward"] * 4 + ["backward"] * 2 + ["parameters"] * 2
     assert data.loc[data["first"], "module"].tolist() == ["b.inner"]  # the first failing, not the worst
     assert math.isinf(data["err_ratio"].iloc[-1])  # a failure without a ratio (wrong shape) is drawn at the top
     passing = _rows({"forward:act00:a": ("pass", 0.1), "forward:loss": ("pass", 0.2)})
     assert first_divergence(passing) is None and not profile(passing)["first"].any()
     # the first of equals in step order (parameters share theirs) is the case's first, as the findings line says
-    assert first_divergence(_rows({"forward:dparam:n.weight": ("fail", 2.0), "forward:dparam:m.weight": ("fail", 9.0)})) \
+    assert (
+        first_divergence(_rows({"forward:dparam:n.weight": ("fail", 2.0), "forward:dparam:m.weight": ("fail", 9.0)}))
         == "forward:dparam:n.weight"
-    assert chart_name(("f.parallelize", "a/b c", 1, 1, 2, "float64")) == "model_parallelize_a_b_c_dp1-cp1-tp2_float64.png"
+    )
+    assert (
+        chart_name(("f.parallelize", "a/b c", 1, 1, 2, "float64")) == "model_parallelize_a_b_c_dp1-cp1-tp2_float64.png"
+    )
 
 
 def test_a_broken_plan_draws_its_chart_marking_the_first_diverging_module(run_shardcheck):
-    run = run_shardcheck("run", "--suite-path", str(DECODER), "--suite", "decoder_tp", "--case", "mha",
-                         "--world-sizes", "1,2", "--dtype", "float64",
-                         "--impl", f"decoder_tp={BROKEN / 'decoder_tp' / 'rowwise_output_partial'}.py")
+    run = run_shardcheck(
+        "run",
+        "--suite-path",
+        str(DECODER),
+        "--suite",
+        "decoder_tp",
+        "--case",
+        "mha",
+        "--world-sizes",
+        "1,2",
+        "--dtype",
+        "float64",
+        "--impl",
+        f"decoder_tp={BROKEN / 'decoder_tp' / 'rowwise_output_partial'}.py",
+    )
     assert run.returncode == 1
     png = run.out / "model_parallelize_mha_dp1-cp1-tp2_float64.png"
     assert png.is_file() and png.stat().st_size > 10_000

@@ -11,10 +11,10 @@ import shlex
 
 import pytest
 import torch
+from helpers import BROKEN
 
 from shardcheck.harness.rank.suite_loader import load_suite, suite_cases
 from shardcheck.reference import decoder as ref
-from helpers import BROKEN
 
 RUN = ("run", "--suite", "decoder", "--dtype", "float64")
 VOCAB_OFFSET = f"model_utils={BROKEN / 'model_utils' / 'wrong_vocab_offset.py'}"
@@ -28,6 +28,7 @@ def _one_cause(run):
 
 
 # ---- without ranks -------------------------------------------------------------------------------------------------
+
 
 def test_the_suite_is_a_model_case_that_uses_the_seed_families():
     (case,) = suite_cases("decoder", quick=False)
@@ -59,15 +60,30 @@ def test_the_reference_loss_is_the_mean_next_token_nll():
 
 # ---- runs ----------------------------------------------------------------------------------------------------------
 
+
 def test_every_topology_of_world_sizes_1_2_4_passes(run_shardcheck):
     run = run_shardcheck(*RUN, "--world-sizes", "1,2,4")
     assert run.returncode == 0, run.stdout[-3000:]
     rows = run.rows
     topologies = set(zip(rows["dp"], rows["cp"], rows["tp"]))
-    assert topologies == {(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (4, 1, 1), (1, 4, 1), (1, 1, 4), (2, 2, 1),
-                          (2, 1, 2), (1, 2, 2)}
-    assert {"forward:loss", "forward:act00:tok_embeddings", "forward:dparam:layers.1.attention.wq.weight",
-            "forward:step:norm.weight"} <= set(rows["check"])
+    assert topologies == {
+        (1, 1, 1),
+        (2, 1, 1),
+        (1, 2, 1),
+        (1, 1, 2),
+        (4, 1, 1),
+        (1, 4, 1),
+        (1, 1, 4),
+        (2, 2, 1),
+        (2, 1, 2),
+        (1, 2, 2),
+    }
+    assert {
+        "forward:loss",
+        "forward:act00:tok_embeddings",
+        "forward:dparam:layers.1.attention.wq.weight",
+        "forward:step:norm.weight",
+    } <= set(rows["check"])
     impl = json.loads((run.out / "run.json").read_text())["impl"]
     assert impl["model_utils"] == "shardcheck.distributed_impl.model_utils"
     assert impl["cp_utils"] == "shardcheck.distributed_impl.cp_utils"
@@ -76,24 +92,28 @@ def test_every_topology_of_world_sizes_1_2_4_passes(run_shardcheck):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_low_precision_passes_with_cp_and_tp(run_shardcheck, dtype):
-    run = run_shardcheck("run", "--suite", "decoder", "--dtype", dtype, "--topology", "dp=1,cp=2,tp=2",
-                         "--topology", "dp=2,cp=2,tp=1")
+    run = run_shardcheck(
+        "run", "--suite", "decoder", "--dtype", dtype, "--topology", "dp=1,cp=2,tp=2", "--topology", "dp=2,cp=2,tp=1"
+    )
     assert run.returncode == 0, run.stdout[-3000:]
 
 
 def test_a_wrong_vocab_offset_in_model_utils_is_found_at_the_loss(run_shardcheck):
-    run = run_shardcheck(*RUN, "--topology", "dp=1,cp=1,tp=2", "--topology", "dp=2,cp=1,tp=1",
-                         "--impl", VOCAB_OFFSET)
+    run = run_shardcheck(*RUN, "--topology", "dp=1,cp=1,tp=2", "--topology", "dp=2,cp=1,tp=1", "--impl", VOCAB_OFFSET)
     assert run.returncode == 1
     cause = _one_cause(run)
     assert cause.checks.startswith("first diverging: the loss [forward:loss]"), cause.checks
     assert "dp1-cp1-tp2" in cause.worst and set(run.failed()["tp"]) == {2}  # one TP rank: no vocab offset to get wrong
     assert not (run.failed()["check"].str.startswith("forward:act")).any()  # the forward agrees up to the loss
     impl = json.loads((run.out / "run.json").read_text())["impl"]
-    assert impl["model_utils"].endswith("wrong_vocab_offset.py") and impl["decoder"].endswith("distributed_impl.decoder")
-    assert f"modules under test: cp_utils=shardcheck.distributed_impl.cp_utils, decoder=shardcheck.distributed_impl" \
-           f".decoder, distributed_utils=shardcheck.distributed_impl.distributed_utils, {VOCAB_OFFSET}" in run.stderr
-    assert f"- modules under test: cp_utils=" in (run.out / "report.md").read_text()
+    assert impl["model_utils"].endswith("wrong_vocab_offset.py") and impl["decoder"].endswith(
+        "distributed_impl.decoder"
+    )
+    assert (
+        f"modules under test: cp_utils=shardcheck.distributed_impl.cp_utils, decoder=shardcheck.distributed_impl"
+        f".decoder, distributed_utils=shardcheck.distributed_impl.distributed_utils, {VOCAB_OFFSET}" in run.stderr
+    )
+    assert "- modules under test: cp_utils=" in (run.out / "report.md").read_text()
     assert f"--impl {VOCAB_OFFSET}" in cause.rerun
     again = run_shardcheck(*shlex.split(cause.rerun)[1:])
     assert again.returncode == 1 and _one_cause(again).checks.startswith("first diverging: the loss")
@@ -101,12 +121,12 @@ def test_a_wrong_vocab_offset_in_model_utils_is_found_at_the_loss(run_shardcheck
 
 
 def test_swapped_cp_chunks_in_cp_utils_are_found_at_the_embedding(run_shardcheck):
-    run = run_shardcheck(*RUN, "--topology", "dp=1,cp=2,tp=1", "--topology", "dp=1,cp=1,tp=2",
-                         "--impl", CHUNKS_SWAPPED)
+    run = run_shardcheck(*RUN, "--topology", "dp=1,cp=2,tp=1", "--topology", "dp=1,cp=1,tp=2", "--impl", CHUNKS_SWAPPED)
     assert run.returncode == 1
     cause = _one_cause(run)
-    assert cause.checks.startswith("first diverging: module tok_embeddings (output, forward) "
-                                   "[forward:act00:tok_embeddings]"), cause.checks
+    assert cause.checks.startswith(
+        "first diverging: module tok_embeddings (output, forward) [forward:act00:tok_embeddings]"
+    ), cause.checks
     assert "cp=1" in cause.worst or "cp=0" in cause.worst
     assert set(run.failed()["cp"]) == {2}  # without CP the batch is never sharded by it
     assert f"--impl {CHUNKS_SWAPPED}" in cause.rerun
@@ -129,8 +149,10 @@ def test_a_drifted_signature_of_a_function_the_step_calls_is_the_model_cases_fin
     assert run.returncode == 1
     cause = _one_cause(run)
     assert cause.op == "decoder.parallelize" and cause.checks == "property:signature"
-    assert cause.kind.startswith("rank 0 (dp=0, cp=0, tp=0): cp_utils.make_cp_batch_and_ctx: signature: "
-                                 "keyword-only parameter(s) the seed takes by position: loss_mask, use_te"), cause.kind
+    assert cause.kind.startswith(
+        "rank 0 (dp=0, cp=0, tp=0): cp_utils.make_cp_batch_and_ctx: signature: "
+        "keyword-only parameter(s) the seed takes by position: loss_mask, use_te"
+    ), cause.kind
     assert "make_cp_batch_for_te" not in cause.kind and "before any case ran" not in cause.condition
     rows = run.rows
     signature = rows[rows["check"] == "property:signature"]
@@ -139,8 +161,18 @@ def test_a_drifted_signature_of_a_function_the_step_calls_is_the_model_cases_fin
     again = run_shardcheck(*shlex.split(cause.rerun)[1:])
     assert again.returncode == 1 and _one_cause(again).checks == "property:signature"
     # the op selected too: its own signature row, before any case, is the one line (not the model's as well)
-    both = run_shardcheck("run", "--op", "cp_utils.make_cp_batch_and_ctx,decoder.parallelize", "--quick",
-                          "--topology", "dp=1,cp=2,tp=1", "--dtype", "float64", "--impl", drifted)
+    both = run_shardcheck(
+        "run",
+        "--op",
+        "cp_utils.make_cp_batch_and_ctx,decoder.parallelize",
+        "--quick",
+        "--topology",
+        "dp=1,cp=2,tp=1",
+        "--dtype",
+        "float64",
+        "--impl",
+        drifted,
+    )
     assert both.returncode == 1 and _one_cause(both).op == "cp_utils.make_cp_batch_and_ctx"
 
 
@@ -150,13 +182,18 @@ def test_rows_name_every_used_module_and_a_matching_signature_passes(run_shardch
     assert list(rows.loc[rows["check"] == "property:signature", "status"]) == ["pass"]
     # `impl` is the case's own family's module; `uses_impl` every used family's, on every row of the item
     swapped = CHUNKS_SWAPPED.split("=", 1)[1]
-    used = {"cp_utils": swapped, "model_utils": "shardcheck.distributed_impl.model_utils",
-            "distributed_utils": "shardcheck.distributed_impl.distributed_utils"}
+    used = {
+        "cp_utils": swapped,
+        "model_utils": "shardcheck.distributed_impl.model_utils",
+        "distributed_utils": "shardcheck.distributed_impl.distributed_utils",
+    }
     assert set(rows["impl"]) == {"shardcheck.distributed_impl.decoder"}
     assert all(u == used for u in rows["uses_impl"]), rows["uses_impl"].iloc[0]
     report = (run.out / "report.md").read_text()
-    assert (f"- decoder.parallelize (its own decoder=shardcheck.distributed_impl.decoder) calls cp_utils={swapped}, "
-            "distributed_utils=shardcheck.distributed_impl.distributed_utils, "
-            "model_utils=shardcheck.distributed_impl.model_utils") in report
+    assert (
+        f"- decoder.parallelize (its own decoder=shardcheck.distributed_impl.decoder) calls cp_utils={swapped}, "
+        "distributed_utils=shardcheck.distributed_impl.distributed_utils, "
+        "model_utils=shardcheck.distributed_impl.model_utils"
+    ) in report
     ours = run_shardcheck(*RUN, "--topology", "dp=1,cp=2,tp=1")  # our own modules: nothing to compare
     assert ours.returncode == 0 and "property:signature" not in set(ours.rows["check"])

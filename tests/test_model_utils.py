@@ -7,19 +7,27 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import BROKEN
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from shardcheck.harness.core.topology import default_topologies
-from helpers import BROKEN
 from shardcheck.suites import model_utils as suite
 from shardcheck.suites._model_utils_inputs import Draw
 
 NEW_OPS = [
-    "DistributedLogprobWithSampling", "ChunkedDistributedLogprobWithSampling", "ChunkedDistributedGatherLogprob",
-    "distributed_vocab_topk", "gather_logits_at_global_indices", "get_distillation_topk_logprobs_from_logits",
-    "ChunkedDistributedEntropy", "from_parallel_hidden_states_to_logprobs", "ChunkedDistributedHiddenStatesToLogprobs",
-    "from_parallel_logits_to_logprobs", "get_logprobs_from_vocab_parallel_logits",
-    "get_next_token_logprobs_from_logits", "dtensor_from_parallel_logits_to_logprobs",
+    "DistributedLogprobWithSampling",
+    "ChunkedDistributedLogprobWithSampling",
+    "ChunkedDistributedGatherLogprob",
+    "distributed_vocab_topk",
+    "gather_logits_at_global_indices",
+    "get_distillation_topk_logprobs_from_logits",
+    "ChunkedDistributedEntropy",
+    "from_parallel_hidden_states_to_logprobs",
+    "ChunkedDistributedHiddenStatesToLogprobs",
+    "from_parallel_logits_to_logprobs",
+    "get_logprobs_from_vocab_parallel_logits",
+    "get_next_token_logprobs_from_logits",
+    "dtensor_from_parallel_logits_to_logprobs",
 ]
 
 
@@ -31,21 +39,33 @@ def _topology(tp: int) -> tuple[str, str]:
     return ("--topology", f"dp=1,cp=1,tp={tp}")
 
 
-@pytest.mark.parametrize("module, op, check, ranks", [
-    # offset bug lives on the ranks whose vocab does not start at 0: rank 1's gradient is wrong
-    ("wrong_vocab_offset", "DistributedLogprob", "grad:logits", {1}),
-    # local max: every rank's log-softmax is off
-    ("missing_max_allreduce", "_compute_distributed_log_softmax", "forward", {0, 1}),
-    # values right, gradients doubled on every TP rank
-    ("grad_scaled_by_tp", "DistributedLogprob", "grad:logits", {0, 1}),
-    # only TP rank 1 returns different values
-    ("one_rank_off", "DistributedLogprob", "forward", {1}),
-    # positions of the last partial chunk are never computed
-    ("dropped_last_chunk", "ChunkedDistributedLogprob", "forward", {0, 1}),
-])
+@pytest.mark.parametrize(
+    "module, op, check, ranks",
+    [
+        # offset bug lives on the ranks whose vocab does not start at 0: rank 1's gradient is wrong
+        ("wrong_vocab_offset", "DistributedLogprob", "grad:logits", {1}),
+        # local max: every rank's log-softmax is off
+        ("missing_max_allreduce", "_compute_distributed_log_softmax", "forward", {0, 1}),
+        # values right, gradients doubled on every TP rank
+        ("grad_scaled_by_tp", "DistributedLogprob", "grad:logits", {0, 1}),
+        # only TP rank 1 returns different values
+        ("one_rank_off", "DistributedLogprob", "forward", {1}),
+        # positions of the last partial chunk are never computed
+        ("dropped_last_chunk", "ChunkedDistributedLogprob", "forward", {0, 1}),
+    ],
+)
 def test_wrong_values_are_caught(run_shardcheck, module, op, check, ranks):
-    run = run_shardcheck("run", "--impl", f"model_utils={BROKEN / 'model_utils' / module}.py", "--op", f"model_utils.{op}",
-                         *_topology(2), "--dtype", "float64", "--quick")
+    run = run_shardcheck(
+        "run",
+        "--impl",
+        f"model_utils={BROKEN / 'model_utils' / module}.py",
+        "--op",
+        f"model_utils.{op}",
+        *_topology(2),
+        "--dtype",
+        "float64",
+        "--quick",
+    )
     assert run.returncode == 1, run.stdout + run.stderr
     bad = run.failed()
     assert set(bad["op"]) == {f"model_utils.{op}"}
@@ -64,22 +84,39 @@ def test_wrong_values_are_caught(run_shardcheck, module, op, check, ranks):
     assert "FAIL" in run.stdout
 
 
-@pytest.mark.parametrize("module, op, checks, numeric", [
-    # top-p on the full distribution, then top-k: the "both" case differs in values and gradients
-    ("top_p_before_top_k", "DistributedLogprobWithSampling", ["forward", "grad:logits"], True),
-    # ids of TP rank 1's candidates in local numbering: repeated / wrong ids (the values stay right)
-    ("topk_local_ids", "distributed_vocab_topk", ["forward:ids"], False),
-    # duplicate gather indices: only the last one's g_k lands in the gradient
-    ("gather_dup_no_accumulate", "ChunkedDistributedGatherLogprob", ["grad:logits"], True),
-    # Shannon entropy instead of sum p log p: values, gradient and the H <= 0 property
-    ("entropy_wrong_sign", "ChunkedDistributedEntropy", ["forward", "grad:logits", "property:entropy_nonpositive"], True),
-    # weight gradient times TP: only grad:weight is wrong
-    ("hidden_weight_grad_scaled", "ChunkedDistributedHiddenStatesToLogprobs", ["grad:weight"], True),
-])
+@pytest.mark.parametrize(
+    "module, op, checks, numeric",
+    [
+        # top-p on the full distribution, then top-k: the "both" case differs in values and gradients
+        ("top_p_before_top_k", "DistributedLogprobWithSampling", ["forward", "grad:logits"], True),
+        # ids of TP rank 1's candidates in local numbering: repeated / wrong ids (the values stay right)
+        ("topk_local_ids", "distributed_vocab_topk", ["forward:ids"], False),
+        # duplicate gather indices: only the last one's g_k lands in the gradient
+        ("gather_dup_no_accumulate", "ChunkedDistributedGatherLogprob", ["grad:logits"], True),
+        # Shannon entropy instead of sum p log p: values, gradient and the H <= 0 property
+        (
+            "entropy_wrong_sign",
+            "ChunkedDistributedEntropy",
+            ["forward", "grad:logits", "property:entropy_nonpositive"],
+            True,
+        ),
+        # weight gradient times TP: only grad:weight is wrong
+        ("hidden_weight_grad_scaled", "ChunkedDistributedHiddenStatesToLogprobs", ["grad:weight"], True),
+    ],
+)
 def test_broken_modules_fail_on_the_right_check(run_shardcheck, module, op, checks, numeric):
     impl = BROKEN / "model_utils" / f"{module}.py"
-    run = run_shardcheck("run", "--impl", f"model_utils={impl}", "--op", f"model_utils.{op}", "--quick",
-                         "--dtype", "float64", *_topology(2))
+    run = run_shardcheck(
+        "run",
+        "--impl",
+        f"model_utils={impl}",
+        "--op",
+        f"model_utils.{op}",
+        "--quick",
+        "--dtype",
+        "float64",
+        *_topology(2),
+    )
     assert run.returncode == 1, run.stdout + run.stderr
     bad = run.failed()
     assert set(bad["op"]) == {f"model_utils.{op}"}
@@ -107,8 +144,15 @@ def test_gather_logprob_gradient_is_exactly_zero_at_v1(run_shardcheck):
     assert set(ours.rows["tp"]) == {1, 2} and "grad:logits" in set(ours.rows["check"])
     assert (ours.rows["status"] == "pass").all()
 
-    broken = run_shardcheck("run", "--impl", f"model_utils={BROKEN / 'model_utils' / 'gather_grad_residue.py'}",
-                            *case, *_topology(1), "--dtype", "float64,float32")
+    broken = run_shardcheck(
+        "run",
+        "--impl",
+        f"model_utils={BROKEN / 'model_utils' / 'gather_grad_residue.py'}",
+        *case,
+        *_topology(1),
+        "--dtype",
+        "float64,float32",
+    )
     assert broken.returncode == 1, broken.stdout + broken.stderr
     bad = broken.failed()
     assert set(bad["check"]) == {"grad:logits"} and (bad["status"] == "fail").all(), bad["message"].tolist()
@@ -123,8 +167,9 @@ def _drawn(op: str, n: int = 60) -> list[dict]:
     space, out = {s.op: s for s in suite.fuzz_spaces()}[f"model_utils.{op}"], []
 
     @seed(0)
-    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=n, database=None, phases=[Phase.generate], deadline=None, suppress_health_check=list(HealthCheck)
+    )
     @given(space.params(default_topologies([1, 2, 4])))
     def collect(params):
         out.append(params)
@@ -139,9 +184,13 @@ def test_spaces_stay_where_the_checks_can_judge():
     amplified in almost one-hot rows, is beyond the per-row budget), and the cross entropy with huge logits draws
     them for the student only (q - p of two one-hot rows is all rounding) and puts each student -inf on the target
     too (the rows stay finite)."""
-    for op in ("from_parallel_logits_to_logprobs", "from_parallel_hidden_states_to_logprobs",
-               "get_logprobs_from_vocab_parallel_logits", "get_next_token_logprobs_from_logits",
-               "dtensor_from_parallel_logits_to_logprobs"):
+    for op in (
+        "from_parallel_logits_to_logprobs",
+        "from_parallel_hidden_states_to_logprobs",
+        "get_logprobs_from_vocab_parallel_logits",
+        "get_next_token_logprobs_from_logits",
+        "dtensor_from_parallel_logits_to_logprobs",
+    ):
         sizes = {p["S"] for p in _drawn(op)}
         assert min(sizes) == 2, (op, sorted(sizes))
     for op in ("ChunkedDistributedHiddenStatesToLogprobs", "from_parallel_hidden_states_to_logprobs"):
@@ -199,8 +248,9 @@ def test_empty_vocab_shard_keeps_the_gradient(run_shardcheck):
     assert {"grad:logits", "grad:hidden", "grad:weight"} <= set(ours.rows["check"])
     assert (ours.rows["status"] == "pass").all()
 
-    broken = run_shardcheck("run", "--impl", f"model_utils={BROKEN / 'model_utils' / 'empty_shard_detached.py'}",
-                            *_ops(ops[:1]), *at_tp4)
+    broken = run_shardcheck(
+        "run", "--impl", f"model_utils={BROKEN / 'model_utils' / 'empty_shard_detached.py'}", *_ops(ops[:1]), *at_tp4
+    )
     assert broken.returncode == 1, broken.stdout + broken.stderr
     bad = broken.failed()
     grad = bad[bad["check"] == "grad:logits"].iloc[0]

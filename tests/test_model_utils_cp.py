@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import BROKEN
 from torch.distributed.tensor import Shard
 
-from helpers import BROKEN
 from shardcheck.harness.core.case import HeadTail, Layout, PackedHeadTail, Permuted, head_tail_positions
 
 
@@ -30,14 +30,19 @@ def test_layout_rules_map_positions():
 
 def test_cp_suite_passes_on_eight_ranks(run_shardcheck):
     """An 8-rank CP topology (CP 2 with TP 4), quick cases, every dtype."""
-    run = run_shardcheck("run", "--suite", "model_utils_cp", "--quick", "--topology", "dp=1,cp=2,tp=4",
-                         "--timeout", "300", timeout=900)
+    run = run_shardcheck(
+        "run", "--suite", "model_utils_cp", "--quick", "--topology", "dp=1,cp=2,tp=4", "--timeout", "300", timeout=900
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = run.rows
     assert (rows["status"] == "pass").all() and set(rows["cp"]) == {2} and set(rows["tp"]) == {4}
     assert {"float64", "float32", "bfloat16"} <= set(rows["dtype"])
-    for op in ("from_parallel_logits_to_logprobs", "from_parallel_logits_to_logprobs_packed_sequences",
-               "from_parallel_hidden_states_to_logprobs", "get_distillation_topk_logprobs_from_logits"):
+    for op in (
+        "from_parallel_logits_to_logprobs",
+        "from_parallel_logits_to_logprobs_packed_sequences",
+        "from_parallel_hidden_states_to_logprobs",
+        "get_distillation_topk_logprobs_from_logits",
+    ):
         grads = rows[(rows["op"] == f"model_utils.{op}") & rows["check"].str.startswith("grad:")]
         assert len(grads), op
         # every rank of the 8 reported its own gradient
@@ -51,19 +56,31 @@ def _impl(name: str) -> tuple[str, str]:
 CP2 = ("--suite", "model_utils_cp", "--topology", "dp=1,cp=2,tp=1", "--dtype", "float64", "--quick", "--timeout", "120")
 
 
-@pytest.mark.parametrize("module, ops, check, positions", [
-    # chunk r after chunk 2·CP−1−r: the layout op, the log-probs and every op that lays out its ids through it
-    ("swapped_chunks", {"_get_tokens_on_this_cp_rank", "from_parallel_logits_to_logprobs",
-                        "gather_logits_at_global_indices", "get_distillation_topk_logprobs_from_logits"}, "forward", None),
-    # the shift inside each shard: wrong exactly at the last position of a chunk (3 on rank 0, 11 on rank 1)
-    ("shift_inside_shard", {"from_parallel_logits_to_logprobs"}, "forward", {3, 11}),
-    # the gather's backward without the sum over CP ranks
-    ("gather_backward_no_sum", {"allgather_cp_sharded_tensor", "AllGatherCPTensor"}, "grad:x", None),
-    # head-tail over the whole pack instead of per sequence
-    ("packed_whole_pack_head_tail", {"from_parallel_logits_to_logprobs_packed_sequences"}, "forward", None),
-    # values right, gradient x CP
-    ("grad_scaled_by_cp", {"from_parallel_logits_to_logprobs"}, "grad:logits", None),
-])
+@pytest.mark.parametrize(
+    "module, ops, check, positions",
+    [
+        # chunk r after chunk 2·CP−1−r: the layout op, the log-probs and every op that lays out its ids through it
+        (
+            "swapped_chunks",
+            {
+                "_get_tokens_on_this_cp_rank",
+                "from_parallel_logits_to_logprobs",
+                "gather_logits_at_global_indices",
+                "get_distillation_topk_logprobs_from_logits",
+            },
+            "forward",
+            None,
+        ),
+        # the shift inside each shard: wrong exactly at the last position of a chunk (3 on rank 0, 11 on rank 1)
+        ("shift_inside_shard", {"from_parallel_logits_to_logprobs"}, "forward", {3, 11}),
+        # the gather's backward without the sum over CP ranks
+        ("gather_backward_no_sum", {"allgather_cp_sharded_tensor", "AllGatherCPTensor"}, "grad:x", None),
+        # head-tail over the whole pack instead of per sequence
+        ("packed_whole_pack_head_tail", {"from_parallel_logits_to_logprobs_packed_sequences"}, "forward", None),
+        # values right, gradient x CP
+        ("grad_scaled_by_cp", {"from_parallel_logits_to_logprobs"}, "grad:logits", None),
+    ],
+)
 def test_broken_cp_implementations_are_caught(run_shardcheck, module, ops, check, positions):
     run = run_shardcheck("run", *_impl(module), *CP2, timeout=600)
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
@@ -84,8 +101,18 @@ def test_broken_cp_implementations_are_caught(run_shardcheck, module, ops, check
 def test_almost_one_hot_entropy_gradient(run_shardcheck):
     """The full-vocab distillation path's entropy gradient on almost one-hot rows (×100 logits, K = 1): ours
     passes; an implementation differentiating p log p by autograd gets 0 at each row's max and fails there."""
-    case = ("--suite", "model_utils_cp", "--op", "model_utils.get_distillation_topk_logprobs_from_logits",
-            "--case", "*v5-k1-*", "--topology", "dp=1,cp=2,tp=1", "--dtype", "float32")
+    case = (
+        "--suite",
+        "model_utils_cp",
+        "--op",
+        "model_utils.get_distillation_topk_logprobs_from_logits",
+        "--case",
+        "*v5-k1-*",
+        "--topology",
+        "dp=1,cp=2,tp=1",
+        "--dtype",
+        "float32",
+    )
     ours = run_shardcheck("run", *case)
     assert ours.returncode == 0, ours.stdout[-3000:] + ours.stderr[-3000:]
     assert (ours.rows["status"] == "pass").all() and "grad:student_logits" in set(ours.rows["check"])

@@ -41,7 +41,10 @@ AT_BARRIER = """Current thread 0x00007f00000000bb (most recent call first):
 def test_a_dump_reads_as_running_in_torch_with_the_callers_line_waiting_in_a_collective_or_at_the_barrier():
     frames = stacks.main_stack(DUMP)  # the thread that runs serve, not the idle one
     assert stacks.state(frames) == stacks.State.RUNNING
-    assert stacks.describe(frames) == "running in torch/distributed/tensor/_ops/_view_ops.py:483 view_groups ← /work/my_suite.py:88 run"
+    assert (
+        stacks.describe(frames)
+        == "running in torch/distributed/tensor/_ops/_view_ops.py:483 view_groups ← /work/my_suite.py:88 run"
+    )
     waiting = stacks.main_stack(WAITING)
     assert stacks.state(waiting) == stacks.State.WAITING
     assert stacks.describe(waiting) == "waiting in all_reduce at /work/my_ops.py:57 forward"
@@ -50,8 +53,10 @@ def test_a_dump_reads_as_running_in_torch_with_the_callers_line_waiting_in_a_col
     assert stacks.state(stacks.main_stack(AT_BARRIER)) == stacks.State.BARRIER
     text, running, where = stacks.describe_ranks({0: WAITING, 1: WAITING, 2: DUMP, 3: WAITING}, {})
     assert running == [2] and where == "torch/distributed/tensor/_ops/_view_ops.py:483"
-    assert text == ("ranks 0, 1, 3: waiting in all_reduce at /work/my_ops.py:57 forward; rank 2: running in "
-                    "torch/distributed/tensor/_ops/_view_ops.py:483 view_groups ← /work/my_suite.py:88 run")
+    assert text == (
+        "ranks 0, 1, 3: waiting in all_reduce at /work/my_ops.py:57 forward; rank 2: running in "
+        "torch/distributed/tensor/_ops/_view_ops.py:483 view_groups ← /work/my_suite.py:88 run"
+    )
 
 
 IN_A_SHAPE_GUARD = f"""Current thread 0x00007f00000000bb (most recent call first):
@@ -74,8 +79,9 @@ def test_a_spin_sampled_inside_a_generic_torch_helper_is_named_by_the_torch_dist
     either, and the finding names the same frame whichever it was."""
     frames = stacks.main_stack(IN_A_SHAPE_GUARD)
     assert stacks.state(frames) == stacks.State.RUNNING
-    assert stacks.describe(frames) == ("running in torch/distributed/tensor/_ops/_view_ops.py:483 view_groups ← "
-                                       "/work/my_suite.py:20 flat_row_sum")
+    assert stacks.describe(frames) == (
+        "running in torch/distributed/tensor/_ops/_view_ops.py:483 view_groups ← /work/my_suite.py:20 flat_row_sum"
+    )
     _, running, where = stacks.describe_ranks({0: WAITING, 1: IN_A_SHAPE_GUARD}, {})
     assert running == [1] and where == "torch/distributed/tensor/_ops/_view_ops.py:483"
     # no torch.distributed frame between the helper and the user's code: the innermost frame is named
@@ -84,26 +90,47 @@ def test_a_spin_sampled_inside_a_generic_torch_helper_is_named_by_the_torch_dist
 
 
 def _rec(seq, kind, shape, dtype="float32", group="g1", dim="tp", where="/work/a.py:10 f"):
-    return {"n": seq, "plan": 0, "item": 0, "group": group, "dim": dim, "seq": seq, "kind": kind, "shape": shape,
-            "dtype": dtype, "where": where}
+    return {
+        "n": seq,
+        "plan": 0,
+        "item": 0,
+        "group": group,
+        "dim": dim,
+        "seq": seq,
+        "kind": kind,
+        "shape": shape,
+        "dtype": dtype,
+        "where": where,
+    }
 
 
 def test_flight_records_compared_name_a_mismatch_a_collective_never_entered_or_nothing():
     same = [_rec(1, "all_reduce", [4, 6])]
     agree = flight.compare({0: same, 1: list(same)}, (1, 1, 2))
     assert agree.text == "" and agree.culprits == []
-    mismatch = flight.compare({0: same + [_rec(2, "all_reduce", [4, 6], where="/work/a.py:57 f")],
-                               1: same + [_rec(2, "all_gather", [8], "int64", where="/work/a.py:60 g")]}, (1, 1, 2))
-    assert mismatch.text == ("collective mismatch on tp: rank 0 in all_reduce #2 [4, 6] float32 at /work/a.py:57 f, "
-                             "rank 1 in all_gather #2 [8] int64 at /work/a.py:60 g")
+    mismatch = flight.compare(
+        {
+            0: same + [_rec(2, "all_reduce", [4, 6], where="/work/a.py:57 f")],
+            1: same + [_rec(2, "all_gather", [8], "int64", where="/work/a.py:60 g")],
+        },
+        (1, 1, 2),
+    )
+    assert mismatch.text == (
+        "collective mismatch on tp: rank 0 in all_reduce #2 [4, 6] float32 at /work/a.py:57 f, "
+        "rank 1 in all_gather #2 [8] int64 at /work/a.py:60 g"
+    )
     # three ranks agree, one differs: the odd one is the culprit
     four = {r: same + [_rec(2, "all_reduce", [4, 6] if r != 2 else [4, 7])] for r in range(4)}
     odd = flight.compare(four, (1, 1, 4))
-    assert odd.culprits == [2] and odd.text.startswith("collective mismatch on tp: ranks 0, 1, 3 in all_reduce #2 [4, 6]")
+    assert odd.culprits == [2] and odd.text.startswith(
+        "collective mismatch on tp: ranks 0, 1, 3 in all_reduce #2 [4, 6]"
+    )
     skipped = flight.compare({0: same + [_rec(2, "all_reduce", [4, 6], where="/work/a.py:57 f")], 1: same}, (1, 1, 2))
     assert skipped.culprits == [1]
-    assert skipped.text == ("rank 1 never entered all_reduce #2 on tp (the others did, at /work/a.py:57 f); "
-                            "rank 1 last on tp: all_reduce #1 [4, 6] float32 at /work/a.py:10 f")
+    assert skipped.text == (
+        "rank 1 never entered all_reduce #2 on tp (the others did, at /work/a.py:57 f); "
+        "rank 1 last on tp: all_reduce #1 [4, 6] float32 at /work/a.py:10 f"
+    )
     # a rank with no record at all on the group is still one of its members (from the topology)
     none = flight.compare({0: same, 1: []}, (1, 1, 2))
     assert none.culprits == [1] and "it entered no collective on tp in this case" in none.text
@@ -126,8 +153,13 @@ def test_the_recorder_keeps_the_last_records_in_its_ring_in_order(tmp_path):
     rec.record("barrier", "g1", None, "/work/a.py:2 g")
     rec.record("all_reduce", "g1", torch.tensor(1.5, dtype=torch.float64), "/work/" + "d" * 900 + "/b.py:3 h")
     last = flight.read(tmp_path, 0)[-2:]
-    assert (last[0]["item"], last[0]["seq"], last[0]["dim"], last[0]["shape"], last[0]["dtype"]) == (1, 1, "tp", None,
-                                                                                                    None)
+    assert (last[0]["item"], last[0]["seq"], last[0]["dim"], last[0]["shape"], last[0]["dtype"]) == (
+        1,
+        1,
+        "tp",
+        None,
+        None,
+    )
     # a 0-d tensor's shape is [], and a calling line too long for its slot keeps its end (file, line, function)
     assert last[1]["shape"] == [] and last[1]["dtype"] == "float64" and last[1]["seq"] == 2
     assert last[1]["where"].startswith("...") and last[1]["where"].endswith("ddd/b.py:3 h"), last[1]["where"]
@@ -135,35 +167,44 @@ def test_the_recorder_keeps_the_last_records_in_its_ring_in_order(tmp_path):
 
 def test_a_torn_slot_is_left_out_and_a_rank_killed_by_sigkill_leaves_every_record(tmp_path):
     """A record is a store into a shared mapping of the file: no flush, no exit handler, and SIGKILL keeps it."""
-    code = ("import os, signal, sys, torch\n"
-            "from pathlib import Path\n"
-            "from shardcheck.harness.rank.flight_recorder import FlightRecorder\n"
-            "rec = FlightRecorder(Path(sys.argv[1]), 3)\n"
-            "rec.begin_item(0, 7, {'g': 'dp'})\n"
-            "for i in range(5): rec.record('all_gather', 'g', torch.zeros(i + 1, 2), f'/w/x.py:{i} f')\n"
-            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    code = (
+        "import os, signal, sys, torch\n"
+        "from pathlib import Path\n"
+        "from shardcheck.harness.rank.flight_recorder import FlightRecorder\n"
+        "rec = FlightRecorder(Path(sys.argv[1]), 3)\n"
+        "rec.begin_item(0, 7, {'g': 'dp'})\n"
+        "for i in range(5): rec.record('all_gather', 'g', torch.zeros(i + 1, 2), f'/w/x.py:{i} f')\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     records = flight.read(tmp_path, 3)
-    assert [(r["seq"], r["shape"], r["where"]) for r in records] == [(i + 1, [i + 1, 2], f"/w/x.py:{i} f")
-                                                                     for i in range(5)]
+    assert [(r["seq"], r["shape"], r["where"]) for r in records] == [
+        (i + 1, [i + 1, 2], f"/w/x.py:{i} f") for i in range(5)
+    ]
     # a slot half overwritten (a rank killed mid-write): its two record numbers differ, and it is not read
     path = tmp_path / "rank3.collectives"
     data = bytearray(path.read_bytes())
     at = 5 * SLOT  # record n=5's slot
     torn = b"9\t0\t7\tg\tdp\t9\tall_gather\t"
-    data[at:at + len(torn)] = torn
+    data[at : at + len(torn)] = torn
     path.write_bytes(bytes(data))
     assert [r["seq"] for r in flight.read(tmp_path, 3)] == [1, 2, 3, 4]
 
 
 def test_a_dead_ranks_last_words_are_its_native_abort_or_its_last_exception_with_where():
-    gloo = ("some warning\nterminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
-            "  what():  [enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 192 vs 128\n")
-    assert last_words(gloo) == ("terminate called after throwing an instance of 'gloo::EnforceNotMet' what():  "
-                                "[enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 192 vs 128")
-    python = ('Traceback (most recent call last):\n  File "/work/x.py", line 12, in load\n    raise ValueError(n)\n'
-              "ValueError: B=0 < dp=4\n")
+    gloo = (
+        "some warning\nterminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+        "  what():  [enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 192 vs 128\n"
+    )
+    assert last_words(gloo) == (
+        "terminate called after throwing an instance of 'gloo::EnforceNotMet' what():  "
+        "[enforce fail at pair.cc:446] op.preamble.length <= op.nbytes. 192 vs 128"
+    )
+    python = (
+        'Traceback (most recent call last):\n  File "/work/x.py", line 12, in load\n    raise ValueError(n)\n'
+        "ValueError: B=0 < dp=4\n"
+    )
     assert last_words(python) == "ValueError: B=0 < dp=4 (at /work/x.py:12 in load)"
     assert last_words("all fine\n") == ""
     # under torchrun torch prefixes a rank's lines: read through it

@@ -8,8 +8,23 @@ import re
 
 from helpers import BROKEN, shardcheck
 
-ARGS = ("run", "--suite", "cp_utils", "--op", "cp_utils.make_cp_batch_for_te", "--case", "packs-sentinel",
-        "--case", "positions-pad3", "--case", "single", "--topology", "dp=1,cp=2,tp=1", "--dtype", "float64")
+ARGS = (
+    "run",
+    "--suite",
+    "cp_utils",
+    "--op",
+    "cp_utils.make_cp_batch_for_te",
+    "--case",
+    "packs-sentinel",
+    "--case",
+    "positions-pad3",
+    "--case",
+    "single",
+    "--topology",
+    "dp=1,cp=2,tp=1",
+    "--dtype",
+    "float64",
+)
 
 
 def _lines(run) -> set[str]:
@@ -19,10 +34,15 @@ def _lines(run) -> set[str]:
 
 
 def test_the_pre_fix_copy_prints_its_bug_as_a_line_the_fixed_one_does_not(tmp_path):
-    pre = shardcheck(*ARGS, "--impl", f"cp_utils={BROKEN / 'cp_utils' / 'thd_prefix_mask_by_token_id.py'}",
-                     out=tmp_path / "pre")
-    fixed = shardcheck(*ARGS, "--impl", f"cp_utils={BROKEN / 'cp_utils' / 'thd_fixed_requires_position_ids.py'}",
-                       out=tmp_path / "fixed")
+    pre = shardcheck(
+        *ARGS, "--impl", f"cp_utils={BROKEN / 'cp_utils' / 'thd_prefix_mask_by_token_id.py'}", out=tmp_path / "pre"
+    )
+    fixed = shardcheck(
+        *ARGS,
+        "--impl",
+        f"cp_utils={BROKEN / 'cp_utils' / 'thd_fixed_requires_position_ids.py'}",
+        out=tmp_path / "fixed",
+    )
     assert pre.returncode == 1 and fixed.returncode == 1, pre.stdout + fixed.stdout
     before, after = _lines(pre), _lines(fixed)
     assert len(before) == 2 and len(after) == 1, (before, after)

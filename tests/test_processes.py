@@ -42,8 +42,14 @@ def test_simulated_nodes_env_events_and_logs():
     assert not run.timed_out and [r.exitcode for r in run.ranks] == [0, 0, 0, 0], run.describe()
     for r in run.ranks:
         res = r.result
-        assert res["env"] == {"RANK": str(r.rank), "WORLD_SIZE": "4", "LOCAL_RANK": str(r.rank % 2),
-                              "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": str(r.rank // 2), "MASTER_ADDR": "127.0.0.1"}
+        assert res["env"] == {
+            "RANK": str(r.rank),
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": str(r.rank % 2),
+            "LOCAL_WORLD_SIZE": "2",
+            "GROUP_RANK": str(r.rank // 2),
+            "MASTER_ADDR": "127.0.0.1",
+        }
         assert (res["node"], res["local_rank"]) == (r.rank // 2, r.rank % 2) == (r.node, r.local_rank)
         assert res["sum"] == 60.0  # (0 + 1 + 2 + 3) * 10
         assert [e.name for e in r.events] == ["start", "done"] if r.rank == 1 else ["start", "ready", "done"]

@@ -5,13 +5,26 @@ from __future__ import annotations
 
 import pstats
 
-from shardcheck.harness.core.measure import CommCounter
 from helpers import shardcheck
+
+from shardcheck.harness.core.measure import CommCounter
 
 
 def test_profile_writes_every_ranks_profile_and_a_breakdown(tmp_path):
-    run = shardcheck("run", "--op", "model_utils.DistributedLogprob", "--quick", "--dtype", "float64",
-                     "--topology", "dp=1,cp=1,tp=2", "--topology", "dp=1,cp=1,tp=1", "--profile", out=tmp_path / "run")
+    run = shardcheck(
+        "run",
+        "--op",
+        "model_utils.DistributedLogprob",
+        "--quick",
+        "--dtype",
+        "float64",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--topology",
+        "dp=1,cp=1,tp=1",
+        "--profile",
+        out=tmp_path / "run",
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     profile = run.out / "profile"
     ranks = sorted(p.name.split("-")[:2] for p in profile.glob("w*-rank*.prof"))
@@ -28,8 +41,12 @@ def test_profile_writes_every_ranks_profile_and_a_breakdown(tmp_path):
     # driver's merging of their events is counted (cProfile follows one thread: it read 0 before)
     threads = sorted(p.name for p in profile.glob("driver-launch-w*.prof"))
     assert threads == ["driver-launch-w1.prof", "driver-launch-w2.prof"]
-    polls = [calls for path in threads for (file, _, name), (_, calls, *_) in pstats.Stats(str(profile / path)).stats.items()
-             if file.endswith("harness/driver/collect.py") and name == "poll"]
+    polls = [
+        calls
+        for path in threads
+        for (file, _, name), (_, calls, *_) in pstats.Stats(str(profile / path)).stats.items()
+        if file.endswith("harness/driver/collect.py") and name == "poll"
+    ]
     assert polls and min(polls) > 0
     assert "the main thread and 2 launch threads, summed" in breakdown
     merged = next(line for line in breakdown.splitlines() if line.startswith("| events merged into rows |"))
@@ -47,11 +64,15 @@ def _counted(group_dims: dict[str, str], seen: dict) -> CommCounter:
 def test_shared_group_counts_under_the_dim_the_contract_lists():
     counter = _counted({"0": "dp|cp|tp"}, {"forward": {"all_reduce@dp|cp|tp": 2, "all_gather@dp|cp|tp": 1}})
     allowed = {"forward": {"all_reduce@cp": (2, 16), "all_gather@tp": (1, 8)}}
-    assert counter.as_dict(allowed) == {"forward": {"all_gather@tp": {"calls": 1, "bytes": 8},
-                                                    "all_reduce@cp": {"calls": 2, "bytes": 16}}}
+    assert counter.as_dict(allowed) == {
+        "forward": {"all_gather@tp": {"calls": 1, "bytes": 8}, "all_reduce@cp": {"calls": 2, "bytes": 16}}
+    }
     # without a contract (or one listing none of them): the first dim, so more than allowed is still seen
-    assert counter.as_dict() == {"forward": {"all_gather@dp": {"calls": 1, "bytes": 8},
-                                             "all_reduce@dp": {"calls": 2, "bytes": 16}}}
+    assert counter.as_dict() == {
+        "forward": {"all_gather@dp": {"calls": 1, "bytes": 8}, "all_reduce@dp": {"calls": 2, "bytes": 16}}
+    }
     # counts of the same kind and dim from a shared and an own group add up
     both = _counted({}, {"backward": {"all_reduce@tp": 1, "all_reduce@dp|cp|tp": 1}})
-    assert both.as_dict({"backward": {"all_reduce@tp": (2, 16)}}) == {"backward": {"all_reduce@tp": {"calls": 2, "bytes": 16}}}
+    assert both.as_dict({"backward": {"all_reduce@tp": (2, 16)}}) == {
+        "backward": {"all_reduce@tp": {"calls": 2, "bytes": 16}}
+    }

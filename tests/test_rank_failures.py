@@ -4,7 +4,6 @@ the culprit rank, and the run goes on.  Runs are kept small (one topology, float
 from __future__ import annotations
 
 import pytest
-
 from helpers import FIXTURES
 
 TP2 = ("--topology", "dp=1,cp=1,tp=2", "--dtype", "float64", "--quick")
@@ -14,16 +13,30 @@ def _impl(name: str) -> tuple[str, str]:
     return ("--impl", f"model_utils={FIXTURES / 'model_utils' / name}.py")
 
 
-@pytest.mark.parametrize("module, culprit, words", [
-    ("skips_collective", 1, "did not finish the case within"),  # rank 0 blocks in the all-reduce rank 1 skipped
-    ("error_one_rank", 1, "RuntimeError: shard check failed"),
-    ("rank_dies", 1, "rank 1 died: exit code 13"),
-])
+@pytest.mark.parametrize(
+    "module, culprit, words",
+    [
+        ("skips_collective", 1, "did not finish the case within"),  # rank 0 blocks in the all-reduce rank 1 skipped
+        ("error_one_rank", 1, "RuntimeError: shard check failed"),
+        ("rank_dies", 1, "rank 1 died: exit code 13"),
+    ],
+)
 def test_hangs_errors_and_deaths_become_error_rows(run_shardcheck, module, culprit, words):
     """Never hang: the case errors within --timeout, names the culprit rank, and the run goes on."""
-    run = run_shardcheck("run", *_impl(module), "--op", "model_utils.DistributedLogprob",
-                         "--op", "model_utils.ChunkedDistributedLogprob", "--case", "b2s5*", *TP2, "--timeout", "5",
-                         timeout=300)  # a loaded 2-core machine: launches take 20-30 s each
+    run = run_shardcheck(
+        "run",
+        *_impl(module),
+        "--op",
+        "model_utils.DistributedLogprob",
+        "--op",
+        "model_utils.ChunkedDistributedLogprob",
+        "--case",
+        "b2s5*",
+        *TP2,
+        "--timeout",
+        "5",
+        timeout=300,
+    )  # a loaded 2-core machine: launches take 20-30 s each
     assert run.returncode == 1, run.stdout + run.stderr
     rows = run.rows
     bad = rows[rows["op"] == "model_utils.DistributedLogprob"]
@@ -38,34 +51,70 @@ def test_hangs_errors_and_deaths_become_error_rows(run_shardcheck, module, culpr
 
 
 @pytest.mark.parametrize("blocked_rank_reported", [True, False])
-def test_a_rank_that_skipped_a_collective_is_named_whether_or_not_the_blocked_rank_reported(tmp_path,
-                                                                                             blocked_rank_reported):
+def test_a_rank_that_skipped_a_collective_is_named_whether_or_not_the_blocked_rank_reported(
+    tmp_path, blocked_rank_reported
+):
     """Rank 1 skips an all-reduce (a wrong forward value), rank 0 blocks in it; rank 1 reports rank 0 missing at the
     barrier and exits, which closes rank 0's collective with "connection closed by peer".  Whether that error
     reaches rank 0's events before the driver ends the launch is a race: the forward row names rank 1 either way."""
-    from shardcheck.harness.driver.collect import Collector
     from shardcheck.harness.core.events import Events, events_path
     from shardcheck.harness.core.plan_data import Item, Plan
     from shardcheck.harness.core.records import load
+    from shardcheck.harness.driver.collect import Collector
     from shardcheck.harness.driver.run import close_run, open_run
 
-    item = Item(id=0, suite="model_utils", op="model_utils.DistributedLogprob", case_id="b2s5v33", dtype="float64",
-                topology=(1, 1, 2), world_size=2, seed=0, checks=["forward"], params={"B": 2})
-    plan = Plan(run_id="race", quick=True, seed=0, timeout=5.0, device="cpu", backend="gloo",
-                impl={"model_utils": "shardcheck.distributed_impl.model_utils"}, items=[item])
+    item = Item(
+        id=0,
+        suite="model_utils",
+        op="model_utils.DistributedLogprob",
+        case_id="b2s5v33",
+        dtype="float64",
+        topology=(1, 1, 2),
+        world_size=2,
+        seed=0,
+        checks=["forward"],
+        params={"B": 2},
+    )
+    plan = Plan(
+        run_id="race",
+        quick=True,
+        seed=0,
+        timeout=5.0,
+        device="cpu",
+        backend="gloo",
+        impl={"model_utils": "shardcheck.distributed_impl.model_utils"},
+        items=[item],
+    )
     run_dir = tmp_path / "run"
     events = {r: Events(events_path(run_dir / "events", r), r) for r in range(2)}
     for r in range(2):
         events[r].started(0)
         events[r].phase(0, "forward")
-    events[1].checked(0, check="forward", coords={"dp": 0, "cp": 0, "tp": 1}, status="fail", message="",
-                   max_abs_err=294.0, err_ratio=2.1e9, budget=1.4e-7, symptom="values",
-                   worst={"local_index": [0, 3], "global_index": [0, 3], "expected": -294.0, "got": 0.0})
+    events[1].checked(
+        0,
+        check="forward",
+        coords={"dp": 0, "cp": 0, "tp": 1},
+        status="fail",
+        message="",
+        max_abs_err=294.0,
+        err_ratio=2.1e9,
+        budget=1.4e-7,
+        symptom="values",
+        worst={"local_index": [0, 3], "global_index": [0, 3], "expected": -294.0, "got": 0.0},
+    )
     events[1].stuck(0, [0], 5.0)
     if blocked_rank_reported:
-        events[0].checked(0, check="forward", coords={"dp": 0, "cp": 0, "tp": 0}, status="error",
-                       message="RuntimeError: Connection closed by peer", secondary=True, symptom="exception",
-                       error_type="RuntimeError", phase="forward")
+        events[0].checked(
+            0,
+            check="forward",
+            coords={"dp": 0, "cp": 0, "tp": 0},
+            status="error",
+            message="RuntimeError: Connection closed by peer",
+            secondary=True,
+            symptom="exception",
+            error_type="RuntimeError",
+            phase="forward",
+        )
     for e in events.values():
         e.file.flush()
     writer, meta = open_run(run_dir, plan, ["shardcheck", "run"])

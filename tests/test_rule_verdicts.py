@@ -11,10 +11,9 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pandas as pd
-
 from helpers import BROKEN, IMPLS, ROOT
-from shardcheck.harness.core.records import load
-from shardcheck.harness.core.records import Status, Symptom
+
+from shardcheck.harness.core.records import Status, Symptom, load
 from shardcheck.harness.findings.causes import RAISES_ON_OURS, causes, finding_lines
 from shardcheck.harness.findings.verdicts import DEMOTED_NOTE, demote
 
@@ -23,19 +22,56 @@ SEED = ("seed", "the op's documented result (its docstring and signature)")
 THIRD_PARTY = "their_model_utils.py"
 
 
-def _raised(case: str, tp: int, check: str, rule: tuple[str, str], impl: str | None = THIRD_PARTY,
-            where: str = "their_model_utils.py:41", op: str = "model_utils.DistributedLogprob") -> dict:
-    return {"op": op, "case_id": case, "dp": 1, "cp": 1, "tp": tp, "dtype": "float64", "check": check,
-            "status": Status.ERROR, "symptom": Symptom.EXCEPTION, "error_type": "ValueError",
-            "error_message": f"target holds {3 + tp} negative id(s)", "error_where": where, "phase": "forward",
-            "culprit_ranks": [0], "blocked_ranks": [], "message": "raised", "params": {"masked": 0.3},
-            "rule_source": rule[0], "rule_cite": rule[1], "impl": impl}
+def _raised(
+    case: str,
+    tp: int,
+    check: str,
+    rule: tuple[str, str],
+    impl: str | None = THIRD_PARTY,
+    where: str = "their_model_utils.py:41",
+    op: str = "model_utils.DistributedLogprob",
+) -> dict:
+    return {
+        "op": op,
+        "case_id": case,
+        "dp": 1,
+        "cp": 1,
+        "tp": tp,
+        "dtype": "float64",
+        "check": check,
+        "status": Status.ERROR,
+        "symptom": Symptom.EXCEPTION,
+        "error_type": "ValueError",
+        "error_message": f"target holds {3 + tp} negative id(s)",
+        "error_where": where,
+        "phase": "forward",
+        "culprit_ranks": [0],
+        "blocked_ranks": [],
+        "message": "raised",
+        "params": {"masked": 0.3},
+        "rule_source": rule[0],
+        "rule_cite": rule[1],
+        "impl": impl,
+    }
 
 
 def _passed(case: str, tp: int, check: str, impl: str | None = THIRD_PARTY) -> dict:
-    return {"op": "model_utils.DistributedLogprob", "case_id": case, "dp": 1, "cp": 1, "tp": tp, "dtype": "float64",
-            "check": check, "status": Status.PASS, "symptom": None, "message": "", "params": {},
-            "rule_source": SEED[0], "rule_cite": SEED[1], "impl": impl}
+    return {
+        "op": "model_utils.DistributedLogprob",
+        "case_id": case,
+        "dp": 1,
+        "cp": 1,
+        "tp": tp,
+        "dtype": "float64",
+        "check": check,
+        "status": Status.PASS,
+        "symptom": None,
+        "message": "",
+        "params": {},
+        "rule_source": SEED[0],
+        "rule_cite": SEED[1],
+        "impl": impl,
+    }
 
 
 def _rows(impl: str | None = THIRD_PARTY, seed_case_raises: bool = False) -> pd.DataFrame:
@@ -44,8 +80,11 @@ def _rows(impl: str | None = THIRD_PARTY, seed_case_raises: bool = False) -> pd.
     rows = [_raised("masked", tp, check, OURS, impl) for tp in (1, 2) for check in ("forward", "grad:logits")]
     rows += [_raised("masked", tp, "property:comm", OURS, impl) for tp in (1, 2)]
     if seed_case_raises:
-        rows += [_raised("plain", 2, "forward", SEED, impl), _raised("plain", 2, "property:comm", OURS, impl),
-                 _passed("plain", 1, "forward", impl)]
+        rows += [
+            _raised("plain", 2, "forward", SEED, impl),
+            _raised("plain", 2, "property:comm", OURS, impl),
+            _passed("plain", 1, "forward", impl),
+        ]
     else:
         rows += [_passed("plain", tp, "forward", impl) for tp in (1, 2)]
     return pd.DataFrame(rows)
@@ -58,8 +97,9 @@ def test_an_exception_only_on_input_our_rule_feeds_is_one_warn_line_under_impl()
     assert line["status"] == Status.WARN and line["count"] == 6
     assert line["kind"] == RAISES_ON_OURS + "ValueError: target holds N negative id(s) (their_model_utils.py:41)"
     assert line["rule"] == "rule: ours, docs/ops/README.md#conventions-shared-by-every-family"
-    assert finding_lines(table)[0].startswith("WARN model_utils.DistributedLogprob: raises on input only our rule "
-                                              "feeds: ValueError")
+    assert finding_lines(table)[0].startswith(
+        "WARN model_utils.DistributedLogprob: raises on input only our rule feeds: ValueError"
+    )
 
 
 def test_without_a_seed_rule_case_that_ran_clean_there_the_line_stays_an_error():
@@ -83,8 +123,10 @@ def test_the_same_exception_on_a_seed_rule_case_too_stays_one_error_line():
     assert "rule: ours" in table.iloc[0]["rule"] and "rule: seed" in table.iloc[0]["rule"]
     # across ops too: the seed-rule rows of another op raising at the same line keep the one line an error
     other = _rows()
-    other = pd.concat([other, pd.DataFrame([_raised("plain", 2, "forward", SEED, op="model_utils.ChunkedDistributedLogprob")])],
-                      ignore_index=True)
+    other = pd.concat(
+        [other, pd.DataFrame([_raised("plain", 2, "forward", SEED, op="model_utils.ChunkedDistributedLogprob")])],
+        ignore_index=True,
+    )
     table = causes(other)
     assert len(table) == 1 and table.iloc[0]["status"] == Status.ERROR, finding_lines(table)
 
@@ -102,8 +144,20 @@ def test_the_rows_of_a_demoted_line_become_warn_rows_and_the_line_stays_the_same
 
 # ---- runs: a third-party model_utils refusing −100 targets; one whose same check also refuses valid ids at tp ≥ 2
 
-LOGPROB = ("--op", "model_utils.DistributedLogprob", "--case", "b4s8v32", "--case", "b4s6v37-masked0.3",
-           "--topology", "dp=1,cp=1,tp=1", "--topology", "dp=1,cp=1,tp=2", "--dtype", "float64")
+LOGPROB = (
+    "--op",
+    "model_utils.DistributedLogprob",
+    "--case",
+    "b4s8v32",
+    "--case",
+    "b4s6v37-masked0.3",
+    "--topology",
+    "dp=1,cp=1,tp=1",
+    "--topology",
+    "dp=1,cp=1,tp=2",
+    "--dtype",
+    "float64",
+)
 
 
 def test_a_module_refusing_negative_targets_warns_naming_our_rule_and_exits_0(run_shardcheck, tmp_path):
@@ -113,8 +167,10 @@ def test_a_module_refusing_negative_targets_warns_naming_our_rule_and_exits_0(ru
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     lines = [ln for ln in run.stdout.splitlines() if ln.startswith(("  FAIL ", "  ERROR ", "  WARN "))]
     assert len(lines) == 1, lines
-    assert lines[0].startswith("  WARN model_utils.DistributedLogprob: raises on input only our rule feeds: "
-                               "ValueError: target holds N negative id(s)"), lines
+    assert lines[0].startswith(
+        "  WARN model_utils.DistributedLogprob: raises on input only our rule feeds: "
+        "ValueError: target holds N negative id(s)"
+    ), lines
     assert "exactly with masked" in lines[0] or "exactly when masked" in lines[0], lines
     assert lines[0].endswith("[rule: ours, docs/ops/README.md#conventions-shared-by-every-family]"), lines
     rows = run.rows
@@ -175,11 +231,32 @@ def test_a_hand_launched_run_settles_its_demoted_rows_too(tmp_path):
     """harness/standalone.py, under torchrun, decides the same line and exits 0 on it."""
     out = tmp_path / "by-hand"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                           "-m", "shardcheck.harness.standalone", "--impl",
-                           f"model_utils={IMPLS / 'rejects_negative_targets_model_utils.py'}", *LOGPROB[:6],
-                           "--topology", "dp=1,cp=1,tp=1", "--dtype", "float64", "--out", str(out)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "-m",
+            "shardcheck.harness.standalone",
+            "--impl",
+            f"model_utils={IMPLS / 'rejects_negative_targets_model_utils.py'}",
+            *LOGPROB[:6],
+            "--topology",
+            "dp=1,cp=1,tp=1",
+            "--dtype",
+            "float64",
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = load(out)
     assert Status.ERROR not in set(rows["status"]) and (rows["demoted_from"] == "error").sum() == 3, rows

@@ -9,16 +9,32 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from shardcheck.harness.core.case import (BAD_INPUT_CHECK, DOCUMENTED_RESULT, SIGNATURE_RULE, Case, Property, Rule,
-                                          RuleSource, ours, seed)
+from shardcheck.harness.core.case import (
+    BAD_INPUT_CHECK,
+    DOCUMENTED_RESULT,
+    SIGNATURE_RULE,
+    Case,
+    Property,
+    Rule,
+    RuleSource,
+    ours,
+    seed,
+)
 from shardcheck.harness.core.records import Status, Symptom
 from shardcheck.harness.core.rules import under_rule
 from shardcheck.harness.findings.causes import causes, finding_lines
 from shardcheck.harness.rank.suite_loader import suite_cases
 
 ROOT = Path(__file__).resolve().parents[1]
-SUITES = ["model_utils", "model_utils_cp", "model_utils_megatron", "cp_utils", "distributed_utils",
-          "inbatch_neg_utils", "kd_loss"]
+SUITES = [
+    "model_utils",
+    "model_utils_cp",
+    "model_utils_megatron",
+    "cp_utils",
+    "distributed_utils",
+    "inbatch_neg_utils",
+    "kd_loss",
+]
 
 
 def _anchors(page: Path) -> set[str]:
@@ -77,7 +93,9 @@ def test_every_bad_input_and_rule_of_a_suite_cites_a_seed_sentence_or_a_docs_ops
             assert case.bad_input is None or case.bad_input.rule is not None, f"{case.op}[{case.case_id}]: no rule"
             assert case.rule_of(BAD_INPUT_CHECK if case.bad_input else "forward") is not None
             for rule in _cited_rules(case):
-                assert not _cite_problem(rule.source, rule.cite), f"{case.op}[{case.case_id}]: {_cite_problem(rule.source, rule.cite)}"
+                assert not _cite_problem(rule.source, rule.cite), (
+                    f"{case.op}[{case.case_id}]: {_cite_problem(rule.source, rule.cite)}"
+                )
 
 
 def test_every_check_our_suites_build_at_run_time_cites_a_rule_written_in_docs_ops(run_shardcheck):
@@ -86,8 +104,9 @@ def test_every_check_our_suites_build_at_run_time_cites_a_rule_written_in_docs_o
     2: the DP, CP and TP of 2 that add names), and every check they emit, properties, bad inputs, forward, gradients
     and the communication contract, cites a rule whose cite is where it says (`_cite_problem`)."""
     ops = sorted({c.op for suite in SUITES for c in suite_cases(suite, True) if c.properties is not None})
-    run = run_shardcheck("run", *(a for op in ops for a in ("--op", op)), "--quick", "--world-sizes", "1,2",
-                         "--dtype", "float64")
+    run = run_shardcheck(
+        "run", *(a for op in ops for a in ("--op", op)), "--quick", "--world-sizes", "1,2", "--dtype", "float64"
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     rows = run.rows
     assert set(rows["op"]) == set(ops)
@@ -95,8 +114,13 @@ def test_every_check_our_suites_build_at_run_time_cites_a_rule_written_in_docs_o
     assert not len(uncited), uncited[["op", "case_id", "check"]].drop_duplicates("check").to_string()
     properties = rows[rows["check"].str.startswith("property:")]
     # names a suite builds at run time, per topology, are among them
-    assert {"property:reassembled:position_ids", "property:inside:labels", "property:dp_sum",
-            "property:infer_group:vocab-on-tp", "property:unchanged:ids"} <= set(properties["check"])
+    assert {
+        "property:reassembled:position_ids",
+        "property:inside:labels",
+        "property:dp_sum",
+        "property:infer_group:vocab-on-tp",
+        "property:unchanged:ids",
+    } <= set(properties["check"])
     rules = rows[["rule_source", "rule_cite"]].drop_duplicates()
     problems = [p for r in rules.itertuples() if (p := _cite_problem(r.rule_source, r.rule_cite))]
     assert not problems, problems
@@ -115,19 +139,30 @@ def test_under_impl_an_ours_only_failure_warns_and_a_wrong_answer_stays_a_failur
     rule = ours("docs/ops/model_utils.md#conventions-of-this-family")
     status, fields = under_rule(rule, Status.FAIL, {"message": "returned silently", "symptom": Symptom.PROPERTY}, True)
     assert status == Status.WARN and fields["rule_source"] == "ours"
-    assert "the rule is ours, not the seed's (rule: ours, docs/ops/model_utils.md#conventions-of-this-family)" \
+    assert (
+        "the rule is ours, not the seed's (rule: ours, docs/ops/model_utils.md#conventions-of-this-family)"
         in fields["message"]
+    )
     status, fields = under_rule(rule, Status.FAIL, {"message": "max err 3", "symptom": Symptom.NONFINITE}, True)
     assert status == Status.FAIL and "outside the seed's stated shapes" in fields["message"]
     # our own implementations are held to our rules; the seed's rules hold for everyone
     assert under_rule(rule, Status.FAIL, {"symptom": Symptom.PROPERTY}, False)[0] == Status.FAIL
     assert under_rule(seed("'x'"), Status.FAIL, {"symptom": Symptom.PROPERTY}, True)[0] == Status.FAIL
-    assert under_rule(None, Status.FAIL, {"symptom": Symptom.PROPERTY}, True) == (Status.FAIL, {"symptom": Symptom.PROPERTY})
+    assert under_rule(None, Status.FAIL, {"symptom": Symptom.PROPERTY}, True) == (
+        Status.FAIL,
+        {"symptom": Symptom.PROPERTY},
+    )
 
 
 def test_a_property_cites_its_own_rule_before_the_cases_patterns():
-    case = Case(op="f.Op", case_id="c", make_inputs=lambda g: {}, reference=lambda x: (), run=lambda i, c, x: (),
-                rules={"property:*": seed("'anything'")})
+    case = Case(
+        op="f.Op",
+        case_id="c",
+        make_inputs=lambda g: {},
+        reference=lambda x: (),
+        run=lambda i, c, x: (),
+        rules={"property:*": seed("'anything'")},
+    )
     own = ours("docs/ops/kd_loss.md#kdloss")
     assert case.rule_of("property:p", Property("p", False, rule=own)) == own
     assert case.rule_of("property:p").source == RuleSource.SEED
@@ -136,30 +171,49 @@ def test_a_property_cites_its_own_rule_before_the_cases_patterns():
 
 
 def _row(check: str, status: str, source: str | None, cite: str | None, **kw) -> dict:
-    return {"op": "f.Op", "case_id": "c", "dp": 1, "cp": 1, "tp": 2, "dtype": "float64", "check": check,
-            "status": status, "message": "", "params": {}, "rule_source": source, "rule_cite": cite,
-            "symptom": None if status == Status.PASS else Symptom.PROPERTY, **kw}
+    return {
+        "op": "f.Op",
+        "case_id": "c",
+        "dp": 1,
+        "cp": 1,
+        "tp": 2,
+        "dtype": "float64",
+        "check": check,
+        "status": status,
+        "message": "",
+        "params": {},
+        "rule_source": source,
+        "rule_cite": cite,
+        "symptom": None if status == Status.PASS else Symptom.PROPERTY,
+        **kw,
+    }
 
 
 def test_a_findings_line_says_whether_its_rule_is_the_seeds_or_ours():
-    rows = [_row("property:a", Status.FAIL, "ours", "docs/ops/f.md#a"),
-            _row("forward", Status.PASS, "seed", "the op's documented result"),
-            _row("property:b", Status.WARN, "seed", "'Returns log-probs of shape [B, S]'"),
-            {**_row("property:a", Status.PASS, "ours", "docs/ops/f.md#a"), "tp": 1}]
+    rows = [
+        _row("property:a", Status.FAIL, "ours", "docs/ops/f.md#a"),
+        _row("forward", Status.PASS, "seed", "the op's documented result"),
+        _row("property:b", Status.WARN, "seed", "'Returns log-probs of shape [B, S]'"),
+        {**_row("property:a", Status.PASS, "ours", "docs/ops/f.md#a"), "tp": 1},
+    ]
     lines = [ln for ln in finding_lines(causes(pd.DataFrame(rows))) if not ln.startswith(" ")]
-    assert any(ln.startswith("FAIL f.Op: property:a does not hold") and ln.endswith("[rule: ours, docs/ops/f.md#a]")
-               for ln in lines), lines
+    assert any(
+        ln.startswith("FAIL f.Op: property:a does not hold") and ln.endswith("[rule: ours, docs/ops/f.md#a]")
+        for ln in lines
+    ), lines
     assert any(ln.endswith("[rule: seed: 'Returns log-probs of shape [B, S]']") for ln in lines), lines
 
 
 # ---- runs: our implementations cite every rule and stay silent; findings lines of --impl modules say whose rule
 
+
 def test_our_implementations_give_no_finding_under_strict_and_every_row_cites_its_rule(run_shardcheck):
     """Our own implementations, a cheap subset (quick cases at one TP-2 topology, float64; the suites' own tests run
     the rest strict): zero findings, zero warnings under --strict (the helper's default), and every row says where
     its rule comes from."""
-    run = run_shardcheck("run", "--suite", "kd_loss,model_utils", "--quick", "--topology", "dp=1,cp=1,tp=2",
-                         "--dtype", "float64")
+    run = run_shardcheck(
+        "run", "--suite", "kd_loss,model_utils", "--quick", "--topology", "dp=1,cp=1,tp=2", "--dtype", "float64"
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     rows = run.rows
     assert (rows["status"].isin(["pass", "skip"])).all() and not len(run.causes)
@@ -172,26 +226,55 @@ def test_our_implementations_give_no_finding_under_strict_and_every_row_cites_it
 def test_impl_findings_lines_say_whether_the_rule_is_the_seeds_or_ours(run_shardcheck):
     """A third-party example (the older kd_loss the adapter guide adapts) and one of tests/impls (float64 computed in
     float32, a collective beyond the contract): each findings line ends with its rule, seed or ours."""
-    legacy = run_shardcheck("run", "--impl", "kd_loss=examples/adapters/legacy_kd_loss.py", "--op", "kd_loss.KDLoss",
-                            "--case", "group-b4s6v37-T1-nbltensor-chunk0-masked", "--world-sizes", "1",
-                            "--dtype", "float64")
+    legacy = run_shardcheck(
+        "run",
+        "--impl",
+        "kd_loss=examples/adapters/legacy_kd_loss.py",
+        "--op",
+        "kd_loss.KDLoss",
+        "--case",
+        "group-b4s6v37-T1-nbltensor-chunk0-masked",
+        "--world-sizes",
+        "1",
+        "--dtype",
+        "float64",
+    )
     assert legacy.returncode == 1
     lines = [ln for ln in legacy.stdout.splitlines() if ln.startswith(("  FAIL ", "  ERROR ", "  WARN "))]
     assert lines and all(re.search(r"\[rule: (seed: |ours, docs/ops/)[^]]+\]$", ln) for ln in lines), lines
     assert any("signature" in ln and ln.endswith("[rule: seed: the seed's signature]") for ln in lines), lines
 
-    fp32 = run_shardcheck("run", "--impl", f"model_utils={ROOT / 'tests/impls/fp32_extra_collectives_model_utils.py'}",
-                          "--op", "model_utils.DistributedLogprob", "--topology", "dp=1,cp=1,tp=2", "--quick",
-                          "--dtype", "float64", strict=False)
+    fp32 = run_shardcheck(
+        "run",
+        "--impl",
+        f"model_utils={ROOT / 'tests/impls/fp32_extra_collectives_model_utils.py'}",
+        "--op",
+        "model_utils.DistributedLogprob",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--quick",
+        "--dtype",
+        "float64",
+        strict=False,
+    )
     assert fp32.returncode == 0, fp32.stdout[-3000:]
     lines = [ln for ln in fp32.stdout.splitlines() if ln.startswith(("  FAIL ", "  ERROR ", "  WARN "))]
     assert len(lines) == 2, lines
-    assert all(ln.endswith("[rule: ours, docs/ops/README.md#conventions-shared-by-every-family]") for ln in lines), lines
+    assert all(ln.endswith("[rule: ours, docs/ops/README.md#conventions-shared-by-every-family]") for ln in lines), (
+        lines
+    )
 
 
-@pytest.mark.parametrize("family,suites", [("model_utils", ["model_utils", "model_utils_cp", "model_utils_megatron"]),
-                                           ("cp_utils", ["cp_utils"]), ("distributed_utils", ["distributed_utils"]),
-                                           ("inbatch_neg_utils", ["inbatch_neg_utils"]), ("kd_loss", ["kd_loss"])])
+@pytest.mark.parametrize(
+    "family,suites",
+    [
+        ("model_utils", ["model_utils", "model_utils_cp", "model_utils_megatron"]),
+        ("cp_utils", ["cp_utils"]),
+        ("distributed_utils", ["distributed_utils"]),
+        ("inbatch_neg_utils", ["inbatch_neg_utils"]),
+        ("kd_loss", ["kd_loss"]),
+    ],
+)
 def test_docs_ops_tags_every_rule_of_its_family_seed_or_ours(family, suites):
     text = (ROOT / "docs" / "ops" / f"{family}.md").read_text()
     table = text.split("## Rules: seed or ours", 1)[1]
@@ -200,8 +283,10 @@ def test_docs_ops_tags_every_rule_of_its_family_seed_or_ours(family, suites):
             for pattern, rule in case.rules.items():
                 # the row naming this case (a rule of its own), else the pattern's row for every case
                 rows = [ln for ln in table.splitlines() if ln.startswith(f"| `{pattern}` |")]
-                line = next((ln for ln in rows if f"[{case.case_id}]" in ln),
-                            next((ln for ln in rows if ln.split("|")[2].strip() == ""), None))
+                line = next(
+                    (ln for ln in rows if f"[{case.case_id}]" in ln),
+                    next((ln for ln in rows if ln.split("|")[2].strip() == ""), None),
+                )
                 where = f"{family}.md: {pattern} ({rule.source}) for {case.op}[{case.case_id}]"
                 assert line is not None and f"| {rule.source} |" in line, where
                 cited = rule.cite if rule.source == RuleSource.SEED else f"(#{rule.cite.partition('#')[2]})"
@@ -217,5 +302,8 @@ def test_targets_outside_the_vocab_are_judged_under_our_rule():
         cases = suite_cases(suite, False)
         masked = [c for c in cases if c.params.get("masked") and c.bad_input is None]
         assert masked and all(c.rule_of("forward").source == RuleSource.OURS for c in masked)
-        assert all(c.rule_of("forward").source == RuleSource.SEED for c in cases
-                   if not c.params.get("masked") and c.bad_input is None)
+        assert all(
+            c.rule_of("forward").source == RuleSource.SEED
+            for c in cases
+            if not c.params.get("masked") and c.bad_input is None
+        )

@@ -12,8 +12,17 @@ LAYOUT_CANNOT_APPLY = FIXTURES / "harness" / "layout_cannot_apply.py"
 
 
 def test_a_harness_exception_is_an_error_row_and_the_next_item_runs(tmp_path):
-    run = shardcheck("run", "--suite-path", str(LAYOUT_CANNOT_APPLY), "--topology", "dp=1,cp=2,tp=1",
-                     "--dtype", "float64", out=tmp_path / "run", timeout=300)
+    run = shardcheck(
+        "run",
+        "--suite-path",
+        str(LAYOUT_CANNOT_APPLY),
+        "--topology",
+        "dp=1,cp=2,tp=1",
+        "--dtype",
+        "float64",
+        out=tmp_path / "run",
+        timeout=300,
+    )
     assert run.returncode == 1, run.stdout + run.stderr
     rows = run.rows
     bad = rows[rows["case_id"] == "output_cannot_be_laid_out"]
@@ -26,7 +35,7 @@ def test_a_harness_exception_is_an_error_row_and_the_next_item_runs(tmp_path):
     case_py = (ROOT / "harness" / "core" / "case.py").read_text().splitlines()
     path, line = row["error_where"].rsplit(":", 1)
     assert path == "harness/core/case.py", row["error_where"]
-    assert "raise ValueError(f\"head-tail layout needs" in case_py[int(line) - 1]
+    assert 'raise ValueError(f"head-tail layout needs' in case_py[int(line) - 1]
     assert sorted(r["rank"] for r in row["per_rank"]) == [0, 1]  # every rank reported it, none died
     assert "a harness defect, not the op's" in row["message"]
     assert row["rerun"].startswith("shardcheck run ")
@@ -38,6 +47,7 @@ def test_a_harness_exception_is_an_error_row_and_the_next_item_runs(tmp_path):
 
 
 # ---- cases that know where they can run ------------------------------------------------------------------------
+
 
 def test_layout_misfit_names_what_cannot_be_split():
     import torch
@@ -66,19 +76,38 @@ def test_cp_lengths_of_an_op_that_splits_by_itself():
 
     from shardcheck import Case, Topology
 
-    case = Case(op="f.op", case_id="c", make_inputs=lambda gen: {"x": torch.zeros(2)}, reference=lambda x: x["x"],
-                run=lambda impl, ctx, x: x["x"], context_parallel=True, cp_lengths=(24, 16))
+    case = Case(
+        op="f.op",
+        case_id="c",
+        make_inputs=lambda gen: {"x": torch.zeros(2)},
+        reference=lambda x: x["x"],
+        run=lambda impl, ctx, x: x["x"],
+        context_parallel=True,
+        cp_lengths=(24, 16),
+    )
     assert case.misfit(Topology(1, 4, 1), {}) == ""
-    assert case.misfit(Topology(1, 8, 1), {}) == ("a sequence of 24 cannot be split head-tail at dp1-cp8-tp1: the op "
-                                                   "needs a multiple of 2·CP = 16")
+    assert case.misfit(Topology(1, 8, 1), {}) == (
+        "a sequence of 24 cannot be split head-tail at dp1-cp8-tp1: the op needs a multiple of 2·CP = 16"
+    )
 
 
 def test_the_plan_skips_with_the_reason_what_a_case_cannot_lay_out():
     from shardcheck.harness.driver.planner import Selection, build_plan
 
-    plan = build_plan(Selection(run_id="t", seed=0, timeout=60, device="cpu", backend="gloo",
-                                suites_wanted=["model_utils_cp"], ops=["model_utils.AllGatherCPTensor"], quick=True,
-                                world_sizes=[8, 16], dtypes=["float64"]))
+    plan = build_plan(
+        Selection(
+            run_id="t",
+            seed=0,
+            timeout=60,
+            device="cpu",
+            backend="gloo",
+            suites_wanted=["model_utils_cp"],
+            ops=["model_utils.AllGatherCPTensor"],
+            quick=True,
+            world_sizes=[8, 16],
+            dtypes=["float64"],
+        )
+    )
     by_cp = {}
     for item in plan.items:
         if item.case_id == "x2x3x32-seqdim2-sum_all":  # the scale case (S = 32): runs at CP 8 and 16, nowhere else
@@ -88,8 +117,10 @@ def test_the_plan_skips_with_the_reason_what_a_case_cannot_lay_out():
     assert not any(i.skip for cp, items in by_cp.items() if cp < 16 for i in items)  # S = 16 splits over 2·8
     at_16 = by_cp[16]
     assert at_16 and all(i.skip for i in at_16)
-    assert all("cannot be laid out at dp1-cp16-tp1: head-tail layout needs a length divisible by 2·CP = 32, got 16"
-               in i.skip for i in at_16), at_16[0].skip
+    assert all(
+        "cannot be laid out at dp1-cp16-tp1: head-tail layout needs a length divisible by 2·CP = 32, got 16" in i.skip
+        for i in at_16
+    ), at_16[0].skip
 
 
 def test_planned_skips_are_rows_with_their_reason_and_start_no_ranks(tmp_path):
@@ -104,9 +135,21 @@ def test_planned_skips_are_rows_with_their_reason_and_start_no_ranks(tmp_path):
 
         standby = take
 
-    plan = build_plan(Selection(run_id="t", seed=0, timeout=60, device="cpu", backend="gloo",
-                                suites_wanted=["model_utils_cp"], ops=["model_utils.AllGatherCPTensor"], quick=True,
-                                case_patterns=["x2x3x16-*"], topologies=[Topology(1, 16, 1)], dtypes=["float64"]))
+    plan = build_plan(
+        Selection(
+            run_id="t",
+            seed=0,
+            timeout=60,
+            device="cpu",
+            backend="gloo",
+            suites_wanted=["model_utils_cp"],
+            ops=["model_utils.AllGatherCPTensor"],
+            quick=True,
+            case_patterns=["x2x3x16-*"],
+            topologies=[Topology(1, 16, 1)],
+            dtypes=["float64"],
+        )
+    )
     assert plan.items and all(i.skip for i in plan.items)
     writer = RecordWriter(tmp_path)
     run_plan(plan, tmp_path, writer, show_progress=False, pool=NoRanks())
@@ -117,6 +160,7 @@ def test_planned_skips_are_rows_with_their_reason_and_start_no_ranks(tmp_path):
 
 
 # ---- beyond one machine ----------------------------------------------------------------------------------------
+
 
 def _free_port() -> int:
     import socket
@@ -142,13 +186,52 @@ def test_two_node_torchrun_runs_a_plan_and_names_the_failing_item(tmp_path):
     impl = BROKEN / "model_utils" / "one_rank_off.py"
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    agents = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node",
-         "2", "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "shardcheck.harness.standalone",
-         "--suite", "model_utils", "--impl", f"model_utils={impl}", "--op", "model_utils.DistributedLogprob",
-         "--case", "b2s5*", "--topology", "dp=1,cp=1,tp=4", "--topology", "dp=2,cp=1,tp=2", "--dtype", "float64",
-         "--quick", "--timeout", "60", "--out", str(out)],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--nproc-per-node",
+                "2",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "-m",
+                "shardcheck.harness.standalone",
+                "--suite",
+                "model_utils",
+                "--impl",
+                f"model_utils={impl}",
+                "--op",
+                "model_utils.DistributedLogprob",
+                "--case",
+                "b2s5*",
+                "--topology",
+                "dp=1,cp=1,tp=4",
+                "--topology",
+                "dp=2,cp=1,tp=2",
+                "--dtype",
+                "float64",
+                "--quick",
+                "--timeout",
+                "60",
+                "--out",
+                str(out),
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
     try:
         logs = [a.communicate(timeout=300)[0] for a in agents]
     finally:
@@ -188,16 +271,30 @@ SCALE_SLICE = {
 
 
 def test_a_slice_of_the_scale_matrix_passes_at_8_and_16_ranks(tmp_path):
-    run = shardcheck("run", "--op", ",".join(SCALE_SLICE), *[a for c in SCALE_SLICE.values() for a in ("--case", c)],
-                     "--world-sizes", "8,16", "--dtype", "float64", "--quick", "--timeout", "300",
-                     out=tmp_path / "run", timeout=900)
+    run = shardcheck(
+        "run",
+        "--op",
+        ",".join(SCALE_SLICE),
+        *[a for c in SCALE_SLICE.values() for a in ("--case", c)],
+        "--world-sizes",
+        "8,16",
+        "--dtype",
+        "float64",
+        "--quick",
+        "--timeout",
+        "300",
+        out=tmp_path / "run",
+        timeout=900,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = run.rows
     assert set(rows["op"]) == set(SCALE_SLICE)
     assert set(rows["status"]) <= {"pass", "skip"}
     ran = rows[rows["status"] == "pass"]
     assert {8, 16} <= set(ran["world_size"])
-    assert {(1, 1, 8), (1, 1, 16), (2, 1, 8), (1, 8, 1), (2, 8, 1), (8, 1, 1)} <= set(zip(ran["dp"], ran["cp"], ran["tp"]))
+    assert {(1, 1, 8), (1, 1, 16), (2, 1, 8), (1, 8, 1), (2, 8, 1), (8, 1, 1)} <= set(
+        zip(ran["dp"], ran["cp"], ran["tp"])
+    )
     # every rank of a 16-rank item reported (none died)
     assert ran[ran["tp"] == 16]["per_rank"].map(len).eq(16).all()
     skipped = rows[rows["status"] == "skip"]
@@ -213,20 +310,32 @@ def test_scale_cases_cover_cp_16_and_tp_8_and_leave_the_default_matrix_alone():
     from shardcheck.harness.driver.planner import Selection, build_plan
 
     def plan(**kw):
-        return build_plan(Selection(run_id="t", seed=0, timeout=60, device="cpu", backend="gloo", quick=True,
-                                    dtypes=["float64"], **kw)).items
+        return build_plan(
+            Selection(
+                run_id="t", seed=0, timeout=60, device="cpu", backend="gloo", quick=True, dtypes=["float64"], **kw
+            )
+        ).items
 
     scale = plan(world_sizes=[8, 16])
-    for name, where in {"cp8": lambda t: t[1] == 8, "cp16": lambda t: t[1] == 16, "tp8": lambda t: t[2] == 8,
-                        "tp16": lambda t: t[2] == 16, "dp16": lambda t: t[0] == 16}.items():
-        uncovered = sorted({i.op for i in scale if where(i.topology)} - {i.op for i in scale
-                                                                         if where(i.topology) and not i.skip})
+    for name, where in {
+        "cp8": lambda t: t[1] == 8,
+        "cp16": lambda t: t[1] == 16,
+        "tp8": lambda t: t[2] == 8,
+        "tp16": lambda t: t[2] == 16,
+        "dp16": lambda t: t[0] == 16,
+    }.items():
+        uncovered = sorted(
+            {i.op for i in scale if where(i.topology)} - {i.op for i in scale if where(i.topology) and not i.skip}
+        )
         assert not uncovered, f"planned at {name} but never run there: {uncovered}"
     small_v = [i for i in scale if i.case_id == "b2s3v6" and i.op.endswith("_compute_distributed_log_softmax")]
     assert small_v and {i.topology[2] for i in small_v} == {8, 16}  # only where V = 6 < TP
     scale_ids = {(i.op, i.case_id) for i in scale} - {(i.op, i.case_id) for i in plan(world_sizes=[1, 2, 4])}
-    assert {("model_utils.AllGatherCPTensor", "x2x3x32-seqdim2-sum_all"), ("cp_utils.make_cp_batch_for_te", "scale-packs"),
-            ("model_utils.all_to_all_sq2vp", "bs32v16")} <= scale_ids
+    assert {
+        ("model_utils.AllGatherCPTensor", "x2x3x32-seqdim2-sum_all"),
+        ("cp_utils.make_cp_batch_for_te", "scale-packs"),
+        ("model_utils.all_to_all_sq2vp", "bs32v16"),
+    } <= scale_ids
 
 
 def test_a_layout_bug_at_cp_16_is_caught_by_the_scale_cases(tmp_path):
@@ -234,9 +343,24 @@ def test_a_layout_bug_at_cp_16_is_caught_by_the_scale_cases(tmp_path):
     layout would pass there unseen.  Chunks taken in the wrong order fail `forward` on the scale case, named at CP
     16, with a rank's rerun line."""
     impl = BROKEN / "model_utils_cp" / "swapped_chunks.py"
-    run = shardcheck("run", "--suite", "model_utils_cp", "--impl", f"model_utils={impl}",
-                     "--op", "model_utils._get_tokens_on_this_cp_rank", "--topology", "dp=1,cp=16,tp=1",
-                     "--dtype", "float64", "--quick", "--timeout", "300", out=tmp_path / "run", timeout=900)
+    run = shardcheck(
+        "run",
+        "--suite",
+        "model_utils_cp",
+        "--impl",
+        f"model_utils={impl}",
+        "--op",
+        "model_utils._get_tokens_on_this_cp_rank",
+        "--topology",
+        "dp=1,cp=16,tp=1",
+        "--dtype",
+        "float64",
+        "--quick",
+        "--timeout",
+        "300",
+        out=tmp_path / "run",
+        timeout=900,
+    )
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]
     rows = run.rows
     bad = run.failed()

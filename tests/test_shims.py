@@ -12,17 +12,18 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from helpers import BROKEN, ROOT
 
-from shardcheck.harness.rank import shims
 from shardcheck.harness.core.processes import run_ranks
+from shardcheck.harness.rank import shims
 from shardcheck.harness.rank.shims import te_thd_partition, torch_cp_attention
 from shardcheck.harness.rank.shims.te_thd_partition import thd_get_partitioned_indices
-from helpers import BROKEN, ROOT
 
 TORCH_CP_IMPL = ROOT / "tests" / "impls" / "torch_cp_cp_utils.py"
 
 
 # ---- torch context parallelism on CPU ------------------------------------------------------------
+
 
 def _full_attention(q, k, v, upstream):
     """Causal softmax attention over the whole sequence, in plain float64 math, and its gradients."""
@@ -65,16 +66,19 @@ def _cp_attention(proc, seq_len: int) -> dict:
                 _cp_options.enable_load_balance = True
             got = (out.detach(), lq.grad, lk.grad, lv.grad)
             name = f"{rotate}-{'head-tail' if balanced else 'contiguous'}"
-            result[name] = {"positions": positions.tolist(), "merge_in_float32": _cp_options.convert_to_f32,
-                            "vs_full": max(float((g - f.index_select(2, positions)).abs().max())
-                                           for g, f in zip(got, full))}
+            result[name] = {
+                "positions": positions.tolist(),
+                "merge_in_float32": _cp_options.convert_to_f32,
+                "vs_full": max(float((g - f.index_select(2, positions)).abs().max()) for g, f in zip(got, full)),
+            }
             if balanced:  # the same shards through our own ring attention
                 sdpa = ours._ring_sdpa(ours._Rotator(mesh.get_group(), rotate), F.scaled_dot_product_attention)
                 oq, ok, ov = (t.index_select(2, positions).requires_grad_() for t in (q, k, v))
                 ring_out = sdpa(oq, ok, ov, is_causal=True)
                 ring_out.backward(upstream.index_select(2, positions))
-                result[name]["vs_ours"] = max(float((g - r).abs().max()) for g, r in
-                                              zip(got, (ring_out.detach(), oq.grad, ok.grad, ov.grad)))
+                result[name]["vs_ours"] = max(
+                    float((g - r).abs().max()) for g, r in zip(got, (ring_out.detach(), oq.grad, ok.grad, ov.grad))
+                )
     return result
 
 
@@ -115,6 +119,7 @@ def test_attention_shim_only_on_cpu():
 
 # ---- Transformer Engine's THD partition ------------------------------------------------------------
 
+
 def _brute_force(cu_seqlens: list[int], world: int, rank: int) -> list[int]:
     """Each sequence cut into 2·world equal chunks; rank r keeps chunks r and 2·world−1−r of each."""
     out = []
@@ -145,14 +150,17 @@ def test_thd_partition_tokens_past_the_end_go_to_the_last_sequence():
     assert got.tolist() == [0, 1, 6, 7, 8, 11, 12, 13]
 
 
-@pytest.mark.parametrize("args, message", [
-    ((torch.tensor([0, 8], dtype=torch.int64), 8, 2, 0), "must be int32"),
-    ((torch.tensor([[0, 8]], dtype=torch.int32), 8, 2, 0), "must be 1-D"),
-    ((torch.tensor([0], dtype=torch.int32), 8, 2, 0), "at least 2 entries"),
-    ((torch.tensor([0, 8], dtype=torch.int32), 8, 2, 2), "rank must be in"),
-    ((torch.tensor([0, 8], dtype=torch.int32), 6, 2, 0), "multiple of 2·world_size = 4"),
-    ((torch.tensor([0, 6, 12], dtype=torch.int32), 12, 2, 0), r"got \[6\]"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((torch.tensor([0, 8], dtype=torch.int64), 8, 2, 0), "must be int32"),
+        ((torch.tensor([[0, 8]], dtype=torch.int32), 8, 2, 0), "must be 1-D"),
+        ((torch.tensor([0], dtype=torch.int32), 8, 2, 0), "at least 2 entries"),
+        ((torch.tensor([0, 8], dtype=torch.int32), 8, 2, 2), "rank must be in"),
+        ((torch.tensor([0, 8], dtype=torch.int32), 6, 2, 0), "multiple of 2·world_size = 4"),
+        ((torch.tensor([0, 6, 12], dtype=torch.int32), 12, 2, 0), r"got \[6\]"),
+    ],
+)
 def test_thd_partition_checks_like_te(args, message):
     with pytest.raises(RuntimeError, match=message):
         thd_get_partitioned_indices(*args)
@@ -181,9 +189,19 @@ def test_te_stand_in_only_when_te_is_absent(monkeypatch):
 
 # ---- someone else's cp_utils on torch's CP, through the suite ---------------------------------------
 
+
 def test_torch_cp_cp_utils_passes_with_the_shims(run_shardcheck):
-    run = run_shardcheck("run", "--suite", "cp_utils", "--quick", "--world-sizes", "1,2,4", "--impl",
-                         f"cp_utils={TORCH_CP_IMPL}", timeout=300)
+    run = run_shardcheck(
+        "run",
+        "--suite",
+        "cp_utils",
+        "--quick",
+        "--world-sizes",
+        "1,2,4",
+        "--impl",
+        f"cp_utils={TORCH_CP_IMPL}",
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     rows = run.rows
     assert (rows["status"] == "pass").all(), run.failed()[["case_id", "check", "message"]]
@@ -202,22 +220,48 @@ def test_torch_cp_cp_utils_passes_with_the_shims(run_shardcheck):
 def test_header_says_a_shim_was_used_or_only_installed(run_shardcheck):
     """The attention handlers are reached by torch's CP under test (their calls counted on the ranks); the TE stand-in
     by nothing these cases run: the header says which was used and which only installed."""
-    run = run_shardcheck("run", "--suite", "cp_utils", "--topology", "dp=1,cp=2,tp=1", "--dtype", "float64",
-                         "--case", "ctx-alltoall-b2s16*", "--impl", f"cp_utils={TORCH_CP_IMPL}")
+    run = run_shardcheck(
+        "run",
+        "--suite",
+        "cp_utils",
+        "--topology",
+        "dp=1,cp=2,tp=1",
+        "--dtype",
+        "float64",
+        "--case",
+        "ctx-alltoall-b2s16*",
+        "--impl",
+        f"cp_utils={TORCH_CP_IMPL}",
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     meta = json.loads((run.out / "run.json").read_text())
     attention = meta["shim_calls"][torch_cp_attention.NAME]
     assert attention > 0 and te_thd_partition.NAME not in meta["shim_calls"], meta["shim_calls"]
     header = (run.out / "report.md").read_text().split("**")[0]
     assert f"- used shardcheck's CPU shim for {torch_cp_attention.NAME}: {attention} call(s) on the ranks" in header
-    assert f"- installed shardcheck's CPU shim for {te_thd_partition.NAME}, never called by the code under test" in header
+    assert (
+        f"- installed shardcheck's CPU shim for {te_thd_partition.NAME}, never called by the code under test" in header
+    )
     assert "ran with" not in header
 
 
 def test_torch_cp_cp_utils_fails_clearly_without_the_shims(run_shardcheck):
-    run = run_shardcheck("run", "--suite", "cp_utils", "--topology", "dp=1,cp=2,tp=1", "--dtype", "float64",
-                         "--case", "ctx-alltoall-b2s16*", "--case", "packs-sentinel", "--no-shims", "--impl",
-                         f"cp_utils={TORCH_CP_IMPL}")
+    run = run_shardcheck(
+        "run",
+        "--suite",
+        "cp_utils",
+        "--topology",
+        "dp=1,cp=2,tp=1",
+        "--dtype",
+        "float64",
+        "--case",
+        "ctx-alltoall-b2s16*",
+        "--case",
+        "packs-sentinel",
+        "--no-shims",
+        "--impl",
+        f"cp_utils={TORCH_CP_IMPL}",
+    )
     assert run.returncode == 1, run.stdout + run.stderr
     rows = run.rows
     assert (rows["status"] == "error").all()
@@ -232,9 +276,21 @@ def test_torch_cp_cp_utils_fails_clearly_without_the_shims(run_shardcheck):
 
 
 def test_torch_cp_broken_load_balancing_is_a_silent_wrong_answer(run_shardcheck):
-    run = run_shardcheck("run", "--suite", "cp_utils", "--topology", "dp=1,cp=2,tp=1", "--dtype", "float64",
-                         "--case", "layout-b2s10-*", "--case", "batch-allgather-b2s10h8v11-ids-pos-given", "--impl",
-                         f"cp_utils={BROKEN / 'cp_utils' / 'torch_cp_padded_not_load_balanced.py'}")
+    run = run_shardcheck(
+        "run",
+        "--suite",
+        "cp_utils",
+        "--topology",
+        "dp=1,cp=2,tp=1",
+        "--dtype",
+        "float64",
+        "--case",
+        "layout-b2s10-*",
+        "--case",
+        "batch-allgather-b2s10h8v11-ids-pos-given",
+        "--impl",
+        f"cp_utils={BROKEN / 'cp_utils' / 'torch_cp_padded_not_load_balanced.py'}",
+    )
     assert run.returncode == 1, run.stdout + run.stderr
     rows = run.rows
     bad = rows[rows["status"] != "pass"]

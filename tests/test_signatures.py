@@ -6,8 +6,8 @@ import inspect
 
 import pytest
 import torch
-
 from helpers import FIXTURES, IMPLS, assert_one_cause
+
 from shardcheck.harness.rank.signatures import KeywordCalls, call_signature, check_names, differences, seed_module
 
 TP2 = ("--topology", "dp=1,cp=1,tp=2", "--quick")
@@ -16,31 +16,45 @@ TP2 = ("--topology", "dp=1,cp=1,tp=2", "--quick")
 def seed(logits, target, chunk_size, group, inference_only=False): ...
 
 
-@pytest.mark.parametrize("impl", [
-    seed,
-    lambda logits, target, chunk_size, group, inference_only=False, fast=True: 0,  # extra optional, last
-    lambda logits, target, chunk_size, group, inference_only=False, *, fast=False: 0,  # extra keyword-only
-    lambda logits, target, chunk_size, group, **kwargs: 0,  # the seed's optional one through **kwargs
-])
+@pytest.mark.parametrize(
+    "impl",
+    [
+        seed,
+        lambda logits, target, chunk_size, group, inference_only=False, fast=True: 0,  # extra optional, last
+        lambda logits, target, chunk_size, group, inference_only=False, *, fast=False: 0,  # extra keyword-only
+        lambda logits, target, chunk_size, group, **kwargs: 0,  # the seed's optional one through **kwargs
+    ],
+)
 def test_compatible_signatures_are_no_finding(impl):
     assert differences(inspect.signature(seed), inspect.signature(impl)) == ("pass", [])
 
 
-@pytest.mark.parametrize("impl, reason", [
-    (lambda logits, target, chunk_size, group: 0, "missing parameter(s) inference_only"),
-    (lambda logits, labels, chunk_size, group, inference_only=False: 0, "parameter target renamed labels"),
-    (lambda logits, target, group, chunk_size, inference_only=False: 0,
-     "parameters in another order: (logits, target, group, chunk_size, inference_only), "
-     "the seed has (logits, target, chunk_size, group, inference_only)"),
-    (lambda logits, target, chunk_size, group, scale, inference_only=False: 0, "extra required parameter(s) scale"),
-    (lambda logits, target, fast=True, chunk_size=3, group=None, inference_only=False: 0,
-     "extra parameter(s) fast before the seed's chunk_size, group, inference_only: callers passing those by "
-     "position reach another parameter"),
-    (lambda logits, target, chunk_size, *, group, inference_only=False: 0,
-     "keyword-only parameter(s) the seed takes by position: group, inference_only"),
-    (lambda logits, target, chunk_size, group, inference_only: 0,
-     "required parameter(s) the seed makes optional: inference_only"),
-])
+@pytest.mark.parametrize(
+    "impl, reason",
+    [
+        (lambda logits, target, chunk_size, group: 0, "missing parameter(s) inference_only"),
+        (lambda logits, labels, chunk_size, group, inference_only=False: 0, "parameter target renamed labels"),
+        (
+            lambda logits, target, group, chunk_size, inference_only=False: 0,
+            "parameters in another order: (logits, target, group, chunk_size, inference_only), "
+            "the seed has (logits, target, chunk_size, group, inference_only)",
+        ),
+        (lambda logits, target, chunk_size, group, scale, inference_only=False: 0, "extra required parameter(s) scale"),
+        (
+            lambda logits, target, fast=True, chunk_size=3, group=None, inference_only=False: 0,
+            "extra parameter(s) fast before the seed's chunk_size, group, inference_only: callers passing those by "
+            "position reach another parameter",
+        ),
+        (
+            lambda logits, target, chunk_size, *, group, inference_only=False: 0,
+            "keyword-only parameter(s) the seed takes by position: group, inference_only",
+        ),
+        (
+            lambda logits, target, chunk_size, group, inference_only: 0,
+            "required parameter(s) the seed makes optional: inference_only",
+        ),
+    ],
+)
 def test_incompatible_signatures_are_a_finding(impl, reason):
     status, reasons = differences(inspect.signature(seed), inspect.signature(impl))
     assert status == "fail" and reason in reasons
@@ -53,7 +67,9 @@ def test_autograd_functions_compare_forward_without_ctx_and_are_called_by_keywor
 
     class Swapped(torch.autograd.Function):  # the seed's (x, target, start, end, group) with group first
         @staticmethod
-        def forward(ctx, group, vocab_parallel_logits, target, vocab_start_index, vocab_end_index, inference_only=False):
+        def forward(
+            ctx, group, vocab_parallel_logits, target, vocab_start_index, vocab_end_index, inference_only=False
+        ):
             return vocab_parallel_logits.sum(-1) * 0 + vocab_start_index * 10 + vocab_end_index + (group == "g")
 
         @staticmethod
@@ -63,23 +79,41 @@ def test_autograd_functions_compare_forward_without_ctx_and_are_called_by_keywor
     module = type("M", (), {"DistributedLogprob": Swapped})
     found = check_names("model_utils", module, ["DistributedLogprob", "from_parallel_logits_to_logprobs"])
     assert found["DistributedLogprob"][0] == "fail" and "another order" in found["DistributedLogprob"][1]
-    assert found["from_parallel_logits_to_logprobs"] == ("fail", "signature: from_parallel_logits_to_logprobs is not "
-                                                                 "defined in the module under test")
+    assert found["from_parallel_logits_to_logprobs"] == (
+        "fail",
+        "signature: from_parallel_logits_to_logprobs is not defined in the module under test",
+    )
     x = torch.zeros(1, 2, 3)
     out = KeywordCalls(module, seed_mod).DistributedLogprob.apply(x, torch.zeros(1, 2, dtype=torch.long), 3, 4, "g")
     assert out.tolist() == [[35.0, 35.0]]  # every argument reached its named parameter
 
 
 def test_an_extra_optional_parameter_runs_clean(run_shardcheck):
-    run = run_shardcheck("run", "--impl", f"model_utils={IMPLS / 'extra_optional_param_model_utils.py'}",
-                         "--op", "model_utils.DistributedLogprob", "--dtype", "float64", *TP2)
+    run = run_shardcheck(
+        "run",
+        "--impl",
+        f"model_utils={IMPLS / 'extra_optional_param_model_utils.py'}",
+        "--op",
+        "model_utils.DistributedLogprob",
+        "--dtype",
+        "float64",
+        *TP2,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "property:signature" not in set(run.rows["check"]) and (run.rows["status"] == "pass").all()
 
 
 def test_reordered_signature_is_one_finding_and_the_values_are_checked(run_shardcheck):
-    run = run_shardcheck("run", "--impl", f"model_utils={FIXTURES / 'model_utils' / 'reordered_signature.py'}",
-                         "--op", "model_utils.ChunkedDistributedLogprob", "--dtype", "float64", *TP2)
+    run = run_shardcheck(
+        "run",
+        "--impl",
+        f"model_utils={FIXTURES / 'model_utils' / 'reordered_signature.py'}",
+        "--op",
+        "model_utils.ChunkedDistributedLogprob",
+        "--dtype",
+        "float64",
+        *TP2,
+    )
     assert run.returncode == 1, run.stdout + run.stderr
     cause = assert_one_cause(run)
     assert cause["status"] == "fail" and cause["checks"] == "property:signature"
@@ -89,8 +123,18 @@ def test_reordered_signature_is_one_finding_and_the_values_are_checked(run_shard
 
 
 def test_a_missing_op_is_one_finding_and_the_other_ops_run(run_shardcheck):
-    run = run_shardcheck("run", "--impl", f"model_utils={FIXTURES / 'model_utils' / 'without_cross_entropy.py'}", "--op", "model_utils.DistributedCrossEntropy",
-                         "--op", "model_utils._compute_distributed_log_softmax", "--dtype", "float64", *TP2)
+    run = run_shardcheck(
+        "run",
+        "--impl",
+        f"model_utils={FIXTURES / 'model_utils' / 'without_cross_entropy.py'}",
+        "--op",
+        "model_utils.DistributedCrossEntropy",
+        "--op",
+        "model_utils._compute_distributed_log_softmax",
+        "--dtype",
+        "float64",
+        *TP2,
+    )
     assert run.returncode == 1, run.stdout + run.stderr
     cause = assert_one_cause(run)
     assert cause["op"] == "model_utils.DistributedCrossEntropy" and cause["checks"] == "property:signature"

@@ -15,7 +15,6 @@ import tomllib
 
 import grimp
 import pytest
-
 from helpers import ROOT
 
 
@@ -25,8 +24,12 @@ def wheel_layout(tmp_path_factory):
     staged = tmp_path_factory.mktemp("wheel")
     mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     for package, folder in sorted(mapping.items(), key=lambda kv: kv[0].count(".")):
-        shutil.copytree(ROOT / folder, staged / package.replace(".", "/"), dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            ROOT / folder,
+            staged / package.replace(".", "/"),
+            dirs_exist_ok=True,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
     return staged
 
 
@@ -73,8 +76,13 @@ def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 
 
 def lint_imports(folder) -> subprocess.CompletedProcess:
-    return subprocess.run([shutil.which("lint-imports") or "lint-imports", "--config", str(ROOT / "pyproject.toml"),
-                           "--no-cache"], cwd=folder, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [shutil.which("lint-imports") or "lint-imports", "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_import_contracts_hold(wheel_layout):
@@ -95,8 +103,10 @@ def test_an_upward_import_breaks_the_layers(wheel_layout, tmp_path):
 
 def test_no_import_cycle_anywhere(wheel_layout):
     # In a process of its own, started in the staged folder: this one imported `shardcheck` from the checkout.
-    code = ("import grimp, json; g = grimp.build_graph('shardcheck'); "
-            "print(json.dumps({m: sorted(g.find_modules_directly_imported_by(m)) for m in g.modules}))")
+    code = (
+        "import grimp, json; g = grimp.build_graph('shardcheck'); "
+        "print(json.dumps({m: sorted(g.find_modules_directly_imported_by(m)) for m in g.modules}))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=wheel_layout, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     graph = grimp.ImportGraph()
@@ -107,8 +117,13 @@ def test_no_import_cycle_anywhere(wheel_layout):
         for module in imported:
             graph.add_import(importer=importer, imported=module)
     assert len(graph.modules) > 40
-    assert {m.split(".")[1] for m in graph.modules if "." in m} >= {"harness", "reports", "suites", "reference",
-                                                                     "distributed_impl"}
+    assert {m.split(".")[1] for m in graph.modules if "." in m} >= {
+        "harness",
+        "reports",
+        "suites",
+        "reference",
+        "distributed_impl",
+    }
     assert import_cycles(graph) == []
 
 

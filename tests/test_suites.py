@@ -5,8 +5,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from shardcheck.harness.rank.suite_loader import load_suite, suite_names
 from helpers import ROOT
+
+from shardcheck.harness.rank.suite_loader import load_suite, suite_names
 
 SUITES = ROOT / "suites"
 
@@ -32,12 +33,18 @@ def _names_taken_from_the_module(path: Path) -> set[str]:
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Attribute) and (
-                (isinstance(node.value, ast.Name) and node.value.id == "impl")
-                or (isinstance(node.value, ast.Attribute) and node.value.attr == "impl")):
+            (isinstance(node.value, ast.Name) and node.value.id == "impl")
+            or (isinstance(node.value, ast.Attribute) and node.value.attr == "impl")
+        ):
             names.add(node.attr)
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
-                and isinstance(node.args[0], ast.Name) and node.args[0].id == "impl"
-                and isinstance(node.args[1], ast.Constant)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id == "impl"
+            and isinstance(node.args[1], ast.Constant)
+        ):
             names.add(node.args[1].value)
     return names
 

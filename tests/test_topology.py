@@ -10,8 +10,17 @@ def test_parse_and_defaults():
     assert Topology.parse("tp=8") == Topology(1, 1, 8) and Topology(1, 1, 8).size == 8
     assert str(Topology(2, 1, 4)) == "dp2-cp1-tp4"
     assert default_topologies([1, 2, 4]) == [
-        Topology(1, 1, 1), Topology(2, 1, 1), Topology(1, 2, 1), Topology(1, 1, 2), Topology(4, 1, 1), Topology(2, 2, 1),
-        Topology(1, 4, 1), Topology(2, 1, 2), Topology(1, 2, 2), Topology(1, 1, 4)]
+        Topology(1, 1, 1),
+        Topology(2, 1, 1),
+        Topology(1, 2, 1),
+        Topology(1, 1, 2),
+        Topology(4, 1, 1),
+        Topology(2, 2, 1),
+        Topology(1, 4, 1),
+        Topology(2, 1, 2),
+        Topology(1, 2, 2),
+        Topology(1, 1, 4),
+    ]
 
 
 @pytest.mark.parametrize("text", ["tp=0", "dp=-1", "xp=2", "tp", "tp=1.5"])

@@ -4,20 +4,34 @@ hangs ends the launch, the next plan getting a fresh one."""
 
 from __future__ import annotations
 
-from shardcheck.harness.driver.launch import WorkerPool, run_plan
-from shardcheck.harness.driver.pool import LaunchSettings
-from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.core.records import RecordWriter, load
 from shardcheck.harness.core.topology import Topology
+from shardcheck.harness.driver.launch import WorkerPool, run_plan
+from shardcheck.harness.driver.planner import Selection, build_plan
+from shardcheck.harness.driver.pool import LaunchSettings
 from tests.helpers import FIXTURES
 
 TP2 = [Topology(1, 1, 2)]
 
 
 def _plan(op: str, cases: list[str], impl: dict | None = None, timeout: float = 60.0):
-    return build_plan(Selection(run_id="pool", suites_wanted=["model_utils"], ops=[op], case_patterns=cases, world_sizes=None,
-                      topologies=TP2, dtypes=["float64"], impl=dict(impl or {}), quick=True, seed=0, timeout=timeout,
-                      device="cpu", backend="gloo"))
+    return build_plan(
+        Selection(
+            run_id="pool",
+            suites_wanted=["model_utils"],
+            ops=[op],
+            case_patterns=cases,
+            world_sizes=None,
+            topologies=TP2,
+            dtypes=["float64"],
+            impl=dict(impl or {}),
+            quick=True,
+            seed=0,
+            timeout=timeout,
+            device="cpu",
+            backend="gloo",
+        )
+    )
 
 
 def _statuses(run_dir) -> dict[str, set[str]]:
@@ -116,6 +130,7 @@ def test_ranks_that_fail_to_start_are_named_with_their_error_from_the_log(tmp_pa
     assert all((launch_dir / f"rank{r}.pid").read_text().isdigit() for r in (0, 1))
     rows = load(tmp_path / "run")
     assert len(rows) == sum(len(i.checks) for i in plan.items) and (rows["status"] == "error").all()
-    assert rows["message"].str.contains("worker launch failed: .*no_such_backend", regex=True).all(), \
-        rows["message"].tolist()
+    assert rows["message"].str.contains("worker launch failed: .*no_such_backend", regex=True).all(), rows[
+        "message"
+    ].tolist()
     assert rows["message"].str.contains(r"exit code 1|rank\*\.log", regex=True).all()

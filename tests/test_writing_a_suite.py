@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import re
 
-import shardcheck
 from helpers import ROOT, assert_one_cause
+
+import shardcheck
 
 GUIDE = ROOT / "docs" / "writing-a-suite.md"
 EXAMPLE = ROOT / "docs" / "writing-a-suite"
@@ -29,13 +30,41 @@ def test_the_guide_shows_the_example_files_and_nothing_else():
 
 
 def test_the_api_is_one_documented_place():
-    names = ["Case", "Layout", "REPLICATED", "Shard", "Replicate", "Partial", "HeadTail", "PackedHeadTail",
-             "Permuted", "GradSum", "Property", "BadInput", "RankContext", "Topology", "KnownFailure", "FuzzSpace",
-             "MemoryModel", "ModelCase", "Rule", "RuleSource", "cite", "seed", "ours"]
+    names = [
+        "Case",
+        "Layout",
+        "REPLICATED",
+        "Shard",
+        "Replicate",
+        "Partial",
+        "HeadTail",
+        "PackedHeadTail",
+        "Permuted",
+        "GradSum",
+        "Property",
+        "BadInput",
+        "RankContext",
+        "Topology",
+        "KnownFailure",
+        "FuzzSpace",
+        "MemoryModel",
+        "ModelCase",
+        "Rule",
+        "RuleSource",
+        "cite",
+        "seed",
+        "ours",
+    ]
     assert sorted(shardcheck.__all__) == sorted(names)
     lines = [line.strip() for line in shardcheck.__doc__.splitlines() if line.startswith("    ")]
-    for name in [*names, "FAMILY:", "cases(quick: bool)", "bench_cases(quick: bool)", "IMPLEMENTATION:",
-                 "fuzz_spaces()"]:
+    for name in [
+        *names,
+        "FAMILY:",
+        "cases(quick: bool)",
+        "bench_cases(quick: bool)",
+        "IMPLEMENTATION:",
+        "fuzz_spaces()",
+    ]:
         assert any(line.startswith(name) for line in lines), f"the API's docstring does not list {name}"
 
 
@@ -44,9 +73,14 @@ def test_the_example_passes_with_its_known_failure_recorded(run_shardcheck):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     rows = run.rows
     counts = rows.groupby(["check", "status"]).size().to_dict()
-    assert counts == {("forward", "pass"): 45, ("grad:logits", "pass"): 45, ("property:comm", "pass"): 45,
-                      ("property:tp_ranks_agree", "pass"): 45, ("property:bad_input", "pass"): 3,
-                      ("property:bad_input", "xfail"): 3}, counts
+    assert counts == {
+        ("forward", "pass"): 45,
+        ("grad:logits", "pass"): 45,
+        ("property:comm", "pass"): 45,
+        ("property:tp_ranks_agree", "pass"): 45,
+        ("property:bad_input", "pass"): 3,
+        ("property:bad_input", "xfail"): 3,
+    }, counts
     assert set(rows[rows["status"] == "xfail"]["case_id"]) == {"bad-ids-beyond-vocab"}
     assert {tuple(t) for t in rows[["dp", "cp", "tp"]].values} == {(1, 1, 1), (2, 1, 1), (1, 1, 2)}
     assert "example.com/my-team/my-ops/issues/7" in run.stdout + (run.out / "report.md").read_text()
@@ -57,8 +91,20 @@ def test_the_implementation_without_its_all_reduce_fails_naming_the_check(run_sh
     assert source.count(SUM_ALL_REDUCE) == 1
     broken = tmp_path / "my_ops_without_sum.py"
     broken.write_text(source.replace(SUM_ALL_REDUCE, ""))
-    run = run_shardcheck("run", "--suite-path", str(SUITE), "--impl", f"my_ops={broken}", "--world-sizes", "1,2",
-                         "--quick", "--dtype", "float64", "--case", "b4s6v37")
+    run = run_shardcheck(
+        "run",
+        "--suite-path",
+        str(SUITE),
+        "--impl",
+        f"my_ops={broken}",
+        "--world-sizes",
+        "1,2",
+        "--quick",
+        "--dtype",
+        "float64",
+        "--case",
+        "b4s6v37",
+    )
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
     failed = run.failed()
     assert set(failed["tp"]) == {2} and set(failed["status"]) == {"fail"}
@@ -71,7 +117,7 @@ def test_the_implementation_without_its_all_reduce_fails_naming_the_check(run_sh
 
 def test_a_fix_of_the_known_failure_is_noticed(run_shardcheck, tmp_path):
     fixed = tmp_path / "my_ops_checked.py"
-    fixed.write_text(f'''
+    fixed.write_text(f"""
 import sys
 
 import torch
@@ -87,9 +133,18 @@ def vocab_parallel_cross_entropy(logits, target, group=None, ignore_index=-100):
     if ((target != ignore_index) & ((target < 0) | (target >= vocab))).any():
         raise ValueError(f"target ids outside [0, {{int(vocab)}})")
     return unchecked(logits, target, group, ignore_index)
-''')
-    run = run_shardcheck("run", "--suite-path", str(SUITE), "--impl", f"my_ops={fixed}", "--topology",
-                         "dp=1,cp=1,tp=2", "--case", "bad-*")
+""")
+    run = run_shardcheck(
+        "run",
+        "--suite-path",
+        str(SUITE),
+        "--impl",
+        f"my_ops={fixed}",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--case",
+        "bad-*",
+    )
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
     statuses = dict(zip(run.rows["case_id"], run.rows["status"]))
     assert statuses == {"bad-target-shape": "pass", "bad-ids-beyond-vocab": "xpass"}
@@ -106,8 +161,14 @@ def test_the_parameter_gradient_recipe_passes_checking_every_parameter(run_shard
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     rows = run.rows
     assert (rows["status"] == "pass").all()
-    assert set(rows["check"]) == {"forward", "grad:x", "grad:up.weight", "grad:up.bias", "grad:down.weight",
-                                  "grad:down.bias"}
+    assert set(rows["check"]) == {
+        "forward",
+        "grad:x",
+        "grad:up.weight",
+        "grad:up.bias",
+        "grad:down.weight",
+        "grad:down.bias",
+    }
     assert {tuple(t) for t in rows[["dp", "cp", "tp"]].values} == {(1, 1, 1), (2, 1, 1), (1, 1, 2)}
     assert set(rows["case_id"]) == {"b4", "b7"}  # b7: uneven batch pieces over DP
 
@@ -116,10 +177,14 @@ def test_the_recipe_without_its_grad_sum_fails_naming_the_parameters(run_shardch
     source = MLP_SUITE.read_text()
     assert source.count(GRAD_SUM) == 1
     broken = tmp_path / "tp_mlp_suite.py"
-    broken.write_text(source.replace(GRAD_SUM, "            pass\n")
-                      .replace('IMPLEMENTATION = "tp_mlp.py"', f'IMPLEMENTATION = {str(EXAMPLE / "tp_mlp.py")!r}'))
-    run = run_shardcheck("run", "--suite-path", str(broken), "--world-sizes", "1,2", "--dtype", "float64",
-                         "--case", "b4")
+    broken.write_text(
+        source.replace(GRAD_SUM, "            pass\n").replace(
+            'IMPLEMENTATION = "tp_mlp.py"', f"IMPLEMENTATION = {str(EXAMPLE / 'tp_mlp.py')!r}"
+        )
+    )
+    run = run_shardcheck(
+        "run", "--suite-path", str(broken), "--world-sizes", "1,2", "--dtype", "float64", "--case", "b4"
+    )
     assert run.returncode == 1
     failed = run.failed()
     assert set(failed["dp"]) == {2} and set(failed["status"]) == {"fail"}

@@ -88,8 +88,10 @@ def parallelize_no_allreduce(model: MLP, ctx) -> MLP:
 
 
 def _inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
-    return {"x": torch.randn(4, 8, generator=gen, dtype=torch.float64),
-            "y": torch.randn(4, 8, generator=gen, dtype=torch.float64)}
+    return {
+        "x": torch.randn(4, 8, generator=gen, dtype=torch.float64),
+        "y": torch.randn(4, 8, generator=gen, dtype=torch.float64),
+    }
 
 
 def _build(gen: torch.Generator) -> MLP:
@@ -104,13 +106,23 @@ LAYOUTS = {"up.weight": Layout(tp=Shard(0)), "up.bias": Layout(tp=Shard(0)), "do
 
 
 def _case(case_id: str, plan, layouts) -> ModelCase:
-    return ModelCase(op=f"{FAMILY}.parallelize", case_id=case_id, build=_build, make_inputs=_inputs,
-                     parallelize=plan, model_inputs=("x",), param_layouts=layouts,
-                     activation_layouts={"down": Layout(tp=Partial())},  # each TP rank's summand, before `reduce`
-                     loss=lambda out, inputs, ctx: ((out - inputs["y"]) ** 2).mean(),
-                     supports=lambda t: t.dp == 1 and t.cp == 1)
+    return ModelCase(
+        op=f"{FAMILY}.parallelize",
+        case_id=case_id,
+        build=_build,
+        make_inputs=_inputs,
+        parallelize=plan,
+        model_inputs=("x",),
+        param_layouts=layouts,
+        activation_layouts={"down": Layout(tp=Partial())},  # each TP rank's summand, before `reduce`
+        loss=lambda out, inputs, ctx: ((out - inputs["y"]) ** 2).mean(),
+        supports=lambda t: t.dp == 1 and t.cp == 1,
+    )
 
 
 def cases(quick: bool = False) -> list[ModelCase]:
-    return [_case("tp", parallelize, LAYOUTS), _case("no-layouts", parallelize, {}),
-            _case("no-allreduce", parallelize_no_allreduce, LAYOUTS)]
+    return [
+        _case("tp", parallelize, LAYOUTS),
+        _case("no-layouts", parallelize, {}),
+        _case("no-allreduce", parallelize_no_allreduce, LAYOUTS),
+    ]

@@ -13,22 +13,29 @@ from shardcheck.harness.driver.planner import Selection, build_plan
 
 
 def selection(quick: bool, world_sizes: list[int] | None) -> Selection:
-    return Selection(run_id="plan-cost", seed=0, timeout=60, device="cpu", backend="gloo", quick=quick,
-                     world_sizes=world_sizes)
+    return Selection(
+        run_id="plan-cost", seed=0, timeout=60, device="cpu", backend="gloo", quick=quick, world_sizes=world_sizes
+    )
 
 
 def main() -> None:
     build_plan(selection(True, None))  # imports every suite once
-    for name, quick, worlds in [("default", False, None), ("--quick", True, None), ("--world-sizes 8,16", False, [8, 16]),
-                                ("--world-sizes 8,16 --quick", True, [8, 16])]:
+    for name, quick, worlds in [
+        ("default", False, None),
+        ("--quick", True, None),
+        ("--world-sizes 8,16", False, [8, 16]),
+        ("--world-sizes 8,16 --quick", True, [8, 16]),
+    ]:
         times = []
         for _ in range(5):
             start = time.process_time()
             plan = build_plan(selection(quick, worlds))
             times.append(time.process_time() - start)
         skips = sum(1 for i in plan.items if i.skip)
-        print(f"{name}: {len(plan.items)} items ({skips} planned skips), build_plan CPU median "
-              f"{statistics.median(times):.3f} s")
+        print(
+            f"{name}: {len(plan.items)} items ({skips} planned skips), build_plan CPU median "
+            f"{statistics.median(times):.3f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,20 @@ def _sample(pid: int) -> tuple[float, int] | None:
 
 def measure(world: int, extra: list[str], out: Path) -> dict:
     run_dir = out / f"w{world}"
-    cmd = [sys.executable, "-m", "shardcheck.harness.cli", "run", "--world-sizes", str(world), "--no-progress",
-           "--timeout", "300", "--out", str(run_dir), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "shardcheck.harness.cli",
+        "run",
+        "--world-sizes",
+        str(world),
+        "--no-progress",
+        "--timeout",
+        "300",
+        "--out",
+        str(run_dir),
+        *extra,
+    ]
     seen: dict[int, tuple[float, int]] = {}
     driver: list[float] = [0.0]  # the driver process's CPU seconds, last sampled
     done = threading.Event()
@@ -77,15 +89,28 @@ def measure(world: int, extra: list[str], out: Path) -> dict:
     rows = load(run_dir)
     ran = rows[rows["status"] != "skip"]
     items = ran.drop_duplicates(["op", "case_id", "dtype", "dp", "cp", "tp"])
-    first_start = min(json.loads(line)["time"] for f in run_dir.glob("workers/*/plan*/rank*.jsonl")
-                      for line in f.read_text().splitlines()[:1])
+    first_start = min(
+        json.loads(line)["time"]
+        for f in run_dir.glob("workers/*/plan*/rank*.jsonl")
+        for line in f.read_text().splitlines()[:1]
+    )
     cpu = sum(c for c, _ in seen.values())
-    return {"world": world, "exit": proc.returncode, "wall_s": wall, "launch_s": first_start - start,
-            "items": len(items), "checks": len(rows), "errors": int((rows["status"] == "error").sum()),
-            "skipped": int((rows["status"] == "skip").sum()),
-            "item_wall_s": float(items["item_seconds"].median()), "item_cpu_s": cpu / max(len(items), 1),
-            "driver_cpu_s": driver[0], "driver_cpu_per_item_ms": 1e3 * driver[0] / max(len(items), 1),
-            "rank_rss_mb": max((h for _, h in seen.values()), default=0) / 1024, "ranks_seen": len(seen)}
+    return {
+        "world": world,
+        "exit": proc.returncode,
+        "wall_s": wall,
+        "launch_s": first_start - start,
+        "items": len(items),
+        "checks": len(rows),
+        "errors": int((rows["status"] == "error").sum()),
+        "skipped": int((rows["status"] == "skip").sum()),
+        "item_wall_s": float(items["item_seconds"].median()),
+        "item_cpu_s": cpu / max(len(items), 1),
+        "driver_cpu_s": driver[0],
+        "driver_cpu_per_item_ms": 1e3 * driver[0] / max(len(items), 1),
+        "rank_rss_mb": max((h for _, h in seen.values()), default=0) / 1024,
+        "ranks_seen": len(seen),
+    }
 
 
 def plan_seconds(world: int, quick: bool, dtypes: list[str]) -> tuple[float, float]:
@@ -95,8 +120,9 @@ def plan_seconds(world: int, quick: bool, dtypes: list[str]) -> tuple[float, flo
     from shardcheck.harness.driver.planner import Selection, build_plan
 
     torch.set_num_threads(1)  # as the driver's planning runs beside its ranks; CPU time then is one thread's
-    selection = Selection(run_id="cost", seed=0, timeout=60, device="cpu", backend="gloo", world_sizes=[world],
-                          quick=quick, dtypes=dtypes)
+    selection = Selection(
+        run_id="cost", seed=0, timeout=60, device="cpu", backend="gloo", world_sizes=[world], quick=quick, dtypes=dtypes
+    )
     start = time.time()
     build_plan(selection)
     wall = time.time() - start
@@ -108,8 +134,12 @@ def plan_seconds(world: int, quick: bool, dtypes: list[str]) -> tuple[float, flo
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--world-sizes", default="1,2,4,8,16")
-    p.add_argument("--matrix", choices=("default", "quick"), default="default",
-                   help="the matrix of a plain `shardcheck run`, or of `--quick`")
+    p.add_argument(
+        "--matrix",
+        choices=("default", "quick"),
+        default="default",
+        help="the matrix of a plain `shardcheck run`, or of `--quick`",
+    )
     p.add_argument("--quick", action="store_true", help="the same as --matrix quick")
     p.add_argument("--dtype", default="float64,float32,bfloat16")
     p.add_argument("--suite", action="append", default=[])
@@ -123,13 +153,17 @@ def main() -> int:
         r["plan_s"], r["plan_cpu_s"] = plan_seconds(w, quick, args.dtype.split(","))
         results.append(r)
         print(json.dumps(r), flush=True)
-    lines = ["| world size | items | checks (skipped) | errors | run wall s | planning s (CPU s) | launch s | wall s per "
-             "item (median) | CPU s per item, all ranks | driver CPU ms per item | peak RSS per rank MB |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| world size | items | checks (skipped) | errors | run wall s | planning s (CPU s) | launch s | wall s per "
+        "item (median) | CPU s per item, all ranks | driver CPU ms per item | peak RSS per rank MB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
-        lines.append(f"| {r['world']} | {r['items']} | {r['checks']} ({r['skipped']}) | {r['errors']} | {r['wall_s']:.0f} "
-                     f"| {r['plan_s']:.1f} ({r['plan_cpu_s']:.2f}) | {r['launch_s']:.1f} | {r['item_wall_s']:.3f} "
-                     f"| {r['item_cpu_s']:.2f} | {r['driver_cpu_per_item_ms']:.1f} | {r['rank_rss_mb']:.0f} |")
+        lines.append(
+            f"| {r['world']} | {r['items']} | {r['checks']} ({r['skipped']}) | {r['errors']} | {r['wall_s']:.0f} "
+            f"| {r['plan_s']:.1f} ({r['plan_cpu_s']:.2f}) | {r['launch_s']:.1f} | {r['item_wall_s']:.3f} "
+            f"| {r['item_cpu_s']:.2f} | {r['driver_cpu_per_item_ms']:.1f} | {r['rank_rss_mb']:.0f} |"
+        )
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     import matplotlib
 

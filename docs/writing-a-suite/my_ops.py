@@ -9,8 +9,9 @@ import torch
 import torch.distributed as dist
 
 
-def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, group: dist.ProcessGroup | None = None,
-                                 ignore_index: int = -100) -> torch.Tensor:
+def vocab_parallel_cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, group: dist.ProcessGroup | None = None, ignore_index: int = -100
+) -> torch.Tensor:
     """Per-token cross-entropy of logits sharded over the vocabulary across the ranks of `group`.
 
     logits: [B, S, V_local], this rank's contiguous piece of the vocabulary (pieces in rank order, sizes as
@@ -19,7 +20,9 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, gro
     every rank; 0, with no gradient, where target == ignore_index.
     """
     if target.shape != logits.shape[:-1]:
-        raise ValueError(f"target {tuple(target.shape)} does not match logits {tuple(logits.shape)} without the vocab dim")
+        raise ValueError(
+            f"target {tuple(target.shape)} does not match logits {tuple(logits.shape)} without the vocab dim"
+        )
     return _VocabParallelCrossEntropy.apply(logits, target, group, ignore_index)
 
 
@@ -53,7 +56,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         # on the rank that owns the target.
         softmax, local_target, owned, valid = ctx.saved_tensors
         g = torch.where(valid, grad_loss, 0.0).unsqueeze(-1)
-        one_hot = torch.zeros_like(softmax).scatter_(-1, local_target.unsqueeze(-1), owned.unsqueeze(-1).to(softmax.dtype))
+        one_hot = torch.zeros_like(softmax).scatter_(
+            -1, local_target.unsqueeze(-1), owned.unsqueeze(-1).to(softmax.dtype)
+        )
         return ((softmax - one_hot) * g).to(ctx.input_dtype), None, None, None
 
 
@@ -61,4 +66,4 @@ def _vocab_start(v_local: int, group: dist.ProcessGroup | None, device: torch.de
     """Where this rank's piece starts in the vocabulary: the sizes of the pieces of the ranks before it."""
     sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size(group))]
     dist.all_gather(sizes, torch.tensor([v_local], device=device), group=group)
-    return int(sum(sizes[:dist.get_rank(group)]))
+    return int(sum(sizes[: dist.get_rank(group)]))

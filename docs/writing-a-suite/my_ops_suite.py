@@ -1,6 +1,6 @@
 """shardcheck suite of my_ops.vocab_parallel_cross_entropy: the worked example of docs/writing-a-suite.md.
 
-    shardcheck run --suite-path docs/writing-a-suite/my_ops_suite.py
+shardcheck run --suite-path docs/writing-a-suite/my_ops_suite.py
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ TOKENS = Layout(dp=Shard(0))  # [B, S]: the batch over DP, the same on every TP 
 
 # ---- the reference: the definition, on one device, on the full tensors ------------------------------------
 
+
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
     """Per-token cross-entropy [B, S] of full logits [B, S, V], computed in promote_types(dtype, float32)."""
     x = logits.to(torch.promote_types(logits.dtype, torch.float32))
@@ -30,8 +31,17 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, ignore_index: int 
 
 # ---- inputs -----------------------------------------------------------------------------------------------
 
-def make_inputs(gen: torch.Generator, b: int, s: int, v: int, scale: float = 3.0, masked: float = 0.0,
-                ignore_index: int = -100, neg_inf: float = 0.0) -> dict[str, torch.Tensor]:
+
+def make_inputs(
+    gen: torch.Generator,
+    b: int,
+    s: int,
+    v: int,
+    scale: float = 3.0,
+    masked: float = 0.0,
+    ignore_index: int = -100,
+    neg_inf: float = 0.0,
+) -> dict[str, torch.Tensor]:
     """Full inputs, float64 (the harness casts them to the dtype under test): logits ~ N(0, scale²), a
     fraction `masked` of the targets set to ignore_index, a fraction `neg_inf` of the logits set to -inf
     (vocabulary entries a model masks; never a target's)."""
@@ -46,10 +56,12 @@ def make_inputs(gen: torch.Generator, b: int, s: int, v: int, scale: float = 3.0
 
 # ---- one rank's call, and what else is checked ------------------------------------------------------------
 
+
 def run(impl, ctx, x):
     """The module under test on this rank's pieces, with the TP group and the case's ignore_index."""
-    return impl.vocab_parallel_cross_entropy(x["logits"], x["target"], ctx.group("tp"),
-                                             ignore_index=ctx.params["ignore_index"])
+    return impl.vocab_parallel_cross_entropy(
+        x["logits"], x["target"], ctx.group("tp"), ignore_index=ctx.params["ignore_index"]
+    )
 
 
 def comm(ctx) -> dict:
@@ -68,25 +80,43 @@ def tp_ranks_agree(ctx, full_inputs, local_inputs, outputs) -> list[Property]:
     pieces = [torch.empty_like(loss) for _ in range(ctx.size("tp"))]
     dist.all_gather(pieces, loss, group=ctx.group("tp"))
     differ = [r for r, piece in enumerate(pieces) if not torch.equal(piece, loss)]
-    return [Property("tp_ranks_agree", not differ, message=f"TP rank(s) {differ} differ from TP rank {ctx.rank('tp')}"
-                     if differ else "")]
+    return [
+        Property(
+            "tp_ranks_agree",
+            not differ,
+            message=f"TP rank(s) {differ} differ from TP rank {ctx.rank('tp')}" if differ else "",
+        )
+    ]
 
 
 # ---- the cases --------------------------------------------------------------------------------------------
 
-def case(case_id: str, b: int, s: int, v: int, scale: float = 3.0, masked: float = 0.0, ignore_index: int = -100,
-         neg_inf: float = 0.0, **extra) -> Case:
+
+def case(
+    case_id: str,
+    b: int,
+    s: int,
+    v: int,
+    scale: float = 3.0,
+    masked: float = 0.0,
+    ignore_index: int = -100,
+    neg_inf: float = 0.0,
+    **extra,
+) -> Case:
     """A case of B·S tokens over a vocabulary of V; `extra` goes into the recorded params."""
     return Case(
-        op=OP, case_id=case_id,
+        op=OP,
+        case_id=case_id,
         params=dict(B=b, S=s, V=v, scale=scale, masked=masked, ignore_index=ignore_index, neg_inf=neg_inf, **extra),
         make_inputs=lambda gen: make_inputs(gen, b, s, v, scale, masked, ignore_index, neg_inf),
         reference=lambda x: cross_entropy(x["logits"], x["target"], ignore_index),
         run=run,
         input_layouts={"logits": LOGITS, "target": TOKENS},
-        output_layouts=(TOKENS,), output_names=("loss",),
+        output_layouts=(TOKENS,),
+        output_names=("loss",),
         grad_inputs=("logits",),
-        comm=comm, properties=tp_ranks_agree,
+        comm=comm,
+        properties=tp_ranks_agree,
     )
 
 
@@ -105,6 +135,7 @@ def cases(quick: bool) -> list[Case]:
 
 def bad_input_cases() -> list[Case]:
     """Input outside the op's contract, for which no answer is right: the op must raise."""
+
     def short_target(gen):
         x = make_inputs(gen, 2, 4, 11)
         return {"logits": x["logits"], "target": x["target"][:, :3]}
@@ -114,18 +145,35 @@ def bad_input_cases() -> list[Case]:
         x["target"][0, 1], x["target"][1, 2] = 11, 40  # V itself, and far beyond
         return x
 
-    common = dict(op=OP, reference=lambda x: cross_entropy(x["logits"], x["target"]), run=run,
-                  input_layouts={"logits": LOGITS, "target": TOKENS}, output_layouts=(TOKENS,), output_names=("loss",),
-                  params=dict(B=2, S=4, V=11, ignore_index=-100), dtypes=("float64",))
+    common = dict(
+        op=OP,
+        reference=lambda x: cross_entropy(x["logits"], x["target"]),
+        run=run,
+        input_layouts={"logits": LOGITS, "target": TOKENS},
+        output_layouts=(TOKENS,),
+        output_names=("loss",),
+        params=dict(B=2, S=4, V=11, ignore_index=-100),
+        dtypes=("float64",),
+    )
     return [
-        Case(case_id="bad-target-shape", make_inputs=short_target,
-             bad_input=BadInput("a target whose shape is not the logits' [B, S]"), **common),
-        Case(case_id="bad-ids-beyond-vocab", make_inputs=ids_beyond_vocab,
-             bad_input=BadInput("target ids outside [0, V) other than ignore_index"),
-             xfail=KnownFailure("ids >= V are not refused: no rank owns them, and the loss silently becomes "
-                                "log-sum-exp(logits) with no target term",
-                                reference="https://example.com/my-team/my-ops/issues/7", checks=("property:bad_input",)),
-             **common),
+        Case(
+            case_id="bad-target-shape",
+            make_inputs=short_target,
+            bad_input=BadInput("a target whose shape is not the logits' [B, S]"),
+            **common,
+        ),
+        Case(
+            case_id="bad-ids-beyond-vocab",
+            make_inputs=ids_beyond_vocab,
+            bad_input=BadInput("target ids outside [0, V) other than ignore_index"),
+            xfail=KnownFailure(
+                "ids >= V are not refused: no rank owns them, and the loss silently becomes "
+                "log-sum-exp(logits) with no target term",
+                reference="https://example.com/my-team/my-ops/issues/7",
+                checks=("property:bad_input",),
+            ),
+            **common,
+        ),
     ]
 
 

@@ -1,6 +1,6 @@
 """shardcheck suite of tp_mlp.parallelize: the parameter-gradient recipe of docs/writing-a-suite.md.
 
-    shardcheck run --suite-path docs/writing-a-suite/tp_mlp_suite.py
+shardcheck run --suite-path docs/writing-a-suite/tp_mlp_suite.py
 """
 
 from __future__ import annotations
@@ -18,8 +18,12 @@ DIM, HIDDEN = 8, 12
 
 # Each parameter is an input of the case, laid out as the plan shards it: ColwiseParallel splits `up`'s output
 # features (weight rows, bias), RowwiseParallel `down`'s input features (weight columns) and keeps its bias whole.
-PARAMS = {"up.weight": Layout(tp=Shard(0)), "up.bias": Layout(tp=Shard(0)),
-          "down.weight": Layout(tp=Shard(1)), "down.bias": REPLICATED}
+PARAMS = {
+    "up.weight": Layout(tp=Shard(0)),
+    "up.bias": Layout(tp=Shard(0)),
+    "down.weight": Layout(tp=Shard(1)),
+    "down.bias": REPLICATED,
+}
 BATCH = Layout(dp=Shard(0))  # x and y [B, DIM]: the batch over DP, whole on every TP rank
 
 
@@ -38,6 +42,7 @@ def make_inputs(batch: int):
         shapes = {"up.weight": (HIDDEN, DIM), "up.bias": (HIDDEN,), "down.weight": (DIM, HIDDEN), "down.bias": (DIM,)}
         params = {n: torch.randn(s, generator=gen, dtype=torch.float64) / s[-1] ** 0.5 for n, s in shapes.items()}
         return {"x": torch.randn(batch, DIM, generator=gen, dtype=torch.float64), **params}
+
     return make
 
 
@@ -61,7 +66,17 @@ def run(impl, ctx, x: dict) -> torch.Tensor:
 
 
 def cases(quick: bool = False) -> list[Case]:
-    return [Case(op="tp_mlp.parallelize", case_id=f"b{batch}", make_inputs=make_inputs(batch), reference=reference,
-                 run=run, input_layouts={"x": BATCH, **PARAMS}, output_layouts=(BATCH,), grad_inputs=("x", *PARAMS),
-                 supports=lambda t, batch=batch: t.cp == 1 and HIDDEN % t.tp == 0 and batch >= t.dp)
-            for batch in ((4,) if quick else (4, 7))]
+    return [
+        Case(
+            op="tp_mlp.parallelize",
+            case_id=f"b{batch}",
+            make_inputs=make_inputs(batch),
+            reference=reference,
+            run=run,
+            input_layouts={"x": BATCH, **PARAMS},
+            output_layouts=(BATCH,),
+            grad_inputs=("x", *PARAMS),
+            supports=lambda t, batch=batch: t.cp == 1 and HIDDEN % t.tp == 0 and batch >= t.dp,
+        )
+        for batch in ((4,) if quick else (4, 7))
+    ]

@@ -18,16 +18,13 @@ The older module is imported like any installed package; in this example it live
 
 from __future__ import annotations
 
-from typing import Optional, Union
-
+import legacy_kd_loss as legacy
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
-import legacy_kd_loss as legacy
 
-
-def _infer_tp_group_from_dtensor(logits: torch.Tensor) -> Optional[dist.ProcessGroup]:
+def _infer_tp_group_from_dtensor(logits: torch.Tensor) -> dist.ProcessGroup | None:
     """The group of the mesh dim that shards a DTensor's last (vocab) dim; None for a plain tensor,
     another placement, or a vocab sharded over several mesh dims."""
     if not isinstance(logits, DTensor):
@@ -37,7 +34,7 @@ def _infer_tp_group_from_dtensor(logits: torch.Tensor) -> Optional[dist.ProcessG
     return logits.device_mesh.get_group(dims[0]) if len(dims) == 1 else None
 
 
-def _plain(logits: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
+def _plain(logits: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     """The tensor the older loss expects: the local vocab shard with a group, else the full logits."""
     if not isinstance(logits, DTensor):
         return logits
@@ -47,15 +44,27 @@ def _plain(logits: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Te
 class KDLoss(torch.nn.Module):
     """The seed's KDLoss, computed by the older `legacy_kd_loss.KDLoss`."""
 
-    def __init__(self, ignore_index: int = -100, temperature: float = 1.0, fp32_upcast: bool = True,
-                 tp_group: Optional[dist.ProcessGroup] = None, chunk_size: int = 0):
+    def __init__(
+        self,
+        ignore_index: int = -100,
+        temperature: float = 1.0,
+        fp32_upcast: bool = True,
+        tp_group: dist.ProcessGroup | None = None,
+        chunk_size: int = 0,
+    ):
         super().__init__()
         self.tp_group = tp_group
-        self.legacy = legacy.KDLoss(temperature=temperature, ignore_index=ignore_index, fp32_upcast=fp32_upcast,
-                                    chunk_size=chunk_size)
+        self.legacy = legacy.KDLoss(
+            temperature=temperature, ignore_index=ignore_index, fp32_upcast=fp32_upcast, chunk_size=chunk_size
+        )
 
-    def forward(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor,
-                num_batch_labels: Optional[Union[int, torch.Tensor]] = None) -> torch.Tensor:
+    def forward(
+        self,
+        student_logits: torch.Tensor,
+        teacher_logits: torch.Tensor,
+        labels: torch.Tensor,
+        num_batch_labels: int | torch.Tensor | None = None,
+    ) -> torch.Tensor:
         group = self.tp_group
         if group is None:
             group = _infer_tp_group_from_dtensor(student_logits)
@@ -63,5 +72,10 @@ class KDLoss(torch.nn.Module):
             group = _infer_tp_group_from_dtensor(teacher_logits)
         if isinstance(labels, DTensor):
             labels = labels.full_tensor()
-        return self.legacy(_plain(student_logits, group), _plain(teacher_logits, group), labels,
-                           num_valid_tokens=num_batch_labels, process_group=group)
+        return self.legacy(
+            _plain(student_logits, group),
+            _plain(teacher_logits, group),
+            labels,
+            num_valid_tokens=num_batch_labels,
+            process_group=group,
+        )

@@ -21,8 +21,6 @@ module has its own.
 
 from __future__ import annotations
 
-from typing import Optional, Union
-
 import torch
 import torch.distributed as dist
 
@@ -32,20 +30,28 @@ from shardcheck.distributed_impl.kd_loss import _kl_forward_chunked, _kl_forward
 class KDLoss(torch.nn.Module):
     """Forward KL(P_teacher ‖ P_student) · T² over the tokens whose label is not `ignore_index`."""
 
-    def __init__(self, temperature: float = 1.0, ignore_index: int = -100, fp32_upcast: bool = True,
-                 chunk_size: int = 0):
+    def __init__(
+        self, temperature: float = 1.0, ignore_index: int = -100, fp32_upcast: bool = True, chunk_size: int = 0
+    ):
         super().__init__()
         self.temperature = temperature
         self.ignore_index = ignore_index
         self.fp32_upcast = fp32_upcast
         self.chunk_size = chunk_size
 
-    def forward(self, student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor,
-                num_valid_tokens: Optional[Union[int, torch.Tensor]] = None,
-                process_group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+    def forward(
+        self,
+        student_logits: torch.Tensor,
+        teacher_logits: torch.Tensor,
+        labels: torch.Tensor,
+        num_valid_tokens: int | torch.Tensor | None = None,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> torch.Tensor:
         if student_logits.shape != teacher_logits.shape or labels.shape != student_logits.shape[:-1]:
-            raise ValueError(f"shapes do not match: student_logits {tuple(student_logits.shape)}, teacher_logits "
-                             f"{tuple(teacher_logits.shape)}, labels {tuple(labels.shape)}")
+            raise ValueError(
+                f"shapes do not match: student_logits {tuple(student_logits.shape)}, teacher_logits "
+                f"{tuple(teacher_logits.shape)}, labels {tuple(labels.shape)}"
+            )
         vocab = student_logits.shape[-1]
         valid = (labels != self.ignore_index).reshape(-1)
         student = student_logits.reshape(valid.numel(), vocab)[valid]

@@ -1,4 +1,5 @@
 """The example's decoder: the built-in model suite's (`shardcheck.reference.decoder`), one copy of its code."""
 
-from shardcheck.reference.decoder import (Attention, Block, Config, Decoder, FeedForward, RMSNorm, Rotary,  # noqa: F401
-                                          build)
+from shardcheck.reference.decoder import (
+    Rotary,  # noqa: F401
+    )

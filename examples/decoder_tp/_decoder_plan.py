@@ -21,8 +21,13 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
 from torch.distributed.tensor.experimental import context_parallel
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
-                                               parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 
 def parallelize(model: nn.Module, ctx) -> nn.Module:
@@ -38,8 +43,9 @@ def sequence_and_data_parallel(model: nn.Module, ctx) -> None:
         # the rotary positions are a buffer context_parallel shards as it shards the batch (torchtitan's freqs_cis);
         # kept open through the backward: torch's CP has its attention backward only inside the context
         positions = torch.arange(ctx.full_shapes["tokens"][1])
-        ctx.keep_open(context_parallel(ctx.mesh["cp"], buffers=[positions], buffer_seq_dims=[0],
-                                       no_restore_buffers={positions}))
+        ctx.keep_open(
+            context_parallel(ctx.mesh["cp"], buffers=[positions], buffer_seq_dims=[0], no_restore_buffers={positions})
+        )
         for block in model.layers:
             block.attention.position_offset = positions  # this rank's two chunks, head-tail
     if ctx.size("dp") * ctx.size("cp") > 1:
@@ -53,23 +59,31 @@ def kv_head_of_rank(rank: int, tp: int, kv_heads: int) -> int:
 
 
 def tensor_parallel(model: nn.Module, tp, kv_head=kv_head_of_rank) -> None:
-    parallelize_module(model, tp, {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-    })
+    parallelize_module(
+        model,
+        tp,
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        },
+    )
     for block in model.layers:
-        parallelize_module(block, tp, {
-            "attention_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "attention.wq": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-            "feed_forward.w3": ColwiseParallel(),
-        })
+        parallelize_module(
+            block,
+            tp,
+            {
+                "attention_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "attention.wq": ColwiseParallel(),
+                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                "ffn_norm": SequenceParallel(),
+                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+                "feed_forward.w3": ColwiseParallel(),
+            },
+        )
         kv_heads = block.attention.wk.out_features // block.attention.head_dim
         if kv_heads % tp.size() == 0:
             parallelize_module(block, tp, {"attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel()})
@@ -82,7 +96,7 @@ def key_value_heads_whole(attention: nn.Module, tp, head: int) -> None:
     key/value head `head` for this rank's query heads, as vLLM replicates key/value heads (num_kv_head_replicas)."""
     for linear in (attention.wk, attention.wv):  # the input is the attention's replicated DTensor
         distribute_module(linear, tp, output_fn=lambda module, out, mesh: out.to_local())
-    attention.select_kv = lambda x: _copy_to_tp(x, tp)[:, :, head:head + 1]
+    attention.select_kv = lambda x: _copy_to_tp(x, tp)[:, :, head : head + 1]
 
 
 def _copy_to_tp(x: torch.Tensor, tp) -> torch.Tensor:

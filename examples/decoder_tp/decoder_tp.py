@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
+from _decoder import Config, build
 from torch.distributed.tensor import Partial, Shard
 
 from shardcheck import HeadTail, Layout, ModelCase
-from _decoder import Config, build
 
 FAMILY = "decoder_tp"
 IMPLEMENTATION = "_decoder_plan.py"
@@ -32,6 +31,7 @@ def _inputs(cfg: Config):
     def make(gen: torch.Generator) -> dict[str, torch.Tensor]:
         tokens = torch.randint(0, cfg.vocab, (BATCH, SEQ + 1), generator=gen)
         return {"tokens": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()}
+
     return make
 
 
@@ -39,31 +39,42 @@ def loss(logits, inputs, ctx) -> torch.Tensor:
     """Mean next-token cross-entropy; on a rank, the plan's own loss (its summand of the mean)."""
     if ctx is not None:
         return ctx.impl.loss(logits, inputs, ctx)
-    return F.cross_entropy(logits.flatten(0, 1).float() if logits.dtype == torch.bfloat16 else logits.flatten(0, 1),
-                           inputs["targets"].flatten())
+    return F.cross_entropy(
+        logits.flatten(0, 1).float() if logits.dtype == torch.bfloat16 else logits.flatten(0, 1),
+        inputs["targets"].flatten(),
+    )
 
 
 def _supports(cfg: Config):
     def fits(t) -> bool:
         # kv_heads < tp: as many key/value heads as TP splits the query heads into, or a whole number of them
         heads = cfg.heads % t.tp == 0 and (cfg.kv_heads % t.tp == 0 or t.tp % cfg.kv_heads == 0)
-        return (heads and BATCH % t.dp == 0
-                and SEQ % (2 * t.cp) == 0 and (SEQ // t.cp) % t.tp == 0)
+        return heads and BATCH % t.dp == 0 and SEQ % (2 * t.cp) == 0 and (SEQ // t.cp) % t.tp == 0
+
     return fits
 
 
 def model_case(case_id: str, cfg: Config) -> ModelCase:
     return ModelCase(
-        op=f"{FAMILY}.parallelize", case_id=case_id,
+        op=f"{FAMILY}.parallelize",
+        case_id=case_id,
         build=lambda gen: build(cfg, gen),
         parallelize=lambda model, ctx: ctx.impl.parallelize(model, ctx),
-        make_inputs=_inputs(cfg), model_inputs=("tokens",), loss=loss,
-        input_layouts={"tokens": BATCH_LAYOUT, "targets": BATCH_LAYOUT}, loss_layout=Layout(dp=Partial(), cp=Partial()),
-        context_parallel=True, supports=_supports(cfg),
-        params={"kv_heads": cfg.kv_heads, "layers": cfg.layers})
+        make_inputs=_inputs(cfg),
+        model_inputs=("tokens",),
+        loss=loss,
+        input_layouts={"tokens": BATCH_LAYOUT, "targets": BATCH_LAYOUT},
+        loss_layout=Layout(dp=Partial(), cp=Partial()),
+        context_parallel=True,
+        supports=_supports(cfg),
+        params={"kv_heads": cfg.kv_heads, "layers": cfg.layers},
+    )
 
 
 def cases(quick: bool = False) -> list[ModelCase]:
     # odd-vocab: a vocabulary TP does not divide (torch's uneven shards of the embedding and the output projection)
-    return [model_case("mha", Config()), model_case("gqa", Config(kv_heads=2)),
-            model_case("odd-vocab", Config(vocab=31))]
+    return [
+        model_case("mha", Config()),
+        model_case("gqa", Config(kv_heads=2)),
+        model_case("odd-vocab", Config(vocab=31)),
+    ]

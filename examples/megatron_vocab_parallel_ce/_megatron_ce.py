@@ -11,7 +11,7 @@ the first call, so the module imports without it (its suite then records every c
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -30,9 +30,12 @@ def tensor_parallel_group(group: dist.ProcessGroup) -> Iterator[None]:
         parallel_state._TENSOR_MODEL_PARALLEL_GROUP = saved
 
 
-def vocab_parallel_cross_entropy(vocab_parallel_logits: torch.Tensor, target: torch.Tensor,
-                                 label_smoothing: float = 0.0,
-                                 tp_group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def vocab_parallel_cross_entropy(
+    vocab_parallel_logits: torch.Tensor,
+    target: torch.Tensor,
+    label_smoothing: float = 0.0,
+    tp_group: dist.ProcessGroup | None = None,
+) -> torch.Tensor:
     """Megatron's op, unchanged: the per-token loss [*] of this rank's vocab shard [*, V/TP] of the logits and the
     token ids [*].  `tp_group`: the TP group to use; None keeps the one `parallel_state` already holds."""
     from megatron.core import tensor_parallel

@@ -48,13 +48,16 @@ MEGATRON_INPLACE = "https://github.com/NVIDIA/Megatron-LM/pull/1594"
 def megatron_missing() -> str | None:
     """Why the cases cannot run here, or None."""
     try:
-        found = importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+        found = (
+            importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+        )
     except (ImportError, ValueError):
         found = False
     return None if found else "megatron-core is not installed (pip install -e .[megatron])"
 
 
 # ---- the reference: Megatron's contract, on one device, on the full vocabulary -----------------------------------
+
 
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
     """Per-token loss [*] of full logits [*, V], in promote_types(dtype, float32); with label smoothing α the
@@ -71,6 +74,7 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor, label_smoothing: f
 
 
 # ---- the cases ----------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Spec:
@@ -104,9 +108,18 @@ class Spec:
 
     @property
     def params(self) -> dict:
-        return {"S": self.s, "B": self.b, "V": self.v, "flat": self.flat, "scale": self.scale,
-                "label_smoothing": self.label_smoothing, "neg_inf": self.neg_inf, "masked": self.masked,
-                "out_of_range": self.out_of_range, "target_dtype": str(self.target_dtype).removeprefix("torch.")}
+        return {
+            "S": self.s,
+            "B": self.b,
+            "V": self.v,
+            "flat": self.flat,
+            "scale": self.scale,
+            "label_smoothing": self.label_smoothing,
+            "neg_inf": self.neg_inf,
+            "masked": self.masked,
+            "out_of_range": self.out_of_range,
+            "target_dtype": str(self.target_dtype).removeprefix("torch."),
+        }
 
 
 def make_inputs(spec: Spec):
@@ -126,6 +139,7 @@ def make_inputs(spec: Spec):
             flat[1], flat[5], flat[-2] = -100, spec.v, -1
         x["target"] = target.to(spec.target_dtype)
         return x
+
     return make
 
 
@@ -135,14 +149,20 @@ def reference(spec: Spec):
         if "loss_mask" in x:  # what a Megatron job does with the per-token loss (the -100s' NaN taken out first)
             loss = torch.where(x["loss_mask"] > 0, loss, 0.0) * x["loss_mask"]
         return loss
+
     return ref
 
 
 def run(spec: Spec):
     def call(impl, ctx, x):
-        loss = impl.vocab_parallel_cross_entropy(vocab_parallel_logits=x["logits"], target=x["target"],
-                                                 label_smoothing=spec.label_smoothing, tp_group=ctx.group("tp"))
+        loss = impl.vocab_parallel_cross_entropy(
+            vocab_parallel_logits=x["logits"],
+            target=x["target"],
+            label_smoothing=spec.label_smoothing,
+            tp_group=ctx.group("tp"),
+        )
         return loss * x["loss_mask"] if "loss_mask" in x else loss
+
     return call
 
 
@@ -162,15 +182,24 @@ def tp_ranks_agree(ctx, full, local, outs) -> list[Property]:
     dist.all_gather(pieces, loss, group=ctx.group("tp"))
     differ = [r for r, p in enumerate(pieces) if not torch.equal(p.nan_to_num(), loss.nan_to_num())]
     worst = max(((p - loss).abs().nan_to_num().max().item() for p in pieces), default=0.0)
-    return [Property("tp_ranks_agree", not differ, value=worst,
-                     message=f"TP rank(s) {differ} hold another loss than TP rank {ctx.rank('tp')} "
-                             f"(max |difference| {worst:.3g})" if differ else "")]
+    return [
+        Property(
+            "tp_ranks_agree",
+            not differ,
+            value=worst,
+            message=f"TP rank(s) {differ} hold another loss than TP rank {ctx.rank('tp')} "
+            f"(max |difference| {worst:.3g})"
+            if differ
+            else "",
+        )
+    ]
 
 
 def logits_unchanged(layout: Layout):
     """The caller's logits after the call and its backward are what it passed (a loss that overwrites them
     silently corrupts whatever else reads them: a z-loss, logging, a second loss on the same logits); with
     tp_ranks_agree, as a case has one properties function."""
+
     def check(ctx, full, local, outs) -> list[Property]:
         props = tp_ranks_agree(ctx, full, local, outs)
         passed = layout.local(full["logits"], ctx.mesh, full).to(local["logits"].device)
@@ -180,24 +209,50 @@ def logits_unchanged(layout: Layout):
         grad = local["logits"].grad
         holds = " (they now hold the logits' gradient)" if grad is not None and torch.equal(now, grad) else ""
         worst = (now.double() - passed.double()).abs().nan_to_num(posinf=math.inf).max().item()
-        return props + [Property("logits_unchanged", False, value=worst,
-                                 message=f"the caller's {str(now.dtype).removeprefix('torch.')} logits were "
-                                         f"overwritten in place{holds}: max |change| {worst:.3g}")]
+        return props + [
+            Property(
+                "logits_unchanged",
+                False,
+                value=worst,
+                message=f"the caller's {str(now.dtype).removeprefix('torch.')} logits were "
+                f"overwritten in place{holds}: max |change| {worst:.3g}",
+            )
+        ]
+
     return check
 
 
-def case(spec: Spec, *, name: str = "", properties=tp_ranks_agree, xfail: KnownFailure | None = None,
-         bad_input: BadInput | None = None, dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")) -> Case:
+def case(
+    spec: Spec,
+    *,
+    name: str = "",
+    properties=tp_ranks_agree,
+    xfail: KnownFailure | None = None,
+    bad_input: BadInput | None = None,
+    dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16"),
+) -> Case:
     tokens = N if spec.flat else SB
     layouts = {"logits": NV if spec.flat else SBV, "target": tokens, "loss_mask": tokens}
     raising = bad_input is not None and bad_input.interpretation is None  # no answer to compare: no comm either
     return Case(
-        op=OP, case_id=name or spec.case_id, params=spec.params,
-        make_inputs=make_inputs(spec), reference=reference(spec), run=run(spec),
-        input_layouts=layouts, output_layouts=(tokens,), output_names=("loss",), grad_inputs=("logits",),
-        comm=None if raising else comm, properties=None if raising else properties,
+        op=OP,
+        case_id=name or spec.case_id,
+        params=spec.params,
+        make_inputs=make_inputs(spec),
+        reference=reference(spec),
+        run=run(spec),
+        input_layouts=layouts,
+        output_layouts=(tokens,),
+        output_names=("loss",),
+        grad_inputs=("logits",),
+        comm=None if raising else comm,
+        properties=None if raising else properties,
         supports=lambda t, n=spec.b * (spec.s if spec.flat else 1): n % t.dp == 0,
-        xfail=xfail, bad_input=bad_input, dtypes=dtypes, skip_reason=megatron_missing())
+        xfail=xfail,
+        bad_input=bad_input,
+        dtypes=dtypes,
+        skip_reason=megatron_missing(),
+    )
 
 
 # Label smoothing at ordinary logits runs in float64 and float32: Megatron computes in float32 whatever the input, so
@@ -207,8 +262,11 @@ SMOOTHING_DTYPES = ("float64", "float32")
 SMOOTHING_TP = KnownFailure(
     "label smoothing at TP > 1: each rank smooths over its own vocabulary piece (`vocab_size` is the piece's size, "
     "`log_probs.mean(dim=-1)` the piece's mean, never all-reduced), so the TP ranks return different losses and "
-    "every rank's gradient is off", reference=MEGATRON_LS_ISSUE,
-    checks=("forward", "grad:*", "property:tp_ranks_agree"), when=lambda t, dtype: t.tp > 1)
+    "every rank's gradient is off",
+    reference=MEGATRON_LS_ISSUE,
+    checks=("forward", "grad:*", "property:tp_ranks_agree"),
+    when=lambda t, dtype: t.tp > 1,
+)
 
 
 def cases(quick: bool) -> list[Case]:
@@ -219,17 +277,30 @@ def cases(quick: bool) -> list[Case]:
         case(Spec(neg_inf=0.3)),  # -inf logits, a few at the target: +inf loss there, a finite gradient
         case(Spec(masked=0.3)),  # Megatron's masking: loss · loss_mask, targets -100 under the mask
         case(Spec(label_smoothing=0.1), xfail=SMOOTHING_TP, dtypes=SMOOTHING_DTYPES),
-        case(Spec(label_smoothing=0.1, scale=100.0), xfail=KnownFailure(
-            "label smoothing with huge logits: the smoothing term takes log(softmax) after the softmax underflowed "
-            "to 0 (logit gaps beyond ~104 in float32), so the loss is +inf where it is finite, at every TP; at TP > 1 "
-            "the piece-local smoothing of issue 737 comes on top (gradients off)",
-            reference=MEGATRON_LS_UNDERFLOW, checks=("forward", "grad:*"))),
+        case(
+            Spec(label_smoothing=0.1, scale=100.0),
+            xfail=KnownFailure(
+                "label smoothing with huge logits: the smoothing term takes log(softmax) after the softmax underflowed "
+                "to 0 (logit gaps beyond ~104 in float32), so the loss is +inf where it is finite, at every TP; at TP > 1 "
+                "the piece-local smoothing of issue 737 comes on top (gradients off)",
+                reference=MEGATRON_LS_UNDERFLOW,
+                checks=("forward", "grad:*"),
+            ),
+        ),
         # the caller's logits after the call and its backward
-        case(Spec(), name="caller-logits", properties=logits_unchanged(SBV), xfail=KnownFailure(
-            "float32 logits are overwritten in place: `.float()` of a float32 tensor is the tensor itself, and the "
-            "forward's `-=`, `exp(out=)` and `div_` turn the caller's logits into the softmax, the backward's "
-            "in-place update into the gradient (float64 and bfloat16 inputs are copied by `.float()`)",
-            reference=MEGATRON_INPLACE, checks=("property:logits_unchanged",), when=lambda t, dtype: dtype == "float32")),
+        case(
+            Spec(),
+            name="caller-logits",
+            properties=logits_unchanged(SBV),
+            xfail=KnownFailure(
+                "float32 logits are overwritten in place: `.float()` of a float32 tensor is the tensor itself, and the "
+                "forward's `-=`, `exp(out=)` and `div_` turn the caller's logits into the softmax, the backward's "
+                "in-place update into the gradient (float64 and bfloat16 inputs are copied by `.float()`)",
+                reference=MEGATRON_INPLACE,
+                checks=("property:logits_unchanged",),
+                when=lambda t, dtype: dtype == "float32",
+            ),
+        ),
     ]
     if not quick:
         out += [
@@ -241,43 +312,72 @@ def cases(quick: bool) -> list[Case]:
 
 def bad_input_cases() -> list[Case]:
     return [
-        case(Spec(out_of_range=True), dtypes=("float64",), bad_input=BadInput(
-            "target ids outside [0, V) (-100, V, -1) without a loss mask: the op has no ignore_index"),
-             xfail=KnownFailure(
-                 "ids outside [0, V) are not refused: no rank owns them, so each such token silently gets the loss "
-                 "log Σ exp(logits − max) (the target's logit taken as 0 after the max shift) and the softmax as its "
-                 "gradient", checks=("property:bad_input",),
-                 reference="megatron/core/tensor_parallel/cross_entropy.py, calculate_predicted_logits: "
-                           "`target_mask` zeroes the predicted logit of any id outside this rank's piece, no check")),
-        case(Spec(v=37), name="s6b4v37-uneven-vocab", bad_input=BadInput(
-            "a vocabulary TP does not divide (unequal pieces: 19 + 18 at TP 2, 10 + 10 + 10 + 7 at TP 4)",
-            interpretation="the cross-entropy over the whole vocabulary, as for equal pieces"),
-             xfail=KnownFailure(
-                 "unequal vocabulary pieces give wrong losses and gradients without a word: each rank takes its piece "
-                 "to start at rank·V_local (VocabUtility.vocab_range_from_per_partition_vocab_size), so from TP rank 1 "
-                 "on the pieces overlap or leave ids unowned",
-                 checks=("forward", "grad:*"), when=lambda t, dtype: t.tp > 1,
-                 reference="megatron/core/tensor_parallel/utils.py, vocab_range_from_per_partition_vocab_size: "
-                           "start = rank · per_partition_vocab_size; Megatron pads its own vocabulary to a "
-                           "multiple of TP, and the op does not check")),
-        case(Spec(label_smoothing=-0.1), dtypes=("float64",), bad_input=BadInput(
-            "label_smoothing < 0 (the docstring's range is [0, 1))"), xfail=KnownFailure(
+        case(
+            Spec(out_of_range=True),
+            dtypes=("float64",),
+            bad_input=BadInput(
+                "target ids outside [0, V) (-100, V, -1) without a loss mask: the op has no ignore_index"
+            ),
+            xfail=KnownFailure(
+                "ids outside [0, V) are not refused: no rank owns them, so each such token silently gets the loss "
+                "log Σ exp(logits − max) (the target's logit taken as 0 after the max shift) and the softmax as its "
+                "gradient",
+                checks=("property:bad_input",),
+                reference="megatron/core/tensor_parallel/cross_entropy.py, calculate_predicted_logits: "
+                "`target_mask` zeroes the predicted logit of any id outside this rank's piece, no check",
+            ),
+        ),
+        case(
+            Spec(v=37),
+            name="s6b4v37-uneven-vocab",
+            bad_input=BadInput(
+                "a vocabulary TP does not divide (unequal pieces: 19 + 18 at TP 2, 10 + 10 + 10 + 7 at TP 4)",
+                interpretation="the cross-entropy over the whole vocabulary, as for equal pieces",
+            ),
+            xfail=KnownFailure(
+                "unequal vocabulary pieces give wrong losses and gradients without a word: each rank takes its piece "
+                "to start at rank·V_local (VocabUtility.vocab_range_from_per_partition_vocab_size), so from TP rank 1 "
+                "on the pieces overlap or leave ids unowned",
+                checks=("forward", "grad:*"),
+                when=lambda t, dtype: t.tp > 1,
+                reference="megatron/core/tensor_parallel/utils.py, vocab_range_from_per_partition_vocab_size: "
+                "start = rank · per_partition_vocab_size; Megatron pads its own vocabulary to a "
+                "multiple of TP, and the op does not check",
+            ),
+        ),
+        case(
+            Spec(label_smoothing=-0.1),
+            dtypes=("float64",),
+            bad_input=BadInput("label_smoothing < 0 (the docstring's range is [0, 1))"),
+            xfail=KnownFailure(
                 "a negative label_smoothing is silently ignored: the op computes the unsmoothed loss",
                 checks=("property:bad_input",),
                 reference="megatron/core/tensor_parallel/cross_entropy.py, _VocabParallelCrossEntropy.forward: "
-                          "`if label_smoothing > 0:` skips smoothing, and `assert 1.0 > label_smoothing > 0.0` is "
-                          "reached only inside it")),
-        case(Spec(label_smoothing=1.0), dtypes=("float64",), bad_input=BadInput(
-            "label_smoothing = 1 (the docstring's range is [0, 1))")),  # Megatron asserts: loud
+                "`if label_smoothing > 0:` skips smoothing, and `assert 1.0 > label_smoothing > 0.0` is "
+                "reached only inside it",
+            ),
+        ),
+        case(
+            Spec(label_smoothing=1.0),
+            dtypes=("float64",),
+            bad_input=BadInput("label_smoothing = 1 (the docstring's range is [0, 1))"),
+        ),  # Megatron asserts: loud
     ]
 
 
 def bench_cases(quick: bool) -> list[Case]:
     """`shardcheck run --bench`: the loss of S tokens over a vocabulary of 8,192, forward and backward, float32
     logits (the CLI's dtype).  Sweep "S" at one rank; sweep "tp": one case at TP 1, 2 and 4 (dp = cp = 1)."""
+
     def bench(sweep: str, s: int, supports) -> Case:
         spec = Spec(s=s, b=1, v=8192)
-        return dataclasses.replace(case(spec), case_id=f"bench-{sweep}-s{s}v{spec.v}", properties=None,
-                                   params={**spec.params, "sweep": sweep}, supports=supports)
+        return dataclasses.replace(
+            case(spec),
+            case_id=f"bench-{sweep}-s{s}v{spec.v}",
+            properties=None,
+            params={**spec.params, "sweep": sweep},
+            supports=supports,
+        )
+
     lengths = (256, 1024) if quick else (512, 1024, 2048, 4096)
     return [bench("S", s, lambda t: t.size == 1) for s in lengths] + [bench("tp", 2048, lambda t: t.dp == t.cp == 1)]

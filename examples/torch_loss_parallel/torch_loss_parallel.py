@@ -37,12 +37,19 @@ LOSS_PY = "torch/distributed/tensor/parallel/loss.py"
 
 # ---- the reference: F.cross_entropy's definition on one device, written out --------------------------------------
 
+
 def log_softmax(logits: torch.Tensor, dim: int) -> torch.Tensor:
     return logits - logits.logsumexp(dim, keepdim=True)
 
 
-def cross_entropy(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
-                  ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
+def cross_entropy(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
     """Cross-entropy of logits [N, C, ...] (or one sample [C]) and class indices [N, ...] or class probabilities
     [N, C, ...]: per position −Σ_c q_c·w_c·log p_c with q the target (one-hot, or the probabilities), smoothed as
     (1 − α)·q + α/C; positions whose index is ignore_index count for nothing; "mean" divides by the summed weight
@@ -105,14 +112,26 @@ class Spec:
 
     @property
     def case_id(self) -> str:
-        dims = {"nv": f"n{self.n}v{self.v}", "v": f"v{self.v}"}.get(self.shape, f"{self.shape}-n{self.n}s{self.s}v{self.v}")
+        dims = {"nv": f"n{self.n}v{self.v}", "v": f"v{self.v}"}.get(
+            self.shape, f"{self.shape}-n{self.n}s{self.s}v{self.v}"
+        )
         parts = [dims, self.reduction] if self.op != "log_softmax" else [dims]
-        parts += [tag for tag, on in (("mesh-dp-tp", self.mesh_2d), (f"masked{self.masked:g}", self.masked),
-                                      (f"ignore{self.ignore_index}", self.ignore_index != -100), ("weight", self.weight),
-                                      (f"ls{self.label_smoothing:g}", self.label_smoothing),
-                                      ("probs", self.probs), ("ids-out-of-range", self.out_of_range),
-                                      (f"scale{self.scale:g}", self.scale != 3.0), ("neg-inf", self.neg_inf),
-                                      ("backward-outside", self.backward_outside)) if on]
+        parts += [
+            tag
+            for tag, on in (
+                ("mesh-dp-tp", self.mesh_2d),
+                (f"masked{self.masked:g}", self.masked),
+                (f"ignore{self.ignore_index}", self.ignore_index != -100),
+                ("weight", self.weight),
+                (f"ls{self.label_smoothing:g}", self.label_smoothing),
+                ("probs", self.probs),
+                ("ids-out-of-range", self.out_of_range),
+                (f"scale{self.scale:g}", self.scale != 3.0),
+                ("neg-inf", self.neg_inf),
+                ("backward-outside", self.backward_outside),
+            )
+            if on
+        ]
         return "-".join(parts)
 
     @property
@@ -142,6 +161,7 @@ def make_inputs(spec: Spec):
         if spec.weight:
             x["weight"] = torch.rand(spec.v, generator=gen, dtype=torch.float64) + 0.5
         return x
+
     return make
 
 
@@ -157,6 +177,7 @@ def reference(spec: Spec):
         target = x["target"].flatten() if spec.shape == "bsv-flatten" else x["target"]
         loss = cross_entropy(logits, target, x.get("weight"), spec.ignore_index, spec.reduction, spec.label_smoothing)
         return loss.view(x["target"].shape) if spec.reduction == "none" else loss
+
     return ref
 
 
@@ -189,6 +210,7 @@ def run(spec: Spec):
             out = compute(impl, spec, logits, target, x.get("weight"))
         local = value_on_this_rank(out)
         return local.view(x["target"].shape) if spec.shape == "bsv-flatten" and spec.reduction == "none" else local
+
     return call
 
 
@@ -221,6 +243,7 @@ def comm(spec: Spec):
     positions on this rank, in the computation dtype: float32 for bfloat16); the loss one more, the target's
     log-probability (n values in the logits' dtype).  Backward: none (the gradient softmax − one-hot is local).
     Lower bound: O(n) bytes, never the [n, V] logits."""
+
     def contract(ctx) -> dict:
         n = math.prod(ctx.local_shape("logits")) // ctx.local_shape("logits")[spec.class_dim]
         compute_bytes = torch.promote_types(ctx.dtype, torch.float32).itemsize
@@ -228,11 +251,17 @@ def comm(spec: Spec):
         if spec.op != "log_softmax":
             calls, nbytes = calls + 1, nbytes + n * ctx.dtype.itemsize
         return {"forward": {"all_reduce@tp": (calls, nbytes)}, "backward": {}}
+
     return contract
 
 
-def case(spec: Spec, *, xfail: KnownFailure | None = None, bad_input: BadInput | None = None,
-         dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")) -> Case:
+def case(
+    spec: Spec,
+    *,
+    xfail: KnownFailure | None = None,
+    bad_input: BadInput | None = None,
+    dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16"),
+) -> Case:
     dim = spec.class_dim
     logits_layout = Layout(dp=Shard(0), tp=Shard(dim)) if spec.shape != "v" else Layout(tp=Shard(0))
     target_layout = logits_layout if spec.probs else Layout(dp=Shard(0)) if spec.shape != "v" else REPLICATED
@@ -244,13 +273,22 @@ def case(spec: Spec, *, xfail: KnownFailure | None = None, bad_input: BadInput |
     per_rank = spec.op != "log_softmax" and spec.reduction == "mean" and not spec.mesh_2d or spec.shape == "v"
     plain = bad_input is None or not (spec.probs or spec.backward_outside or spec.label_smoothing)
     return Case(
-        op=f"{FAMILY}.{spec.op}", case_id=spec.case_id, params=spec.params,
-        make_inputs=make_inputs(spec), reference=reference(spec), run=run(spec),
+        op=f"{FAMILY}.{spec.op}",
+        case_id=spec.case_id,
+        params=spec.params,
+        make_inputs=make_inputs(spec),
+        reference=reference(spec),
+        run=run(spec),
         input_layouts={"logits": logits_layout, "target": target_layout},
-        output_layouts=(output,), output_names=("log_probs" if spec.op == "log_softmax" else "loss",),
-        grad_inputs=("logits",), comm=comm(spec) if plain else None,
+        output_layouts=(output,),
+        output_names=("log_probs" if spec.op == "log_softmax" else "loss",),
+        grad_inputs=("logits",),
+        comm=comm(spec) if plain else None,
         supports=lambda t: t.dp == 1 if per_rank else spec.n % t.dp == 0,
-        xfail=xfail, bad_input=bad_input, dtypes=dtypes)
+        xfail=xfail,
+        bad_input=bad_input,
+        dtypes=dtypes,
+    )
 
 
 def cases(quick: bool) -> list[Case]:
@@ -267,19 +305,29 @@ def cases(quick: bool) -> list[Case]:
         case(Spec(reduction="none", neg_inf=0.3)),  # -inf logits, a few at the target: +inf loss there
         case(Spec(mesh_2d=True, reduction="sum")),  # (dp, tp) mesh: a Partial sum over dp
         case(Spec(mesh_2d=True, reduction="none", masked=0.3)),
-        case(Spec(weight=True, masked=0.3, reduction="none"), xfail=KnownFailure(
-            "weight with ignored targets: the backward raises `RuntimeError: index -100 is out of bounds`: it gathers "
-            "the weight at the raw target, ignore_index included, where the forward uses the masked one",
-            checks=("grad:*",), reference=f"{LOSS_PY}, _nll_loss_and_log_softmax_backward: "
-                                          "`w_target = torch.gather(w, channel_dim, target)` (the forward gathers at "
-                                          "`safe_target_`); single-device F.cross_entropy accepts the same input")),
-        case(Spec(shape="bvhw", reduction="none"), xfail=KnownFailure(
-            "4-D input [B, V, H, W] with H, W > 1: wrong gradient (the forward is right): the backward's one-hot "
-            "lands at the position with H and W swapped",
-            checks=("grad:*",), reference=f"{LOSS_PY}, _nll_loss_and_log_softmax_backward, the x.dim() > 2 branch: "
-                                          "`grad_input.transpose(channel_dim, -1)` turns [B, V, H, W] into [B, W, H, V], "
-                                          "whose rows are in (b, w, h) order, while the flattened target is in "
-                                          "(b, h, w) order; 3-D and 5-D inputs (torch views those as 3-D) are right")),
+        case(
+            Spec(weight=True, masked=0.3, reduction="none"),
+            xfail=KnownFailure(
+                "weight with ignored targets: the backward raises `RuntimeError: index -100 is out of bounds`: it gathers "
+                "the weight at the raw target, ignore_index included, where the forward uses the masked one",
+                checks=("grad:*",),
+                reference=f"{LOSS_PY}, _nll_loss_and_log_softmax_backward: "
+                "`w_target = torch.gather(w, channel_dim, target)` (the forward gathers at "
+                "`safe_target_`); single-device F.cross_entropy accepts the same input",
+            ),
+        ),
+        case(
+            Spec(shape="bvhw", reduction="none"),
+            xfail=KnownFailure(
+                "4-D input [B, V, H, W] with H, W > 1: wrong gradient (the forward is right): the backward's one-hot "
+                "lands at the position with H and W swapped",
+                checks=("grad:*",),
+                reference=f"{LOSS_PY}, _nll_loss_and_log_softmax_backward, the x.dim() > 2 branch: "
+                "`grad_input.transpose(channel_dim, -1)` turns [B, V, H, W] into [B, W, H, V], "
+                "whose rows are in (b, w, h) order, while the flattened target is in "
+                "(b, h, w) order; 3-D and 5-D inputs (torch views those as 3-D) are right",
+            ),
+        ),
     ]
     nll = [
         case(Spec(op="nll_loss", masked=0.3)),
@@ -287,10 +335,15 @@ def cases(quick: bool) -> list[Case]:
         case(Spec(op="nll_loss", shape="bvs", reduction="none")),
     ]
     log_probs = [
-        case(Spec(op="log_softmax"), xfail=KnownFailure(
-            "log_softmax's backward inside loss_parallel is the identity (the fused cross-entropy backward does the "
-            "real work), so any other use of the log-probabilities gets a wrong gradient without a word",
-            checks=("grad:*",), reference=IDENTITY_BACKWARD)),
+        case(
+            Spec(op="log_softmax"),
+            xfail=KnownFailure(
+                "log_softmax's backward inside loss_parallel is the identity (the fused cross-entropy backward does the "
+                "real work), so any other use of the log-probabilities gets a wrong gradient without a word",
+                checks=("grad:*",),
+                reference=IDENTITY_BACKWARD,
+            ),
+        ),
     ]
     if not quick:
         ce += [
@@ -305,37 +358,73 @@ def cases(quick: bool) -> list[Case]:
 
 def bad_input_cases() -> list[Case]:
     return [
-        case(Spec(out_of_range=True), dtypes=("float64",), bad_input=BadInput(
-            "target ids outside [0, V) other than ignore_index (single-device F.cross_entropy raises IndexError)"),
-             xfail=KnownFailure(
-                 "ids outside [0, V) are not refused: no rank owns them, so they count as a loss of 0 with the softmax "
-                 "as gradient (and, under mean, in the denominator)", checks=("property:bad_input",),
-                 reference=f"{LOSS_PY}, _nll_loss_forward: _MaskPartial masks an id outside every rank's piece to 0; "
-                           "nothing checks the range")),
-        case(Spec(probs=True), dtypes=("float64", "float32"), bad_input=BadInput(
-            "class-probability targets (documented as not supported)",
-            interpretation="F.cross_entropy with class-probability targets"), xfail=KnownFailure(
+        case(
+            Spec(out_of_range=True),
+            dtypes=("float64",),
+            bad_input=BadInput(
+                "target ids outside [0, V) other than ignore_index (single-device F.cross_entropy raises IndexError)"
+            ),
+            xfail=KnownFailure(
+                "ids outside [0, V) are not refused: no rank owns them, so they count as a loss of 0 with the softmax "
+                "as gradient (and, under mean, in the denominator)",
+                checks=("property:bad_input",),
+                reference=f"{LOSS_PY}, _nll_loss_forward: _MaskPartial masks an id outside every rank's piece to 0; "
+                "nothing checks the range",
+            ),
+        ),
+        case(
+            Spec(probs=True),
+            dtypes=("float64", "float32"),
+            bad_input=BadInput(
+                "class-probability targets (documented as not supported)",
+                interpretation="F.cross_entropy with class-probability targets",
+            ),
+            xfail=KnownFailure(
                 "class-probability targets: the loss is right, the gradient wrong without a word: the loss goes "
                 "through log_softmax, whose backward inside loss_parallel is the identity",
-                checks=("grad:*",), reference=IDENTITY_BACKWARD)),
-        case(Spec(label_smoothing=0.1), dtypes=("float64",), bad_input=BadInput(
-            "label_smoothing > 0 (documented as not supported)",
-            interpretation="F.cross_entropy's label-smoothed loss")),
-        case(Spec(mesh_2d=True), dtypes=("float64",), bad_input=BadInput(
-            "reduction='mean' on a 2-D (dp, tp) mesh (documented as not supported)",
-            interpretation="the mean over the whole batch")),
-        case(Spec(backward_outside=True), dtypes=("float64",), bad_input=BadInput(
-            "the backward after the loss_parallel context has closed (documented: it must run inside)",
-            interpretation="the gradient of the cross-entropy")),
+                checks=("grad:*",),
+                reference=IDENTITY_BACKWARD,
+            ),
+        ),
+        case(
+            Spec(label_smoothing=0.1),
+            dtypes=("float64",),
+            bad_input=BadInput(
+                "label_smoothing > 0 (documented as not supported)",
+                interpretation="F.cross_entropy's label-smoothed loss",
+            ),
+        ),
+        case(
+            Spec(mesh_2d=True),
+            dtypes=("float64",),
+            bad_input=BadInput(
+                "reduction='mean' on a 2-D (dp, tp) mesh (documented as not supported)",
+                interpretation="the mean over the whole batch",
+            ),
+        ),
+        case(
+            Spec(backward_outside=True),
+            dtypes=("float64",),
+            bad_input=BadInput(
+                "the backward after the loss_parallel context has closed (documented: it must run inside)",
+                interpretation="the gradient of the cross-entropy",
+            ),
+        ),
     ]
 
 
 def bench_cases(quick: bool) -> list[Case]:
     """`shardcheck run --bench`: F.cross_entropy (mean) of N tokens over a vocabulary of 8,192 inside loss_parallel,
     forward and backward, in the CLI's dtype.  Sweep "n" at one rank; sweep "tp": one case at TP 1, 2 and 4."""
+
     def bench(sweep: str, n: int, supports) -> Case:
         spec = Spec(n=n, v=8192)
-        return dataclasses.replace(case(spec), case_id=f"bench-{sweep}-n{n}v{spec.v}",
-                                   params={**spec.params, "sweep": sweep}, supports=supports)
+        return dataclasses.replace(
+            case(spec),
+            case_id=f"bench-{sweep}-n{n}v{spec.v}",
+            params={**spec.params, "sweep": sweep},
+            supports=supports,
+        )
+
     tokens = (256, 1024) if quick else (512, 1024, 2048, 4096)
     return [bench("n", n, lambda t: t.size == 1) for n in tokens] + [bench("tp", 2048, lambda t: t.dp == t.cp == 1)]

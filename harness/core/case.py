@@ -13,9 +13,10 @@ import contextlib
 import dataclasses
 import enum
 import fnmatch
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -23,8 +24,8 @@ from torch.distributed.tensor import Partial, Placement, Replicate, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from shardcheck.harness.core.compare import BudgetScope
-from shardcheck.harness.core.topology import MESH_DIMS, Topology, mesh_dims
 from shardcheck.harness.core.records import SIGNATURE_CHECK, Status
+from shardcheck.harness.core.topology import MESH_DIMS, Topology, mesh_dims
 
 Tensors = dict[str, torch.Tensor]
 
@@ -80,7 +81,9 @@ def head_tail_positions(length: int, n: int, r: int) -> torch.Tensor:
     if length % (2 * n):
         raise ValueError(f"head-tail layout needs a length divisible by 2·CP = {2 * n}, got {length}")
     chunk = length // (2 * n)
-    return torch.cat([torch.arange(r * chunk, (r + 1) * chunk), torch.arange((2 * n - 1 - r) * chunk, (2 * n - r) * chunk)])
+    return torch.cat(
+        [torch.arange(r * chunk, (r + 1) * chunk), torch.arange((2 * n - 1 - r) * chunk, (2 * n - r) * chunk)]
+    )
 
 
 class Layout:
@@ -97,8 +100,12 @@ class Layout:
     sums them before comparing, and every rank gets the full upstream gradient.
     """
 
-    def __init__(self, dp: Placement | IndexRule | None = None, cp: Placement | IndexRule | None = None,
-                 tp: Placement | IndexRule | None = None):
+    def __init__(
+        self,
+        dp: Placement | IndexRule | None = None,
+        cp: Placement | IndexRule | None = None,
+        tp: Placement | IndexRule | None = None,
+    ):
         self.placements = tuple(p if p is not None else Replicate() for p in (dp, cp, tp))
 
     def __repr__(self) -> str:
@@ -108,8 +115,9 @@ class Layout:
     def has_rules(self) -> bool:
         return any(isinstance(p, IndexRule) for p in self.placements)
 
-    def indices(self, full_shape: Sequence[int], coords: dict[str, int], sizes: dict[str, int],
-                inputs: Tensors | None = None) -> list[torch.Tensor]:
+    def indices(
+        self, full_shape: Sequence[int], coords: dict[str, int], sizes: dict[str, int], inputs: Tensors | None = None
+    ) -> list[torch.Tensor]:
         """Per tensor dim, the global positions held by the rank at mesh `coords` (mesh dim sizes
         `sizes`), in local order.  Pure: the driver can map any rank's piece without a mesh."""
         ndim = len(full_shape)
@@ -119,18 +127,25 @@ class Layout:
             if isinstance(p, Shard):
                 dim = p.dim % ndim
                 size, offset = Shard.local_shard_size_and_offset(len(idx[dim]), n, r)
-                idx[dim] = idx[dim][offset:offset + size]
+                idx[dim] = idx[dim][offset : offset + size]
             elif isinstance(p, IndexRule) and n > 1:
                 dim = p.dim % ndim
                 idx[dim] = idx[dim][p.positions(len(idx[dim]), n, r, inputs or {})]
         return idx
 
-    def mesh_indices(self, full_shape: Sequence[int], mesh: DeviceMesh, inputs: Tensors | None = None) -> list[torch.Tensor]:
+    def mesh_indices(
+        self, full_shape: Sequence[int], mesh: DeviceMesh, inputs: Tensors | None = None
+    ) -> list[torch.Tensor]:
         dims = mesh_dims(mesh)
         return self.indices(full_shape, dims.coords, dims.sizes, inputs)
 
-    def misfit(self, full_shape: Sequence[int], sizes: dict[str, int], inputs: Tensors | None = None,
-               empty_pieces: Sequence[str] = ()) -> str:
+    def misfit(
+        self,
+        full_shape: Sequence[int],
+        sizes: dict[str, int],
+        inputs: Tensors | None = None,
+        empty_pieces: Sequence[str] = (),
+    ) -> str:
         """Why this layout cannot lay a tensor of `full_shape` out over a mesh of `sizes`, or "" where it can: an
         index rule the length does not split for (head-tail needs a multiple of 2·CP), or a Shard over a mesh dim
         not in `empty_pieces` leaving some rank an empty piece (a dim smaller than the mesh dim).  Pure, like
@@ -145,8 +160,10 @@ class Layout:
             for d, p in zip(MESH_DIMS, self.placements):
                 dim = p.dim % len(full_shape) if isinstance(p, Shard) and full_shape else None
                 if dim is not None and d not in empty_pieces and sizes.get(d, 1) > 1 and len(idx[dim]) == 0:
-                    return (f"dim {dim} of length {full_shape[dim]} sharded over {d}={sizes[d]} leaves some ranks an "
-                            "empty piece, and the case does not test empty pieces")
+                    return (
+                        f"dim {dim} of length {full_shape[dim]} sharded over {d}={sizes[d]} leaves some ranks an "
+                        "empty piece, and the case does not test empty pieces"
+                    )
         return ""
 
     def reduce_partial(self, local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
@@ -165,8 +182,9 @@ class Layout:
         """This rank's piece of `full` (no communication: every rank holds the same full tensor)."""
         return take(full, self.mesh_indices(full.shape, mesh, inputs))
 
-    def global_index(self, local_index: Sequence[int], full_shape: Sequence[int], mesh: DeviceMesh,
-                     inputs: Tensors | None = None) -> tuple[int, ...]:
+    def global_index(
+        self, local_index: Sequence[int], full_shape: Sequence[int], mesh: DeviceMesh, inputs: Tensors | None = None
+    ) -> tuple[int, ...]:
         idx = self.mesh_indices(full_shape, mesh, inputs)
         return tuple(int(ix[i]) for ix, i in zip(idx, local_index))
 
@@ -227,6 +245,7 @@ def is_float(t) -> bool:
 
 class RuleSource(enum.StrEnum):
     """Where a check's rule comes from: the seed's API docs, or a choice of ours that docs/ops states."""
+
     SEED = "seed"  # the seed says so: a quoted sentence, or its signature
     OURS = "ours"  # the seed leaves it open; docs/ops/<family>.md#<section> fixes it
 
@@ -245,8 +264,9 @@ class Rule:
         if not self.cite.strip():
             raise ValueError("a Rule cites where it is written (a seed sentence or a docs/ops section)")
         if self.source == RuleSource.OURS and "#" not in self.cite:  # a suite of someone else's cites its own docs
-            raise ValueError(f"a rule of ours cites the section that states it (docs/ops/<family>.md#<anchor>), "
-                             f"got {self.cite!r}")
+            raise ValueError(
+                f"a rule of ours cites the section that states it (docs/ops/<family>.md#<anchor>), got {self.cite!r}"
+            )
 
     def __str__(self) -> str:
         return f"rule: ours, {self.cite}" if self.source == RuleSource.OURS else f"rule: seed: {self.cite}"
@@ -327,8 +347,10 @@ class BadInput:
 
     def silent_return(self) -> str:
         """The message of a silent return where no interpretation exists."""
-        return (f"returned without an exception on {self.what}, for which no answer is documented: "
-                "the op must raise instead of returning silently")
+        return (
+            f"returned without an exception on {self.what}, for which no answer is documented: "
+            "the op must raise instead of returning silently"
+        )
 
 
 @dataclass
@@ -506,8 +528,10 @@ class Case:
         if len(set(self.output_names)) != len(self.output_names):
             raise ValueError(f"{where}: duplicate output name in {self.output_names}")
         if len(self.output_layouts) != len(self.output_names):
-            raise ValueError(f"{where}: {len(self.output_layouts)} output layout(s) for {len(self.output_names)} "
-                             f"output(s) {self.output_names}: give one Layout per output")
+            raise ValueError(
+                f"{where}: {len(self.output_layouts)} output layout(s) for {len(self.output_names)} "
+                f"output(s) {self.output_names}: give one Layout per output"
+            )
         unknown = sorted(set(self.output_checks) - set(self.output_names))
         if unknown:
             raise ValueError(f"{where}: output_checks for {unknown}, not among the outputs {self.output_names}")
@@ -517,8 +541,9 @@ class Case:
             raise ValueError(f"{where}: summed_over {self.summed_over} names a dim outside {MESH_DIMS}")
         for name, layout in [*self.input_layouts.items(), *zip(self.output_names, self.output_layouts)]:
             if not isinstance(layout, Layout):
-                raise ValueError(f"{where}: the layout of {name!r} is {layout!r}; expected a Layout, "
-                                 "e.g. Layout(tp=Shard(-1))")
+                raise ValueError(
+                    f"{where}: the layout of {name!r} is {layout!r}; expected a Layout, e.g. Layout(tp=Shard(-1))"
+                )
 
     def rule_of(self, check: str, prop: Property | None = None) -> Rule | None:
         """Where the rule of `check` comes from (None: nobody cited it, a suite of someone else's)."""
@@ -549,8 +574,10 @@ class Case:
         sizes = {"dp": topology.dp, "cp": topology.cp, "tp": topology.tp}
         for length in self.cp_lengths:
             if topology.cp > 1 and length % (2 * topology.cp):
-                return (f"a sequence of {length} cannot be split head-tail at {topology}: the op needs a multiple of "
-                        f"2·CP = {2 * topology.cp}")
+                return (
+                    f"a sequence of {length} cannot be split head-tail at {topology}: the op needs a multiple of "
+                    f"2·CP = {2 * topology.cp}"
+                )
         for name, layout in self.input_layouts.items():
             if name in inputs and layout is not REPLICATED:
                 why = layout.misfit(tuple(inputs[name].shape), sizes, inputs, self.empty_pieces)

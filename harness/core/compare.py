@@ -36,6 +36,7 @@ import enum
 import math
 
 import torch
+
 from shardcheck.harness.core.records import Status, Symptom
 
 RTOL_FLOAT64 = 1e-10
@@ -63,8 +64,9 @@ class BudgetScope(enum.StrEnum):
     TENSOR = "tensor"
 
 
-def budget(golden: torch.Tensor, naive: torch.Tensor | None, out_dtype: torch.dtype,
-           scope: BudgetScope = BudgetScope.ROW) -> tuple[torch.Tensor, torch.Tensor | None]:
+def budget(
+    golden: torch.Tensor, naive: torch.Tensor | None, out_dtype: torch.dtype, scope: BudgetScope = BudgetScope.ROW
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-element budgets for a tensor whose golden is `golden` (float64): (largest acceptable |err|
     at each element, the reference's error in that element's row (or tensor, `scope`) or None), both float64 in the
     golden's shape (expanded views: slice them with the output's Layout like the golden)."""
@@ -85,8 +87,9 @@ def budget(golden: torch.Tensor, naive: torch.Tensor | None, out_dtype: torch.dt
     return limit.expand(rows.shape).reshape(g.shape), err_naive.expand(rows.shape).reshape(g.shape)
 
 
-def compare(got: torch.Tensor, expected: torch.Tensor, limit: torch.Tensor | None = None,
-            err_naive: torch.Tensor | None = None) -> dict:
+def compare(
+    got: torch.Tensor, expected: torch.Tensor, limit: torch.Tensor | None = None, err_naive: torch.Tensor | None = None
+) -> dict:
     """Errors of one rank's local tensor against the matching slice of the golden.
 
     Returns max_abs_err, max_rel_err, the worst element (local index, expected, got) and the first
@@ -143,7 +146,11 @@ def judge(stats: dict, budget_value: float | None = None) -> tuple[str, float]:
     elif not budget_value:  # no budget (an empty tensor, or exact values): any error fails
         ratio = 0.0 if stats["max_abs_err"] == 0 else math.inf
     else:
-        ratio = stats["max_abs_err"] / budget_value if budget_value > 0 else (0.0 if stats["max_abs_err"] == 0 else math.inf)
+        ratio = (
+            stats["max_abs_err"] / budget_value
+            if budget_value > 0
+            else (0.0 if stats["max_abs_err"] == 0 else math.inf)
+        )
     return (Status.PASS if ratio <= 1.0 else Status.FAIL), ratio
 
 
@@ -160,14 +167,18 @@ def describe(rank_result: dict) -> str:
         reasons.append(f"local shape {tuple(got)}, expected {tuple(exp)}")
     nf = rank_result.get("nonfinite")
     if nf:
-        reasons.append(f"{nf['count']} non-finite mismatch(es), first at global {tuple(nf['global_index'])} "
-                       f"(local {tuple(nf['local_index'])}): expected {nf['expected']}, got {nf['got']}")
+        reasons.append(
+            f"{nf['count']} non-finite mismatch(es), first at global {tuple(nf['global_index'])} "
+            f"(local {tuple(nf['local_index'])}): expected {nf['expected']}, got {nf['got']}"
+        )
     w = rank_result.get("worst")
     limit = rank_result.get("budget")
     err = abs(w["got"] - w["expected"]) if w else None  # the worst element's (per-row budgets)
     if w and limit is not None and err > limit:
-        reasons.append(f"|err| {err:.3g} > budget {limit:.3g} at global {tuple(w['global_index'])} "
-                       f"(local {tuple(w['local_index'])}): expected {w['expected']:.10g}, got {w['got']:.10g}")
+        reasons.append(
+            f"|err| {err:.3g} > budget {limit:.3g} at global {tuple(w['global_index'])} "
+            f"(local {tuple(w['local_index'])}): expected {w['expected']:.10g}, got {w['got']:.10g}"
+        )
     return f"{where}: {'; '.join(reasons) or 'failed'}"
 
 
@@ -182,17 +193,30 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
     precision = [r for r in per_rank if r["status"] == Status.WARN and rank_symptom(r).startswith("precision:")]
     if precision and any(r["status"] == Status.PASS for r in per_rank):
         # float32 or bfloat16 math shows on every rank; an error on some ranks only (others exact) is a bug
-        per_rank = [{**r, "status": Status.FAIL, "symptom": Symptom.VALUES, "message": "only some ranks are off (a precision "
-                     "choice would show on every rank): " + r["message"]} if r in precision else r for r in per_rank]
+        per_rank = [
+            {
+                **r,
+                "status": Status.FAIL,
+                "symptom": Symptom.VALUES,
+                "message": "only some ranks are off (a precision choice would show on every rank): " + r["message"],
+            }
+            if r in precision
+            else r
+            for r in per_rank
+        ]
     status = max((r["status"] for r in per_rank), key=STATUS_ORDER.__getitem__, default=Status.ERROR)
     if missing:
         status = Status.ERROR
+
     def worst(key: str):
         return max((r[key] for r in per_rank if r.get(key) is not None), default=None)
 
     # budget and err_naive belong to the worst element's row: take them from the rank with the largest ratio
-    judged = max((r for r in per_rank if r.get("budget") is not None),  # err_ratio None: infinite
-                 key=lambda r: math.inf if r.get("err_ratio") is None else r["err_ratio"], default={})
+    judged = max(
+        (r for r in per_rank if r.get("budget") is not None),  # err_ratio None: infinite
+        key=lambda r: math.inf if r.get("err_ratio") is None else r["err_ratio"],
+        default={},
+    )
     row = {
         "status": status,
         **{key: worst(key) for key in ("max_abs_err", "max_rel_err")},
@@ -201,12 +225,15 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
         "message": "",
         **merge_measurements(per_rank),
         "per_rank": [
-            {k: r.get(k) for k in ("rank", "coords", "status", "max_abs_err", "err_ratio")} for r in sorted(per_rank, key=lambda r: r["rank"])
+            {k: r.get(k) for k in ("rank", "coords", "status", "max_abs_err", "err_ratio")}
+            for r in sorted(per_rank, key=lambda r: r["rank"])
         ],
     }
     # The likely cause first: errors a peer's failure caused ("connection closed by peer") come last.
-    bad = sorted((r for r in per_rank if r["status"] in NOT_PASSING),
-                 key=lambda r: (bool(r.get("secondary")), -STATUS_ORDER[r["status"]], -(r.get("err_ratio") or 0), r["rank"]))
+    bad = sorted(
+        (r for r in per_rank if r["status"] in NOT_PASSING),
+        key=lambda r: (bool(r.get("secondary")), -STATUS_ORDER[r["status"]], -(r.get("err_ratio") or 0), r["rank"]),
+    )
     parts = [describe(r) for r in bad[:1]]
     if bad:
         worst = bad[0]
@@ -218,8 +245,9 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
             "local_index": loc.get("local_index"),
             "expected": loc.get("expected"),
             "got": loc.get("got"),
-            "kind": "error" if worst["status"] == Status.ERROR else ("nonfinite" if worst.get("nonfinite") else
-                                                               "shape" if "shape_mismatch" in worst else "value"),
+            "kind": "error"
+            if worst["status"] == Status.ERROR
+            else ("nonfinite" if worst.get("nonfinite") else "shape" if "shape_mismatch" in worst else "value"),
         }
         others = sorted({r["rank"] for r in bad})
         parts.append(f"failing rank(s): {', '.join(map(str, others))}")
@@ -260,21 +288,47 @@ def cause_fields(bad: list[dict], missing: list[int]) -> dict:
     status that failed on their own; the ranks whose error followed a peer's failure, and those that reported
     nothing, are blocked."""
     if not bad:
-        return {"symptom": Symptom.MISSING if missing else None, "culprit_ranks": list(missing), "blocked_ranks": [],
-                "error_type": None, "error_message": None, "error_where": None, "phase": None}
+        return {
+            "symptom": Symptom.MISSING if missing else None,
+            "culprit_ranks": list(missing),
+            "blocked_ranks": [],
+            "error_type": None,
+            "error_message": None,
+            "error_where": None,
+            "phase": None,
+        }
     first = bad[0]
     primary = [r for r in bad if not r.get("secondary")]
     if not primary:  # every rank that failed did so after a peer: the cause is elsewhere in the item
-        return {"symptom": Symptom.BLOCKED, "culprit_ranks": [], "blocked_ranks": sorted({r["rank"] for r in bad} | set(missing)),
-                **{key: first.get(key) for key in ("error_type", "error_message", "error_where", "phase")}}
+        return {
+            "symptom": Symptom.BLOCKED,
+            "culprit_ranks": [],
+            "blocked_ranks": sorted({r["rank"] for r in bad} | set(missing)),
+            **{key: first.get(key) for key in ("error_type", "error_message", "error_where", "phase")},
+        }
     culprits = sorted({r["rank"] for r in primary if r["status"] == first["status"]}) or [first["rank"]]
     blocked = sorted(({r["rank"] for r in bad if r.get("secondary")} | set(missing)) - set(culprits))
-    return {"symptom": rank_symptom(first), "culprit_ranks": culprits, "blocked_ranks": blocked,
-            **{key: first.get(key) for key in ("error_type", "error_message", "error_where", "phase")}}
+    return {
+        "symptom": rank_symptom(first),
+        "culprit_ranks": culprits,
+        "blocked_ranks": blocked,
+        **{key: first.get(key) for key in ("error_type", "error_message", "error_where", "phase")},
+    }
 
 
-MEASURED_MAX = ("time_ms", "time_ms_iqr", "time_fwd_ms", "time_bwd_ms", "peak_bytes", "peak_bytes_fwd",
-                "ref_time_ms", "ref_time_ms_iqr", "ref_peak_bytes", "expected_peak_bytes", "saved_bytes")
+MEASURED_MAX = (
+    "time_ms",
+    "time_ms_iqr",
+    "time_fwd_ms",
+    "time_bwd_ms",
+    "peak_bytes",
+    "peak_bytes_fwd",
+    "ref_time_ms",
+    "ref_time_ms_iqr",
+    "ref_peak_bytes",
+    "expected_peak_bytes",
+    "saved_bytes",
+)
 
 
 def merge_measurements(per_rank: list[dict]) -> dict:
@@ -295,7 +349,9 @@ def merge_measurements(per_rank: list[dict]) -> dict:
             out[key] = merged
     modelled = [r for r in per_rank if r.get("expected_peak_bytes") is not None]
     if modelled or any(r.get("memory_model") for r in per_rank):  # the words of the largest model (unequal shards)
-        out["memory_model"] = max(modelled or per_rank, key=lambda r: r.get("expected_peak_bytes") or 0).get("memory_model")
+        out["memory_model"] = max(modelled or per_rank, key=lambda r: r.get("expected_peak_bytes") or 0).get(
+            "memory_model"
+        )
     for key in ("times_ms", "ref_times_ms", "iters", "warmup", "comm_allowed"):  # identical on every rank
         values = [r[key] for r in per_rank if r.get(key) is not None]
         if values:

@@ -29,6 +29,7 @@ STOP = "stop"  # a plan file holding only this ends a launch: its ranks exit 0 (
 
 class EventKind(StrEnum):
     """The `t` of an event line."""
+
     START = "start"  # an item begins on this rank
     PHASE = "phase"  # the rank enters a phase of the item (Phase)
     CHECK = "check"  # one check's result on this rank
@@ -39,6 +40,7 @@ class EventKind(StrEnum):
 @dataclass(frozen=True)
 class Event:
     """One line of a rank's event log: {"t": kind, "item", "rank", "time", **the kind's own fields}."""
+
     item: int
     rank: int
     time: float
@@ -80,6 +82,7 @@ class PhaseEntered(Event):
 class Checked(Event):
     """One check's result on this rank: `result` holds what shardcheck.harness.core.compare.merge_ranks reads
     (message, errors, budget ratio, mismatch, cause fields...)."""
+
     check: str
     status: Status
     coords: dict | None = None

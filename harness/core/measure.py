@@ -47,32 +47,59 @@ _fake = _fake_collectives()
 CollectiveOp, collective_ops = _fake.CollectiveOp, _fake.collective_ops
 
 # c10d ops whose first argument is the output buffer: what this rank sends is the second.
-_SENDS_ARG1 = {"_allgather_base_", "allgather_", "allgather_coalesced_", "allgather_into_tensor_coalesced_",
-               "alltoall_base_", "alltoall_", "_reduce_scatter_base_", "reduce_scatter_",
-               "reduce_scatter_tensor_coalesced_", "gather_", "scatter_"}
+_SENDS_ARG1 = {
+    "_allgather_base_",
+    "allgather_",
+    "allgather_coalesced_",
+    "allgather_into_tensor_coalesced_",
+    "alltoall_base_",
+    "alltoall_",
+    "_reduce_scatter_base_",
+    "reduce_scatter_",
+    "reduce_scatter_tensor_coalesced_",
+    "gather_",
+    "scatter_",
+}
 
 
 def sent_bytes(func, args) -> int:
     """Bytes of the tensors this rank hands to the collective `func`."""
     sent = args[1] if func.namespace == "c10d" and func._overloadpacket.__name__ in _SENDS_ARG1 else args[0]
     return sum(t.numel() * t.element_size() for t in tree_leaves(sent) if isinstance(t, torch.Tensor))
+
+
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from shardcheck.harness.core.topology import mesh_dims
 from shardcheck.harness.core.records import Phase
+from shardcheck.harness.core.topology import mesh_dims
 
 _NOT_COUNTED = {"wait_tensor", "barrier", "monitored_barrier"}
 _KIND = {  # dispatcher op name -> collective kind
-    "allreduce": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced": "all_reduce",
-    "all_reduce_coalesced": "all_reduce", "_allgather_base": "all_gather", "allgather": "all_gather",
-    "all_gather_into_tensor": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
-    "all_gather_into_tensor_coalesced": "all_gather", "allgather_coalesced": "all_gather",
-    "_reduce_scatter_base": "reduce_scatter", "reduce_scatter": "reduce_scatter",
-    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "alltoall_base": "all_to_all", "alltoall": "all_to_all", "all_to_all_single": "all_to_all",
-    "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
-    "send": "send", "recv": "recv", "recv_any_source": "recv",
+    "allreduce": "all_reduce",
+    "all_reduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "_allgather_base": "all_gather",
+    "allgather": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "allgather_coalesced": "all_gather",
+    "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "alltoall_base": "all_to_all",
+    "alltoall": "all_to_all",
+    "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "gather": "gather",
+    "scatter": "scatter",
+    "send": "send",
+    "recv": "recv",
+    "recv_any_source": "recv",
 }
 
 
@@ -93,7 +120,9 @@ class CommCounter(TorchDispatchMode):
         self.enabled = enabled
         self.group_dims = group_dims  # process group name -> mesh dim
         self.phase = Phase.FORWARD
-        self.counts: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: defaultdict(lambda: {"calls": 0, "bytes": 0}))
+        self.counts: dict[str, dict[str, dict[str, int]]] = defaultdict(
+            lambda: defaultdict(lambda: {"calls": 0, "bytes": 0})
+        )
 
     def __enter__(self):
         return super().__enter__() if self.enabled else self
@@ -133,7 +162,9 @@ class CommCounter(TorchDispatchMode):
                 kind, _, dims = key.partition("@")
                 options = dims.split("|")
                 listed = [d for d in options if f"{kind}@{d}" in (allowed or {}).get(phase, {})]
-                entry = out.setdefault(phase, {}).setdefault(f"{kind}@{(listed or options)[0]}", {"calls": 0, "bytes": 0})
+                entry = out.setdefault(phase, {}).setdefault(
+                    f"{kind}@{(listed or options)[0]}", {"calls": 0, "bytes": 0}
+                )
                 entry["calls"] += seen["calls"]
                 entry["bytes"] += seen["bytes"]
         return {phase: dict(sorted(kinds.items())) for phase, kinds in out.items()}
@@ -186,8 +217,11 @@ class LiveBytes(TorchDispatchMode):
 def _storages(leaves) -> dict[int, torch.UntypedStorage]:
     """The storages of the plain tensors among `leaves`, by identity (a storage shared by views once)."""
     # A fake tensor (DTensor's sharding propagation runs ops on them) reports a device but holds a meta storage.
-    storages = (t.untyped_storage() for t in leaves
-                if isinstance(t, torch.Tensor) and not hasattr(type(t), "__tensor_flatten__"))
+    storages = (
+        t.untyped_storage()
+        for t in leaves
+        if isinstance(t, torch.Tensor) and not hasattr(type(t), "__tensor_flatten__")
+    )
     return {s._cdata: s for s in storages if s.device.type != "meta"}
 
 
@@ -245,7 +279,9 @@ def comm_violations(observed: dict, allowed: dict) -> list[str]:
         for key, seen in kinds.items():
             max_calls, max_bytes = allowed.get(phase, {}).get(key, (0, 0))
             if seen["calls"] > max_calls or seen["bytes"] > max_bytes:
-                out.append(f"{phase} {key}: {seen['calls']} call(s), {seen['bytes']} B > allowed {max_calls} call(s), {max_bytes} B")
+                out.append(
+                    f"{phase} {key}: {seen['calls']} call(s), {seen['bytes']} B > allowed {max_calls} call(s), {max_bytes} B"
+                )
     return out
 
 

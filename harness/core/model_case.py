@@ -109,14 +109,27 @@ class ModelCase:
         one device, run the first time a rank (or the bench) asks for them, not here: loading a suite to plan runs
         no model (the planner plans a model case's checks as its loss alone: PLANNED_CHECKS)."""
         if self.optimizer not in ("sgd", "adamw"):
-            raise ModelCaseError(f"model case {self.op}[{self.case_id}]: optimizer {self.optimizer!r}; "
-                                 "expected 'sgd' or 'adamw'")
-        case = StepCase(op=self.op, case_id=self.case_id, make_inputs=self._make_inputs, reference=self._reference,
-                        run=self._run, input_layouts=dict(self.input_layouts), output_names=("loss",),
-                        output_layouts=(REPLICATED,), budget_scope=BudgetScope.TENSOR,
-                        dtypes=self.dtypes, supports=self.supports, context_parallel=self._uses_cp(),
-                        xfail=self.xfail, skip_reason=self.skip_reason, params={"model": True, **self.params},
-                        uses=tuple(self.uses))
+            raise ModelCaseError(
+                f"model case {self.op}[{self.case_id}]: optimizer {self.optimizer!r}; expected 'sgd' or 'adamw'"
+            )
+        case = StepCase(
+            op=self.op,
+            case_id=self.case_id,
+            make_inputs=self._make_inputs,
+            reference=self._reference,
+            run=self._run,
+            input_layouts=dict(self.input_layouts),
+            output_names=("loss",),
+            output_layouts=(REPLICATED,),
+            budget_scope=BudgetScope.TENSOR,
+            dtypes=self.dtypes,
+            supports=self.supports,
+            context_parallel=self._uses_cp(),
+            xfail=self.xfail,
+            skip_reason=self.skip_reason,
+            params={"model": True, **self.params},
+            uses=tuple(self.uses),
+        )
         case.model = self
         self._case = case
         return case
@@ -127,8 +140,11 @@ class ModelCase:
         loss, is a skip)."""
         names = getattr(self, "_names", None)
         if names is None:
-            order = ({"loss": torch.zeros(())} if self.skip_reason is not None
-                     else self._step_on_one_device(self._order_inputs()))
+            order = (
+                {"loss": torch.zeros(())}
+                if self.skip_reason is not None
+                else self._step_on_one_device(self._order_inputs())
+            )
             names = tuple(n for n in order if not self._unchecked(n))
             self._shapes = {n: tuple(t.shape) for n, t in order.items()}
             self._by_key = {_key_of(n): n for n in names}
@@ -147,7 +163,8 @@ class ModelCase:
         kind, key = _key_of(name)
         path = key.split("#")[0]
         return kind in ("act", "dact") and any(
-            fnmatch.fnmatchcase(path if path != ROOT_NAME else "", pat) for pat in self.unchecked_modules)
+            fnmatch.fnmatchcase(path if path != ROOT_NAME else "", pat) for pat in self.unchecked_modules
+        )
 
     # ---------------------------------------------------------------------------------------------- inputs
 
@@ -156,7 +173,9 @@ class ModelCase:
         inputs = self.make_inputs(gen)
         clash = [n for n in inputs if n.startswith(PARAM_PREFIX)]
         if clash:
-            raise ModelCaseError(f"model case {self.op}[{self.case_id}]: input names {clash} start with {PARAM_PREFIX!r}")
+            raise ModelCaseError(
+                f"model case {self.op}[{self.case_id}]: input names {clash} start with {PARAM_PREFIX!r}"
+            )
         weights = {PARAM_PREFIX + n: p.detach().to(torch.float64) for n, p in model.named_parameters()}
         return {**inputs, **weights}
 
@@ -223,13 +242,27 @@ class ModelCase:
         self._case.output_layouts = tuple(lay for _, lay in outs)  # read by the harness after this run, this item
         return tuple(t for t, _ in outs)
 
-    def _layout_of(self, kind: str, key: str, name: str, tensor: torch.Tensor, layout: Layout | None,
-                   default: Layout, ctx: RankContext) -> Layout:
+    def _layout_of(
+        self,
+        kind: str,
+        key: str,
+        name: str,
+        tensor: torch.Tensor,
+        layout: Layout | None,
+        default: Layout,
+        ctx: RankContext,
+    ) -> Layout:
         """The layout of a sharded tensor of the step: a DTensor's own, else the declared or inferred one."""
         if layout is None and kind in ("act", "dact"):
             path = key.split("#")[0]
-            declared = next((lay for pat, lay in self.activation_layouts.items()
-                             if fnmatch.fnmatchcase(path if path != ROOT_NAME else "", pat)), None)
+            declared = next(
+                (
+                    lay
+                    for pat, lay in self.activation_layouts.items()
+                    if fnmatch.fnmatchcase(path if path != ROOT_NAME else "", pat)
+                ),
+                None,
+            )
             if declared is not None and kind == "dact":  # a summand's gradient is the whole gradient
                 declared = Layout(*[Replicate() if isinstance(p, Partial) else p for p in declared.placements])
             layout = declared or _layout_by_shape(tuple(tensor.shape), self._shapes[name], default, ctx)
@@ -248,16 +281,21 @@ class ModelCase:
             for name, p in model.named_parameters():
                 full = local.get(PARAM_PREFIX + name)
                 if full is None:
-                    raise ModelCaseError(f"the sharded model's parameter {name!r} is not a parameter of the model "
-                                         "build() returns: keep the parameter names (parallelize in place)")
+                    raise ModelCaseError(
+                        f"the sharded model's parameter {name!r} is not a parameter of the model "
+                        "build() returns: keep the parameter names (parallelize in place)"
+                    )
                 if isinstance(p, DTensor) and not _mapped(p):  # FSDP over a flattened mesh, a TP shard sharded again
                     target = p.to_local()
-                    piece = distribute_tensor(full.to(target.dtype), p.device_mesh, p.placements,
-                                              src_data_rank=None).to_local()
+                    piece = distribute_tensor(
+                        full.to(target.dtype), p.device_mesh, p.placements, src_data_rank=None
+                    ).to_local()
                     if tuple(piece.shape) != tuple(target.shape):
-                        raise ModelCaseError(f"parameter {name!r}: local shape {tuple(target.shape)}, its placements "
-                                             f"{p.placements} give {tuple(piece.shape)} of the full "
-                                             f"{tuple(full.shape)}")
+                        raise ModelCaseError(
+                            f"parameter {name!r}: local shape {tuple(target.shape)}, its placements "
+                            f"{p.placements} give {tuple(piece.shape)} of the full "
+                            f"{tuple(full.shape)}"
+                        )
                     target.copy_(piece)
                     continue
                 if isinstance(p, DTensor):
@@ -269,13 +307,19 @@ class ModelCase:
                     raise ModelCaseError(
                         f"parameter {name!r}: local shape {tuple(target.shape)} matches no layout "
                         f"({layout} gives {tuple(piece.shape)} of the full {tuple(full.shape)}); declare it in "
-                        "param_layouts, e.g. {'*.weight': Layout(tp=Shard(0))}")
+                        "param_layouts, e.g. {'*.weight': Layout(tp=Shard(0))}"
+                    )
                 target.copy_(piece)
 
     # ---------------------------------------------------------------------------------------------- the step
 
-    def _step(self, model: nn.Module, data: Tensors, ctx: RankContext | None,
-              arrive: Callable[[str, str, torch.Tensor, Layout | None], None]) -> None:
+    def _step(
+        self,
+        model: nn.Module,
+        data: Tensors,
+        ctx: RankContext | None,
+        arrive: Callable[[str, str, torch.Tensor, Layout | None], None],
+    ) -> None:
         """One training step with hooks, each tensor handed to `arrive(kind, key, tensor, layout)` as it is made, in
         execution order (kinds: act, loss, dact, dparam, step): the local tensor of a DTensor and its layout; a plain
         tensor and None.  Detached, not copied: `arrive` copies what it keeps."""
@@ -303,6 +347,7 @@ class ModelCase:
                 arrive("act", key, *view(tensor, activation=True))
                 if tensor.requires_grad:
                     tensor.register_hook(lambda g, key=key: arrive("dact", key, *view(g, activation=True)))
+
             return hook
 
         handles = [m.register_forward_hook(on_forward(path)) for path, m in model.named_modules()]
@@ -324,8 +369,11 @@ class ModelCase:
         for name, p in params:
             if p.grad is not None:
                 arrive("dparam", name, *view(p.grad))
-        opt = (torch.optim.SGD([p for _, p in params], lr=self.lr) if self.optimizer == "sgd"
-               else torch.optim.AdamW([p for _, p in params], lr=self.lr))
+        opt = (
+            torch.optim.SGD([p for _, p in params], lr=self.lr)
+            if self.optimizer == "sgd"
+            else torch.optim.AdamW([p for _, p in params], lr=self.lr)
+        )
         opt.step()
         for name, p in params:
             arrive("step", name, *view(p))
@@ -394,8 +442,7 @@ def _first_float(out) -> torch.Tensor | None:
 def _mapped(t: DTensor) -> bool:
     """Whether a Layout describes this DTensor: its mesh dims among dp/cp/tp, plain Shard/Replicate/Partial."""
     names = t.device_mesh.mesh_dim_names or ()
-    return (all(n in MESH_DIMS for n in names)
-            and all(type(p) in (Shard, Replicate, Partial) for p in t.placements))
+    return all(n in MESH_DIMS for n in names) and all(type(p) in (Shard, Replicate, Partial) for p in t.placements)
 
 
 def _dtensor_layout(t: DTensor, absent: Layout = REPLICATED) -> Layout:

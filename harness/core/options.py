@@ -30,9 +30,13 @@ def impl_map(values: list[str] | None) -> dict[str, str]:
 
 
 def add_suite_path_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--suite-path", action="append", metavar="PATH",
-                   help="an external suite file, or a folder of them (repeatable, or comma-separated); "
-                        "added to those [tool.shardcheck] suite-paths names in ./pyproject.toml")
+    p.add_argument(
+        "--suite-path",
+        action="append",
+        metavar="PATH",
+        help="an external suite file, or a folder of them (repeatable, or comma-separated); "
+        "added to those [tool.shardcheck] suite-paths names in ./pyproject.toml",
+    )
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:
@@ -48,12 +52,22 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds one case may take on any rank")
     p.add_argument("--quick", action="store_true", help="fewer, smaller cases")
-    p.add_argument("--no-shims", action="store_true",
-                   help="do not install shardcheck's CPU shims (torch CP attention on CPU, a Transformer Engine "
-                        "stand-in): code under test that needs them then fails as it would without them")
-    p.add_argument("--corpus", type=Path, metavar="DIR",
-                   help="the fuzz corpus whose saved failures run first (default: [tool.shardcheck] fuzz-corpus of "
-                        "./pyproject.toml, else ./fuzz-corpus)")
-    p.add_argument("--strict", action="store_true",
-                   help="a warning (float64 computed in float32, bfloat16 math, collectives beyond the contract, "
-                        "a signature difference) fails the run too")
+    p.add_argument(
+        "--no-shims",
+        action="store_true",
+        help="do not install shardcheck's CPU shims (torch CP attention on CPU, a Transformer Engine "
+        "stand-in): code under test that needs them then fails as it would without them",
+    )
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        metavar="DIR",
+        help="the fuzz corpus whose saved failures run first (default: [tool.shardcheck] fuzz-corpus of "
+        "./pyproject.toml, else ./fuzz-corpus)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="a warning (float64 computed in float32, bfloat16 math, collectives beyond the contract, "
+        "a signature difference) fails the run too",
+    )

@@ -8,8 +8,11 @@ import re
 import torch.distributed as dist
 
 # What gloo, the TCP store and the sockets under them say when the other side has gone or never came.
-PEER_FAILURE = re.compile(r"closed by peer|reset by peer|Broken pipe|Connection refused|pair closure|timed out|Timeout|"
-                          r"aborted", re.I)
+PEER_FAILURE = re.compile(
+    r"closed by peer|reset by peer|Broken pipe|Connection refused|pair closure|timed out|Timeout|"
+    r"aborted",
+    re.I,
+)
 
 
 def is_peer_failure(error: BaseException | str) -> bool:

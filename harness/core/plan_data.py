@@ -63,7 +63,9 @@ class Plan:
     failure_artefacts: int = 0  # failing items whose tensors the ranks still save (harness/rank/artefacts.py)
     missing_ops: dict[str, str] = field(default_factory=dict)  # {op: suite} selected but not in the module under test
     shims: bool = True  # install harness/shims on every rank (only where the real thing cannot run)
-    suite_paths: list[str] = field(default_factory=list)  # absolute files of the external suites (harness/rank/suite_loader.py)
+    suite_paths: list[str] = field(
+        default_factory=list
+    )  # absolute files of the external suites (harness/rank/suite_loader.py)
     # {family: its default module (shardcheck.harness.rank.suite_loader.default_impl)}: what an --impl module's signatures are
     # compared with; None for a new family whose suites name no IMPLEMENTATION.
     default_impl: dict[str, str | None] = field(default_factory=dict)
@@ -75,8 +77,10 @@ class Plan:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> "Plan":
+    def from_json(cls, text: str) -> Plan:
         raw = json.loads(text)
-        raw["items"] = [Item(**{**i, "topology": tuple(i["topology"]),
-                                "xfail": Xfail(**i["xfail"]) if i.get("xfail") else None}) for i in raw["items"]]
+        raw["items"] = [
+            Item(**{**i, "topology": tuple(i["topology"]), "xfail": Xfail(**i["xfail"]) if i.get("xfail") else None})
+            for i in raw["items"]
+        ]
         return cls(**raw)

@@ -45,22 +45,35 @@ import os
 import pickle
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from shardcheck.harness.core.peer_failure import is_peer_failure
 from shardcheck.harness.core.modules import resolve_impl
+from shardcheck.harness.core.peer_failure import is_peer_failure
 
 HOST = "127.0.0.1"
 # Variables a launcher sets: removed in every fresh rank (it may have been forked from a worker
 # started by torchrun), then set again for the simulated job.
-LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+LAUNCHER_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 KEY = "shardcheck-processes/"  # this module's keys in the store (the process group's keys have their own prefix)
 
 
@@ -190,8 +203,9 @@ class _StoreLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            rec = LogRecord(self.proc.rank, record.name, record.levelname, record.getMessage(), record.created,
-                            self.proc.next_seq())
+            rec = LogRecord(
+                self.proc.rank, record.name, record.levelname, record.getMessage(), record.created, self.proc.next_seq()
+            )
             self.proc._store.set(f"{KEY}log/{self.proc.rank}/{self.count}", json.dumps(rec.__dict__))
             self.count += 1
             self.proc._store.set(f"{KEY}n_logs/{self.proc.rank}", str(self.count))
@@ -214,19 +228,37 @@ def load_module(ref: str) -> ModuleType:
     return importlib.import_module(ref)
 
 
-def _rank_main(fn: Callable, args: tuple, rank: int, world_size: int, nodes: int, port: int,
-               distributed_env: bool, init_process_group: bool, backend: str, pg_timeout: float,
-               extra_env: dict[str, str]) -> None:
+def _rank_main(
+    fn: Callable,
+    args: tuple,
+    rank: int,
+    world_size: int,
+    nodes: int,
+    port: int,
+    distributed_env: bool,
+    init_process_group: bool,
+    backend: str,
+    pg_timeout: float,
+    extra_env: dict[str, str],
+) -> None:
     """Entry point of one fresh rank: environment, store, log capture, fn, outcome; exit code 0 or 1."""
     for key in list(os.environ):
         if key in LAUNCHER_ENV or key.startswith("TORCHELASTIC_"):
             del os.environ[key]
     per_node = world_size // nodes
     if distributed_env:
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR=HOST, MASTER_PORT=str(port),
-                          LOCAL_RANK=str(rank % per_node), LOCAL_WORLD_SIZE=str(per_node),
-                          GROUP_RANK=str(rank // per_node), NODE_RANK=str(rank // per_node),
-                          GROUP_WORLD_SIZE=str(nodes), TORCHELASTIC_USE_AGENT_STORE="True")
+        os.environ.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            MASTER_ADDR=HOST,
+            MASTER_PORT=str(port),
+            LOCAL_RANK=str(rank % per_node),
+            LOCAL_WORLD_SIZE=str(per_node),
+            GROUP_RANK=str(rank // per_node),
+            NODE_RANK=str(rank // per_node),
+            GROUP_WORLD_SIZE=str(nodes),
+            TORCHELASTIC_USE_AGENT_STORE="True",
+        )
     os.environ.update(extra_env)
     torch.set_num_threads(1)
     store = dist.TCPStore(HOST, port, is_master=False, timeout=timedelta(seconds=pg_timeout))
@@ -252,7 +284,13 @@ def _rank_main(fn: Callable, args: tuple, rank: int, world_size: int, nodes: int
 
 # Imported once in the forkserver, so that a fresh rank does not pay for them (seconds each on a
 # loaded machine): torch, and what process-level ops on models use (DDP, FSDP2).
-PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.distributed.fsdp", "shardcheck.harness.core.processes")
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch.distributed.fsdp",
+    "shardcheck.harness.core.processes",
+)
 _FORKSERVER_READY = False
 
 
@@ -275,9 +313,20 @@ def _context(preload: tuple[str, ...]):
     return ctx
 
 
-def run_ranks(fn: Callable, world_size: int, *, args: tuple = (), nodes: int = 1, deadline: float = 20.0,
-              init_process_group: bool = False, distributed_env: bool = True, backend: str = "gloo",
-              pg_timeout: float = 60.0, env: dict[str, str] | None = None, preload: tuple[str, ...] = ()) -> ProcessRun:
+def run_ranks(
+    fn: Callable,
+    world_size: int,
+    *,
+    args: tuple = (),
+    nodes: int = 1,
+    deadline: float = 20.0,
+    init_process_group: bool = False,
+    distributed_env: bool = True,
+    backend: str = "gloo",
+    pg_timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+    preload: tuple[str, ...] = (),
+) -> ProcessRun:
     """Run `fn(proc, *args)` on `world_size` fresh ranks (`nodes` simulated nodes); return every
     rank's outcome.  Ranks still running `deadline` seconds after the start are killed.
     `pg_timeout`: the store's and the process group's timeout (keep it above `deadline`, so that a
@@ -288,18 +337,36 @@ def run_ranks(fn: Callable, world_size: int, *, args: tuple = (), nodes: int = 1
     ctx = _context(tuple(preload) + (fn.__module__,))
     store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=pg_timeout))
     per_node = world_size // nodes
-    procs = [ctx.Process(target=_rank_main, daemon=True, name=f"shardcheck-rank{r}",
-                         args=(fn, tuple(args), r, world_size, nodes, store.port, distributed_env, init_process_group,
-                               backend, pg_timeout, dict(env or {})))
-             for r in range(world_size)]
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            daemon=True,
+            name=f"shardcheck-rank{r}",
+            args=(
+                fn,
+                tuple(args),
+                r,
+                world_size,
+                nodes,
+                store.port,
+                distributed_env,
+                init_process_group,
+                backend,
+                pg_timeout,
+                dict(env or {}),
+            ),
+        )
+        for r in range(world_size)
+    ]
     started = time.time()
     try:
         for p in procs:
             p.start()
         end = time.monotonic() + deadline
         while any(p.is_alive() for p in procs) and time.monotonic() < end:
-            multiprocessing.connection.wait([p.sentinel for p in procs if p.is_alive()],
-                                            timeout=max(end - time.monotonic(), 0.0))
+            multiprocessing.connection.wait(
+                [p.sentinel for p in procs if p.is_alive()], timeout=max(end - time.monotonic(), 0.0)
+            )
         killed = [p.is_alive() for p in procs]
     finally:  # also when the caller is interrupted: never leave ranks behind
         for p in procs:
@@ -308,18 +375,30 @@ def run_ranks(fn: Callable, world_size: int, *, args: tuple = (), nodes: int = 1
         for p in procs:
             p.join()
     wall = time.time() - started
-    outcomes = [_collect(store, r, r // per_node, r % per_node, p.exitcode, k) for r, (p, k) in enumerate(zip(procs, killed))]
+    outcomes = [
+        _collect(store, r, r // per_node, r % per_node, p.exitcode, k) for r, (p, k) in enumerate(zip(procs, killed))
+    ]
     return ProcessRun(world_size=world_size, nodes=nodes, deadline_s=deadline, wall_s=wall, ranks=outcomes)
 
 
-def _collect(store: dist.Store, rank: int, node: int, local_rank: int, exitcode: int | None, killed: bool) -> RankOutcome:
+def _collect(
+    store: dist.Store, rank: int, node: int, local_rank: int, exitcode: int | None, killed: bool
+) -> RankOutcome:
     def count(key: str) -> int:
         return int(store.get(key)) if store.check([key]) else 0
 
     events = [Event(**json.loads(store.get(f"{KEY}event/{rank}/{i}"))) for i in range(count(f"{KEY}n_events/{rank}"))]
     logs = [LogRecord(**json.loads(store.get(f"{KEY}log/{rank}/{i}"))) for i in range(count(f"{KEY}n_logs/{rank}"))]
-    out = RankOutcome(rank=rank, node=node, local_rank=local_rank, exitcode=exitcode, killed=killed, returned=False,
-                      events=events, logs=logs)
+    out = RankOutcome(
+        rank=rank,
+        node=node,
+        local_rank=local_rank,
+        exitcode=exitcode,
+        killed=killed,
+        returned=False,
+        events=events,
+        logs=logs,
+    )
     if store.check([f"{KEY}result/{rank}"]):
         out.returned, out.result = True, pickle.loads(store.get(f"{KEY}result/{rank}"))
     if store.check([f"{KEY}error/{rank}"]):

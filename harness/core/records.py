@@ -11,7 +11,7 @@ import subprocess
 import threading
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
@@ -21,8 +21,10 @@ if TYPE_CHECKING:
 RESULTS = "results.jsonl"
 RUN_META = "run.json"
 
+
 class Status(StrEnum):
     """A check's verdict (`ResultRow.status`), from best to worst."""
+
     PASS = "pass"
     SKIP = "skip"
     XFAIL = "xfail"  # a known failure (Case.xfail) that failed as expected
@@ -41,6 +43,7 @@ _STATUS_ORDER = list(Status)
 
 class Symptom(StrEnum):
     """What went wrong in a non-passing row (`ResultRow.symptom`); `words` is how the findings name it."""
+
     VALUES = "values"
     NONFINITE = "nonfinite"
     SHAPE = "shape"
@@ -93,6 +96,7 @@ SYMPTOMS = {
 
 class Phase(StrEnum):
     """Where in a case a rank was, in the order a case runs them."""
+
     SETUP = "setup"
     FORWARD = "forward"
     BACKWARD = "backward"
@@ -108,7 +112,7 @@ class _Row(TypedDict):
     run_id: str
     op: str  # family.Name
     family: str
-    impl: Optional[str]  # the --impl spec of the family, None for ours
+    impl: str | None  # the --impl spec of the family, None for ours
     suite: str
     case_id: str
     params: dict
@@ -122,36 +126,37 @@ class _Row(TypedDict):
     seed: int
     check: str  # forward, forward:<output>, grad:<input>, property:<name>, bench
     status: str  # pass, skip, xfail, warn, xpass, fail, error (shardcheck.harness.core.compare.STATUS_ORDER)
-    max_abs_err: Optional[float]
-    max_rel_err: Optional[float]
-    budget: Optional[float]
-    err_ratio: Optional[float]
-    err_naive: Optional[float]
-    mismatch: Optional[dict]  # the worst element: rank, coords, global_index, local_index, expected, got, kind
+    max_abs_err: float | None
+    max_rel_err: float | None
+    budget: float | None
+    err_ratio: float | None
+    err_naive: float | None
+    mismatch: dict | None  # the worst element: rank, coords, global_index, local_index, expected, got, kind
     message: str  # for people; shardcheck.harness.findings.causes reads the fields below, never this
     per_rank: list[dict]  # rank, coords, status, max_abs_err, err_ratio of every participating rank
     # What went wrong, as fields (None and [] on a passing row; an xfail row keeps its failure's, an xpass row
     # says "xpass"):
-    symptom: Optional[str]  # a key of SYMPTOMS
+    symptom: str | None  # a key of SYMPTOMS
     culprit_ranks: list[int]  # the ranks whose own result is wrong (that raised, died or did not finish)
     blocked_ranks: list[int]  # the ranks that blocked or lost their connection because of a culprit
-    error_type: Optional[str]  # the exception's type name; for a rank that died, its signal or exit code
-    error_message: Optional[str]  # the exception's own message (first line)
-    error_where: Optional[str]  # path:line where it was raised, in the module under test where the traceback has it
-    phase: Optional[str]  # one of PHASES: where the first culprit was when it went wrong
+    error_type: str | None  # the exception's type name; for a rank that died, its signal or exit code
+    error_message: str | None  # the exception's own message (first line)
+    error_where: str | None  # path:line where it was raised, in the module under test where the traceback has it
+    phase: str | None  # one of PHASES: where the first culprit was when it went wrong
 
 
 class ResultRow(_Row, total=False):
     """One row of results.jsonl: one check of one item (op, case, topology, dtype)."""
+
     rerun: str  # on every row but pass and skip: a `shardcheck run` command that runs this item alone
     uses_impl: dict  # on rows of a case that calls other families (Case.uses): {family: its module under test}
     xfail_reason: str  # on xfail and xpass rows: the case's KnownFailure (shardcheck.harness.core.case), its reason
     xfail_reference: str  # and its reference (an upstream issue), "" when it gives none
-    rule_source: Optional[str]  # where the check's rule comes from: "seed" or "ours" (shardcheck.harness.core.case.Rule)
-    rule_cite: Optional[str]  # the seed's sentence or signature, or our docs/ops section; None where nobody cited it
+    rule_source: str | None  # where the check's rule comes from: "seed" or "ours" (shardcheck.harness.core.case.Rule)
+    rule_cite: str | None  # the seed's sentence or signature, or our docs/ops section; None where nobody cited it
     # "error" on a row its findings line demoted to `warn` (an exception only on input our rule feeds, under --impl:
     # shardcheck.harness.findings.verdicts); the status the ranks gave it
-    demoted_from: Optional[str]
+    demoted_from: str | None
     item_seconds: float
     artefact: str  # failures/<item>/<check>.pt (the first failing items)
     error_map: str  # failures/<item>/<check>.png, drawn from the artefact by the report
@@ -178,8 +183,15 @@ class ResultRow(_Row, total=False):
 
 ROW_FIELDS = tuple(_Row.__annotations__)  # every row has these
 CAUSE_FIELDS = ("symptom", "culprit_ranks", "blocked_ranks", "error_type", "error_message", "error_where", "phase")
-NO_CAUSE = {"symptom": None, "culprit_ranks": [], "blocked_ranks": [], "error_type": None, "error_message": None,
-            "error_where": None, "phase": None}
+NO_CAUSE = {
+    "symptom": None,
+    "culprit_ranks": [],
+    "blocked_ranks": [],
+    "error_type": None,
+    "error_message": None,
+    "error_where": None,
+    "phase": None,
+}
 
 
 def _clean(value):
@@ -201,7 +213,15 @@ class RecordWriter:
         self.path = run_dir / RESULTS
         self.file = open(self.path, "a", buffering=1)
         self._lock = threading.Lock()  # launches of different world sizes write from their own threads
-        self.counts = {Status.PASS: 0, Status.WARN: 0, Status.FAIL: 0, Status.ERROR: 0, Status.SKIP: 0, Status.XFAIL: 0, Status.XPASS: 0}
+        self.counts = {
+            Status.PASS: 0,
+            Status.WARN: 0,
+            Status.FAIL: 0,
+            Status.ERROR: 0,
+            Status.SKIP: 0,
+            Status.XFAIL: 0,
+            Status.XPASS: 0,
+        }
         self.shim_calls: dict[str, int] | None = None  # calls the ranks' CPU shims handled; None: never reported
 
     def count_shim_calls(self, calls: dict[str, int]) -> None:
@@ -234,8 +254,13 @@ def git_state(path: Path) -> tuple[str | None, bool | None]:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True, timeout=10)
         if commit.returncode != 0:
             return None, None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=path,
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=path,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return commit.stdout.strip(), bool(dirty.stdout.strip())
     except (OSError, subprocess.SubprocessError):
         return None, None
@@ -264,8 +289,11 @@ MACHINE_KEYS = ("cpu", "cores", "gpu")  # the hardware: runs that differ here ha
 def machine_label(machine: dict | None) -> str:
     if not machine:
         return "machine not recorded"
-    return (f"{machine.get('cpu')}, {machine.get('cores')} cores" + (f", {machine['gpu']}" if machine.get("gpu") else "")
-            + f", torch {machine.get('torch')}")
+    return (
+        f"{machine.get('cpu')}, {machine.get('cores')} cores"
+        + (f", {machine['gpu']}" if machine.get("gpu") else "")
+        + f", torch {machine.get('torch')}"
+    )
 
 
 def same_machine(a: dict | None, b: dict | None) -> bool | None:
@@ -282,9 +310,16 @@ def run_metadata(run_id: str, argv: list[str], device: str, backend: str) -> dic
     else:
         device_name = platform.processor() or platform.machine()
     return {
-        "run_id": run_id, "argv": argv, "git_commit": commit, "git_dirty": dirty,
-        "torch_version": torch.__version__, "python_version": platform.python_version(),
-        "device": device, "device_name": device_name, "backend": backend, "host": socket.gethostname(),
+        "run_id": run_id,
+        "argv": argv,
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "device": device,
+        "device_name": device_name,
+        "backend": backend,
+        "host": socket.gethostname(),
         "machine": machine_info(device),
     }
 

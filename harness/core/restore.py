@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 _MISSING = object()
 

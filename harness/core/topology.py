@@ -30,7 +30,7 @@ class Topology:
         return f"dp{self.dp}-cp{self.cp}-tp{self.tp}"
 
     @classmethod
-    def parse(cls, text: str) -> "Topology":
+    def parse(cls, text: str) -> Topology:
         """`dp=1,cp=1,tp=2` (missing dims are 1)."""
         sizes = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
@@ -74,8 +74,11 @@ def mesh_dims(mesh: DeviceMesh) -> MeshDims:
     cached = _MESH_DIMS.get(id(mesh))
     if cached is None or cached[0] is not mesh:
         subs = {d: mesh[d] for d in MESH_DIMS}
-        dims = MeshDims(sizes={d: m.size() for d, m in subs.items()}, coords={d: m.get_local_rank() for d, m in subs.items()},
-                        groups={d: m.get_group() for d, m in subs.items()})
+        dims = MeshDims(
+            sizes={d: m.size() for d, m in subs.items()},
+            coords={d: m.get_local_rank() for d, m in subs.items()},
+            groups={d: m.get_group() for d, m in subs.items()},
+        )
         cached = _MESH_DIMS[id(mesh)] = (mesh, dims)  # the mesh kept alive: its id is never reused
     return cached[1]
 

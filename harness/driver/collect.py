@@ -7,7 +7,6 @@ error map (harness/rank/artefacts.py, reports/error_map.py)."""
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import shutil
@@ -16,13 +15,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shardcheck.harness.rank.artefacts import ArtefactBudget
-from shardcheck.harness.rank.worker import RAISED_GRACE
 from shardcheck.harness.core.compare import merge_ranks
 from shardcheck.harness.core.events import PIECES, Checked, Done, Event, PhaseEntered, Started, Stuck
-from shardcheck.harness.core.plan_data import Item, Plan, Xfail
 from shardcheck.harness.core.options import DEFAULT_TIMEOUT
+from shardcheck.harness.core.plan_data import Item, Plan, Xfail
 from shardcheck.harness.core.records import NO_CAUSE, PHASES, Phase, RecordWriter, ResultRow, Status, Symptom
+from shardcheck.harness.rank.artefacts import ArtefactBudget
+from shardcheck.harness.rank.worker import RAISED_GRACE
 
 if TYPE_CHECKING:
     from shardcheck.harness.driver.postmortem import Postmortem
@@ -40,8 +39,15 @@ class _ItemState:
 class Collector:
     """Follows DIR/rank*.jsonl of one launch; writes a row per check when an item is complete."""
 
-    def __init__(self, plan: Plan, items: list[Item], events_dir: Path, writer: RecordWriter, world_size: int,
-                 artefacts: ArtefactBudget | None = None):
+    def __init__(
+        self,
+        plan: Plan,
+        items: list[Item],
+        events_dir: Path,
+        writer: RecordWriter,
+        world_size: int,
+        artefacts: ArtefactBudget | None = None,
+    ):
         self.plan, self.events_dir, self.writer, self.world = plan, events_dir, writer, world_size
         self.items = {i.id: i for i in items}
         self.state = {i.id: _ItemState() for i in items}
@@ -108,8 +114,9 @@ class Collector:
         self.finished.add(item.id)
         self._started_unfinished.discard(item.id)
 
-    def abort(self, item: Item, reason: str, deaths: dict[int, str] | None = None,
-              evidence: Postmortem | None = None) -> str:
+    def abort(
+        self, item: Item, reason: str, deaths: dict[int, str] | None = None, evidence: Postmortem | None = None
+    ) -> str:
         """Finish `item` as an error: ranks that did not report a check are named, with what they were doing.
         `deaths` maps the ranks whose process died by itself (not in the teardown) to how ('SIGKILL',
         'exit code 13'): each check of the case names them, and the other ranks' rows say they waited on them.
@@ -129,41 +136,67 @@ class Collector:
         raised = self._first_exception(item)
         blocked_at = min((_phase_order(st.phase.get(r, Phase.SETUP)) for r in stuck_ranks), default=len(PHASES))
         if deaths:
-            root = {"symptom": Symptom.DIED, "culprit_ranks": sorted(deaths),
-                    "blocked_ranks": [r for r in participants if r not in deaths],
-                    "error_type": ", ".join(dict.fromkeys(how for _, how in sorted(deaths.items()))),
-                    "error_message": "; ".join(f"rank {r}: {w}" if len(deaths) > 1 else w
-                                               for r, w in sorted(words.items()) if r in deaths and w) or None,
-                    "error_where": None, "phase": st.phase.get(min(deaths), Phase.SETUP)}
+            root = {
+                "symptom": Symptom.DIED,
+                "culprit_ranks": sorted(deaths),
+                "blocked_ranks": [r for r in participants if r not in deaths],
+                "error_type": ", ".join(dict.fromkeys(how for _, how in sorted(deaths.items()))),
+                "error_message": "; ".join(
+                    f"rank {r}: {w}" if len(deaths) > 1 else w for r, w in sorted(words.items()) if r in deaths and w
+                )
+                or None,
+                "error_where": None,
+                "phase": st.phase.get(min(deaths), Phase.SETUP),
+            }
         elif raised is not None and _phase_order(raised.get("phase")) <= blocked_at:
-            root = {"symptom": raised.get("symptom") or Symptom.EXCEPTION, "culprit_ranks": raised["culprit_ranks"],
-                    "blocked_ranks": [r for r in stuck_ranks if r not in raised["culprit_ranks"]],
-                    **{k: raised.get(k) for k in ("error_type", "error_message", "error_where", "phase")}}
+            root = {
+                "symptom": raised.get("symptom") or Symptom.EXCEPTION,
+                "culprit_ranks": raised["culprit_ranks"],
+                "blocked_ranks": [r for r in stuck_ranks if r not in raised["culprit_ranks"]],
+                **{k: raised.get(k) for k in ("error_type", "error_message", "error_where", "phase")},
+            }
         else:
             culprits = stuck_ranks or [r for r in participants if r not in st.done]
-            root = {**NO_CAUSE, "symptom": Symptom.HUNG, "culprit_ranks": culprits,
-                    "phase": st.phase.get(culprits[0], Phase.SETUP) if culprits else None}
+            root = {
+                **NO_CAUSE,
+                "symptom": Symptom.HUNG,
+                "culprit_ranks": culprits,
+                "phase": st.phase.get(culprits[0], Phase.SETUP) if culprits else None,
+            }
             if evidence is not None and evidence.text:
                 root["error_message"], root["error_where"] = evidence.text, evidence.where
             if evidence is not None and evidence.culprits:
-                root.update(culprit_ranks=evidence.culprits, phase=st.phase.get(evidence.culprits[0], Phase.SETUP),
-                            blocked_ranks=[r for r in participants if r not in evidence.culprits])
-        notes = [f"rank {r} died: {how}" + (f": {words[r]}" if words.get(r) else "") for r, how in sorted(deaths.items())]
+                root.update(
+                    culprit_ranks=evidence.culprits,
+                    phase=st.phase.get(evidence.culprits[0], Phase.SETUP),
+                    blocked_ranks=[r for r in participants if r not in evidence.culprits],
+                )
+        notes = [
+            f"rank {r} died: {how}" + (f": {words[r]}" if words.get(r) else "") for r, how in sorted(deaths.items())
+        ]
         waiting = [r for r in participants if r not in deaths]
         if deaths and waiting:
-            notes.append(f"rank(s) {', '.join(map(str, waiting))} waiting on rank(s) {', '.join(map(str, sorted(deaths)))} ("
-                         + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in waiting) + ")")
+            notes.append(
+                f"rank(s) {', '.join(map(str, waiting))} waiting on rank(s) {', '.join(map(str, sorted(deaths)))} ("
+                + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in waiting)
+                + ")"
+            )
         if stuck_ranks:
             # The budget, not the measured wait: the barrier's poll and a loaded machine add a tenth or two, and
             # the user set --timeout (the event keeps the measured wait).
             budget = self.plan.timeout
             after_raise = root["symptom"] != Symptom.HUNG and not deaths
-            why = (f"blocked after rank(s) {', '.join(map(str, raised['culprit_ranks']))} raised {raised.get('error_type')}"
-                   if after_raise else "blocked or dead")
+            why = (
+                f"blocked after rank(s) {', '.join(map(str, raised['culprit_ranks']))} raised {raised.get('error_type')}"
+                if after_raise
+                else "blocked or dead"
+            )
             # after a raise, the ranks that got to the item's end wait RAISED_GRACE for the others, not --timeout
             within = f"{min(RAISED_GRACE, budget):g}s of the raise" if after_raise else f"{budget:g}s"
-            notes.append(f"rank(s) {', '.join(map(str, stuck_ranks))} did not finish the case within {within} "
-                         f"({why}; " + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in stuck_ranks) + ")")
+            notes.append(
+                f"rank(s) {', '.join(map(str, stuck_ranks))} did not finish the case within {within} "
+                f"({why}; " + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in stuck_ranks) + ")"
+            )
         if reason:
             notes.append(reason)
         if evidence is not None and evidence.text:
@@ -178,23 +211,43 @@ class Collector:
             # A rank that reported a wrong result here comes before one that reported nothing: the blocked rank's
             # own error ("connection closed by peer", a consequence) may or may not reach its events before the
             # launch is ended, and the row must not name a different rank depending on which.
-            reported_bad = any(ev["status"] in (Status.FAIL, Status.ERROR) and not ev.get("secondary") for ev in per_rank)
+            reported_bad = any(
+                ev["status"] in (Status.FAIL, Status.ERROR) and not ev.get("secondary") for ev in per_rank
+            )
             for r in participants:
                 phase = st.phase.get(r, Phase.SETUP)
                 where = f"still in {phase}" if r in st.started else "never started the case"
                 if r in deaths:  # whatever it reported, the case did not complete there
                     per_rank[:] = [ev for ev in per_rank if ev["rank"] != r]
-                    per_rank.append({"rank": r, "coords": None, "check": check, "status": Status.ERROR, "secondary": False,
-                                     "message": f"died: {deaths[r]} (in {phase})" + (f": {words[r]}" if words.get(r) else ""),
-                                     "symptom": Symptom.DIED,
-                                     "error_type": deaths[r], "phase": phase})
+                    per_rank.append(
+                        {
+                            "rank": r,
+                            "coords": None,
+                            "check": check,
+                            "status": Status.ERROR,
+                            "secondary": False,
+                            "message": f"died: {deaths[r]} (in {phase})" + (f": {words[r]}" if words.get(r) else ""),
+                            "symptom": Symptom.DIED,
+                            "error_type": deaths[r],
+                            "phase": phase,
+                        }
+                    )
                 elif r not in reported:
                     first = f"waiting on {waiting_on}; no result ({where})" if deaths else f"no result ({where})"
                     # a consequence, unless the item hung or this is the rank that raised
                     after_peer = (root["symptom"] != Symptom.HUNG or named) and r not in root["culprit_ranks"]
-                    per_rank.append({"rank": r, "coords": None, "check": check, "status": Status.ERROR,
-                                     "secondary": after_peer or reported_bad, "message": "; ".join([first, *notes]),
-                                     "symptom": Symptom.BLOCKED if after_peer else root["symptom"], "phase": phase})
+                    per_rank.append(
+                        {
+                            "rank": r,
+                            "coords": None,
+                            "check": check,
+                            "status": Status.ERROR,
+                            "secondary": after_peer or reported_bad,
+                            "message": "; ".join([first, *notes]),
+                            "symptom": Symptom.BLOCKED if after_peer else root["symptom"],
+                            "phase": phase,
+                        }
+                    )
                 elif deaths and reported[r]["status"] == Status.ERROR and reported[r].get("secondary"):
                     reported[r]["message"] = f"waiting on {waiting_on}: {reported[r]['message']}"
         self._finish(item, extra_message="; ".join(notes), root=root)
@@ -208,22 +261,43 @@ class Collector:
         """The first rank result of `item` (in check order, then by rank) that raised on its own (not after a
         peer failed), with `culprit_ranks`: every rank that raised the same on its own; or None."""
         st = self.state[item.id]
-        own = [ev for check in [*item.checks, *(c for c in st.checks if c not in item.checks)]
-               for ev in sorted(st.checks.get(check, []), key=lambda e: e["rank"])
-               if ev["status"] == Status.ERROR and not ev.get("secondary") and ev.get("error_type")]
+        own = [
+            ev
+            for check in [*item.checks, *(c for c in st.checks if c not in item.checks)]
+            for ev in sorted(st.checks.get(check, []), key=lambda e: e["rank"])
+            if ev["status"] == Status.ERROR and not ev.get("secondary") and ev.get("error_type")
+        ]
         if not own:
             return None
         first = own[0]
-        same = {ev["rank"] for ev in own if (ev["error_type"], ev.get("error_where")) == (first["error_type"], first.get("error_where"))}
+        same = {
+            ev["rank"]
+            for ev in own
+            if (ev["error_type"], ev.get("error_where")) == (first["error_type"], first.get("error_where"))
+        }
         return {**first, "culprit_ranks": sorted(same)}
 
     def skip(self, item: Item, reason: str) -> None:
         """Record every check of `item` as skipped, without running it."""
         for check in item.checks or ["forward"]:
-            self.writer.write(self._row(item, check, {"status": Status.SKIP, "max_abs_err": None, "max_rel_err": None,
-                                                      "budget": None, "err_ratio": None, "err_naive": None,
-                                                      "mismatch": None, "message": reason, "per_rank": [],
-                                                      **NO_CAUSE}))
+            self.writer.write(
+                self._row(
+                    item,
+                    check,
+                    {
+                        "status": Status.SKIP,
+                        "max_abs_err": None,
+                        "max_rel_err": None,
+                        "budget": None,
+                        "err_ratio": None,
+                        "err_naive": None,
+                        "mismatch": None,
+                        "message": reason,
+                        "per_rank": [],
+                        **NO_CAUSE,
+                    },
+                )
+            )
         self._mark_finished(item)
 
     def _finish(self, item: Item, extra_message: str = "", root: dict | None = None) -> None:
@@ -235,9 +309,16 @@ class Collector:
         aborted = root is not None
         if not aborted:
             raised = self._first_exception(item)
-            root = None if raised is None else {
-                "symptom": raised.get("symptom") or Symptom.EXCEPTION, "culprit_ranks": raised["culprit_ranks"], "blocked_ranks": [],
-                **{k: raised.get(k) for k in ("error_type", "error_message", "error_where", "phase")}}
+            root = (
+                None
+                if raised is None
+                else {
+                    "symptom": raised.get("symptom") or Symptom.EXCEPTION,
+                    "culprit_ranks": raised["culprit_ranks"],
+                    "blocked_ranks": [],
+                    **{k: raised.get(k) for k in ("error_type", "error_message", "error_where", "phase")},
+                }
+            )
         rows = {}
         for check, per_rank in st.checks.items():
             for r in per_rank:
@@ -247,10 +328,19 @@ class Collector:
             merged = merge_ranks(per_rank, participants)
             if extra_message and merged["status"] != Status.PASS and extra_message not in merged["message"]:
                 merged["message"] = "; ".join(m for m in (merged["message"], extra_message) if m)
-            if root and merged["status"] == Status.ERROR and (aborted or merged["symptom"] in (Symptom.MISSING, Symptom.BLOCKED)):
+            if (
+                root
+                and merged["status"] == Status.ERROR
+                and (aborted or merged["symptom"] in (Symptom.MISSING, Symptom.BLOCKED))
+            ):
                 # the ranks that stopped after the culprit: the aborted item's, or those without a result here
-                blocked = root["blocked_ranks"] if aborted else [
-                    r for r in merged["blocked_ranks"] + merged["culprit_ranks"] if r not in root["culprit_ranks"]]
+                blocked = (
+                    root["blocked_ranks"]
+                    if aborted
+                    else [
+                        r for r in merged["blocked_ranks"] + merged["culprit_ranks"] if r not in root["culprit_ranks"]
+                    ]
+                )
                 merged.update({**root, "blocked_ranks": sorted(set(blocked))})
             rows[check] = merged
         if item.xfail is not None:  # before the artefacts: a known failure spends none of the budget
@@ -264,8 +354,13 @@ class Collector:
                     rows[check].update(paths)
             shutil.rmtree(pieces, ignore_errors=True)
         # an aborted item: from its start to its end by the driver (what a hang cost)
-        seconds = (round(max(st.done.values()), 4) if st.done and not aborted else
-                   round(time.time() - min(st.started.values()), 4) if aborted and st.started else None)
+        seconds = (
+            round(max(st.done.values()), 4)
+            if st.done and not aborted
+            else round(time.time() - min(st.started.values()), 4)
+            if aborted and st.started
+            else None
+        )
         for check, merged in rows.items():
             self.writer.write({**self._row(item, check, merged), "item_seconds": seconds})
         self._mark_finished(item)
@@ -274,15 +369,31 @@ class Collector:
         dp, cp, tp = item.topology
         family = item.op.split(".", 1)[0]
         row: ResultRow = {
-            "run_id": self.plan.run_id, "op": item.op, "family": family, "impl": self.plan.impl.get(family),
-            "suite": item.suite, "case_id": item.case_id, "params": item.params, "dp": dp, "cp": cp, "tp": tp,
-            "world_size": item.world_size, "dtype": item.dtype, "device": self.plan.device, "backend": self.plan.backend,
-            "seed": item.seed, "check": check, **merged,
+            "run_id": self.plan.run_id,
+            "op": item.op,
+            "family": family,
+            "impl": self.plan.impl.get(family),
+            "suite": item.suite,
+            "case_id": item.case_id,
+            "params": item.params,
+            "dp": dp,
+            "cp": cp,
+            "tp": tp,
+            "world_size": item.world_size,
+            "dtype": item.dtype,
+            "device": self.plan.device,
+            "backend": self.plan.backend,
+            "seed": item.seed,
+            "check": check,
+            **merged,
         }
         uses = self.plan.uses.get(item.op)
         if uses:  # the other families' modules the case called (Case.uses): `impl` stays its own family's
             row["uses_impl"] = {fam: self.plan.impl.get(fam) for fam in uses}
-        if merged["status"] not in (Status.PASS, Status.SKIP):  # findings, and known failures (the report lists their reruns)
+        if merged["status"] not in (
+            Status.PASS,
+            Status.SKIP,
+        ):  # findings, and known failures (the report lists their reruns)
             row["rerun"] = rerun_command(self.plan, item)
         return row
 
@@ -299,21 +410,33 @@ def known_failure(rows: dict[str, dict], mark: Xfail) -> dict[str, dict]:
     fields = {"xfail_reason": mark.reason, "xfail_reference": mark.reference}
 
     def failing(row: dict) -> bool:
-        return row["status"] in (Status.FAIL, Status.ERROR) or (row["status"] == Status.WARN
-                                                      and str(row.get("symptom") or "").startswith("precision:"))
+        return row["status"] in (Status.FAIL, Status.ERROR) or (
+            row["status"] == Status.WARN and str(row.get("symptom") or "").startswith("precision:")
+        )
 
     still_failing = any(failing(rows[c]) for c in covered)
     out = dict(rows)
     for check in covered:
         row = rows[check]
         if failing(row):
-            out[check] = {**row, **fields, "status": Status.XFAIL,
-                          "message": "; ".join(m for m in (row["message"], mark.words()) if m)}
+            out[check] = {
+                **row,
+                **fields,
+                "status": Status.XFAIL,
+                "message": "; ".join(m for m in (row["message"], mark.words()) if m),
+            }
         elif row["status"] == Status.PASS and not still_failing:
-            now = (f"passes on every rank, but is marked as a {mark.words()}: the defect looks fixed, "
-                   "remove the KnownFailure mark (or narrow its checks or `when`)")
-            out[check] = {**row, **fields, "status": Status.XPASS, "symptom": Symptom.XPASS,
-                          "message": "; ".join(m for m in (now, row["message"]) if m)}
+            now = (
+                f"passes on every rank, but is marked as a {mark.words()}: the defect looks fixed, "
+                "remove the KnownFailure mark (or narrow its checks or `when`)"
+            )
+            out[check] = {
+                **row,
+                **fields,
+                "status": Status.XPASS,
+                "symptom": Symptom.XPASS,
+                "message": "; ".join(m for m in (now, row["message"]) if m),
+            }
     return out
 
 
@@ -328,9 +451,25 @@ def rerun_command(plan: Plan, item: Item) -> str:
     dp, cp, tp = item.topology
     family = item.op.split(".", 1)[0]
     external = [arg for path in plan.suite_paths if Path(path).stem == item.suite for arg in ("--suite-path", path)]
-    args = ["shardcheck", "run", *external, "--suite", item.suite, "--op", item.op, "--case", glob_escape(item.case_id),
-            "--topology", f"dp={dp},cp={cp},tp={tp}", "--dtype", item.dtype, "--seed", str(plan.seed),
-            "--device", plan.device]
+    args = [
+        "shardcheck",
+        "run",
+        *external,
+        "--suite",
+        item.suite,
+        "--op",
+        item.op,
+        "--case",
+        glob_escape(item.case_id),
+        "--topology",
+        f"dp={dp},cp={cp},tp={tp}",
+        "--dtype",
+        item.dtype,
+        "--seed",
+        str(plan.seed),
+        "--device",
+        plan.device,
+    ]
     # Any module but our seed module is named, the default IMPLEMENTATION of an external suite's family too: the
     # command then needs nothing else of the run to test the same module.
     # The other families a model case calls (Case.uses) too, each by its own --impl.
@@ -365,4 +504,3 @@ def _participants(item: Item) -> list[int]:
 def _coords_of(rank: int, topology) -> dict:
     dp, cp, tp = topology
     return {"dp": rank // (cp * tp), "cp": (rank // tp) % cp, "tp": rank % tp}
-

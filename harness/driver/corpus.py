@@ -14,13 +14,20 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from shardcheck.harness.core.topology import UsageError
 from shardcheck.harness.rank.fuzz_cases import canonical, fuzz_case_id
 from shardcheck.harness.rank.suite_loader import config_fuzz_corpus
-from shardcheck.harness.core.topology import UsageError
 
 DEFAULT_CORPUS = "fuzz-corpus"
-FIELDS = {"suite": str, "op": str, "params": dict, "seed": int, "signature": list, "impl": (str, type(None)),
-          "found": str}
+FIELDS = {
+    "suite": str,
+    "op": str,
+    "params": dict,
+    "seed": int,
+    "signature": list,
+    "impl": (str, type(None)),
+    "found": str,
+}
 
 
 @dataclass
@@ -28,7 +35,9 @@ class CorpusEntry:
     suite: str
     op: str
     params: dict  # the drawn dict: "topology", "dtype" and the op's own parameters
-    seed: int  # the fuzz run's --seed: the case's inputs are drawn from it (shardcheck.harness.driver.planner.item_seed)
+    seed: (
+        int  # the fuzz run's --seed: the case's inputs are drawn from it (shardcheck.harness.driver.planner.item_seed)
+    )
     signature: list[str]  # the failure: [check, status, symptom or error type]
     impl: str | None  # the module it failed on (None: the family's default)
     found: str = field(default_factory=lambda: dt.date.today().isoformat())
@@ -61,14 +70,20 @@ def load_corpus(directory: Path) -> list[CorpusEntry]:
             raise UsageError(f"fuzz corpus file {path}: cannot read: {exc}".splitlines()[0]) from None
         bad = [] if isinstance(raw, dict) else ["not a JSON object"]
         if not bad:
-            bad = [f"{k} must be {getattr(t, '__name__', 'str or null')}" for k, t in FIELDS.items()
-                   if k not in raw or not isinstance(raw[k], t) or (t is int and isinstance(raw[k], bool))]
+            bad = [
+                f"{k} must be {getattr(t, '__name__', 'str or null')}"
+                for k, t in FIELDS.items()
+                if k not in raw or not isinstance(raw[k], t) or (t is int and isinstance(raw[k], bool))
+            ]
             bad += [f"unknown key {k}" for k in sorted(set(raw) - set(FIELDS))]
         if not bad:
             params = raw["params"]
             topology = params.get("topology")
-            if not (isinstance(topology, list) and len(topology) == 3
-                    and all(isinstance(n, int) and n > 0 for n in topology)):
+            if not (
+                isinstance(topology, list)
+                and len(topology) == 3
+                and all(isinstance(n, int) and n > 0 for n in topology)
+            ):
                 bad.append("params.topology must be [dp, cp, tp]")
             if not isinstance(params.get("dtype"), str):
                 bad.append("params.dtype must be a dtype name")

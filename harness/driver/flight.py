@@ -17,8 +17,16 @@ from shardcheck.harness.rank.flight_recorder import read_records
 
 MESH_DIMS = ("dp", "cp", "tp")
 # collectives whose tensors legitimately differ between ranks (splits, roots, point to point): compared by kind only
-_SHAPE_FREE = {"all_to_all", "send", "recv", "gather", "scatter", "barrier", "all_gather_object",
-               "broadcast_object_list"}
+_SHAPE_FREE = {
+    "all_to_all",
+    "send",
+    "recv",
+    "gather",
+    "scatter",
+    "barrier",
+    "all_gather_object",
+    "broadcast_object_list",
+}
 
 
 @dataclass
@@ -34,8 +42,9 @@ def read(launch_dir: Path, rank: int) -> list[dict]:
 
 
 def case_records(launch_dir: Path, ranks: list[int], plan: int, item: int) -> dict[int, list[dict]]:
-    return {r: [rec for rec in read(launch_dir, r) if (rec.get("plan"), rec.get("item")) == (plan, item)]
-            for r in ranks}
+    return {
+        r: [rec for rec in read(launch_dir, r) if (rec.get("plan"), rec.get("item")) == (plan, item)] for r in ranks
+    }
 
 
 def _members(dim: str, rank: int, topology: tuple[int, int, int]) -> list[int]:
@@ -92,8 +101,10 @@ def compare(records: dict[int, list[dict]], topology: tuple[int, int, int]) -> F
                 sigs.setdefault(_signature(rec), []).append(r)
             if len(sigs) > 1:
                 groups = sorted(sigs.values(), key=lambda rs: (-len(rs), rs))
-                texts.append(f"collective mismatch on {dim}: " + ", ".join(
-                    f"{_ranks(rs)} in {_call(entered[rs[0]])}" for rs in groups))
+                texts.append(
+                    f"collective mismatch on {dim}: "
+                    + ", ".join(f"{_ranks(rs)} in {_call(entered[rs[0]])}" for rs in groups)
+                )
                 odd = [r for rs in (groups[1:] if len(groups[0]) > len(groups[1]) else groups) for r in rs]
                 culprits += odd
                 where = where or entered[odd[0]]["where"].split(" ")[0]
@@ -101,10 +112,15 @@ def compare(records: dict[int, list[dict]], topology: tuple[int, int, int]) -> F
             if missing:
                 first = entered[min(entered)]
                 last = [f"{_ranks([r])} last on {dim}: {_call(per_rank[r][-1])}" for r in missing if per_rank.get(r)]
-                texts.append(f"{_ranks(missing)} never entered {first['kind']} #{first['seq']} on {dim} "
-                             f"(the others did, at {where_text(first['where'])})"
-                             + (f"; {'; '.join(last)}" if last else f"; {'it' if len(missing) == 1 else 'they'} "
-                                f"entered no collective on {dim} in this case"))
+                texts.append(
+                    f"{_ranks(missing)} never entered {first['kind']} #{first['seq']} on {dim} "
+                    f"(the others did, at {where_text(first['where'])})"
+                    + (
+                        f"; {'; '.join(last)}"
+                        if last
+                        else f"; {'it' if len(missing) == 1 else 'they'} entered no collective on {dim} in this case"
+                    )
+                )
                 culprits += missing
                 break
     return FlightFinding("; ".join(texts), sorted(set(culprits)), where)

@@ -25,11 +25,11 @@ from pathlib import Path
 from shardcheck.harness.core.case import FuzzSpace
 from shardcheck.harness.core.compare import FAILING
 from shardcheck.harness.core.plan_data import Plan
-from shardcheck.harness.driver.launch import run_plan
-from shardcheck.harness.driver.pool import WorkerPool
-from shardcheck.harness.driver.planner import plan_fuzz_example
 from shardcheck.harness.core.records import RESULTS, RecordWriter
 from shardcheck.harness.core.topology import Topology
+from shardcheck.harness.driver.launch import run_plan
+from shardcheck.harness.driver.planner import plan_fuzz_example
+from shardcheck.harness.driver.pool import WorkerPool
 
 
 @dataclass
@@ -60,11 +60,18 @@ class OpSearch:
         return "fail" if self.failure else ("stopped" if self.stopped and not self.examples else "pass")
 
     def to_json(self) -> dict:
-        return {"suite": self.suite, "op": self.op, "verdict": self.verdict, "examples": self.examples,
-                "examples_to_failure": self.examples_to_failure, "seconds": round(self.seconds, 1),
-                "stopped": self.stopped, "note": self.note,
-                "first": self.first and {"params": self.first.params, "signature": list(self.first.signature)},
-                "failure": self.failure and {"params": self.failure.params, "signature": list(self.failure.signature)}}
+        return {
+            "suite": self.suite,
+            "op": self.op,
+            "verdict": self.verdict,
+            "examples": self.examples,
+            "examples_to_failure": self.examples_to_failure,
+            "seconds": round(self.seconds, 1),
+            "stopped": self.stopped,
+            "note": self.note,
+            "first": self.first and {"params": self.first.params, "signature": list(self.first.signature)},
+            "failure": self.failure and {"params": self.failure.params, "signature": list(self.failure.signature)},
+        }
 
 
 def signature(rows: list[dict]) -> tuple[str, str, str] | None:
@@ -111,8 +118,14 @@ class FuzzSession:
         scratch = self.run_dir / "examples" / f"{self._count:06d}"
         writer = RecordWriter(scratch)
         try:
-            run_plan(plan_fuzz_example(self.base, suite, space, params), scratch, writer, show_progress=False,
-                     hang_budget=self.hang_budget, pool=self.pool)
+            run_plan(
+                plan_fuzz_example(self.base, suite, space, params),
+                scratch,
+                writer,
+                show_progress=False,
+                hang_budget=self.hang_budget,
+                pool=self.pool,
+            )
         finally:
             writer.close()
         rows = [json.loads(line) for line in (scratch / RESULTS).read_text().splitlines() if line.strip()]
@@ -128,10 +141,17 @@ class FuzzSession:
         found = OpSearch(suite, space.op)
         started = time.time()
 
-        @settings(max_examples=self.examples, deadline=None, derandomize=False, report_multiple_bugs=False,
-                  database=DirectoryBasedExampleDatabase(self.run_dir / "hypothesis"), print_blob=False,
-                  phases=[Phase.generate, Phase.shrink], verbosity=Verbosity.quiet,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=self.examples,
+            deadline=None,
+            derandomize=False,
+            report_multiple_bugs=False,
+            database=DirectoryBasedExampleDatabase(self.run_dir / "hypothesis"),
+            print_blob=False,
+            phases=[Phase.generate, Phase.shrink],
+            verbosity=Verbosity.quiet,
+            suppress_health_check=list(HealthCheck),
+        )
         @seed(self.base.seed)
         @given(space.params(self.topologies))
         def example(params: dict) -> None:
@@ -156,12 +176,15 @@ class FuzzSession:
         except _FailsTheSameWay:
             pass
         except _OutOfTime:
-            found.stopped = "--time ran out" + (" while shrinking: the case is the smallest found so far"
-                                                if found.failure else "")
+            found.stopped = "--time ran out" + (
+                " while shrinking: the case is the smallest found so far" if found.failure else ""
+            )
         except Flaky as exc:  # the failure did not reproduce: keep what was seen, say so
             found.note = f"hypothesis: {type(exc).__name__}: {str(exc).splitlines()[0]}"
         except HypothesisException as exc:  # e.g. no legal topology among those given
-            found.stopped = f"hypothesis could not draw from the space: {type(exc).__name__}: " \
-                            f"{str(exc).splitlines()[0] if str(exc) else ''}"
+            found.stopped = (
+                f"hypothesis could not draw from the space: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}"
+            )
         found.seconds = time.time() - started
         return found

@@ -16,8 +16,10 @@ from shardcheck.harness.driver.stacks import short_path
 # torch's C++ stack lines ("frame #2: c10::DistNetworkError::...", "Exception raised from ...").
 EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
 _FRAME_LINE = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+), in (?P<func>.*)$')
-_NATIVE = re.compile(r"terminate called|what\(\):|enforce fail|Fatal Python error|Segmentation fault|"
-                     r"Aborted|\[E\d*\s|NCCL error|gloo::")
+_NATIVE = re.compile(
+    r"terminate called|what\(\):|enforce fail|Fatal Python error|Segmentation fault|"
+    r"Aborted|\[E\d*\s|NCCL error|gloo::"
+)
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]:")
 TAIL = 400  # lines of the log's end read: the death is there
 MAX_CHARS = 400
@@ -44,7 +46,7 @@ def last_words(text: str) -> str:
             words += f" (at {short_path(frame['file'])}:{frame['line']} in {frame['func']})"
     else:
         return ""
-    return words if len(words) <= MAX_CHARS else words[:MAX_CHARS - 1] + "…"
+    return words if len(words) <= MAX_CHARS else words[: MAX_CHARS - 1] + "…"
 
 
 def of_rank(launch_dir: Path, rank: int) -> str:

@@ -24,13 +24,13 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from shardcheck.harness.rank.artefacts import ArtefactBudget
+from shardcheck.harness.core.plan_data import Item, Plan
+from shardcheck.harness.core.records import RecordWriter
 from shardcheck.harness.driver import postmortem
 from shardcheck.harness.driver.collect import Collector
 from shardcheck.harness.driver.last_words import EXCEPTION_LINE
-from shardcheck.harness.core.plan_data import Item, Plan
-from shardcheck.harness.core.records import RecordWriter
 from shardcheck.harness.driver.pool import Launch, LaunchSettings, WorkerPool
+from shardcheck.harness.rank.artefacts import ArtefactBudget
 
 # A launch that reports nothing for --timeout + WATCHDOG_GRACE seconds is ended: its ranks never came up, or are
 # stuck before their first item (a suite's import, the rendezvous).  Start-up counts against it: 16 CPU ranks forked
@@ -64,16 +64,29 @@ def _error_lines(log_text: str) -> str:
     return (raised[:1] or named[-1:] or [""])[0].strip()[:300]
 
 
-def run_plan(plan: Plan, run_dir: Path, writer: RecordWriter, show_progress: bool, hang_budget: bool = True,
-             artefacts: ArtefactBudget | None = None, pool: WorkerPool | None = None) -> None:
+def run_plan(
+    plan: Plan,
+    run_dir: Path,
+    writer: RecordWriter,
+    show_progress: bool,
+    hang_budget: bool = True,
+    artefacts: ArtefactBudget | None = None,
+    pool: WorkerPool | None = None,
+) -> None:
     """Run every item of `plan`, one launch per world size (more after a hang or death); rows go to `writer`.
     With a `pool`, launches come from it and go back to it when every item finished; without one, they end here."""
     if pool is None:
         with WorkerPool(run_dir) as own:
             return run_plan(plan, run_dir, writer, show_progress, hang_budget, artefacts, own)
     artefacts = artefacts if artefacts is not None else ArtefactBudget()
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        transient=False, disable=not show_progress)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        transient=False,
+        disable=not show_progress,
+    )
     stop = threading.Event()  # set when the run ends early (an interrupt, or a launch thread failing)
     with progress:
         task = progress.add_task("checks", total=len(plan.items))
@@ -85,9 +98,13 @@ def run_plan(plan: Plan, run_dir: Path, writer: RecordWriter, show_progress: boo
             for item in skipped:
                 collector.skip(item, item.skip)
             progress.update(task, advance=len(skipped))
-        worlds = [(w, list(items)) for w, items in
-                  groupby(sorted((i for i in plan.items if not i.skip), key=lambda i: (i.world_size, i.id)),
-                          key=lambda i: i.world_size)]
+        worlds = [
+            (w, list(items))
+            for w, items in groupby(
+                sorted((i for i in plan.items if not i.skip), key=lambda i: (i.world_size, i.id)),
+                key=lambda i: i.world_size,
+            )
+        ]
         # On CPU the launches of different world sizes run side by side: a launch leaves cores idle while its
         # ranks wait on each other (collectives, the item barrier), and the others fill them.  Not when
         # benchmarking (a neighbour would skew the times), nor on GPUs (launches would share devices).
@@ -125,9 +142,19 @@ def _hung(collector: Collector, timeout: float) -> bool:
     return item is not None and bool(collector.state[item.id].stuck or _running_for(collector) > timeout + ITEM_GRACE)
 
 
-def _run_world(plan: Plan, items: list[Item], world_size: int, run_dir: Path, writer: RecordWriter,
-               progress: Progress, task, hang_budget: bool, artefacts: ArtefactBudget, stop: threading.Event,
-               pool: WorkerPool) -> None:
+def _run_world(
+    plan: Plan,
+    items: list[Item],
+    world_size: int,
+    run_dir: Path,
+    writer: RecordWriter,
+    progress: Progress,
+    task,
+    hang_budget: bool,
+    artefacts: ArtefactBudget,
+    stop: threading.Event,
+    pool: WorkerPool,
+) -> None:
     standby: list[Launch] = []  # at most one launch started ahead for the next attempt
     # --profile: cProfile follows one thread; a launch thread beside the main one keeps its own profile, which the
     # breakdown merges with the driver's (reports/profile.py)
@@ -158,9 +185,19 @@ class _Stopped(Exception):
     """The run is ending early: a launch thread stops its workers."""
 
 
-def _run_launches(plan: Plan, items: list[Item], world_size: int, writer: RecordWriter, progress: Progress, task,
-                  hang_budget: bool, artefacts: ArtefactBudget, standby: list[Launch], stop: threading.Event,
-                  pool: WorkerPool) -> None:
+def _run_launches(
+    plan: Plan,
+    items: list[Item],
+    world_size: int,
+    writer: RecordWriter,
+    progress: Progress,
+    task,
+    hang_budget: bool,
+    artefacts: ArtefactBudget,
+    standby: list[Launch],
+    stop: threading.Event,
+    pool: WorkerPool,
+) -> None:
     """Launch after launch until every item of this world size has a row; `standby` holds the launch
     started ahead for the next attempt, if any."""
     settings = LaunchSettings.of(plan)
@@ -171,8 +208,9 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, writer: Record
             launch.discard()
             launch = None
         launch = launch or pool.take(world_size, settings)
-        events_dir, started = launch.give_plan(Plan(**{**plan.__dict__, "items": remaining,
-                                                       "failure_artefacts": artefacts.left}))
+        events_dir, started = launch.give_plan(
+            Plan(**{**plan.__dict__, "items": remaining, "failure_artefacts": artefacts.left})
+        )
         events_dir.mkdir(parents=True, exist_ok=True)
         collector = Collector(plan, remaining, events_dir, writer, world_size, artefacts)
         watchdog_reason = ""
@@ -182,8 +220,12 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, writer: Record
                 if stop.is_set():
                     raise _Stopped
                 for item in collector.poll():
-                    progress.update(task, advance=1, description=f"{item.op.split('.', 1)[1]} {item.dtype} "
-                                                                 f"dp{item.topology[0]}cp{item.topology[1]}tp{item.topology[2]}")
+                    progress.update(
+                        task,
+                        advance=1,
+                        description=f"{item.op.split('.', 1)[1]} {item.dtype} "
+                        f"dp{item.topology[0]}cp{item.topology[1]}tp{item.topology[2]}",
+                    )
                 if collector.all_finished():  # every rank reported every item
                     break
                 hung = _hung(collector, plan.timeout)
@@ -230,23 +272,31 @@ def _run_launches(plan: Plan, items: list[Item], world_size: int, writer: Record
         if not collector.state[failed.id].started and not collector.finished:
             # The launch died before running anything: every remaining item is an error.
             codes = ", ".join(f"rank {r}: {w}" for r, w in sorted(deaths.items()))
-            why = (watchdog_reason or _error_lines(log_text)
-                   or (f"workers exited ({codes})" if codes else "workers exited"))
+            why = (
+                watchdog_reason
+                or _error_lines(log_text)
+                or (f"workers exited ({codes})" if codes else "workers exited")
+            )
             for item in unfinished:
                 collector.abort(item, f"worker launch failed: {why} (logs: {launch.dir}/rank*.log)")
                 progress.update(task, advance=1)
             return
         if hung and not watchdog_reason and not collector.state[failed.id].stuck:
-            watchdog_reason = (f"no rank finished the case within --timeout {plan.timeout:g}s: "
-                               "the driver took the ranks' stacks and ended them")
-        cause = collector.abort(failed, watchdog_reason, deaths=deaths,
-                                evidence=evidence if failed is in_flight else None)
+            watchdog_reason = (
+                f"no rank finished the case within --timeout {plan.timeout:g}s: "
+                "the driver took the ranks' stacks and ended them"
+            )
+        cause = collector.abort(
+            failed, watchdog_reason, deaths=deaths, evidence=evidence if failed is in_flight else None
+        )
         progress.update(task, advance=1)
         remaining = [i for i in unfinished if i.id != failed.id]
         if hang_budget:
             dp, cp, tp = failed.topology
-            reason = (f"skipped: {failed.op} {cause} in case {failed.case_id} {failed.dtype} at dp{dp}-cp{cp}-tp{tp}; "
-                      f"its other items at this topology are not run (--no-hang-budget runs them)")
+            reason = (
+                f"skipped: {failed.op} {cause} in case {failed.case_id} {failed.dtype} at dp{dp}-cp{cp}-tp{tp}; "
+                f"its other items at this topology are not run (--no-hang-budget runs them)"
+            )
             for item in remaining:
                 if (item.op, item.topology) == (failed.op, failed.topology):
                     collector.skip(item, reason)

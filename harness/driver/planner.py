@@ -5,22 +5,28 @@ from __future__ import annotations
 
 import fnmatch
 import zlib
-
-import torch
-
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from shardcheck.harness.core.case import BAD_INPUT_CHECK, Case, FuzzSpace
 from shardcheck.harness.core.model_case import PLANNED_CHECKS, StepCase
-from shardcheck.harness.driver.corpus import CorpusEntry
-from shardcheck.harness.rank.fuzz_cases import fuzz_case
-from shardcheck.harness.core.plan_data import DTYPES, Item, Plan, Xfail
 from shardcheck.harness.core.modules import resolve_impl
 from shardcheck.harness.core.options import DEFAULT_WORLD_SIZES
-from shardcheck.harness.rank.suite_loader import (default_impl, external_suite_files, suite_cases, suite_family,
-                                  suite_file, suite_fuzz_spaces, suite_names)
+from shardcheck.harness.core.plan_data import DTYPES, Item, Plan, Xfail
 from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
+from shardcheck.harness.driver.corpus import CorpusEntry
+from shardcheck.harness.rank.fuzz_cases import fuzz_case
+from shardcheck.harness.rank.suite_loader import (
+    default_impl,
+    external_suite_files,
+    suite_cases,
+    suite_family,
+    suite_file,
+    suite_fuzz_spaces,
+    suite_names,
+)
 
 DEFAULT_DTYPES = ("float64", "float32", "bfloat16")
 
@@ -65,8 +71,9 @@ def known_failure(case: Case, topology: Topology, dtype: str) -> Xfail | None:
     try:
         applies = mark.applies(topology, dtype)
     except Exception as exc:  # the suite's own callable: one line naming the case, never a traceback
-        raise UsageError(f"{case.op} [{case.case_id}]: KnownFailure.when({topology}, {dtype!r}) raised "
-                         f"{type(exc).__name__}: {exc}") from None
+        raise UsageError(
+            f"{case.op} [{case.case_id}]: KnownFailure.when({topology}, {dtype!r}) raised {type(exc).__name__}: {exc}"
+        ) from None
     return Xfail(reason=mark.reason, reference=mark.reference, checks=list(mark.checks)) if applies else None
 
 
@@ -80,16 +87,23 @@ def check_known_failure(case: Case) -> None:
             case.output_names
         except Exception:  # the ranks report it (a reference error row): nothing to decide here
             return
-    checks = case.forward_checks + [f"grad:{n}" for n in case.grad_inputs] + (["property:comm"] if case.comm else []) \
+    checks = (
+        case.forward_checks
+        + [f"grad:{n}" for n in case.grad_inputs]
+        + (["property:comm"] if case.comm else [])
         + ([BAD_INPUT_CHECK] if case.bad_input is not None else [])
+    )
     for pattern in case.xfail.checks:
         if not pattern.startswith("property:") and not any(fnmatch.fnmatchcase(c, pattern) for c in checks):
-            raise UsageError(f"{case.op} [{case.case_id}]: KnownFailure check pattern {pattern!r} matches none of "
-                             f"its checks ({', '.join(checks) or 'none'})")
+            raise UsageError(
+                f"{case.op} [{case.case_id}]: KnownFailure check pattern {pattern!r} matches none of "
+                f"its checks ({', '.join(checks) or 'none'})"
+            )
 
 
-def resolve_modules(ops: list[tuple[str, str]], impl: dict[str, str], suite_paths: list[str],
-                    uses: Iterable[str] = ()) -> tuple[dict[str, str], dict[str, str | None], dict[str, str]]:
+def resolve_modules(
+    ops: list[tuple[str, str]], impl: dict[str, str], suite_paths: list[str], uses: Iterable[str] = ()
+) -> tuple[dict[str, str], dict[str, str | None], dict[str, str]]:
     """(impl, defaults, missing) of the selected (suite, op id)s: every family's module under test (`impl` with the
     defaults filled in), each family's default module, and {op: suite} of the ops the module does not define.
     Every module must import and define some selected op (UsageError otherwise).  `uses`: other families the
@@ -106,22 +120,31 @@ def resolve_modules(ops: list[tuple[str, str]], impl: dict[str, str], suite_path
             origins[family] = f"{family}'s default implementation {impl[family]}"
         else:
             suite_name = next((n for n, op in ops if op.split(".", 1)[0] == family), family)
-            raise UsageError(f"family {family!r} has no implementation: set IMPLEMENTATION in suite "
-                             f"{suite_file(suite_name, suite_paths)} or pass --impl {family}=MODULE")
+            raise UsageError(
+                f"family {family!r} has no implementation: set IMPLEMENTATION in suite "
+                f"{suite_file(suite_name, suite_paths)} or pass --impl {family}=MODULE"
+            )
         modules[family] = resolve_impl(family, impl[family], origins[family])
     # An op the module under test does not define is one finding (harness/rank/signatures.py), not a TypeError
     # per item; a module that defines none of the selected ops is the wrong module.
-    missing = {op: suite_name for suite_name, op in ops
-               if not hasattr(modules[op.split(".", 1)[0]], op.split(".", 1)[1])}
+    missing = {
+        op: suite_name for suite_name, op in ops if not hasattr(modules[op.split(".", 1)[0]], op.split(".", 1)[1])
+    }
     if len(missing) == len({op for _, op in ops}):
         family, name = next(iter(missing)).split(".", 1)
-        raise UsageError(f"{origins[family]}: module has none of the selected ops "
-                         f"(no {name!r}, needed by {family}.{name}); is it the right file?")
+        raise UsageError(
+            f"{origins[family]}: module has none of the selected ops "
+            f"(no {name!r}, needed by {family}.{name}); is it the right file?"
+        )
     return impl, defaults, missing
 
 
-def select_suites(suites_wanted: list[str], ops: list[str], impl: dict[str, str], suite_paths: list[str] = (),
-                  ) -> tuple[list[str], list[str]]:
+def select_suites(
+    suites_wanted: list[str],
+    ops: list[str],
+    impl: dict[str, str],
+    suite_paths: list[str] = (),
+) -> tuple[list[str], list[str]]:
     """(suite names, absolute external suite files) of a selection: `--suite` (a family selects its suites), else
     the external suites when some are given and no `--op` is, else every suite.  An `--impl` of an unknown family:
     UsageError."""
@@ -145,6 +168,7 @@ class Selection:
     with external suites runs those (name built-in ones with --suite to add them), unless `ops` are named, which
     are looked up in every suite.  `corpus`: saved fuzz failures (harness/driver/corpus.py, found in `corpus_dir`);
     those of the selected suites, ops and cases whose topology and dtype the run has come first."""
+
     run_id: str
     seed: int
     timeout: float
@@ -217,20 +241,45 @@ def build_plan(selection: Selection) -> Plan:
     # own), else those of the topologies.
     group_worlds = requested_worlds or set(world_sizes)
 
-    impl, defaults, missing = resolve_modules([(n, c.op) for n, c in cases] + [(n, c.op) for n, c, _ in replays],
-                                              impl, suite_paths, uses={f for _, c in cases for f in c.uses})
+    impl, defaults, missing = resolve_modules(
+        [(n, c.op) for n, c in cases] + [(n, c.op) for n, c, _ in replays],
+        impl,
+        suite_paths,
+        uses={f for _, c in cases for f in c.uses},
+    )
     cases = [(n, c) for n, c in cases if c.op not in missing]
     replays = [r for r in replays if r[1].op not in missing]
 
-    plan = Plan(run_id=run_id, quick=quick, seed=seed, timeout=timeout, device=device, backend=backend, impl=impl,
-                bench=bench, bench_iters=bench_iters, bench_warmup=bench_warmup, missing_ops=missing,
-                suite_paths=suite_paths, default_impl=defaults, corpus=corpus_dir,
-                uses={c.op: sorted(c.uses) for _, c in cases if c.uses})
+    plan = Plan(
+        run_id=run_id,
+        quick=quick,
+        seed=seed,
+        timeout=timeout,
+        device=device,
+        backend=backend,
+        impl=impl,
+        bench=bench,
+        bench_iters=bench_iters,
+        bench_warmup=bench_warmup,
+        missing_ops=missing,
+        suite_paths=suite_paths,
+        default_impl=defaults,
+        corpus=corpus_dir,
+        uses={c.op: sorted(c.uses) for _, c in cases if c.uses},
+    )
     for suite_name, case, entry in replays:  # the saved failures first: a regression shows at once
         topo = Topology(*entry.params["topology"])
         if topo in topologies:
-            plan.items.append(fuzz_item(len(plan.items), suite_name, case, entry.params, entry.seed,
-                                        topo.size if case.world_group else world_for(topo)))
+            plan.items.append(
+                fuzz_item(
+                    len(plan.items),
+                    suite_name,
+                    case,
+                    entry.params,
+                    entry.seed,
+                    topo.size if case.world_group else world_for(topo),
+                )
+            )
     for suite_name, case in cases:
         if not bench:
             check_known_failure(case)
@@ -244,8 +293,16 @@ def build_plan(selection: Selection) -> Plan:
                     continue
                 if case.world_group and topo.size not in group_worlds:
                     continue  # its default-group collectives need a launch of exactly this size
-                item = _item(len(plan.items), suite_name, case, dtype, topo,
-                             topo.size if case.world_group else world_for(topo), seed, bench)
+                item = _item(
+                    len(plan.items),
+                    suite_name,
+                    case,
+                    dtype,
+                    topo,
+                    topo.size if case.world_group else world_for(topo),
+                    seed,
+                    bench,
+                )
                 if topo not in fits:
                     fits[topo] = _misfit(case, topo, item.seed, made)
                 item.skip = fits[topo]
@@ -275,33 +332,59 @@ def _misfit(case: Case, topo: Topology, seed: int, made: list[dict | None]) -> s
     return case.misfit(topo, made[0]) if made[0] is not None else ""
 
 
-def _item(item_id: int, suite_name: str, case: Case, dtype: str, topo: Topology, world_size: int, seed: int,
-          bench: bool = False, fuzz: dict | None = None) -> Item:
-    return Item(id=item_id, suite=suite_name, op=case.op, case_id=case.case_id, dtype=dtype,
-                topology=(topo.dp, topo.cp, topo.tp), world_size=world_size,
-                seed=item_seed(seed, case.op, case.case_id, dtype), checks=expected_checks(case, bench),
-                params=case.params, xfail=known_failure(case, topo, dtype), fuzz=fuzz)
+def _item(
+    item_id: int,
+    suite_name: str,
+    case: Case,
+    dtype: str,
+    topo: Topology,
+    world_size: int,
+    seed: int,
+    bench: bool = False,
+    fuzz: dict | None = None,
+) -> Item:
+    return Item(
+        id=item_id,
+        suite=suite_name,
+        op=case.op,
+        case_id=case.case_id,
+        dtype=dtype,
+        topology=(topo.dp, topo.cp, topo.tp),
+        world_size=world_size,
+        seed=item_seed(seed, case.op, case.case_id, dtype),
+        checks=expected_checks(case, bench),
+        params=case.params,
+        xfail=known_failure(case, topo, dtype),
+        fuzz=fuzz,
+    )
 
 
 # ---- fuzz cases ----------------------------------------------------------------------------------------------
+
 
 def build_fuzz_case(suite_name: str, space: FuzzSpace, params: dict, where: str) -> Case:
     """The fuzz case of `params`; its space raising on them is a UsageError naming `where` they come from."""
     try:
         return fuzz_case(space, params)
     except Exception as exc:
-        raise UsageError(f"{where}: suite {suite_name}'s fuzz space of {space.op} cannot build the case: "
-                         f"{type(exc).__name__}: {exc}".splitlines()[0]) from None
+        raise UsageError(
+            f"{where}: suite {suite_name}'s fuzz space of {space.op} cannot build the case: "
+            f"{type(exc).__name__}: {exc}".splitlines()[0]
+        ) from None
 
 
-def fuzz_item(item_id: int, suite_name: str, case: Case, params: dict, seed: int, world_size: int | None = None) -> Item:
+def fuzz_item(
+    item_id: int, suite_name: str, case: Case, params: dict, seed: int, world_size: int | None = None
+) -> Item:
     """The one item of a fuzz case: its own topology and dtype (in a launch of its size unless told); inputs drawn
     from `seed` (the fuzz run's), so a saved case replays the same inputs under any `run --seed`."""
     topo = Topology(*params["topology"])
     return _item(item_id, suite_name, case, params["dtype"], topo, world_size or topo.size, seed, fuzz=params)
 
 
-def corpus_cases(corpus: list[CorpusEntry], names: list[str], suite_paths: list[str]) -> list[tuple[str, Case, CorpusEntry]]:
+def corpus_cases(
+    corpus: list[CorpusEntry], names: list[str], suite_paths: list[str]
+) -> list[tuple[str, Case, CorpusEntry]]:
     """(suite, case, entry) of the corpus entries of the suites `names`.  An entry whose op has no fuzz space
     any more, or whose params its space refuses: UsageError naming it."""
     spaces = {}
@@ -316,8 +399,9 @@ def corpus_cases(corpus: list[CorpusEntry], names: list[str], suite_paths: list[
             raise UsageError(f"{where}: suite {entry.suite} declares no fuzz space of {entry.op}")
         if entry.params["dtype"] not in DTYPES:
             raise UsageError(f"{where}: unknown dtype {entry.params['dtype']!r}")
-        out.append((entry.suite, build_fuzz_case(entry.suite, spaces[entry.suite][entry.op], entry.params, where),
-                    entry))
+        out.append(
+            (entry.suite, build_fuzz_case(entry.suite, spaces[entry.suite][entry.op], entry.params, where), entry)
+        )
     return out
 
 
@@ -327,9 +411,19 @@ def plan_fuzz_example(base: Plan, suite_name: str, space: FuzzSpace, params: dic
     return replace(base, items=[fuzz_item(0, suite_name, case, params, base.seed)])
 
 
-def plan_fuzz(*, run_id: str, suites_wanted: list[str], ops: list[str], impl: dict[str, str], seed: int,
-              timeout: float, device: str, backend: str, suite_paths: list[str] = (), corpus_dir: str = "",
-              ) -> tuple[Plan, list[tuple[str, FuzzSpace]], dict[str, str]]:
+def plan_fuzz(
+    *,
+    run_id: str,
+    suites_wanted: list[str],
+    ops: list[str],
+    impl: dict[str, str],
+    seed: int,
+    timeout: float,
+    device: str,
+    backend: str,
+    suite_paths: list[str] = (),
+    corpus_dir: str = "",
+) -> tuple[Plan, list[tuple[str, FuzzSpace]], dict[str, str]]:
     """What `shardcheck fuzz` searches: (the run's settings as a Plan without items, the (suite, space) of every
     selected op that has one, {suite or op: why it is skipped}).  The selection is `build_plan`'s: `--suite`
     (a family selects its suites), `--op`, external suites."""
@@ -352,8 +446,17 @@ def plan_fuzz(*, run_id: str, suites_wanted: list[str], ops: list[str], impl: di
                 selected.append((name, spaces[op]))
             else:
                 skipped[f"{op} (suite {name})"] = "the suite declares no fuzz space for it"
-    plan = Plan(run_id=run_id, quick=False, seed=seed, timeout=timeout, device=device, backend=backend, impl=impl,
-                suite_paths=suite_paths, corpus=corpus_dir)
+    plan = Plan(
+        run_id=run_id,
+        quick=False,
+        seed=seed,
+        timeout=timeout,
+        device=device,
+        backend=backend,
+        impl=impl,
+        suite_paths=suite_paths,
+        corpus=corpus_dir,
+    )
     if not selected:
         return plan, [], skipped
     plan.impl, plan.default_impl, missing = resolve_modules([(n, s.op) for n, s in selected], impl, suite_paths)
@@ -361,4 +464,3 @@ def plan_fuzz(*, run_id: str, suites_wanted: list[str], ops: list[str], impl: di
     for op in missing:
         skipped[op] = "not defined in the module under test"
     return plan, [(n, s) for n, s in selected if s.op not in missing], skipped
-

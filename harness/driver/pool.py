@@ -35,9 +35,16 @@ def _worker_env(rank: int, world_size: int) -> dict:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores; one thread each avoids thrashing
     env["PYTHONUNBUFFERED"] = "1"
-    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-               GROUP_RANK="0", ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world_size),
-               SHARDCHECK_DRIVER_PID=str(os.getpid()))  # a rank orphaned by a killed driver exits
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        GROUP_RANK="0",
+        ROLE_RANK=str(rank),
+        ROLE_WORLD_SIZE=str(world_size),
+        SHARDCHECK_DRIVER_PID=str(os.getpid()),
+    )  # a rank orphaned by a killed driver exits
     return env
 
 
@@ -83,7 +90,7 @@ def _forked_rank(env: dict, log_path: str, worker_argv: list[str]) -> None:
     sys.exit(main(worker_argv))
 
 
-_LIVE_LAUNCHES: "weakref.WeakSet[Launch]" = weakref.WeakSet()
+_LIVE_LAUNCHES: weakref.WeakSet[Launch] = weakref.WeakSet()
 
 
 @atexit.register  # (registered after multiprocessing's own exit function, so run before it)
@@ -133,7 +140,7 @@ class LaunchSettings:
     shims: bool
 
     @classmethod
-    def of(cls, plan: Plan) -> "LaunchSettings":
+    def of(cls, plan: Plan) -> LaunchSettings:
         return cls(plan.device, plan.backend, plan.timeout, plan.shims)
 
 
@@ -162,12 +169,12 @@ class WorkerPool:
                 if (world_size, settings) not in self.idle:
                     self.idle[world_size, settings] = self._new(world_size, settings)
 
-    def _new(self, world_size: int, settings: LaunchSettings) -> "Launch":
+    def _new(self, world_size: int, settings: LaunchSettings) -> Launch:
         n = self._launches.get(world_size, 0)
         self._launches[world_size] = n + 1
         return Launch(self.run_dir / "workers" / f"w{world_size}-launch{n}", world_size, settings)
 
-    def take(self, world_size: int, settings: LaunchSettings) -> "Launch":
+    def take(self, world_size: int, settings: LaunchSettings) -> Launch:
         """An idle launch of this size and settings that is still up, else a new one."""
         with self._lock:
             launch = self.idle.pop((world_size, settings), None)
@@ -176,7 +183,7 @@ class WorkerPool:
                 launch = None
             return launch or self._new(world_size, settings)
 
-    def give_back(self, launch: "Launch") -> None:
+    def give_back(self, launch: Launch) -> None:
         with self._lock:
             key = (launch.world_size, launch.settings)
             old = self.idle.pop(key, None)
@@ -186,7 +193,7 @@ class WorkerPool:
             while sum(w for w, _ in self.idle) > MAX_IDLE_RANKS and len(self.idle) > 1:
                 self.idle.pop(next(iter(self.idle))).discard()  # the least recently used
 
-    def standby(self, world_size: int, settings: LaunchSettings) -> "Launch":
+    def standby(self, world_size: int, settings: LaunchSettings) -> Launch:
         """A launch started ahead for the next attempt of a world size (not idle: it belongs to the caller)."""
         with self._lock:
             return self._new(world_size, settings)
@@ -208,7 +215,7 @@ class WorkerPool:
         except OSError:
             pass
 
-    def __enter__(self) -> "WorkerPool":
+    def __enter__(self) -> WorkerPool:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -225,24 +232,43 @@ class Launch:
         self.log_paths = [rank_log(launch_dir, rank) for rank in range(world_size)]
         self.plans_given = 0
         self.killed = False
-        worker_argv = ["--launch-dir", str(launch_dir), "--plan-wait", f"{STANDBY_WAIT:g}",
-                       "--launch-device", settings.device, "--launch-backend", settings.backend,
-                       "--launch-timeout", f"{settings.timeout:g}", *([] if settings.shims else ["--launch-no-shims"])]
+        worker_argv = [
+            "--launch-dir",
+            str(launch_dir),
+            "--plan-wait",
+            f"{STANDBY_WAIT:g}",
+            "--launch-device",
+            settings.device,
+            "--launch-backend",
+            settings.backend,
+            "--launch-timeout",
+            f"{settings.timeout:g}",
+            *([] if settings.shims else ["--launch-no-shims"]),
+        ]
         _LIVE_LAUNCHES.add(self)
         if settings.device == "cpu":
             server = _fork_server()
-            self.procs = [server.Process(target=_forked_rank,
-                                         args=(_worker_env(rank, world_size), str(self.log_paths[rank]), worker_argv))
-                          for rank in range(world_size)]
+            self.procs = [
+                server.Process(
+                    target=_forked_rank, args=(_worker_env(rank, world_size), str(self.log_paths[rank]), worker_argv)
+                )
+                for rank in range(world_size)
+            ]
             for proc in self.procs:
                 proc.start()
         else:
             self.procs = []
             for rank in range(world_size):
                 with open(self.log_paths[rank], "ab") as log:
-                    self.procs.append(subprocess.Popen(
-                        [sys.executable, "-P", "-m", "shardcheck.harness.rank.worker", *worker_argv], stdout=log,
-                        stderr=subprocess.STDOUT, env=_worker_env(rank, world_size), start_new_session=True))
+                    self.procs.append(
+                        subprocess.Popen(
+                            [sys.executable, "-P", "-m", "shardcheck.harness.rank.worker", *worker_argv],
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            env=_worker_env(rank, world_size),
+                            start_new_session=True,
+                        )
+                    )
 
     def give_plan(self, plan: Plan) -> tuple[Path, float]:
         """Write the next plan (atomically: the ranks poll for it); returns the folder its events go to, and when."""

@@ -20,7 +20,9 @@ LOG_TAIL = 200  # lines of a dead rank's log kept with the failure
 @dataclass
 class Postmortem:
     text: str = ""  # the finding's words: where each live rank was, then the collectives compared
-    culprits: list[int] = field(default_factory=list)  # ranks the evidence names (odd collective, never entered, running)
+    culprits: list[int] = field(
+        default_factory=list
+    )  # ranks the evidence names (odd collective, never entered, running)
     where: str | None = None  # the first culprit's FILE:LINE
     last_words: dict[int, str] = field(default_factory=dict)  # dead rank -> its last error lines
     artefacts: str | None = None  # failures/<item>/, relative to the run folder
@@ -34,8 +36,9 @@ def take(launch: Launch, item: Item, plan_index: int, deaths: dict[int, str], ru
     return of_dumps(launch.dir, item, plan_index, dumps, deaths, run_dir)
 
 
-def of_dumps(launch_dir: Path, item: Item, plan_index: int, dumps: dict[int, str], deaths: dict[int, str],
-             run_dir: Path) -> Postmortem:
+def of_dumps(
+    launch_dir: Path, item: Item, plan_index: int, dumps: dict[int, str], deaths: dict[int, str], run_dir: Path
+) -> Postmortem:
     """The postmortem from the ranks' stack dumps ({rank: text}) and the records and logs in `launch_dir`: the
     driver's (`take`), or a hand-launched run's rank 0 reading what its peers dumped (harness/standalone.py)."""
     dp, cp, tp = item.topology
@@ -63,8 +66,14 @@ def startup_stacks(launch: Launch) -> str:
     return f"; before their first item, {text}" if text else ""
 
 
-def _save(run_dir: Path, item: Item, dumps: dict[int, str], records: dict[int, list[dict]], deaths: dict[int, str],
-          launch_dir: Path) -> str | None:
+def _save(
+    run_dir: Path,
+    item: Item,
+    dumps: dict[int, str],
+    records: dict[int, list[dict]],
+    deaths: dict[int, str],
+    launch_dir: Path,
+) -> str | None:
     if not dumps and not any(records.values()) and not deaths:
         return None
     out = run_dir / "failures" / item_dir_name(item)

@@ -9,17 +9,21 @@ import argparse
 import datetime as dt
 from pathlib import Path
 
-from shardcheck.harness.rank import shims
 from shardcheck.harness.core.compare import FAILING
-from shardcheck.harness.driver.corpus import corpus_dir, load_corpus
+from shardcheck.harness.core.options import (
+    EXIT_FAIL,
+    EXIT_OK,
+    impl_map,  # noqa: F401
+    str_list,
+)
 from shardcheck.harness.core.plan_data import Plan
-from shardcheck.harness.core.options import (EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_selection_args, add_suite_path_arg, impl_map,  # noqa: F401
-                             str_list)
-from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.core.records import RUN_META, RecordWriter, Status, run_metadata, write_json
+from shardcheck.harness.core.topology import Topology
+from shardcheck.harness.driver.corpus import corpus_dir, load_corpus
+from shardcheck.harness.driver.planner import Selection, build_plan
+from shardcheck.harness.rank import shims
 from shardcheck.harness.rank.signatures import signature_rows
 from shardcheck.harness.rank.suite_loader import config_suite_paths
-from shardcheck.harness.core.topology import Topology, UsageError
 
 
 def suite_paths(args: argparse.Namespace) -> list[str]:
@@ -27,20 +31,45 @@ def suite_paths(args: argparse.Namespace) -> list[str]:
     return config_suite_paths(Path.cwd()) + str_list(args.suite_path)
 
 
-def plan_from_args(args: argparse.Namespace, *, run_id: str, world_sizes: list[int] | None,
-                   topologies: list[Topology], device: str, backend: str, default_dtypes: list[str],
-                   bench: bool = False, bench_iters: int = 10) -> Plan:
+def plan_from_args(
+    args: argparse.Namespace,
+    *,
+    run_id: str,
+    world_sizes: list[int] | None,
+    topologies: list[Topology],
+    device: str,
+    backend: str,
+    default_dtypes: list[str],
+    bench: bool = False,
+    bench_iters: int = 10,
+) -> Plan:
     """The plan of the selection options (add_selection_args); UsageError when they select nothing valid.
     The shims are installed first: planning imports the module under test, which may import what they stand in for."""
     if not args.no_shims:
         shims.install(device)
     corpus = corpus_dir(args.corpus).resolve()
-    plan = build_plan(Selection(
-        run_id=run_id, seed=args.seed, timeout=args.timeout, device=device, backend=backend,
-        suites_wanted=str_list(args.suite), ops=str_list(args.op), case_patterns=str_list(args.case),
-        world_sizes=world_sizes, topologies=topologies, dtypes=str_list(args.dtype) or default_dtypes,
-        impl=impl_map(args.impl), quick=args.quick, bench=bench, bench_iters=bench_iters,
-        suite_paths=suite_paths(args), corpus=load_corpus(corpus), corpus_dir=str(corpus)))
+    plan = build_plan(
+        Selection(
+            run_id=run_id,
+            seed=args.seed,
+            timeout=args.timeout,
+            device=device,
+            backend=backend,
+            suites_wanted=str_list(args.suite),
+            ops=str_list(args.op),
+            case_patterns=str_list(args.case),
+            world_sizes=world_sizes,
+            topologies=topologies,
+            dtypes=str_list(args.dtype) or default_dtypes,
+            impl=impl_map(args.impl),
+            quick=args.quick,
+            bench=bench,
+            bench_iters=bench_iters,
+            suite_paths=suite_paths(args),
+            corpus=load_corpus(corpus),
+            corpus_dir=str(corpus),
+        )
+    )
     plan.shims = not args.no_shims
     return plan
 
@@ -53,8 +82,12 @@ def open_run(run_dir: Path, plan: Plan, argv: list[str]) -> tuple[RecordWriter, 
     """results.jsonl opened, run.json written with the start, and each op whose signature drifted from the
     seed's recorded as one finding before any case runs.  Returns the writer and the run metadata."""
     writer = RecordWriter(run_dir)
-    meta = {**run_metadata(plan.run_id, argv, plan.device, plan.backend), "start": _now(), "impl": plan.impl,
-            **shims.describe(plan.device, plan.shims)}
+    meta = {
+        **run_metadata(plan.run_id, argv, plan.device, plan.backend),
+        "start": _now(),
+        "impl": plan.impl,
+        **shims.describe(plan.device, plan.shims),
+    }
     write_json(run_dir / RUN_META, meta)
     for row in signature_rows(plan, meta):
         writer.write(row)

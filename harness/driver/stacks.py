@@ -28,8 +28,13 @@ _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*
 _TORCH_DIST = f"{os.sep}torch{os.sep}distributed{os.sep}"
 _TORCH = f"{os.sep}torch{os.sep}"
 # torch.distributed's files where a rank waits for its peers (a collective, a functional collective's result, the store)
-_WAITS_IN = {"distributed_c10d.py", "_functional_collectives.py", "c10d_logger.py", "_collective_utils.py",
-             "rendezvous.py"}
+_WAITS_IN = {
+    "distributed_c10d.py",
+    "_functional_collectives.py",
+    "c10d_logger.py",
+    "_collective_utils.py",
+    "rendezvous.py",
+}
 _WORKER = f"{os.sep}rank{os.sep}worker.py"
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
@@ -166,8 +171,10 @@ def describe(frames: list[Frame], last_record: dict | None = None) -> str:
     if what == State.WAITING:
         caller = _outside_torch(frames)
         if last_record is not None:
-            return (f"waiting in {last_record['kind']} #{last_record['seq']} on {last_record['dim']} at "
-                    f"{where_text(last_record['where'])}")
+            return (
+                f"waiting in {last_record['kind']} #{last_record['seq']} on {last_record['dim']} at "
+                f"{where_text(last_record['where'])}"
+            )
         return f"waiting in {_collective(frames)}" + (f" at {caller.text()}" if caller else "")
     if not frames:
         return "running (no Python frame: in native code)"

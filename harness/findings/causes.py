@@ -54,13 +54,13 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 
-from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.case import RuleSource
+from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, SYMPTOMS, Phase, Status, Symptom
 from shardcheck.harness.core.rules import is_ours
 from shardcheck.harness.findings import model_order
@@ -69,9 +69,23 @@ COLUMNS = ["op", "ops", "status", "kind", "checks", "count", "condition", "worst
 MESH = ("dp", "cp", "tp")
 ITEM = ["case_id", "dp", "cp", "tp", "dtype"]
 ERRORS = (Symptom.EXCEPTION, Symptom.REFERENCE)  # symptoms named by an exception
-CRASHES = (Symptom.EXCEPTION, Symptom.REFERENCE, Symptom.DIED, Symptom.HUNG, Symptom.OUTPUTS, Symptom.MISSING,
-           Symptom.BLOCKED)  # the whole item failed
-PER_CHECK = (Symptom.VALUES, Symptom.NONFINITE, Symptom.SHAPE, Symptom.DTYPE, Symptom.OUTPUT_TYPE, Symptom.NO_GRADIENT)  # one symptom per check
+CRASHES = (
+    Symptom.EXCEPTION,
+    Symptom.REFERENCE,
+    Symptom.DIED,
+    Symptom.HUNG,
+    Symptom.OUTPUTS,
+    Symptom.MISSING,
+    Symptom.BLOCKED,
+)  # the whole item failed
+PER_CHECK = (
+    Symptom.VALUES,
+    Symptom.NONFINITE,
+    Symptom.SHAPE,
+    Symptom.DTYPE,
+    Symptom.OUTPUT_TYPE,
+    Symptom.NO_GRADIENT,
+)  # one symptom per check
 MAX_CONJUNCTION = 3  # predicates tried together when searching for an exact condition
 CRASH_SIGNALS = {"SIGABRT", "SIGBUS", "SIGSEGV", "SIGFPE", "SIGILL"}
 
@@ -195,8 +209,10 @@ def separating_condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: boo
         if exact:
             return words
     topologies = sorted({f"dp{r['dp']}-cp{r['cp']}-tp{r['tp']}" for r in _records(bad)})
-    return (f"no condition on checks, dtypes, mesh dims or case parameters separates it from the {len(passing)} "
-            f"passing rows, at {', '.join(topologies)}")
+    return (
+        f"no condition on checks, dtypes, mesh dims or case parameters separates it from the {len(passing)} "
+        f"passing rows, at {', '.join(topologies)}"
+    )
 
 
 def _condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool) -> tuple[str, bool]:
@@ -211,8 +227,11 @@ def _condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool) -> tupl
     chosen, _ = _exact_conjunction(candidates, len(passing_rows))
     if chosen is None:
         return "", False
-    where = [] if any(p[1] == 2 for p in chosen) else (
-        [f"at every topology ({', '.join(topologies)})"] if len(topologies) > 1 else [f"at {topologies[0]}"])
+    where = (
+        []
+        if any(p[1] == 2 for p in chosen)
+        else ([f"at every topology ({', '.join(topologies)})"] if len(topologies) > 1 else [f"at {topologies[0]}"])
+    )
     words = ", ".join([p[0] for p in chosen] + where)
     if not chosen:  # nothing passed, or nothing needed: every row of the op's evidence fails
         return f"always (every case, dtype and check run), {words}", True
@@ -259,8 +278,10 @@ def _worst_text(row, status: str, limit: int = 300) -> str:
     then = f"; {_ranks(blocked)} then blocked or lost the connection" if blocked else ""
     culprits = row.get("culprit_ranks") if isinstance(row.get("culprit_ranks"), list) else []
     if symptom in ERRORS:
-        text = (f"{_ranks(culprits)} raised {row.get('error_type')} in {row.get('phase')} at {row.get('error_where')}: "
-                f"{row.get('error_message')}{then}")
+        text = (
+            f"{_ranks(culprits)} raised {row.get('error_type')} in {row.get('phase')} at {row.get('error_where')}: "
+            f"{row.get('error_message')}{then}"
+        )
     elif symptom == Symptom.DIED:
         said = f": {row['error_message']}" if row.get("error_message") else ""  # its last error lines
         text = f"{_ranks(culprits)} died: {row.get('error_type')} (in {row.get('phase')}){said}{then}"
@@ -271,11 +292,13 @@ def _worst_text(row, status: str, limit: int = 300) -> str:
         text = str(row.get("message") or "")
     else:
         ratio = _ratio(row)
-        text = (f"err/budget {ratio:.3g}: " if status != Status.ERROR and math.isfinite(ratio) else "") + str(row.get("message") or "")
+        text = (f"err/budget {ratio:.3g}: " if status != Status.ERROR and math.isfinite(ratio) else "") + str(
+            row.get("message") or ""
+        )
         if model_order.step_order(str(row.get("check"))) is not None:  # which module or parameter the numbers are of
             text = f"[{row['check']}] {text}"
     limit = limit * 2 if symptom in (Symptom.HUNG, Symptom.DIED) else limit  # where each rank was takes room
-    text = text if len(text) <= limit else text[:limit - 1] + "…"
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
     return f"{text} ({row['op']} [{row.get('case_id')}] dp{row['dp']}-cp{row['cp']}-tp{row['tp']} {row['dtype']})"
 
 
@@ -293,11 +316,16 @@ def causes(df: pd.DataFrame) -> pd.DataFrame:
     """One row per cause of a run's non-passing rows (COLUMNS; `ops` the ops it covers, `op` them for
     people), errors first, then failures, then warnings."""
     table = _table(df)
-    out = pd.DataFrame([{**{k: c[k] for k in COLUMNS if k != "rule"}, "rule": rule_text(c["rules"])} for c in table],
-                       columns=COLUMNS)
+    out = pd.DataFrame(
+        [{**{k: c[k] for k in COLUMNS if k != "rule"}, "rule": rule_text(c["rules"])} for c in table], columns=COLUMNS
+    )
     order = out["status"].map(STATUS_ORDER)
-    return out.assign(_o=-order, _n=-out["count"]).sort_values(["_o", "_n", "op"], kind="stable") \
-        .drop(columns=["_o", "_n"]).reset_index(drop=True)
+    return (
+        out.assign(_o=-order, _n=-out["count"])
+        .sort_values(["_o", "_n", "op"], kind="stable")
+        .drop(columns=["_o", "_n"])
+        .reset_index(drop=True)
+    )
 
 
 RAISES_ON_OURS = "raises on input only our rule feeds: "  # a demoted line's kind begins so (module docstring, 5)
@@ -345,8 +373,11 @@ def _seed_items(df: pd.DataFrame) -> set:
     """(op, *ITEM) of the items whose values or gradients were judged by a rule of the seed's."""
     if "rule_source" not in df:
         return set()
-    judged = df[(df["rule_source"] == RuleSource.SEED) & df["check"].astype(str).str.match(r"forward|grad:")
-                & ~df["status"].isin([Status.SKIP, Status.XFAIL])]
+    judged = df[
+        (df["rule_source"] == RuleSource.SEED)
+        & df["check"].astype(str).str.match(r"forward|grad:")
+        & ~df["status"].isin([Status.SKIP, Status.XFAIL])
+    ]
     return set(map(tuple, judged[["op", *ITEM]].astype(str).values))
 
 
@@ -361,22 +392,27 @@ def _table(df: pd.DataFrame) -> list[dict]:
     bad = df[df["status"].isin(NOT_PASSING)]
     if not len(bad):
         return []
-    bad = bad.assign(_kind=[_group_kind(r) for r in bad.to_dict("records")],
-                     _part=[_part(r) for r in bad.to_dict("records")],
-                     _symptom=[_symptom_of(r) for r in bad.to_dict("records")])
+    bad = bad.assign(
+        _kind=[_group_kind(r) for r in bad.to_dict("records")],
+        _part=[_part(r) for r in bad.to_dict("records")],
+        _symptom=[_symptom_of(r) for r in bad.to_dict("records")],
+    )
     bad = bad.assign(_status=bad["status"], _crash=bad["_symptom"].isin(CRASHES) & (bad["status"] == Status.ERROR))
     bad = _consequences(bad)
     passing = df[df["status"] == Status.PASS]
     passing_of = {op: rows for op, rows in passing.groupby("op", sort=False)}
     empty = df.iloc[:0]
     # the items a hang's budget skipped (harness/driver/launch.py words them), not those a case or plan skips
-    skipped = df[(df["status"] == Status.SKIP) & df["message"].astype(str).str.contains("--no-hang-budget", regex=False)]
+    skipped = df[
+        (df["status"] == Status.SKIP) & df["message"].astype(str).str.contains("--no-hang-budget", regex=False)
+    ]
     skipped_of = {op: rows.drop_duplicates(ITEM) for op, rows in skipped.groupby("op", sort=False)}
     symptoms = []
     for (op, status, kind, part), rows in bad.groupby(["op", "_status", "_kind", "_part"], sort=False):
         rows = rows.sort_values("_crash", ascending=False, kind="stable")  # the crash itself names the line
-        symptom = _symptom(op, status, kind, rows[rows["_crash"]] if rows["_crash"].any() else rows,
-                           passing_of.get(op, empty), rows)
+        symptom = _symptom(
+            op, status, kind, rows[rows["_crash"]] if rows["_crash"].any() else rows, passing_of.get(op, empty), rows
+        )
         if status != Status.XPASS:  # a stale mark is judged where it ran; a hang's skips say nothing of it
             symptom["condition"] += _not_run(rows, skipped_of.get(op, empty))
         symptoms.append(symptom)
@@ -385,7 +421,9 @@ def _table(df: pd.DataFrame) -> list[dict]:
         of_op = [s for s in symptoms if s["ops"] == (op,)]
         table += _per_op(of_op, df[df["op"] == op], passing_of.get(op, empty), bad)
     seed_items = _seed_items(df)
-    return [_demoted(c, bad, seed_items) for c in _across_ops(table, bad, passing)]  # one root per line, then whose rule
+    return [
+        _demoted(c, bad, seed_items) for c in _across_ops(table, bad, passing)
+    ]  # one root per line, then whose rule
 
 
 def _not_run(rows: pd.DataFrame, skipped: pd.DataFrame) -> str:
@@ -399,13 +437,21 @@ def _not_run(rows: pd.DataFrame, skipped: pd.DataFrame) -> str:
     if not gone:
         return ""
     topologies = sorted({f"dp{r.dp}-cp{r.cp}-tp{r.tp} {r.dtype}" for r in gone})
-    return (f" (from the items that ran: {len(gone)} item(s) at {', '.join(topologies)} were skipped after a hang "
-            f"and may show it too)")
+    return (
+        f" (from the items that ran: {len(gone)} item(s) at {', '.join(topologies)} were skipped after a hang "
+        f"and may show it too)"
+    )
 
 
 def _phase_of_check(check: str) -> int:
     """Where in the item a check is judged: the forward, the backward, the properties after them."""
-    phase = Phase.FORWARD if check.startswith("forward") else Phase.BACKWARD if check.startswith("grad:") else Phase.PROPERTIES
+    phase = (
+        Phase.FORWARD
+        if check.startswith("forward")
+        else Phase.BACKWARD
+        if check.startswith("grad:")
+        else Phase.PROPERTIES
+    )
     return PHASES.index(phase)
 
 
@@ -431,8 +477,9 @@ def _consequences(bad: pd.DataFrame) -> pd.DataFrame:
     return bad.assign(_status=status, _kind=kind, _part=part)
 
 
-def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.DataFrame,
-             all_rows: pd.DataFrame | None = None) -> dict:
+def _symptom(
+    op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.DataFrame, all_rows: pd.DataFrame | None = None
+) -> dict:
     """One symptom from its rows; `all_rows` adds the checks failing as its consequences (counted, listed)."""
     all_rows = rows if all_rows is None else all_rows
     records = rows.to_dict("records")
@@ -440,26 +487,46 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.Da
     found = set(rows["_symptom"])
     if found <= {Symptom.VALUES, Symptom.NONFINITE}:
         kind = "; ".join(x.words for x in (Symptom.VALUES, Symptom.NONFINITE) if x in found)
-    signals = {how.strip() for r in records for how in str(r.get("error_type")).split(",")} if symptom == Symptom.DIED else set()
+    signals = (
+        {how.strip() for r in records for how in str(r.get("error_type")).split(",")}
+        if symptom == Symptom.DIED
+        else set()
+    )
     if symptom == Symptom.DIED:  # a rank dying: one symptom whatever the signal, which the words then list
         kind = f"{Symptom.DIED.words} ({', '.join(sorted(signals))})"
     worst = max(records, key=_ratio) if status != Status.ERROR else records[0]
     if status != Status.ERROR:  # a model's step: its first divergence (an exception is named by where it was raised)
         worst = model_order.first_row(records, _ratio) or worst
-    rerun = worst.get("rerun") if isinstance(worst.get("rerun"), str) else next(
-        (r["rerun"] for r in records if isinstance(r.get("rerun"), str)), None)
+    rerun = (
+        worst.get("rerun")
+        if isinstance(worst.get("rerun"), str)
+        else next((r["rerun"] for r in records if isinstance(r.get("rerun"), str)), None)
+    )
     if (rows["check"] == SIGNATURE_CHECK).all() and (rows["case_id"] == "signature").all():  # not a used family's
         condition = "of the module, found before any case ran"
     elif status == Status.XPASS:  # where the mark no longer holds, rather than what separates it from the passing rows
         condition = f"in {_items(rows)} item(s) {_where(rows)}"
     else:
         condition = separating_condition(rows, passing)
-    return {"op": op, "ops": (op,), "status": status, "kind": kind, "symptoms": found, "signals": signals,
-            "checks": _checks(list(all_rows["check"].unique()), status), "count": len(all_rows), "condition": condition,
-            "worst": _worst_text(worst, status), "rerun": rerun, "rows": list(rows.index),
-            "items": set(map(tuple, rows[ITEM].astype(str).values)), "all_checks": list(all_rows["check"].unique()),
-            "rules": _rules(all_rows), "members": list(all_rows.index),
-            "error_key": (worst.get("error_type"), worst.get("error_where")) if symptom in ERRORS else None}
+    return {
+        "op": op,
+        "ops": (op,),
+        "status": status,
+        "kind": kind,
+        "symptoms": found,
+        "signals": signals,
+        "checks": _checks(list(all_rows["check"].unique()), status),
+        "count": len(all_rows),
+        "condition": condition,
+        "worst": _worst_text(worst, status),
+        "rerun": rerun,
+        "rows": list(rows.index),
+        "items": set(map(tuple, rows[ITEM].astype(str).values)),
+        "all_checks": list(all_rows["check"].unique()),
+        "rules": _rules(all_rows),
+        "members": list(all_rows.index),
+        "error_key": (worst.get("error_type"), worst.get("error_where")) if symptom in ERRORS else None,
+    }
 
 
 def _rules(rows: pd.DataFrame) -> dict:
@@ -494,18 +561,38 @@ def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -
     first = max(group, key=lambda s: (STATUS_ORDER[s["status"]], s["count"]))
     ops = list(dict.fromkeys(op for s in group for op in s["ops"]))
     signals = set().union(*(s["signals"] for s in group))
-    kind = (f"{Symptom.DIED.words} ({', '.join(sorted(signals))})" if all(s["symptoms"] == {Symptom.DIED} for s in group)
-            else "; ".join(dict.fromkeys(s["kind"] for s in group)))
-    rows = bad.loc[[i for s in group for i in s["rows"]]] if bad is not None and first["status"] != Status.ERROR else None
+    kind = (
+        f"{Symptom.DIED.words} ({', '.join(sorted(signals))})"
+        if all(s["symptoms"] == {Symptom.DIED} for s in group)
+        else "; ".join(dict.fromkeys(s["kind"] for s in group))
+    )
+    rows = (
+        bad.loc[[i for s in group for i in s["rows"]]] if bad is not None and first["status"] != Status.ERROR else None
+    )
     model_first = model_order.first_row(rows.to_dict("records"), _ratio) if rows is not None else None
-    worst = {"worst": _worst_text(model_first, model_first["status"]), "rerun": model_first.get("rerun")} if model_first else {}
-    return {**first, **worst, "op": _display(ops), "ops": tuple(ops), "kind": kind,
-            "symptoms": set().union(*(s["symptoms"] for s in group)), "signals": signals, "count": sum(s["count"] for s in group),
-            "checks": _checks([c for s in group for c in s["all_checks"]], first["status"]), "all_checks": [c for s in group for c in s["all_checks"]],
-            "condition": condition, "rules": {k: None for s in group for k in s["rules"]},
-            "members": [i for s in group for i in s["members"]],
-            "rows": [i for s in group for i in s["rows"]], "items": set().union(*(s["items"] for s in group)),
-            "error_key": first["error_key"] if all(s["error_key"] == first["error_key"] for s in group) else None}
+    worst = (
+        {"worst": _worst_text(model_first, model_first["status"]), "rerun": model_first.get("rerun")}
+        if model_first
+        else {}
+    )
+    return {
+        **first,
+        **worst,
+        "op": _display(ops),
+        "ops": tuple(ops),
+        "kind": kind,
+        "symptoms": set().union(*(s["symptoms"] for s in group)),
+        "signals": signals,
+        "count": sum(s["count"] for s in group),
+        "checks": _checks([c for s in group for c in s["all_checks"]], first["status"]),
+        "all_checks": [c for s in group for c in s["all_checks"]],
+        "condition": condition,
+        "rules": {k: None for s in group for k in s["rules"]},
+        "members": [i for s in group for i in s["members"]],
+        "rows": [i for s in group for i in s["rows"]],
+        "items": set().union(*(s["items"] for s in group)),
+        "error_key": first["error_key"] if all(s["error_key"] == first["error_key"] for s in group) else None,
+    }
 
 
 def _is_crash(s: dict) -> bool:
@@ -542,20 +629,28 @@ def _same_items(warnings: list[dict], passing: pd.DataFrame, bad: pd.DataFrame) 
     for s in warnings:
         key = (frozenset(s["items"]),) if s["status"] == Status.WARN and s["symptoms"] == {Symptom.PROPERTY} else id(s)
         groups.setdefault(key, []).append(s)
-    return [g[0] if len(g) == 1 else _merge(g, separating_condition(
-        bad.loc[[i for s in g for i in s["rows"]]], passing), bad) for g in groups.values()]
+    return [
+        g[0]
+        if len(g) == 1
+        else _merge(g, separating_condition(bad.loc[[i for s in g for i in s["rows"]]], passing), bad)
+        for g in groups.values()
+    ]
 
 
-def _wrong_answers(failing: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad: pd.DataFrame,
-                   crashes: list[dict]) -> list[dict]:
+def _wrong_answers(
+    failing: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad: pd.DataFrame, crashes: list[dict]
+) -> list[dict]:
     """The lines of an op's checks failing where nothing crashed: one bug showing in several checks is one line,
     an op wrong everywhere does not swallow a symptom with a sharp condition of its own."""
     if len(failing) < 2:
         return failing
 
     def merged(group: list[dict]) -> dict:
-        return group[0] if len(group) == 1 else _merge(group, separating_condition(
-            bad.loc[[i for s in group for i in s["rows"]]], passing), bad)
+        return (
+            group[0]
+            if len(group) == 1
+            else _merge(group, separating_condition(bad.loc[[i for s in group for i in s["rows"]]], passing), bad)
+        )
 
     # the same items: one cause
     groups: list[list[dict]] = []
@@ -586,8 +681,10 @@ def _wrong_answers(failing: list[dict], rows: pd.DataFrame, passing: pd.DataFram
         if condition.startswith("exactly"):
             return [_merge(failing, condition, bad)]
 
-    checked = {check: set(map(tuple, of_check[ITEM].astype(str).values))
-               for check, of_check in judged.groupby("check", sort=False)}
+    checked = {
+        check: set(map(tuple, of_check[ITEM].astype(str).values))
+        for check, of_check in judged.groupby("check", sort=False)
+    }
 
     def ran_in(s: dict) -> set:
         return set().union(*(checked.get(c, set()) for c in s["all_checks"]))
@@ -628,6 +725,7 @@ def _two_crashes(s: dict, t: dict) -> bool:
 def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> list[dict]:
     """One root, one line (module docstring, 4): the same exception at the same line, the same warning,
     a rank dying under the same condition, in several ops."""
+
     def key(c: dict):
         if len(c["ops"]) != 1 or len(c["symptoms"]) != 1:
             return None
@@ -650,8 +748,11 @@ def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> 
             continue
         conditions = {c["condition"] for c in group}
         ops = [op for c in group for op in c["ops"]]
-        condition = conditions.pop() if len(conditions) == 1 else separating_condition(
-            bad.loc[[i for c in group for i in c["rows"]]], passing[passing["op"].isin(ops)])
+        condition = (
+            conditions.pop()
+            if len(conditions) == 1
+            else separating_condition(bad.loc[[i for c in group for i in c["rows"]]], passing[passing["op"].isin(ops)])
+        )
         out.append(_merge(group, condition, bad))
     return out
 
@@ -688,15 +789,25 @@ def known_failures(df: pd.DataFrame) -> pd.DataFrame:
     rows = df[df["status"] == Status.XFAIL]
     if not len(rows):
         return pd.DataFrame(columns=KNOWN_COLUMNS)
-    rows = rows.assign(_reason=rows["xfail_reason"].fillna("") if "xfail_reason" in rows else "",
-                       _reference=rows["xfail_reference"].fillna("") if "xfail_reference" in rows else "")
+    rows = rows.assign(
+        _reason=rows["xfail_reason"].fillna("") if "xfail_reason" in rows else "",
+        _reference=rows["xfail_reference"].fillna("") if "xfail_reference" in rows else "",
+    )
     out = []
     for (reason, reference), group in rows.groupby(["_reason", "_reference"], sort=False):
         reruns = group["rerun"].dropna() if "rerun" in group else pd.Series(dtype=object)
-        out.append({"op": _display(list(dict.fromkeys(group["op"]))), "reason": reason, "reference": reference,
-                    "checks": ", ".join(sorted(group["check"].unique())), "count": len(group),
-                    "items": _items(group), "where": _where(group),
-                    "rerun": reruns.iloc[0] if len(reruns) else None})
+        out.append(
+            {
+                "op": _display(list(dict.fromkeys(group["op"]))),
+                "reason": reason,
+                "reference": reference,
+                "checks": ", ".join(sorted(group["check"].unique())),
+                "count": len(group),
+                "items": _items(group),
+                "where": _where(group),
+                "rerun": reruns.iloc[0] if len(reruns) else None,
+            }
+        )
     return pd.DataFrame(out, columns=KNOWN_COLUMNS)
 
 
@@ -708,5 +819,6 @@ def known_failure_text(r) -> str:
 def known_failures_line(table: pd.DataFrame) -> str:
     """The known failures of a run in one line, with their reasons (the CLI summary)."""
     total = int(table["count"].sum())
-    return (f"Known failures ({total} xfail row(s), not failing the run): "
-            + "; ".join(f"{known_failure_text(r)}, {r.count} row(s)" for r in table.itertuples()))
+    return f"Known failures ({total} xfail row(s), not failing the run): " + "; ".join(
+        f"{known_failure_text(r)}, {r.count} row(s)" for r in table.itertuples()
+    )

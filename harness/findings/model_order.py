@@ -13,7 +13,13 @@ import math
 from shardcheck.harness.core.model_case import CHECK as _CHECK
 from shardcheck.harness.core.model_case import step_order
 
-_WORDS = {"act": "output", "loss": "loss", "dact": "gradient at its output", "dparam": "gradient", "step": "after the step"}
+_WORDS = {
+    "act": "output",
+    "loss": "loss",
+    "dact": "gradient at its output",
+    "dparam": "gradient",
+    "step": "after the step",
+}
 
 
 def _subject(check: str) -> tuple[str, str]:
@@ -49,8 +55,13 @@ def summary(checks: list[str]) -> str | None:
     # (stable: parameters, which share their stage's place, stay in the order of the case's outputs; model[0] is first)
     model = sorted((c for c in dict.fromkeys(map(str, checks)) if step_order(c) is not None), key=step_order)
     kind, name = _subject(first)
-    what = ("the loss" if kind == "loss" else f"parameter {name} ({_WORDS[kind]})" if kind in ("dparam", "step")
-            else f"module {name} ({_WORDS[kind]}, {'forward' if kind == 'act' else 'backward'})")
+    what = (
+        "the loss"
+        if kind == "loss"
+        else f"parameter {name} ({_WORDS[kind]})"
+        if kind in ("dparam", "step")
+        else f"module {name} ({_WORDS[kind]}, {'forward' if kind == 'act' else 'backward'})"
+    )
     params = list(dict.fromkeys(_subject(c)[1] for c in model if _subject(c)[0] in ("dparam", "step")))  # step order
     others = [c for c in checks if step_order(c) is None]
     parts = [f"first diverging: {what} [{first}]"]

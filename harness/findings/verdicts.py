@@ -60,8 +60,11 @@ def settle(run_dir: Path, counts: dict[str, int]) -> dict[str, int]:
         row.update(status=Status.WARN.value, demoted_from=Status.ERROR.value, message=changed.at[i, "message"])
         lines[i] = json.dumps(row)
     path.write_text("\n".join(lines) + "\n")
-    counts = {**counts, Status.ERROR: counts.get(Status.ERROR, 0) - len(moved),
-              Status.WARN: counts.get(Status.WARN, 0) + len(moved)}
+    counts = {
+        **counts,
+        Status.ERROR: counts.get(Status.ERROR, 0) - len(moved),
+        Status.WARN: counts.get(Status.WARN, 0) + len(moved),
+    }
     meta_path = run_dir / RUN_META
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())

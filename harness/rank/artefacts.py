@@ -17,7 +17,7 @@ import torch
 from shardcheck.harness.core.plan_data import Item
 
 MAX_FAILURE_ITEMS = 8  # items per run whose failing tensors are kept
-MAX_NUMEL = 4 * 2 ** 20  # per full tensor: 32 MiB in float64; larger ones are not saved
+MAX_NUMEL = 4 * 2**20  # per full tensor: 32 MiB in float64; larger ones are not saved
 
 
 def item_dir_name(item: Item) -> str:
@@ -48,7 +48,9 @@ def reassemble(pieces: dict[int, dict]) -> dict:
     expected = torch.full(shape, torch.nan, dtype=torch.float64)
     actual = torch.full(shape, torch.nan, dtype=torch.float64)
     err = torch.full(shape, -1.0, dtype=torch.float64)
-    limit = torch.full(shape, torch.nan, dtype=torch.float64)  # per-element budgets (shardcheck.harness.core.compare.budget)
+    limit = torch.full(
+        shape, torch.nan, dtype=torch.float64
+    )  # per-element budgets (shardcheck.harness.core.compare.budget)
     for rank in sorted(pieces):
         p = pieces[rank]
         grid = torch.meshgrid(*[ix.long() for ix in p["indices"]], indexing="ij") if shape else ()
@@ -60,10 +62,17 @@ def reassemble(pieces: dict[int, dict]) -> dict:
         err[grid] = torch.maximum(e, err[grid])
         limit[grid] = torch.as_tensor(p["budget"], dtype=torch.float64).expand(exp.shape)
     err = torch.where(err < 0, torch.nan, err)
-    return {"expected": expected, "actual": actual, "abs_err": err, "budget": limit,
-            "actual_dtype": str(first["got"].dtype).removeprefix("torch."),
-            "shards": {r: {"coords": pieces[r]["coords"], "indices": [ix.long() for ix in pieces[r]["indices"]]}
-                       for r in sorted(pieces)}}
+    return {
+        "expected": expected,
+        "actual": actual,
+        "abs_err": err,
+        "budget": limit,
+        "actual_dtype": str(first["got"].dtype).removeprefix("torch."),
+        "shards": {
+            r: {"coords": pieces[r]["coords"], "indices": [ix.long() for ix in pieces[r]["indices"]]}
+            for r in sorted(pieces)
+        },
+    }
 
 
 class ArtefactBudget:
@@ -96,14 +105,24 @@ class ArtefactBudget:
                 continue
             full = reassemble(pieces)
             dp, cp, tp = item.topology
-            full.update({"op": item.op, "case_id": item.case_id, "topology": {"dp": dp, "cp": cp, "tp": tp},
-                         "dtype": item.dtype, "check": check, "seed": item.seed})
+            full.update(
+                {
+                    "op": item.op,
+                    "case_id": item.case_id,
+                    "topology": {"dp": dp, "cp": cp, "tp": tp},
+                    "dtype": item.dtype,
+                    "check": check,
+                    "seed": item.seed,
+                }
+            )
             out_dir.mkdir(parents=True, exist_ok=True)
             stem = check_file_stem(check)
             torch.save(full, out_dir / f"{stem}.pt")
             # the picture is the report's (reports/error_map.py draws it from the .pt when it builds the pages)
-            saved[check] = {"artefact": str(Path("failures", out_dir.name, f"{stem}.pt")),
-                            "error_map": str(Path("failures", out_dir.name, f"{stem}.png"))}
+            saved[check] = {
+                "artefact": str(Path("failures", out_dir.name, f"{stem}.pt")),
+                "error_map": str(Path("failures", out_dir.name, f"{stem}.png")),
+            }
         if saved:
             self.saved += 1
         return saved

@@ -12,8 +12,8 @@ import torch
 from shardcheck.harness.core.case import REPLICATED, Case, RankContext, as_tuple, is_float
 from shardcheck.harness.core.measure import CommCounter, Timer, group_dims, peak_memory, split_comm
 from shardcheck.harness.core.plan_data import DTYPES, Item
-from shardcheck.harness.core.topology import Topology, mesh_dims
 from shardcheck.harness.core.records import Phase, Status
+from shardcheck.harness.core.topology import Topology, mesh_dims
 
 
 def median_iqr(values) -> tuple[float, float]:
@@ -34,14 +34,24 @@ def run_bench_item(w, item: Item, topo: Topology, mesh) -> None:
     w.events.phase(item.id, Phase.FORWARD)
     gen = torch.Generator().manual_seed(item.seed)
     full = {k: v.to(dtype) if is_float(v) else v for k, v in case.make_inputs(gen).items()}
-    ctx = RankContext(mesh=mesh, topology=topo, device=w.device, dtype=dtype,
-                      full_shapes={k: tuple(v.shape) for k, v in full.items()}, input_layouts=case.input_layouts,
-                      impl=impl, full_inputs={k: v for k, v in full.items() if not is_float(v)},  # what index rules read
-                      params=case.params, modules={fam: w.impls[fam] for fam in case.uses},
-                      # a model case's step hands each tensor on as it is made: the bench drops them (it times and
-                      # measures the step, not copies of every module's output kept for judging)
-                      judge_output=lambda name, tensor, layout: True)
-    local = {k: case.input_layouts.get(k, REPLICATED).local(v, mesh, full).clone().to(w.device) for k, v in full.items()}
+    ctx = RankContext(
+        mesh=mesh,
+        topology=topo,
+        device=w.device,
+        dtype=dtype,
+        full_shapes={k: tuple(v.shape) for k, v in full.items()},
+        input_layouts=case.input_layouts,
+        impl=impl,
+        full_inputs={k: v for k, v in full.items() if not is_float(v)},  # what index rules read
+        params=case.params,
+        modules={fam: w.impls[fam] for fam in case.uses},
+        # a model case's step hands each tensor on as it is made: the bench drops them (it times and
+        # measures the step, not copies of every module's output kept for judging)
+        judge_output=lambda name, tensor, layout: True,
+    )
+    local = {
+        k: case.input_layouts.get(k, REPLICATED).local(v, mesh, full).clone().to(w.device) for k, v in full.items()
+    }
     del full
     grad_gen = torch.Generator(device=w.device).manual_seed(item.seed + w.rank)
     upstream: list = []
@@ -92,15 +102,25 @@ def run_bench_item(w, item: Item, topo: Topology, mesh) -> None:
     except Exception:
         observed = counter.as_dict()
     calls, nbytes = split_comm(observed)
-    fields = dict(time_ms=median, time_ms_iqr=iqr, time_fwd_ms=float(times[:, 0].median()),
-                  time_bwd_ms=float(times[:, 1].median()), times_ms=[round(float(t), 4) for t in total],
-                  peak_bytes=mem["peak_bytes"], peak_bytes_fwd=mem_fwd["peak_bytes"], comm_calls=calls, comm_bytes=nbytes,
-                  iters=w.plan.bench_iters, warmup=w.plan.bench_warmup)
+    fields = dict(
+        time_ms=median,
+        time_ms_iqr=iqr,
+        time_fwd_ms=float(times[:, 0].median()),
+        time_bwd_ms=float(times[:, 1].median()),
+        times_ms=[round(float(t), 4) for t in total],
+        peak_bytes=mem["peak_bytes"],
+        peak_bytes_fwd=mem_fwd["peak_bytes"],
+        comm_calls=calls,
+        comm_bytes=nbytes,
+        iters=w.plan.bench_iters,
+        warmup=w.plan.bench_warmup,
+    )
     if case.memory is not None:  # the op's model of its own peak, beside the measured one
         try:
             model = case.memory(ctx)
-            fields.update(expected_peak_bytes=int(model.peak_bytes), saved_bytes=int(model.saved_bytes),
-                          memory_model=model.terms)
+            fields.update(
+                expected_peak_bytes=int(model.peak_bytes), saved_bytes=int(model.saved_bytes), memory_model=model.terms
+            )
         except Exception as exc:  # a broken model is the suite's bug: said in the row, the measurement kept
             fields.update(memory_model=f"memory model failed: {type(exc).__name__}: {exc}")
     if topo.size == 1:  # the single-device reference on the same inputs, for the TP=1 overhead ratio
@@ -137,4 +157,3 @@ def _sync(mesh) -> None:
     """Barrier over the whole sub-mesh (dim by dim: afterwards every rank has entered)."""
     for d in ("dp", "cp", "tp"):
         torch.distributed.barrier(group=mesh_dims(mesh).groups[d])
-

@@ -36,24 +36,42 @@ _FIELDS = 11  # n, plan, item, group, dim, seq, kind, shape, dtype, where, n aga
 
 # c10d entry point -> (kind, name of the parameter whose tensor this rank hands over; None: no tensor worth naming)
 _C10D = {
-    "all_reduce": ("all_reduce", "tensor"), "broadcast": ("broadcast", "tensor"), "reduce": ("reduce", "tensor"),
-    "all_gather": ("all_gather", "tensor"), "all_gather_into_tensor": ("all_gather", "input_tensor"),
-    "_all_gather_base": ("all_gather", "input_tensor"), "reduce_scatter": ("reduce_scatter", "output"),
-    "reduce_scatter_tensor": ("reduce_scatter", "input"), "_reduce_scatter_base": ("reduce_scatter", "input"),
-    "all_to_all_single": ("all_to_all", None), "all_to_all": ("all_to_all", None), "gather": ("gather", "tensor"),
-    "scatter": ("scatter", "tensor"), "send": ("send", "tensor"), "recv": ("recv", "tensor"),
-    "isend": ("send", "tensor"), "irecv": ("recv", "tensor"), "barrier": ("barrier", None),
-    "all_gather_object": ("all_gather_object", None), "broadcast_object_list": ("broadcast_object_list", None),
+    "all_reduce": ("all_reduce", "tensor"),
+    "broadcast": ("broadcast", "tensor"),
+    "reduce": ("reduce", "tensor"),
+    "all_gather": ("all_gather", "tensor"),
+    "all_gather_into_tensor": ("all_gather", "input_tensor"),
+    "_all_gather_base": ("all_gather", "input_tensor"),
+    "reduce_scatter": ("reduce_scatter", "output"),
+    "reduce_scatter_tensor": ("reduce_scatter", "input"),
+    "_reduce_scatter_base": ("reduce_scatter", "input"),
+    "all_to_all_single": ("all_to_all", None),
+    "all_to_all": ("all_to_all", None),
+    "gather": ("gather", "tensor"),
+    "scatter": ("scatter", "tensor"),
+    "send": ("send", "tensor"),
+    "recv": ("recv", "tensor"),
+    "isend": ("send", "tensor"),
+    "irecv": ("recv", "tensor"),
+    "barrier": ("barrier", None),
+    "all_gather_object": ("all_gather_object", None),
+    "broadcast_object_list": ("broadcast_object_list", None),
     "all_reduce_coalesced": ("all_reduce", None),
 }
 # functional collectives (torch.distributed._functional_collectives): DTensor's redistributions go through these
 _FUNCOL = {
-    "all_reduce": ("all_reduce", "self"), "all_gather_tensor": ("all_gather", "self"),
-    "all_gather_single": ("all_gather", "input"), "all_gather_tensor_autograd": ("all_gather", "self"),
-    "reduce_scatter_tensor": ("reduce_scatter", "self"), "reduce_scatter_single": ("reduce_scatter", "input"),
-    "reduce_scatter_tensor_autograd": ("reduce_scatter", "self"), "all_to_all_single": ("all_to_all", None),
-    "all_to_all_single_autograd": ("all_to_all", None), "broadcast": ("broadcast", "self"),
-    "all_reduce_coalesced": ("all_reduce", None), "all_gather_inplace": ("all_gather", None),
+    "all_reduce": ("all_reduce", "self"),
+    "all_gather_tensor": ("all_gather", "self"),
+    "all_gather_single": ("all_gather", "input"),
+    "all_gather_tensor_autograd": ("all_gather", "self"),
+    "reduce_scatter_tensor": ("reduce_scatter", "self"),
+    "reduce_scatter_single": ("reduce_scatter", "input"),
+    "reduce_scatter_tensor_autograd": ("reduce_scatter", "self"),
+    "all_to_all_single": ("all_to_all", None),
+    "all_to_all_single_autograd": ("all_to_all", None),
+    "broadcast": ("broadcast", "self"),
+    "all_reduce_coalesced": ("all_reduce", None),
+    "all_gather_inplace": ("all_gather", None),
 }
 
 
@@ -99,15 +117,16 @@ class FlightRecorder:
             shape = ",".join(map(str, tensor.shape)) or "-"  # "-": a 0-d tensor ("": no tensor)
             dtype = _DTYPES.get(tensor.dtype) or _dtype_name(tensor.dtype)
         dim = self.dims.get(group) or self._dim(group)
-        line = (f"{n}\t{self.plan}\t{self.item}\t{group}\t{dim}\t{seq}\t{kind}\t{shape}\t{dtype}\t{where}\t"
-                f"{n}\n").encode(errors="replace")
+        line = (
+            f"{n}\t{self.plan}\t{self.item}\t{group}\t{dim}\t{seq}\t{kind}\t{shape}\t{dtype}\t{where}\t{n}\n"
+        ).encode(errors="replace")
         if len(line) > SLOT:  # a calling line too long for its slot: its file's start cut
             head = f"{n}\t{self.plan}\t{self.item}\t{group}\t{dim}\t{seq}\t{kind}\t{shape}\t{dtype}\t".encode()
             tail = f"\t{n}\n".encode()
             room = SLOT - len(head) - len(tail) - 3
             line = head + b"..." + where.encode(errors="replace")[-room:] + tail
         at = (n % RING) * SLOT
-        self.ring[at:at + len(line)] = line
+        self.ring[at : at + len(line)] = line
 
     def flush(self) -> None:
         """Write the records back to the file's storage (msync): for readers on other nodes of a shared filesystem."""
@@ -130,17 +149,26 @@ def read_records(launch_dir: Path, rank: int) -> list[dict]:
         return []
     records = []
     for at in range(0, len(data), SLOT):
-        line = data[at:at + SLOT].split(b"\n", 1)[0].decode(errors="replace")
+        line = data[at : at + SLOT].split(b"\n", 1)[0].decode(errors="replace")
         fields = line.split("\t")
         if len(fields) != _FIELDS or fields[0] != fields[-1]:
             continue
         n, plan, item, group, dim, seq, kind, shape, dtype, where, _ = fields
         try:
-            records.append({"n": int(n), "plan": None if plan == "None" else int(plan),
-                            "item": None if item == "None" else int(item), "group": group, "dim": dim,
-                            "seq": int(seq), "kind": kind,
-                            "shape": None if not shape else [] if shape == "-" else [int(d) for d in shape.split(",")],
-                            "dtype": dtype or None, "where": where})
+            records.append(
+                {
+                    "n": int(n),
+                    "plan": None if plan == "None" else int(plan),
+                    "item": None if item == "None" else int(item),
+                    "group": group,
+                    "dim": dim,
+                    "seq": int(seq),
+                    "kind": kind,
+                    "shape": None if not shape else [] if shape == "-" else [int(d) for d in shape.split(",")],
+                    "dtype": dtype or None,
+                    "where": where,
+                }
+            )
         except ValueError:
             continue
     return sorted(records, key=lambda r: r["n"])

@@ -32,5 +32,10 @@ def fuzz_case(space: FuzzSpace, params: dict) -> Case:
     if case.op != space.op:
         raise ValueError(f"FuzzSpace of {space.op}: case(params) built a case of {case.op}")
     topology = Topology(*params["topology"])
-    return replace(case, case_id=fuzz_case_id(params), dtypes=(params["dtype"],),
-                   supports=lambda t: t == topology, params={**case.params, **params})
+    return replace(
+        case,
+        case_id=fuzz_case_id(params),
+        dtypes=(params["dtype"],),
+        supports=lambda t: t == topology,
+        params={**case.params, **params},
+    )

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -104,7 +105,9 @@ def differences(seed: inspect.Signature, impl: inspect.Signature) -> tuple[str, 
     seed_pos = [n for n, p in s.items() if p.kind in _POSITIONAL]
     impl_pos = [n for n, p in i.items() if p.kind in _POSITIONAL]
     # A seed parameter absent by name whose position holds a parameter the seed lacks: renamed.
-    renamed = {n: impl_pos[k] for k, n in enumerate(seed_pos) if n not in i and k < len(impl_pos) and impl_pos[k] not in s}
+    renamed = {
+        n: impl_pos[k] for k, n in enumerate(seed_pos) if n not in i and k < len(impl_pos) and impl_pos[k] not in s
+    }
     as_seed = {new: old for old, new in renamed.items()}
     i = {as_seed.get(n, n): p for n, p in i.items()}
     impl_pos = [as_seed.get(n, n) for n in impl_pos]
@@ -114,23 +117,36 @@ def differences(seed: inspect.Signature, impl: inspect.Signature) -> tuple[str, 
         fails.append("missing parameter(s) " + ", ".join(missing))
     common = [n for n in seed_pos if n in impl_pos]
     if common != [n for n in impl_pos if n in seed_pos]:
-        fails.append(f"parameters in another order: ({', '.join(n for n in impl_pos if n in seed_pos)}), "
-                     f"the seed has ({', '.join(common)})")
+        fails.append(
+            f"parameters in another order: ({', '.join(n for n in impl_pos if n in seed_pos)}), "
+            f"the seed has ({', '.join(common)})"
+        )
     elif common:  # same order, but an extra parameter among them shifts the seed's that follow it
-        extra = [n for n in impl_pos[:impl_pos.index(common[-1])] if n not in s]
+        extra = [n for n in impl_pos[: impl_pos.index(common[-1])] if n not in s]
         if extra:
             shifted = [n for n in common if impl_pos.index(n) > impl_pos.index(extra[0])]
-            fails.append(f"extra parameter(s) {', '.join(extra)} before the seed's {', '.join(shifted)}: "
-                         "callers passing those by position reach another parameter")
+            fails.append(
+                f"extra parameter(s) {', '.join(extra)} before the seed's {', '.join(shifted)}: "
+                "callers passing those by position reach another parameter"
+            )
     keyword_only = [n for n in seed_pos if n in i and i[n].kind is inspect.Parameter.KEYWORD_ONLY]
     if keyword_only:
         fails.append("keyword-only parameter(s) the seed takes by position: " + ", ".join(keyword_only))
-    positional_only = [n for n, p in s.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY and n in i
-                       and i[n].kind is inspect.Parameter.POSITIONAL_ONLY and n not in renamed]
+    positional_only = [
+        n
+        for n, p in s.items()
+        if p.kind is not inspect.Parameter.POSITIONAL_ONLY
+        and n in i
+        and i[n].kind is inspect.Parameter.POSITIONAL_ONLY
+        and n not in renamed
+    ]
     if positional_only:
         fails.append("positional-only parameter(s) the seed takes by keyword: " + ", ".join(positional_only))
-    now_required = [n for n, p in s.items() if p.default is not inspect.Parameter.empty and n in i
-                    and i[n].default is inspect.Parameter.empty]
+    now_required = [
+        n
+        for n, p in s.items()
+        if p.default is not inspect.Parameter.empty and n in i and i[n].default is inspect.Parameter.empty
+    ]
     if now_required:
         fails.append("required parameter(s) the seed makes optional: " + ", ".join(now_required))
     required = [n for n in i if n not in s and i[n].default is inspect.Parameter.empty]
@@ -139,7 +155,9 @@ def differences(seed: inspect.Signature, impl: inspect.Signature) -> tuple[str, 
     return (Status.FAIL, fails) if fails else (Status.PASS, [])
 
 
-def check_names(family: str, module: ModuleType, names: list[str], default: str | None = None) -> dict[str, tuple[str, str]]:
+def check_names(
+    family: str, module: ModuleType, names: list[str], default: str | None = None
+) -> dict[str, tuple[str, str]]:
     """{name: (status, message)} for each of `names` whose signature in `module` differs from the seed's
     (`default`: the family's default module, as seed_module takes it)."""
     seed = seed_module(family, default)
@@ -157,7 +175,10 @@ def check_names(family: str, module: ModuleType, names: list[str], default: str 
             continue
         status, reasons = differences(seed_sig, impl_sig)
         if status != Status.PASS:
-            out[name] = (status, f"signature: {'; '.join(reasons)} (seed {name}{seed_sig}, under test {name}{impl_sig})")
+            out[name] = (
+                status,
+                f"signature: {'; '.join(reasons)} (seed {name}{seed_sig}, under test {name}{impl_sig})",
+            )
     return out
 
 
@@ -173,13 +194,39 @@ def signature_rows(plan, meta: dict) -> list[dict]:
         found = check_names(family, resolve_impl(family, spec), [op.split(".", 1)[1] for op in ops], default)
         for name, (status, message) in found.items():
             op = f"{family}.{name}"
-            rows.append({"run_id": plan.run_id, "op": op, "family": family, "impl": spec, "suite": suites[op],
-                         "case_id": "signature", "params": {}, "dp": 0, "cp": 0, "tp": 0, "world_size": 0,
-                         "dtype": "-", "device": plan.device, "backend": plan.backend, "seed": plan.seed,
-                         "check": SIGNATURE_CHECK, "status": status, "max_abs_err": None, "max_rel_err": None,
-                         "budget": None, "err_ratio": None, "err_naive": None, "mismatch": None, "message": message,
-                         "per_rank": [], **NO_CAUSE, "symptom": Symptom.SIGNATURE,
-                         "rule_source": str(SIGNATURE_RULE.source), "rule_cite": SIGNATURE_RULE.cite})
+            rows.append(
+                {
+                    "run_id": plan.run_id,
+                    "op": op,
+                    "family": family,
+                    "impl": spec,
+                    "suite": suites[op],
+                    "case_id": "signature",
+                    "params": {},
+                    "dp": 0,
+                    "cp": 0,
+                    "tp": 0,
+                    "world_size": 0,
+                    "dtype": "-",
+                    "device": plan.device,
+                    "backend": plan.backend,
+                    "seed": plan.seed,
+                    "check": SIGNATURE_CHECK,
+                    "status": status,
+                    "max_abs_err": None,
+                    "max_rel_err": None,
+                    "budget": None,
+                    "err_ratio": None,
+                    "err_naive": None,
+                    "mismatch": None,
+                    "message": message,
+                    "per_rank": [],
+                    **NO_CAUSE,
+                    "symptom": Symptom.SIGNATURE,
+                    "rule_source": str(SIGNATURE_RULE.source),
+                    "rule_cite": SIGNATURE_RULE.cite,
+                }
+            )
     return rows
 
 

@@ -14,8 +14,6 @@ import importlib
 import importlib.util
 import pkgutil
 import re
-import sys
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -55,8 +53,10 @@ def external_suite_files(suite_paths: Sequence[str]) -> dict[str, Path]:
         for file in files:
             name = file.stem
             if name in builtin:
-                raise UsageError(f"suite {file}: its name {name!r} is a built-in suite's ({BUILTIN_DIR / file.name}); "
-                                 "rename the file")
+                raise UsageError(
+                    f"suite {file}: its name {name!r} is a built-in suite's ({BUILTIN_DIR / file.name}); "
+                    "rename the file"
+                )
             if name in found and found[name] != file:
                 raise UsageError(f"two suites named {name!r}: {found[name]} and {file}; rename one of the files")
             found[name] = file
@@ -132,8 +132,10 @@ def _call_cases(suite: ModuleType, name: str, fn: str, quick: bool) -> list[Case
             raise UsageError(f"suite {name}: {fn}() returned a {type(case).__name__}, expected Case objects")
         family, dot, op_name = case.op.partition(".")
         if family != suite.FAMILY or not dot or not op_name:
-            raise UsageError(f"suite {name}: case {case.case_id!r} has op {case.op!r}; ops of the suite's FAMILY "
-                             f"are named {suite.FAMILY}.<name in the module under test>")
+            raise UsageError(
+                f"suite {name}: case {case.case_id!r} has op {case.op!r}; ops of the suite's FAMILY "
+                f"are named {suite.FAMILY}.<name in the module under test>"
+            )
     return cases
 
 
@@ -147,8 +149,9 @@ def suite_cases(name: str, quick: bool, bench: bool = False, suite_paths: Sequen
         sized = _call_cases(suite, name, "bench_cases", quick) if hasattr(suite, "bench_cases") else []
         covered = {c.op for c in sized}
         fallback = [c for c in cases if c.op not in covered and c.bad_input is None]
-        cases = sized + [c for i, c in enumerate(fallback)
-                         if sum(f.op == c.op for f in fallback[:i]) < BENCH_FALLBACK_CASES]
+        cases = sized + [
+            c for i, c in enumerate(fallback) if sum(f.op == c.op for f in fallback[:i]) < BENCH_FALLBACK_CASES
+        ]
     seen = set()
     for case in cases:
         if bench:
@@ -173,8 +176,10 @@ def _check_sweep(suite: str, case: Case) -> None:
     value = case.params.get(axis) if isinstance(axis, str) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         why = "which its params lack" if isinstance(axis, str) and axis not in case.params else "not a number there"
-        raise UsageError(f"suite {suite}: bench case {case.op} [{case.case_id}]: params['sweep'] = {axis!r}, {why} "
-                         f"(name a numeric key of params, or one of {', '.join(SWEEP_AXES)})")
+        raise UsageError(
+            f"suite {suite}: bench case {case.op} [{case.case_id}]: params['sweep'] = {axis!r}, {why} "
+            f"(name a numeric key of params, or one of {', '.join(SWEEP_AXES)})"
+        )
 
 
 def suite_fuzz_spaces(name: str, suite_paths: Sequence[str] = ()) -> dict[str, FuzzSpace] | None:
@@ -190,10 +195,14 @@ def suite_fuzz_spaces(name: str, suite_paths: Sequence[str] = ()) -> dict[str, F
     out: dict[str, FuzzSpace] = {}
     for space in spaces:
         if not isinstance(space, FuzzSpace):
-            raise UsageError(f"suite {name}: fuzz_spaces() returned a {type(space).__name__}, expected FuzzSpace objects")
+            raise UsageError(
+                f"suite {name}: fuzz_spaces() returned a {type(space).__name__}, expected FuzzSpace objects"
+            )
         if space.op.partition(".")[0] != suite.FAMILY or space.op in out:
-            raise UsageError(f"suite {name}: fuzz space of {space.op!r}: "
-                             + ("declared twice" if space.op in out else f"not an op of FAMILY {suite.FAMILY}"))
+            raise UsageError(
+                f"suite {name}: fuzz space of {space.op!r}: "
+                + ("declared twice" if space.op in out else f"not an op of FAMILY {suite.FAMILY}")
+            )
         out[space.op] = space
     return out
 
@@ -218,9 +227,11 @@ def default_impl(family: str, suite_paths: Sequence[str] = ()) -> str | None:
         if spec is not None:
             named.setdefault(spec, str(path))
     if len(named) > 1:
-        raise UsageError(f"family {family!r} has two default implementations: "
-                         + " and ".join(f"{spec} (suite {path})" for spec, path in named.items())
-                         + f"; a family has one (pass --impl {family}=MODULE to choose)")
+        raise UsageError(
+            f"family {family!r} has two default implementations: "
+            + " and ".join(f"{spec} (suite {path})" for spec, path in named.items())
+            + f"; a family has one (pass --impl {family}=MODULE to choose)"
+        )
     return next(iter(named), None)
 
 
@@ -238,8 +249,9 @@ def _config(directory: Path) -> tuple[dict, str]:
             import tomli as tomllib
         except ModuleNotFoundError:
             if "[tool.shardcheck]" in pyproject.read_text(errors="replace"):
-                raise UsageError(f"{pyproject}: reading [tool.shardcheck] needs Python 3.11 or the tomli package") \
-                    from None
+                raise UsageError(
+                    f"{pyproject}: reading [tool.shardcheck] needs Python 3.11 or the tomli package"
+                ) from None
             return {}, where
     try:
         config = tomllib.loads(pyproject.read_text()).get("tool", {}).get("shardcheck", {})

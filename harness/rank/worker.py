@@ -40,23 +40,23 @@ import torch.distributed as dist
 import shardcheck.harness
 import shardcheck.reference
 import shardcheck.suites
-from shardcheck.harness.rank.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
-from shardcheck.harness.rank import flight_recorder, shims
-from shardcheck.harness.rank.bench import run_bench_item
 from shardcheck.harness.core.case import BAD_INPUT_CHECK, REPLICATED, Case, RankContext, as_tuple, is_float
 from shardcheck.harness.core.compare import BudgetScope, budget, compare, judge
-from shardcheck.harness.core.peer_failure import is_peer_failure
 from shardcheck.harness.core.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path, stack_path
-from shardcheck.harness.core.plan_data import DTYPES, Item, Plan
-from shardcheck.harness.core.model_case import StepCase, step_order
 from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
-from shardcheck.harness.rank.signatures import under_test, used_by_one_case, used_drift
-from shardcheck.harness.rank.fuzz_cases import fuzz_case
-from shardcheck.harness.rank.suite_loader import suite_cases, suite_fuzz_spaces
-from shardcheck.harness.core.topology import Topology, build_mesh, mesh_coords, mesh_dims
-from shardcheck.reference import low_precision_math
+from shardcheck.harness.core.model_case import StepCase, step_order
+from shardcheck.harness.core.peer_failure import is_peer_failure
+from shardcheck.harness.core.plan_data import DTYPES, Item, Plan
 from shardcheck.harness.core.records import SIGNATURE_CHECK, Phase, Status, Symptom
 from shardcheck.harness.core.rules import is_ours, under_rule
+from shardcheck.harness.core.topology import Topology, build_mesh, mesh_coords, mesh_dims
+from shardcheck.harness.rank import flight_recorder, shims
+from shardcheck.harness.rank.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
+from shardcheck.harness.rank.bench import run_bench_item
+from shardcheck.harness.rank.fuzz_cases import fuzz_case
+from shardcheck.harness.rank.signatures import under_test, used_by_one_case, used_drift
+from shardcheck.harness.rank.suite_loader import suite_cases, suite_fuzz_spaces
+from shardcheck.reference import low_precision_math
 
 STUCK_LINGER = 5.0  # seconds a rank that found a peer missing stays up, so the driver takes every rank's stack first
 RAISED_GRACE = 10.0  # seconds the ranks at an item's barrier still wait for their peers once one of them raised
@@ -70,6 +70,7 @@ def _detach(t):
 @dataclass
 class _Call:
     """What one item's steps hand each other on this rank."""
+
     item: Item
     case: Case
     impl: object  # the module under test
@@ -91,6 +92,7 @@ class _Call:
 class _Verdict:
     """One local tensor judged against its slice of the golden, before the precision step: what its row needs, and
     what that step needs (the tensors themselves only where it compares them elementwise: per-row budgets)."""
+
     check: str
     stats: dict
     status: Status
@@ -123,7 +125,9 @@ class Golden:
             self.outputs = self.naive_outputs = ()
             self.grads = self.naive_grads = {}
             return
-        self.outputs, self.grads = self._reference(case, {k: v.double() if is_float(v) else v for k, v in self.inputs.items()}, gen, n_summands)
+        self.outputs, self.grads = self._reference(
+            case, {k: v.double() if is_float(v) else v for k, v in self.inputs.items()}, gen, n_summands
+        )
         if dtype == torch.float64:
             self.naive_outputs, self.naive_grads = self.outputs, self.grads
         else:
@@ -185,15 +189,25 @@ class Golden:
             ups = [(g.sum(0) if s is None else g[s]).to(o.dtype) for o, g in used]
             grads = torch.autograd.grad([o for o, _ in used], xs, ups, allow_unused=True, retain_graph=s is not None)
             total = [g if t is None else (t if g is None else t + g) for t, g in zip(total, grads)]
-        grads = {n: (g if g is not None else torch.zeros_like(x)).detach() for n, x, g in zip(case.grad_inputs, xs, total)}
+        grads = {
+            n: (g if g is not None else torch.zeros_like(x)).detach() for n, x, g in zip(case.grad_inputs, xs, total)
+        }
         return tuple(_detach(o) for o in outs), grads
 
 
 class Worker:
     """One rank: its process group, kept for every plan it runs (`load` one, then `run` it)."""
 
-    def __init__(self, device: str, backend: str, timeout: float, use_shims: bool,
-                 store: dist.Store | None = None, rank: int | None = None, world: int | None = None):
+    def __init__(
+        self,
+        device: str,
+        backend: str,
+        timeout: float,
+        use_shims: bool,
+        store: dist.Store | None = None,
+        rank: int | None = None,
+        world: int | None = None,
+    ):
         self.device = torch.device(device)
         self.backend = backend
         if self.device.type == "cuda":
@@ -224,15 +238,18 @@ class Worker:
         """Make `plan` the one `run` runs; its events go to `events_dir`."""
         self.plan = plan
         # Item ids start at 0 in every plan: each plan checks in under keys of its own.
-        self.store = dist.PrefixStore(f"shardcheck-items/{self.plans_loaded}", dist.distributed_c10d._get_default_store())
+        self.store = dist.PrefixStore(
+            f"shardcheck-items/{self.plans_loaded}", dist.distributed_c10d._get_default_store()
+        )
         self.plans_loaded += 1
         if self.events is not None:
             self.events.file.close()
         self.events = Events(events_path(events_dir, self.rank), self.rank)
         self.cases: dict[tuple[str, str], Case] = {}
         for suite in sorted({i.suite for i in plan.items if i.fuzz is None}):
-            self.cases.update({(c.op, c.case_id): c
-                               for c in suite_cases(suite, plan.quick, plan.bench, plan.suite_paths)})
+            self.cases.update(
+                {(c.op, c.case_id): c for c in suite_cases(suite, plan.quick, plan.bench, plan.suite_paths)}
+            )
         for item in plan.items:  # fuzz cases: rebuilt from their drawn params
             if item.fuzz is not None:
                 space = suite_fuzz_spaces(item.suite, plan.suite_paths)[item.op]
@@ -291,8 +308,11 @@ class Worker:
             # (a known failure's checks keep the artefact budget for real ones)
             if any(p["failed"] and not (item.xfail and item.xfail.covers(c)) for c, p in pieces.items()):
                 self.store.set(f"failed/{item.id}", "1")  # the other ranks save their pieces too
-            first = min((c for c, p in pieces.items() if p["failed"] and step_order(c) is not None), key=step_order,
-                        default=None)
+            first = min(
+                (c for c, p in pieces.items() if p["failed"] and step_order(c) is not None),
+                key=step_order,
+                default=None,
+            )
             if first is not None:  # a model's step: the ranks agree on its first divergence (after the barrier)
                 self.store.set(f"first/{item.id}/{self.rank}", first)
             try:
@@ -405,8 +425,12 @@ class Worker:
         selects has its own signature row already (harness/driver/run.py): not repeated here."""
         looked_up, drift = used_drift(call.ctx.modules, self.ops_with_signature_rows)
         if looked_up:
-            call.emit_check(SIGNATURE_CHECK, Status.FAIL if drift else Status.PASS, message="; ".join(drift),
-                            symptom=Symptom.SIGNATURE if drift else None)
+            call.emit_check(
+                SIGNATURE_CHECK,
+                Status.FAIL if drift else Status.PASS,
+                message="; ".join(drift),
+                symptom=Symptom.SIGNATURE if drift else None,
+            )
 
     def _golden_step(self, item: Item, topo: Topology, mesh, contexts: contextlib.ExitStack) -> _Call | None:
         """The golden outputs and gradients, the rank's context and its pieces of the inputs."""
@@ -421,17 +445,33 @@ class Worker:
             golden = self.golden(case, item, n_summands)
         except Exception as exc:
             for check in self._item_checks(item):
-                emit_check(check, Status.ERROR, message=f"reference failed: {type(exc).__name__}: {exc}",
-                           symptom=Symptom.REFERENCE, **_error_fields(exc), phase=Phase.SETUP)
+                emit_check(
+                    check,
+                    Status.ERROR,
+                    message=f"reference failed: {type(exc).__name__}: {exc}",
+                    symptom=Symptom.REFERENCE,
+                    **_error_fields(exc),
+                    phase=Phase.SETUP,
+                )
             return None
         impl = self.impls[case.family]
-        ctx = RankContext(mesh=mesh, topology=topo, device=self.device, dtype=DTYPES[item.dtype],
-                          full_shapes={k: tuple(v.shape) for k, v in golden.inputs.items()},
-                          input_layouts=case.input_layouts, impl=impl, full_inputs=golden.inputs, contexts=contexts,
-                          params=case.params, modules={fam: used_by_one_case(self.impls[fam]) for fam in case.uses})
+        ctx = RankContext(
+            mesh=mesh,
+            topology=topo,
+            device=self.device,
+            dtype=DTYPES[item.dtype],
+            full_shapes={k: tuple(v.shape) for k, v in golden.inputs.items()},
+            input_layouts=case.input_layouts,
+            impl=impl,
+            full_inputs=golden.inputs,
+            contexts=contexts,
+            params=case.params,
+            modules={fam: used_by_one_case(self.impls[fam]) for fam in case.uses},
+        )
         counter = CommCounter(group_dims(mesh) if case.comm else {}, enabled=case.comm is not None)
-        call = _Call(item, case, impl, mesh, ctx, golden, self._local_inputs(case, golden, mesh), counter, emit_check,
-                     contexts)
+        call = _Call(
+            item, case, impl, mesh, ctx, golden, self._local_inputs(case, golden, mesh), counter, emit_check, contexts
+        )
         index = {name: i for i, name in enumerate(case.output_names)}
         ctx.judge_output = lambda name, got, lay: self._judge_arriving(call, index.get(name), got, lay)
         return call
@@ -445,8 +485,13 @@ class Worker:
         except Exception as exc:
             if case.bad_input is not None:  # loud: any exception will do
                 status, message = case.bad_input.judge_raise(exc)
-                emit_check(BAD_INPUT_CHECK, status, message=message, keep_message=True,
-                           symptom=None if status == Status.PASS else Symptom.PROPERTY)
+                emit_check(
+                    BAD_INPUT_CHECK,
+                    status,
+                    message=message,
+                    keep_message=True,
+                    symptom=None if status == Status.PASS else Symptom.PROPERTY,
+                )
             else:
                 self._emit_error(emit_check, self._item_checks(call.item), exc, Phase.FORWARD)
             return None
@@ -460,27 +505,40 @@ class Worker:
         outs = as_tuple(outs)
         if len(outs) != len(case.output_names):
             for check in self._item_checks(call.item):
-                emit_check(check, Status.ERROR, message=f"op returned {len(outs)} outputs, expected {len(case.output_names)}",
-                           symptom=Symptom.OUTPUTS, phase=Phase.FORWARD)
+                emit_check(
+                    check,
+                    Status.ERROR,
+                    message=f"op returned {len(outs)} outputs, expected {len(case.output_names)}",
+                    symptom=Symptom.OUTPUTS,
+                    phase=Phase.FORWARD,
+                )
             return None
         return outs
 
     def _judge_outputs(self, call: _Call, outs: tuple) -> None:
         """Every output against this rank's piece of the golden (or the case's own output check)."""
         case, golden, mesh, emit_check = call.case, call.golden, call.mesh, call.emit_check
-        for i, (name, check, got, gold, naive, lay) in enumerate(zip(case.output_names, case.forward_checks, outs,
-                                                                     golden.outputs, golden.naive_outputs,
-                                                                     case.output_layouts)):
+        for i, (name, check, got, gold, naive, lay) in enumerate(
+            zip(case.output_names, case.forward_checks, outs, golden.outputs, golden.naive_outputs, case.output_layouts)
+        ):
             if call.arrival_error is not None and call.arrival_error[0] == i:  # the harness raised judging it
                 raise call.arrival_error[1]
             if i in call.verdicts:  # judged as it arrived: its precision step and row now, in output order
-                self._emit_verdict(emit_check, call.verdicts.pop(i), mesh, golden.inputs,
-                                   precision=(golden, lambda run, i=i: run[0][i], call.ctx.dtype))
+                self._emit_verdict(
+                    emit_check,
+                    call.verdicts.pop(i),
+                    mesh,
+                    golden.inputs,
+                    precision=(golden, lambda run, i=i: run[0][i], call.ctx.dtype),
+                )
                 continue
             if gold is None:  # the reference returns None here (e.g. an optional output): so must the op
-                emit_check(check, Status.PASS if got is None else Status.FAIL,
-                           message="" if got is None else f"expected None, got {type(got).__name__}",
-                           symptom=None if got is None else Symptom.OUTPUT_TYPE)
+                emit_check(
+                    check,
+                    Status.PASS if got is None else Status.FAIL,
+                    message="" if got is None else f"expected None, got {type(got).__name__}",
+                    symptom=None if got is None else Symptom.OUTPUT_TYPE,
+                )
                 continue
             expected = lay.local(gold, mesh, golden.inputs)
             if name in case.output_checks:
@@ -488,14 +546,27 @@ class Worker:
                     ok, msg = case.output_checks[name](got, expected, golden.inputs, call.local, call.ctx)
                 except Exception as exc:
                     ok, msg = False, f"{type(exc).__name__}: {exc}"
-                emit_check(check, Status.PASS if ok else Status.FAIL, message=msg, symptom=None if ok else Symptom.VALUES)
+                emit_check(
+                    check, Status.PASS if ok else Status.FAIL, message=msg, symptom=None if ok else Symptom.VALUES
+                )
                 continue
             got_dtype = got.dtype if isinstance(got, torch.Tensor) else None
             if isinstance(got, torch.Tensor):
                 got = lay.reduce_partial(got, mesh)
-            self._emit_compare(emit_check, check, got, expected, gold, naive, lay, mesh, golden.inputs,
-                               expect_dtype=naive.dtype, got_dtype=got_dtype,
-                               precision=(golden, lambda run, i=i: run[0][i], call.ctx.dtype))
+            self._emit_compare(
+                emit_check,
+                check,
+                got,
+                expected,
+                gold,
+                naive,
+                lay,
+                mesh,
+                golden.inputs,
+                expect_dtype=naive.dtype,
+                got_dtype=got_dtype,
+                precision=(golden, lambda run, i=i: run[0][i], call.ctx.dtype),
+            )
 
     def _judge_gradients(self, call: _Call, backward_error: Exception | None) -> bool:
         """Every checked input's gradient against its piece of the golden; False when the backward raised."""
@@ -504,8 +575,13 @@ class Worker:
         if backward_error is not None:
             if case.bad_input is not None:  # loud, if late: its forward rows stand as they are
                 status, message = case.bad_input.judge_raise(backward_error)
-                emit_check(BAD_INPUT_CHECK, status, message=f"in backward: {message}", keep_message=True,
-                           symptom=None if status == Status.PASS else Symptom.PROPERTY)
+                emit_check(
+                    BAD_INPUT_CHECK,
+                    status,
+                    message=f"in backward: {message}",
+                    keep_message=True,
+                    symptom=None if status == Status.PASS else Symptom.PROPERTY,
+                )
             else:
                 self._emit_error(emit_check, grad_checks, backward_error, Phase.BACKWARD)
             return False
@@ -513,13 +589,25 @@ class Worker:
         for name, check in zip(case.grad_inputs, grad_checks):
             x = call.local[name]
             if x.grad is None:
-                emit_check(check, Status.FAIL, message=f"no gradient reached input {name!r}", symptom=Symptom.NO_GRADIENT)
+                emit_check(
+                    check, Status.FAIL, message=f"no gradient reached input {name!r}", symptom=Symptom.NO_GRADIENT
+                )
                 continue
             lay = case.input_layouts.get(name, REPLICATED)
             expected = lay.local(golden.grads[name], mesh, golden.inputs)
-            self._emit_compare(emit_check, check, x.grad, expected, golden.grads[name], golden.naive_grads[name], lay,
-                               mesh, golden.inputs, expect_dtype=x.dtype,
-                               precision=(golden, lambda run, name=name: run[1][name], call.ctx.dtype))
+            self._emit_compare(
+                emit_check,
+                check,
+                x.grad,
+                expected,
+                golden.grads[name],
+                golden.naive_grads[name],
+                lay,
+                mesh,
+                golden.inputs,
+                expect_dtype=x.dtype,
+                precision=(golden, lambda run, name=name: run[1][name], call.ctx.dtype),
+            )
         return True
 
     def _local_inputs(self, case: Case, golden: Golden, mesh) -> dict[str, torch.Tensor]:
@@ -539,8 +627,14 @@ class Worker:
     def _backward_step(self, call: _Call, outs: tuple) -> Exception | None:
         """Backpropagate the golden upstream gradients (this rank's summand) from the outputs, then close
         what the run kept open; the exception, if any (reported on the gradient checks)."""
-        item, case, golden, mesh, counter, contexts = (call.item, call.case, call.golden, call.mesh, call.counter,
-                                                       call.contexts)
+        item, case, golden, mesh, counter, contexts = (
+            call.item,
+            call.case,
+            call.golden,
+            call.mesh,
+            call.counter,
+            call.contexts,
+        )
         self._enter(item, Phase.BACKWARD)
         pairs = []
         summand = self._summand_index(case, mesh)
@@ -600,8 +694,15 @@ class Worker:
         calls, nbytes = split_comm(observed)
         # Beyond the contract is a performance finding (warn); a contract that cannot be evaluated fails.
         status = Status.FAIL if allowed is None else Status.WARN if too_much else Status.PASS
-        emit_check("property:comm", status, message="; ".join(too_much), symptom=None if status == Status.PASS else Symptom.COMM,
-                   comm_calls=calls, comm_bytes=nbytes, comm_allowed=allowed)
+        emit_check(
+            "property:comm",
+            status,
+            message="; ".join(too_much),
+            symptom=None if status == Status.PASS else Symptom.COMM,
+            comm_calls=calls,
+            comm_bytes=nbytes,
+            comm_allowed=allowed,
+        )
 
     def _emit_properties(self, case: Case, ctx, golden: Golden, local, outs: tuple, emit_check) -> None:
         if case.properties is None:
@@ -612,8 +713,17 @@ class Worker:
             self._emit_error(emit_check, ["property:properties"], exc, "properties")
             return
         for p in props:
-            emit_check(f"property:{p.name}", Status.PASS if p.passed else Status.FAIL, prop=p, message=p.message,
-                       symptom=None if p.passed else Symptom.PROPERTY, max_abs_err=p.value, max_rel_err=None, budget=None, err_ratio=None)
+            emit_check(
+                f"property:{p.name}",
+                Status.PASS if p.passed else Status.FAIL,
+                prop=p,
+                message=p.message,
+                symptom=None if p.passed else Symptom.PROPERTY,
+                max_abs_err=p.value,
+                max_rel_err=None,
+                budget=None,
+                err_ratio=None,
+            )
 
     @staticmethod
     def _summand_index(case: Case, mesh) -> int:
@@ -636,52 +746,129 @@ class Worker:
             expected = lay.local(gold, mesh, golden.inputs)
             got_dtype = got.dtype
             got = lay.reduce_partial(got, mesh)
-            call.verdicts[index] = self._measure(case.forward_checks[index], got, expected, gold, naive, lay, mesh,
-                                                 golden.inputs, naive.dtype, got_dtype, arriving=True)
+            call.verdicts[index] = self._measure(
+                case.forward_checks[index],
+                got,
+                expected,
+                gold,
+                naive,
+                lay,
+                mesh,
+                golden.inputs,
+                naive.dtype,
+                got_dtype,
+                arriving=True,
+            )
         except Exception as exc:  # raised as the harness's own error once the run is over, not as the model's
             call.arrival_error = (index, exc)
         return True
 
-    def _emit_compare(self, emit_check, check, got, expected, gold_full, naive_full, lay, mesh, inputs, expect_dtype,
-                      got_dtype=None, precision=None):
+    def _emit_compare(
+        self,
+        emit_check,
+        check,
+        got,
+        expected,
+        gold_full,
+        naive_full,
+        lay,
+        mesh,
+        inputs,
+        expect_dtype,
+        got_dtype=None,
+        precision=None,
+    ):
         """Judge one local tensor against its slice of the golden with per-element budgets.  `precision`
         = (golden, pick(run) -> this tensor of a Golden.precision_run, item dtype): a failing check that
         a legitimate precision difference explains becomes `warn`."""
         if not isinstance(got, torch.Tensor):
-            emit_check(check, Status.FAIL, message=f"got {type(got).__name__}, expected a tensor", symptom=Symptom.OUTPUT_TYPE)
+            emit_check(
+                check, Status.FAIL, message=f"got {type(got).__name__}, expected a tensor", symptom=Symptom.OUTPUT_TYPE
+            )
             return
         verdict = self._measure(check, got, expected, gold_full, naive_full, lay, mesh, inputs, expect_dtype, got_dtype)
         self._emit_verdict(emit_check, verdict, mesh, inputs, precision)
 
-    def _measure(self, check, got, expected, gold_full, naive_full, lay, mesh, inputs, expect_dtype, got_dtype=None,
-                 arriving: bool = False) -> _Verdict:
+    def _measure(
+        self,
+        check,
+        got,
+        expected,
+        gold_full,
+        naive_full,
+        lay,
+        mesh,
+        inputs,
+        expect_dtype,
+        got_dtype=None,
+        arriving: bool = False,
+    ) -> _Verdict:
         """One local tensor's verdict before the precision step.  `arriving`: judged as the run made it (a model
         case's step), so only a summary is kept, plus the tensors of this rank's first failing check of the step
         (its failure artefact) and, with per-row budgets, those of a failing check (the precision step's)."""
-        stats, status, ratio, limit = _judge(got, expected, gold_full, naive_full, expect_dtype, lay, mesh, inputs,
-                                             self.budget_scope)
+        stats, status, ratio, limit = _judge(
+            got, expected, gold_full, naive_full, expect_dtype, lay, mesh, inputs, self.budget_scope
+        )
         msg = ""
-        symptom = None if status == Status.PASS else (Symptom.SHAPE if "shape_mismatch" in stats else
-                                                 Symptom.NONFINITE if stats.get("nonfinite") else Symptom.VALUES)
+        symptom = (
+            None
+            if status == Status.PASS
+            else (
+                Symptom.SHAPE
+                if "shape_mismatch" in stats
+                else Symptom.NONFINITE
+                if stats.get("nonfinite")
+                else Symptom.VALUES
+            )
+        )
         got_dtype = got_dtype or got.dtype
         if got_dtype != expect_dtype:
-            status, msg, symptom = Status.FAIL, f"dtype {str(got_dtype)[6:]}, expected {str(expect_dtype)[6:]}", Symptom.DTYPE
+            status, msg, symptom = (
+                Status.FAIL,
+                f"dtype {str(got_dtype)[6:]}, expected {str(expect_dtype)[6:]}",
+                Symptom.DTYPE,
+            )
         for key in ("worst", "nonfinite"):
             if stats.get(key):
-                stats[key]["global_index"] = list(lay.global_index(stats[key]["local_index"], gold_full.shape, mesh, inputs))
+                stats[key]["global_index"] = list(
+                    lay.global_index(stats[key]["local_index"], gold_full.shape, mesh, inputs)
+                )
         piece = None
-        if (self.failures_saved < self.plan.failure_artefacts and "shape_mismatch" not in stats
-                and gold_full.numel() <= MAX_ARTEFACT_NUMEL and (not arriving or self._first_failing(check, status))):
-            piece = {"got": got.detach() if not arriving else got.detach().clone(), "expected": expected.detach(),
-                     "indices": lay.mesh_indices(gold_full.shape, mesh, inputs), "budget": limit,
-                     "full_shape": tuple(gold_full.shape), "failed": status == Status.FAIL, "coords": mesh_coords(mesh)}
+        if (
+            self.failures_saved < self.plan.failure_artefacts
+            and "shape_mismatch" not in stats
+            and gold_full.numel() <= MAX_ARTEFACT_NUMEL
+            and (not arriving or self._first_failing(check, status))
+        ):
+            piece = {
+                "got": got.detach() if not arriving else got.detach().clone(),
+                "expected": expected.detach(),
+                "indices": lay.mesh_indices(gold_full.shape, mesh, inputs),
+                "budget": limit,
+                "full_shape": tuple(gold_full.shape),
+                "failed": status == Status.FAIL,
+                "coords": mesh_coords(mesh),
+            }
             if arriving:  # the step's first failing check on this rank replaces a later one's
                 self.pieces = {c: p for c, p in self.pieces.items() if step_order(c) is None}
             self.pieces[check] = piece
         # A tensor-wide budget is one number: the precision step then needs the largest error alone, not the tensors.
         elementwise = not arriving or (status == Status.FAIL and self.budget_scope != BudgetScope.TENSOR)
-        return _Verdict(check, stats, status, ratio, msg, symptom, got_dtype, expect_dtype, gold_full, lay,
-                        got if elementwise else None, expected if elementwise else None, piece)
+        return _Verdict(
+            check,
+            stats,
+            status,
+            ratio,
+            msg,
+            symptom,
+            got_dtype,
+            expect_dtype,
+            gold_full,
+            lay,
+            got if elementwise else None,
+            expected if elementwise else None,
+            piece,
+        )
 
     def _first_failing(self, check: str, status: Status) -> bool:
         """Whether a failing model check comes before every model check whose piece this rank keeps."""
@@ -695,28 +882,45 @@ class Worker:
         """The precision step of a verdict (a failing check that a legitimate precision difference explains becomes
         `warn`), then its row."""
         stats, status, msg, symptom = v.stats, v.status, v.message, v.symptom
-        if status == Status.FAIL and precision is not None and "shape_mismatch" not in stats and not stats.get("nonfinite"):
+        if (
+            status == Status.FAIL
+            and precision is not None
+            and "shape_mismatch" not in stats
+            and not stats.get("nonfinite")
+        ):
             finding, kind = self._precision_finding(v, mesh, inputs, *precision, scope=self.budget_scope)
             allowed = precision[0].case.allows_float32 if kind == "float32" else None
             if finding and allowed:  # the family's documented precision: not a finding at all
                 status, msg, symptom = Status.PASS, f"{finding}, which the contract allows ({allowed})", None
             elif finding:
-                status, msg, symptom = Status.WARN, "; ".join(m for m in (finding, msg) if m), Symptom(f"precision:{kind}")
+                status, msg, symptom = (
+                    Status.WARN,
+                    "; ".join(m for m in (finding, msg) if m),
+                    Symptom(f"precision:{kind}"),
+                )
         if v.piece is not None:
             v.piece["failed"] = status == Status.FAIL
         stats.pop("err_ratio", None)
-        emit_check(v.check, status, err_ratio=v.ratio if v.ratio != float("inf") else None, message=msg,
-                   symptom=symptom, keep_message=status == Status.PASS and bool(msg),  # a precision the contract allows, cited
-                   **{"budget": None, "err_naive": None, **stats})
+        emit_check(
+            v.check,
+            status,
+            err_ratio=v.ratio if v.ratio != float("inf") else None,
+            message=msg,
+            symptom=symptom,
+            keep_message=status == Status.PASS and bool(msg),  # a precision the contract allows, cited
+            **{"budget": None, "err_naive": None, **stats},
+        )
 
     @staticmethod
-    def _precision_finding(v: _Verdict, mesh, inputs, golden, pick, item_dtype,
-                           scope=BudgetScope.ROW) -> tuple[str, str]:
+    def _precision_finding(
+        v: _Verdict, mesh, inputs, golden, pick, item_dtype, scope=BudgetScope.ROW
+    ) -> tuple[str, str]:
         """(words, "float32" | "bfloat16") of the precision difference that explains a failing check, or ("", ""):
         a float64 item within the float32 budget of the same item, a bfloat16 item within the budget of bfloat16
         math."""
-        kind, low = {torch.float64: ("float32", torch.float32),
-                     torch.bfloat16: ("bfloat16 math", torch.bfloat16)}.get(item_dtype, (None, None))
+        kind, low = {torch.float64: ("float32", torch.float32), torch.bfloat16: ("bfloat16 math", torch.bfloat16)}.get(
+            item_dtype, (None, None)
+        )
         if kind is None or v.got_dtype not in (v.expect_dtype, low):
             return "", ""
         try:  # a tensor-wide budget (one value): the largest error against it is the largest ratio, as compare()'s
@@ -731,7 +935,10 @@ class Worker:
             return "", ""
         if kind == "float32":
             return f"float64 computed in float32 (err/budget {ratio:.2g} against the float32 budget)", "float32"
-        return f"bfloat16 math, docs/ops/README.md asks for float32 (err/budget {ratio:.2g} against bfloat16 math)", "bfloat16"
+        return (
+            f"bfloat16 math, docs/ops/README.md asks for float32 (err/budget {ratio:.2g} against bfloat16 math)",
+            "bfloat16",
+        )
 
     def _emit_harness_error(self, item: Item, mesh, exc: Exception) -> None:
         """An exception of shardcheck's own code on this rank (slicing a layout, the golden, judging, artefacts): an
@@ -746,11 +953,18 @@ class Worker:
         secondary = is_peer_failure(exc)
         checks = self._item_checks(item)
         for check in [c for c in checks if c not in self._emitted] or checks:
-            emit_check(check, Status.ERROR, secondary=secondary, symptom=Symptom.BLOCKED if secondary else Symptom.HARNESS,
-                       phase=phase, error_type=type(exc).__name__,
-                       error_message=first, error_where=where,
-                       message=f"shardcheck's own code raised {type(exc).__name__}: {first} ({where}, in {phase}); "
-                               "a harness defect, not the op's")
+            emit_check(
+                check,
+                Status.ERROR,
+                secondary=secondary,
+                symptom=Symptom.BLOCKED if secondary else Symptom.HARNESS,
+                phase=phase,
+                error_type=type(exc).__name__,
+                error_message=first,
+                error_where=where,
+                message=f"shardcheck's own code raised {type(exc).__name__}: {first} ({where}, in {phase}); "
+                "a harness defect, not the op's",
+            )
 
     def _emit_error(self, emit_check, checks, exc: BaseException, phase: str) -> None:
         """An exception the op (or a property) raised in `phase`: an error on each of `checks`."""
@@ -759,14 +973,22 @@ class Worker:
         # A collective failing because a peer died or left is a consequence, not the cause.
         secondary = is_peer_failure(exc)
         for check in checks:
-            emit_check(check, Status.ERROR, message=msg, secondary=secondary, symptom=Symptom.EXCEPTION, phase=phase, **fields)
+            emit_check(
+                check, Status.ERROR, message=msg, secondary=secondary, symptom=Symptom.EXCEPTION, phase=phase, **fields
+            )
 
 
 # Frames of the harness, the suites, the references, torch and the standard library: not the code under test.
-_NOT_UNDER_TEST = tuple(str(p) + os.sep for p in (
-    *(Path(package.__file__).resolve().parent for package in (shardcheck.harness, shardcheck.suites,
-                                                               shardcheck.reference, torch)),
-    Path(sysconfig.get_paths()["stdlib"]).resolve()))
+_NOT_UNDER_TEST = tuple(
+    str(p) + os.sep
+    for p in (
+        *(
+            Path(package.__file__).resolve().parent
+            for package in (shardcheck.harness, shardcheck.suites, shardcheck.reference, torch)
+        ),
+        Path(sysconfig.get_paths()["stdlib"]).resolve(),
+    )
+)
 
 
 def raising_location(exc: BaseException) -> str:
@@ -789,12 +1011,16 @@ def _relative(filename: str, lineno: int | None) -> str:
 
 
 def _error_fields(exc: BaseException) -> dict:
-    return {"error_type": type(exc).__name__, "error_message": str(exc).splitlines()[0][:200] if str(exc) else "",
-            "error_where": raising_location(exc)}
+    return {
+        "error_type": type(exc).__name__,
+        "error_message": str(exc).splitlines()[0][:200] if str(exc) else "",
+        "error_where": raising_location(exc),
+    }
 
 
-def _judge(got, expected, gold_full, ref_full, dtype, lay, mesh, inputs,
-           scope: BudgetScope = BudgetScope.ROW) -> tuple[dict, str, float, torch.Tensor]:
+def _judge(
+    got, expected, gold_full, ref_full, dtype, lay, mesh, inputs, scope: BudgetScope = BudgetScope.ROW
+) -> tuple[dict, str, float, torch.Tensor]:
     """(stats, status, err/budget, this rank's budgets) of a local tensor against its slice of the golden,
     with the budgets of a reference `ref_full` run in `dtype` (shardcheck.harness.core.compare.budget)."""
     b_full, naive_err_full = budget(gold_full, ref_full, dtype, scope)
@@ -877,7 +1103,9 @@ def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, timeout
         if text == STOP:
             break
         plan = Plan.from_json(text)
-        if plan.profile and profile is None:  # `shardcheck run --profile`: this rank's cProfile, read by reports/profile.py
+        if (
+            plan.profile and profile is None
+        ):  # `shardcheck run --profile`: this rank's cProfile, read by reports/profile.py
             profile = cProfile.Profile()
             profile.enable()
         worker.load(plan, launch_dir / f"plan{k}")
@@ -894,19 +1122,29 @@ def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, timeout
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m shardcheck.harness.rank.worker")
-    parser.add_argument("--launch-dir", type=Path, help="the launch's folder: plans come, events go there (driver mode)")
+    parser.add_argument(
+        "--launch-dir", type=Path, help="the launch's folder: plans come, events go there (driver mode)"
+    )
     parser.add_argument("--plan-wait", type=float, default=900.0, help="seconds to wait for each plan")
     parser.add_argument("--launch-device", default="cpu")
     parser.add_argument("--launch-backend", default="gloo")
     parser.add_argument("--launch-timeout", type=float, default=60.0, help="the run's --timeout")
     parser.add_argument("--launch-no-shims", action="store_true")
-    parser.epilog = ("started by the driver; a torchrun written by hand runs `-m shardcheck.harness.standalone`, "
-                     "which plans, runs this worker on every rank and collects")
+    parser.epilog = (
+        "started by the driver; a torchrun written by hand runs `-m shardcheck.harness.standalone`, "
+        "which plans, runs this worker on every rank and collects"
+    )
     args = parser.parse_args(argv)
     if not args.launch_dir:
         parser.error("--launch-dir is required (a torchrun written by hand runs -m shardcheck.harness.standalone)")
-    return serve(args.launch_dir, args.plan_wait, args.launch_device, args.launch_backend, args.launch_timeout,
-                 not args.launch_no_shims)
+    return serve(
+        args.launch_dir,
+        args.plan_wait,
+        args.launch_device,
+        args.launch_backend,
+        args.launch_timeout,
+        not args.launch_no_shims,
+    )
 
 
 if __name__ == "__main__":

@@ -49,7 +49,9 @@ def describe(device: str, enabled: bool) -> dict:
     chosen, unavailable = select(device)
     names = [shim.NAME for shim in chosen]
     if not enabled:
-        notes = [f"ran without shardcheck's CPU shims (--no-shims): not installed for {', '.join(names)}"] if names else []
+        notes = (
+            [f"ran without shardcheck's CPU shims (--no-shims): not installed for {', '.join(names)}"] if names else []
+        )
         return {"shims": [], "shims_off": names, "shim_notes": notes}
     notes = [f"installed shardcheck's CPU shim for {name}" for name in names]
     return {"shims": names, "shim_notes": notes + [f"not installed: {reason}" for reason in unavailable]}

@@ -26,8 +26,9 @@ MODULE = "transformer_engine_torch"
 CALLS = 0  # calls the stand-in took in this process: the run says whether it was used
 
 
-def thd_get_partitioned_indices(cu_seqlens: torch.Tensor, total_tokens: int, world_size: int,
-                                rank: int) -> torch.Tensor:
+def thd_get_partitioned_indices(
+    cu_seqlens: torch.Tensor, total_tokens: int, world_size: int, rank: int
+) -> torch.Tensor:
     """Indices of the tokens rank `rank` of `world_size` holds of a THD batch with boundaries `cu_seqlens`."""
     global CALLS
     CALLS += 1
@@ -36,12 +37,17 @@ def thd_get_partitioned_indices(cu_seqlens: torch.Tensor, total_tokens: int, wor
     _check(cu_seqlens.shape[0] >= 2, f"cu_seqlens needs at least 2 entries, got {cu_seqlens.shape[0]}")
     _check(0 <= rank < world_size, f"rank must be in [0, world_size), got rank {rank}, world_size {world_size}")
     _check(world_size > 0, f"world_size must be positive, got {world_size}")
-    _check(total_tokens > 0 and total_tokens % (2 * world_size) == 0,
-           f"total_tokens must be a positive multiple of 2·world_size = {2 * world_size}, got {total_tokens}")
+    _check(
+        total_tokens > 0 and total_tokens % (2 * world_size) == 0,
+        f"total_tokens must be a positive multiple of 2·world_size = {2 * world_size}, got {total_tokens}",
+    )
     bounds = cu_seqlens.long()
     bad = bounds % (2 * world_size) != 0
-    _check(not bool(bad.any()), f"every cu_seqlens entry must be divisible by 2·world_size = {2 * world_size}, "
-           f"got {bounds[bad].tolist()} in {bounds.tolist()}")
+    _check(
+        not bool(bad.any()),
+        f"every cu_seqlens entry must be divisible by 2·world_size = {2 * world_size}, "
+        f"got {bounds[bad].tolist()} in {bounds.tolist()}",
+    )
     local_bounds = bounds // world_size  # where each sequence starts among this rank's tokens
     token = torch.arange(total_tokens // world_size, device=cu_seqlens.device)
     # The kernel's binary search: the last sequence whose start is <= the token, among sequences
@@ -71,16 +77,21 @@ def te_installed() -> bool:
 
 
 def _missing_attribute(name: str):
-    raise AttributeError(f"module {MODULE!r} is shardcheck's CPU stand-in for Transformer Engine and provides only "
-                         f"thd_get_partitioned_indices; {name} needs Transformer Engine itself")
+    raise AttributeError(
+        f"module {MODULE!r} is shardcheck's CPU stand-in for Transformer Engine and provides only "
+        f"thd_get_partitioned_indices; {name} needs Transformer Engine itself"
+    )
 
 
 def install() -> None:
     """Make `import transformer_engine_torch` give the stand-in (only when TE is not installed)."""
     if te_installed():
         raise RuntimeError(f"{MODULE} is installed: shardcheck does not shadow it")
-    module = types.ModuleType(MODULE, "shardcheck's CPU stand-in for Transformer Engine's extension: "
-                                      "thd_get_partitioned_indices only (harness/shims/te_thd_partition.py)")
+    module = types.ModuleType(
+        MODULE,
+        "shardcheck's CPU stand-in for Transformer Engine's extension: "
+        "thd_get_partitioned_indices only (harness/shims/te_thd_partition.py)",
+    )
     module.thd_get_partitioned_indices = thd_get_partitioned_indices
     module.__shardcheck_shim__ = True
     module.__getattr__ = _missing_attribute

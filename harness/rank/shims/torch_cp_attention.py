@@ -41,9 +41,11 @@ BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 def unavailable_reason() -> str | None:
     """Why the shim cannot be installed in this process, or None."""
     if not torch.__version__.startswith(TORCH_SERIES):
-        return (f"shardcheck's CPU shim for torch context parallelism was written for torch {TORCH_SERIES}x "
-                f"(private modules of torch.distributed.tensor.experimental._context_parallel); this is torch "
-                f"{torch.__version__}")
+        return (
+            f"shardcheck's CPU shim for torch context parallelism was written for torch {TORCH_SERIES}x "
+            f"(private modules of torch.distributed.tensor.experimental._context_parallel); this is torch "
+            f"{torch.__version__}"
+        )
     if not dist.is_available():
         return "torch.distributed is not available in this build of torch"
     return None
@@ -64,8 +66,10 @@ def install() -> None:
     attention = _attention_module()
     for name in ("custom_ops", "_templated_ring_attention", "_templated_ring_attention_backward", "_cp_options"):
         if not hasattr(attention, name):  # the same series, but not the layout this was read from
-            raise RuntimeError(f"torch {torch.__version__}: _context_parallel._attention has no {name}; "
-                               "shardcheck's CPU shim for torch context parallelism cannot be installed")
+            raise RuntimeError(
+                f"torch {torch.__version__}: _context_parallel._attention has no {name}; "
+                "shardcheck's CPU shim for torch context parallelism cannot be installed"
+            )
     attention.custom_ops[FORWARD] = _cpu_sdpa_handler
     attention.custom_ops[BACKWARD] = _cpu_sdpa_handler
 
@@ -104,7 +108,8 @@ def _cpu_sdpa_handler(op_call, args, kwargs):
     if mesh.ndim != 1 or any(p != (Shard(SEQ_DIM),) for p in placements):
         raise NotImplementedError(
             f"context-parallel CPU attention ({op_call}) expects q, k, v sharded Shard({SEQ_DIM}) on a 1-D CP mesh, "
-            f"got {placements} on a {mesh.ndim}-D mesh")
+            f"got {placements} on a {mesh.ndim}-D mesh"
+        )
     local = _by_name(op_call, op_info.local_args, op_info.local_kwargs)
     if local.get("attn_mask") is not None:  # as torch's CUDA handlers: the ring has no attention bias
         raise NotImplementedError("context-parallel attention does not support attn_mask (use is_causal=True)")
@@ -113,13 +118,33 @@ def _cpu_sdpa_handler(op_call, args, kwargs):
     with _merge_dtype_at_least(local["query"].dtype):
         if op_call is FORWARD:
             out, lse = attention._templated_ring_attention(
-                group, SEQ_DIM, FORWARD, query=local["query"], key=local["key"], value=local["value"],
-                is_causal=local.get("is_causal", False), dropout_p=local.get("dropout_p", 0.0),
-                scale=local.get("scale"))
+                group,
+                SEQ_DIM,
+                FORWARD,
+                query=local["query"],
+                key=local["key"],
+                value=local["value"],
+                is_causal=local.get("is_causal", False),
+                dropout_p=local.get("dropout_p", 0.0),
+                scale=local.get("scale"),
+            )
             shape = full["query"].shape
             return wrap(out, _spec(mesh, shape, out.dtype)), wrap(lse, _spec(mesh, shape[:-1], lse.dtype))
         grads = attention._templated_ring_attention_backward(
-            group, SEQ_DIM, BACKWARD, grad_out=local["grad_out"], grad_out_name="grad_out", query=local["query"],
-            key=local["key"], value=local["value"], out=local["out"], logsumexp=local["logsumexp"],
-            is_causal=local["is_causal"], dropout_p=local["dropout_p"], scale=local.get("scale"))
-    return tuple(wrap(g, _spec(mesh, full[name].shape, g.dtype)) for g, name in zip(grads[:3], ("query", "key", "value")))
+            group,
+            SEQ_DIM,
+            BACKWARD,
+            grad_out=local["grad_out"],
+            grad_out_name="grad_out",
+            query=local["query"],
+            key=local["key"],
+            value=local["value"],
+            out=local["out"],
+            logsumexp=local["logsumexp"],
+            is_causal=local["is_causal"],
+            dropout_p=local["dropout_p"],
+            scale=local.get("scale"),
+        )
+    return tuple(
+        wrap(g, _spec(mesh, full[name].shape, g.dtype)) for g, name in zip(grads[:3], ("query", "key", "value"))
+    )
