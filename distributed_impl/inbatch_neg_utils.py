@@ -8,7 +8,6 @@ them. ``preserve_grad=True`` makes the gather autograd-aware: its backward reduc
 rank's loss. Otherwise the remote slices are detached and the local slice is ``t`` itself.
 """
 
-
 import torch
 import torch.distributed as dist
 

@@ -12,7 +12,6 @@ docs/ops/kd_loss.md. All per-token work goes through one autograd Function,
   vocab shard (identity backward of the all-reduce; nothing is all-reduced again).
 """
 
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn

@@ -4,7 +4,6 @@ Plain torch, differentiable by ordinary autograd, any dtype. The harness takes g
 values and gradients from here (typically in float64). See docs/ops/kd_loss.md.
 """
 
-
 import torch
 import torch.nn.functional as F
 

@@ -5,7 +5,6 @@ math runs in the compute dtype ``promote_types(x.dtype, float32)`` and outputs s
 Ids outside ``[0, V)`` (e.g. -100 for masked positions) give 0 and a zero gradient.
 """
 
-
 import torch
 
 from shardcheck.reference import math_dtype

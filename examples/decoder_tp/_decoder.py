@@ -2,4 +2,4 @@
 
 from shardcheck.reference.decoder import (
     Rotary,  # noqa: F401
-    )
+)
