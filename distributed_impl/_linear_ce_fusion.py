@@ -1,7 +1,7 @@
 """Linear + log-prob fusion for Megatron-Core's ``GPTModel``: the machinery behind the seed names
 ``patch_gpt_model_forward_for_linear_ce_fusion`` and ``_gpt_forward_with_linear_ce_fusion``, which
-``shardcheck.distributed_impl.model_utils`` defines over its own ``from_parallel_hidden_states_to_logprobs`` (this module
-imports nothing of it).
+``shardcheck.distributed_impl.model_utils`` defines over its own ``from_parallel_hidden_states_to_logprobs``
+(this module imports nothing of it).
 
 ``patch_gpt_model_forward_for_linear_ce_fusion(chunk_size=c)`` replaces ``GPTModel.forward`` (the class attribute) by
 ``_gpt_forward_with_linear_ce_fusion``; a second call only updates ``c``. The patched forward, asked

@@ -187,7 +187,8 @@ def _packed_head_tail_positions(cu_seqlens_padded: torch.Tensor, cp_size: int) -
     for start, end in zip(bounds[:-1], bounds[1:]):
         if (end - start) % (2 * cp_size):
             raise ValueError(
-                f"packed sequence [{start}, {end}) has padded length {end - start}, not divisible by 2·CP = {2 * cp_size}"
+                f"packed sequence [{start}, {end}) has padded length {end - start}, "
+                f"not divisible by 2·CP = {2 * cp_size}"
             )
         pieces.append(start + _head_tail_positions(end - start, cp_size))
     return torch.cat(pieces, dim=1)

@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = int((rows["status"] != Status.PASS).sum())
     print(
         f"\nchecks: {len(rows)} ({failed} not passing); largest err/err_naive {ratio.max():.3f} "
-        f"(KAPPA {_by_name(KAPPA)}, FLOOR_ULPS {_by_name(FLOOR_ULPS)}); largest err/budget {rows['err_ratio'].max():.3f}"
+        f"(KAPPA {_by_name(KAPPA)}, FLOOR_ULPS {_by_name(FLOOR_ULPS)}); "
+        f"largest err/budget {rows['err_ratio'].max():.3f}"
     )
     return 0 if failed == 0 and rows["err_ratio"].max() <= 0.5 else 1
 

@@ -67,7 +67,8 @@ def masked_scores(
     scores: torch.Tensor, passage_doc_ids: torch.Tensor, train_n_passages: int, rank: int, local_batch_size: int
 ) -> torch.Tensor:
     """Out of place: row i (global query rank·local_batch_size + i) gets finfo.min on every column other
-    than its positive whose doc id equals the positive's. One row at a time, as docs/ops/inbatch_neg_utils.md states it."""
+    than its positive whose doc id equals the positive's. One row at a time, as docs/ops/inbatch_neg_utils.md
+    states it."""
     check_mask_args(scores, passage_doc_ids, train_n_passages, rank, local_batch_size)
     fill = torch.finfo(scores.dtype).min
     rows = []

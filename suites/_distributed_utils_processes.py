@@ -1,5 +1,6 @@
-"""distributed_utils suite: the process-level ops' scenarios, run on fresh ranks (shardcheck.harness.core.processes.run_ranks), and
-the properties judged from what the ranks did (exit codes, return values, ordered events, log records).
+"""distributed_utils suite: the process-level ops' scenarios, run on fresh ranks
+(shardcheck.harness.core.processes.run_ranks), and the properties judged from what the ranks did (exit codes, return
+values, ordered events, log records).
 
 Each scenario loads the module under test by reference in its rank, so the ops may use the default (world)
 group, abort the job or block without touching the worker.  A rank still running after PROCESS_DEADLINE_S is

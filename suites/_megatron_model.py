@@ -53,7 +53,8 @@ def megatron_shims(device: torch.device, tp_group=None):
     - where torch.distributed is not initialised (the driver, listing a model case, runs its single-device model
       once), Megatron's `get_tensor_model_parallel_group_if_none` passes the group it is given through instead of
       answering None (its groups are then ONE_RANK: size 1, no collective).
-    Megatron's parallel_state is otherwise never initialised; the model gets its groups from a ProcessGroupCollection."""
+    Megatron's parallel_state is otherwise never initialised; the model gets its groups from a
+    ProcessGroupCollection."""
     import sys
 
     from megatron.core import parallel_state

@@ -23,8 +23,8 @@ OP = "model_utils."
 # to 32k. Each sweep names the parameter its plot varies (params["sweep"]); every sweep but "tp" runs
 # at dp = cp = tp = 1 only, where the worker also times the single-device reference on the same
 # inputs; the "tp" sweep runs the same case ids at tp 1, 2, 4 with the total V fixed (V_local = V/TP).
-# The targets (docs/performance.md, Measurements): ChunkedDistributedLogprob (chunk S/16) vs DistributedLogprob at S = 4096,
-# V_local = 8192, B = 1, TP = 1 (peak memory fwd and fwd+bwd), and the hidden-states op vs its
+# The targets (docs/performance.md, Measurements): ChunkedDistributedLogprob (chunk S/16) vs DistributedLogprob
+# at S = 4096, V_local = 8192, B = 1, TP = 1 (peak memory fwd and fwd+bwd), and the hidden-states op vs its
 # reference, which materialises the full [B, S, V] logits. Sizes keep the whole `shardcheck run
 # --bench` (both suites) within ~5 minutes on a 2-core machine: each case runs ~15 fwd+bwd steps,
 # plus ~13 reference steps at size 1.

@@ -142,7 +142,8 @@ def topk_values_exact(got, expected, full, local, ctx):
         i = tuple(int(j) for j in diff.nonzero()[0])
         return (
             False,
-            f"{int(diff.sum())} value(s) differ from torch.topk, first at local {i}: expected {float(expected[i])}, got {float(got[i])}",
+            f"{int(diff.sum())} value(s) differ from torch.topk, first at local {i}: "
+            f"expected {float(expected[i])}, got {float(got[i])}",
         )
     return True, "values equal torch.topk exactly"
 

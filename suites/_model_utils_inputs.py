@@ -146,8 +146,9 @@ def top_p_margin(x: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tens
 
 
 def tie_straddles(x: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
-    """Per id: whether it is in a group of equal logits that top-p keeps in part (docs/ops/model_utils.md#top-k--top-p-filtering lets any of
-    the tied ids survive, so which ones do is the implementation's choice)."""
+    """Per id: whether it is in a group of equal logits that top-p keeps in part
+    (docs/ops/model_utils.md#top-k--top-p-filtering lets any of the tied ids survive, so which ones do is the
+    implementation's choice)."""
     top_k_kept = torch.isfinite(ref.filter_logits(x, top_k, 1.0))
     kept = torch.isfinite(ref.filter_logits(x, top_k, top_p))
     same = x[..., :, None] == x[..., None, :]

@@ -10,8 +10,9 @@ The plan is Megatron's own: `parallelize` builds the TP-sharded GPTModel over th
 ProcessGroupCollection, parallel_state untouched) and the harness puts the single-device weights into it by the
 `PARAM_LAYOUTS` globs.  Megatron's finalize_model_grads all-reduces over TP the gradients of the parameters it tags
 `sequence_parallel` (norms and row-parallel biases, used on a sequence shard); its stand-in here is a
-post-accumulate-grad hook on each of them (`sync_sp_grads`; tests/broken/model_utils_megatron/sp_norm_grad_not_reduced.py
-leaves it out and is caught at the norm's gradient and its stepped value).
+post-accumulate-grad hook on each of them (`sync_sp_grads`;
+tests/broken/model_utils_megatron/sp_norm_grad_not_reduced.py leaves it out and is caught at the norm's gradient and its
+stepped value).
 """
 
 from __future__ import annotations

@@ -809,8 +809,9 @@ def _bad_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
 
 @dataclass(frozen=True)
 class BadSpec:
-    """One input outside an op's contract (the ValueError / KeyError cases of docs/ops/cp_utils.md): the op must raise, any exception
-    (only make_cp_batch_for_te's seed documents the types: ValueError for qkv_format, KeyError for missing keys)."""
+    """One input outside an op's contract (the ValueError / KeyError cases of docs/ops/cp_utils.md): the op must raise,
+    any exception (only make_cp_batch_for_te's seed documents the types: ValueError for qkv_format, KeyError for missing
+    keys)."""
 
     op: str
     case_id: str

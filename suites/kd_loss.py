@@ -317,9 +317,15 @@ def kd_case(spec: Spec, teacher_grad: bool = False) -> Case:
     """
     logits = BATCH if spec.mode == "plain" else VOCAB_SHARDED
     if spec.nbl == "none":
-        supports = lambda t: t.dp == 1  # per-rank mean: only the full batch on one rank is the reference
+
+        def supports(t) -> bool:
+            return t.dp == 1  # per-rank mean: only the full batch on one rank is the reference
+
     else:
-        supports = lambda t, b=spec.b: b % t.dp == 0
+
+        def supports(t, b=spec.b) -> bool:
+            return b % t.dp == 0
+
     extra = (
         dict(
             case_id=spec.case_id + "-tgrad",

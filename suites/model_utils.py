@@ -379,7 +379,9 @@ def sampling_case(spec: SamplingSpec, chunk: int | None = None) -> Case:
             logits, target, ctx.group("tp"), smp.top_k, smp.top_p, chunk, inference_only
         )
 
-    properties = survivors_sum_to_1(lambda impl, ctx, l, t: call(impl, ctx, l, t, chunk, inference_only=True), spec.v)
+    properties = survivors_sum_to_1(
+        lambda impl, ctx, logits, t: call(impl, ctx, logits, t, chunk, inference_only=True), spec.v
+    )
     if chunk is not None:
         properties = combine(
             properties,
@@ -947,7 +949,7 @@ def sampling_next_token_case(spec: NextTokenSpec) -> Case:
     properties = None
     if smp.filtering:
         properties = survivors_sum_to_1(
-            lambda impl, ctx, l, t: call(impl, ctx, l, t, spec.chunk, inference_only=True), spec.v
+            lambda impl, ctx, logits, t: call(impl, ctx, logits, t, spec.chunk, inference_only=True), spec.v
         )
     if spec.chunk is not None:
         properties = combine(

@@ -237,8 +237,10 @@ def layout_cases(quick: bool) -> list[Case]:
 
 # ---- next-token log-probs: from_parallel_logits_to_logprobs and its fronts --------------------
 
+DEFAULT_DRAW = Draw()  # frozen: one instance serves as every call's default
 
-def next_token_inputs(gen, b: int, v: int, smp: Sampling, target_len: int = S, draw: Draw = Draw(), s: int = S):
+
+def next_token_inputs(gen, b: int, v: int, smp: Sampling, target_len: int = S, draw: Draw = DEFAULT_DRAW, s: int = S):
     """Logits [B, S, V]; an unshifted target [B, target_len] (the op pads a shorter one)."""
     x = sampling_inputs(gen, b, s, v, smp, draw, shift=True)
     x["target"] = x["target"][:, :target_len].contiguous()

@@ -1,6 +1,7 @@
-"""Suite for the Megatron-Core linear-CE fusion of model_utils (seed 001): `patch_gpt_model_forward_for_linear_ce_fusion`
-and `_gpt_forward_with_linear_ce_fusion`, on a tiny Megatron-Core GPTModel (suites/_megatron_model.py: 2 layers,
-hidden 64, 4 heads, vocab 128, S 16, RoPE), tied and untied embeddings, TP 1, 2, 4 (sequence parallel at TP > 1).
+"""Suite for the Megatron-Core linear-CE fusion of model_utils (seed 001):
+`patch_gpt_model_forward_for_linear_ce_fusion` and `_gpt_forward_with_linear_ce_fusion`, on a tiny Megatron-Core
+GPTModel (suites/_megatron_model.py: 2 layers, hidden 64, 4 heads, vocab 128, S 16, RoPE), tied and untied embeddings,
+TP 1, 2, 4 (sequence parallel at TP > 1).
 
 Needs the optional extra `pip install -e .[megatron]`; without megatron-core every case is recorded `skip` with the
 reason. Only (dp, cp) = (1, 1) topologies (and cp = 2 for the case checking that CP is refused): the model's TP group
@@ -13,7 +14,8 @@ embedding / output weights `Shard(0)`, row-parallel weights `Shard(1)`, norms an
 rank runs its TP-sharded GPTModel with `torch.func.functional_call` on its local pieces, so the gradient of every
 parameter lands on the harness's local input and is compared, on every rank, with its slice of the golden gradient.
 Replicated parameters used on a sequence shard (norms, row-parallel biases: Megatron tags them `sequence_parallel`)
-get partial gradients; the case sums them over TP as Megatron's finalize_model_grads does (shardcheck.harness.core.case.GradSum).
+get partial gradients; the case sums them over TP as Megatron's finalize_model_grads does
+(shardcheck.harness.core.case.GradSum).
 
 The model case (suites/_model_utils_megatron_gpt.py, `model-untied` / `model-tied`): the same GPTModel as a
 shardcheck.ModelCase, one training step with the patched forward (flag off) checked module by module against the

@@ -64,7 +64,7 @@ def measure(worker: Worker, layers: int, seq: int, dim: int, scale: float = 1.0)
             if scale != 1.0 and not hasattr(golden, "scaled"):  # (the golden is kept per case: scaled once)
                 golden.outputs = golden.naive_outputs = tuple(o * scale for o in golden.outputs)
                 precision = golden._precision  # the precision step's reference runs scaled alike
-                golden._precision = lambda kind: (tuple(o * scale for o in precision(kind)[0]), {})
+                golden._precision = lambda kind, precision=precision: (tuple(o * scale for o in precision(kind)[0]), {})
                 golden.scaled = True
             worker._emitted = set()
             if way == "step alone":

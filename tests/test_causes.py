@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pandas as pd
@@ -132,7 +133,7 @@ def _upstream_style_rows() -> list[dict]:
     for dp, tp in ((1, 1), (1, 2), (2, 1), (2, 2)):
         for case in ("masked", "dp-rank-empty"):
             params = {"B": 4, "empty": case == "dp-rank-empty"}
-            row = lambda *a, **k: _row(*a, dp=dp, tp=tp, case_id=case, params=params, **k)  # noqa: E731
+            row = functools.partial(_row, dp=dp, tp=tp, case_id=case, params=params)
             rows.append(row("fail", "forward", err_ratio=1e6))
             if case == "dp-rank-empty" and dp > 1:  # rank 0 raised in backward; DP rank 1 (and its TP peer) blocked
                 blocked = [1] if tp == 1 else [2, 3]
@@ -487,7 +488,7 @@ def _thd_rows(pre_fix: bool) -> list[dict]:
             for padded in (False, True):
                 params = {"positions": positions, "padded": padded}
                 case = f"{positions}-{'padded' if padded else 'full'}"
-                row = lambda *a, **k: _row(*a, cp=cp, tp=1, case_id=case, params=params, **k)  # noqa: E731
+                row = functools.partial(_row, cp=cp, tp=1, case_id=case, params=params)
                 if positions == "none" and cp > 1:
                     rows.append(
                         row(

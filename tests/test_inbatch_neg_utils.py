@@ -132,7 +132,7 @@ def test_reference_contrastive_step():
     local1, grads1 = _step_grads(lambda y: ref.contrastive_loss_local_only(*args(y), dp=1), x)
     assert torch.equal(local1, loss) and all(torch.allclose(grads1[k], grads[k], rtol=1e-12) for k in grads)
     for dp in (2, 4):
-        local, local_grads = _step_grads(lambda y: ref.contrastive_loss_local_only(*args(y), dp=dp), x)
+        local, local_grads = _step_grads(lambda y, dp=dp: ref.contrastive_loss_local_only(*args(y), dp=dp), x)
         torch.testing.assert_close(local, loss, rtol=1e-12, atol=0)
         torch.testing.assert_close(local_grads["query_features"], grads["query_features"], rtol=1e-12, atol=1e-14)
         assert (local_grads["passage_features"] - grads["passage_features"]).abs().max() > 0.1

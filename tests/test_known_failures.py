@@ -1,8 +1,10 @@
-"""Known failures (shardcheck.harness.core.case.KnownFailure): `xfail` while a marked check fails, `xpass` once it passes, from the
-plan through the driver's merge to the exit code, the CLI summary, the findings, the reports, JUnit and compare.
+"""Known failures (shardcheck.harness.core.case.KnownFailure): `xfail` while a marked check fails, `xpass` once it
+passes, from the plan through the driver's merge to the exit code, the CLI summary, the findings, the reports, JUnit and
+compare.
 
 Most tests merge seeded per-rank events with the driver's own Collector (no launch); two end-to-end runs (one
-launch of two ranks each) put an external suite whose op has a marked defect under test (tests/fixtures/known_failures)."""
+launch of two ranks each) put an external suite whose op has a marked defect under test
+(tests/fixtures/known_failures)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Megatron-Core's GPTModel as a model case (suites/_model_utils_megatron_gpt.py in suite model_utils_megatron): one training
-step at TP 2 and 4 with sequence parallelism passes in float64, float32 and bfloat16, module by module; a plan that
-never all-reduces the sequence-parallel norms' gradients (tests/broken/megatron_gpt_plan) is one finding naming the
+"""Megatron-Core's GPTModel as a model case (suites/_model_utils_megatron_gpt.py in suite model_utils_megatron): one
+training step at TP 2 and 4 with sequence parallelism passes in float64, float32 and bfloat16, module by module; a plan
+that never all-reduces the sequence-parallel norms' gradients (tests/broken/megatron_gpt_plan) is one finding naming the
 norm's parameter, and its rerun line reproduces it alone."""
 
 from __future__ import annotations

@@ -14,7 +14,10 @@ from shardcheck.harness.core.case import HeadTail, Layout, PackedHeadTail, Permu
 def test_layout_rules_map_positions():
     """The harness's own index rules, independent of the implementation under test."""
     sizes = {"dp": 1, "cp": 2, "tp": 1}
-    at = lambda layout, shape, cp, inputs=None: [ix.tolist() for ix in layout.indices(shape, {"cp": cp}, sizes, inputs)]
+
+    def at(layout, shape, cp, inputs=None):
+        return [ix.tolist() for ix in layout.indices(shape, {"cp": cp}, sizes, inputs)]
+
     assert head_tail_positions(16, 2, 0).tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
     assert at(Layout(cp=HeadTail(1)), (1, 16), 1)[1] == [4, 5, 6, 7, 8, 9, 10, 11]
     bounds = {"cu_seqlens_padded": torch.tensor([0, 8, 12])}

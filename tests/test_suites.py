@@ -1,4 +1,5 @@
-"""The suites as code: discovered by name, helpers in private modules, only seed names taken from the module under test."""
+"""The suites as code: discovered by name, helpers in private modules, only seed names taken from the module
+under test."""
 
 from __future__ import annotations
 

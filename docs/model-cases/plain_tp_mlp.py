@@ -69,7 +69,7 @@ class Copy(torch.autograd.Function):
 
 def parallelize(model: MLP, ctx, reduce: bool = True) -> MLP:
     """Megatron-style: `up` keeps its rows (output features) of this TP rank, `down` its columns; plain tensors."""
-    n, r = ctx.size("tp"), ctx.rank("tp")
+    n = ctx.size("tp")
     group = ctx.group("tp")
     up, down = model.up, model.down
     rows = up.out_features // n

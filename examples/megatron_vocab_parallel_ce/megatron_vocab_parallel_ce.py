@@ -281,8 +281,8 @@ def cases(quick: bool) -> list[Case]:
             Spec(label_smoothing=0.1, scale=100.0),
             xfail=KnownFailure(
                 "label smoothing with huge logits: the smoothing term takes log(softmax) after the softmax underflowed "
-                "to 0 (logit gaps beyond ~104 in float32), so the loss is +inf where it is finite, at every TP; at TP > 1 "
-                "the piece-local smoothing of issue 737 comes on top (gradients off)",
+                "to 0 (logit gaps beyond ~104 in float32), so the loss is +inf where it is finite, at every TP; "
+                "at TP > 1 the piece-local smoothing of issue 737 comes on top (gradients off)",
                 reference=MEGATRON_LS_UNDERFLOW,
                 checks=("forward", "grad:*"),
             ),

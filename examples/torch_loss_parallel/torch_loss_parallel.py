@@ -308,8 +308,8 @@ def cases(quick: bool) -> list[Case]:
         case(
             Spec(weight=True, masked=0.3, reduction="none"),
             xfail=KnownFailure(
-                "weight with ignored targets: the backward raises `RuntimeError: index -100 is out of bounds`: it gathers "
-                "the weight at the raw target, ignore_index included, where the forward uses the masked one",
+                "weight with ignored targets: the backward raises `RuntimeError: index -100 is out of bounds`: "
+                "it gathers the weight at the raw target, ignore_index included, where the forward uses the masked one",
                 checks=("grad:*",),
                 reference=f"{LOSS_PY}, _nll_loss_and_log_softmax_backward: "
                 "`w_target = torch.gather(w, channel_dim, target)` (the forward gathers at "
@@ -338,8 +338,8 @@ def cases(quick: bool) -> list[Case]:
         case(
             Spec(op="log_softmax"),
             xfail=KnownFailure(
-                "log_softmax's backward inside loss_parallel is the identity (the fused cross-entropy backward does the "
-                "real work), so any other use of the log-probabilities gets a wrong gradient without a word",
+                "log_softmax's backward inside loss_parallel is the identity (the fused cross-entropy backward "
+                "does the real work), so any other use of the log-probabilities gets a wrong gradient without a word",
                 checks=("grad:*",),
                 reference=IDENTITY_BACKWARD,
             ),

@@ -29,6 +29,11 @@ from pathlib import Path
 import torch
 import torch.distributed
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from shardcheck.harness.core.records import Phase
+from shardcheck.harness.core.topology import mesh_dims
 
 
 def _fake_collectives():
@@ -67,12 +72,6 @@ def sent_bytes(func, args) -> int:
     sent = args[1] if func.namespace == "c10d" and func._overloadpacket.__name__ in _SENDS_ARG1 else args[0]
     return sum(t.numel() * t.element_size() for t in tree_leaves(sent) if isinstance(t, torch.Tensor))
 
-
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-
-from shardcheck.harness.core.records import Phase
-from shardcheck.harness.core.topology import mesh_dims
 
 _NOT_COUNTED = {"wait_tensor", "barrier", "monitored_barrier"}
 _KIND = {  # dispatcher op name -> collective kind
@@ -280,7 +279,8 @@ def comm_violations(observed: dict, allowed: dict) -> list[str]:
             max_calls, max_bytes = allowed.get(phase, {}).get(key, (0, 0))
             if seen["calls"] > max_calls or seen["bytes"] > max_bytes:
                 out.append(
-                    f"{phase} {key}: {seen['calls']} call(s), {seen['bytes']} B > allowed {max_calls} call(s), {max_bytes} B"
+                    f"{phase} {key}: {seen['calls']} call(s), {seen['bytes']} B "
+                    f"> allowed {max_calls} call(s), {max_bytes} B"
                 )
     return out
 
