@@ -1,4 +1,4 @@
-"""The CPU shims (harness/shims): torch's context-parallel attention on CPU in float64 against the
+"""The CPU shims (harness/rank/shims): torch's context-parallel attention on CPU in float64 against the
 full-sequence attention and our own ring attention; the Transformer Engine partition stand-in against
 a brute-force rule; when each is installed; the torch-CP cp_utils of tests/impls through the suite with
 the shims and without them; its broken variant caught."""
