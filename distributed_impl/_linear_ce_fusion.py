@@ -27,14 +27,13 @@ Megatron-Core is imported lazily: importing this module (or ``shardcheck.distrib
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 
 # The original GPTModel.forward, saved by the first patch; the chunk size of the last patch call.
-_ORIGINAL_FORWARD: Callable | None = None
-_CHUNK_SIZE: int | None = None
+_ORIGINAL_FORWARD: Optional[Callable] = None
+_CHUNK_SIZE: Optional[int] = None
 
 
 def _gpt_model_class():
@@ -78,15 +77,15 @@ def _fused_forward(
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
     attention_mask: torch.Tensor,
-    decoder_input: torch.Tensor | None,
-    labels: torch.Tensor | None,
+    decoder_input: Optional[torch.Tensor],
+    labels: Optional[torch.Tensor],
     inference_context: Any,
     packed_seq_params: Any,
-    extra_block_kwargs: dict | None,
-    runtime_gather_output: bool | None,
+    extra_block_kwargs: Optional[dict],
+    runtime_gather_output: Optional[bool],
     inference_params: Any,
-    loss_mask: torch.Tensor | None,
-    padding_mask: torch.Tensor | None,
+    loss_mask: Optional[torch.Tensor],
+    padding_mask: Optional[torch.Tensor],
     hidden_states_to_logprobs: Callable,
 ) -> torch.Tensor:
     """The fused path: embedding + decoder as in GPTModel.forward, then `hidden_states_to_logprobs` (with

@@ -16,7 +16,7 @@ row ever meets a fully masked block (no NaN).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from typing import Callable, List, Optional, Set
 
 import torch
 import torch.distributed as dist
@@ -329,10 +329,10 @@ class _ContextParallel:
 
 def create_context_parallel_ctx(
     cp_mesh: DeviceMesh,
-    cp_buffers: list[torch.Tensor],
-    cp_seq_dims: list[int],
-    cp_no_restore_buffers: set[torch.Tensor],
-    cp_rotate_method: str | None = None,
+    cp_buffers: List[torch.Tensor],
+    cp_seq_dims: List[int],
+    cp_no_restore_buffers: Set[torch.Tensor],
+    cp_rotate_method: Optional[str] = None,
 ):
     """A context manager: buffers sharded head-tail in place on enter, exact causal ring attention
     inside, buffers not in `cp_no_restore_buffers` restored on exit."""

@@ -14,7 +14,7 @@ from contextlib import ContextDecorator, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import reduce
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -37,7 +37,7 @@ def reduce_loss(
     loss_store: list[torch.Tensor],
     total_num_tokens: torch.Tensor,
     per_token_loss: bool = True,
-    dp_group: dist.ProcessGroup | None = None,
+    dp_group: Optional[dist.ProcessGroup] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, denominator), not divided: loss = the sum of `loss_store` ([1], detached, float32 or
     better); denominator = `total_num_tokens` (int64: a count past 2**31 is kept exactly) when

@@ -8,6 +8,8 @@ them. ``preserve_grad=True`` makes the gather autograd-aware: its backward reduc
 rank's loss. Otherwise the remote slices are detached and the local slice is ``t`` itself.
 """
 
+from typing import Optional
+
 import torch
 import torch.distributed as dist
 
@@ -45,7 +47,7 @@ def _all_gather_tensor(t: torch.Tensor, preserve_grad: bool = False) -> torch.Te
     return torch.cat(pieces, dim=0)
 
 
-def dist_gather_tensor(t: torch.Tensor | None, preserve_grad: bool = False) -> torch.Tensor | None:
+def dist_gather_tensor(t: Optional[torch.Tensor], preserve_grad: bool = False) -> Optional[torch.Tensor]:
     """All-gather t along dim 0 across the default process group.
 
     None -> None; no process group or a world of 1 -> t unchanged. Tensors that require grad keep
@@ -62,8 +64,8 @@ def dist_gather_tensor(t: torch.Tensor | None, preserve_grad: bool = False) -> t
 
 
 def dist_gather_tensor_with_dim1_padding(
-    t: torch.Tensor | None, padding_value: int | float | bool = 0, preserve_grad: bool = False
-) -> torch.Tensor | None:
+    t: Optional[torch.Tensor], padding_value: int | float | bool = 0, preserve_grad: bool = False
+) -> Optional[torch.Tensor]:
     """All-gather t after right-padding dim 1 with `padding_value` to the largest dim 1 over ranks."""
     if t is None:
         return None

@@ -12,13 +12,15 @@ docs/ops/kd_loss.md. All per-token work goes through one autograd Function,
   vocab shard (identity backward of the all-reduce; nothing is all-reduced again).
 """
 
+from typing import Optional, Union
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Shard
 
 
-def _infer_tp_group_from_dtensor(logits: torch.Tensor) -> dist.ProcessGroup | None:
+def _infer_tp_group_from_dtensor(logits: torch.Tensor) -> Optional[dist.ProcessGroup]:
     """If *logits* is a DTensor sharded on the vocab (last) dim, return that mesh dim's group.
 
     Returns None for plain tensors and DTensors not sharded on the last dim. Also None when
@@ -52,7 +54,7 @@ def _row_max(x: torch.Tensor) -> torch.Tensor:
 
 
 def _global_log_softmaxes(
-    t: torch.Tensor, s: torch.Tensor, tp_group: dist.ProcessGroup | None
+    t: torch.Tensor, s: torch.Tensor, tp_group: Optional[dist.ProcessGroup]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Full-vocab log-softmax of teacher and student chunks (local shards), plus the per-row
     max ``m`` and ``log Σ exp(x − m)``, each ``[2, n]``, to recompute them in backward.
@@ -99,7 +101,7 @@ class _ForwardKL(torch.autograd.Function):
         ctx,
         t_logits: torch.Tensor,
         s_logits: torch.Tensor,
-        tp_group: dist.ProcessGroup | None,
+        tp_group: Optional[dist.ProcessGroup],
         chunk_size: int,
         temperature: float,
         compute_dtype: torch.dtype,
@@ -204,7 +206,7 @@ class KDLoss(nn.Module):
         ignore_index: int = -100,
         temperature: float = 1.0,
         fp32_upcast: bool = True,
-        tp_group: dist.ProcessGroup | None = None,
+        tp_group: Optional[dist.ProcessGroup] = None,
         chunk_size: int = 0,
     ):
         super().__init__()
@@ -219,7 +221,7 @@ class KDLoss(nn.Module):
         student_logits: torch.Tensor,
         teacher_logits: torch.Tensor,
         labels: torch.Tensor,
-        num_batch_labels: int | torch.Tensor | None = None,
+        num_batch_labels: Optional[Union[int, torch.Tensor]] = None,
     ) -> torch.Tensor:
         """Scalar loss: ``sum(kl) / num_batch_labels`` when given, else mean over valid tokens."""
         tp_group = self.tp_group

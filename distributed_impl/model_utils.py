@@ -13,9 +13,8 @@ per-token results are all-gathered over CP, so every CP rank returns the full se
 CP rank's result is a separate summand for the backward.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -160,7 +159,7 @@ def _check_same_across(group: dist.ProcessGroup, device: torch.device, what: str
 # so the backward sums the upstream gradients over CP and keeps this rank's positions.
 
 
-def _cp_size_rank(cp_group: dist.ProcessGroup | None) -> tuple[int, int]:
+def _cp_size_rank(cp_group: Optional[dist.ProcessGroup]) -> tuple[int, int]:
     if cp_group is None:
         return 1, 0
     return dist.get_world_size(cp_group), dist.get_rank(cp_group)
@@ -246,7 +245,7 @@ class _GatherCPPositions(torch.autograd.Function):
 
 
 def _gather_cp(
-    tensor: torch.Tensor, cp_group: dist.ProcessGroup | None, seq_dim: int, positions: torch.Tensor
+    tensor: torch.Tensor, cp_group: Optional[dist.ProcessGroup], seq_dim: int, positions: torch.Tensor
 ) -> torch.Tensor:
     if positions.shape[0] == 1:
         return tensor
@@ -548,7 +547,7 @@ def _vocab_parallel_logprobs(
     vocab_end_index: int,
     tp_group: dist.ProcessGroup,
     inference_only: bool,
-    chunk_size: int | None,
+    chunk_size: Optional[int],
     sampling_params: Any,
 ) -> torch.Tensor:
     """[B,S] log-probs of an already shifted target: picks the plain / chunked / sampling op
@@ -581,9 +580,9 @@ def from_parallel_logits_to_logprobs(
     vocab_end_index: int,
     tp_group: dist.ProcessGroup,
     inference_only: bool = False,
-    cp_group: dist.ProcessGroup | None = None,
-    chunk_size: int | None = None,
-    sampling_params: TrainingSamplingParams | None = None,
+    cp_group: Optional[dist.ProcessGroup] = None,
+    chunk_size: Optional[int] = None,
+    sampling_params: Optional[TrainingSamplingParams] = None,
 ) -> torch.Tensor:
     """[B,L-1] log-probs of the next token from vocab-parallel logits [B,S/CP,V_local] in the head-tail
     CP layout; ``target`` is the unshifted full [B,L] input ids (position t scores token t+1), L ≤ S:
@@ -612,13 +611,13 @@ def _next_token_logprobs(
     logits: torch.Tensor,
     target: torch.Tensor,
     positions: torch.Tensor,
-    cp_group: dist.ProcessGroup | None,
+    cp_group: Optional[dist.ProcessGroup],
     cp_rank: int,
     vocab_start_index: int,
     vocab_end_index: int,
     tp_group: dist.ProcessGroup,
     inference_only: bool,
-    chunk_size: int | None,
+    chunk_size: Optional[int],
     sampling_params: Any,
 ) -> torch.Tensor:
     """Shared body of the next-token fronts: ``logits`` hold the sequence positions ``positions[cp_rank]``."""
@@ -642,9 +641,9 @@ def from_parallel_logits_to_logprobs_packed_sequences(
     vocab_end_index: int,
     group: dist.ProcessGroup,
     inference_only: bool = False,
-    cp_group: dist.ProcessGroup | None = None,
-    chunk_size: int | None = None,
-    sampling_params: TrainingSamplingParams | None = None,
+    cp_group: Optional[dist.ProcessGroup] = None,
+    chunk_size: Optional[int] = None,
+    sampling_params: Optional[TrainingSamplingParams] = None,
     target_is_pre_rolled: bool = False,
 ) -> torch.Tensor:
     """[B, unpacked_seqlen-1] next-token log-probs of packed sequences.
@@ -772,7 +771,7 @@ def all_to_all_sq2vp(seq_parallel_logits: torch.Tensor, tp_group: dist.ProcessGr
 # ----------------------------------------------------------------------------- top-k / top-p sampling
 
 
-def _sampling_tuple(sampling_params: Any) -> tuple[int | None, float, float]:
+def _sampling_tuple(sampling_params: Any) -> tuple[Optional[int], float, float]:
     """(top_k, top_p, temperature) of any object with those attributes; None means no sampling."""
     if sampling_params is None:
         return None, 1.0, 1.0
@@ -782,11 +781,11 @@ def _sampling_tuple(sampling_params: Any) -> tuple[int | None, float, float]:
     return top_k, top_p, temperature
 
 
-def _need_filtering(top_k: int | None, top_p: float) -> bool:
+def _need_filtering(top_k: Optional[int], top_p: float) -> bool:
     return (top_k is not None and top_k > 0) or top_p < 1.0
 
 
-def _filter_logits(x: torch.Tensor, top_k: int | None, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _filter_logits(x: torch.Tensor, top_k: Optional[int], top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k then top-p filtering of full-vocab rows (last dim). Returns (filtered, dropped mask).
 
     top-k keeps every logit >= the k-th largest (ties may keep more); None or <= 0 disables.
@@ -872,7 +871,7 @@ def _sampling_forward(
     tp_group: dist.ProcessGroup,
     top_k,
     top_p,
-    chunk_size: int | None,
+    chunk_size: Optional[int],
     inference_only: bool,
     temperature: float,
 ) -> torch.Tensor:
@@ -1112,7 +1111,7 @@ def distributed_vocab_topk(
     *,
     vocab_start_index: int,
     vocab_end_index: int,
-    chunk_size: int | None = None,
+    chunk_size: Optional[int] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Global top-k over the sharded vocab: values [B,S,k] (descending, compute dtype; exact copies of
     the logits) and int64 global ids. No gradient."""
@@ -1175,12 +1174,12 @@ class _GatherInComputeDtype(torch.autograd.Function):
 def gather_logits_at_global_indices(
     vocab_parallel_logits: torch.Tensor,
     global_indices: torch.Tensor,
-    tp_group: dist.ProcessGroup | None = None,
-    cp_group: dist.ProcessGroup | None = None,
+    tp_group: Optional[dist.ProcessGroup] = None,
+    cp_group: Optional[dist.ProcessGroup] = None,
     *,
     vocab_start_index: int,
     vocab_end_index: int,
-    chunk_size: int | None = None,
+    chunk_size: Optional[int] = None,
 ) -> torch.Tensor:
     """[B,S,K] raw logits (compute dtype) at global ids; differentiable w.r.t. the logits.
 
@@ -1232,10 +1231,10 @@ def get_distillation_topk_logprobs_from_logits(
     teacher_topk_indices: torch.Tensor,
     zero_outside_topk: bool,
     calculate_entropy: bool,
-    vocab_parallel_rank: int | None = None,
-    vocab_parallel_group: dist.ProcessGroup | None = None,
-    context_parallel_group: dist.ProcessGroup | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    vocab_parallel_rank: Optional[int] = None,
+    vocab_parallel_group: Optional[dist.ProcessGroup] = None,
+    context_parallel_group: Optional[dist.ProcessGroup] = None,
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """(student_topk_logprobs, teacher_topk_logprobs, H_all or None), last position dropped.
 
     Teacher: log-softmax over its K logits. Student: full-vocab log-probs at the K ids
@@ -1399,15 +1398,15 @@ class ChunkedDistributedHiddenStatesToLogprobs(torch.autograd.Function):
 def from_parallel_hidden_states_to_logprobs(
     tensor_parallel_hidden_states: torch.Tensor,
     output_weight_layer: Any,
-    output_weight: torch.Tensor | None,
+    output_weight: Optional[torch.Tensor],
     runtime_gather_output: bool,
     target: torch.Tensor,
     vocab_start_index: int,
     vocab_end_index: int,
     tp_group: dist.ProcessGroup,
     inference_only: bool = False,
-    cp_group: dist.ProcessGroup | None = None,
-    chunk_size: int | None = None,
+    cp_group: Optional[dist.ProcessGroup] = None,
+    chunk_size: Optional[int] = None,
 ) -> torch.Tensor:
     """[B,L-1] next-token log-probs from sequence-parallel hidden states [S/(CP·TP),B,H].
 
@@ -1450,7 +1449,7 @@ def _is_dtensor(x: Any) -> bool:
     return isinstance(x, DTensor)
 
 
-def _dtensor_vocab_shard(x: Any) -> tuple[torch.Tensor, dist.ProcessGroup | None, int, int]:
+def _dtensor_vocab_shard(x: Any) -> tuple[torch.Tensor, Optional[dist.ProcessGroup], int, int]:
     """(local tensor, TP group, vocab start, vocab end) of a [B,S,V] DTensor.
 
     The TP group is the mesh group of the dim whose placement is Shard(last dim); None when the
@@ -1470,7 +1469,7 @@ def _dtensor_vocab_shard(x: Any) -> tuple[torch.Tensor, dist.ProcessGroup | None
     return local, mesh.get_group(vocab_dims[0]), offset[-1], offset[-1] + local_shape[-1]
 
 
-def _seq_shard_group(x: Any) -> tuple[dist.ProcessGroup | None, int]:
+def _seq_shard_group(x: Any) -> tuple[Optional[dist.ProcessGroup], int]:
     """(group, size) of the mesh dim over which DTensor ``x`` shards its sequence dim (dim 1):
     its context-parallel group; (None, 1) for a plain tensor or an unsharded sequence."""
     if not _is_dtensor(x):
@@ -1489,7 +1488,7 @@ def _seq_shard_group(x: Any) -> tuple[dist.ProcessGroup | None, int]:
     return x.device_mesh.get_group(dims[0]), x.device_mesh.size(dims[0])
 
 
-def _cp_layout(seq_index: torch.Tensor | None, seq_len: int, cp_size: int) -> torch.Tensor:
+def _cp_layout(seq_index: Optional[torch.Tensor], seq_len: int, cp_size: int) -> torch.Tensor:
     """Positions table of a DTensor sequence shard: the ``seq_index`` permutation, or without one the
     DTensor's own contiguous Shard(1).  ``seq_index`` is ignored without context parallelism."""
     if cp_size == 1 or seq_index is None:
@@ -1501,7 +1500,7 @@ def _cp_layout(seq_index: torch.Tensor | None, seq_len: int, cp_size: int) -> to
     return _permutation_positions(seq_index, cp_size)
 
 
-def _full_ids(ids: Any, positions: torch.Tensor, cp_group: dist.ProcessGroup | None) -> torch.Tensor:
+def _full_ids(ids: Any, positions: torch.Tensor, cp_group: Optional[dist.ProcessGroup]) -> torch.Tensor:
     """Input ids as a full-sequence local tensor: a DTensor's sequence shards are all-gathered over CP
     (ids are per-token scalars) and put back in natural order through ``positions``."""
     if not _is_dtensor(ids):
@@ -1533,9 +1532,9 @@ def dtensor_from_parallel_logits_to_logprobs(
     vocab_end_index: int,
     tp_group: dist.ProcessGroup,
     inference_only: bool = False,
-    seq_index: torch.Tensor | None = None,
-    chunk_size: int | None = None,
-    sampling_params: TrainingSamplingParams | None = None,
+    seq_index: Optional[torch.Tensor] = None,
+    chunk_size: Optional[int] = None,
+    sampling_params: Optional[TrainingSamplingParams] = None,
 ) -> torch.Tensor:
     """[B,S-1] next-token log-probs from vocab-parallel logits [B,S/CP,V_local].
 
@@ -1566,9 +1565,9 @@ def dtensor_from_parallel_logits_to_logprobs(
 def get_logprobs_from_vocab_parallel_logits(
     vocab_parallel_logits: Any,
     input_ids: Any,
-    seq_index: torch.Tensor | None = None,
-    chunk_size: int | None = None,
-    sampling_params: TrainingSamplingParams | None = None,
+    seq_index: Optional[torch.Tensor] = None,
+    chunk_size: Optional[int] = None,
+    sampling_params: Optional[TrainingSamplingParams] = None,
 ) -> torch.Tensor:
     """[B,S-1] next-token log-probs from DTensor logits [B,S,V]: the TP group and vocab range come from
     the placement of the vocab dim (uneven shards included), the CP group from that of the sequence
@@ -1598,11 +1597,11 @@ def get_logprobs_from_vocab_parallel_logits(
 def get_next_token_logprobs_from_logits(
     input_ids: torch.Tensor,
     next_token_logits: torch.Tensor,
-    seq_index: torch.Tensor | None = None,
-    vocab_parallel_rank: int | None = None,
-    vocab_parallel_group: dist.ProcessGroup | None = None,
-    context_parallel_group: dist.ProcessGroup | None = None,
-    sampling_params: TrainingSamplingParams | None = None,
+    seq_index: Optional[torch.Tensor] = None,
+    vocab_parallel_rank: Optional[int] = None,
+    vocab_parallel_group: Optional[dist.ProcessGroup] = None,
+    context_parallel_group: Optional[dist.ProcessGroup] = None,
+    sampling_params: Optional[TrainingSamplingParams] = None,
 ) -> torch.Tensor:
     """[B,L-1] next-token log-probs of the unshifted ids [B,L]: vocab-parallel logits with a group (even
     shards, this rank's range from ``vocab_parallel_rank``), a DTensor, or a plain full-vocab tensor.
@@ -1654,12 +1653,12 @@ def _gpt_forward_with_linear_ce_fusion(
     labels: torch.Tensor = None,
     inference_context: Any = None,
     packed_seq_params: Any = None,
-    extra_block_kwargs: dict | None = None,
-    runtime_gather_output: bool | None = None,
+    extra_block_kwargs: Optional[dict] = None,
+    runtime_gather_output: Optional[bool] = None,
     *,
-    inference_params: Any | None = None,
-    loss_mask: torch.Tensor | None = None,
-    padding_mask: torch.Tensor | None = None,
+    inference_params: Optional[Any] = None,
+    loss_mask: Optional[torch.Tensor] = None,
+    padding_mask: Optional[torch.Tensor] = None,
     return_logprobs_for_linear_ce_fusion: bool = False,
 ) -> torch.Tensor:
     """GPTModel.forward with the fused log-prob path (distributed_impl/_linear_ce_fusion.py); without the flag, the

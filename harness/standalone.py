@@ -42,6 +42,7 @@ from typing import NoReturn
 import torch.distributed as dist
 
 from shardcheck.harness.core.events import EXIT_PEER_STUCK, stack_path
+from shardcheck.harness.core.options import EXIT_OK, EXIT_USAGE, add_selection_args
 from shardcheck.harness.core.plan_data import Item
 from shardcheck.harness.core.records import RESULTS, RUN_META, RecordWriter
 from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
@@ -49,15 +50,7 @@ from shardcheck.harness.driver import postmortem, stacks
 from shardcheck.harness.driver.collect import Collector
 from shardcheck.harness.driver.planner import DEFAULT_DTYPES
 from shardcheck.harness.driver.pool import rank_log
-from shardcheck.harness.driver.run import (
-    EXIT_OK,
-    EXIT_USAGE,
-    add_selection_args,
-    close_run,
-    exit_code,
-    open_run,
-    plan_from_args,
-)
+from shardcheck.harness.driver.run import close_run, exit_code, open_run, plan_from_args
 from shardcheck.harness.findings.verdicts import settle
 from shardcheck.harness.rank import flight_recorder
 from shardcheck.harness.rank import worker as worker_module

@@ -9,7 +9,7 @@ docs/ops/inbatch_neg_utils.md.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F

@@ -4,6 +4,8 @@ Plain torch, differentiable by ordinary autograd, any dtype. The harness takes g
 values and gradients from here (typically in float64). See docs/ops/kd_loss.md.
 """
 
+from typing import Optional, Union
+
 import torch
 import torch.nn.functional as F
 
@@ -60,7 +62,7 @@ def kd_loss(
     ignore_index: int = -100,
     temperature: float = 1.0,
     fp32_upcast: bool = True,
-    num_batch_labels: int | torch.Tensor | None = None,
+    num_batch_labels: Optional[Union[int, torch.Tensor]] = None,
 ) -> torch.Tensor:
     """Scalar KD loss: ``sum(kl) / num_batch_labels`` if given, else mean over valid tokens.
 

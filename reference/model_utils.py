@@ -5,6 +5,8 @@ math runs in the compute dtype ``promote_types(x.dtype, float32)`` and outputs s
 Ids outside ``[0, V)`` (e.g. -100 for masked positions) give 0 and a zero gradient.
 """
 
+from typing import Optional
+
 import torch
 
 from shardcheck.reference import math_dtype
@@ -54,7 +56,7 @@ def next_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.
     return logprob(logits[:, :-1], input_ids[:, 1:])
 
 
-def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
+def filter_logits(logits: torch.Tensor, top_k: Optional[int], top_p: float) -> torch.Tensor:
     """Top-k then top-p filtering; filtered logits become -inf (compute dtype).
 
     top-k keeps every logit >= the k-th largest (ties may keep more); None or <= 0 disables.
@@ -76,14 +78,14 @@ def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float) -> torc
     return x
 
 
-def sampling_logprob(logits: torch.Tensor, target: torch.Tensor, top_k: int | None, top_p: float) -> torch.Tensor:
+def sampling_logprob(logits: torch.Tensor, target: torch.Tensor, top_k: Optional[int], top_p: float) -> torch.Tensor:
     """[B,S] log-softmax over the survivors of filtering, at ``target``; filtered target -> -inf."""
     log_probs = torch.log_softmax(filter_logits(logits, top_k, top_p), dim=-1)
     return _gather_or_zero(log_probs, target.unsqueeze(-1)).squeeze(-1)
 
 
 def next_token_sampling_logprobs(
-    logits: torch.Tensor, input_ids: torch.Tensor, top_k: int | None, top_p: float, temperature: float
+    logits: torch.Tensor, input_ids: torch.Tensor, top_k: Optional[int], top_p: float, temperature: float
 ) -> torch.Tensor:
     """[B,S-1] sampling logprobs of the next token, logits divided by ``temperature`` first."""
     scaled = _upcast(logits) / temperature
@@ -140,7 +142,7 @@ def distillation_topk_logprobs(
     teacher_topk_indices: torch.Tensor,
     zero_outside_topk: bool,
     calculate_entropy: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """(student_topk_logprobs, teacher_topk_logprobs, H_all or None), last position dropped."""
     if zero_outside_topk:
         student = gather_logprob(student_logits, teacher_topk_indices)
@@ -166,7 +168,7 @@ def packed_next_token_logprobs(
     cu_seqlens_padded: torch.Tensor,
     unpacked_seqlen: int,
     target_is_pre_rolled: bool = False,
-    top_k: int | None = None,
+    top_k: Optional[int] = None,
     top_p: float = 1.0,
     temperature: float = 1.0,
 ) -> torch.Tensor:

@@ -18,13 +18,15 @@ The older module is imported like any installed package; in this example it live
 
 from __future__ import annotations
 
+from typing import Optional, Union
+
 import legacy_kd_loss as legacy
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
 
-def _infer_tp_group_from_dtensor(logits: torch.Tensor) -> dist.ProcessGroup | None:
+def _infer_tp_group_from_dtensor(logits: torch.Tensor) -> Optional[dist.ProcessGroup]:
     """The group of the mesh dim that shards a DTensor's last (vocab) dim; None for a plain tensor,
     another placement, or a vocab sharded over several mesh dims."""
     if not isinstance(logits, DTensor):
@@ -34,7 +36,7 @@ def _infer_tp_group_from_dtensor(logits: torch.Tensor) -> dist.ProcessGroup | No
     return logits.device_mesh.get_group(dims[0]) if len(dims) == 1 else None
 
 
-def _plain(logits: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+def _plain(logits: torch.Tensor, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
     """The tensor the older loss expects: the local vocab shard with a group, else the full logits."""
     if not isinstance(logits, DTensor):
         return logits
@@ -49,7 +51,7 @@ class KDLoss(torch.nn.Module):
         ignore_index: int = -100,
         temperature: float = 1.0,
         fp32_upcast: bool = True,
-        tp_group: dist.ProcessGroup | None = None,
+        tp_group: Optional[dist.ProcessGroup] = None,
         chunk_size: int = 0,
     ):
         super().__init__()
@@ -63,7 +65,7 @@ class KDLoss(torch.nn.Module):
         student_logits: torch.Tensor,
         teacher_logits: torch.Tensor,
         labels: torch.Tensor,
-        num_batch_labels: int | torch.Tensor | None = None,
+        num_batch_labels: Optional[Union[int, torch.Tensor]] = None,
     ) -> torch.Tensor:
         group = self.tp_group
         if group is None:

@@ -21,6 +21,8 @@ module has its own.
 
 from __future__ import annotations
 
+from typing import Optional, Union
+
 import torch
 import torch.distributed as dist
 
@@ -44,8 +46,8 @@ class KDLoss(torch.nn.Module):
         student_logits: torch.Tensor,
         teacher_logits: torch.Tensor,
         labels: torch.Tensor,
-        num_valid_tokens: int | torch.Tensor | None = None,
-        process_group: dist.ProcessGroup | None = None,
+        num_valid_tokens: Optional[Union[int, torch.Tensor]] = None,
+        process_group: Optional[dist.ProcessGroup] = None,
     ) -> torch.Tensor:
         if student_logits.shape != teacher_logits.shape or labels.shape != student_logits.shape[:-1]:
             raise ValueError(

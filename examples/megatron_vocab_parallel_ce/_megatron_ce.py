@@ -11,7 +11,7 @@ the first call, so the module imports without it (its suite then records every c
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
