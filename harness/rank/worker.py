@@ -10,6 +10,9 @@ rank appends its events of plan k (start, phase, check, error, done) to DIR/plan
 merges them into result rows.  When started by hand, rank 0 does the merging itself (the out dir must then be on
 a filesystem all nodes share).
 
+One item's run (golden, call, backward, judging, its rows) is harness/rank/item_run.py; this module is the rank
+process around it: the process group and meshes, the plans, the loop over their items, the barrier after each.
+
 Never hang: after each item every rank checks in at a store barrier.  If a peer does not arrive within the plan's
 timeout (it skipped a collective, or is blocked in one, or died) the ranks that did arrive record who is missing
 and exit; the driver ends the launch and relaunches for the remaining items.
