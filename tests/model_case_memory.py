@@ -28,10 +28,12 @@ import shardcheck.suites.decoder as suite
 from shardcheck.harness.core.measure import LiveBytes
 from shardcheck.harness.core.topology import Topology
 from shardcheck.harness.driver.planner import Selection, build_plan
+from shardcheck.harness.rank.item_run import ItemRun
 from shardcheck.harness.rank.worker import Worker
 from shardcheck.reference import decoder as ref
 
 WAYS = ("step alone", "after the run", "as they arrive")
+JUDGE_ARRIVING = ItemRun.judge_arriving  # the rank's own; the first two ways replace it
 
 
 def measure(worker: Worker, layers: int, seq: int, dim: int, scale: float = 1.0) -> tuple[dict[str, int], dict]:
@@ -59,28 +61,27 @@ def measure(worker: Worker, layers: int, seq: int, dim: int, scale: float = 1.0)
     with tempfile.TemporaryDirectory() as tmp:
         for way in WAYS:
             worker.load(plan, Path(tmp) / way.replace(" ", "-"))
-            case = worker.cases[(item.op, item.case_id)]
-            golden = worker.golden(case, item, 1)  # computed once, outside the measurement
+            loaded = worker.loaded
+            case = loaded.cases[(item.op, item.case_id)]
+            golden = loaded.goldens.get(case, item, 1)  # computed once, outside the measurement
             if scale != 1.0 and not hasattr(golden, "scaled"):  # (the golden is kept per case: scaled once)
                 golden.outputs = golden.naive_outputs = tuple(o * scale for o in golden.outputs)
                 precision = golden._precision  # the precision step's reference runs scaled alike
                 golden._precision = lambda kind, precision=precision: (tuple(o * scale for o in precision(kind)[0]), {})
                 golden.scaled = True
-            worker._emitted = set()
             if way == "step alone":
-                worker._judge_arriving = lambda call, index, got, lay: True  # dropped unjudged
+                ItemRun.judge_arriving = lambda run, call, index, got, lay: True  # dropped unjudged
             elif way == "after the run":
-                worker._judge_arriving = lambda call, index, got, lay: False  # the run returns a copy of each
+                ItemRun.judge_arriving = lambda run, call, index, got, lay: False  # the run returns a copy of each
             else:
-                del worker._judge_arriving
+                ItemRun.judge_arriving = JUDGE_ARRIVING
             topo = Topology(*item.topology)
             mesh = worker.mesh(topo)
             with LiveBytes() as tracker:
-                worker.run_item(item, topo, mesh)
-                worker.pieces = {}
+                ItemRun(loaded, item, topo, mesh).run()
             out[way] = tracker.peak
-            worker.events.file.flush()
-            lines = [json.loads(line) for line in Path(worker.events.file.name).read_text().splitlines()]
+            loaded.events.file.flush()
+            lines = [json.loads(line) for line in Path(loaded.events.file.name).read_text().splitlines()]
             events[way] = [
                 {k: v for k, v in e.items() if k not in ("time", "item")} for e in lines if e["t"] == "check"
             ]

@@ -1,6 +1,7 @@
 """A fuzz case: the ordinary Case a suite's FuzzSpace builds from one drawn parameter dict, with the id, dtype and
-topology of that dict.  The driver (harness/driver/fuzz.py, harness/driver/planner.py) and every rank (harness/rank/worker.py) build it
-the same way from the same dict, so an item needs to carry only the dict (Item.fuzz)."""
+topology of that dict.  The driver (harness/driver/fuzz.py, harness/driver/planner.py) and every rank
+(harness/rank/loaded_plan.py) build it the same way from the same dict, so an item needs to carry only the dict
+(Item.fuzz)."""
 
 from __future__ import annotations
 
