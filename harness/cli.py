@@ -3,7 +3,6 @@ warnings allowed unless `run --strict`), 1 a check failed (a regression), 2 bad 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import datetime as dt
@@ -16,108 +15,25 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shardcheck.harness.cli_parser import DEFAULT_FUZZ_EXAMPLES, make_parser
+from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.options import (
-    DEFAULT_TIMEOUT,
     DEFAULT_WORLD_SIZES,
     EXIT_FAIL,
     EXIT_OK,
     EXIT_USAGE,
-    add_selection_args,
-    add_suite_path_arg,
+    RunSettings,
+    UsageError,
     impl_map,
     str_list,
 )
 from shardcheck.harness.core.records import Status, Symptom
-from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
+from shardcheck.harness.core.topology import Topology, default_topologies
 
 if TYPE_CHECKING:
+    from shardcheck.harness.core.plan_data import Plan
+    from shardcheck.harness.core.records import RecordWriter
     from shardcheck.harness.driver.pool import WorkerPool
-
-
-DEFAULT_FUZZ_EXAMPLES = 100
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, no usage dump
-        raise UsageError(message)
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UsageError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def make_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="shardcheck", description="Correctness and benchmark harness for sharded PyTorch ops.")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
-    run = sub.add_parser("run", help="run suites (default: everything, default matrix, then the report)")
-    add_selection_args(run)
-    run.add_argument("--world-sizes", type=_int_list, help="world sizes to launch, e.g. 1,2,4")
-    run.add_argument("--out", type=Path, help="run directory (default shardcheck-runs/<run-id>)")
-    run.add_argument("--bench", action="store_true", help="measure time, memory and collectives (benchmark cases)")
-    run.add_argument("--bench-iters", type=int, default=10, help="timed iterations per benchmark (all ranks)")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run.add_argument(
-        "--no-hang-budget",
-        action="store_true",
-        help="after an op hangs or a rank dies at a topology, still try its remaining items there "
-        "(default: record them as skipped)",
-    )
-    run.add_argument("--junit-xml", type=Path, metavar="PATH", help="also write JUnit XML (one testcase per item)")
-    run.add_argument(
-        "--profile",
-        action="store_true",
-        help="cProfile the driver and every rank: <run>/profile/*.prof and breakdown.md (where the time goes)",
-    )
-    fz = sub.add_parser(
-        "fuzz",
-        help="draw cases from each op's fuzz space, shrink the first failure, save it to the corpus `run` replays",
-    )
-    add_suite_path_arg(fz)
-    fz.add_argument("--suite", action="append", help="suite name (repeatable, or comma-separated)")
-    fz.add_argument("--op", action="append", help="op id family.Name (repeatable, or comma-separated)")
-    fz.add_argument("--impl", action="append", help="FAMILY=MODULE or FAMILY=path/to/file.py")
-    fz.add_argument(
-        "--examples",
-        type=int,
-        help=f"examples per op (default {DEFAULT_FUZZ_EXAMPLES}; with --time: until the time is up)",
-    )
-    fz.add_argument("--time", type=float, metavar="SECONDS", help="wall-clock budget of the whole search")
-    fz.add_argument("--seed", type=int, default=0, help="the same seed draws the same examples")
-    fz.add_argument("--topology", action="append", help="dp=1,cp=1,tp=2 (repeatable): the topologies to draw from")
-    fz.add_argument("--world-sizes", type=_int_list, help="draw from every topology of these sizes (default 1,2,4)")
-    fz.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
-    fz.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds one example may take on any rank")
-    fz.add_argument("--no-hang-budget", action="store_true", help="(as for run; an example is a single item)")
-    fz.add_argument("--no-shims", action="store_true", help="do not install shardcheck's CPU shims (as for run)")
-    fz.add_argument("--out", type=Path, help="run directory (default shardcheck-runs/fuzz-<run-id>)")
-    fz.add_argument(
-        "--corpus",
-        type=Path,
-        metavar="DIR",
-        help="where shrunk failures are saved (default: [tool.shardcheck] fuzz-corpus of ./pyproject.toml, "
-        "else ./fuzz-corpus)",
-    )
-    fz.add_argument("--no-progress", action="store_true", help="no line per example")
-    lst = sub.add_parser("list", help="ops, suites and default topologies")
-    lst.add_argument("--quick", action="store_true")
-    lst.add_argument("--corpus", type=Path, metavar="DIR", help="the fuzz corpus to count (default as for run)")
-    add_suite_path_arg(lst)
-    rep = sub.add_parser("report", help="(re)build the report of run directories")
-    rep.add_argument("dirs", nargs="+", type=Path)
-    cmp = sub.add_parser("compare", help="regression gate between two runs (Markdown table; exit 1 on regression)")
-    cmp.add_argument("base", type=Path)
-    cmp.add_argument("new", type=Path)
-    cmp.add_argument("--max-slowdown", type=float, default=10.0, metavar="PCT")
-    cmp.add_argument("--max-memory-growth", type=float, default=5.0, metavar="PCT")
-    dash = sub.add_parser("dashboard", help="one HTML page over many runs: time, memory, regressions, pass/fail")
-    dash.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
-    dash.add_argument("--out", type=Path, default=Path("shardcheck-dashboard"), help="output directory")
-    dash.add_argument("--max-slowdown", type=float, default=10.0, metavar="PCT")
-    dash.add_argument("--max-memory-growth", type=float, default=5.0, metavar="PCT")
-    return p
 
 
 def _check_writable_file(path: Path, option: str) -> None:
@@ -155,11 +71,11 @@ def cmd_compare(args) -> int:
     return EXIT_FAIL if regressions else EXIT_OK
 
 
-def _default_dtypes(bench: bool, device: str) -> list[str]:
+def _default_dtypes(settings: RunSettings) -> list[str]:
     from shardcheck.harness.driver.planner import DEFAULT_DTYPES
 
-    if bench:  # what training runs in on a GPU; float32 on CPU, where bf16 math is emulated and slow
-        return ["bfloat16"] if device == "cuda" else ["float32"]
+    if settings.bench:  # what training runs in on a GPU; float32 on CPU, where bf16 math is emulated and slow
+        return ["bfloat16"] if settings.device == "cuda" else ["float32"]
     return list(DEFAULT_DTYPES)
 
 
@@ -206,93 +122,93 @@ def _collector_off(freeze: bool):
             gc.enable()
 
 
+@contextlib.contextmanager
+def _undone_on_error(args, pool: WorkerPool, run_dir: Path):
+    """A run that never began (bad usage, an interrupt while planning) leaves nothing behind: its own pool's launches
+    ended (main's `pool` outlives the run: its launches are not ours to end) and its new run directory removed."""
+    existed = run_dir.exists()
+    try:
+        yield
+    except BaseException:
+        if args.pool is None:
+            pool.close()
+        if not existed:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _plan(args, pool: WorkerPool, run_id: str, topologies: list[Topology]) -> Plan:
+    """The run's settings, made once from its options, and its plan.  Where the world sizes are known before planning
+    (given, or the default run's), the ranks' start-up (on CPU the fork server's imports) overlaps the driver's
+    imports and planning."""
+    settings = RunSettings.of_args(args, *_device_and_backend(args.device, topologies, args.world_sizes))
+    known_worlds = args.world_sizes or sorted({t.size for t in topologies})
+    if not known_worlds and not (args.suite or args.op or args.case or args.suite_path):
+        known_worlds = list(DEFAULT_WORLD_SIZES)
+    if known_worlds:
+        pool.start(known_worlds, settings.launch)
+    from shardcheck.harness.driver.run import plan_from_args
+
+    return plan_from_args(
+        args,
+        settings,
+        run_id=run_id,
+        world_sizes=args.world_sizes,
+        topologies=topologies,
+        default_dtypes=_default_dtypes(settings),
+    )
+
+
+def _open_run(args, pool: WorkerPool, run_dir: Path, plan: Plan) -> tuple[RecordWriter, dict]:
+    """The run directory opened for `plan` (harness/driver/run.py), said on stderr; the launches it needs kept."""
+    from shardcheck.harness.driver.run import open_run
+
+    worlds = sorted({i.world_size for i in plan.items if not i.skip})  # (planned skips need no ranks)
+    if args.pool is None:  # (main's `pool` outlives this run: its launches are not ours to end)
+        pool.keep_only(worlds)
+    if args.profile:
+        args.profile_dir = (run_dir / "profile").resolve()
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
+        plan.profile = str(args.profile_dir)
+    writer, meta = open_run(run_dir, plan, args.argv)
+    print(
+        f"shardcheck: {len(plan.items)} cases on world size(s) {', '.join(map(str, worlds))} "
+        f"({plan.device}, {plan.backend}) -> {run_dir}",
+        file=sys.stderr,
+    )
+    if meta["shim_notes"]:
+        print("shardcheck: " + "; ".join(meta["shim_notes"]), file=sys.stderr)
+    if any(not is_ours(spec, fam) for fam, spec in plan.impl.items()):
+        # someone else's module (maybe inside a model case's step): say which, every family
+        print(
+            "shardcheck: modules under test: " + ", ".join(f"{f}={s}" for f, s in sorted(plan.impl.items())),
+            file=sys.stderr,
+        )
+    return writer, meta
+
+
 def _no_gpu_here() -> bool:
-    """True when this machine has no GPU device node (NVIDIA or AMD): the run is on CPU, known without importing torch."""
+    """True when this machine has no GPU device node (NVIDIA or AMD): the run is on CPU, known without torch."""
     return not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"))
 
 
 def _run(args) -> int:
-    from shardcheck.harness.driver.pool import LaunchSettings
-
-    if args.bench_iters <= 0:
-        raise UsageError(f"--bench-iters must be positive, got {args.bench_iters}")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
     if args.junit_xml:
         _check_writable_file(args.junit_xml, "--junit-xml")
     topologies = [Topology.parse(t) for t in args.topology or []]
-    world_sizes = args.world_sizes
     run_id = dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
     run_dir = _run_dir(args.out, run_id)
-    run_dir_existed = run_dir.exists()
-    # Where the world sizes are known before planning (given, or the default run's) and the device is the CPU, the
-    # ranks' start-up (the fork server's imports) overlaps the driver's imports and planning.
-    known_worlds = world_sizes or sorted({t.size for t in topologies})
-    if not known_worlds and not (args.suite or args.op or args.case or args.suite_path):
-        known_worlds = list(DEFAULT_WORLD_SIZES)
-    early = (args.device == "cpu" or (args.device is None and _no_gpu_here())) and known_worlds
-    shared = args.pool is not None  # main's `pool` outlives this run: its launches are not ours to end
     with _pool(args, run_dir) as pool:
+        with _undone_on_error(args, pool, run_dir), _collector_off(freeze=args.own_process):
+            plan = _plan(args, pool, run_id, topologies)
+            from shardcheck.harness.core.records import load
+            from shardcheck.harness.driver.launch import run_plan
+            from shardcheck.harness.driver.run import close_run, exit_code
+            from shardcheck.reports.report import build
+        writer, meta = _open_run(args, pool, run_dir, plan)
         try:
-            if early:
-                pool.start(known_worlds, LaunchSettings("cpu", "gloo", args.timeout, not args.no_shims))
-            with _collector_off(freeze=args.own_process):
-                from shardcheck.harness.driver.run import plan_from_args
-
-                device, backend = _device_and_backend(args.device, topologies, world_sizes)
-                if not early and known_worlds:
-                    pool.start(known_worlds, LaunchSettings(device, backend, args.timeout, not args.no_shims))
-                plan = plan_from_args(
-                    args,
-                    run_id=run_id,
-                    world_sizes=world_sizes,
-                    topologies=topologies,
-                    device=device,
-                    backend=backend,
-                    default_dtypes=_default_dtypes(args.bench, device),
-                    bench=args.bench,
-                    bench_iters=args.bench_iters,
-                )
-                from shardcheck.harness.core.records import load
-                from shardcheck.harness.driver.launch import run_plan
-                from shardcheck.harness.driver.run import close_run, exit_code, open_run
-                from shardcheck.reports.report import build
-        except BaseException:
-            if not shared:
-                pool.close()
-            if not run_dir_existed:
-                shutil.rmtree(run_dir, ignore_errors=True)  # a run that never began leaves nothing behind
-            raise
-        worlds = sorted({i.world_size for i in plan.items if not i.skip})  # (planned skips need no ranks)
-        if not shared:
-            pool.keep_only(worlds)
-        if args.profile:
-            args.profile_dir = (run_dir / "profile").resolve()
-            args.profile_dir.mkdir(parents=True, exist_ok=True)
-            plan.profile = str(args.profile_dir)
-        writer, meta = open_run(run_dir, plan, args.argv)
-        print(
-            f"shardcheck: {len(plan.items)} cases on world size(s) {', '.join(map(str, worlds))} "
-            f"({device}, {backend}) -> {run_dir}",
-            file=sys.stderr,
-        )
-        if meta["shim_notes"]:
-            print("shardcheck: " + "; ".join(meta["shim_notes"]), file=sys.stderr)
-        foreign = {fam: spec for fam, spec in sorted(plan.impl.items()) if spec != f"shardcheck.distributed_impl.{fam}"}
-        if foreign:  # someone else's module (maybe inside a model case's step): say which, every family
-            print(
-                "shardcheck: modules under test: " + ", ".join(f"{f}={s}" for f, s in sorted(plan.impl.items())),
-                file=sys.stderr,
-            )
-        try:
-            run_plan(
-                plan,
-                run_dir,
-                writer,
-                show_progress=not args.no_progress and sys.stderr.isatty(),
-                hang_budget=not args.no_hang_budget,
-                pool=pool,
-            )
+            show_progress = not args.no_progress and sys.stderr.isatty()
+            run_plan(plan, run_dir, writer, show_progress=show_progress, hang_budget=not args.no_hang_budget, pool=pool)
         finally:
             close_run(run_dir, writer, meta)
     from shardcheck.harness.findings.verdicts import settle  # (pandas: not at import, so --help stays quick)
@@ -322,6 +238,9 @@ def _run(args) -> int:
 def _device_and_backend(
     wanted: str | None, topologies: list[Topology], world_sizes: list[int] | None
 ) -> tuple[str, str]:
+    """The run's device (`--device`, else cuda when available) and its process groups' backend."""
+    if wanted == "cpu" or (wanted is None and _no_gpu_here()):
+        return "cpu", "gloo"  # known without importing torch: the ranks' start-up can begin at once
     import torch
 
     device = wanted or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -351,32 +270,26 @@ def cmd_fuzz(args) -> int:
         raise UsageError(f"--examples must be positive, got {args.examples}")
     if args.time is not None and args.time <= 0:
         raise UsageError(f"--time must be positive, got {args.time:g}")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
     if args.world_sizes is not None and any(w <= 0 for w in args.world_sizes):
         raise UsageError(f"world sizes must be positive, got {args.world_sizes}")
     topologies = [Topology.parse(t) for t in args.topology or []]
-    device, backend = _device_and_backend(args.device, topologies, args.world_sizes)
+    settings = RunSettings.of_args(args, *_device_and_backend(args.device, topologies, args.world_sizes))
     topologies = topologies or default_topologies(args.world_sizes or list(DEFAULT_WORLD_SIZES))
     run_id = "fuzz-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
     run_dir = _run_dir(args.out, run_id)
     corpus = corpus_dir(args.corpus).resolve()
     load_corpus(corpus)  # a corrupt corpus is bad usage before the search, not after it
-    if not args.no_shims:
-        shims.install(device)
+    if settings.shims:
+        shims.install(settings.device)
     base, spaces, skipped = plan_fuzz(
         run_id=run_id,
         suites_wanted=str_list(args.suite),
         ops=str_list(args.op),
         impl=impl_map(args.impl),
-        seed=args.seed,
-        timeout=args.timeout,
-        device=device,
-        backend=backend,
+        settings=settings,
         suite_paths=suite_paths(args),
         corpus_dir=str(corpus),
     )
-    base.shims = not args.no_shims
     for what, reason in skipped.items():
         print(f"skip {what}: {reason}")
     if not spaces:
@@ -392,66 +305,28 @@ def cmd_fuzz(args) -> int:
             seconds=args.time,
             hang_budget=not args.no_hang_budget,
         )
-        return _fuzz(args, session, spaces, base, run_dir, corpus, device, backend, topologies, examples)
+        return _fuzz(args, session, spaces, run_dir, corpus)
 
 
-def _fuzz(
-    args, session, spaces, base, run_dir: Path, corpus: Path, device: str, backend: str, topologies, examples: int
-) -> int:
-    """cmd_fuzz's search and its report, on the session's ranks."""
+def _fuzz(args, session, spaces, run_dir: Path, corpus: Path) -> int:
+    """cmd_fuzz's search and its report, on the session's ranks: each op's shrunk failure saved to the corpus, then
+    replayed as `shardcheck run` replays the corpus (its rows, the report, the rerun line)."""
     import json
 
     from shardcheck.harness.core.records import load
-    from shardcheck.harness.driver.corpus import CorpusEntry, save_entry
     from shardcheck.harness.driver.launch import run_plan
-    from shardcheck.harness.driver.planner import build_fuzz_case, fuzz_item
     from shardcheck.harness.driver.run import close_run, open_run
     from shardcheck.reports.report import build
 
-    budget = [f"{args.examples} examples per op"] if args.examples else []
-    budget += [f"{args.time:g} s in all"] if args.time else []
-    budget = " and ".join(budget)
-    print(
-        f"shardcheck fuzz: {len(spaces)} op(s), {budget or f'{examples} examples per op'}, seed {args.seed}, "
-        f"topologies {' '.join(map(str, topologies))} ({device}, {backend}) -> {run_dir}",
-        file=sys.stderr,
-    )
-    show = not args.no_progress and sys.stderr.isatty()
-
-    def progress(search, example) -> None:
-        if show:
-            state = "ok" if example.signature is None else " ".join(example.signature)
-            print(f"\r  {search.op}: example {search.examples}: {state}\033[K", end="", file=sys.stderr, flush=True)
-
-    searches = []
-    for suite, space in spaces:
-        found = session.search(suite, space, on_example=progress)
-        if show:
-            print("\r\033[K", end="", file=sys.stderr)
-        searches.append(found)
-        print(_search_line(found))
+    searches = _search(args, session, spaces, run_dir)
     (run_dir / "fuzz.json").write_text(
-        json.dumps({"seed": args.seed, "impl": base.impl, "ops": [s.to_json() for s in searches]}, indent=1)
+        json.dumps({"seed": args.seed, "impl": session.base.impl, "ops": [s.to_json() for s in searches]}, indent=1)
     )
     failures = [s for s in searches if s.failure]
     if not failures:
         print(f"shardcheck fuzz: no failure in {sum(s.examples for s in searches)} examples -> {run_dir}")
         return EXIT_OK
-    # Each shrunk failure saved to the corpus, then replayed as `shardcheck run` replays the corpus: its rows, the
-    # report, the rerun line.
-    plan = dataclasses.replace(base, items=[])
-    for found in failures:
-        entry = CorpusEntry(
-            suite=found.suite,
-            op=found.op,
-            params=found.failure.params,
-            seed=args.seed,
-            signature=list(found.failure.signature),
-            impl=base.impl.get(found.op.split(".", 1)[0]),
-        )
-        print(f"shardcheck fuzz: saved {save_entry(corpus, entry)}")
-        case = build_fuzz_case(found.suite, _space(spaces, found.op), entry.params, "shrunk params")
-        plan.items.append(fuzz_item(len(plan.items), found.suite, case, entry.params, args.seed))
+    plan = _saved_failures(args, session.base, spaces, failures, corpus)
     writer, meta = open_run(run_dir, plan, args.argv)
     try:
         run_plan(plan, run_dir, writer, show_progress=False, hang_budget=not args.no_hang_budget, pool=session.pool)
@@ -471,37 +346,60 @@ def _fuzz(
     return EXIT_FAIL
 
 
+def _search(args, session, spaces, run_dir: Path) -> list:
+    """Each op's search (harness/driver/fuzz.py), a line per op; with progress, a line per example on a terminal."""
+    budget = [f"{args.examples} examples per op"] if args.examples else []
+    budget += [f"{args.time:g} s in all"] if args.time else []
+    budget = " and ".join(budget)
+    base = session.base
+    print(
+        f"shardcheck fuzz: {len(spaces)} op(s), {budget or f'{session.examples} examples per op'}, seed {args.seed}, "
+        f"topologies {' '.join(map(str, session.topologies))} ({base.device}, {base.backend}) -> {run_dir}",
+        file=sys.stderr,
+    )
+    show = not args.no_progress and sys.stderr.isatty()
+
+    def progress(search, example) -> None:
+        if show:
+            state = "ok" if example.signature is None else " ".join(example.signature)
+            print(f"\r  {search.op}: example {search.examples}: {state}\033[K", end="", file=sys.stderr, flush=True)
+
+    searches = []
+    for suite, space in spaces:
+        found = session.search(suite, space, on_example=progress)
+        if show:
+            print("\r\033[K", end="", file=sys.stderr)
+        searches.append(found)
+        print(found.summary())
+    return searches
+
+
+def _saved_failures(args, base: Plan, spaces, failures: list, corpus: Path) -> Plan:
+    """Each shrunk failure saved to the corpus; the plan that replays them."""
+    from shardcheck.harness.driver.corpus import CorpusEntry, save_entry
+    from shardcheck.harness.driver.planner import build_fuzz_case, fuzz_item
+
+    plan = dataclasses.replace(base, items=[])
+    for found in failures:
+        entry = CorpusEntry(
+            suite=found.suite,
+            op=found.op,
+            params=found.failure.params,
+            seed=args.seed,
+            signature=list(found.failure.signature),
+            impl=base.impl.get(found.op.split(".", 1)[0]),
+        )
+        print(f"shardcheck fuzz: saved {save_entry(corpus, entry)}")
+        case = build_fuzz_case(found.suite, _space(spaces, found.op), entry.params, "shrunk params")
+        plan.items.append(fuzz_item(len(plan.items), found.suite, case, entry.params, args.seed))
+    return plan
+
+
 MAX_FUZZ_EXAMPLES = 1_000_000  # --time alone: examples are drawn until the time is up
 
 
 def _space(spaces, op: str):
     return next(space for _, space in spaces if space.op == op)
-
-
-def _search_line(found) -> str:
-    """One op's verdict: examples run, and the shrunk failure with its params."""
-    head = f"{found.op}: {found.examples} example(s) of suite {found.suite} in {found.seconds:.0f} s"
-    if found.failure is None:
-        why = f" ({found.stopped})" if found.stopped else ""
-        return f"PASS {head}, no failure{why}" + (f"; {found.note}" if found.note else "")
-    first, shrunk = found.first, found.failure
-    lines = [
-        f"FAIL {head}: {' '.join(shrunk.signature)}, first at example {found.examples_to_failure}, shrunk from",
-        f"    {_params_text(first.params)}",
-        "  to",
-        f"    {_params_text(shrunk.params)}",
-    ]
-    if found.stopped:
-        lines.append(f"  ({found.stopped})")
-    if found.note:
-        lines.append(f"  ({found.note})")
-    return "\n".join(lines)
-
-
-def _params_text(params: dict) -> str:
-    dp, cp, tp = params["topology"]
-    rest = ", ".join(f"{k}={v}" for k, v in params.items() if k not in ("topology", "dtype"))
-    return f"dp{dp}-cp{cp}-tp{tp} {params['dtype']}: {rest}"
 
 
 def _print_findings(rows) -> None:

@@ -35,6 +35,7 @@ import threading
 import time
 import traceback
 from collections import Counter
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import NoReturn
@@ -42,10 +43,17 @@ from typing import NoReturn
 import torch.distributed as dist
 
 from shardcheck.harness.core.events import EXIT_PEER_STUCK, stack_path
-from shardcheck.harness.core.options import EXIT_OK, EXIT_USAGE, add_selection_args
-from shardcheck.harness.core.plan_data import Item
+from shardcheck.harness.core.options import (
+    EXIT_OK,
+    EXIT_USAGE,
+    RunSettings,
+    UsageError,
+    UsageParser,
+    add_selection_args,
+)
+from shardcheck.harness.core.plan_data import Item, Plan
 from shardcheck.harness.core.records import RESULTS, RUN_META, RecordWriter
-from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
+from shardcheck.harness.core.topology import Topology, default_topologies
 from shardcheck.harness.driver import postmortem, stacks
 from shardcheck.harness.driver.collect import Collector
 from shardcheck.harness.driver.planner import DEFAULT_DTYPES
@@ -66,10 +74,11 @@ ENDED = "its process ended"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m shardcheck.harness.standalone")
-    add_selection_args(p)
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
+    try:
+        args, settings, topologies = _options(argv)
+    except UsageError as exc:
+        print(f"shardcheck worker: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     # torchrun ends every rank with SIGTERM when one dies: blocked here, before any thread starts (threads inherit
     # the mask), it reaches _Hang's thread alone (sigwait), which writes the finding before this rank ends.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -77,21 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     sigterm.start()
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
-    device = args.device or "cpu"
-    backend = "nccl" if device == "cuda" else "gloo"
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "standalone") + "-" + str(world)
     try:
-        divisors = [w for w in range(1, world + 1) if world % w == 0]
-        topologies = [Topology.parse(t) for t in args.topology or []] or default_topologies(divisors)
-        plan = plan_from_args(
-            args,
-            run_id=run_id,
-            world_sizes=[world],
-            topologies=[t for t in topologies if world % t.size == 0],
-            device=device,
-            backend=backend,
-            default_dtypes=list(DEFAULT_DTYPES),
-        )
+        plan = _plan(args, settings, topologies, world)
     except UsageError as exc:
         print(f"shardcheck worker: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -100,16 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     events_dir.mkdir(parents=True, exist_ok=True)
     _tee_stderr(rank_log(launch_dir, rank))
     (launch_dir / f"rank{rank}.host-pid").write_text(f"{socket.gethostname()} {os.getpid()}")
-    worker = Worker(device, backend, plan.timeout, plan.shims)
-    # Where a hung case was, as the driver's ranks tell it: each rank dumps its own stack into the shared folder when
-    # an item outlives --timeout (no driver here to signal ranks on other nodes), and on SIGUSR1 (`kill -USR1` by
-    # hand); its collectives go to rank<R>.collectives.  Rank 0 folds them into the finding (`_stuck`).
-    worker.dump_stacks_to = open(stack_path(launch_dir, rank), "a")
-    faulthandler.register(signal.SIGUSR1, file=worker.dump_stacks_to, all_threads=True, chain=False)
-    if flight_recorder.enabled():  # before the modules under test are imported (worker.load)
-        worker.recorder = flight_recorder.install(launch_dir, rank)
+    worker = _worker(settings, launch_dir, rank)
     worker.load(plan, events_dir)
-    hang = _Hang(worker, plan, launch_dir, events_dir, args.out, args.strict)
+    hang = _Hang(worker, plan, _RunFolders(launch_dir, events_dir, args.out), args.strict)
     sigterm.hang = hang
     if rank != 0:
         hang.start()
@@ -117,18 +106,74 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         dist.destroy_process_group()
         return EXIT_OK
-    writer, meta = open_run(args.out, plan, sys.argv)
-    collector = Collector(plan, plan.items, events_dir, writer, world)
+    return _run_as_rank0(worker, plan, hang, args.out, args.strict)
+
+
+def _options(argv: list[str] | None) -> tuple[argparse.Namespace, RunSettings, list[Topology]]:
+    """The options, the run's settings made of them (the checks of `shardcheck run`) and the topologies asked for:
+    UsageError when bad."""
+    p = UsageParser(prog="python -m shardcheck.harness.standalone")
+    add_selection_args(p)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    device = args.device or "cpu"
+    settings = RunSettings.of_args(args, device, "nccl" if device == "cuda" else "gloo")
+    return args, settings, [Topology.parse(t) for t in args.topology or []]
+
+
+def _plan(args: argparse.Namespace, settings: RunSettings, topologies: list[Topology], world: int) -> Plan:
+    """Every selected topology whose size divides this world (default: all of them), in one launch of it."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "standalone") + "-" + str(world)
+    divisors = [w for w in range(1, world + 1) if world % w == 0]
+    topologies = topologies or default_topologies(divisors)
+    return plan_from_args(
+        args,
+        settings,
+        run_id=run_id,
+        world_sizes=[world],
+        topologies=[t for t in topologies if world % t.size == 0],
+        default_dtypes=list(DEFAULT_DTYPES),
+    )
+
+
+def _worker(settings: RunSettings, launch_dir: Path, rank: int) -> Worker:
+    """This rank's worker, in torchrun's process group.  Where a hung case was, as the driver's ranks tell it: each
+    rank dumps its own stack into the shared folder when an item outlives --timeout (no driver here to signal ranks on
+    other nodes), and on SIGUSR1 (`kill -USR1` by hand); its collectives go to rank<R>.collectives.  Rank 0 folds
+    them into the finding (`_stuck`)."""
+    worker = Worker(settings.device, settings.backend, settings.shims)
+    worker.dump_stacks_to = open(stack_path(launch_dir, rank), "a")
+    faulthandler.register(signal.SIGUSR1, file=worker.dump_stacks_to, all_threads=True, chain=False)
+    if flight_recorder.enabled():  # before the modules under test are imported (worker.load)
+        worker.recorder = flight_recorder.install(launch_dir, rank)
+    return worker
+
+
+def _run_as_rank0(worker: Worker, plan: Plan, hang: _Hang, out: Path, strict: bool) -> int:
+    """Rank 0's run: it merges every rank's events into results.jsonl after each case, then completes run.json and
+    writes the report; the exit code."""
+    writer, meta = open_run(out, plan, sys.argv)
+    collector = Collector(plan, plan.items, hang.folders.events, writer, worker.world)
     hang.collector, hang.writer, hang.meta = collector, writer, meta
     hang.start()
     worker.run(on_item_done=lambda item: collector.poll(), on_stuck=hang.end)
     dist.barrier()  # every rank has written its last 'done'
     collector.poll()
-    close_run(args.out, writer, meta)
-    counts = settle(args.out, writer.counts)  # a line demoted to warn: its rows too (findings/verdicts.py)
-    build(args.out)
+    close_run(out, writer, meta)
+    counts = settle(out, writer.counts)  # a line demoted to warn: its rows too (findings/verdicts.py)
+    build(out)
     dist.destroy_process_group()
-    return exit_code(counts, args.strict)
+    return exit_code(counts, strict)
+
+
+@dataclass(frozen=True)
+class _RunFolders:
+    """Where a hand-launched run writes: the ranks' logs, stacks and collectives (`launch`), their events (`events`),
+    and the run directory (`out`, --out)."""
+
+    launch: Path
+    events: Path
+    out: Path
 
 
 class _Hang:
@@ -137,15 +182,9 @@ class _Hang:
     spinning) calls `end`, which never returns.  Rank 0 writes with its own collector; another rank, when rank 0's
     Python does not run, reads the events and rows rank 0 left and appends after them."""
 
-    def __init__(self, worker: Worker, plan, launch_dir: Path, events_dir: Path, out: Path, strict: bool):
-        self.worker, self.plan, self.launch_dir, self.events_dir, self.out, self.strict = (
-            worker,
-            plan,
-            launch_dir,
-            events_dir,
-            out,
-            strict,
-        )
+    def __init__(self, worker: Worker, plan: Plan, folders: _RunFolders, strict: bool):
+        self.worker, self.plan, self.folders, self.strict = worker, plan, folders, strict
+        self.launch_dir, self.events_dir, self.out = folders.launch, folders.events, folders.out
         self.rank = worker.rank
         # torchrun's store (its agent hosts it): it outlives any rank, and a blocked process group does not touch it
         self.store = dist.PrefixStore("shardcheck-hang", dist.distributed_c10d._get_default_store())
@@ -247,7 +286,7 @@ class _Hang:
             )  # (else: a peer raised, the others wait)
             reason = f"{late}rank {self.rank} took the ranks' stacks and ended the hand-launched run"
             at_barrier = threading.current_thread() is threading.main_thread()  # (else: the watchdog's thread)
-            cause = _stuck(collector, item, self.launch_dir, self.out, reason, self.rank, at_barrier)
+            cause = _stuck(collector, item, self.folders, reason, writer_rank=self.rank, at_barrier=at_barrier)
         dp, cp, tp = item.topology
         reason = (
             f"not run: the run ended at {item.op} case {item.case_id} {item.dtype} at dp{dp}-cp{cp}-tp{tp} "
@@ -347,10 +386,11 @@ def _exit(code: int) -> NoReturn:
 
 
 def _stuck(
-    collector: Collector, item: Item, launch_dir: Path, out: Path, reason: str, writer_rank: int, at_barrier: bool
+    collector: Collector, item: Item, folders: _RunFolders, reason: str, *, writer_rank: int, at_barrier: bool
 ) -> str:
     """The hung item's finding: every rank's own stack dump (written at --timeout) and every rank's collectives,
     compared, as the driver's postmortem does.  Returns the cause in a few words."""
+    launch_dir, out = folders.launch, folders.out
     collector.poll()
     started = min(collector.state[item.id].started.values(), default=0.0)
     dp, cp, tp = item.topology

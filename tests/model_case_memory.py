@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 import shardcheck.suites.decoder as suite
 from shardcheck.harness.core.measure import LiveBytes
+from shardcheck.harness.core.options import RunSettings
 from shardcheck.harness.core.topology import Topology
 from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.rank.item_run import ItemRun
@@ -45,10 +46,7 @@ def measure(worker: Worker, layers: int, seq: int, dim: int, scale: float = 1.0)
     plan = build_plan(
         Selection(
             run_id="memory",
-            seed=0,
-            timeout=60.0,
-            device="cpu",
-            backend="gloo",
+            settings=RunSettings(device="cpu", backend="gloo", timeout=60.0, seed=0),
             suites_wanted=["decoder"],
             world_sizes=[1],
             topologies=[Topology(1, 1, 1)],

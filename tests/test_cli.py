@@ -26,6 +26,9 @@ from shardcheck.harness.cli import main
         (["run", "--world-sizes", "0"], "world sizes must be positive"),
         (["run", "--world-sizes", "a,b"], "expected comma-separated integers"),
         (["run", "--timeout", "0"], "--timeout must be positive"),
+        (["run", "--timeout", "-1.5"], "--timeout must be positive, got -1.5"),
+        (["run", "--bench", "--bench-iters", "0"], "--bench-iters must be positive, got 0"),
+        (["fuzz", "--timeout", "0"], "--timeout must be positive"),
         (["run", "--case", "no-such-case*"], "nothing to run"),
         (["run", "--bogus"], "unrecognized arguments: --bogus"),
         (["report", "/nonexistent/dir"], "no results.jsonl"),
@@ -41,6 +44,28 @@ def test_bad_usage_is_one_line_and_exit_2(args, words, capsys, tmp_path, monkeyp
     assert len(lines) == 1, err
     assert lines[0].startswith("shardcheck: error: ")
     assert words in lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--timeout", "0"], "--timeout must be positive, got 0"),
+        (["--timeout", "-3"], "--timeout must be positive, got -3"),
+        (["--topology", "tp=0"], "tp must be positive, got 0"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_hand_launched_worker_bad_usage_is_one_line_and_exit_2(args, words, capsys, tmp_path):
+    """`python -m shardcheck.harness.standalone` checks its options as `shardcheck run` does (RunSettings), before
+    it touches torchrun's environment or process group."""
+    from shardcheck.harness import standalone
+
+    code = standalone.main([*args, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("shardcheck worker: error: ") and words in lines[0]
 
 
 def test_console_script_usage_error_has_no_traceback():

@@ -22,6 +22,7 @@ import torch
 from helpers import ROOT, Run, assert_one_cause, shardcheck
 
 from shardcheck.harness.cli import main
+from shardcheck.harness.core.options import RunSettings
 from shardcheck.harness.core.records import load
 from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.rank.signatures import signature_rows, under_test
@@ -450,10 +451,7 @@ def test_implementation_by_module_name_from_the_suite_folder(tmp_path):
             dtypes=["float64"],
             impl={},
             quick=True,
-            seed=0,
-            timeout=60,
-            device="cpu",
-            backend="gloo",
+            settings=RunSettings(device="cpu", backend="gloo", timeout=60, seed=0),
             suite_paths=[str(tmp_path / "sibling_tp.py")],
         )
     )
@@ -479,10 +477,7 @@ def test_impl_of_a_new_family_is_held_to_the_signatures_of_its_implementation(su
             dtypes=["float64"],
             impl={"my_tp": str(swapped)},
             quick=True,
-            seed=0,
-            timeout=60,
-            device="cpu",
-            backend="gloo",
+            settings=RunSettings(device="cpu", backend="gloo", timeout=60, seed=0),
             suite_paths=[str(suite_file)],
         )
     )

@@ -15,6 +15,7 @@ from helpers import BROKEN, ROOT
 from torch.distributed.tensor import Shard
 
 from shardcheck.harness.core.case import HeadTail, Layout
+from shardcheck.harness.core.options import RunSettings
 from shardcheck.harness.core.plan_data import Item, Plan
 from shardcheck.harness.driver.collect import glob_escape, rerun_command
 from shardcheck.harness.rank.artefacts import ArtefactBudget, reassemble
@@ -134,10 +135,7 @@ def test_rerun_command_selects_exactly_its_item():
     plan = Plan(
         run_id="r",
         quick=True,
-        seed=7,
-        timeout=5,
-        device="cpu",
-        backend="gloo",
+        settings=RunSettings(device="cpu", backend="gloo", timeout=5, seed=7),
         impl={
             "model_utils": "tests/broken/model_utils/one_rank_off.py",
             "kd_loss": "shardcheck.distributed_impl.kd_loss",

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from helpers import BROKEN
 
 from shardcheck.distributed_impl import inbatch_neg_utils as impl
+from shardcheck.harness.core.options import RunSettings
 from shardcheck.reference import inbatch_neg_utils as ref
 
 BROKEN_RUN = ("--suite", "inbatch_neg_utils", "--quick", "--dtype", "float64", "--topology", "dp=2", "--timeout", "120")
@@ -156,10 +157,7 @@ def _plan(world_sizes, topologies=()):
             dtypes=["float64"],
             impl={},
             quick=True,
-            seed=0,
-            timeout=60,
-            device="cpu",
-            backend="gloo",
+            settings=RunSettings(device="cpu", backend="gloo", timeout=60, seed=0),
         )
     )
 

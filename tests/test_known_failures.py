@@ -18,9 +18,10 @@ from helpers import FIXTURES, Run, cli, shardcheck
 
 from shardcheck.harness.core.case import KnownFailure
 from shardcheck.harness.core.events import Events, events_path
+from shardcheck.harness.core.options import RunSettings, UsageError
 from shardcheck.harness.core.plan_data import Item, Plan, Xfail
 from shardcheck.harness.core.records import load
-from shardcheck.harness.core.topology import Topology, UsageError
+from shardcheck.harness.core.topology import Topology
 from shardcheck.harness.driver import planner as plan_module
 from shardcheck.harness.driver.collect import Collector
 from shardcheck.harness.driver.planner import Selection, build_plan
@@ -120,10 +121,7 @@ def seeded_run(tmp_path):
     plan = Plan(
         run_id="seeded",
         quick=True,
-        seed=0,
-        timeout=10.0,
-        device="cpu",
-        backend="gloo",
+        settings=RunSettings(device="cpu", backend="gloo", timeout=10.0, seed=0),
         impl={"model_utils": "shardcheck.distributed_impl.model_utils"},
         items=items,
     )
@@ -191,10 +189,7 @@ def test_a_marked_error_within_the_bfloat16_budget_is_xfail(tmp_path):
     plan = Plan(
         run_id="bf16",
         quick=True,
-        seed=0,
-        timeout=10.0,
-        device="cpu",
-        backend="gloo",
+        settings=RunSettings(device="cpu", backend="gloo", timeout=10.0, seed=0),
         impl={"model_utils": "shardcheck.distributed_impl.model_utils"},
         items=[item],
     )
@@ -380,10 +375,7 @@ def _plan(**over) -> Plan:
         dtypes=["float64", "float32"],
         impl={},
         quick=True,
-        seed=0,
-        timeout=60.0,
-        device="cpu",
-        backend="gloo",
+        settings=RunSettings(device="cpu", backend="gloo", timeout=60.0, seed=0),
         suite_paths=[str(KNOWN)],
     )
     return build_plan(Selection(**{**args, **over}))

@@ -18,6 +18,7 @@ from collections import Counter
 import pytest
 from helpers import ROOT
 
+from shardcheck.harness.core.options import RunSettings
 from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.rank.suite_loader import suite_cases
 from shardcheck.reference import decoder as ref
@@ -132,10 +133,7 @@ def test_planning_runs_no_model_and_the_names_are_made_once_where_needed(monkeyp
     plan = build_plan(
         Selection(
             run_id="lazy",
-            seed=0,
-            timeout=60.0,
-            device="cpu",
-            backend="gloo",
+            settings=RunSettings(device="cpu", backend="gloo", timeout=60.0, seed=0),
             suites_wanted=["decoder"],
             world_sizes=[1, 2, 4],
         )

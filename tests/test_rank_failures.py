@@ -58,6 +58,7 @@ def test_a_rank_that_skipped_a_collective_is_named_whether_or_not_the_blocked_ra
     barrier and exits, which closes rank 0's collective with "connection closed by peer".  Whether that error
     reaches rank 0's events before the driver ends the launch is a race: the forward row names rank 1 either way."""
     from shardcheck.harness.core.events import Events, events_path
+    from shardcheck.harness.core.options import RunSettings
     from shardcheck.harness.core.plan_data import Item, Plan
     from shardcheck.harness.core.records import load
     from shardcheck.harness.driver.collect import Collector
@@ -78,10 +79,7 @@ def test_a_rank_that_skipped_a_collective_is_named_whether_or_not_the_blocked_ra
     plan = Plan(
         run_id="race",
         quick=True,
-        seed=0,
-        timeout=5.0,
-        device="cpu",
-        backend="gloo",
+        settings=RunSettings(device="cpu", backend="gloo", timeout=5.0, seed=0),
         impl={"model_utils": "shardcheck.distributed_impl.model_utils"},
         items=[item],
     )

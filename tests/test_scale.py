@@ -92,15 +92,13 @@ def test_cp_lengths_of_an_op_that_splits_by_itself():
 
 
 def test_the_plan_skips_with_the_reason_what_a_case_cannot_lay_out():
+    from shardcheck.harness.core.options import RunSettings
     from shardcheck.harness.driver.planner import Selection, build_plan
 
     plan = build_plan(
         Selection(
             run_id="t",
-            seed=0,
-            timeout=60,
-            device="cpu",
-            backend="gloo",
+            settings=RunSettings(device="cpu", backend="gloo", timeout=60, seed=0),
             suites_wanted=["model_utils_cp"],
             ops=["model_utils.AllGatherCPTensor"],
             quick=True,
@@ -125,6 +123,7 @@ def test_the_plan_skips_with_the_reason_what_a_case_cannot_lay_out():
 
 def test_planned_skips_are_rows_with_their_reason_and_start_no_ranks(tmp_path):
     from shardcheck import Topology
+    from shardcheck.harness.core.options import RunSettings
     from shardcheck.harness.core.records import RecordWriter, load
     from shardcheck.harness.driver.launch import run_plan
     from shardcheck.harness.driver.planner import Selection, build_plan
@@ -138,10 +137,7 @@ def test_planned_skips_are_rows_with_their_reason_and_start_no_ranks(tmp_path):
     plan = build_plan(
         Selection(
             run_id="t",
-            seed=0,
-            timeout=60,
-            device="cpu",
-            backend="gloo",
+            settings=RunSettings(device="cpu", backend="gloo", timeout=60, seed=0),
             suites_wanted=["model_utils_cp"],
             ops=["model_utils.AllGatherCPTensor"],
             quick=True,
@@ -307,12 +303,17 @@ def test_a_slice_of_the_scale_matrix_passes_at_8_and_16_ranks(tmp_path):
 def test_scale_cases_cover_cp_16_and_tp_8_and_leave_the_default_matrix_alone():
     """Every op planned at CP 8/16, TP 8/16 or DP 16 runs somewhere there (the scale cases), and none of the scale
     cases is planned at world sizes 1, 2, 4."""
+    from shardcheck.harness.core.options import RunSettings
     from shardcheck.harness.driver.planner import Selection, build_plan
 
     def plan(**kw):
         return build_plan(
             Selection(
-                run_id="t", seed=0, timeout=60, device="cpu", backend="gloo", quick=True, dtypes=["float64"], **kw
+                run_id="t",
+                settings=RunSettings(device="cpu", backend="gloo", timeout=60, seed=0),
+                quick=True,
+                dtypes=["float64"],
+                **kw,
             )
         ).items
 

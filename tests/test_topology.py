@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
+from shardcheck.harness.core.options import UsageError
+from shardcheck.harness.core.topology import Topology, default_topologies
 
 
 def test_parse_and_defaults():

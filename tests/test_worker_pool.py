@@ -4,11 +4,13 @@ hangs ends the launch, the next plan getting a fresh one."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from shardcheck.harness.core.options import LaunchSettings, RunSettings
 from shardcheck.harness.core.records import RecordWriter, load
 from shardcheck.harness.core.topology import Topology
 from shardcheck.harness.driver.launch import WorkerPool, run_plan
 from shardcheck.harness.driver.planner import Selection, build_plan
-from shardcheck.harness.driver.pool import LaunchSettings
 from tests.helpers import FIXTURES
 
 TP2 = [Topology(1, 1, 2)]
@@ -26,10 +28,7 @@ def _plan(op: str, cases: list[str], impl: dict | None = None, timeout: float = 
             dtypes=["float64"],
             impl=dict(impl or {}),
             quick=True,
-            seed=0,
-            timeout=timeout,
-            device="cpu",
-            backend="gloo",
+            settings=RunSettings(device="cpu", backend="gloo", timeout=timeout, seed=0),
         )
     )
 
@@ -40,15 +39,16 @@ def _statuses(run_dir) -> dict[str, set[str]]:
 
 
 def test_pool_serves_plan_after_plan_on_the_same_ranks(tmp_path):
+    """Plans of different --timeout too: the ranks read it from each plan (RunSettings), not from their launch."""
     first = _plan("model_utils.DistributedLogprob", ["*"])
-    second = _plan("model_utils.DistributedCrossEntropy", ["*"])
+    second = _plan("model_utils.DistributedCrossEntropy", ["*"], timeout=30.0)
     with WorkerPool(tmp_path / "run") as pool:
         writer = RecordWriter(tmp_path / "run")
         run_plan(first, tmp_path / "run", writer, show_progress=False, pool=pool)
-        launch = pool.idle[2, LaunchSettings.of(first)]
+        launch = pool.idle[2, first.settings.launch]
         pids = [p.pid for p in launch.procs]
         run_plan(second, tmp_path / "run", writer, show_progress=False, pool=pool)
-        assert pool.idle[2, LaunchSettings.of(second)] is launch and [p.pid for p in launch.procs] == pids
+        assert pool.idle[2, second.settings.launch] is launch and [p.pid for p in launch.procs] == pids
         assert not launch.ended()
         writer.close()
     assert launch.ended()  # leaving the pool ends its ranks
@@ -69,11 +69,11 @@ def test_a_hang_ends_the_launch_and_the_next_plan_gets_a_fresh_one(tmp_path):
         writer = RecordWriter(tmp_path / "hang")
         run_plan(hanging, tmp_path / "run", writer, show_progress=False, pool=pool)
         writer.close()
-        hung = pool.idle.get((2, LaunchSettings.of(hanging)))
+        hung = pool.idle.get((2, hanging.settings.launch))
         writer = RecordWriter(tmp_path / "clean")
         run_plan(clean, tmp_path / "run", writer, show_progress=False, pool=pool)
         writer.close()
-        assert pool.idle[2, LaunchSettings.of(clean)] is not hung
+        assert pool.idle[2, clean.settings.launch] is not hung
     hang_rows = load(tmp_path / "hang")
     assert set(hang_rows["status"]) == {"error", "skip"}  # the first item hangs, the op's others are skipped
     assert (load(tmp_path / "clean")["status"] == "pass").all()
@@ -93,24 +93,24 @@ class _FakeLaunch:
 
 
 def test_pool_keeps_a_launch_per_settings_and_at_most_max_idle_ranks(tmp_path, monkeypatch):
-    """Runs of a shared pool differ in settings (a test's --timeout): each keeps its launch; past MAX_IDLE_RANKS the
-    least recently given back goes."""
+    """Runs of a shared pool differ in launch settings (a test's --no-shims): each keeps its launch; past
+    MAX_IDLE_RANKS the least recently given back goes."""
     from shardcheck.harness.driver import pool as workers
 
     monkeypatch.setattr(workers, "Launch", _FakeLaunch)
     monkeypatch.setattr(workers, "MAX_IDLE_RANKS", 8)
-    short, long = LaunchSettings("cpu", "gloo", 5.0, True), LaunchSettings("cpu", "gloo", 60.0, True)
+    shimmed, bare = LaunchSettings("cpu", "gloo", shims=True), LaunchSettings("cpu", "gloo", shims=False)
     pool = workers.WorkerPool(tmp_path)
-    a, b = pool.take(4, short), pool.take(4, long)
+    a, b = pool.take(4, shimmed), pool.take(4, bare)
     assert a is not b
     pool.give_back(a)
     pool.give_back(b)
-    assert pool.take(4, short) is a and not b.discarded  # each settings its own idle launch
+    assert pool.take(4, shimmed) is a and not b.discarded  # each settings its own idle launch
     pool.give_back(a)
-    c = pool.take(2, long)
+    c = pool.take(2, bare)
     pool.give_back(c)  # 4 + 4 + 2 ranks idle > 8: b (given back before a) goes
     assert b.discarded and not a.discarded and not c.discarded
-    assert set(pool.idle) == {(4, short), (2, long)}
+    assert set(pool.idle) == {(4, shimmed), (2, bare)}
     pool.close()
     assert a.discarded and c.discarded and not pool.idle
 
@@ -119,7 +119,7 @@ def test_ranks_that_fail_to_start_are_named_with_their_error_from_the_log(tmp_pa
     """Forked ranks write their output to the launch's rank<R>.log and their pid to rank<R>.pid; a launch whose ranks
     fail before the first item turns every item into an error quoting the log's last error line."""
     plan = _plan("model_utils.DistributedLogprob", ["b2s5*"])
-    plan.backend = "no_such_backend"  # init_process_group raises on every rank
+    plan.settings = dataclasses.replace(plan.settings, backend="no_such_backend")  # init_process_group raises
     with WorkerPool(tmp_path / "run") as pool:
         writer = RecordWriter(tmp_path / "run")
         run_plan(plan, tmp_path / "run", writer, show_progress=False, pool=pool)

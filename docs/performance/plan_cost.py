@@ -9,12 +9,16 @@ from __future__ import annotations
 import statistics
 import time
 
+from shardcheck.harness.core.options import RunSettings
 from shardcheck.harness.driver.planner import Selection, build_plan
 
 
 def selection(quick: bool, world_sizes: list[int] | None) -> Selection:
     return Selection(
-        run_id="plan-cost", seed=0, timeout=60, device="cpu", backend="gloo", quick=quick, world_sizes=world_sizes
+        run_id="plan-cost",
+        settings=RunSettings(device="cpu", backend="gloo", timeout=60, seed=0),
+        quick=quick,
+        world_sizes=world_sizes,
     )
 
 

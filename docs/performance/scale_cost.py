@@ -121,7 +121,11 @@ def plan_seconds(world: int, quick: bool, dtypes: list[str]) -> tuple[float, flo
 
     torch.set_num_threads(1)  # as the driver's planning runs beside its ranks; CPU time then is one thread's
     selection = Selection(
-        run_id="cost", seed=0, timeout=60, device="cpu", backend="gloo", world_sizes=[world], quick=quick, dtypes=dtypes
+        run_id="cost",
+        settings=RunSettings(device="cpu", backend="gloo", timeout=60, seed=0),
+        world_sizes=[world],
+        quick=quick,
+        dtypes=dtypes,
     )
     start = time.time()
     build_plan(selection)

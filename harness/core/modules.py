@@ -10,7 +10,19 @@ import zlib
 from pathlib import Path
 from types import ModuleType
 
-from shardcheck.harness.core.topology import UsageError
+from shardcheck.harness.core.options import UsageError
+
+OUR_PACKAGE = "shardcheck.distributed_impl"  # our sharded implementations: one seed module per family
+
+
+def is_ours(spec: str | None, family: str | None = None) -> bool:
+    """Whether a spec (`--impl FAMILY=SPEC`, Plan.impl) is shardcheck's own implementation: None (the family's default,
+    ours), else our seed module of `family`, or, with no family named, any module of ours."""
+    if spec is None:
+        return True
+    if family is not None:
+        return spec == f"{OUR_PACKAGE}.{family}"
+    return str(spec).startswith(OUR_PACKAGE)
 
 
 def is_path(spec: str) -> bool:

@@ -8,13 +8,15 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from shardcheck.harness.core.options import RunSettings
+
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
 class Xfail:
-    """A case's KnownFailure (shardcheck.harness.core.case) resolved for one item: the checks it covers become `xfail` while they
-    fail and `xpass` once they pass (shardcheck.harness.driver.collect)."""
+    """A case's KnownFailure (shardcheck.harness.core.case) resolved for one item: the checks it covers become `xfail`
+    while they fail and `xpass` once they pass (shardcheck.harness.driver.collect)."""
 
     reason: str
     reference: str
@@ -51,27 +53,28 @@ class Item:
 class Plan:
     run_id: str
     quick: bool
-    seed: int
-    timeout: float
-    device: str
-    backend: str
+    settings: RunSettings  # how every item runs (device, --timeout, seed, shims, benchmark), as the run made it
     impl: dict[str, str]
     items: list[Item] = field(default_factory=list)
-    bench: bool = False  # measure time, memory and collectives instead of checking values
-    bench_iters: int = 10  # timed iterations, the same on every rank
-    bench_warmup: int = 2
     failure_artefacts: int = 0  # failing items whose tensors the ranks still save (harness/rank/artefacts.py)
     missing_ops: dict[str, str] = field(default_factory=dict)  # {op: suite} selected but not in the module under test
-    shims: bool = True  # install harness/shims on every rank (only where the real thing cannot run)
-    suite_paths: list[str] = field(
-        default_factory=list
-    )  # absolute files of the external suites (harness/rank/suite_loader.py)
-    # {family: its default module (shardcheck.harness.rank.suite_loader.default_impl)}: what an --impl module's signatures are
-    # compared with; None for a new family whose suites name no IMPLEMENTATION.
+    suite_paths: list[str] = field(default_factory=list)  # absolute files of the external suites (rank/suite_loader.py)
+    # {family: its default module (shardcheck.harness.rank.suite_loader.default_impl)}: what an --impl module's
+    # signatures are compared with; None for a new family whose suites name no IMPLEMENTATION.
     default_impl: dict[str, str | None] = field(default_factory=dict)
     profile: str = ""  # a folder: each rank writes its cProfile there (`shardcheck run --profile`); "" = off
     corpus: str = ""  # the fuzz corpus its fuzz items come from (absolute), for their rerun lines
     uses: dict[str, list[str]] = field(default_factory=dict)  # {op: other families its cases call (Case.uses)}
+
+    # The settings read as the plan's own (read-only: a plan's settings are replaced whole, never edited).
+    device = property(lambda self: self.settings.device)
+    backend = property(lambda self: self.settings.backend)
+    timeout = property(lambda self: self.settings.timeout)
+    seed = property(lambda self: self.settings.seed)
+    shims = property(lambda self: self.settings.shims)
+    bench = property(lambda self: self.settings.bench)
+    bench_iters = property(lambda self: self.settings.bench_iters)
+    bench_warmup = property(lambda self: self.settings.bench_warmup)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -79,6 +82,7 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> Plan:
         raw = json.loads(text)
+        raw["settings"] = RunSettings(**raw["settings"])
         raw["items"] = [
             Item(**{**i, "topology": tuple(i["topology"]), "xfail": Xfail(**i["xfail"]) if i.get("xfail") else None})
             for i in raw["items"]

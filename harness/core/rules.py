@@ -10,15 +10,13 @@ answer is wrong), and says that the input is outside the seed's stated shapes.""
 from __future__ import annotations
 
 from shardcheck.harness.core.case import PRECISION_RULE, Rule, RuleSource
+from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.records import Status, Symptom
+
+__all__ = ["RULE_FIELDS", "SILENT_WRONG", "is_ours", "under_rule"]  # is_ours: the one answer, core/modules.py
 
 RULE_FIELDS = ("rule_source", "rule_cite")
 SILENT_WRONG = (Symptom.VALUES, Symptom.NONFINITE)  # the op returned, and the answer is wrong
-
-
-def is_ours(spec: str | None) -> bool:
-    """Whether an --impl spec is one of shardcheck's own implementations (None: the family's default, ours)."""
-    return spec is None or str(spec).startswith("shardcheck.distributed_impl")
 
 
 def under_rule(rule: Rule | None, status: str, fields: dict, third_party: bool) -> tuple[str, dict]:

@@ -6,14 +6,12 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from shardcheck.harness.core.options import UsageError
+
 if TYPE_CHECKING:  # torch is imported where a mesh is built: the CLI parses topologies before it imports torch
     from torch.distributed.device_mesh import DeviceMesh
 
 MESH_DIMS = ("dp", "cp", "tp")
-
-
-class UsageError(Exception):
-    """Bad usage or configuration: the CLI prints one line and exits 2."""
 
 
 @dataclass(frozen=True, order=True)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from shardcheck.harness.core.compare import merge_ranks
 from shardcheck.harness.core.events import PIECES, Checked, Done, Event, PhaseEntered, Started, Stuck
+from shardcheck.harness.core.modules import is_ours, is_path
 from shardcheck.harness.core.options import DEFAULT_TIMEOUT
 from shardcheck.harness.core.plan_data import Item, Plan, Xfail
 from shardcheck.harness.core.records import NO_CAUSE, PHASES, Phase, RecordWriter, ResultRow, Status, Symptom
@@ -475,8 +476,8 @@ def rerun_command(plan: Plan, item: Item) -> str:
     # The other families a model case calls (Case.uses) too, each by its own --impl.
     for fam in [family, *plan.uses.get(item.op, [])]:
         spec = plan.impl.get(fam)
-        if spec and spec != f"shardcheck.distributed_impl.{fam}":
-            if spec.endswith(".py") or "/" in spec:
+        if spec and not is_ours(spec, fam):
+            if is_path(spec):
                 spec = str(Path(spec).resolve())  # the command works from any directory
             args += ["--impl", f"{fam}={spec}"]
     if item.fuzz is not None and plan.corpus:  # a fuzz case: the corpus rebuilds it from the params saved there

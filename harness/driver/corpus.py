@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from shardcheck.harness.core.topology import UsageError
+from shardcheck.harness.core.options import UsageError
 from shardcheck.harness.rank.fuzz_cases import canonical, fuzz_case_id
 from shardcheck.harness.rank.suite_loader import config_fuzz_corpus
 

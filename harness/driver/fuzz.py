@@ -3,11 +3,11 @@ first failure to the smallest case that still fails the same way.
 
 Per op, one hypothesis search: `@given(space.params(topologies))`, seeded by `--seed` (the same seed draws the same
 examples), `--examples` of them (or until `--time` runs out).  An example is one item, run exactly as `shardcheck
-run` runs an item (shardcheck.harness.driver.launch.run_plan: the same --timeout, hang budget and watchdog), its rows read back.  The
-first failing example fixes the failure's signature (its first failing check, the status and the symptom or error
-type: `grad:logits fail values`); from then on only examples failing with that signature count as failing, so
-hypothesis shrinks toward a smaller case of the same failure rather than wander off to another.  The example
-hypothesis ends on is the smallest it found.
+run` runs an item (shardcheck.harness.driver.launch.run_plan: the same --timeout, hang budget and watchdog), its rows
+read back.  The first failing example fixes the failure's signature (its first failing check, the status and the
+symptom or error type: `grad:logits fail values`); from then on only examples failing with that signature count as
+failing, so hypothesis shrinks toward a smaller case of the same failure rather than wander off to another.  The
+example hypothesis ends on is the smallest it found.
 
 Hypothesis's example database lives in the run directory (<out>/hypothesis/), new for every run: a later run
 never replays an earlier run's examples, so the same --seed gives the same search.  The memory of failures across
@@ -59,6 +59,25 @@ class OpSearch:
     def verdict(self) -> str:
         return "fail" if self.failure else ("stopped" if self.stopped and not self.examples else "pass")
 
+    def summary(self) -> str:
+        """The op's verdict as `shardcheck fuzz` prints it: examples run, and the shrunk failure with its params."""
+        head = f"{self.op}: {self.examples} example(s) of suite {self.suite} in {self.seconds:.0f} s"
+        if self.failure is None:
+            why = f" ({self.stopped})" if self.stopped else ""
+            return f"PASS {head}, no failure{why}" + (f"; {self.note}" if self.note else "")
+        first, shrunk = self.first, self.failure
+        lines = [
+            f"FAIL {head}: {' '.join(shrunk.signature)}, first at example {self.examples_to_failure}, shrunk from",
+            f"    {params_text(first.params)}",
+            "  to",
+            f"    {params_text(shrunk.params)}",
+        ]
+        if self.stopped:
+            lines.append(f"  ({self.stopped})")
+        if self.note:
+            lines.append(f"  ({self.note})")
+        return "\n".join(lines)
+
     def to_json(self) -> dict:
         return {
             "suite": self.suite,
@@ -72,6 +91,13 @@ class OpSearch:
             "first": self.first and {"params": self.first.params, "signature": list(self.first.signature)},
             "failure": self.failure and {"params": self.failure.params, "signature": list(self.failure.signature)},
         }
+
+
+def params_text(params: dict) -> str:
+    """A fuzz case's params in one line: `dp1-cp1-tp2 float32: b=2, s=5`."""
+    dp, cp, tp = params["topology"]
+    rest = ", ".join(f"{k}={v}" for k, v in params.items() if k not in ("topology", "dtype"))
+    return f"dp{dp}-cp{cp}-tp{tp} {params['dtype']}: {rest}"
 
 
 def signature(rows: list[dict]) -> tuple[str, str, str] | None:

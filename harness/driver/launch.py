@@ -19,17 +19,18 @@ import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from itertools import groupby
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from shardcheck.harness.core.plan_data import Item, Plan
 from shardcheck.harness.core.records import RecordWriter
 from shardcheck.harness.driver import postmortem
 from shardcheck.harness.driver.collect import Collector
 from shardcheck.harness.driver.last_words import EXCEPTION_LINE
-from shardcheck.harness.driver.pool import Launch, LaunchSettings, WorkerPool
+from shardcheck.harness.driver.pool import Launch, WorkerPool
 from shardcheck.harness.rank.artefacts import ArtefactBudget
 
 # A launch that reports nothing for --timeout + WATCHDOG_GRACE seconds is ended: its ranks never came up, or are
@@ -68,6 +69,7 @@ def run_plan(
     plan: Plan,
     run_dir: Path,
     writer: RecordWriter,
+    *,
     show_progress: bool,
     hang_budget: bool = True,
     artefacts: ArtefactBudget | None = None,
@@ -77,7 +79,15 @@ def run_plan(
     With a `pool`, launches come from it and go back to it when every item finished; without one, they end here."""
     if pool is None:
         with WorkerPool(run_dir) as own:
-            return run_plan(plan, run_dir, writer, show_progress, hang_budget, artefacts, own)
+            return run_plan(
+                plan,
+                run_dir,
+                writer,
+                show_progress=show_progress,
+                hang_budget=hang_budget,
+                artefacts=artefacts,
+                pool=own,
+            )
     artefacts = artefacts if artefacts is not None else ArtefactBudget()
     progress = Progress(
         TextColumn("{task.description}"),
@@ -90,37 +100,84 @@ def run_plan(
     stop = threading.Event()  # set when the run ends early (an interrupt, or a launch thread failing)
     with progress:
         task = progress.add_task("checks", total=len(plan.items))
-        # Items the planner found the case cannot lay out at their topology: recorded `skip` with its reason, and
-        # no launch started for them.
-        skipped = [i for i in plan.items if i.skip]
-        if skipped:
-            collector = Collector(plan, skipped, run_dir, writer, 0, artefacts)
-            for item in skipped:
-                collector.skip(item, item.skip)
-            progress.update(task, advance=len(skipped))
+        progress.update(task, advance=_skip_planned(plan, run_dir, writer, artefacts))
         worlds = [
-            (w, list(items))
-            for w, items in groupby(
-                sorted((i for i in plan.items if not i.skip), key=lambda i: (i.world_size, i.id)),
-                key=lambda i: i.world_size,
-            )
+            (_World(plan, w, writer, _Progress(progress, task), hang_budget, artefacts, stop, pool), items)
+            for w, items in _by_world(plan)
         ]
         # On CPU the launches of different world sizes run side by side: a launch leaves cores idle while its
         # ranks wait on each other (collectives, the item barrier), and the others fill them.  Not when
         # benchmarking (a neighbour would skew the times), nor on GPUs (launches would share devices).
-        args = (run_dir, writer, progress, task, hang_budget, artefacts, stop, pool)
         if plan.device != "cpu" or plan.bench or len(worlds) <= 1:
-            for world_size, items in worlds:
-                _run_world(plan, items, world_size, *args)
+            for world, items in worlds:
+                _run_world(world, items)
             return
         with ThreadPoolExecutor(max_workers=len(worlds), thread_name_prefix="shardcheck-launch") as threads:
-            futures = [threads.submit(_run_world, plan, items, world_size, *args) for world_size, items in worlds]
+            futures = [threads.submit(_run_world, world, items) for world, items in worlds]
             try:
                 for future in futures:
                     future.result()
             except BaseException:
                 stop.set()  # the other launch threads kill their workers and return
                 raise
+
+
+def _skip_planned(plan: Plan, run_dir: Path, writer: RecordWriter, artefacts: ArtefactBudget) -> int:
+    """Items the planner found the case cannot lay out at their topology: recorded `skip` with its reason, and no
+    launch started for them.  Returns how many."""
+    skipped = [i for i in plan.items if i.skip]
+    if skipped:
+        collector = Collector(plan, skipped, run_dir, writer, 0, artefacts)
+        for item in skipped:
+            collector.skip(item, item.skip)
+    return len(skipped)
+
+
+def _by_world(plan: Plan) -> list[tuple[int, list[Item]]]:
+    """The items to run, by the world size of their launch (ascending), each in plan order."""
+    to_run = sorted((i for i in plan.items if not i.skip), key=lambda i: (i.world_size, i.id))
+    return [(w, list(items)) for w, items in groupby(to_run, key=lambda i: i.world_size)]
+
+
+@dataclass(frozen=True)
+class _Progress:
+    """The run's progress bar: one step per item given a row."""
+
+    bar: Progress
+    task: TaskID
+
+    def done(self, items: list[Item], describe: bool = False) -> None:
+        for item in items:
+            if describe:  # the item just checked, by name
+                dp, cp, tp = item.topology
+                what = f"{item.op.split('.', 1)[1]} {item.dtype} dp{dp}cp{cp}tp{tp}"
+                self.bar.update(self.task, advance=1, description=what)
+            else:
+                self.bar.update(self.task, advance=1)
+
+
+@dataclass
+class _World:
+    """What one world size's launches run with: the plan, where rows and progress go, the run's shared budget of
+    failure artefacts, its stop signal and pool, and the launch started ahead for the next attempt (`standby`)."""
+
+    plan: Plan
+    world_size: int
+    writer: RecordWriter
+    progress: _Progress
+    hang_budget: bool
+    artefacts: ArtefactBudget
+    stop: threading.Event
+    pool: WorkerPool
+    standby: list[Launch] = field(default_factory=list)  # at most one
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """Why a launch's watch ended before every item had a row: an item `hung`, or the watchdog's reason."""
+
+    hung: bool = False
+    watchdog_reason: str = ""
 
 
 def _running_for(collector: Collector) -> float:
@@ -142,33 +199,22 @@ def _hung(collector: Collector, timeout: float) -> bool:
     return item is not None and bool(collector.state[item.id].stuck or _running_for(collector) > timeout + ITEM_GRACE)
 
 
-def _run_world(
-    plan: Plan,
-    items: list[Item],
-    world_size: int,
-    run_dir: Path,
-    writer: RecordWriter,
-    progress: Progress,
-    task,
-    hang_budget: bool,
-    artefacts: ArtefactBudget,
-    stop: threading.Event,
-    pool: WorkerPool,
-) -> None:
-    standby: list[Launch] = []  # at most one launch started ahead for the next attempt
+def _run_world(world: _World, items: list[Item]) -> None:
     # --profile: cProfile follows one thread; a launch thread beside the main one keeps its own profile, which the
     # breakdown merges with the driver's (reports/profile.py)
-    profiler = _thread_profiler(plan)
+    profiler = _thread_profiler(world.plan)
     try:
-        _run_launches(plan, items, world_size, writer, progress, task, hang_budget, artefacts, standby, stop, pool)
+        remaining = items
+        while remaining:  # launch after launch until every item of this world size has a row
+            remaining = _one_launch(world, remaining)
     except _Stopped:
         pass  # another launch thread ended the run; its exception is the one raised
     finally:
-        for launch in standby:  # started ahead but never needed
+        for launch in world.standby:  # started ahead but never needed
             launch.discard()
         if profiler is not None:
             profiler.disable()
-            profiler.dump_stats(Path(plan.profile) / f"driver-launch-w{world_size}.prof")
+            profiler.dump_stats(Path(world.plan.profile) / f"driver-launch-w{world.world_size}.prof")
 
 
 def _thread_profiler(plan: Plan) -> cProfile.Profile | None:
@@ -185,120 +231,113 @@ class _Stopped(Exception):
     """The run is ending early: a launch thread stops its workers."""
 
 
-def _run_launches(
-    plan: Plan,
-    items: list[Item],
-    world_size: int,
-    writer: RecordWriter,
-    progress: Progress,
-    task,
-    hang_budget: bool,
-    artefacts: ArtefactBudget,
-    standby: list[Launch],
-    stop: threading.Event,
-    pool: WorkerPool,
-) -> None:
-    """Launch after launch until every item of this world size has a row; `standby` holds the launch
-    started ahead for the next attempt, if any."""
-    settings = LaunchSettings.of(plan)
-    remaining = items
-    while remaining:
-        launch = standby.pop() if standby else None
-        if launch is not None and launch.ended():  # the standby failed by itself: start afresh
-            launch.discard()
-            launch = None
-        launch = launch or pool.take(world_size, settings)
-        events_dir, started = launch.give_plan(
-            Plan(**{**plan.__dict__, "items": remaining, "failure_artefacts": artefacts.left})
-        )
-        events_dir.mkdir(parents=True, exist_ok=True)
-        collector = Collector(plan, remaining, events_dir, writer, world_size, artefacts)
-        watchdog_reason = ""
-        hung = False
-        try:
-            while not launch.ended():
-                if stop.is_set():
-                    raise _Stopped
-                for item in collector.poll():
-                    progress.update(
-                        task,
-                        advance=1,
-                        description=f"{item.op.split('.', 1)[1]} {item.dtype} "
-                        f"dp{item.topology[0]}cp{item.topology[1]}tp{item.topology[2]}",
-                    )
-                if collector.all_finished():  # every rank reported every item
-                    break
-                hung = _hung(collector, plan.timeout)
-                if hung:
-                    break
-                quiet = time.time() - max(collector.last_event, started)
-                if quiet > plan.timeout + _watchdog_grace(plan, collector):
-                    watchdog_reason = f"no progress for {quiet:.0f}s: workers killed by the watchdog"
-                    break
-                # (not while benchmarking: a launch's imports beside a timed op would skew its time)
-                if not standby and not plan.bench and _running_for(collector) > _standby_after(plan):
-                    standby.append(pool.standby(world_size, settings))
-                time.sleep(POLL_SECONDS)
-        except BaseException:
-            launch.kill()
-            raise
-        deaths = {} if watchdog_reason else launch.deaths()  # before our own kill adds to them
-        # The loop may end on a death before it read the events that came with it: the item in flight (whose
-        # stacks and dead ranks' words are taken now) must be known from them.
-        for item in collector.poll():
-            progress.update(task, advance=1)
-        in_flight = collector.in_flight()
-        evidence = None
-        if in_flight is not None and not collector.all_finished():  # every live rank's stack, before the kill
-            evidence = postmortem.take(launch, in_flight, launch.plans_given - 1, deaths, writer.path.parent)
-        elif watchdog_reason and not collector.finished:  # stuck before the first item: where each rank was
-            watchdog_reason += postmortem.startup_stacks(launch)
-        if collector.all_finished() and not deaths:
-            if plan.profile:  # the ranks write their profiles as they exit
-                launch.stop(wait=60)
-            else:
-                pool.give_back(launch)
-            for item in collector.poll():
-                progress.update(task, advance=1)
-            return
+def _one_launch(world: _World, remaining: list[Item]) -> list[Item]:
+    """`remaining` on one launch (the standby, an idle one of the pool, or a new one) until each has a row or the
+    launch ends early; the items still to run."""
+    launch = world.standby.pop() if world.standby else None
+    if launch is not None and launch.ended():  # the standby failed by itself: start afresh
+        launch.discard()
+        launch = None
+    launch = launch or world.pool.take(world.world_size, world.plan.settings.launch)
+    events_dir, started = launch.give_plan(replace(world.plan, items=remaining, failure_artefacts=world.artefacts.left))
+    events_dir.mkdir(parents=True, exist_ok=True)
+    collector = Collector(world.plan, remaining, events_dir, world.writer, world.world_size, world.artefacts)
+    try:
+        ending = _watch(world, launch, collector, started)
+    except BaseException:
         launch.kill()
-        for item in collector.poll():
-            progress.update(task, advance=1)
-        unfinished = collector.unfinished()
-        if not unfinished:
-            return
-        log_text = launch.log_text()
-        failed = collector.in_flight() or unfinished[0]
-        if not collector.state[failed.id].started and not collector.finished:
-            # The launch died before running anything: every remaining item is an error.
-            codes = ", ".join(f"rank {r}: {w}" for r, w in sorted(deaths.items()))
-            why = (
-                watchdog_reason
-                or _error_lines(log_text)
-                or (f"workers exited ({codes})" if codes else "workers exited")
-            )
-            for item in unfinished:
-                collector.abort(item, f"worker launch failed: {why} (logs: {launch.dir}/rank*.log)")
-                progress.update(task, advance=1)
-            return
-        if hung and not watchdog_reason and not collector.state[failed.id].stuck:
-            watchdog_reason = (
-                f"no rank finished the case within --timeout {plan.timeout:g}s: "
-                "the driver took the ranks' stacks and ended them"
-            )
-        cause = collector.abort(
-            failed, watchdog_reason, deaths=deaths, evidence=evidence if failed is in_flight else None
+        raise
+    return _after_launch(world, launch, collector, ending)
+
+
+def _watch(world: _World, launch: Launch, collector: Collector, started: float) -> _Ending:
+    """Read the launch's events until every rank reported every item, the launch ended, an item hung, or the
+    watchdog fired; a standby launch is started once an item has run a while."""
+    plan = world.plan
+    while not launch.ended():
+        if world.stop.is_set():
+            raise _Stopped
+        world.progress.done(collector.poll(), describe=True)
+        if collector.all_finished():  # every rank reported every item
+            break
+        if _hung(collector, plan.timeout):
+            return _Ending(hung=True)
+        quiet = time.time() - max(collector.last_event, started)
+        if quiet > plan.timeout + _watchdog_grace(plan, collector):
+            return _Ending(watchdog_reason=f"no progress for {quiet:.0f}s: workers killed by the watchdog")
+        # (not while benchmarking: a launch's imports beside a timed op would skew its time)
+        if not world.standby and not plan.bench and _running_for(collector) > _standby_after(plan):
+            world.standby.append(world.pool.standby(world.world_size, plan.settings.launch))
+        time.sleep(POLL_SECONDS)
+    return _Ending()
+
+
+def _after_launch(world: _World, launch: Launch, collector: Collector, ending: _Ending) -> list[Item]:
+    """The launch's end: given back when every item finished; else ended, with the item in flight (hung, or on a
+    dead rank) turned into error rows and the rest left to run (less the hang budget's skips)."""
+    watchdog_reason = ending.watchdog_reason
+    deaths = {} if watchdog_reason else launch.deaths()  # before our own kill adds to them
+    # The watch may end on a death before it read the events that came with it: the item in flight (whose stacks and
+    # dead ranks' words are taken now) must be known from them.
+    world.progress.done(collector.poll())
+    in_flight = collector.in_flight()
+    evidence = None
+    if in_flight is not None and not collector.all_finished():  # every live rank's stack, before the kill
+        evidence = postmortem.take(launch, in_flight, launch.plans_given - 1, deaths, world.writer.path.parent)
+    elif watchdog_reason and not collector.finished:  # stuck before the first item: where each rank was
+        watchdog_reason += postmortem.startup_stacks(launch)
+    if collector.all_finished() and not deaths:
+        if world.plan.profile:  # the ranks write their profiles as they exit
+            launch.stop(wait=60)
+        else:
+            world.pool.give_back(launch)
+        world.progress.done(collector.poll())
+        return []
+    launch.kill()
+    world.progress.done(collector.poll())
+    unfinished = collector.unfinished()
+    if not unfinished:
+        return []
+    failed = collector.in_flight() or unfinished[0]
+    if not collector.state[failed.id].started and not collector.finished:
+        _launch_failed(world, launch, collector, unfinished, watchdog_reason, deaths)
+        return []
+    if ending.hung and not watchdog_reason and not collector.state[failed.id].stuck:
+        watchdog_reason = (
+            f"no rank finished the case within --timeout {world.plan.timeout:g}s: "
+            "the driver took the ranks' stacks and ended them"
         )
-        progress.update(task, advance=1)
-        remaining = [i for i in unfinished if i.id != failed.id]
-        if hang_budget:
-            dp, cp, tp = failed.topology
-            reason = (
-                f"skipped: {failed.op} {cause} in case {failed.case_id} {failed.dtype} at dp{dp}-cp{cp}-tp{tp}; "
-                f"its other items at this topology are not run (--no-hang-budget runs them)"
-            )
-            for item in remaining:
-                if (item.op, item.topology) == (failed.op, failed.topology):
-                    collector.skip(item, reason)
-                    progress.update(task, advance=1)
-            remaining = [i for i in remaining if i.id not in collector.finished]
+    cause = collector.abort(failed, watchdog_reason, deaths=deaths, evidence=evidence if failed is in_flight else None)
+    world.progress.done([failed])
+    remaining = [i for i in unfinished if i.id != failed.id]
+    return _hang_budget(world, collector, failed, cause, remaining) if world.hang_budget else remaining
+
+
+def _launch_failed(
+    world: _World, launch: Launch, collector: Collector, unfinished: list[Item], watchdog_reason: str, deaths: dict
+) -> None:
+    """The launch died before running anything: every remaining item is an error, saying why."""
+    codes = ", ".join(f"rank {r}: {w}" for r, w in sorted(deaths.items()))
+    why = (
+        watchdog_reason
+        or _error_lines(launch.log_text())
+        or (f"workers exited ({codes})" if codes else "workers exited")
+    )
+    for item in unfinished:
+        collector.abort(item, f"worker launch failed: {why} (logs: {launch.dir}/rank*.log)")
+        world.progress.done([item])
+
+
+def _hang_budget(world: _World, collector: Collector, failed: Item, cause: str, remaining: list[Item]) -> list[Item]:
+    """The hang budget: the failed op's other items at its topology are skipped, not run (one timeout per topology,
+    not one per item); the items still to run."""
+    dp, cp, tp = failed.topology
+    reason = (
+        f"skipped: {failed.op} {cause} in case {failed.case_id} {failed.dtype} at dp{dp}-cp{cp}-tp{tp}; "
+        f"its other items at this topology are not run (--no-hang-budget runs them)"
+    )
+    for item in remaining:
+        if (item.op, item.topology) == (failed.op, failed.topology):
+            collector.skip(item, reason)
+            world.progress.done([item])
+    return [i for i in remaining if i.id not in collector.finished]

@@ -13,9 +13,9 @@ import torch
 from shardcheck.harness.core.case import BAD_INPUT_CHECK, Case, FuzzSpace
 from shardcheck.harness.core.model_case import PLANNED_CHECKS, StepCase
 from shardcheck.harness.core.modules import resolve_impl
-from shardcheck.harness.core.options import DEFAULT_WORLD_SIZES
+from shardcheck.harness.core.options import DEFAULT_WORLD_SIZES, RunSettings, UsageError
 from shardcheck.harness.core.plan_data import DTYPES, Item, Plan, Xfail
-from shardcheck.harness.core.topology import Topology, UsageError, default_topologies
+from shardcheck.harness.core.topology import Topology, default_topologies
 from shardcheck.harness.driver.corpus import CorpusEntry
 from shardcheck.harness.rank.fuzz_cases import fuzz_case
 from shardcheck.harness.rank.suite_loader import (
@@ -84,7 +84,7 @@ def check_known_failure(case: Case) -> None:
         return
     if isinstance(case, StepCase):  # its checks are named by one step of the model: run here for a marked case alone
         try:
-            case.output_names
+            case.output_names  # noqa: B018 (named by running one step: raises where the ranks would)
         except Exception:  # the ranks report it (a reference error row): nothing to decide here
             return
     checks = (
@@ -163,17 +163,14 @@ def select_suites(
 
 @dataclass
 class Selection:
-    """What a run selects (suites, ops, cases, topologies, dtypes, modules under test) and how it runs them: the
-    one argument of build_plan.  `suite_paths`: external suites (files or folders); without `suites_wanted` a run
-    with external suites runs those (name built-in ones with --suite to add them), unless `ops` are named, which
-    are looked up in every suite.  `corpus`: saved fuzz failures (harness/driver/corpus.py, found in `corpus_dir`);
-    those of the selected suites, ops and cases whose topology and dtype the run has come first."""
+    """What a run selects (suites, ops, cases, topologies, dtypes, modules under test) and how it runs them
+    (`settings`): the one argument of build_plan.  `suite_paths`: external suites (files or folders); without
+    `suites_wanted` a run with external suites runs those (name built-in ones with --suite to add them), unless `ops`
+    are named, which are looked up in every suite.  `corpus`: saved fuzz failures (harness/driver/corpus.py, found in
+    `corpus_dir`); those of the selected suites, ops and cases whose topology and dtype the run has come first."""
 
     run_id: str
-    seed: int
-    timeout: float
-    device: str
-    backend: str
+    settings: RunSettings
     suites_wanted: list[str] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
     case_patterns: list[str] = field(default_factory=list)
@@ -182,134 +179,145 @@ class Selection:
     dtypes: list[str] = field(default_factory=lambda: list(DEFAULT_DTYPES))
     impl: dict[str, str] = field(default_factory=dict)
     quick: bool = False
-    bench: bool = False
-    bench_iters: int = 10
-    bench_warmup: int = 2
     suite_paths: Sequence[str] = ()
     corpus: Sequence[CorpusEntry] = ()
     corpus_dir: str = ""
 
 
+Replay = tuple[str, Case, CorpusEntry]  # a saved fuzz failure: (suite, its case, its corpus entry)
+
+
 def build_plan(selection: Selection) -> Plan:
     """The plan of a selection: its items, each in the world size that runs it."""
     sel = selection
-    run_id, suites_wanted, ops, case_patterns = sel.run_id, sel.suites_wanted, sel.ops, sel.case_patterns
-    world_sizes, topologies, dtypes, impl = sel.world_sizes, list(sel.topologies), sel.dtypes, sel.impl
-    quick, seed, timeout, device, backend, bench = sel.quick, sel.seed, sel.timeout, sel.device, sel.backend, sel.bench
-    bench_iters, bench_warmup, suite_paths = sel.bench_iters, sel.bench_warmup, list(sel.suite_paths)
-    corpus, corpus_dir = sel.corpus, sel.corpus_dir
-    for d in dtypes:
-        if d not in DTYPES:
-            raise UsageError(f"unknown dtype {d!r}; known: {', '.join(DTYPES)}")
-    if world_sizes is not None and any(w <= 0 for w in world_sizes):
-        raise UsageError(f"world sizes must be positive, got {world_sizes}")
-    names, suite_paths = select_suites(suites_wanted, ops, impl, suite_paths)
-    cases = [(n, c) for n in names for c in suite_cases(n, quick, bench, suite_paths)]
-    replays = [] if bench else corpus_cases(corpus, names, suite_paths)  # (suite, case, entry)
-    known_ops = sorted({c.op for _, c in cases})
-    for op in ops:
-        if op not in known_ops:
-            raise UsageError(f"unknown op {op!r}; known: {', '.join(known_ops)}")
-    if ops:
-        cases = [(n, c) for n, c in cases if c.op in ops]
-    if ops:
-        replays = [r for r in replays if r[1].op in ops]
-    if case_patterns:
-        cases = [(n, c) for n, c in cases if any(fnmatch.fnmatchcase(c.case_id, p) for p in case_patterns)]
-        replays = [r for r in replays if any(fnmatch.fnmatchcase(r[1].case_id, p) for p in case_patterns)]
-    replays = [r for r in replays if r[2].params["dtype"] in dtypes]
-    if not cases and not replays:
-        raise UsageError("nothing to run: no case matches the selected suites, ops and cases")
-
-    requested_worlds = set(world_sizes or [])
-    if topologies:
-        world_sizes = sorted(set(world_sizes or []) | {t.size for t in topologies})
-    else:
-        world_sizes = sorted(world_sizes or DEFAULT_WORLD_SIZES)
-        topologies = default_topologies(world_sizes)
-
-    def world_for(t: Topology) -> int:
-        fits = [w for w in world_sizes if w % t.size == 0]
-        if not fits:
-            raise UsageError(f"topology {t} (size {t.size}) divides none of the world sizes {world_sizes}")
-        # A launch of the topology's own size when one is asked for (or, without --world-sizes, always): no spare
-        # rank waits at every item's barrier, and launches of different sizes run side by side (harness/driver/launch.py).
-        # Else the largest that it divides (a hand-started worker's world runs every topology dividing it).
-        return t.size if t.size in (requested_worlds or set(world_sizes)) else max(fits)
-
-    # Launch sizes a world_group case may use: the world sizes asked for (a hand-started worker passes its
-    # own), else those of the topologies.
-    group_worlds = requested_worlds or set(world_sizes)
-
+    _check_selection(sel)
+    names, suite_paths = select_suites(sel.suites_wanted, sel.ops, sel.impl, list(sel.suite_paths))
+    cases, replays = _selected_cases(sel, names, suite_paths)
+    worlds = Worlds.of(sel.world_sizes, list(sel.topologies))
     impl, defaults, missing = resolve_modules(
         [(n, c.op) for n, c in cases] + [(n, c.op) for n, c, _ in replays],
-        impl,
+        sel.impl,
         suite_paths,
         uses={f for _, c in cases for f in c.uses},
     )
     cases = [(n, c) for n, c in cases if c.op not in missing]
     replays = [r for r in replays if r[1].op not in missing]
-
     plan = Plan(
-        run_id=run_id,
-        quick=quick,
-        seed=seed,
-        timeout=timeout,
-        device=device,
-        backend=backend,
+        run_id=sel.run_id,
+        quick=sel.quick,
+        settings=sel.settings,
         impl=impl,
-        bench=bench,
-        bench_iters=bench_iters,
-        bench_warmup=bench_warmup,
         missing_ops=missing,
         suite_paths=suite_paths,
         default_impl=defaults,
-        corpus=corpus_dir,
+        corpus=sel.corpus_dir,
         uses={c.op: sorted(c.uses) for _, c in cases if c.uses},
     )
-    for suite_name, case, entry in replays:  # the saved failures first: a regression shows at once
-        topo = Topology(*entry.params["topology"])
-        if topo in topologies:
-            plan.items.append(
-                fuzz_item(
-                    len(plan.items),
-                    suite_name,
-                    case,
-                    entry.params,
-                    entry.seed,
-                    topo.size if case.world_group else world_for(topo),
-                )
-            )
+    _add_replays(plan, replays, worlds)  # the saved failures first: a regression shows at once
     for suite_name, case in cases:
-        if not bench:
-            check_known_failure(case)
-        made: list[dict | None] = []  # this case's inputs, drawn once (only where a topology needs its shapes)
-        fits: dict[Topology, str] = {}  # its misfit by topology: the same for every dtype
-        for dtype in dtypes:
-            if dtype not in case.dtypes:
-                continue
-            for topo in topologies:
-                if not case.runs_on(topo):
-                    continue
-                if case.world_group and topo.size not in group_worlds:
-                    continue  # its default-group collectives need a launch of exactly this size
-                item = _item(
-                    len(plan.items),
-                    suite_name,
-                    case,
-                    dtype,
-                    topo,
-                    topo.size if case.world_group else world_for(topo),
-                    seed,
-                    bench,
-                )
-                if topo not in fits:
-                    fits[topo] = _misfit(case, topo, item.seed, made)
-                item.skip = fits[topo]
-                plan.items.append(item)
+        _add_case(plan, suite_name, case, sel.dtypes, worlds)
     if not plan.items:
         raise UsageError("nothing to run: no case supports the selected topologies and dtypes")
     return plan
+
+
+def _check_selection(sel: Selection) -> None:
+    for d in sel.dtypes:
+        if d not in DTYPES:
+            raise UsageError(f"unknown dtype {d!r}; known: {', '.join(DTYPES)}")
+    if sel.world_sizes is not None and any(w <= 0 for w in sel.world_sizes):
+        raise UsageError(f"world sizes must be positive, got {sel.world_sizes}")
+
+
+def _selected_cases(
+    sel: Selection, names: list[str], suite_paths: list[str]
+) -> tuple[list[tuple[str, Case]], list[Replay]]:
+    """(suite, case) of the selected suites' cases, and the corpus's saved failures among them, filtered by `--op`,
+    `--case` and (the replays) `--dtype`; UsageError when nothing is left."""
+    bench = sel.settings.bench
+    cases = [(n, c) for n in names for c in suite_cases(n, sel.quick, bench, suite_paths)]
+    replays = [] if bench else corpus_cases(sel.corpus, names, suite_paths)
+    known_ops = sorted({c.op for _, c in cases})
+    for op in sel.ops:
+        if op not in known_ops:
+            raise UsageError(f"unknown op {op!r}; known: {', '.join(known_ops)}")
+    if sel.ops:
+        cases = [(n, c) for n, c in cases if c.op in sel.ops]
+        replays = [r for r in replays if r[1].op in sel.ops]
+    if sel.case_patterns:
+        cases = [(n, c) for n, c in cases if any(fnmatch.fnmatchcase(c.case_id, p) for p in sel.case_patterns)]
+        replays = [r for r in replays if any(fnmatch.fnmatchcase(r[1].case_id, p) for p in sel.case_patterns)]
+    replays = [r for r in replays if r[2].params["dtype"] in sel.dtypes]
+    if not cases and not replays:
+        raise UsageError("nothing to run: no case matches the selected suites, ops and cases")
+    return cases, replays
+
+
+@dataclass(frozen=True)
+class Worlds:
+    """The topologies of a plan and the world sizes that launch them."""
+
+    sizes: list[int]  # every launch size
+    topologies: list[Topology]
+    requested: frozenset[int]  # the world sizes asked for (a hand-started worker passes its own)
+
+    @classmethod
+    def of(cls, world_sizes: list[int] | None, topologies: list[Topology]) -> Worlds:
+        """Given topologies run in the world sizes given and their own sizes; else every topology of the world sizes
+        (default DEFAULT_WORLD_SIZES)."""
+        requested = frozenset(world_sizes or [])
+        if topologies:
+            return cls(sorted(requested | {t.size for t in topologies}), topologies, requested)
+        sizes = sorted(world_sizes or DEFAULT_WORLD_SIZES)
+        return cls(sizes, default_topologies(sizes), requested)
+
+    def group_worlds(self) -> set[int]:
+        """Launch sizes a world_group case may use: the world sizes asked for, else those of the topologies."""
+        return set(self.requested or self.sizes)
+
+    def world_for(self, t: Topology, case: Case) -> int:
+        """The launch size that runs `case` at `t`: a world_group case's own size (its default-group collectives
+        need it).  Else the topology's own size when one is asked for (or, without --world-sizes, always): no spare
+        rank waits at every item's barrier, and launches of different sizes run side by side
+        (harness/driver/launch.py).  Else the largest that it divides (a hand-started worker's world runs every
+        topology dividing it)."""
+        if case.world_group:
+            return t.size
+        fits = [w for w in self.sizes if w % t.size == 0]
+        if not fits:
+            raise UsageError(f"topology {t} (size {t.size}) divides none of the world sizes {self.sizes}")
+        return t.size if t.size in self.group_worlds() else max(fits)
+
+
+def _add_replays(plan: Plan, replays: list[Replay], worlds: Worlds) -> None:
+    """The items of the corpus's saved failures whose topology the run has."""
+    for suite_name, case, entry in replays:
+        topo = Topology(*entry.params["topology"])
+        if topo in worlds.topologies:
+            world = worlds.world_for(topo, case)
+            plan.items.append(fuzz_item(len(plan.items), suite_name, case, entry.params, entry.seed, world))
+
+
+def _add_case(plan: Plan, suite_name: str, case: Case, dtypes: list[str], worlds: Worlds) -> None:
+    """A case's items: one per dtype and topology it runs at; those whose inputs it cannot lay out skip."""
+    if not plan.bench:
+        check_known_failure(case)
+    made: list[dict | None] = []  # this case's inputs, drawn once (only where a topology needs its shapes)
+    fits: dict[Topology, str] = {}  # its misfit by topology: the same for every dtype
+    for dtype in dtypes:
+        if dtype not in case.dtypes:
+            continue
+        for topo in worlds.topologies:
+            if not case.runs_on(topo):
+                continue
+            if case.world_group and topo.size not in worlds.group_worlds():
+                continue  # its default-group collectives need a launch of exactly this size
+            where = Placement(topo, dtype, worlds.world_for(topo, case))
+            item = _item(len(plan.items), suite_name, case, where, plan.seed, bench=plan.bench)
+            if topo not in fits:
+                fits[topo] = _misfit(case, topo, item.seed, made)
+            item.skip = fits[topo]
+            plan.items.append(item)
 
 
 def _misfit(case: Case, topo: Topology, seed: int, made: list[dict | None]) -> str:
@@ -332,29 +340,38 @@ def _misfit(case: Case, topo: Topology, seed: int, made: list[dict | None]) -> s
     return case.misfit(topo, made[0]) if made[0] is not None else ""
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where an item runs: its topology and dtype, in a launch of `world_size` ranks."""
+
+    topology: Topology
+    dtype: str
+    world_size: int
+
+
 def _item(
     item_id: int,
     suite_name: str,
     case: Case,
-    dtype: str,
-    topo: Topology,
-    world_size: int,
+    where: Placement,
     seed: int,
+    *,
     bench: bool = False,
     fuzz: dict | None = None,
 ) -> Item:
+    topo = where.topology
     return Item(
         id=item_id,
         suite=suite_name,
         op=case.op,
         case_id=case.case_id,
-        dtype=dtype,
+        dtype=where.dtype,
         topology=(topo.dp, topo.cp, topo.tp),
-        world_size=world_size,
-        seed=item_seed(seed, case.op, case.case_id, dtype),
+        world_size=where.world_size,
+        seed=item_seed(seed, case.op, case.case_id, where.dtype),
         checks=expected_checks(case, bench),
         params=case.params,
-        xfail=known_failure(case, topo, dtype),
+        xfail=known_failure(case, topo, where.dtype),
         fuzz=fuzz,
     )
 
@@ -379,7 +396,9 @@ def fuzz_item(
     """The one item of a fuzz case: its own topology and dtype (in a launch of its size unless told); inputs drawn
     from `seed` (the fuzz run's), so a saved case replays the same inputs under any `run --seed`."""
     topo = Topology(*params["topology"])
-    return _item(item_id, suite_name, case, params["dtype"], topo, world_size or topo.size, seed, fuzz=params)
+    return _item(
+        item_id, suite_name, case, Placement(topo, params["dtype"], world_size or topo.size), seed, fuzz=params
+    )
 
 
 def corpus_cases(
@@ -417,10 +436,7 @@ def plan_fuzz(
     suites_wanted: list[str],
     ops: list[str],
     impl: dict[str, str],
-    seed: int,
-    timeout: float,
-    device: str,
-    backend: str,
+    settings: RunSettings,
     suite_paths: list[str] = (),
     corpus_dir: str = "",
 ) -> tuple[Plan, list[tuple[str, FuzzSpace]], dict[str, str]]:
@@ -449,10 +465,7 @@ def plan_fuzz(
     plan = Plan(
         run_id=run_id,
         quick=False,
-        seed=seed,
-        timeout=timeout,
-        device=device,
-        backend=backend,
+        settings=settings,
         impl=impl,
         suite_paths=suite_paths,
         corpus=corpus_dir,

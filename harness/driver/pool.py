@@ -17,12 +17,12 @@ import sys
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from multiprocessing import forkserver
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shardcheck.harness.core.events import EXIT_PEER_STUCK, STOP
+from shardcheck.harness.core.options import LaunchSettings
 
 if TYPE_CHECKING:
     from shardcheck.harness.core.plan_data import Plan
@@ -63,7 +63,7 @@ def _fork_server():
 
 
 def rank_log(launch_dir: Path, rank: int) -> Path:
-    """A rank's stdout and stderr (a log per rank: a dead rank's last words are its own, shardcheck.harness.driver.last_words)."""
+    """A rank's stdout and stderr: a log per rank, so a dead rank's last words are its own (driver/last_words.py)."""
     return launch_dir / f"rank{rank}.log"
 
 
@@ -128,20 +128,6 @@ def _wait(proc, timeout: float | None) -> bool:
         return True
     proc.join(timeout)
     return proc.exitcode is not None
-
-
-@dataclass(frozen=True)
-class LaunchSettings:
-    """What a launch's ranks are started with; a plan runs only on a launch of its own settings."""
-
-    device: str
-    backend: str
-    timeout: float
-    shims: bool
-
-    @classmethod
-    def of(cls, plan: Plan) -> LaunchSettings:
-        return cls(plan.device, plan.backend, plan.timeout, plan.shims)
 
 
 class WorkerPool:
@@ -241,8 +227,6 @@ class Launch:
             settings.device,
             "--launch-backend",
             settings.backend,
-            "--launch-timeout",
-            f"{settings.timeout:g}",
             *([] if settings.shims else ["--launch-no-shims"]),
         ]
         _LIVE_LAUNCHES.add(self)

@@ -13,7 +13,8 @@ from shardcheck.harness.core.compare import FAILING
 from shardcheck.harness.core.options import (
     EXIT_FAIL,
     EXIT_OK,
-    impl_map,  # noqa: F401
+    RunSettings,
+    impl_map,
     str_list,
 )
 from shardcheck.harness.core.plan_data import Plan
@@ -33,28 +34,23 @@ def suite_paths(args: argparse.Namespace) -> list[str]:
 
 def plan_from_args(
     args: argparse.Namespace,
+    settings: RunSettings,
     *,
     run_id: str,
     world_sizes: list[int] | None,
     topologies: list[Topology],
-    device: str,
-    backend: str,
     default_dtypes: list[str],
-    bench: bool = False,
-    bench_iters: int = 10,
 ) -> Plan:
-    """The plan of the selection options (add_selection_args); UsageError when they select nothing valid.
-    The shims are installed first: planning imports the module under test, which may import what they stand in for."""
-    if not args.no_shims:
-        shims.install(device)
+    """The plan of the selection options (add_selection_args) run with `settings`; UsageError when they select nothing
+    valid.  The shims are installed first: planning imports the module under test, which may import what they stand
+    in for."""
+    if settings.shims:
+        shims.install(settings.device)
     corpus = corpus_dir(args.corpus).resolve()
-    plan = build_plan(
+    return build_plan(
         Selection(
             run_id=run_id,
-            seed=args.seed,
-            timeout=args.timeout,
-            device=device,
-            backend=backend,
+            settings=settings,
             suites_wanted=str_list(args.suite),
             ops=str_list(args.op),
             case_patterns=str_list(args.case),
@@ -63,15 +59,11 @@ def plan_from_args(
             dtypes=str_list(args.dtype) or default_dtypes,
             impl=impl_map(args.impl),
             quick=args.quick,
-            bench=bench,
-            bench_iters=bench_iters,
             suite_paths=suite_paths(args),
             corpus=load_corpus(corpus),
             corpus_dir=str(corpus),
         )
     )
-    plan.shims = not args.no_shims
-    return plan
 
 
 def _now() -> str:

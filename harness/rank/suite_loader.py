@@ -22,7 +22,7 @@ from shardcheck import suites
 from shardcheck.harness.core.case import Case, FuzzSpace
 from shardcheck.harness.core.model_case import ModelCase
 from shardcheck.harness.core.modules import import_file, is_path
-from shardcheck.harness.core.topology import UsageError
+from shardcheck.harness.core.options import UsageError
 
 BENCH_FALLBACK_CASES = 2  # per op without benchmark cases
 BUILTIN_DIR = Path(suites.__file__).resolve().parent

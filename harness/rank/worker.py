@@ -38,6 +38,7 @@ import torch.distributed as dist
 from shardcheck.harness.core.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path, stack_path
 from shardcheck.harness.core.measure import group_dims
 from shardcheck.harness.core.model_case import step_order
+from shardcheck.harness.core.options import PEER_WAIT
 from shardcheck.harness.core.plan_data import Item, Plan
 from shardcheck.harness.core.topology import Topology, build_mesh
 from shardcheck.harness.rank import flight_recorder, shims
@@ -57,7 +58,6 @@ class Worker:
         self,
         device: str,
         backend: str,
-        timeout: float,
         use_shims: bool,
         *,
         store: dist.Store | None = None,
@@ -70,7 +70,8 @@ class Worker:
             # nccl: one GPU per rank; gloo on a shared GPU: ranks share device 0 (or wrap around)
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
-        pg_timeout = timedelta(seconds=timeout + 120)
+        # (a launch serves plans of any --timeout: the plan's timeout ends a hung item, PEER_WAIT is a backstop)
+        pg_timeout = timedelta(seconds=PEER_WAIT)
         if store is None:  # torchrun's environment
             dist.init_process_group(backend, timeout=pg_timeout)
         else:
@@ -246,11 +247,11 @@ class Worker:
                     return [r for r, k in enumerate(keys) if not store.check([k])]
 
 
-def _rendezvous(launch_dir: Path, rank: int, world: int, timeout: float) -> dist.Store:
+def _rendezvous(launch_dir: Path, rank: int, world: int) -> dist.Store:
     """The launch's store: rank 0 hosts it on a port the system picks and writes the port to
     LAUNCH_DIR/store-port (written whole, then renamed); the others wait for that file and connect."""
     port_file = launch_dir / "store-port"
-    wait = timedelta(seconds=timeout + 120)
+    wait = timedelta(seconds=PEER_WAIT)
     if rank == 0:
         store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=wait, wait_for_workers=False)
         tmp = port_file.with_suffix(".tmp")
@@ -287,9 +288,9 @@ def _wait_for(path: Path, seconds: float, driver: int) -> bool:
     return True
 
 
-def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, timeout: float, use_shims: bool) -> int:
+def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, use_shims: bool) -> int:
     """The driver's rank: rendezvous, then run LAUNCH_DIR/plan0.json, plan1.json, ... as they come; exit when a plan
-    file says STOP or none comes within `plan_wait` seconds."""
+    file says STOP or none comes within `plan_wait` seconds.  Each plan's settings (its --timeout) are its own."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     driver = int(os.environ.get("SHARDCHECK_DRIVER_PID", os.getppid()))
     # (forked ranks all show the fork server's command line: this names the process of each rank)
@@ -298,8 +299,8 @@ def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, timeout
     # blocked in C++ (a gloo wait) or spinning in Python; the driver asks before it ends a hung launch.
     stacks = open(stack_path(launch_dir, rank), "a")
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
-    store = _rendezvous(launch_dir, rank, world, timeout)
-    worker = Worker(device, backend, timeout, use_shims, store=store, rank=rank, world=world)
+    store = _rendezvous(launch_dir, rank, world)
+    worker = Worker(device, backend, use_shims, store=store, rank=rank, world=world)
     worker.recorder = flight_recorder.install(launch_dir, rank) if flight_recorder.enabled() else None
     worker.linger_on_stuck = STUCK_LINGER
     profile = None
@@ -336,7 +337,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plan-wait", type=float, default=900.0, help="seconds to wait for each plan")
     parser.add_argument("--launch-device", default="cpu")
     parser.add_argument("--launch-backend", default="gloo")
-    parser.add_argument("--launch-timeout", type=float, default=60.0, help="the run's --timeout")
     parser.add_argument("--launch-no-shims", action="store_true")
     parser.epilog = (
         "started by the driver; a torchrun written by hand runs `-m shardcheck.harness.standalone`, "
@@ -350,7 +350,6 @@ def main(argv: list[str] | None = None) -> int:
         args.plan_wait,
         args.launch_device,
         args.launch_backend,
-        args.launch_timeout,
         not args.launch_no_shims,
     )
 
