@@ -117,6 +117,7 @@ def plan_seconds(world: int, quick: bool, dtypes: list[str]) -> tuple[float, flo
     """(wall s of a first build_plan, suites' imports included; CPU s of a second one)."""
     import torch
 
+    from shardcheck.harness.core.options import RunSettings
     from shardcheck.harness.driver.planner import Selection, build_plan
 
     torch.set_num_threads(1)  # as the driver's planning runs beside its ranks; CPU time then is one thread's
