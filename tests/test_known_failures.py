@@ -1,4 +1,4 @@
-"""Known failures (shardcheck.harness.core.case.KnownFailure): `xfail` while a marked check fails, `xpass` once it passes, from the
+"""Known failures (shardcheck.KnownFailure): `xfail` while a marked check fails, `xpass` once it passes, from the
 plan through the driver's merge to the exit code, the CLI summary, the findings, the reports, JUnit and compare.
 
 Most tests merge seeded per-rank events with the driver's own Collector (no launch); two end-to-end runs (one
@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from helpers import FIXTURES, Run, cli, shardcheck
 
-from shardcheck.harness.core.case import KnownFailure
 from shardcheck.harness.core.events import Events, events_path
+from shardcheck.harness.core.known_failure import KnownFailure
 from shardcheck.harness.core.plan_data import Item, Plan, Xfail
 from shardcheck.harness.core.records import load
 from shardcheck.harness.core.topology import Topology, UsageError

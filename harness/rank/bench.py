@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from shardcheck.harness.core.case import REPLICATED, Case, RankContext, as_tuple, is_float
+from shardcheck.harness.core.case import Case, as_tuple, is_float
+from shardcheck.harness.core.layout import REPLICATED
 from shardcheck.harness.core.measure import CommCounter, Timer, group_dims, peak_memory, split_comm
 from shardcheck.harness.core.plan_data import DTYPES, Item
+from shardcheck.harness.core.rank_context import RankContext
 from shardcheck.harness.core.records import Phase, Status
 from shardcheck.harness.core.topology import Topology, mesh_dims
 

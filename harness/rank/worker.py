@@ -40,13 +40,16 @@ import torch.distributed as dist
 import shardcheck.harness
 import shardcheck.reference
 import shardcheck.suites
-from shardcheck.harness.core.case import BAD_INPUT_CHECK, REPLICATED, Case, RankContext, as_tuple, is_float
+from shardcheck.harness.core.bad_input import BAD_INPUT_CHECK
+from shardcheck.harness.core.case import Case, as_tuple, is_float
 from shardcheck.harness.core.compare import BudgetScope, budget, compare, judge
 from shardcheck.harness.core.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path, stack_path
+from shardcheck.harness.core.layout import REPLICATED
 from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
 from shardcheck.harness.core.model_case import StepCase, step_order
 from shardcheck.harness.core.peer_failure import is_peer_failure
 from shardcheck.harness.core.plan_data import DTYPES, Item, Plan
+from shardcheck.harness.core.rank_context import RankContext
 from shardcheck.harness.core.records import SIGNATURE_CHECK, Phase, Status, Symptom
 from shardcheck.harness.core.rules import is_ours, under_rule
 from shardcheck.harness.core.topology import Topology, build_mesh, mesh_coords, mesh_dims
