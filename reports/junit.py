@@ -9,7 +9,7 @@ check is a `warn` (a precision or communication finding, not a sharding bug) is 
 whose <system-out> holds each warning and its rerun line: CI pages show it without failing the build,
 as `shardcheck run` exits 0 on warnings unless --strict (whose exit code then fails the job).
 
-Known failures (shardcheck.harness.core.case.KnownFailure), as JUnit readers expect of pytest's xfail: an item whose worst
+Known failures (shardcheck.KnownFailure), as JUnit readers expect of pytest's xfail: an item whose worst
 check is `xfail` is skipped, <skipped type="shardcheck.xfail" message="known failure: <reason> (<reference>)">,
 the findings it still shows in the text; an item with an `xpass` (the known failure now passes) is a failure,
 type `shardcheck.xpass`, saying so and that the mark must go, with its rerun line.

@@ -59,29 +59,18 @@ _SOURCES = {
     "Shard": "torch.distributed.tensor",
     "Topology": "shardcheck.harness.core.topology",
     "ModelCase": "shardcheck.harness.core.model_case",
+    **{name: "shardcheck.harness.core.case" for name in ("Case", "Property", "cite")},
     **{
-        name: "shardcheck.harness.core.case"
-        for name in (
-            "REPLICATED",
-            "BadInput",
-            "Case",
-            "FuzzSpace",
-            "GradSum",
-            "HeadTail",
-            "KnownFailure",
-            "Layout",
-            "MemoryModel",
-            "PackedHeadTail",
-            "Permuted",
-            "Property",
-            "RankContext",
-            "Rule",
-            "RuleSource",
-            "seed",
-            "ours",
-            "cite",
-        )
+        name: "shardcheck.harness.core.layout"
+        for name in ("REPLICATED", "Layout", "HeadTail", "PackedHeadTail", "Permuted")
     },
+    **{name: "shardcheck.harness.core.citations" for name in ("Rule", "RuleSource", "seed", "ours")},
+    "GradSum": "shardcheck.harness.core.grad_sum",
+    "BadInput": "shardcheck.harness.core.bad_input",
+    "RankContext": "shardcheck.harness.core.rank_context",
+    "KnownFailure": "shardcheck.harness.core.known_failure",
+    "MemoryModel": "shardcheck.harness.core.memory_model",
+    "FuzzSpace": "shardcheck.harness.core.fuzz_space",
 }
 
 __all__ = [
@@ -113,26 +102,14 @@ __all__ = [
 if TYPE_CHECKING:
     from torch.distributed.tensor import Partial, Replicate, Shard
 
-    from shardcheck.harness.core.case import (
-        REPLICATED,
-        BadInput,
-        Case,
-        FuzzSpace,
-        GradSum,
-        HeadTail,
-        KnownFailure,
-        Layout,
-        MemoryModel,
-        PackedHeadTail,
-        Permuted,
-        Property,
-        RankContext,
-        Rule,
-        RuleSource,
-        cite,
-        ours,
-        seed,
-    )
+    from shardcheck.harness.core.bad_input import BadInput
+    from shardcheck.harness.core.case import Case, Property, cite
+    from shardcheck.harness.core.citations import Rule, RuleSource, ours, seed
+    from shardcheck.harness.core.fuzz_space import FuzzSpace
+    from shardcheck.harness.core.grad_sum import GradSum
+    from shardcheck.harness.core.known_failure import KnownFailure
+    from shardcheck.harness.core.layout import REPLICATED, HeadTail, Layout, PackedHeadTail, Permuted
+    from shardcheck.harness.core.memory_model import MemoryModel
     from shardcheck.harness.core.model_case import ModelCase
     from shardcheck.harness.core.topology import Topology
 

@@ -142,7 +142,7 @@ def hidden_comm(ctx, s: int, chunk: int | None):
     backward: the same all-gather again (the forward keeps only the local shard), the softmax per chunk
              (2c calls, 2·B·S·e) and the hidden-state gradient reduce-scattered as one all-to-all of the
              [S, B, H] partial sums (compute dtype); the weight gradient is local.
-    Plus the suite's own DDP stand-in (shardcheck.harness.core.case.GradSum): one all_reduce@dp of the [V_local, H]
+    Plus the suite's own DDP stand-in (shardcheck.GradSum): one all_reduce@dp of the [V_local, H]
     weight gradient (compute dtype) in the backward when dp > 1.
     Lower bound: sequence-parallel input needs the [S, B, H] gather (O(S·B·H), independent of V) and a
     reduce-scatter of its gradient; the vocab side per-row scalars only, never [B, S, V] logits."""

@@ -14,8 +14,7 @@ embedding / output weights `Shard(0)`, row-parallel weights `Shard(1)`, norms an
 rank runs its TP-sharded GPTModel with `torch.func.functional_call` on its local pieces, so the gradient of every
 parameter lands on the harness's local input and is compared, on every rank, with its slice of the golden gradient.
 Replicated parameters used on a sequence shard (norms, row-parallel biases: Megatron tags them `sequence_parallel`)
-get partial gradients; the case sums them over TP as Megatron's finalize_model_grads does
-(shardcheck.harness.core.case.GradSum).
+get partial gradients; the case sums them over TP as Megatron's finalize_model_grads does (shardcheck.GradSum).
 
 The model case (suites/_model_utils_megatron_gpt.py, `model-untied` / `model-tied`): the same GPTModel as a
 shardcheck.ModelCase, one training step with the patched forward (flag off) checked module by module against the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from helpers import BROKEN, IMPLS
 
-from shardcheck.harness.core.case import BadInput
+from shardcheck.harness.core.bad_input import BadInput
 
 
 def test_any_exception_passes_and_an_undocumented_type_warns_only_where_the_seed_names_one():

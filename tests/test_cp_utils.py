@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from helpers import BROKEN
 
 from shardcheck.distributed_impl import cp_utils as impl
-from shardcheck.harness.core.case import head_tail_positions
+from shardcheck.harness.core.layout import head_tail_positions
 from shardcheck.reference import cp_utils as ref
 
 SENTINEL = -1000

@@ -14,7 +14,7 @@ import torch
 from helpers import BROKEN, ROOT
 from torch.distributed.tensor import Shard
 
-from shardcheck.harness.core.case import HeadTail, Layout
+from shardcheck.harness.core.layout import HeadTail, Layout
 from shardcheck.harness.core.options import RunSettings
 from shardcheck.harness.core.plan_data import Item, Plan
 from shardcheck.harness.driver.collect import glob_escape, rerun_command

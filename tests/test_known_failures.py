@@ -1,6 +1,5 @@
-"""Known failures (shardcheck.harness.core.case.KnownFailure): `xfail` while a marked check fails, `xpass` once it
-passes, from the plan through the driver's merge to the exit code, the CLI summary, the findings, the reports, JUnit and
-compare.
+"""Known failures (shardcheck.KnownFailure): `xfail` while a marked check fails, `xpass` once it passes, from the
+plan through the driver's merge to the exit code, the CLI summary, the findings, the reports, JUnit and compare.
 
 Most tests merge seeded per-rank events with the driver's own Collector (no launch); two end-to-end runs (one
 launch of two ranks each) put an external suite whose op has a marked defect under test
@@ -16,9 +15,9 @@ import pandas as pd
 import pytest
 from helpers import FIXTURES, Run, cli, shardcheck
 
-from shardcheck.harness.core.case import KnownFailure
 from shardcheck.harness.core.events import Events, events_path
 from shardcheck.harness.core.options import RunSettings, UsageError
+from shardcheck.harness.core.known_failure import KnownFailure
 from shardcheck.harness.core.plan_data import Item, Plan, Xfail
 from shardcheck.harness.core.records import load
 from shardcheck.harness.core.topology import Topology

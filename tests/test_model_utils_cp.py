@@ -8,7 +8,7 @@ import torch
 from helpers import BROKEN
 from torch.distributed.tensor import Shard
 
-from shardcheck.harness.core.case import HeadTail, Layout, PackedHeadTail, Permuted, head_tail_positions
+from shardcheck.harness.core.layout import HeadTail, Layout, PackedHeadTail, Permuted, head_tail_positions
 
 
 def test_layout_rules_map_positions():

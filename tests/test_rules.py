@@ -9,17 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from shardcheck.harness.core.case import (
-    BAD_INPUT_CHECK,
-    DOCUMENTED_RESULT,
-    SIGNATURE_RULE,
-    Case,
-    Property,
-    Rule,
-    RuleSource,
-    ours,
-    seed,
-)
+from shardcheck.harness.core.bad_input import BAD_INPUT_CHECK
+from shardcheck.harness.core.case import Case, Property
+from shardcheck.harness.core.citations import DOCUMENTED_RESULT, SIGNATURE_RULE, Rule, RuleSource, ours, seed
 from shardcheck.harness.core.records import Status, Symptom
 from shardcheck.harness.core.rules import under_rule
 from shardcheck.harness.findings.causes import causes, finding_lines

@@ -32,10 +32,10 @@ def test_a_harness_exception_is_an_error_row_and_the_next_item_runs(tmp_path):
     assert row["error_type"] == "ValueError"
     assert "head-tail layout needs a length divisible by 2·CP = 4, got 6" in row["error_message"]
     # the line of shardcheck's own code that raised, not the op's (the op did nothing wrong)
-    case_py = (ROOT / "harness" / "core" / "case.py").read_text().splitlines()
+    layout_py = (ROOT / "harness" / "core" / "layout.py").read_text().splitlines()
     path, line = row["error_where"].rsplit(":", 1)
-    assert path == "harness/core/case.py", row["error_where"]
-    assert 'raise ValueError(f"head-tail layout needs' in case_py[int(line) - 1]
+    assert path == "harness/core/layout.py", row["error_where"]
+    assert 'raise ValueError(f"head-tail layout needs' in layout_py[int(line) - 1]
     assert sorted(r["rank"] for r in row["per_rank"]) == [0, 1]  # every rank reported it, none died
     assert "a harness defect, not the op's" in row["message"]
     assert row["rerun"].startswith("shardcheck run ")
@@ -43,7 +43,7 @@ def test_a_harness_exception_is_an_error_row_and_the_next_item_runs(tmp_path):
     honest = rows[rows["case_id"] == "honest"]
     assert set(honest["check"]) == {"forward", "grad:x"} and (honest["status"] == "pass").all()
     assert "shardcheck's own fault, not the op's: ValueError" in run.stdout
-    assert "raised at harness/core/case.py:" in run.stdout
+    assert "raised at harness/core/layout.py:" in run.stdout
 
 
 # ---- cases that know where they can run ------------------------------------------------------------------------

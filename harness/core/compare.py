@@ -26,8 +26,8 @@ Statuses: pass < skip < xfail < warn < xpass < fail < error.  `warn` is a findin
 bug: a float64 result within the float32 budget (float64 computed in float32), a bfloat16 result within
 the budget of bfloat16 math, collectives beyond the communication contract.  It fails a run only
 under `--strict`.  `xfail` and `xpass` are set by the driver on the checks a case's KnownFailure covers
-(shardcheck.harness.driver.collect): a known failure that still fails (never fails a run), and one that now passes on every
-rank (fails a run: the mark must go).  Ranks report pass, skip, warn, fail and error only.
+(shardcheck.harness.driver.collect): a known failure that still fails (never fails a run), and one that now passes on
+every rank (fails a run: the mark must go).  Ranks report pass, skip, warn, fail and error only.
 """
 
 from __future__ import annotations
@@ -190,20 +190,7 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
     """Fold every rank's result for one check into the row's status, errors and mismatch."""
     seen = {r["rank"] for r in per_rank}
     missing = [r for r in expected_ranks if r not in seen]
-    precision = [r for r in per_rank if r["status"] == Status.WARN and rank_symptom(r).startswith("precision:")]
-    if precision and any(r["status"] == Status.PASS for r in per_rank):
-        # float32 or bfloat16 math shows on every rank; an error on some ranks only (others exact) is a bug
-        per_rank = [
-            {
-                **r,
-                "status": Status.FAIL,
-                "symptom": Symptom.VALUES,
-                "message": "only some ranks are off (a precision choice would show on every rank): " + r["message"],
-            }
-            if r in precision
-            else r
-            for r in per_rank
-        ]
+    per_rank = _precision_on_some_ranks_fails(per_rank)
     status = max((r["status"] for r in per_rank), key=STATUS_ORDER.__getitem__, default=Status.ERROR)
     if missing:
         status = Status.ERROR
@@ -217,55 +204,82 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
         key=lambda r: math.inf if r.get("err_ratio") is None else r["err_ratio"],
         default={},
     )
+    # The likely cause first: errors a peer's failure caused ("connection closed by peer") come last.
+    bad = sorted(
+        (r for r in per_rank if r["status"] in NOT_PASSING),
+        key=lambda r: (bool(r.get("secondary")), -STATUS_ORDER[r["status"]], -(r.get("err_ratio") or 0), r["rank"]),
+    )
     row = {
         "status": status,
         **{key: worst(key) for key in ("max_abs_err", "max_rel_err")},
         **{key: judged.get(key) for key in ("budget", "err_ratio", "err_naive")},
-        "mismatch": None,
-        "message": "",
+        "mismatch": _mismatch(bad[0]) if bad else None,
+        "message": _message(per_rank, bad, missing, status),
         **merge_measurements(per_rank),
         "per_rank": [
             {k: r.get(k) for k in ("rank", "coords", "status", "max_abs_err", "err_ratio")}
             for r in sorted(per_rank, key=lambda r: r["rank"])
         ],
     }
-    # The likely cause first: errors a peer's failure caused ("connection closed by peer") come last.
-    bad = sorted(
-        (r for r in per_rank if r["status"] in NOT_PASSING),
-        key=lambda r: (bool(r.get("secondary")), -STATUS_ORDER[r["status"]], -(r.get("err_ratio") or 0), r["rank"]),
-    )
-    parts = [describe(r) for r in bad[:1]]
-    if bad:
-        worst = bad[0]
-        loc = worst.get("nonfinite") or worst.get("worst") or {}
-        row["mismatch"] = {
-            "rank": worst["rank"],
-            "coords": worst["coords"],
-            "global_index": loc.get("global_index"),
-            "local_index": loc.get("local_index"),
-            "expected": loc.get("expected"),
-            "got": loc.get("got"),
-            "kind": "error"
-            if worst["status"] == Status.ERROR
-            else ("nonfinite" if worst.get("nonfinite") else "shape" if "shape_mismatch" in worst else "value"),
-        }
-        others = sorted({r["rank"] for r in bad})
-        parts.append(f"failing rank(s): {', '.join(map(str, others))}")
-    if missing:
-        parts.append(f"no result from rank(s) {', '.join(map(str, missing))}")
-    if not parts and (status == Status.SKIP or any(r.get("keep_message") for r in per_rank)):
-        # the reason the ranks gave (the same on every rank), or what a passing rank asked to record (e.g. what it raised)
-        parts = [next((r["message"] for r in per_rank if r.get("message")), "")]
-    row["message"] = "; ".join(parts)
     row.update(cause_fields(bad, missing))
     # where the check's rule comes from (shardcheck.harness.core.rules): the same on every rank
     row.update({k: next((r[k] for r in per_rank if r.get(k)), None) for k in ("rule_source", "rule_cite")})
     return row
 
 
+def _precision_on_some_ranks_fails(per_rank: list[dict]) -> list[dict]:
+    """`per_rank` with a precision warning turned into a failure on values where other ranks pass: float32 or bfloat16
+    math shows on every rank, an error on some ranks only (others exact) is a bug."""
+    precision = [r for r in per_rank if r["status"] == Status.WARN and rank_symptom(r).startswith("precision:")]
+    if not (precision and any(r["status"] == Status.PASS for r in per_rank)):
+        return per_rank
+    return [
+        {
+            **r,
+            "status": Status.FAIL,
+            "symptom": Symptom.VALUES,
+            "message": "only some ranks are off (a precision choice would show on every rank): " + r["message"],
+        }
+        if r in precision
+        else r
+        for r in per_rank
+    ]
+
+
+def _mismatch(worst: dict) -> dict:
+    """Where the likely cause's rank went wrong: its element (non-finite first), or the kind of its error."""
+    loc = worst.get("nonfinite") or worst.get("worst") or {}
+    return {
+        "rank": worst["rank"],
+        "coords": worst["coords"],
+        "global_index": loc.get("global_index"),
+        "local_index": loc.get("local_index"),
+        "expected": loc.get("expected"),
+        "got": loc.get("got"),
+        "kind": "error"
+        if worst["status"] == Status.ERROR
+        else ("nonfinite" if worst.get("nonfinite") else "shape" if "shape_mismatch" in worst else "value"),
+    }
+
+
+def _message(per_rank: list[dict], bad: list[dict], missing: list[int], status: Status) -> str:
+    """The row's message: the likely cause's rank described and every failing and missing rank named; else, on a skip
+    or where a rank asked to keep it, the ranks' own message."""
+    parts = [describe(r) for r in bad[:1]]
+    if bad:
+        parts.append(f"failing rank(s): {', '.join(map(str, sorted({r['rank'] for r in bad})))}")
+    if missing:
+        parts.append(f"no result from rank(s) {', '.join(map(str, missing))}")
+    if not parts and (status == Status.SKIP or any(r.get("keep_message") for r in per_rank)):
+        # the reason the ranks gave (the same on every rank), or what a passing rank asked to record (e.g. what it
+        # raised)
+        parts = [next((r["message"] for r in per_rank if r.get("message")), "")]
+    return "; ".join(parts)
+
+
 def rank_symptom(rank_result: dict) -> str:
-    """What went wrong on one rank (a key of shardcheck.harness.core.records.SYMPTOMS): as the worker named it, else from
-    the check and what the comparison found."""
+    """What went wrong on one rank (a key of shardcheck.harness.core.records.SYMPTOMS): as the worker named it, else
+    from the check and what the comparison found."""
     if rank_result.get("symptom"):
         return rank_result["symptom"]
     check = str(rank_result.get("check", ""))
@@ -283,8 +297,8 @@ def rank_symptom(rank_result: dict) -> str:
 
 
 def cause_fields(bad: list[dict], missing: list[int]) -> dict:
-    """The structured cause of a merged row (shardcheck.harness.core.records.ResultRow): `bad` its not-passing rank results,
-    likely cause first, `missing` the ranks that reported nothing.  The culprits are the ranks with the cause's
+    """The structured cause of a merged row (shardcheck.harness.core.records.ResultRow): `bad` its not-passing rank
+    results, likely cause first, `missing` the ranks that reported nothing.  The culprits are the ranks with the cause's
     status that failed on their own; the ranks whose error followed a peer's failure, and those that reported
     nothing, are blocked."""
     if not bad:

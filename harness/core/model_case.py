@@ -30,8 +30,11 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
-from shardcheck.harness.core.case import REPLICATED, Case, KnownFailure, Layout, RankContext, Tensors
+from shardcheck.harness.core.case import Case
 from shardcheck.harness.core.compare import BudgetScope
+from shardcheck.harness.core.known_failure import KnownFailure
+from shardcheck.harness.core.layout import REPLICATED, Layout, Tensors
+from shardcheck.harness.core.rank_context import RankContext
 from shardcheck.harness.core.topology import MESH_DIMS, Topology
 
 PARAM_PREFIX = "param:"
@@ -56,6 +59,28 @@ def step_order(check: str) -> tuple[int, int] | None:
 
 class ModelCaseError(ValueError):
     """A model case that cannot be set up as declared (one line naming the parameter or module)."""
+
+
+@dataclass(frozen=True)
+class StepTensor:
+    """One tensor of the step, handed over as it is made: its kind (act, loss, dact, dparam, step), its key (the
+    module path, "#k" for its k-th call after the first; the parameter name), the tensor (a DTensor's local piece,
+    detached) and its layout (a DTensor's own; None for a plain tensor)."""
+
+    kind: str
+    key: str
+    tensor: torch.Tensor
+    layout: Layout | None
+
+
+@dataclass(frozen=True)
+class StepOutputs:
+    """What one float64 step on one device names: the case's outputs in step order, the full shape of every tensor
+    of the step, and the output name of each (kind, key) the hooks report."""
+
+    names: tuple[str, ...]
+    shapes: dict[str, tuple[int, ...]]
+    by_key: dict[tuple[str, str], str]
 
 
 @dataclass(kw_only=True)
@@ -103,6 +128,10 @@ class ModelCase:
     xfail: KnownFailure | None = None
     skip_reason: str | None = None
     params: dict = field(default_factory=dict)
+    # Set by the methods named, once each: the outputs one step on one device names (outputs), the Case made last
+    # (case), whose output layouts each run sets.
+    _outputs: StepOutputs | None = field(default=None, init=False, repr=False, compare=False)
+    _case: StepCase | None = field(default=None, init=False, repr=False, compare=False)
 
     def case(self) -> Case:
         """The ordinary Case that runs this model's step.  Its outputs are named by one float64 step of the model on
@@ -138,22 +167,23 @@ class ModelCase:
         """The case's output names in step order, from one float64 step on one device: run once, the first time they
         are asked for (a skipped case never builds its model, its framework may be missing: its one check, the
         loss, is a skip)."""
-        names = getattr(self, "_names", None)
-        if names is None:
+        if self._outputs is None:
             order = (
                 {"loss": torch.zeros(())}
                 if self.skip_reason is not None
                 else self._step_on_one_device(self._order_inputs())
             )
             names = tuple(n for n in order if not self._unchecked(n))
-            self._shapes = {n: tuple(t.shape) for n, t in order.items()}
-            self._by_key = {_key_of(n): n for n in names}
-            self._names = names
-        return names
+            self._outputs = StepOutputs(
+                names=names,
+                shapes={n: tuple(t.shape) for n, t in order.items()},
+                by_key={_key_of(n): n for n in names},
+            )
+        return self._outputs.names
 
     def named(self) -> bool:
         """Whether `outputs` has run in this process (without running it)."""
-        return getattr(self, "_names", None) is not None
+        return self._outputs is not None
 
     def data_inputs(self, gen: torch.Generator) -> Tensors:
         """The model's inputs without its weights (no model is built): what the planner lays out at a topology."""
@@ -205,7 +235,7 @@ class ModelCase:
         data = {k: v for k, v in inputs.items() if not k.startswith(PARAM_PREFIX)}
         steps: dict[str, list] = {kind: [] for kind in _STAGE}
         # a copy: a module may change its output in place later
-        self._step(model, data, None, lambda kind, key, tensor, _: steps[kind].append((key, tensor.clone())))
+        self._step(model, data, None, lambda step: steps[step.kind].append((step.key, step.tensor.clone())))
         got = {}
         for kind in ("act", "loss", "dact", "dparam", "step"):
             for i, (key, tensor) in enumerate(steps[kind]):
@@ -227,34 +257,27 @@ class ModelCase:
         default = self._batch_layout()
         got: dict[str, tuple[torch.Tensor | None, Layout]] = {}
 
-        def arrive(kind: str, key: str, tensor: torch.Tensor, layout: Layout | None) -> None:
-            name = self._by_key.get((kind, key))
+        def arrive(step: StepTensor) -> None:
+            name = self._outputs.by_key.get((step.kind, step.key))
             if name is None:  # a module call the single-device model does not make: nothing to compare with
                 return
-            layout = self._layout_of(kind, key, name, tensor, layout, default, ctx)
+            layout = self._layout_of(step, name, default, ctx)
             # Judged as it comes (the harness keeps a summary, and the tensors of the first divergence only), so that
             # the rank never holds every module's output and gradient at once; else a copy, returned below.
-            judged = ctx.judge_output is not None and ctx.judge_output(name, tensor, layout)
-            got[name] = (None if judged else tensor.clone(), layout)
+            judged = ctx.judge_output is not None and ctx.judge_output(name, step.tensor, layout)
+            got[name] = (None if judged else step.tensor.clone(), layout)
 
         self._step(model, data, ctx, arrive)
         outs = [got.get(n, (None, REPLICATED)) for n in names]
         self._case.output_layouts = tuple(lay for _, lay in outs)  # read by the harness after this run, this item
         return tuple(t for t, _ in outs)
 
-    def _layout_of(
-        self,
-        kind: str,
-        key: str,
-        name: str,
-        tensor: torch.Tensor,
-        layout: Layout | None,
-        default: Layout,
-        ctx: RankContext,
-    ) -> Layout:
-        """The layout of a sharded tensor of the step: a DTensor's own, else the declared or inferred one."""
-        if layout is None and kind in ("act", "dact"):
-            path = key.split("#")[0]
+    def _layout_of(self, step: StepTensor, name: str, default: Layout, ctx: RankContext) -> Layout:
+        """The layout of a sharded tensor of the step (output `name`): a DTensor's own, else the declared or inferred
+        one (`default`: the batch's)."""
+        layout = step.layout
+        if layout is None and step.kind in ("act", "dact"):
+            path = step.key.split("#")[0]
             declared = next(
                 (
                     lay
@@ -263,11 +286,11 @@ class ModelCase:
                 ),
                 None,
             )
-            if declared is not None and kind == "dact":  # a summand's gradient is the whole gradient
+            if declared is not None and step.kind == "dact":  # a summand's gradient is the whole gradient
                 declared = Layout(*[Replicate() if isinstance(p, Partial) else p for p in declared.placements])
-            layout = declared or _layout_by_shape(tuple(tensor.shape), self._shapes[name], default, ctx)
-        elif layout is None and kind in ("dparam", "step"):
-            layout = _param_layout(key, self.param_layouts)
+            layout = declared or _layout_by_shape(tuple(step.tensor.shape), self._outputs.shapes[name], default, ctx)
+        elif layout is None and step.kind in ("dparam", "step"):
+            layout = _param_layout(step.key, self.param_layouts)
         return layout if layout is not None else self.loss_layout
 
     def _batch_layout(self) -> Layout:
@@ -318,23 +341,13 @@ class ModelCase:
         model: nn.Module,
         data: Tensors,
         ctx: RankContext | None,
-        arrive: Callable[[str, str, torch.Tensor, Layout | None], None],
+        arrive: Callable[[StepTensor], None],
     ) -> None:
-        """One training step with hooks, each tensor handed to `arrive(kind, key, tensor, layout)` as it is made, in
-        execution order (kinds: act, loss, dact, dparam, step): the local tensor of a DTensor and its layout; a plain
-        tensor and None.  Detached, not copied: `arrive` copies what it keeps."""
+        """One training step with hooks, each tensor handed to `arrive` as it is made, in execution order (kinds: act,
+        loss, dact, dparam, step).  Detached, not copied: `arrive` copies what it keeps."""
         calls: dict[str, int] = {}
-
+        # an activation on the tp sub-mesh is still split over dp/cp as the batch
         batch = self._batch_layout()
-
-        def view(t: torch.Tensor, activation: bool = False) -> tuple[torch.Tensor, Layout | None]:
-            if isinstance(t, DTensor) and not _mapped(t):
-                # FSDP2's parameters and gradients on the flattened dp x cp mesh (and a TP shard sharded again over
-                # it, _StridedShard): no Layout of the (dp, cp, tp) mesh describes them, so the full tensor is judged
-                return t.full_tensor().detach(), REPLICATED
-            if isinstance(t, DTensor):  # an activation on the tp sub-mesh is still split over dp/cp as the batch
-                return t.to_local().detach(), _dtensor_layout(t, batch if activation else REPLICATED)
-            return t.detach(), None
 
         def on_forward(path: str):
             def hook(module, args, out):
@@ -344,9 +357,9 @@ class ModelCase:
                 k = calls.get(path, 0)
                 calls[path] = k + 1
                 key = (path or ROOT_NAME) + (f"#{k}" if k else "")
-                arrive("act", key, *view(tensor, activation=True))
+                arrive(_step_tensor("act", key, tensor, batch))
                 if tensor.requires_grad:
-                    tensor.register_hook(lambda g, key=key: arrive("dact", key, *view(g, activation=True)))
+                    tensor.register_hook(lambda g, key=key: arrive(_step_tensor("dact", key, g, batch)))
 
             return hook
 
@@ -358,7 +371,7 @@ class ModelCase:
                 loss = self.loss(out, data, ctx) if self.loss is not None else out
                 if isinstance(loss, DTensor):
                     loss = loss.full_tensor()
-                arrive("loss", "loss", loss.detach(), None)
+                arrive(StepTensor("loss", "loss", loss.detach(), None))
                 loss.backward()
         finally:
             for h in handles:
@@ -368,15 +381,14 @@ class ModelCase:
         # ranks' pieces, as DTensor defines it: compared so, while the step shows whether the optimizer reduced it.
         for name, p in params:
             if p.grad is not None:
-                arrive("dparam", name, *view(p.grad))
-        opt = (
-            torch.optim.SGD([p for _, p in params], lr=self.lr)
-            if self.optimizer == "sgd"
-            else torch.optim.AdamW([p for _, p in params], lr=self.lr)
-        )
-        opt.step()
+                arrive(_step_tensor("dparam", name, p.grad))
+        self._optimizer([p for _, p in params]).step()
         for name, p in params:
-            arrive("step", name, *view(p))
+            arrive(_step_tensor("step", name, p))
+
+    def _optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        optimizer = torch.optim.SGD if self.optimizer == "sgd" else torch.optim.AdamW
+        return optimizer(params, lr=self.lr)
 
 
 # What the planner plans of a model case (its outputs are named by running it, which planning does not): the loss,
@@ -390,25 +402,28 @@ class StepCase(Case):
     asked of it the first time something needs them (ModelCase.outputs), not when the case is made."""
 
     model: ModelCase | None = None
+    # What the setters were given (Case's __init__, then each run's layouts): the output names until `model` is set,
+    # the layouts once they are one per output.
+    _given_names: tuple[str, ...] = ()
+    _given_layouts: tuple[Layout, ...] = ()
 
     @property
     def output_names(self) -> tuple[str, ...]:
-        return self.model.outputs() if self.model is not None else self.__dict__["_output_names"]
+        return self.model.outputs() if self.model is not None else self._given_names
 
     @output_names.setter
     def output_names(self, names: tuple[str, ...]) -> None:
-        self.__dict__["_output_names"] = tuple(names)
+        self._given_names = tuple(names)
 
     @property
     def output_layouts(self) -> tuple[Layout, ...]:
-        layouts = self.__dict__["_output_layouts"]
-        if self.model is not None and len(layouts) != len(self.output_names):  # before the first run sets them
-            layouts = self.__dict__["_output_layouts"] = tuple(REPLICATED for _ in self.output_names)
-        return layouts
+        if self.model is not None and len(self._given_layouts) != len(self.output_names):  # before the first run
+            return tuple(REPLICATED for _ in self.output_names)
+        return self._given_layouts
 
     @output_layouts.setter
     def output_layouts(self, layouts: tuple[Layout, ...]) -> None:
-        self.__dict__["_output_layouts"] = tuple(layouts)
+        self._given_layouts = tuple(layouts)
 
     def planning_inputs(self, gen: torch.Generator) -> Tensors:
         """The inputs the planner lays out (Case.misfit): the model's data alone, its weights left unbuilt."""
@@ -437,6 +452,18 @@ def _first_float(out) -> torch.Tensor | None:
     if isinstance(out, (tuple, list)):
         return next((t for t in out if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
     return None
+
+
+def _step_tensor(kind: str, key: str, t: torch.Tensor, absent: Layout = REPLICATED) -> StepTensor:
+    """A tensor of the step as it is compared: a DTensor's local piece and its layout (`absent`: the placements over
+    mesh dims its mesh lacks), a plain tensor and None."""
+    if isinstance(t, DTensor) and not _mapped(t):
+        # FSDP2's parameters and gradients on the flattened dp x cp mesh (and a TP shard sharded again over it,
+        # _StridedShard): no Layout of the (dp, cp, tp) mesh describes them, so the full tensor is judged
+        return StepTensor(kind, key, t.full_tensor().detach(), REPLICATED)
+    if isinstance(t, DTensor):
+        return StepTensor(kind, key, t.to_local().detach(), _dtensor_layout(t, absent))
+    return StepTensor(kind, key, t.detach(), None)
 
 
 def _mapped(t: DTensor) -> bool:

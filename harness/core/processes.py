@@ -228,50 +228,60 @@ def load_module(ref: str) -> ModuleType:
     return importlib.import_module(ref)
 
 
-def _rank_main(
-    fn: Callable,
-    args: tuple,
-    rank: int,
-    world_size: int,
-    nodes: int,
-    port: int,
-    distributed_env: bool,
-    init_process_group: bool,
-    backend: str,
-    pg_timeout: float,
-    extra_env: dict[str, str],
-) -> None:
-    """Entry point of one fresh rank: environment, store, log capture, fn, outcome; exit code 0 or 1."""
+@dataclass(frozen=True)
+class RankLaunch:
+    """What every fresh rank of one `run_ranks` call starts from (run_ranks' arguments, and the port of its store)."""
+
+    fn: Callable
+    args: tuple
+    world_size: int
+    nodes: int
+    port: int
+    distributed_env: bool
+    init_process_group: bool
+    backend: str
+    pg_timeout: float
+    env: dict[str, str]
+
+
+def _set_rank_env(launch: RankLaunch, rank: int) -> None:
+    """The environment torchrun would give `rank` of the simulated job (none with distributed_env=False), and the
+    caller's `env`; a launcher's own variables removed first."""
     for key in list(os.environ):
         if key in LAUNCHER_ENV or key.startswith("TORCHELASTIC_"):
             del os.environ[key]
-    per_node = world_size // nodes
-    if distributed_env:
+    per_node = launch.world_size // launch.nodes
+    if launch.distributed_env:
         os.environ.update(
             RANK=str(rank),
-            WORLD_SIZE=str(world_size),
+            WORLD_SIZE=str(launch.world_size),
             MASTER_ADDR=HOST,
-            MASTER_PORT=str(port),
+            MASTER_PORT=str(launch.port),
             LOCAL_RANK=str(rank % per_node),
             LOCAL_WORLD_SIZE=str(per_node),
             GROUP_RANK=str(rank // per_node),
             NODE_RANK=str(rank // per_node),
-            GROUP_WORLD_SIZE=str(nodes),
+            GROUP_WORLD_SIZE=str(launch.nodes),
             TORCHELASTIC_USE_AGENT_STORE="True",
         )
-    os.environ.update(extra_env)
+    os.environ.update(launch.env)
+
+
+def _rank_main(launch: RankLaunch, rank: int) -> None:
+    """Entry point of one fresh rank: environment, store, log capture, fn, outcome; exit code 0 or 1."""
+    _set_rank_env(launch, rank)
     torch.set_num_threads(1)
-    store = dist.TCPStore(HOST, port, is_master=False, timeout=timedelta(seconds=pg_timeout))
-    proc = RankProcess(rank, world_size, nodes, store)
+    store = dist.TCPStore(HOST, launch.port, is_master=False, timeout=timedelta(seconds=launch.pg_timeout))
+    proc = RankProcess(rank, launch.world_size, launch.nodes, store)
     handler = _StoreLogHandler(proc)
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
     code = 0
     try:
-        if init_process_group:
-            dist.init_process_group(backend, timeout=timedelta(seconds=pg_timeout))
-        result = fn(proc, *args)
+        if launch.init_process_group:
+            dist.init_process_group(launch.backend, timeout=timedelta(seconds=launch.pg_timeout))
+        result = launch.fn(proc, *launch.args)
         store.set(f"{KEY}result/{rank}", pickle.dumps(result))
     except BaseException as exc:  # noqa: BLE001  whatever escaped fn is the outcome
         code = 1
@@ -337,28 +347,33 @@ def run_ranks(
     ctx = _context(tuple(preload) + (fn.__module__,))
     store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=pg_timeout))
     per_node = world_size // nodes
+    launch = RankLaunch(
+        fn=fn,
+        args=tuple(args),
+        world_size=world_size,
+        nodes=nodes,
+        port=store.port,
+        distributed_env=distributed_env,
+        init_process_group=init_process_group,
+        backend=backend,
+        pg_timeout=pg_timeout,
+        env=dict(env or {}),
+    )
     procs = [
-        ctx.Process(
-            target=_rank_main,
-            daemon=True,
-            name=f"shardcheck-rank{r}",
-            args=(
-                fn,
-                tuple(args),
-                r,
-                world_size,
-                nodes,
-                store.port,
-                distributed_env,
-                init_process_group,
-                backend,
-                pg_timeout,
-                dict(env or {}),
-            ),
-        )
+        ctx.Process(target=_rank_main, daemon=True, name=f"shardcheck-rank{r}", args=(launch, r))
         for r in range(world_size)
     ]
     started = time.time()
+    killed = _run_until(procs, deadline)
+    wall = time.time() - started
+    outcomes = [
+        _collect(store, r, r // per_node, r % per_node, p.exitcode, k) for r, (p, k) in enumerate(zip(procs, killed))
+    ]
+    return ProcessRun(world_size=world_size, nodes=nodes, deadline_s=deadline, wall_s=wall, ranks=outcomes)
+
+
+def _run_until(procs: list[multiprocessing.process.BaseProcess], deadline: float) -> list[bool]:
+    """Start `procs` and wait for them to end, at most `deadline` seconds; which were still running then (killed)."""
     try:
         for p in procs:
             p.start()
@@ -367,18 +382,13 @@ def run_ranks(
             multiprocessing.connection.wait(
                 [p.sentinel for p in procs if p.is_alive()], timeout=max(end - time.monotonic(), 0.0)
             )
-        killed = [p.is_alive() for p in procs]
+        return [p.is_alive() for p in procs]
     finally:  # also when the caller is interrupted: never leave ranks behind
         for p in procs:
             if p.is_alive():
                 p.kill()
         for p in procs:
             p.join()
-    wall = time.time() - started
-    outcomes = [
-        _collect(store, r, r // per_node, r % per_node, p.exitcode, k) for r, (p, k) in enumerate(zip(procs, killed))
-    ]
-    return ProcessRun(world_size=world_size, nodes=nodes, deadline_s=deadline, wall_s=wall, ranks=outcomes)
 
 
 def _collect(

@@ -9,7 +9,7 @@ answer is wrong), and says that the input is outside the seed's stated shapes.""
 
 from __future__ import annotations
 
-from shardcheck.harness.core.case import PRECISION_RULE, Rule, RuleSource
+from shardcheck.harness.core.citations import PRECISION_RULE, Rule, RuleSource
 from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.records import Status, Symptom
 

@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardcheck.harness.core.case import FuzzSpace
 from shardcheck.harness.core.compare import FAILING
+from shardcheck.harness.core.fuzz_space import FuzzSpace
 from shardcheck.harness.core.plan_data import Plan
 from shardcheck.harness.core.records import RESULTS, RecordWriter
 from shardcheck.harness.core.topology import Topology

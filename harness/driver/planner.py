@@ -10,7 +10,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from shardcheck.harness.core.case import BAD_INPUT_CHECK, Case, FuzzSpace
+from shardcheck.harness.core.bad_input import BAD_INPUT_CHECK
+from shardcheck.harness.core.case import Case
+from shardcheck.harness.core.fuzz_space import FuzzSpace
 from shardcheck.harness.core.model_case import PLANNED_CHECKS, StepCase
 from shardcheck.harness.core.modules import resolve_impl
 from shardcheck.harness.core.options import DEFAULT_WORLD_SIZES, RunSettings, UsageError

@@ -59,7 +59,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from shardcheck.harness.core.case import RuleSource
+from shardcheck.harness.core.citations import RuleSource
 from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, SYMPTOMS, Phase, Status, Symptom
 from shardcheck.harness.core.rules import is_ours
@@ -782,7 +782,7 @@ KNOWN_COLUMNS = ["op", "reason", "reference", "checks", "count", "items", "where
 
 
 def known_failures(df: pd.DataFrame) -> pd.DataFrame:
-    """The run's `xfail` rows, one line per known failure (its reason and reference, shardcheck.harness.core.case.KnownFailure):
+    """The run's `xfail` rows, one line per known failure (its reason and reference, shardcheck.KnownFailure):
     the ops and checks it covered, how many rows and items, where (topologies, dtypes) and one rerun line."""
     if not len(df) or "status" not in df:
         return pd.DataFrame(columns=KNOWN_COLUMNS)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shardcheck.harness.core.case import REPLICATED, Case, RankContext, as_tuple, is_float
+from shardcheck.harness.core.case import Case, as_tuple, is_float
+from shardcheck.harness.core.layout import REPLICATED
 from shardcheck.harness.core.measure import CommCounter, Timer, group_dims, peak_memory, split_comm
 from shardcheck.harness.core.plan_data import DTYPES, Plan
 from shardcheck.harness.core.records import Phase, Status

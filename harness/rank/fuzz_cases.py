@@ -9,7 +9,8 @@ import hashlib
 import json
 from dataclasses import replace
 
-from shardcheck.harness.core.case import Case, FuzzSpace
+from shardcheck.harness.core.case import Case
+from shardcheck.harness.core.fuzz_space import FuzzSpace
 from shardcheck.harness.core.topology import Topology
 
 FUZZ_PREFIX = "fuzz-"

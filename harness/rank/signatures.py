@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from shardcheck.harness.core.case import SIGNATURE_RULE
+from shardcheck.harness.core.citations import SIGNATURE_RULE
 from shardcheck.harness.core.modules import resolve_impl, same_module
 from shardcheck.harness.core.records import NO_CAUSE, SIGNATURE_CHECK, Status, Symptom
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from types import ModuleType
 
 from shardcheck import suites
-from shardcheck.harness.core.case import Case, FuzzSpace
+from shardcheck.harness.core.case import Case
+from shardcheck.harness.core.fuzz_space import FuzzSpace
 from shardcheck.harness.core.model_case import ModelCase
 from shardcheck.harness.core.modules import import_file, is_path
 from shardcheck.harness.core.options import UsageError

@@ -1,0 +1,202 @@
+"""How a full tensor maps to each rank's piece over the ("dp", "cp", "tp") mesh: `Layout`, one placement per mesh dim.
+
+A placement is torch's DTensor placement (`Shard`, `Replicate`, `Partial`) or one of the CP index rules here
+(`HeadTail`, `PackedHeadTail`, `Permuted`) that no DTensor placement expresses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Partial, Placement, Replicate, Shard
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from shardcheck.harness.core.topology import MESH_DIMS, mesh_dims
+
+Tensors = dict[str, torch.Tensor]  # named tensors: a case's inputs, full or one rank's pieces
+
+
+@dataclass(frozen=True)
+class HeadTail:
+    """Load-balanced ("head-tail") CP layout of tensor dim `dim`: the positions are split into
+    2·n equal chunks and rank r of n holds chunk r followed by chunk 2·n−1−r (cp=2, 16
+    positions: rank 0 holds 0–3 and 12–15, rank 1 holds 4–11)."""
+
+    dim: int
+
+    def positions(self, length: int, n: int, r: int, inputs: Tensors) -> torch.Tensor:
+        return head_tail_positions(length, n, r)
+
+
+@dataclass(frozen=True)
+class PackedHeadTail:
+    """The head-tail layout applied to each packed sequence on its own: the sequences' padded
+    boundaries are the full offsets in input `boundaries` ([B+1], e.g. cu_seqlens_padded); rank r
+    holds its two chunks of every sequence, sequences in order."""
+
+    dim: int
+    boundaries: str = "cu_seqlens_padded"
+
+    def positions(self, length: int, n: int, r: int, inputs: Tensors) -> torch.Tensor:
+        bounds = [int(b) for b in inputs[self.boundaries]]
+        if bounds[0] != 0 or bounds[-1] != length:
+            raise ValueError(f"{self.boundaries} {bounds} does not span the {length} positions of dim {self.dim}")
+        return torch.cat([a + head_tail_positions(b - a, n, r) for a, b in zip(bounds[:-1], bounds[1:])])
+
+
+@dataclass(frozen=True)
+class Permuted:
+    """An explicit CP layout: input `index` ([L], a permutation of the positions) lists the positions
+    in the order the ranks hold them; rank r of n holds the r-th contiguous 1/n of that list."""
+
+    dim: int
+    index: str = "seq_index"
+
+    def positions(self, length: int, n: int, r: int, inputs: Tensors) -> torch.Tensor:
+        order = inputs[self.index].long()
+        if sorted(order.tolist()) != list(range(length)) or length % n:
+            raise ValueError(f"{self.index} must be a permutation of {length} positions divisible by {n}")
+        return order.view(n, length // n)[r]
+
+
+IndexRule = HeadTail | PackedHeadTail | Permuted
+
+
+def head_tail_positions(length: int, n: int, r: int) -> torch.Tensor:
+    """Positions rank r of n holds in the head-tail layout of `length` positions."""
+    if length % (2 * n):
+        raise ValueError(f"head-tail layout needs a length divisible by 2·CP = {2 * n}, got {length}")
+    chunk = length // (2 * n)
+    return torch.cat(
+        [torch.arange(r * chunk, (r + 1) * chunk), torch.arange((2 * n - 1 - r) * chunk, (2 * n - r) * chunk)]
+    )
+
+
+class Layout:
+    """How a full tensor maps to each rank's local tensor: one placement per mesh dim.
+
+    A placement is a DTensor placement (`Shard(d)`, `Replicate()`, `Partial()`) or an index rule
+    (`HeadTail(d)`, `PackedHeadTail(d)`, `Permuted(d)`: CP layouts that are not DTensor
+    placements).  Either way a rank's piece is, per tensor dim, a list of global positions (mesh
+    dims apply in order dp, cp, tp, each splitting what the previous left): `indices` gives them,
+    and slicing, rebuilding and the mismatch's global index all go through it.
+
+    `Partial()` on a dim means the full value is the *sum* of the ranks' local values
+    there (e.g. per-DP-rank losses normalised by the global token count): the harness
+    sums them before comparing, and every rank gets the full upstream gradient.
+    """
+
+    def __init__(
+        self,
+        dp: Placement | IndexRule | None = None,
+        cp: Placement | IndexRule | None = None,
+        tp: Placement | IndexRule | None = None,
+    ):
+        self.placements = tuple(p if p is not None else Replicate() for p in (dp, cp, tp))
+
+    def __repr__(self) -> str:
+        return "Layout(" + ", ".join(f"{d}={p}" for d, p in zip(MESH_DIMS, self.placements)) + ")"
+
+    @property
+    def has_rules(self) -> bool:
+        return any(isinstance(p, IndexRule) for p in self.placements)
+
+    def indices(
+        self, full_shape: Sequence[int], coords: dict[str, int], sizes: dict[str, int], inputs: Tensors | None = None
+    ) -> list[torch.Tensor]:
+        """Per tensor dim, the global positions held by the rank at mesh `coords` (mesh dim sizes
+        `sizes`), in local order.  Pure: the driver can map any rank's piece without a mesh."""
+        ndim = len(full_shape)
+        idx = [torch.arange(int(n)) for n in full_shape]
+        for d, p in zip(MESH_DIMS, self.placements):
+            n, r = sizes.get(d, 1), coords.get(d, 0)
+            if isinstance(p, Shard):
+                dim = p.dim % ndim
+                size, offset = Shard.local_shard_size_and_offset(len(idx[dim]), n, r)
+                idx[dim] = idx[dim][offset : offset + size]
+            elif isinstance(p, IndexRule) and n > 1:
+                dim = p.dim % ndim
+                idx[dim] = idx[dim][p.positions(len(idx[dim]), n, r, inputs or {})]
+        return idx
+
+    def mesh_indices(
+        self, full_shape: Sequence[int], mesh: DeviceMesh, inputs: Tensors | None = None
+    ) -> list[torch.Tensor]:
+        dims = mesh_dims(mesh)
+        return self.indices(full_shape, dims.coords, dims.sizes, inputs)
+
+    def misfit(
+        self,
+        full_shape: Sequence[int],
+        sizes: dict[str, int],
+        inputs: Tensors | None = None,
+        empty_pieces: Sequence[str] = (),
+    ) -> str:
+        """Why this layout cannot lay a tensor of `full_shape` out over a mesh of `sizes`, or "" where it can: an
+        index rule the length does not split for (head-tail needs a multiple of 2·CP), or a Shard over a mesh dim
+        not in `empty_pieces` leaving some rank an empty piece (a dim smaller than the mesh dim).  Pure, like
+        `indices`."""
+        # The first and the last rank: torch's Shard gives the last ranks the smallest pieces, and an index rule
+        # that cannot split a length fails on every rank.
+        for corner in ({d: 0 for d in MESH_DIMS}, {d: sizes.get(d, 1) - 1 for d in MESH_DIMS}):
+            try:
+                idx = self.indices(full_shape, corner, sizes, inputs)
+            except (ValueError, KeyError, IndexError, RuntimeError) as exc:
+                return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            for d, p in zip(MESH_DIMS, self.placements):
+                dim = p.dim % len(full_shape) if isinstance(p, Shard) and full_shape else None
+                if dim is not None and d not in empty_pieces and sizes.get(d, 1) > 1 and len(idx[dim]) == 0:
+                    return (
+                        f"dim {dim} of length {full_shape[dim]} sharded over {d}={sizes[d]} leaves some ranks an "
+                        "empty piece, and the case does not test empty pieces"
+                    )
+        return ""
+
+    def reduce_partial(self, local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+        """Sum the local values over the Partial dims (a no-op without any), in float64 so the
+        harness's own sum adds no rounding to what is judged."""
+        if not any(isinstance(p, Partial) for p in self.placements):
+            return local
+        dims = mesh_dims(mesh)
+        group_dims = [d for d, p in zip(MESH_DIMS, self.placements) if isinstance(p, Partial) and dims.sizes[d] > 1]
+        total = local.detach().to(torch.float64, copy=True)  # never the op's own output: all_reduce is in place
+        for d in group_dims:
+            torch.distributed.all_reduce(total, group=dims.groups[d])
+        return total
+
+    def local(self, full: torch.Tensor, mesh: DeviceMesh, inputs: Tensors | None = None) -> torch.Tensor:
+        """This rank's piece of `full` (no communication: every rank holds the same full tensor)."""
+        return take(full, self.mesh_indices(full.shape, mesh, inputs))
+
+    def global_index(
+        self, local_index: Sequence[int], full_shape: Sequence[int], mesh: DeviceMesh, inputs: Tensors | None = None
+    ) -> tuple[int, ...]:
+        idx = self.mesh_indices(full_shape, mesh, inputs)
+        return tuple(int(ix[i]) for ix, i in zip(idx, local_index))
+
+    def local_range(self, full_shape: Sequence[int], dim: int, mesh: DeviceMesh) -> tuple[int, int]:
+        """[start, end) of this rank's piece along `dim` in global coordinates (a contiguous piece)."""
+        dim %= len(full_shape)
+        placements = [Shard(p.dim % len(full_shape)) if isinstance(p, Shard) else Replicate() for p in self.placements]
+        if any(isinstance(p, IndexRule) and p.dim % len(full_shape) == dim for p in self.placements):
+            ix = self.mesh_indices(full_shape, mesh)[dim]
+            if len(ix) and not torch.equal(ix, torch.arange(int(ix[0]), int(ix[0]) + len(ix))):
+                raise ValueError(f"dim {dim} of {self} is not a contiguous range on this rank")
+            return (int(ix[0]), int(ix[0]) + len(ix)) if len(ix) else (0, 0)
+        shape, offset = compute_local_shape_and_global_offset(torch.Size(full_shape), mesh, placements)
+        return int(offset[dim]), int(offset[dim]) + int(shape[dim])
+
+
+def take(full: torch.Tensor, indices: Sequence[torch.Tensor]) -> torch.Tensor:
+    """full restricted to the given positions per dim (a copy only where a dim is not whole)."""
+    out = full
+    for d, ix in enumerate(indices):
+        if len(ix) != full.shape[d] or not torch.equal(ix, torch.arange(full.shape[d])):
+            out = out.index_select(d, ix.to(out.device))
+    return out
+
+
+REPLICATED = Layout()
