@@ -16,8 +16,8 @@ import pytest
 from helpers import FIXTURES, Run, cli, shardcheck
 
 from shardcheck.harness.core.events import Events, events_path
-from shardcheck.harness.core.options import RunSettings, UsageError
 from shardcheck.harness.core.known_failure import KnownFailure
+from shardcheck.harness.core.options import RunSettings, UsageError
 from shardcheck.harness.core.plan_data import Item, Plan, Xfail
 from shardcheck.harness.core.records import load
 from shardcheck.harness.core.topology import Topology

@@ -25,7 +25,6 @@ import torch
 from torch.distributed.tensor import Replicate
 
 from shardcheck.harness.core.bad_input import BAD_INPUT_CHECK, BadInput
-
 from shardcheck.harness.core.citations import COMM_RULE, DOCUMENTED_RESULT, SIGNATURE_RULE, Rule
 from shardcheck.harness.core.compare import BudgetScope
 from shardcheck.harness.core.known_failure import KnownFailure

@@ -15,6 +15,7 @@ from shardcheck.harness.core.case import Case, as_tuple, is_float
 from shardcheck.harness.core.layout import REPLICATED
 from shardcheck.harness.core.measure import CommCounter, Timer, group_dims, peak_memory, split_comm
 from shardcheck.harness.core.plan_data import DTYPES, Plan
+from shardcheck.harness.core.rank_context import RankContext
 from shardcheck.harness.core.records import Phase, Status
 from shardcheck.harness.core.topology import mesh_dims
 from shardcheck.harness.rank.item_run import ItemRun

@@ -15,10 +15,10 @@ import torch
 from shardcheck.harness.core.bad_input import BAD_INPUT_CHECK
 from shardcheck.harness.core.case import Case, as_tuple
 from shardcheck.harness.core.layout import REPLICATED, Layout
-from shardcheck.harness.core.rank_context import RankContext
 from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
 from shardcheck.harness.core.model_case import StepCase, step_order
 from shardcheck.harness.core.plan_data import DTYPES, Item
+from shardcheck.harness.core.rank_context import RankContext
 from shardcheck.harness.core.records import SIGNATURE_CHECK, Phase, Status, Symptom
 from shardcheck.harness.core.rules import is_ours, under_rule
 from shardcheck.harness.core.topology import Topology, mesh_coords, mesh_dims

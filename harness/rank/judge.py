@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from shardcheck.harness.core.layout import Layout
 from shardcheck.harness.core.compare import BudgetScope, budget, compare, judge
+from shardcheck.harness.core.layout import Layout
 from shardcheck.harness.core.records import Status, Symptom
 from shardcheck.harness.rank.golden import Golden
 
