@@ -496,10 +496,11 @@ def test_outside_its_when_the_defect_fails_and_a_fixed_one_is_xpass(tmp_path):
 
 
 def test_the_cli_prints_the_rerun_line_of_every_known_failure(seeded_run, capsys):
-    from shardcheck.harness.cli import _print_findings
+    from shardcheck.harness.findings.verdicts import findings
+    from shardcheck.reports.console import print_findings
 
     run_dir, _ = seeded_run
-    _print_findings(load(run_dir))
+    print_findings(findings(load(run_dir)))
     out = capsys.readouterr().out
     known_line = next(i for i, ln in enumerate(out.splitlines()) if ln.startswith("Known failures ("))
     reruns = [

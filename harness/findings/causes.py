@@ -315,7 +315,18 @@ def _display(ops: list[str]) -> str:
 def causes(df: pd.DataFrame) -> pd.DataFrame:
     """One row per cause of a run's non-passing rows (COLUMNS; `ops` the ops it covers, `op` them for
     people), errors first, then failures, then warnings."""
+    return _frame(_table(df))
+
+
+def causes_and_demoted(df: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[list, str]]]:
+    """`causes(df)` and `demoted_lines(df)` from one grouping of the rows (the grouping is the costly part).  The
+    causes are the same before and after verdicts.py demotes the lines' rows: this module reads a demoted row as the
+    error it was (`_as_judged`)."""
     table = _table(df)
+    return _frame(table), _demoted_of(table)
+
+
+def _frame(table: list[dict]) -> pd.DataFrame:
     out = pd.DataFrame(
         [{**{k: c[k] for k in COLUMNS if k != "rule"}, "rule": rule_text(c["rules"])} for c in table], columns=COLUMNS
     )
@@ -334,7 +345,11 @@ RAISES_ON_OURS = "raises on input only our rule feeds: "  # a demoted line's kin
 def demoted_lines(df: pd.DataFrame) -> list[tuple[list, str]]:
     """The lines demoted to `warn` (module docstring, 5): per line, the index labels of its rows in `df` (the
     exception's and its consequences') and the rule text it names."""
-    return [(c["members"], rule_text(c["rules"])) for c in _table(df) if c.get("demoted")]
+    return _demoted_of(_table(df))
+
+
+def _demoted_of(table: list[dict]) -> list[tuple[list, str]]:
+    return [(c["members"], rule_text(c["rules"])) for c in table if c.get("demoted")]
 
 
 def _as_judged(df: pd.DataFrame) -> pd.DataFrame:
