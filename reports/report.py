@@ -15,8 +15,9 @@ import pandas as pd  # noqa: E402
 
 from shardcheck.harness.core.compare import FAILING, STATUS_ORDER  # noqa: E402
 from shardcheck.harness.core.records import Status  # noqa: E402
-from shardcheck.harness.findings.causes import finding_lines, known_failure_text  # noqa: E402
+from shardcheck.harness.findings.known import known_failure_text  # noqa: E402
 from shardcheck.harness.findings.verdicts import SettledRun, read_settled  # noqa: E402
+from shardcheck.harness.findings.wording import finding_lines  # noqa: E402
 from shardcheck.reports import benchmark_json  # noqa: E402
 from shardcheck.reports.error_map import draw_artefact  # noqa: E402
 from shardcheck.reports.model_chart import model_charts  # noqa: E402

@@ -23,7 +23,9 @@ from shardcheck.harness.driver import planner as plan_module
 from shardcheck.harness.driver.collect import Collector
 from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.driver.run import EXIT_FAIL, EXIT_OK, close_run, exit_code, open_run
-from shardcheck.harness.findings.causes import causes, finding_lines, known_failures, known_failures_line
+from shardcheck.harness.findings.causes import causes
+from shardcheck.harness.findings.known import known_failures, known_failures_line
+from shardcheck.harness.findings.wording import finding_lines
 from shardcheck.reports import junit
 from shardcheck.reports.dashboard import load_runs, status_counts
 from shardcheck.reports.regression import compare_runs

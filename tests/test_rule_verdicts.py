@@ -14,8 +14,9 @@ import pandas as pd
 from helpers import BROKEN, IMPLS, ROOT
 
 from shardcheck.harness.core.records import Status, Symptom, load
-from shardcheck.harness.findings.causes import RAISES_ON_OURS, causes, finding_lines
+from shardcheck.harness.findings.causes import RAISES_ON_OURS, causes
 from shardcheck.harness.findings.verdicts import DEMOTED_NOTE, demote
+from shardcheck.harness.findings.wording import finding_lines
 
 OURS = ("ours", "docs/ops/README.md#conventions-shared-by-every-family")
 SEED = ("seed", "the op's documented result (its docstring and signature)")

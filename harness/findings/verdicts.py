@@ -16,7 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 from shardcheck.harness.core.records import RESULTS, RUN_META, Status, load, write_json
-from shardcheck.harness.findings.causes import causes, causes_and_demoted, demoted_lines, known_failures
+from shardcheck.harness.findings.causes import causes, causes_and_demoted, demoted_lines
+from shardcheck.harness.findings.known import known_failures
 
 DEMOTED_NOTE = "raised only on input our rule feeds, which the seed leaves open: a warn under --impl (loud or right)"
 
