@@ -8,8 +8,8 @@ import pandas as pd
 
 from shardcheck.harness.core.records import Status, Symptom
 from shardcheck.harness.findings.known import known_failures_line
-from shardcheck.harness.findings.wording import finding_lines
 from shardcheck.harness.findings.verdicts import Findings
+from shardcheck.harness.findings.wording import finding_lines
 from shardcheck.reports.report import failing_items, folded_checks, item_title
 
 
