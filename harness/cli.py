@@ -254,8 +254,8 @@ def _run(args) -> int:
                     bench_iters=args.bench_iters,
                 )
                 from shardcheck.harness.driver.launch import run_plan
-                from shardcheck.harness.driver.run import close_run, exit_code, open_run
-                from shardcheck.reports.sinks import Outputs, finish
+                from shardcheck.harness.driver.run import close_run, open_run
+                from shardcheck.reports.sinks import finish  # noqa: F401  (its imports: pandas, matplotlib)
         except BaseException:
             if not shared:
                 pool.close()
@@ -294,12 +294,20 @@ def _run(args) -> int:
             )
         finally:
             close_run(run_dir, writer, meta)
+    return _end_of_run(args, run_dir, run_id, writer.counts)
+
+
+def _end_of_run(args, run_dir: Path, run_id: str, counts: dict[str, int]) -> int:
+    """The run settled and handed to its outputs (reports/sinks.py), its findings and failing items printed; the
+    exit code."""
+    from shardcheck.harness.driver.run import exit_code
     from shardcheck.reports.console import print_failures, print_findings, print_harness_errors
+    from shardcheck.reports.sinks import Outputs, finish
 
     # settled once: the rows of a findings line demoted to warn become warn rows, so that the counts, the exit code,
     # the JUnit and the report say what the line says (shardcheck.harness.findings.verdicts); then every output
     # (reports/sinks.py) gets the settled rows and findings
-    settled = finish(run_dir, writer.counts, Outputs(run_id, args.junit_xml, os.environ.get("GITHUB_STEP_SUMMARY")))
+    settled = finish(run_dir, counts, Outputs(run_id, args.junit_xml, os.environ.get("GITHUB_STEP_SUMMARY")))
     counts, rows = settled.counts, settled.rows
     print_findings(settled.findings)
     known = "".join(
