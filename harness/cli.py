@@ -298,15 +298,12 @@ def _run(args) -> int:
 
 
 def _end_of_run(args, run_dir: Path, run_id: str, counts: dict[str, int]) -> int:
-    """The run settled and handed to its outputs (reports/sinks.py), its findings and failing items printed; the
-    exit code."""
+    """The run settled once (a findings line demoted to warn: its rows too, harness/findings/verdicts.py) and handed
+    to its outputs (reports/sinks.py), its findings and failing items printed; the exit code."""
     from shardcheck.harness.driver.run import exit_code
     from shardcheck.reports.console import print_failures, print_findings, print_harness_errors
     from shardcheck.reports.sinks import Outputs, finish
 
-    # settled once: the rows of a findings line demoted to warn become warn rows, so that the counts, the exit code,
-    # the JUnit and the report say what the line says (shardcheck.harness.findings.verdicts); then every output
-    # (reports/sinks.py) gets the settled rows and findings
     settled = finish(run_dir, counts, Outputs(run_id, args.junit_xml, os.environ.get("GITHUB_STEP_SUMMARY")))
     counts, rows = settled.counts, settled.rows
     print_findings(settled.findings)
