@@ -27,7 +27,7 @@ from shardcheck.harness.core.options import (
     impl_map,
     str_list,
 )
-from shardcheck.harness.core.records import Status, Symptom
+from shardcheck.harness.core.records import Status
 from shardcheck.harness.core.topology import Topology, default_topologies
 
 if TYPE_CHECKING:
@@ -201,25 +201,28 @@ def _run(args) -> int:
     with _pool(args, run_dir) as pool:
         with _undone_on_error(args, pool, run_dir), _collector_off(freeze=args.own_process):
             plan = _plan(args, pool, run_id, topologies)
-            from shardcheck.harness.core.records import load
             from shardcheck.harness.driver.launch import run_plan
-            from shardcheck.harness.driver.run import close_run, exit_code
-            from shardcheck.reports.report import build
+            from shardcheck.harness.driver.run import close_run
+            from shardcheck.reports.sinks import finish  # noqa: F401  (its imports: pandas, matplotlib)
         writer, meta = _open_run(args, pool, run_dir, plan)
         try:
             show_progress = not args.no_progress and sys.stderr.isatty()
             run_plan(plan, run_dir, writer, show_progress=show_progress, hang_budget=not args.no_hang_budget, pool=pool)
         finally:
             close_run(run_dir, writer, meta)
-    from shardcheck.harness.findings.verdicts import settle  # (pandas: not at import, so --help stays quick)
+    return _end_of_run(args, run_dir, run_id, writer.counts)
 
-    # the rows of a findings line demoted to warn become warn rows, so that the counts, the exit code, the JUnit and
-    # the report say what the line says (shardcheck.harness.findings.verdicts)
-    counts = settle(run_dir, writer.counts)
-    build(run_dir)
-    rows = load(run_dir)
-    _write_ci_outputs(run_dir, rows, run_id, args.junit_xml)
-    _print_findings(rows)
+
+def _end_of_run(args, run_dir: Path, run_id: str, counts: dict[str, int]) -> int:
+    """The run settled once (a findings line demoted to warn: its rows too, harness/findings/verdicts.py) and handed
+    to its outputs (reports/sinks.py), its findings and failing items printed; the exit code."""
+    from shardcheck.harness.driver.run import exit_code
+    from shardcheck.reports.console import print_failures, print_findings, print_harness_errors
+    from shardcheck.reports.sinks import Outputs, finish
+
+    settled = finish(run_dir, counts, Outputs(run_id, args.junit_xml, os.environ.get("GITHUB_STEP_SUMMARY")))
+    counts, rows = settled.counts, settled.rows
+    print_findings(settled.findings)
     known = "".join(
         f", {counts[s]} {s}ed" for s in (Status.XFAIL, Status.XPASS) if counts[Status.XFAIL] or counts[Status.XPASS]
     )
@@ -227,9 +230,9 @@ def _run(args) -> int:
         f"shardcheck: {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
         f"{counts['error']} errors, {counts['skip']} skipped{known} -> {run_dir / 'report.html'}"
     )
-    _print_harness_errors(rows)
+    print_harness_errors(rows)
     if counts[Status.FAIL] or counts[Status.ERROR] or counts[Status.XPASS]:
-        _print_failures(run_dir, rows)
+        print_failures(run_dir, rows)
     elif counts[Status.WARN] and args.strict:
         print(f"shardcheck: --strict: {counts['warn']} warning(s) fail the run")
     return exit_code(counts, args.strict)
@@ -313,10 +316,10 @@ def _fuzz(args, session, spaces, run_dir: Path, corpus: Path) -> int:
     replayed as `shardcheck run` replays the corpus (its rows, the report, the rerun line)."""
     import json
 
-    from shardcheck.harness.core.records import load
     from shardcheck.harness.driver.launch import run_plan
     from shardcheck.harness.driver.run import close_run, open_run
-    from shardcheck.reports.report import build
+    from shardcheck.reports.console import print_failures, print_findings
+    from shardcheck.reports.sinks import Outputs, finish
 
     searches = _search(args, session, spaces, run_dir)
     (run_dir / "fuzz.json").write_text(
@@ -332,17 +335,14 @@ def _fuzz(args, session, spaces, run_dir: Path, corpus: Path) -> int:
         run_plan(plan, run_dir, writer, show_progress=False, hang_budget=not args.no_hang_budget, pool=session.pool)
     finally:
         close_run(run_dir, writer, meta)
-    from shardcheck.harness.findings.verdicts import settle
-
-    counts = settle(run_dir, writer.counts)
-    build(run_dir)
-    rows = load(run_dir)
-    _print_findings(rows)
+    settled = finish(run_dir, writer.counts, Outputs(plan.run_id))  # the shrunk cases' run: its pages
+    counts = settled.counts
+    print_findings(settled.findings)
     print(
         f"shardcheck fuzz: {len(failures)} op(s) failed; the shrunk cases: {counts['pass']} passed, "
         f"{counts['fail']} failed, {counts['error']} errors -> {run_dir / 'report.html'}"
     )
-    _print_failures(run_dir, rows)
+    print_failures(run_dir, settled.rows)
     return EXIT_FAIL
 
 
@@ -400,68 +400,6 @@ MAX_FUZZ_EXAMPLES = 1_000_000  # --time alone: examples are drawn until the time
 
 def _space(spaces, op: str):
     return next(space for _, space in spaces if space.op == op)
-
-
-def _print_findings(rows) -> None:
-    """The run's non-passing rows grouped by cause (shardcheck.harness.findings.causes): one line per (op, cause); then the known
-    failures (xfail) in one line with their reasons, and a rerun line for each."""
-    from shardcheck.harness.findings.causes import causes, finding_lines, known_failures, known_failures_line
-
-    table = causes(rows)
-    if len(table):
-        print(f"Findings ({len(table)}):")
-        for line in finding_lines(table):
-            print("  " + line)
-    known = known_failures(rows)
-    if len(known):
-        print(known_failures_line(known))
-        for r in known.itertuples():  # each known failure's rerun, as the findings have theirs
-            if isinstance(r.rerun, str) and r.rerun:
-                print(f"  rerun ({r.op}): {r.rerun}")
-
-
-def _print_harness_errors(rows) -> None:
-    """One line per place in shardcheck's own code that raised on a rank (Symptom.HARNESS): those errors are the
-    harness's fault, not the op's."""
-    bad = rows[(rows["status"] == Status.ERROR) & (rows["symptom"] == Symptom.HARNESS)]
-    for (error_type, where), group in bad.groupby(["error_type", "error_where"], sort=False):
-        items = len(group.drop_duplicates(["op", "case_id", "dtype", "dp", "cp", "tp"]))
-        print(
-            f"shardcheck: {len(group)} error(s) in {items} item(s) are shardcheck's own fault, not the op's: "
-            f"{error_type}: {group['error_message'].iloc[0]} raised at {where}; please report it"
-        )
-
-
-def _write_ci_outputs(run_dir: Path, rows, run_id: str, junit_xml: Path | None) -> None:
-    """--junit-xml, and the Markdown summary appended to $GITHUB_STEP_SUMMARY when CI sets it."""
-    from shardcheck.reports import junit
-    from shardcheck.reports.report import summary_markdown
-
-    if junit_xml:
-        junit.write(rows, run_id, junit_xml)
-    summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary_path:
-        try:
-            with open(summary_path, "a") as fh:
-                fh.write(summary_markdown(run_dir) + "\n")
-        except OSError as exc:
-            print(f"shardcheck: warning: cannot append to GITHUB_STEP_SUMMARY {summary_path}: {exc}", file=sys.stderr)
-
-
-def _print_failures(run_dir: Path, rows, limit: int = 20) -> None:
-    """Each failing item (a known failure that passes included): its bad checks, then a `rerun:` line that runs
-    it alone."""
-    from shardcheck.reports.report import failing_items, folded_checks, item_title
-
-    items = failing_items(rows)
-    for item in items[:limit]:
-        print(item_title(item))
-        for checks, _, message in folded_checks(item):
-            print(f"  {checks}: {message}")
-        if item["rerun"]:
-            print(f"rerun: {item['rerun']}")
-    if len(items) > limit:
-        print(f"... and {len(items) - limit} more failing items (see {run_dir / 'report.md'})")
 
 
 def cmd_list(args) -> int:

@@ -59,11 +59,10 @@ from shardcheck.harness.driver.collect import Collector
 from shardcheck.harness.driver.planner import DEFAULT_DTYPES
 from shardcheck.harness.driver.pool import rank_log
 from shardcheck.harness.driver.run import close_run, exit_code, open_run, plan_from_args
-from shardcheck.harness.findings.verdicts import settle
 from shardcheck.harness.rank import flight_recorder
 from shardcheck.harness.rank import worker as worker_module
 from shardcheck.harness.rank.worker import Worker
-from shardcheck.reports.report import build
+from shardcheck.reports.sinks import Outputs, finish
 
 TAKEOVER = 3.0  # seconds a rank other than 0 leaves rank 0 to claim a hang's finding before claiming it itself
 WATCH_SLICE = 0.2  # how often the watchdog thread looks at the item in flight
@@ -160,8 +159,8 @@ def _run_as_rank0(worker: Worker, plan: Plan, hang: _Hang, out: Path, strict: bo
     dist.barrier()  # every rank has written its last 'done'
     collector.poll()
     close_run(out, writer, meta)
-    counts = settle(out, writer.counts)  # a line demoted to warn: its rows too (findings/verdicts.py)
-    build(out)
+    # settled (a line demoted to warn: its rows too, findings/verdicts.py), then its pages (reports/sinks.py)
+    counts = finish(out, writer.counts, Outputs(plan.run_id)).counts
     dist.destroy_process_group()
     return exit_code(counts, strict)
 
@@ -296,8 +295,7 @@ class _Hang:
             collector.skip(rest, reason)
         writer.counts = dict(Counter(r["status"] for r in _rows(self.out)))  # rank 0's rows and these
         close_run(self.out, writer, meta)
-        writer.counts = settle(self.out, writer.counts)
-        build(self.out)
+        writer.counts = finish(self.out, writer.counts, Outputs(self.plan.run_id)).counts
         print(
             f"shardcheck worker (rank {self.rank}): the run ended at {item.op} {item.case_id} ({cause}): "
             f"{self.out / RESULTS}",

@@ -36,7 +36,7 @@ DRIVER_PARTS = {
     "plan": [("harness/driver/run.py", "plan_from_args")],
     "launches (waiting on the ranks)": [("harness/driver/launch.py", "run_plan")],
     "events merged into rows": [("harness/driver/collect.py", "poll")],
-    "report": [("reports/report.py", "build")],
+    "findings and reports": [("reports/sinks.py", "finish")],
 }
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 from pathlib import Path
 
 import matplotlib
@@ -15,8 +14,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from shardcheck.harness.core.compare import FAILING, STATUS_ORDER  # noqa: E402
-from shardcheck.harness.core.records import RUN_META, Status, load  # noqa: E402
-from shardcheck.harness.findings.causes import causes, finding_lines, known_failure_text, known_failures  # noqa: E402
+from shardcheck.harness.core.records import Status  # noqa: E402
+from shardcheck.harness.findings.known import known_failure_text  # noqa: E402
+from shardcheck.harness.findings.verdicts import SettledRun, read_settled  # noqa: E402
+from shardcheck.harness.findings.wording import finding_lines  # noqa: E402
 from shardcheck.reports import benchmark_json  # noqa: E402
 from shardcheck.reports.error_map import draw_artefact  # noqa: E402
 from shardcheck.reports.model_chart import model_charts  # noqa: E402
@@ -209,12 +210,10 @@ def _findings_html(table: pd.DataFrame) -> str:
     return f"<h2>Findings ({len(table)})</h2><ul class='findings'>" + "".join(items) + "</ul>"
 
 
-def summary_markdown(run_dir: str | Path, max_items: int = 30) -> str:
+def summary_markdown(run: SettledRun, max_items: int = 30) -> str:
     """A short Markdown summary for CI pages (GITHUB_STEP_SUMMARY): counts, the status table, the
     first failing items with their rerun lines."""
-    run_dir = Path(run_dir)
-    df = load(run_dir)
-    meta = json.loads((run_dir / RUN_META).read_text()) if (run_dir / RUN_META).is_file() else {}
+    df, meta, run_dir = run.rows, run.meta, run.run_dir
     counts = df["status"].value_counts().reindex(COUNTED, fill_value=0)
     items = failing_items(df)
     mark = "❌" if counts[list(FAILING)].any() else "⚠️" if counts[Status.WARN] else "✅"
@@ -227,7 +226,7 @@ def summary_markdown(run_dir: str | Path, max_items: int = 30) -> str:
         + (f" (commit {str(meta['git_commit'])[:10]})" if meta.get("git_commit") else ""),
         "",
     ]
-    lines += findings_markdown(causes(df)) + known_failures_markdown(known_failures(df))
+    lines += findings_markdown(run.findings.causes) + known_failures_markdown(run.findings.known)
     checks = df[df["check"] != "bench"]
     if len(checks):
         lines += [status_table(checks).to_markdown(index=False), ""]
@@ -418,11 +417,18 @@ def draw_error_maps(df: pd.DataFrame, run_dir: Path) -> None:
 
 
 def build(run_dir: str | Path) -> list[Path]:
-    """(Re)build the report files of one run directory from its records."""
-    run_dir = Path(run_dir)
-    df = load(run_dir)
+    """(Re)build the report files of one run directory from its records (`shardcheck report`): the pages, the
+    plots and the benchmark JSON."""
+    run = read_settled(Path(run_dir))
+    paths = write(run)
+    benchmark_json.write(run.run_dir, run.rows, run.meta)
+    return paths
+
+
+def write(run: SettledRun) -> list[Path]:
+    """report.md, report.html and their plots, from a settled run; the paths written."""
+    df, meta, run_dir = run.rows, run.meta, run.run_dir
     draw_error_maps(df, run_dir)
-    meta = json.loads((run_dir / RUN_META).read_text()) if (run_dir / RUN_META).is_file() else {}
     counts = df["status"].value_counts().reindex(COUNTED, fill_value=0)
     bad = failures(df)
     checks = df[df["check"] != "bench"]
@@ -434,8 +440,6 @@ def build(run_dir: str | Path) -> list[Path]:
     bench = bench_table(df) if (df["check"] == "bench").any() else pd.DataFrame()
     images += [(p.stem.replace("_", " "), p) for p in sweep_plots(df, run_dir)] if len(bench) else []
     images += model_charts(checks, run_dir) if len(checks) else []  # where a failing model case leaves the one device
-    if len(bench):
-        benchmark_json.write(run_dir, df, meta)
 
     header = [f"# shardcheck run {meta.get('run_id', run_dir.name)}", ""]
     for key in ("git_commit", "git_dirty", "torch_version", "device", "device_name", "backend", "host", "start", "end"):
@@ -448,8 +452,7 @@ def build(run_dir: str | Path) -> list[Path]:
         )
     header += uses_lines(df)
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
-    findings = causes(df)  # grouping every non-passing row: once for both pages
-    known = known_failures(df)
+    findings, known = run.findings.causes, run.findings.known
     md = header + ["", f"**{len(df)} checks: {summary}**", ""] + findings_markdown(findings)
     md += known_failures_markdown(known)
     if len(table):

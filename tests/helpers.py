@@ -19,7 +19,8 @@ from shardcheck.harness import cli as shardcheck_cli
 from shardcheck.harness.core.compare import NOT_PASSING
 from shardcheck.harness.core.records import load
 from shardcheck.harness.driver.pool import WorkerPool
-from shardcheck.harness.findings.causes import causes, finding_lines
+from shardcheck.harness.findings.causes import causes
+from shardcheck.harness.findings.wording import finding_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN = ROOT / "tests" / "broken"  # <suite>/<bug>.py: an op bug the suite must catch, with one cause

@@ -9,7 +9,9 @@ import pandas as pd
 from helpers import BROKEN, IMPLS, assert_one_cause, shardcheck
 
 from shardcheck.harness.core.records import load
-from shardcheck.harness.findings.causes import blank_numbers, causes, finding_lines, separating_condition
+from shardcheck.harness.findings.causes import causes
+from shardcheck.harness.findings.conditions import separating_condition
+from shardcheck.harness.findings.wording import blank_numbers, finding_lines
 
 TP2 = ("--topology", "dp=1,cp=1,tp=2", "--quick")
 FP32_IMPL = IMPLS / "fp32_extra_collectives_model_utils.py"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from shardcheck.harness.findings.causes import causes, separating_condition
+from shardcheck.harness.findings.causes import causes
+from shardcheck.harness.findings.conditions import separating_condition
 
 HANG_SKIP = "not run: the op hung at this topology before (--no-hang-budget runs it anyway)"
 

@@ -25,7 +25,9 @@ from shardcheck.harness.driver import planner as plan_module
 from shardcheck.harness.driver.collect import Collector
 from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.driver.run import EXIT_FAIL, EXIT_OK, close_run, exit_code, open_run
-from shardcheck.harness.findings.causes import causes, finding_lines, known_failures, known_failures_line
+from shardcheck.harness.findings.causes import causes
+from shardcheck.harness.findings.known import known_failures, known_failures_line
+from shardcheck.harness.findings.wording import finding_lines
 from shardcheck.reports import junit
 from shardcheck.reports.dashboard import load_runs, status_counts
 from shardcheck.reports.regression import compare_runs
@@ -489,10 +491,11 @@ def test_outside_its_when_the_defect_fails_and_a_fixed_one_is_xpass(tmp_path):
 
 
 def test_the_cli_prints_the_rerun_line_of_every_known_failure(seeded_run, capsys):
-    from shardcheck.harness.cli import _print_findings
+    from shardcheck.harness.findings.verdicts import findings
+    from shardcheck.reports.console import print_findings
 
     run_dir, _ = seeded_run
-    _print_findings(load(run_dir))
+    print_findings(findings(load(run_dir)))
     out = capsys.readouterr().out
     known_line = next(i for i, ln in enumerate(out.splitlines()) if ln.startswith("Known failures ("))
     reruns = [

@@ -14,8 +14,9 @@ import pandas as pd
 from helpers import BROKEN, IMPLS, ROOT
 
 from shardcheck.harness.core.records import Status, Symptom, load
-from shardcheck.harness.findings.causes import RAISES_ON_OURS, causes, finding_lines
+from shardcheck.harness.findings.causes import RAISES_ON_OURS, causes
 from shardcheck.harness.findings.verdicts import DEMOTED_NOTE, demote
+from shardcheck.harness.findings.wording import finding_lines
 
 OURS = ("ours", "docs/ops/README.md#conventions-shared-by-every-family")
 SEED = ("seed", "the op's documented result (its docstring and signature)")
@@ -215,16 +216,22 @@ def test_settle_rewrites_only_the_demoted_rows_and_the_summary(tmp_path):
         return where
 
     run = write(_rows(), tmp_path / "demoted")
-    counts = settle(run, {Status.PASS: 2, Status.WARN: 0, Status.ERROR: 6})
+    settled = settle(run, {Status.PASS: 2, Status.WARN: 0, Status.ERROR: 6})
+    counts = settled.counts
     assert counts[Status.ERROR] == 0 and counts[Status.WARN] == 6
     assert json.loads((run / RUN_META).read_text())["summary"]["warn"] == 6
     rows = load(run)
     assert list(rows["status"]).count(Status.WARN) == 6 and set(rows["demoted_from"].dropna()) == {"error"}
     assert len(causes(rows)) == 1 and causes(rows).iloc[0]["status"] == Status.WARN
+    # the findings computed once, before the rewrite, are those of the rows it wrote; the rows in memory are them
+    assert settled.findings.causes.equals(causes(rows))
+    assert list(settled.rows["status"]) == list(rows["status"]) and list(settled.rows["message"]) == list(
+        rows["message"]
+    )
 
     kept = write(_rows(seed_case_raises=True), tmp_path / "kept")  # nothing demoted: nothing rewritten
     before = (kept / RESULTS).read_bytes()
-    assert settle(kept, {Status.ERROR: 6}) == {Status.ERROR: 6} and (kept / RESULTS).read_bytes() == before
+    assert settle(kept, {Status.ERROR: 6}).counts == {Status.ERROR: 6} and (kept / RESULTS).read_bytes() == before
 
 
 def test_a_hand_launched_run_settles_its_demoted_rows_too(tmp_path):

@@ -14,7 +14,8 @@ from shardcheck.harness.core.case import Case, Property
 from shardcheck.harness.core.citations import DOCUMENTED_RESULT, SIGNATURE_RULE, Rule, RuleSource, ours, seed
 from shardcheck.harness.core.records import Status, Symptom
 from shardcheck.harness.core.rules import under_rule
-from shardcheck.harness.findings.causes import causes, finding_lines
+from shardcheck.harness.findings.causes import causes
+from shardcheck.harness.findings.wording import finding_lines
 from shardcheck.harness.rank.suite_loader import suite_cases
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,9 +20,9 @@ from shardcheck.harness.core.events import PIECES, Checked, Done, Event, PhaseEn
 from shardcheck.harness.core.modules import is_ours, is_path
 from shardcheck.harness.core.options import DEFAULT_TIMEOUT
 from shardcheck.harness.core.plan_data import Item, Plan, Xfail
-from shardcheck.harness.core.records import NO_CAUSE, PHASES, Phase, RecordWriter, ResultRow, Status, Symptom
+from shardcheck.harness.core.records import NO_CAUSE, RecordWriter, ResultRow, Status, Symptom
+from shardcheck.harness.driver.item_cause import Ending, Root, abort_notes, cause_words, choose_root
 from shardcheck.harness.rank.artefacts import ArtefactBudget
-from shardcheck.harness.rank.worker import RAISED_GRACE
 
 if TYPE_CHECKING:
     from shardcheck.harness.driver.postmortem import Postmortem
@@ -121,142 +121,30 @@ class Collector:
         """Finish `item` as an error: ranks that did not report a check are named, with what they were doing.
         `deaths` maps the ranks whose process died by itself (not in the teardown) to how ('SIGKILL',
         'exit code 13'): each check of the case names them, and the other ranks' rows say they waited on them.
-        The item has one cause, recorded on each of its error rows (ResultRow's cause fields): a rank that died;
-        else a rank that raised no later than where its peers then blocked (they blocked because of it); else
-        the ranks that did not finish (a hang).  `evidence` (harness/driver/postmortem.py): the ranks' stacks and
-        collectives, and the dead ranks' last words, taken before the launch ended; its words join the finding, and
-        the ranks it names (a collective they never entered or mismatched, a loop they ran while the others waited)
-        are a hang's culprits.  Returns the cause in a few words ('hung', 'rank 1 died'), for the items skipped
-        after it."""
-        deaths = deaths or {}
-        words = evidence.last_words if evidence else {}
+        The item has one cause (harness/driver/item_cause.py), recorded on each of its error rows.  `evidence`
+        (harness/driver/postmortem.py): the ranks' stacks and collectives, and the dead ranks' last words, taken
+        before the launch ended; its words join the finding, and the ranks it names (a collective they never entered
+        or mismatched, a loop they ran while the others waited) are a hang's culprits.  Returns the cause in a few
+        words ('hung', 'rank 1 died'), for the items skipped after it."""
         st = self.state[item.id]
         participants = _participants(item)
-        deaths = {r: how for r, how in deaths.items() if r in participants}
-        stuck_ranks = sorted({r for ev in st.stuck for r in ev.missing} - set(deaths))
-        raised = self._first_exception(item)
-        blocked_at = min((_phase_order(st.phase.get(r, Phase.SETUP)) for r in stuck_ranks), default=len(PHASES))
-        if deaths:
-            root = {
-                "symptom": Symptom.DIED,
-                "culprit_ranks": sorted(deaths),
-                "blocked_ranks": [r for r in participants if r not in deaths],
-                "error_type": ", ".join(dict.fromkeys(how for _, how in sorted(deaths.items()))),
-                "error_message": "; ".join(
-                    f"rank {r}: {w}" if len(deaths) > 1 else w for r, w in sorted(words.items()) if r in deaths and w
-                )
-                or None,
-                "error_where": None,
-                "phase": st.phase.get(min(deaths), Phase.SETUP),
-            }
-        elif raised is not None and _phase_order(raised.get("phase")) <= blocked_at:
-            root = {
-                "symptom": raised.get("symptom") or Symptom.EXCEPTION,
-                "culprit_ranks": raised["culprit_ranks"],
-                "blocked_ranks": [r for r in stuck_ranks if r not in raised["culprit_ranks"]],
-                **{k: raised.get(k) for k in ("error_type", "error_message", "error_where", "phase")},
-            }
-        else:
-            culprits = stuck_ranks or [r for r in participants if r not in st.done]
-            root = {
-                **NO_CAUSE,
-                "symptom": Symptom.HUNG,
-                "culprit_ranks": culprits,
-                "phase": st.phase.get(culprits[0], Phase.SETUP) if culprits else None,
-            }
-            if evidence is not None and evidence.text:
-                root["error_message"], root["error_where"] = evidence.text, evidence.where
-            if evidence is not None and evidence.culprits:
-                root.update(
-                    culprit_ranks=evidence.culprits,
-                    phase=st.phase.get(evidence.culprits[0], Phase.SETUP),
-                    blocked_ranks=[r for r in participants if r not in evidence.culprits],
-                )
-        notes = [
-            f"rank {r} died: {how}" + (f": {words[r]}" if words.get(r) else "") for r, how in sorted(deaths.items())
-        ]
-        waiting = [r for r in participants if r not in deaths]
-        if deaths and waiting:
-            notes.append(
-                f"rank(s) {', '.join(map(str, waiting))} waiting on rank(s) {', '.join(map(str, sorted(deaths)))} ("
-                + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in waiting)
-                + ")"
-            )
-        if stuck_ranks:
-            # The budget, not the measured wait: the barrier's poll and a loaded machine add a tenth or two, and
-            # the user set --timeout (the event keeps the measured wait).
-            budget = self.plan.timeout
-            after_raise = root["symptom"] != Symptom.HUNG and not deaths
-            why = (
-                f"blocked after rank(s) {', '.join(map(str, raised['culprit_ranks']))} raised {raised.get('error_type')}"
-                if after_raise
-                else "blocked or dead"
-            )
-            # after a raise, the ranks that got to the item's end wait RAISED_GRACE for the others, not --timeout
-            within = f"{min(RAISED_GRACE, budget):g}s of the raise" if after_raise else f"{budget:g}s"
-            notes.append(
-                f"rank(s) {', '.join(map(str, stuck_ranks))} did not finish the case within {within} "
-                f"({why}; " + ", ".join(f"rank {r} in {st.phase.get(r, 'setup')}" for r in stuck_ranks) + ")"
-            )
-        if reason:
-            notes.append(reason)
-        if evidence is not None and evidence.text:
-            notes.append(evidence.text)
-        if evidence is not None and evidence.artefacts:
-            notes.append(f"stacks and collectives: {evidence.artefacts}")
-        named = evidence is not None and bool(evidence.culprits) and root["symptom"] == Symptom.HUNG
-        waiting_on = ", ".join(f"rank {r} (died: {how})" for r, how in sorted(deaths.items()))
+        deaths = {r: how for r, how in (deaths or {}).items() if r in participants}
+        end = Ending(
+            participants,
+            deaths,
+            evidence.last_words if evidence else {},
+            sorted({r for ev in st.stuck for r in ev.missing} - set(deaths)),
+            self._first_exception(item),
+            st.phase,
+            evidence,
+        )
+        root = choose_root(end, st.done)
+        notes = abort_notes(end, root, self.plan.timeout, reason)
+        named = evidence is not None and bool(evidence.culprits) and root.symptom == Symptom.HUNG
         for check in item.checks or ["forward"]:
-            per_rank = st.checks[check]
-            reported = {ev["rank"]: ev for ev in per_rank}
-            # A rank that reported a wrong result here comes before one that reported nothing: the blocked rank's
-            # own error ("connection closed by peer", a consequence) may or may not reach its events before the
-            # launch is ended, and the row must not name a different rank depending on which.
-            reported_bad = any(
-                ev["status"] in (Status.FAIL, Status.ERROR) and not ev.get("secondary") for ev in per_rank
-            )
-            for r in participants:
-                phase = st.phase.get(r, Phase.SETUP)
-                where = f"still in {phase}" if r in st.started else "never started the case"
-                if r in deaths:  # whatever it reported, the case did not complete there
-                    per_rank[:] = [ev for ev in per_rank if ev["rank"] != r]
-                    per_rank.append(
-                        {
-                            "rank": r,
-                            "coords": None,
-                            "check": check,
-                            "status": Status.ERROR,
-                            "secondary": False,
-                            "message": f"died: {deaths[r]} (in {phase})" + (f": {words[r]}" if words.get(r) else ""),
-                            "symptom": Symptom.DIED,
-                            "error_type": deaths[r],
-                            "phase": phase,
-                        }
-                    )
-                elif r not in reported:
-                    first = f"waiting on {waiting_on}; no result ({where})" if deaths else f"no result ({where})"
-                    # a consequence, unless the item hung or this is the rank that raised
-                    after_peer = (root["symptom"] != Symptom.HUNG or named) and r not in root["culprit_ranks"]
-                    per_rank.append(
-                        {
-                            "rank": r,
-                            "coords": None,
-                            "check": check,
-                            "status": Status.ERROR,
-                            "secondary": after_peer or reported_bad,
-                            "message": "; ".join([first, *notes]),
-                            "symptom": Symptom.BLOCKED if after_peer else root["symptom"],
-                            "phase": phase,
-                        }
-                    )
-                elif deaths and reported[r]["status"] == Status.ERROR and reported[r].get("secondary"):
-                    reported[r]["message"] = f"waiting on {waiting_on}: {reported[r]['message']}"
+            _fill_missing(st, check, end, root, notes, named)
         self._finish(item, extra_message="; ".join(notes), root=root)
-        if deaths:
-            return " and ".join(f"rank {r} died ({how})" for r, how in sorted(deaths.items()))
-        if root["symptom"] != Symptom.HUNG:
-            return f"hung after rank(s) {', '.join(map(str, root['culprit_ranks']))} raised {root['error_type']}"
-        return "hung" if stuck_ranks or reason else "ended its launch"
+        return cause_words(end, root, reason)
 
     def _first_exception(self, item: Item) -> dict | None:
         """The first rank result of `item` (in check order, then by rank) that raised on its own (not after a
@@ -301,59 +189,21 @@ class Collector:
             )
         self._mark_finished(item)
 
-    def _finish(self, item: Item, extra_message: str = "", root: dict | None = None) -> None:
+    def _finish(self, item: Item, extra_message: str = "", root: Root | None = None) -> None:
         """Merge every check's rank results into its row and write the rows.  `root`: the cause of an aborted
         item, recorded on each of its error rows; otherwise the item's first exception is the cause of the
         error rows that have none of their own (no result from ranks that stopped after it)."""
         st = self.state[item.id]
-        participants = _participants(item)
         aborted = root is not None
         if not aborted:
             raised = self._first_exception(item)
-            root = (
-                None
-                if raised is None
-                else {
-                    "symptom": raised.get("symptom") or Symptom.EXCEPTION,
-                    "culprit_ranks": raised["culprit_ranks"],
-                    "blocked_ranks": [],
-                    **{k: raised.get(k) for k in ("error_type", "error_message", "error_where", "phase")},
-                }
-            )
-        rows = {}
-        for check, per_rank in st.checks.items():
-            for r in per_rank:
-                r.setdefault("coords", None)
-                if r["coords"] is None:
-                    r["coords"] = _coords_of(r["rank"], item.topology)
-            merged = merge_ranks(per_rank, participants)
-            if extra_message and merged["status"] != Status.PASS and extra_message not in merged["message"]:
-                merged["message"] = "; ".join(m for m in (merged["message"], extra_message) if m)
-            if (
-                root
-                and merged["status"] == Status.ERROR
-                and (aborted or merged["symptom"] in (Symptom.MISSING, Symptom.BLOCKED))
-            ):
-                # the ranks that stopped after the culprit: the aborted item's, or those without a result here
-                blocked = (
-                    root["blocked_ranks"]
-                    if aborted
-                    else [
-                        r for r in merged["blocked_ranks"] + merged["culprit_ranks"] if r not in root["culprit_ranks"]
-                    ]
-                )
-                merged.update({**root, "blocked_ranks": sorted(set(blocked))})
-            rows[check] = merged
+            root = None if raised is None else Root.raised(raised, [])
+        rows = {
+            check: _merged_row(item, per_rank, extra_message, root, aborted) for check, per_rank in st.checks.items()
+        }
         if item.xfail is not None:  # before the artefacts: a known failure spends none of the budget
             rows = known_failure(rows, item.xfail)
-        pieces = self.events_dir / PIECES / f"item{item.id}"
-        failing = [c for c, m in rows.items() if m["status"] == Status.FAIL]
-        if pieces.is_dir():
-            if failing and self.artefacts is not None:
-                saved = self.artefacts.save(item, failing, pieces, self.writer.path.parent)
-                for check, paths in saved.items():
-                    rows[check].update(paths)
-            shutil.rmtree(pieces, ignore_errors=True)
+        self._save_artefacts(item, rows)
         # an aborted item: from its start to its end by the driver (what a hang cost)
         seconds = (
             round(max(st.done.values()), 4)
@@ -365,6 +215,17 @@ class Collector:
         for check, merged in rows.items():
             self.writer.write({**self._row(item, check, merged), "item_seconds": seconds})
         self._mark_finished(item)
+
+    def _save_artefacts(self, item: Item, rows: dict[str, dict]) -> None:
+        """The failing checks' tensors (the artefact budget's), their paths on the rows; the item's pieces removed."""
+        pieces = self.events_dir / PIECES / f"item{item.id}"
+        failing = [c for c, m in rows.items() if m["status"] == Status.FAIL]
+        if pieces.is_dir():
+            if failing and self.artefacts is not None:
+                saved = self.artefacts.save(item, failing, pieces, self.writer.path.parent)
+                for check, paths in saved.items():
+                    rows[check].update(paths)
+            shutil.rmtree(pieces, ignore_errors=True)
 
     def _row(self, item: Item, check: str, merged: dict) -> ResultRow:
         dp, cp, tp = item.topology
@@ -491,11 +352,6 @@ def rerun_command(plan: Plan, item: Item) -> str:
     return shlex.join(args)
 
 
-def _phase_order(phase: str | None) -> int:
-    """Where `phase` comes in a case (PHASES); an unknown phase (a benchmark's) counts as the forward."""
-    return PHASES.index(phase) if phase in PHASES else PHASES.index(Phase.FORWARD)
-
-
 def _participants(item: Item) -> list[int]:
     """Ranks that run `item` (replica 0 of its topology)."""
     dp, cp, tp = item.topology
@@ -505,3 +361,74 @@ def _participants(item: Item) -> list[int]:
 def _coords_of(rank: int, topology) -> dict:
     dp, cp, tp = topology
     return {"dp": rank // (cp * tp), "cp": (rank // tp) % cp, "tp": rank % tp}
+
+
+def _merged_row(item: Item, per_rank: list[dict], extra_message: str, root: Root | None, aborted: bool) -> dict:
+    """One check's row from its rank results; an error row takes `root` as its cause where the item was aborted,
+    or where ranks stopped after the culprit (no result from them here)."""
+    for r in per_rank:
+        r.setdefault("coords", None)
+        if r["coords"] is None:
+            r["coords"] = _coords_of(r["rank"], item.topology)
+    merged = merge_ranks(per_rank, _participants(item))
+    if extra_message and merged["status"] != Status.PASS and extra_message not in merged["message"]:
+        merged["message"] = "; ".join(m for m in (merged["message"], extra_message) if m)
+    if (
+        root
+        and merged["status"] == Status.ERROR
+        and (aborted or merged["symptom"] in (Symptom.MISSING, Symptom.BLOCKED))
+    ):
+        # the ranks that stopped after the culprit: the aborted item's, or those without a result here
+        blocked = (
+            root.blocked_ranks
+            if aborted
+            else [r for r in merged["blocked_ranks"] + merged["culprit_ranks"] if r not in root.culprit_ranks]
+        )
+        merged.update({**root.fields(), "blocked_ranks": sorted(set(blocked))})
+    return merged
+
+
+def _fill_missing(st: _ItemState, check: str, end: Ending, root: Root, notes: list[str], named: bool) -> None:
+    """`check`'s rank results of an aborted item completed: a dead rank's is its death, whatever it reported; a
+    rank that reported nothing gets an error saying where it was (a consequence, unless the item hung or it is the
+    rank that raised; `named`: the stacks named a hang's culprits); a blocked peer of a dead rank says it waited."""
+    per_rank = st.checks[check]
+    reported = {ev["rank"]: ev for ev in per_rank}
+    # A rank that reported a wrong result here comes before one that reported nothing: the blocked rank's own error
+    # ("connection closed by peer", a consequence) may or may not reach its events before the launch is ended, and
+    # the row must not name a different rank depending on which.
+    reported_bad = any(ev["status"] in (Status.FAIL, Status.ERROR) and not ev.get("secondary") for ev in per_rank)
+    deaths, words = end.deaths, end.last_words
+    waiting_on = ", ".join(f"rank {r} (died: {how})" for r, how in sorted(deaths.items()))
+    for r in end.participants:
+        phase = end.phase_of(r)
+        if r in deaths:  # whatever it reported, the case did not complete there
+            per_rank[:] = [ev for ev in per_rank if ev["rank"] != r]
+            said = f": {words[r]}" if words.get(r) else ""
+            died = _rank_error(r, check, f"died: {deaths[r]} (in {phase}){said}", Symptom.DIED, phase, error=deaths[r])
+            per_rank.append(died)
+        elif r not in reported:
+            where = f"still in {phase}" if r in st.started else "never started the case"
+            first = f"waiting on {waiting_on}; no result ({where})" if deaths else f"no result ({where})"
+            after_peer = (root.symptom != Symptom.HUNG or named) and r not in root.culprit_ranks
+            symptom = Symptom.BLOCKED if after_peer else root.symptom
+            message = "; ".join([first, *notes])
+            per_rank.append(_rank_error(r, check, message, symptom, phase, secondary=after_peer or reported_bad))
+        elif deaths and reported[r]["status"] == Status.ERROR and reported[r].get("secondary"):
+            reported[r]["message"] = f"waiting on {waiting_on}: {reported[r]['message']}"
+
+
+def _rank_error(
+    rank: int, check: str, message: str, symptom: str, phase: str, *, secondary: bool = False, error: str | None = None
+) -> dict:
+    """A rank result the driver writes for a rank of an aborted item (`error`: how a dead rank died)."""
+    result = {
+        "rank": rank,
+        "coords": None,
+        "check": check,
+        "status": Status.ERROR,
+        "secondary": secondary,
+        "message": message,
+        "symptom": symptom,
+    }
+    return {**result, **({"error_type": error} if error is not None else {}), "phase": phase}

@@ -47,275 +47,57 @@ of the messages; only an exception's own message has its numbers blanked, so ali
 Skipped rows are consequences (a hang's other items) and are not causes; neither are `xfail` rows (a case's
 KnownFailure that still fails: `known_failures` lists them, one line per mark).  An `xpass` row (a known failure
 that now passes) is a finding of its own: its mark must go.
+
+This module groups; the conditions (2) are shardcheck.harness.findings.conditions, the words of a row and a line
+shardcheck.harness.findings.wording, the known failures shardcheck.harness.findings.known.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
-import re
-from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 
 import pandas as pd
 
 from shardcheck.harness.core.citations import RuleSource
 from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
-from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, SYMPTOMS, Phase, Status, Symptom
+from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, Phase, Status, Symptom
 from shardcheck.harness.core.rules import is_ours
 from shardcheck.harness.findings import model_order
+from shardcheck.harness.findings.conditions import ITEM, separating_condition
+from shardcheck.harness.findings.wording import (
+    CRASHES,
+    ERRORS,
+    check_part,
+    checks_text,
+    display,
+    err_ratio,
+    group_kind,
+    item_count,
+    rule_text,
+    symptom_of,
+    where_text,
+    worst_text,
+)
 
 COLUMNS = ["op", "ops", "status", "kind", "checks", "count", "condition", "worst", "rerun", "rule"]
-MESH = ("dp", "cp", "tp")
-ITEM = ["case_id", "dp", "cp", "tp", "dtype"]
-ERRORS = (Symptom.EXCEPTION, Symptom.REFERENCE)  # symptoms named by an exception
-CRASHES = (
-    Symptom.EXCEPTION,
-    Symptom.REFERENCE,
-    Symptom.DIED,
-    Symptom.HUNG,
-    Symptom.OUTPUTS,
-    Symptom.MISSING,
-    Symptom.BLOCKED,
-)  # the whole item failed
-PER_CHECK = (
-    Symptom.VALUES,
-    Symptom.NONFINITE,
-    Symptom.SHAPE,
-    Symptom.DTYPE,
-    Symptom.OUTPUT_TYPE,
-    Symptom.NO_GRADIENT,
-)  # one symptom per check
-MAX_CONJUNCTION = 3  # predicates tried together when searching for an exact condition
 CRASH_SIGNALS = {"SIGABRT", "SIGBUS", "SIGSEGV", "SIGFPE", "SIGILL"}
-
-_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
-
-
-def blank_numbers(text: str) -> str:
-    """`text` with its numbers (ranks, shapes, sizes, seconds) written N, so alike messages compare equal."""
-    return _NUMBER.sub("N", str(text or ""))
-
-
-def _symptom_of(row) -> str | None:
-    """The row's symptom; for rows of runs recorded before rows had one, what the status and fields say."""
-    if isinstance(row.get("symptom"), str):
-        return row["symptom"]
-    check, status = str(row["check"]), row["status"]
-    mismatch = row.get("mismatch") if isinstance(row.get("mismatch"), dict) else {}
-    if check == SIGNATURE_CHECK:
-        return "signature"
-    if check == "property:comm":
-        return "comm"
-    if status == Status.FAIL and check.startswith("property:"):
-        return "property"
-    if status == Status.FAIL:
-        return {"nonfinite": Symptom.NONFINITE, "shape": Symptom.SHAPE}.get(mismatch.get("kind"), Symptom.VALUES)
-    return None  # an old error or warning: its message, numbers blanked, names it
-
-
-def kind_of(row) -> str:
-    """What went wrong in one non-passing row, in a few words (rows of one kind may share a cause)."""
-    symptom, check, status = _symptom_of(row), str(row["check"]), row["status"]
-    if symptom in ERRORS:
-        where = Path(str(row.get("error_where") or "?")).name
-        text = f"{row.get('error_type')}: {blank_numbers(row.get('error_message'))}".rstrip(": ")
-        return ("reference failed: " if symptom == Symptom.REFERENCE else "") + f"{text[:160]} ({where})"
-    if symptom == Symptom.SIGNATURE:
-        return str(row["message"])
-    if symptom == Symptom.COMM:
-        return "more collectives than the contract allows" if status == Status.WARN else "communication contract failed"
-    if symptom == Symptom.PROPERTY:
-        return f"{check} does not hold"
-    if symptom in SYMPTOMS:
-        return SYMPTOMS[symptom]
-    return f"{status}: {blank_numbers(row.get('message'))[:160]}"
-
-
-def _group_kind(row) -> str:
-    """kind_of, except that wrong and non-finite values of one check are one symptom (the numbers are wrong)."""
-    return Symptom.VALUES.words if _symptom_of(row) in (Symptom.VALUES, Symptom.NONFINITE) else kind_of(row)
-
-
-def _part(row) -> str:
-    """A wrong value is a symptom per check (the forward and a gradient may be wrong under different
-    conditions); an exception, a death or a hang fails the whole item."""
-    return str(row["check"]) if _symptom_of(row) in PER_CHECK else ""
-
-
-# --------------------------------------------------------------------------------------------------- conditions
-
-Predicate = tuple[str, float, Callable[[dict], bool]]  # (words, order: lower is preferred, test on a row)
-
-
-def _predicates(rows: list[dict], by_check: bool = True) -> list[Predicate]:
-    """Candidate conditions from the values these rows take: check, dtype, mesh dims, case parameters."""
-    out: list[Predicate] = []
-    checks = sorted({str(r["check"]) for r in rows}) if by_check else []
-    for check in checks:
-        out.append((f"in {check}", 0, lambda r, c=check: r["check"] == c))
-    if any(c.startswith("grad:") for c in checks):
-        out.append(("in the gradients", 0, lambda r: str(r["check"]).startswith("grad:")))
-    if any(c.startswith("forward") for c in checks):
-        out.append(("in the outputs", 0, lambda r: str(r["check"]).startswith("forward")))
-    if any(c.startswith("property:") for c in checks):
-        out.append(("in values and gradients", 0, lambda r: not str(r["check"]).startswith("property:")))
-    for dtype in sorted({r["dtype"] for r in rows}):
-        out.append((f"in {dtype}", 1, lambda r, d=dtype: r["dtype"] == d))
-    for dim in MESH:
-        for v in sorted({r[dim] for r in rows}):
-            if v > 1:
-                out.append((f"at {dim} ≥ {v}", 2, lambda r, d=dim, v=v: r[d] >= v))
-        out.append((f"at {dim} = 1", 2, lambda r, d=dim: r[d] == 1))
-    params = [r["params"] if isinstance(r["params"], dict) else {} for r in rows]
-    for key in sorted({k for p in params for k in p}):
-        values = {p[key] for p in params if key in p and isinstance(p[key], (bool, int, float, str))}
-        numbers = sorted(v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
-        get = lambda r, k=key: r["params"].get(k) if isinstance(r["params"], dict) else None  # noqa: E731
-        order = 4 if len(key) == 1 else 3  # sizes (B, S, V) explain less than named conditions (scale, masked)
-        if any(isinstance(v, bool) for v in values):
-            out.append((f"with {key}", order, lambda r, g=get: g(r) is True))
-            out.append((f"without {key}", order, lambda r, g=get: g(r) is not True))
-            if any(v is False for v in values):  # set to False, as against not a parameter of the case at all
-                out.append((f"with {key} = False", order, lambda r, g=get: g(r) is False))
-        for v in sorted(v for v in values if isinstance(v, str)):
-            out.append((f"with {key} = {v}", order, lambda r, g=get, v=v: g(r) == v))
-            out.append((f"with {key} ≠ {v}", order + 0.5, lambda r, g=get, v=v: g(r) is not None and g(r) != v))
-        for v in numbers:
-            num = lambda r, g=get: g(r) if isinstance(g(r), (int, float)) and not isinstance(g(r), bool) else None  # noqa: E731
-            out.append((f"when {key} ≥ {v:g}", order, lambda r, n=num, v=v: n(r) is not None and n(r) >= v))
-            out.append((f"when {key} ≤ {v:g}", order + 0.5, lambda r, n=num, v=v: n(r) is not None and n(r) <= v))
-            if v == 0:
-                out.append((f"when {key} = 0 or unset", order, lambda r, n=num: not n(r)))
-    return out
-
-
-def _records(df: pd.DataFrame) -> list[dict]:
-    return df[["check", "dtype", "params", *MESH]].to_dict("records")
-
-
-def separating_condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool = True) -> str:
-    """Words for the condition under which `bad` rows occur and `passing` rows do not (module docstring, 2).  Only a
-    condition that separates is printed: one that holds on no passing row, or else on no passing row of an item
-    the symptom does not fail in (the other checks of its own items pass beside it); otherwise none is."""
-    words, exact = _condition(bad, passing, by_check)
-    if exact:
-        return words
-    key = [c for c in ("op", *ITEM) if c in bad and c in passing]
-    failing = set(map(tuple, bad[key].astype(str).values))
-    others = passing[~passing[key].astype(str).apply(tuple, axis=1).isin(failing)] if len(passing) else passing
-    if len(others) < len(passing):
-        words, exact = _condition(bad, others, by_check)
-        if exact:
-            return words
-    topologies = sorted({f"dp{r['dp']}-cp{r['cp']}-tp{r['tp']}" for r in _records(bad)})
-    return (
-        f"no condition on checks, dtypes, mesh dims or case parameters separates it from the {len(passing)} "
-        f"passing rows, at {', '.join(topologies)}"
-    )
-
-
-def _condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool) -> tuple[str, bool]:
-    """(words, whether they separate `bad` from every row of `passing`): the smallest exact conjunction."""
-    bad_rows, passing_rows = _records(bad), _records(passing)
-    candidates = []
-    for words, order, test in _predicates(bad_rows + passing_rows, by_check):
-        if all(test(r) for r in bad_rows):
-            # the passing rows it holds on, as a bit set
-            candidates.append((words, order, sum(1 << i for i, r in enumerate(passing_rows) if test(r))))
-    topologies = sorted({f"dp{r['dp']}-cp{r['cp']}-tp{r['tp']}" for r in bad_rows})
-    chosen, _ = _exact_conjunction(candidates, len(passing_rows))
-    if chosen is None:
-        return "", False
-    where = (
-        []
-        if any(p[1] == 2 for p in chosen)
-        else ([f"at every topology ({', '.join(topologies)})"] if len(topologies) > 1 else [f"at {topologies[0]}"])
-    )
-    words = ", ".join([p[0] for p in chosen] + where)
-    if not chosen:  # nothing passed, or nothing needed: every row of the op's evidence fails
-        return f"always (every case, dtype and check run), {words}", True
-    return f"exactly {words}", True
-
-
-def _exact_conjunction(candidates, n_passing: int):
-    """The smallest conjunction (then the most preferred) that excludes every passing row, or (None, n)."""
-    if n_passing == 0:
-        return [], 0
-    for size in range(1, MAX_CONJUNCTION + 1):
-        exact = []
-        for combo in itertools.combinations(candidates, size):
-            held = (1 << n_passing) - 1
-            for c in combo:
-                held &= c[2]
-            if not held:
-                exact.append(combo)
-        if exact:
-            best = min(exact, key=lambda combo: (sum(c[1] for c in combo), [c[1] for c in combo]))
-            return sorted(best, key=lambda c: c[1]), 0
-        if len(candidates) > 40 and size == 2:  # many parameters: pairs are as far as is cheap
-            break
-    return None, n_passing
-
-
-# ----------------------------------------------------------------------------------------------------- causes
-
-
-def _ratio(row) -> float:
-    r = row.get("err_ratio")
-    return math.inf if r is None or (isinstance(r, float) and math.isnan(r)) else float(r)
-
-
-def _ranks(ranks) -> str:
-    ranks = list(ranks) if isinstance(ranks, (list, tuple)) else []
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
-
-def _worst_text(row, status: str, limit: int = 300) -> str:
-    """The worst row of a cause, for people: who raised, died or hung, or the worst mismatch; then its item."""
-    symptom = _symptom_of(row)
-    blocked = row.get("blocked_ranks") if isinstance(row.get("blocked_ranks"), list) else []
-    then = f"; {_ranks(blocked)} then blocked or lost the connection" if blocked else ""
-    culprits = row.get("culprit_ranks") if isinstance(row.get("culprit_ranks"), list) else []
-    if symptom in ERRORS:
-        text = (
-            f"{_ranks(culprits)} raised {row.get('error_type')} in {row.get('phase')} at {row.get('error_where')}: "
-            f"{row.get('error_message')}{then}"
-        )
-    elif symptom == Symptom.DIED:
-        said = f": {row['error_message']}" if row.get("error_message") else ""  # its last error lines
-        text = f"{_ranks(culprits)} died: {row.get('error_type')} (in {row.get('phase')}){said}{then}"
-    elif symptom == Symptom.HUNG:
-        seen = f": {row['error_message']}" if row.get("error_message") else ""  # its stacks and collectives
-        text = f"{_ranks(culprits)} did not finish (in {row.get('phase')}){seen}"
-    elif symptom == Symptom.XPASS:
-        text = str(row.get("message") or "")
-    else:
-        ratio = _ratio(row)
-        text = (f"err/budget {ratio:.3g}: " if status != Status.ERROR and math.isfinite(ratio) else "") + str(
-            row.get("message") or ""
-        )
-        if model_order.step_order(str(row.get("check"))) is not None:  # which module or parameter the numbers are of
-            text = f"[{row['check']}] {text}"
-    limit = limit * 2 if symptom in (Symptom.HUNG, Symptom.DIED) else limit  # where each rank was takes room
-    text = text if len(text) <= limit else text[: limit - 1] + "…"
-    return f"{text} ({row['op']} [{row.get('case_id')}] dp{row['dp']}-cp{row['cp']}-tp{row['tp']} {row['dtype']})"
-
-
-def _display(ops: list[str]) -> str:
-    """One op as it is; several of one family as family.{A, B}."""
-    if len(ops) == 1:
-        return ops[0]
-    families = {op.split(".", 1)[0] for op in ops}
-    if len(families) == 1:
-        return f"{families.pop()}.{{{', '.join(op.split('.', 1)[1] for op in ops)}}}"
-    return ", ".join(ops)
 
 
 def causes(df: pd.DataFrame) -> pd.DataFrame:
     """One row per cause of a run's non-passing rows (COLUMNS; `ops` the ops it covers, `op` them for
     people), errors first, then failures, then warnings."""
+    return _frame(_table(df))
+
+
+def causes_and_demoted(df: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[list, str]]]:
+    """`causes(df)` and `demoted_lines(df)` from one grouping of the rows (the grouping is the costly part).  The
+    causes are the same before and after verdicts.py demotes the lines' rows: this module reads a demoted row as the
+    error it was (`_as_judged`)."""
     table = _table(df)
+    return _frame(table), _demoted_of(table)
+
+
+def _frame(table: list[dict]) -> pd.DataFrame:
     out = pd.DataFrame(
         [{**{k: c[k] for k in COLUMNS if k != "rule"}, "rule": rule_text(c["rules"])} for c in table], columns=COLUMNS
     )
@@ -334,7 +116,11 @@ RAISES_ON_OURS = "raises on input only our rule feeds: "  # a demoted line's kin
 def demoted_lines(df: pd.DataFrame) -> list[tuple[list, str]]:
     """The lines demoted to `warn` (module docstring, 5): per line, the index labels of its rows in `df` (the
     exception's and its consequences') and the rule text it names."""
-    return [(c["members"], rule_text(c["rules"])) for c in _table(df) if c.get("demoted")]
+    return _demoted_of(_table(df))
+
+
+def _demoted_of(table: list[dict]) -> list[tuple[list, str]]:
+    return [(c["members"], rule_text(c["rules"])) for c in table if c.get("demoted")]
 
 
 def _as_judged(df: pd.DataFrame) -> pd.DataFrame:
@@ -393,9 +179,9 @@ def _table(df: pd.DataFrame) -> list[dict]:
     if not len(bad):
         return []
     bad = bad.assign(
-        _kind=[_group_kind(r) for r in bad.to_dict("records")],
-        _part=[_part(r) for r in bad.to_dict("records")],
-        _symptom=[_symptom_of(r) for r in bad.to_dict("records")],
+        _kind=[group_kind(r) for r in bad.to_dict("records")],
+        _part=[check_part(r) for r in bad.to_dict("records")],
+        _symptom=[symptom_of(r) for r in bad.to_dict("records")],
     )
     bad = bad.assign(_status=bad["status"], _crash=bad["_symptom"].isin(CRASHES) & (bad["status"] == Status.ERROR))
     bad = _consequences(bad)
@@ -408,7 +194,7 @@ def _table(df: pd.DataFrame) -> list[dict]:
     ]
     skipped_of = {op: rows.drop_duplicates(ITEM) for op, rows in skipped.groupby("op", sort=False)}
     symptoms = []
-    for (op, status, kind, part), rows in bad.groupby(["op", "_status", "_kind", "_part"], sort=False):
+    for (op, status, kind, _), rows in bad.groupby(["op", "_status", "_kind", "_part"], sort=False):
         rows = rows.sort_values("_crash", ascending=False, kind="stable")  # the crash itself names the line
         symptom = _symptom(
             op, status, kind, rows[rows["_crash"]] if rows["_crash"].any() else rows, passing_of.get(op, empty), rows
@@ -494,9 +280,9 @@ def _symptom(
     )
     if symptom == Symptom.DIED:  # a rank dying: one symptom whatever the signal, which the words then list
         kind = f"{Symptom.DIED.words} ({', '.join(sorted(signals))})"
-    worst = max(records, key=_ratio) if status != Status.ERROR else records[0]
+    worst = max(records, key=err_ratio) if status != Status.ERROR else records[0]
     if status != Status.ERROR:  # a model's step: its first divergence (an exception is named by where it was raised)
-        worst = model_order.first_row(records, _ratio) or worst
+        worst = model_order.first_row(records, err_ratio) or worst
     rerun = (
         worst.get("rerun")
         if isinstance(worst.get("rerun"), str)
@@ -505,7 +291,7 @@ def _symptom(
     if (rows["check"] == SIGNATURE_CHECK).all() and (rows["case_id"] == "signature").all():  # not a used family's
         condition = "of the module, found before any case ran"
     elif status == Status.XPASS:  # where the mark no longer holds, rather than what separates it from the passing rows
-        condition = f"in {_items(rows)} item(s) {_where(rows)}"
+        condition = f"in {item_count(rows)} item(s) {where_text(rows)}"
     else:
         condition = separating_condition(rows, passing)
     return {
@@ -515,10 +301,10 @@ def _symptom(
         "kind": kind,
         "symptoms": found,
         "signals": signals,
-        "checks": _checks(list(all_rows["check"].unique()), status),
+        "checks": checks_text(list(all_rows["check"].unique()), status),
         "count": len(all_rows),
         "condition": condition,
-        "worst": _worst_text(worst, status),
+        "worst": worst_text(worst, status),
         "rerun": rerun,
         "rows": list(rows.index),
         "items": set(map(tuple, rows[ITEM].astype(str).values)),
@@ -537,26 +323,6 @@ def _rules(rows: pd.DataFrame) -> dict:
     return dict.fromkeys(map(tuple, pairs.values))
 
 
-def rule_text(rules: dict) -> str:
-    """'rule: seed: ...' or 'rule: ours, docs/ops/x.md#y' (several: '; '-joined), "" where no row cites one."""
-    return "; ".join(f"rule: ours, {cite}" if source == "ours" else f"rule: seed: {cite}" for source, cite in rules)
-
-
-def _items(rows: pd.DataFrame) -> int:
-    return len(rows.drop_duplicates(["op", *ITEM]))
-
-
-def _where(rows: pd.DataFrame) -> str:
-    """'at dp1-cp1-tp2, dp1-cp1-tp4 in float64': the topologies and dtypes of the rows."""
-    topologies = sorted({f"dp{r.dp}-cp{r.cp}-tp{r.tp}" for r in rows.itertuples()})
-    return f"at {', '.join(topologies)} in {', '.join(sorted(rows['dtype'].unique()))}"
-
-
-def _checks(checks: list[str], status: str) -> str:
-    """A cause's checks for people: a model step's first divergence and what follows from it, else the list."""
-    return (status != Status.ERROR and model_order.summary(checks)) or ", ".join(sorted(set(checks)))
-
-
 def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -> dict:
     first = max(group, key=lambda s: (STATUS_ORDER[s["status"]], s["count"]))
     ops = list(dict.fromkeys(op for s in group for op in s["ops"]))
@@ -569,22 +335,22 @@ def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -
     rows = (
         bad.loc[[i for s in group for i in s["rows"]]] if bad is not None and first["status"] != Status.ERROR else None
     )
-    model_first = model_order.first_row(rows.to_dict("records"), _ratio) if rows is not None else None
+    model_first = model_order.first_row(rows.to_dict("records"), err_ratio) if rows is not None else None
     worst = (
-        {"worst": _worst_text(model_first, model_first["status"]), "rerun": model_first.get("rerun")}
+        {"worst": worst_text(model_first, model_first["status"]), "rerun": model_first.get("rerun")}
         if model_first
         else {}
     )
     return {
         **first,
         **worst,
-        "op": _display(ops),
+        "op": display(ops),
         "ops": tuple(ops),
         "kind": kind,
         "symptoms": set().union(*(s["symptoms"] for s in group)),
         "signals": signals,
         "count": sum(s["count"] for s in group),
-        "checks": _checks([c for s in group for c in s["all_checks"]], first["status"]),
+        "checks": checks_text([c for s in group for c in s["all_checks"]], first["status"]),
         "all_checks": [c for s in group for c in s["all_checks"]],
         "condition": condition,
         "rules": {k: None for s in group for k in s["rules"]},
@@ -644,78 +410,105 @@ def _wrong_answers(
     an op wrong everywhere does not swallow a symptom with a sharp condition of its own."""
     if len(failing) < 2:
         return failing
-
-    def merged(group: list[dict]) -> dict:
-        return (
-            group[0]
-            if len(group) == 1
-            else _merge(group, separating_condition(bad.loc[[i for s in group for i in s["rows"]]], passing), bad)
-        )
-
-    # the same items: one cause
-    groups: list[list[dict]] = []
-    for s in failing:
-        same = next((g for g in groups if g[0]["items"] == s["items"]), None)
-        if same is None:
-            groups.append([s])
-        else:
-            same.append(s)
-    failing = [merged(g) for g in groups]
+    failing = [_merged(g, passing, bad) for g in _same_items_groups(failing)]  # the same items: one cause
     if len(failing) == 1:
         return failing
-
-    # the evidence: items that ran, less those a crash explains, where one of these checks was judged
-    crashed = set().union(*(c["items"] for c in crashes)) if crashes else set()
-    checks = {c for s in failing for c in s["all_checks"]}
-    ran = rows[(rows["check"] != SIGNATURE_CHECK) & ~rows["status"].isin([Status.SKIP, Status.XFAIL])]
-    ran = ran[~ran[ITEM].astype(str).apply(tuple, axis=1).isin(crashed)] if crashed else ran
-    judged = ran[ran["check"].isin(checks)]
-    item_rows = judged.drop_duplicates(ITEM)
-    item_key = item_rows[ITEM].astype(str).apply(tuple, axis=1)
-    items = set(item_key)
-    dirty = set(map(tuple, judged[judged["status"].isin(NOT_PASSING)][ITEM].astype(str).values))
-    clean = item_rows[~item_key.isin(dirty)]
-    if len(clean):  # one trigger on the items for all of them?
+    evidence = _Evidence.of(failing, rows, crashes)
+    if len(evidence.clean):  # one trigger on the items for all of them?
         union = set().union(*(s["items"] for s in failing))
-        condition = separating_condition(item_rows[item_key.isin(union)], clean, by_check=False)
+        on_items = evidence.item_rows[evidence.item_key.isin(union)]
+        condition = separating_condition(on_items, evidence.clean, by_check=False)
         if condition.startswith("exactly"):
             return [_merge(failing, condition, bad)]
-
-    checked = {
-        check: set(map(tuple, of_check[ITEM].astype(str).values))
-        for check, of_check in judged.groupby("check", sort=False)
-    }
-
-    def ran_in(s: dict) -> set:
-        return set().union(*(checked.get(c, set()) for c in s["all_checks"]))
-
     # wrong wherever its checks were judged: that does not swallow the op's other symptoms
-    everywhere = [s for s in failing if s["items"] >= items or (ran_in(s) and ran_in(s) <= s["items"])]
+    everywhere = [s for s in failing if s["items"] >= evidence.items or evidence.failing_wherever_judged(s)]
     if everywhere:
-        primary = [s for s in everywhere if s["items"] >= items] or everywhere  # the condition is theirs
-        host = merged(primary)
-        own = []
-        for s in failing:
-            if s in primary:
-                continue
-            if s in everywhere:
-                host = _merge([host, s], host["condition"], bad)
-                continue
-            # a symptom with no sharp condition, or failing in each item its checks ran in (the sum of wrong
-            # losses, wrong wherever it is checked), is the same wrong output seen again
-            if not s["condition"].startswith("exactly") or ran_in(s) <= s["items"]:
-                host = _merge([host, s], host["condition"], bad)
-            else:
-                own.append(s)
-        return [host] + own
-    if not len(clean):  # failing somewhere in every item, nowhere in all: one bug
+        return _around_everywhere(failing, everywhere, evidence, passing, bad)
+    if not len(evidence.clean):  # failing somewhere in every item, nowhere in all: one bug
         return [_merge(failing, separating_condition(bad.loc[[i for s in failing for i in s["rows"]]], passing), bad)]
     # otherwise symptoms that share items are one cause
     components: list[list[dict]] = []
     for s in failing:
         joined = [g for g in components if any(s["items"] & t["items"] for t in g)]
         components = [g for g in components if g not in joined] + [[s] + [t for g in joined for t in g]]
-    return [merged(g) for g in components]
+    return [_merged(g, passing, bad) for g in components]
+
+
+def _merged(group: list[dict], passing: pd.DataFrame, bad: pd.DataFrame) -> dict:
+    """A group of symptoms as one line, under the condition of all their rows (one symptom: itself)."""
+    if len(group) == 1:
+        return group[0]
+    return _merge(group, separating_condition(bad.loc[[i for s in group for i in s["rows"]]], passing), bad)
+
+
+def _same_items_groups(symptoms: list[dict]) -> list[list[dict]]:
+    """The symptoms grouped by the exact set of items they fail in, in order of first appearance."""
+    groups: list[list[dict]] = []
+    for s in symptoms:
+        same = next((g for g in groups if g[0]["items"] == s["items"]), None)
+        if same is None:
+            groups.append([s])
+        else:
+            same.append(s)
+    return groups
+
+
+@dataclass(frozen=True)
+class _Evidence:
+    """The items that ran, less those a crash explains, where one of the symptoms' checks was judged."""
+
+    item_rows: pd.DataFrame  # one row per such item
+    item_key: pd.Series  # each of item_rows' ITEM as a tuple of strings
+    items: set  # those keys
+    clean: pd.DataFrame  # the item_rows of items where none of the checks fails
+    checked: dict[str, set]  # check -> the items it was judged in
+
+    @classmethod
+    def of(cls, failing: list[dict], rows: pd.DataFrame, crashes: list[dict]) -> _Evidence:
+        crashed = set().union(*(c["items"] for c in crashes)) if crashes else set()
+        checks = {c for s in failing for c in s["all_checks"]}
+        ran = rows[(rows["check"] != SIGNATURE_CHECK) & ~rows["status"].isin([Status.SKIP, Status.XFAIL])]
+        ran = ran[~ran[ITEM].astype(str).apply(tuple, axis=1).isin(crashed)] if crashed else ran
+        judged = ran[ran["check"].isin(checks)]
+        item_rows = judged.drop_duplicates(ITEM)
+        item_key = item_rows[ITEM].astype(str).apply(tuple, axis=1)
+        dirty = set(map(tuple, judged[judged["status"].isin(NOT_PASSING)][ITEM].astype(str).values))
+        checked = {
+            check: set(map(tuple, of_check[ITEM].astype(str).values))
+            for check, of_check in judged.groupby("check", sort=False)
+        }
+        return cls(item_rows, item_key, set(item_key), item_rows[~item_key.isin(dirty)], checked)
+
+    def ran_in(self, s: dict) -> set:
+        """The items any of the symptom's checks was judged in."""
+        return set().union(*(self.checked.get(c, set()) for c in s["all_checks"]))
+
+    def failing_wherever_judged(self, s: dict) -> bool:
+        ran = self.ran_in(s)
+        return bool(ran) and ran <= s["items"]
+
+
+def _around_everywhere(
+    failing: list[dict], everywhere: list[dict], evidence: _Evidence, passing: pd.DataFrame, bad: pd.DataFrame
+) -> list[dict]:
+    """One line for the symptoms wrong everywhere, taking in the others but those with a sharp condition of their
+    own that fail only in some of the items their checks ran in (each keeps its line)."""
+    primary = [s for s in everywhere if s["items"] >= evidence.items] or everywhere  # the condition is theirs
+    host = _merged(primary, passing, bad)
+    own = []
+    for s in failing:
+        if s in primary:
+            continue
+        if s in everywhere:
+            host = _merge([host, s], host["condition"], bad)
+            continue
+        # a symptom with no sharp condition, or failing in each item its checks ran in (the sum of wrong
+        # losses, wrong wherever it is checked), is the same wrong output seen again
+        if not s["condition"].startswith("exactly") or evidence.ran_in(s) <= s["items"]:
+            host = _merge([host, s], host["condition"], bad)
+        else:
+            own.append(s)
+    return [host] + own
 
 
 def _two_crashes(s: dict, t: dict) -> bool:
@@ -755,70 +548,3 @@ def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> 
         )
         out.append(_merge(group, condition, bad))
     return out
-
-
-def _few(checks: str, shown: int = 6) -> str:
-    """A line's checks, the first few of a long list: a raise fails every gradient of a model, one check each
-    (report.html and every row in results.jsonl keep them all)."""
-    names = checks.split(", ")
-    return checks if len(names) <= shown + 1 else ", ".join(names[:shown]) + f" and {len(names) - shown} more checks"
-
-
-def finding_lines(table: pd.DataFrame) -> list[str]:
-    """The findings as a person reads them: one line per cause, its worst mismatch and its rerun line."""
-    lines = []
-    for r in table.itertuples():
-        rule = f" [{r.rule}]" if isinstance(getattr(r, "rule", None), str) and r.rule else ""  # seed or ours
-        lines.append(f"{r.status.upper()} {r.op}: {r.kind} — {r.condition}; {_few(r.checks)}; {r.count} row(s){rule}")
-        lines.append(f"    worst: {r.worst}")
-        if isinstance(r.rerun, str):
-            lines.append(f"    rerun: {r.rerun}")
-    return lines
-
-
-# ------------------------------------------------------------------------------------------- known failures
-
-KNOWN_COLUMNS = ["op", "reason", "reference", "checks", "count", "items", "where", "rerun"]
-
-
-def known_failures(df: pd.DataFrame) -> pd.DataFrame:
-    """The run's `xfail` rows, one line per known failure (its reason and reference, shardcheck.KnownFailure):
-    the ops and checks it covered, how many rows and items, where (topologies, dtypes) and one rerun line."""
-    if not len(df) or "status" not in df:
-        return pd.DataFrame(columns=KNOWN_COLUMNS)
-    rows = df[df["status"] == Status.XFAIL]
-    if not len(rows):
-        return pd.DataFrame(columns=KNOWN_COLUMNS)
-    rows = rows.assign(
-        _reason=rows["xfail_reason"].fillna("") if "xfail_reason" in rows else "",
-        _reference=rows["xfail_reference"].fillna("") if "xfail_reference" in rows else "",
-    )
-    out = []
-    for (reason, reference), group in rows.groupby(["_reason", "_reference"], sort=False):
-        reruns = group["rerun"].dropna() if "rerun" in group else pd.Series(dtype=object)
-        out.append(
-            {
-                "op": _display(list(dict.fromkeys(group["op"]))),
-                "reason": reason,
-                "reference": reference,
-                "checks": ", ".join(sorted(group["check"].unique())),
-                "count": len(group),
-                "items": _items(group),
-                "where": _where(group),
-                "rerun": reruns.iloc[0] if len(reruns) else None,
-            }
-        )
-    return pd.DataFrame(out, columns=KNOWN_COLUMNS)
-
-
-def known_failure_text(r) -> str:
-    """One known failure for people: 'op: reason (reference)'."""
-    return f"{r.op}: {r.reason}" + (f" ({r.reference})" if r.reference else "")
-
-
-def known_failures_line(table: pd.DataFrame) -> str:
-    """The known failures of a run in one line, with their reasons (the CLI summary)."""
-    total = int(table["count"].sum())
-    return f"Known failures ({total} xfail row(s), not failing the run): " + "; ".join(
-        f"{known_failure_text(r)}, {r.count} row(s)" for r in table.itertuples()
-    )
