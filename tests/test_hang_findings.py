@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -44,6 +45,16 @@ def _run(run_shardcheck, module: str):
     return run, forward, forward["item_seconds"]
 
 
+def _torchfrtrace(run, forward) -> str:
+    """What torch's flight recorder analyzer says of the hang's records (failures/<item>/torch-flight-recorder/)."""
+    folder = run.out / forward["message"].split("stacks and collectives: ")[1].split(";")[0] / "torch-flight-recorder"
+    command = shutil.which("torchfrtrace", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    assert command, "torch's console script torchfrtrace is not installed"
+    analysis = subprocess.run([command, str(folder)], capture_output=True, text=True, timeout=120)
+    assert analysis.returncode == 0, analysis.stderr
+    return analysis.stdout + analysis.stderr
+
+
 def test_a_rank_spinning_in_a_python_loop_is_named_running_in_its_function_and_line(run_shardcheck):
     run, forward, seconds = _run(run_shardcheck, "spins_in_forward")
     assert seconds < TIMEOUT + 10, seconds  # not the watchdog's minute
@@ -75,6 +86,12 @@ def test_two_ranks_issuing_different_collectives_is_a_collective_mismatch_naming
         f"collective mismatch on tp: rank 0 in all_reduce #3 [2, 5] float64 at {FIX}/mismatched_collective.py:24 "
         f"forward, rank 1 in all_gather #3 [2, 5] float64 at {FIX}/mismatched_collective.py:22 forward"
     ) in forward["message"]
+    analysis = _torchfrtrace(run, forward)
+    assert "Collective sequence number: 3 has errors" in analysis, analysis
+    assert (
+        "Expected collective type: 'all_reduce' does not match found collective type: 'all_gather'" in analysis
+        or "Expected collective type: 'all_gather' does not match found collective type: 'all_reduce'" in analysis
+    ), analysis
 
 
 def test_a_rank_that_skips_a_collective_is_named_with_the_call_it_never_entered(run_shardcheck):
@@ -87,6 +104,11 @@ def test_a_rank_that_skips_a_collective_is_named_with_the_call_it_never_entered(
     ) in forward["message"]
     assert f"rank 0: waiting in all_reduce #3 on tp at {FIX}/skips_collective.py:21 forward" in forward["message"]
     assert "rank 1: finished its part, waiting for the others at the case's barrier" in forward["message"]
+    # the same records open in torch's analyzer (`torchfrtrace`), which names the rank that never joined
+    analysis = _torchfrtrace(run, forward)
+    assert "Not all ranks joining collective, sequence number: 3" in analysis, analysis
+    assert "collective: gloo:all_reduce" in analysis and "missing ranks: {1}" in analysis, analysis
+    assert f"forward at {ROOT}/{FIX}/skips_collective.py:21" in analysis, analysis
 
 
 def test_a_gloo_abort_carries_gloos_message_and_the_phase(run_shardcheck):

@@ -47,7 +47,7 @@ def case_records(launch_dir: Path, ranks: list[int], plan: int, item: int) -> di
     }
 
 
-def _members(dim: str, rank: int, topology: tuple[int, int, int]) -> list[int]:
+def members(dim: str, rank: int, topology: tuple[int, int, int]) -> list[int]:
     """The ranks of `rank`'s group along `dim` ("tp", "dp|cp", "world") in a (dp, cp, tp) topology."""
     dp, cp, tp = topology
     size = dp * cp * tp
@@ -89,11 +89,11 @@ def compare(records: dict[int, list[dict]], topology: tuple[int, int, int]) -> F
     texts, culprits, where = [], [], None
     for group, per_rank in by_group.items():
         dim = dims[group]
-        members = _members(dim, next(iter(per_rank)), topology) or sorted(per_rank)
-        members = [r for r in members if r in records]  # ranks whose records were read
-        longest = max(len(per_rank.get(r, [])) for r in members)
+        ranks_along = members(dim, next(iter(per_rank)), topology) or sorted(per_rank)
+        ranks_along = [r for r in ranks_along if r in records]  # ranks whose records were read
+        longest = max(len(per_rank.get(r, [])) for r in ranks_along)
         for k in range(longest):
-            at = {r: per_rank.get(r, [])[k] if k < len(per_rank.get(r, [])) else None for r in members}
+            at = {r: per_rank.get(r, [])[k] if k < len(per_rank.get(r, [])) else None for r in ranks_along}
             entered = {r: rec for r, rec in at.items() if rec is not None}
             missing = [r for r, rec in at.items() if rec is None]
             sigs: dict[tuple, list[int]] = {}

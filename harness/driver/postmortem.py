@@ -1,7 +1,8 @@
 """What the driver learns of a case that hung or lost a rank, before it ends the launch: every live rank's stack
 (harness/driver/stacks.py), the ranks' collectives compared (harness/driver/flight.py), each dead rank's last error
 lines (harness/driver/last_words.py).  The words go into the finding (Collector.abort); the whole stacks, the
-records and the dead ranks' log ends go to failures/<item>/ (hang-stacks.txt, collectives.txt, rank<R>.log)."""
+records and the dead ranks' log ends go to failures/<item>/ (hang-stacks.txt, collectives.txt, rank<R>.log), and
+the records again in torch's flight recorder format (torch-flight-recorder/, harness/driver/flight_dump.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardcheck.harness.core.plan_data import Item
-from shardcheck.harness.driver import flight, last_words, stacks
+from shardcheck.harness.driver import flight, flight_dump, last_words, stacks
 from shardcheck.harness.driver.pool import Launch, rank_log
 from shardcheck.harness.rank import flight_recorder
 from shardcheck.harness.rank.artefacts import item_dir_name
@@ -82,6 +83,7 @@ def _save(
         (out / "hang-stacks.txt").write_text("".join(f"=== rank {r} ===\n{dumps[r]}\n" for r in sorted(dumps)))
     if any(records.values()):
         (out / "collectives.txt").write_text(flight.as_text(records))
+        flight_dump.write(out, records, item.topology)  # the same records, for torch's analyzer (torchfrtrace)
     for rank in deaths:
         try:
             lines = rank_log(launch_dir, rank).read_text(errors="replace").splitlines()[-LOG_TAIL:]

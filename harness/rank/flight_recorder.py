@@ -1,13 +1,16 @@
 """The rank side of the collective flight recorder: every collective this rank enters, written as it starts.
 
-PyTorch's Flight Recorder keeps a ring of each rank's NCCL collectives and dumps it on a timeout; nothing does
-that for gloo, and a rank blocked in C++ runs no Python (no signal handler, no atexit).  So each record is in the
+PyTorch's flight recorder keeps a ring of each rank's collectives in the rank's memory (gloo's too, in torch 2.13,
+with TORCH_FR_BUFFER_SIZE set) and dumps it when asked or on a timeout; a rank killed by SIGKILL or aborted by gloo
+dumps nothing, and a rank blocked in C++ runs no Python (no signal handler, no atexit).  So each record is in the
 file before the collective starts: LAUNCH_DIR/rank<R>.collectives, a ring of RING fixed slots mapped into memory
 (MAP_SHARED).  A record is a store into the kernel's page cache, no system call: the file holds it as soon as it
 is written, so a rank killed by SIGKILL or aborted by gloo leaves every record it wrote (what is not kept: the
 last records when the machine itself goes down, and, on a filesystem shared between nodes, records not yet written
 back when another node reads them: `flush` (msync) does that, the hand-launched watchdog calls it at a hang).  The
-driver reads them when a case hangs or a rank dies (shardcheck.harness.driver.flight, `read_records`).
+driver reads them when a case hangs or a rank dies (shardcheck.harness.driver.flight, `read_records`), and writes
+them beside its finding in torch's dump format too, for torch's analyzer `torchfrtrace` (harness/driver/flight_dump.py).
+What ours adds to torch's records: the calling line outside torch, the item and mesh dim.
 
 Cheap enough to stay on in every run: the entry points of torch.distributed's collectives and of its functional
 collectives (what DTensor's redistributions call) are wrapped, not every aten op (a dispatch mode over every op,
