@@ -228,7 +228,8 @@ def _segment_stats(dim: int | None, shards: dict[int, dict], ratio: np.ndarray, 
 
 
 def draw_artefact(artefact: Path, path: Path, worst: list[int] | None = None) -> Path:
-    """The error map of a saved failure artefact (`failures/<item>/<check>.pt`, harness/rank/artefacts.py), to `path`."""
+    """The error map of a saved failure artefact (`failures/<item>/<check>.pt`, harness/rank/artefacts.py), to
+    `path`."""
     full = torch.load(artefact, weights_only=False)
     topo = full["topology"]
     title = (

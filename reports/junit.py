@@ -47,7 +47,8 @@ def _rerun(rows: pd.DataFrame) -> str:
 
 
 def _failure_type(row: pd.Series) -> str:
-    """The exception's type for an exception, else what went wrong (shardcheck.harness.core.records.SYMPTOMS): shardcheck.values."""
+    """The exception's type for an exception, else what went wrong (shardcheck.harness.core.records.SYMPTOMS):
+    shardcheck.values."""
     symptom = row.get("symptom")
     if symptom in ("exception", "reference") and isinstance(row.get("error_type"), str):
         return row["error_type"]

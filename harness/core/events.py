@@ -1,7 +1,7 @@
 """What the ranks tell the driver: one event log per rank, read back by shardcheck.harness.driver.collect.
 
-Each rank appends JSON lines to DIR/rank<R>.jsonl (DIR: a launch's plan<k>/), one per event, flushed at once (a crash loses
-nothing): `start` (an item begins), `phase` (setup, forward, backward), `check` (one check's
+Each rank appends JSON lines to DIR/rank<R>.jsonl (DIR: a launch's plan<k>/), one per event, flushed at once (a
+crash loses nothing): `start` (an item begins), `phase` (setup, forward, backward), `check` (one check's
 result on this rank), `stuck` (a peer did not arrive at the item's barrier: `missing` ranks),
 `done` (the item is over here).  For an item that failed somewhere, every rank saves the
 tensors it compared to DIR/pieces/item<id>/rank<R>.pt (shardcheck.harness.rank.artefacts reassembles them)."""

@@ -210,8 +210,8 @@ def suite_fuzz_spaces(name: str, suite_paths: Sequence[str] = ()) -> dict[str, F
 
 def default_impl(family: str, suite_paths: Sequence[str] = ()) -> str | None:
     """The module a family's ops run on without `--impl`, and that an `--impl` module's signatures are compared
-    with: the IMPLEMENTATION its suites name (a path made absolute), else our `shardcheck.distributed_impl.<family>` for a
-    built-in family; None for a new family whose suites name none.  Suites naming different ones: UsageError."""
+    with: the IMPLEMENTATION its suites name (a path made absolute), else our `shardcheck.distributed_impl.<family>`
+    for a built-in family; None for a new family whose suites name none.  Suites naming different ones: UsageError."""
     named: dict[str, str] = {}  # implementation -> the suite naming it
     for name in suite_names(suite_paths):
         if suite_family(name, suite_paths) != family:  # (from the source: other families' suites stay unimported)

@@ -1,7 +1,9 @@
 """Worker: one process per rank; runs the items of one plan after another.
 
-    python -m shardcheck.harness.rank.worker --launch-dir DIR ...          # started by the driver (shardcheck.harness.driver.launch), RANK/WORLD_SIZE set
-    torchrun --nnodes 2 ... -m shardcheck.harness.standalone --suite model_utils --out shardcheck-runs/x   # by hand
+    # started by the driver (shardcheck.harness.driver.launch), RANK and WORLD_SIZE set:
+    python -m shardcheck.harness.rank.worker --launch-dir DIR ...
+    # by hand:
+    torchrun --nnodes 2 ... -m shardcheck.harness.standalone --suite model_utils --out shardcheck-runs/x
 
 Started by the driver, the ranks rendezvous first (rank 0 hosts the store on a free port and writes it to
 DIR/store-port), then wait for DIR/plan0.json, run it, wait for DIR/plan1.json, and so on: a launch is started
