@@ -95,9 +95,9 @@ def call_signature(obj: Any) -> inspect.Signature | None:
 
 def differences(seed: inspect.Signature, impl: inspect.Signature) -> tuple[str, list[str]]:
     """(Status.PASS, []) when every call of the seed API also calls `impl` with the same meaning, else
-    (Status.FAIL, reasons): a seed parameter missing or renamed, taken at another position, by position only or by keyword only where the
-    seed takes it either way, required where the seed gives it a default, or a parameter the seed lacks that is
-    required or sits before a seed parameter callers pass by position.  Extra optional parameters after the seed's
+    (Status.FAIL, reasons): a seed parameter missing or renamed, taken at another position, by position only or by
+    keyword only where the seed takes it either way, required where the seed gives it a default, or a parameter the
+    seed lacks that is required or sits before a seed parameter callers pass by position.  Extra optional parameters after the seed's
     are compatible: no finding."""
     s = {n: p for n, p in seed.parameters.items() if p.kind not in _VARIADIC}
     i = {n: p for n, p in impl.parameters.items() if p.kind not in _VARIADIC}
