@@ -97,8 +97,8 @@ def differences(seed: inspect.Signature, impl: inspect.Signature) -> tuple[str, 
     """(Status.PASS, []) when every call of the seed API also calls `impl` with the same meaning, else
     (Status.FAIL, reasons): a seed parameter missing or renamed, taken at another position, by position only or by
     keyword only where the seed takes it either way, required where the seed gives it a default, or a parameter the
-    seed lacks that is required or sits before a seed parameter callers pass by position.  Extra optional parameters after the seed's
-    are compatible: no finding."""
+    seed lacks that is required or sits before a seed parameter callers pass by position.  Extra optional parameters
+    after the seed's are compatible: no finding."""
     s = {n: p for n, p in seed.parameters.items() if p.kind not in _VARIADIC}
     i = {n: p for n, p in impl.parameters.items() if p.kind not in _VARIADIC}
     takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in impl.parameters.values())
