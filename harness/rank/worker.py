@@ -1,6 +1,7 @@
 """Worker: one process per rank; runs the items of one plan after another.
 
-    python -m shardcheck.harness.rank.worker --launch-dir DIR ...          # started by the driver (shardcheck.harness.driver.launch), RANK/WORLD_SIZE set
+    # started by the driver (shardcheck.harness.driver.launch), RANK/WORLD_SIZE set:
+    python -m shardcheck.harness.rank.worker --launch-dir DIR ...
     torchrun --nnodes 2 ... -m shardcheck.harness.standalone --suite model_utils --out shardcheck-runs/x   # by hand
 
 Started by the driver, the ranks rendezvous first (rank 0 hosts the store on a free port and writes it to
@@ -233,18 +234,20 @@ class Worker:
         keys = [f"{item.id}/{r}" for r in range(self.world)]
         raised = f"raised/{item.id}"
         while True:
-            now = time.time()
-            if raised and store.check([raised]):
-                deadline = min(deadline, now + min(RAISED_GRACE, self.loaded.plan.timeout))
-                raised = ""  # the grace counts from when this rank first saw it
             try:
-                store.wait(keys, timedelta(seconds=max(min(deadline - now, BARRIER_SLICE), 0.01)))
+                store.wait(keys, timedelta(seconds=max(min(deadline - time.time(), BARRIER_SLICE), 0.01)))
                 return []
             except dist.DistNetworkError:  # the store is gone: for the caller
                 raise
             except Exception:  # DistStoreError on timeout
-                if time.time() >= deadline:
+                now = time.time()
+                if now >= deadline:
                     return [r for r, k in enumerate(keys) if not store.check([k])]
+            # Asked only once a slice passed without every peer: the ranks of nearly every item arrive within it, and
+            # a store request is a round trip to rank 0 (one per rank and item, 10,000 in the default run).
+            if raised and store.check([raised]):
+                deadline = min(deadline, now + min(RAISED_GRACE, self.loaded.plan.timeout))
+                raised = ""  # the grace counts from when this rank first saw it
 
 
 def _rendezvous(launch_dir: Path, rank: int, world: int) -> dist.Store:
