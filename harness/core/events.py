@@ -1,7 +1,7 @@
 """What the ranks tell the driver: one event log per rank, read back by shardcheck.harness.driver.collect.
 
-Each rank appends JSON lines to DIR/rank<R>.jsonl (DIR: a launch's plan<k>/), one per event, flushed at once (a crash loses
-nothing): `start` (an item begins), `phase` (setup, forward, backward), `check` (one check's
+Each rank appends JSON lines to DIR/rank<R>.jsonl (DIR: a launch's plan<k>/), one per event, flushed at once (a
+crash loses nothing): `start` (an item begins), `phase` (setup, forward, backward), `check` (one check's
 result on this rank), `stuck` (a peer did not arrive at the item's barrier: `missing` ranks),
 `done` (the item is over here).  For an item that failed somewhere, every rank saves the
 tensors it compared to DIR/pieces/item<id>/rank<R>.pt (shardcheck.harness.rank.artefacts reassembles them)."""
@@ -56,8 +56,8 @@ class Event:
     @staticmethod
     def from_json(line: str) -> Event:
         raw = json.loads(line)
-        cls = _KINDS[EventKind(raw.pop("t"))]
-        names = {f.name for f in dataclasses.fields(cls)}
+        cls = _KINDS[raw.pop("t")]
+        names = _FIELD_NAMES[cls]  # (the driver reads every event of a run: dataclasses.fields() each time cost)
         known = {k: v for k, v in raw.items() if k in names}
         if cls is Checked:
             known["result"] = {k: v for k, v in raw.items() if k not in names}
@@ -116,6 +116,7 @@ class Done(Event):
 
 _COMMON = {"item", "rank", "time"}
 _KINDS = {cls.kind: cls for cls in (Started, PhaseEntered, Checked, Stuck, Done)}
+_FIELD_NAMES = {cls: frozenset(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}
 
 
 def events_path(events_dir: Path, rank: int) -> Path:
