@@ -220,7 +220,7 @@ class Worker:
         """This rank's pieces of a failing item, for the driver to reassemble (harness/rank/artefacts.py)."""
         path = self.loaded.events_dir / PIECES / f"item{item.id}" / f"rank{self.rank}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
-        pieces = {c: {**p, "got": p["got"].cpu(), "expected": p["expected"].cpu()} for c, p in pieces.items()}
+        pieces = {c: _saved_piece(p) for c, p in pieces.items()}
         torch.save(pieces, path.with_suffix(".tmp"))
         os.replace(path.with_suffix(".tmp"), path)  # the driver never reads a half-written file
         self.loaded.failures_saved += 1
@@ -248,6 +248,15 @@ class Worker:
             if raised and store.check([raised]):
                 deadline = min(deadline, now + min(RAISED_GRACE, self.loaded.plan.timeout))
                 raised = ""  # the grace counts from when this rank first saw it
+
+
+def _saved_piece(piece: dict) -> dict:
+    """A kept piece as the driver reads it (harness/rank/artefacts.py): on the CPU, with its indices in the full
+    tensor instead of its placement (worked out here, for a failing item alone: most pieces are never saved)."""
+    place = piece["place"]
+    saved = {k: v for k, v in piece.items() if k != "place"}
+    saved["indices"] = place.layout.mesh_indices(piece["full_shape"], place.mesh, place.inputs)
+    return {**saved, "got": piece["got"].cpu(), "expected": piece["expected"].cpu()}
 
 
 def _rendezvous(launch_dir: Path, rank: int, world: int) -> dist.Store:
