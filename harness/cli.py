@@ -137,6 +137,19 @@ def _undone_on_error(args, pool: WorkerPool, run_dir: Path):
         raise
 
 
+# Megatron-Core imported once by the ranks' fork server, not by each rank (harness/rank/preload_megatron.py), for a
+# run that selects every suite or the suite whose cases build Megatron's GPTModel on every rank.
+MEGATRON_PRELOAD = "shardcheck.harness.rank.preload_megatron"
+MEGATRON_SUITE = "model_utils_megatron"
+
+
+def _selects_megatron(args) -> bool:
+    """Whether the selection includes the Megatron model cases: every suite (no selection), or that suite named."""
+    if not (args.suite or args.op or args.case or args.suite_path):
+        return True
+    return MEGATRON_SUITE in str_list(args.suite)
+
+
 def _plan(args, pool: WorkerPool, run_id: str, topologies: list[Topology]) -> Plan:
     """The run's settings, made once from its options, and its plan.  Where the world sizes are known before planning
     (given, or the default run's), the ranks' start-up (on CPU the fork server's imports) overlaps the driver's
@@ -145,6 +158,10 @@ def _plan(args, pool: WorkerPool, run_id: str, topologies: list[Topology]) -> Pl
     known_worlds = args.world_sizes or sorted({t.size for t in topologies})
     if not known_worlds and not (args.suite or args.op or args.case or args.suite_path):
         known_worlds = list(DEFAULT_WORLD_SIZES)
+    if args.pool is None and _selects_megatron(args):  # (main's `pool`: its fork server serves other runs too)
+        from shardcheck.harness.driver.pool import preload_in_ranks
+
+        preload_in_ranks([MEGATRON_PRELOAD])
     if known_worlds:
         pool.start(known_worlds, settings.launch)
     from shardcheck.harness.driver.run import plan_from_args

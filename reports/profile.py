@@ -3,12 +3,14 @@ into the parts of a run, written to <run>/profile/breakdown.md.
 
 Rank side, summed over the ranks of each launch (cumulative seconds; `events` are written from inside `checks`,
 and a failing check's precision run of the reference is inside `checks` too, so rows overlap there): golden
-(the float64 reference and the low-precision reference run, once per case and dtype on each rank), inputs sliced, op forward and backward (the code under test and
-its collectives), checks (comparison against the golden, properties, communication contract), events,
-barrier (waiting at the item's store barrier for the slowest rank), mesh built, and the rest of the process
-(imports, process group, plan).  Driver: planning, waiting on the launches, merging events into rows, the
-report; launches run side by side in threads of their own, each profiled on its own (driver-launch-w<N>.prof) and
-summed here with the main thread's.  Open a .prof with `python -m pstats` or snakeviz for more."""
+(the float64 reference and the low-precision reference run, once per case and dtype on each rank; the imports a
+reference makes the first time it runs, Megatron-Core's, count there too), inputs sliced, op forward and backward
+(the code under test and its collectives: harness/rank/item_run.py), checks (comparison against the golden,
+properties, communication contract), events, barrier (waiting at the item's store barrier for the slowest rank),
+mesh built, and the rest of the process (imports, process group, plan).  Driver: planning, waiting on the
+launches, merging events into rows, the report; launches run side by side in threads of their own, each profiled
+on its own (driver-launch-w<N>.prof) and summed here with the main thread's.  Open a .prof with
+`python -m pstats` or snakeviz for more."""
 
 from __future__ import annotations
 
@@ -18,17 +20,19 @@ from pathlib import Path
 
 # part -> (file name ending, function name) whose cumulative time is the part's
 RANK_PARTS = {
-    "golden": [("harness/rank/worker.py", "golden")],
-    "inputs sliced": [("harness/rank/worker.py", "_local_inputs")],
-    "op forward": [("harness/rank/worker.py", "_call_op")],
-    "op backward": [("harness/rank/worker.py", "_backward")],
+    "golden": [("harness/rank/golden.py", "get")],
+    "inputs sliced": [("harness/rank/item_run.py", "_local_inputs")],
+    "op forward": [("harness/rank/item_run.py", "_call_op")],
+    "op backward": [("harness/rank/item_run.py", "_backward_step")],
     "checks": [
-        ("harness/rank/worker.py", "_emit_compare"),
-        ("harness/rank/worker.py", "emit_comm"),
-        ("harness/rank/worker.py", "_emit_properties"),
+        ("harness/rank/item_run.py", "_judge_output"),
+        ("harness/rank/item_run.py", "_judge_gradients"),
+        ("harness/rank/item_run.py", "emit_comm"),
+        ("harness/rank/item_run.py", "_emit_properties"),
+        ("harness/rank/item_run.py", "_emit_used_signatures"),
     ],
     "benchmark": [("harness/rank/bench.py", "run_bench_item")],
-    "events": [("harness/core/events.py", "emit")],
+    "events": [("harness/core/events.py", "_write")],
     "barrier": [("harness/rank/worker.py", "barrier")],
     "mesh built": [("harness/rank/worker.py", "mesh")],
 }

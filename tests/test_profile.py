@@ -3,11 +3,15 @@ every mesh dim is the default group."""
 
 from __future__ import annotations
 
+import ast
 import pstats
+from pathlib import Path
 
 from helpers import shardcheck
 
+import shardcheck.harness as harness_pkg
 from shardcheck.harness.core.measure import CommCounter
+from shardcheck.reports.profile import DRIVER_PARTS, RANK_PARTS
 
 
 def test_profile_writes_every_ranks_profile_and_a_breakdown(tmp_path):
@@ -76,3 +80,13 @@ def test_shared_group_counts_under_the_dim_the_contract_lists():
     assert both.as_dict({"backward": {"all_reduce@tp": (2, 16)}}) == {
         "backward": {"all_reduce@tp": {"calls": 2, "bytes": 16}}
     }
+
+
+def test_every_part_of_the_breakdown_names_a_function_that_exists():
+    """The parts are found by (file, function name): a function moved or renamed would read 0 without a word."""
+    root = Path(harness_pkg.__file__).parent.parent  # the repository root: the parts name files under it
+    for part, wanted in {**RANK_PARTS, **DRIVER_PARTS}.items():
+        for file, name in wanted:
+            tree = ast.parse((root / file).read_text())
+            defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+            assert name in defined, f"{part}: {file} defines no {name}"

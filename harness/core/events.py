@@ -56,8 +56,8 @@ class Event:
     @staticmethod
     def from_json(line: str) -> Event:
         raw = json.loads(line)
-        cls = _KINDS[EventKind(raw.pop("t"))]
-        names = {f.name for f in dataclasses.fields(cls)}
+        cls = _KINDS[raw.pop("t")]
+        names = _FIELD_NAMES[cls]  # (the driver reads every event of a run: dataclasses.fields() each time cost)
         known = {k: v for k, v in raw.items() if k in names}
         if cls is Checked:
             known["result"] = {k: v for k, v in raw.items() if k not in names}
@@ -116,6 +116,7 @@ class Done(Event):
 
 _COMMON = {"item", "rank", "time"}
 _KINDS = {cls.kind: cls for cls in (Started, PhaseEntered, Checked, Stuck, Done)}
+_FIELD_NAMES = {cls: frozenset(f.name for f in dataclasses.fields(cls)) for cls in _KINDS.values()}
 
 
 def events_path(events_dir: Path, rank: int) -> Path:

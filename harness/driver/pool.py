@@ -56,6 +56,12 @@ def _worker_env(rank: int, world_size: int) -> dict:
 RANK_PRELOAD = ["shardcheck.harness.rank.preload"]
 
 
+def preload_in_ranks(modules: list[str]) -> None:
+    """Have the fork server import `modules` too (once, for every rank it forks); no effect once it has started: a
+    process has one fork server, and its first start decides what it imported."""
+    RANK_PRELOAD.extend(m for m in modules if m not in RANK_PRELOAD)
+
+
 def _fork_server():
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(RANK_PRELOAD)

@@ -436,7 +436,8 @@ class ItemRun:
             piece = {
                 "got": c.got.detach() if not arriving else c.got.detach().clone(),
                 "expected": c.expected.detach(),
-                "indices": place.layout.mesh_indices(c.budget.gold_full.shape, place.mesh, place.inputs),
+                # where the piece sits: its indices are worked out only if the item fails (Worker.save_pieces)
+                "place": place,
                 "budget": limit,
                 "full_shape": tuple(c.budget.gold_full.shape),
                 "failed": verdict.status == Status.FAIL,

@@ -221,7 +221,7 @@ class Worker:
         """This rank's pieces of a failing item, for the driver to reassemble (harness/rank/artefacts.py)."""
         path = self.loaded.events_dir / PIECES / f"item{item.id}" / f"rank{self.rank}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
-        pieces = {c: {**p, "got": p["got"].cpu(), "expected": p["expected"].cpu()} for c, p in pieces.items()}
+        pieces = {c: _saved_piece(p) for c, p in pieces.items()}
         torch.save(pieces, path.with_suffix(".tmp"))
         os.replace(path.with_suffix(".tmp"), path)  # the driver never reads a half-written file
         self.loaded.failures_saved += 1
@@ -235,18 +235,29 @@ class Worker:
         keys = [f"{item.id}/{r}" for r in range(self.world)]
         raised = f"raised/{item.id}"
         while True:
-            now = time.time()
-            if raised and store.check([raised]):
-                deadline = min(deadline, now + min(RAISED_GRACE, self.loaded.plan.timeout))
-                raised = ""  # the grace counts from when this rank first saw it
             try:
-                store.wait(keys, timedelta(seconds=max(min(deadline - now, BARRIER_SLICE), 0.01)))
+                store.wait(keys, timedelta(seconds=max(min(deadline - time.time(), BARRIER_SLICE), 0.01)))
                 return []
             except dist.DistNetworkError:  # the store is gone: for the caller
                 raise
             except Exception:  # DistStoreError on timeout
-                if time.time() >= deadline:
+                now = time.time()
+                if now >= deadline:
                     return [r for r, k in enumerate(keys) if not store.check([k])]
+            # Asked only once a slice passed without every peer: the ranks of nearly every item arrive within it, and
+            # a store request is a round trip to rank 0 (one per rank and item, 10,000 in the default run).
+            if raised and store.check([raised]):
+                deadline = min(deadline, now + min(RAISED_GRACE, self.loaded.plan.timeout))
+                raised = ""  # the grace counts from when this rank first saw it
+
+
+def _saved_piece(piece: dict) -> dict:
+    """A kept piece as the driver reads it (harness/rank/artefacts.py): on the CPU, with its indices in the full
+    tensor instead of its placement (worked out here, for a failing item alone: most pieces are never saved)."""
+    place = piece["place"]
+    saved = {k: v for k, v in piece.items() if k != "place"}
+    saved["indices"] = place.layout.mesh_indices(piece["full_shape"], place.mesh, place.inputs)
+    return {**saved, "got": piece["got"].cpu(), "expected": piece["expected"].cpu()}
 
 
 def _rendezvous(launch_dir: Path, rank: int, world: int) -> dist.Store:
