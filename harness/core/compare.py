@@ -22,6 +22,12 @@ Per-row budgets with the tensor-wide constants (KAPPA 8, 4 ulps) flagged a real 
 accumulation in gather_logits_at_global_indices (since fixed); without the per-summand reference,
 CP gradients in float32 reached 13.7.
 
+Scale floor (every dtype): no budget falls below SCALE_FLOOR_ULPS ulps of the math's dtype (float64; float32 for
+float32 and bfloat16) at the largest golden magnitude among the item's tensors of the same kind (Golden.output_scale,
+Golden.grad_scale), except rows of exact zeros in golden and reference: a GPT-2 key bias gradient, exactly 0 in exact
+arithmetic, held ~1e-16 of round-off in float64 and got a budget of 1e-26, so the correct plan was warned "float64
+computed in float32".
+
 Statuses: pass < skip < xfail < warn < xpass < fail < error.  `warn` is a finding that is not a sharding
 bug: a float64 result within the float32 budget (float64 computed in float32), a bfloat16 result within
 the budget of bfloat16 math, collectives beyond the communication contract.  It fails a run only
