@@ -22,6 +22,12 @@ Per-row budgets with the tensor-wide constants (KAPPA 8, 4 ulps) flagged a real 
 accumulation in gather_logits_at_global_indices (since fixed); without the per-summand reference,
 CP gradients in float32 reached 13.7.
 
+Scale floor (every dtype): no budget falls below SCALE_FLOOR_ULPS ulps of the math's dtype (float64; float32 for
+float32 and bfloat16) at the largest golden magnitude among the item's tensors of the same kind (Golden.output_scale,
+Golden.grad_scale), except rows of exact zeros in golden and reference: a GPT-2 key bias gradient, exactly 0 in exact
+arithmetic, held ~1e-16 of round-off in float64 and got a budget of 1e-26, so the correct plan was warned "float64
+computed in float32".
+
 Statuses: pass < skip < xfail < warn < xpass < fail < error.  `warn` is a finding that is not a sharding
 bug: a float64 result within the float32 budget (float64 computed in float32), a bfloat16 result within
 the budget of bfloat16 math, collectives beyond the communication contract.  It fails a run only
@@ -44,6 +50,10 @@ RTOL_FLOAT64 = 1e-10
 # vocab) and their err_naive is small by luck more often than bfloat16's, which input rounding dominates.
 KAPPA = {torch.float32: 30.0, torch.bfloat16: 20.0, torch.float16: 20.0}
 FLOOR_ULPS = {torch.float32: 24.0, torch.bfloat16: 8.0, torch.float16: 8.0}
+# No budget falls below SCALE_FLOOR_ULPS ulps of the math's dtype (float64 for float64 items, float32 otherwise: the
+# ops compute low precision in float32) at the scale of the item's tensors of the same kind: a value that cancels to
+# ~0 (the gradient of a key bias) carries the round-off of terms at that scale, not at its own.
+SCALE_FLOOR_ULPS = 24.0
 STATUS_ORDER = {status: status.order for status in Status}
 NOT_PASSING = (Status.WARN, Status.XPASS, Status.FAIL, Status.ERROR)  # findings (an xfail is known, not a finding)
 FAILING = (Status.XPASS, Status.FAIL, Status.ERROR)  # statuses that fail a run whatever --strict says
@@ -64,17 +74,39 @@ class BudgetScope(enum.StrEnum):
     TENSOR = "tensor"
 
 
+def finite_max_abs(t: torch.Tensor | None) -> float:
+    """The largest finite magnitude of a float tensor (0 for anything else): a kind's scale is the max over its
+    tensors (budget's `kind_scale`)."""
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        return 0.0
+    return _finite_max_abs(t.detach())
+
+
+def scale_floor(out_dtype: torch.dtype, scale: float) -> float:
+    """The least budget of a tensor whose kind's scale (the item's largest golden magnitude among tensors of its kind)
+    is `scale`: SCALE_FLOOR_ULPS ulps of the math's dtype there."""
+    math_dtype = torch.float64 if out_dtype == torch.float64 else torch.float32
+    return SCALE_FLOOR_ULPS * torch.finfo(math_dtype).eps * scale
+
+
 def budget(
-    golden: torch.Tensor, naive: torch.Tensor | None, out_dtype: torch.dtype, scope: BudgetScope = BudgetScope.ROW
+    golden: torch.Tensor,
+    naive: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    scope: BudgetScope = BudgetScope.ROW,
+    kind_scale: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-element budgets for a tensor whose golden is `golden` (float64): (largest acceptable |err|
     at each element, the reference's error in that element's row (or tensor, `scope`) or None), both float64 in the
-    golden's shape (expanded views: slice them with the output's Layout like the golden)."""
+    golden's shape (expanded views: slice them with the output's Layout like the golden).  `kind_scale`: the largest
+    golden magnitude among the item's tensors of the same kind; no budget falls below scale_floor of it, but a row
+    whose golden and reference are both exact zeros keeps budget 0."""
     g = golden.detach().double()
     if not out_dtype.is_floating_point or g.numel() == 0:  # ids, masks, layouts: exact
         return torch.zeros_like(g), None
+    floor = scale_floor(out_dtype, kind_scale)
     if out_dtype == torch.float64 or naive is None:
-        return torch.full_like(g, RTOL_FLOAT64 * max(_finite_max_abs(g), 1e-30)), None
+        return torch.full_like(g, max(RTOL_FLOAT64 * max(_finite_max_abs(g), 1e-30), floor)), None
     if scope == BudgetScope.TENSOR:
         rows = g.reshape(1, -1)
     else:
@@ -84,6 +116,8 @@ def budget(
     both = torch.isfinite(rows) & torch.isfinite(n)
     err_naive = torch.where(both, (n - rows).abs(), 0.0).amax(-1, keepdim=True)
     limit = KAPPA[out_dtype] * err_naive + FLOOR_ULPS[out_dtype] * torch.finfo(out_dtype).eps * scale
+    exact_zeros = (scale == 0) & (err_naive == 0)  # a masked target's gradient: correct code gives exact zeros
+    limit = torch.where(exact_zeros, 0.0, limit.clamp_min(floor))
     return limit.expand(rows.shape).reshape(g.shape), err_naive.expand(rows.shape).reshape(g.shape)
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from shardcheck.harness.core.case import Case, as_tuple, is_float
-from shardcheck.harness.core.compare import BudgetScope, budget
+from shardcheck.harness.core.compare import BudgetScope, budget, finite_max_abs
+from shardcheck.harness.core.model_case import StepCase, step_order
 from shardcheck.harness.core.plan_data import DTYPES, Item
 from shardcheck.reference import low_precision_math
 
@@ -28,6 +29,7 @@ class Golden:
         self.upstream: list[torch.Tensor | None] = []
         self.case, self.n_summands = case, n_summands
         self._precision_runs: dict[str, tuple] = {}
+        self._kind_scales: dict[object, float] = {}
         if case.bad_input is not None and case.bad_input.interpretation is None:  # no answer to compare against
             self.outputs = self.naive_outputs = ()
             self.grads = self.naive_grads = {}
@@ -39,6 +41,27 @@ class Golden:
             self.naive_outputs, self.naive_grads = self.outputs, self.grads
         else:
             self.naive_outputs, self.naive_grads = self._reference(case, self.inputs, None, n_summands)
+
+    def output_scale(self, index: int) -> float:
+        """The scale of output `index`'s kind (compare.budget's floor): the largest finite golden magnitude among the
+        outputs of its kind (an op's outputs are one kind; a model case's are its activations, the loss, the
+        activations' gradients, the parameters' gradients and the parameters after the step)."""
+        kinds = self._output_kinds()
+        if kinds[index] not in self._kind_scales:
+            mine = [finite_max_abs(o) for o, k in zip(self.outputs, kinds) if k == kinds[index]]
+            self._kind_scales[kinds[index]] = max(mine, default=0.0)
+        return self._kind_scales[kinds[index]]
+
+    def grad_scale(self) -> float:
+        """The scale of the inputs' gradients (one kind): their largest finite golden magnitude."""
+        if "grad" not in self._kind_scales:
+            self._kind_scales["grad"] = max(map(finite_max_abs, self.grads.values()), default=0.0)
+        return self._kind_scales["grad"]
+
+    def _output_kinds(self) -> list:
+        if not isinstance(self.case, StepCase):
+            return ["output"] * len(self.outputs)
+        return [step_order(check)[0] for check in self.case.forward_checks]
 
     def precision_run(self, kind: str) -> tuple[tuple, dict]:
         """(outputs, grads) of the reference as code with a legitimate precision difference computes
@@ -57,8 +80,9 @@ class Golden:
         if key not in self._precision_runs:
             outs = (self._precision_runs.get(kind) or self._precision(kind))[0]
             limits = []
-            for gold, alt in zip(self.outputs, outs):
-                b = budget(gold, alt, dtype, BudgetScope.TENSOR)[0] if gold is not None and alt is not None else None
+            for i, (gold, alt) in enumerate(zip(self.outputs, outs)):
+                both = gold is not None and alt is not None
+                b = budget(gold, alt, dtype, BudgetScope.TENSOR, self.output_scale(i))[0] if both else None
                 limits.append(None if b is None else float(b.reshape(-1)[0]) if b.numel() else 0.0)
             self._precision_runs[key] = (tuple(limits), {})
         return self._precision_runs[key]

@@ -365,7 +365,7 @@ class ItemRun:
             return
         got_dtype = got.dtype
         got = out.layout.reduce_partial(got, self.mesh)
-        budget = Budget(out.gold, out.naive, out.naive.dtype, case.budget_scope)
+        budget = Budget(out.gold, out.naive, out.naive.dtype, case.budget_scope, golden.output_scale(out.index))
         place = Placement(out.layout, self.mesh, golden.inputs)
         self._emit_verdict(self._measure(Comparison(out.check, got, expected, budget, place, got_dtype)), precision)
 
@@ -392,7 +392,9 @@ class ItemRun:
             if not isinstance(x.grad, torch.Tensor):
                 self._emit_not_a_tensor(check, x.grad)
                 continue
-            budget = Budget(golden.grads[name], golden.naive_grads[name], x.dtype, case.budget_scope)
+            budget = Budget(
+                golden.grads[name], golden.naive_grads[name], x.dtype, case.budget_scope, golden.grad_scale()
+            )
             verdict = self._measure(Comparison(check, x.grad, expected, budget, place, x.grad.dtype))
             self._emit_verdict(verdict, PrecisionRun(golden, lambda run, name=name: run[1][name], call.ctx.dtype))
         return True
@@ -415,7 +417,7 @@ class ItemRun:
             place = Placement(lay, self.mesh, golden.inputs)
             expected = place.local(gold)
             reduced = lay.reduce_partial(got, self.mesh)
-            budget = Budget(gold, naive, naive.dtype, case.budget_scope)
+            budget = Budget(gold, naive, naive.dtype, case.budget_scope, golden.output_scale(index))
             comparison = Comparison(case.forward_checks[index], reduced, expected, budget, place, got.dtype)
             call.verdicts[index] = self._measure(comparison, arriving=True)
         except Exception as exc:  # raised as the harness's own error once the run is over, not as the model's

@@ -43,6 +43,7 @@ class Budget:
     ref_full: torch.Tensor
     dtype: torch.dtype
     scope: BudgetScope
+    kind_scale: float  # the item's largest golden magnitude among tensors of this one's kind (Golden.output_scale)
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class PrecisionRun:
 
 def judge_tensor(got: torch.Tensor, expected: torch.Tensor, b: Budget, place: Placement) -> tuple:
     """(stats, status, err/budget, this rank's budgets) of a local tensor against its slice of the golden."""
-    b_full, naive_err_full = budget(b.gold_full, b.ref_full, b.dtype, b.scope)
+    b_full, naive_err_full = budget(b.gold_full, b.ref_full, b.dtype, b.scope, b.kind_scale)
     limit = place.local(b_full)
     err_naive = place.local(naive_err_full) if naive_err_full is not None else None
     stats = compare(got, expected, limit, err_naive)
@@ -190,7 +191,7 @@ def precision_finding(v: Verdict, precision: PrecisionRun) -> tuple[str, str]:
     except Exception:  # the reference cannot run that way: no excuse for the error
         return "", ""
     if v.got is not None:
-        alt_budget = Budget(v.budget.gold_full, alt, low, v.budget.scope)
+        alt_budget = dataclasses.replace(v.budget, ref_full=alt, dtype=low)
         _, status, ratio, _ = judge_tensor(v.got, v.expected, alt_budget, v.place)
     else:
         status, ratio = judge_largest(v.stats["max_abs_err"], alt)
