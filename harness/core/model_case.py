@@ -514,13 +514,12 @@ def _layout_by_shape(local_shape: tuple, full_shape: tuple, default: Layout, ctx
 
 
 def _batch_or_replicated(batch: Layout) -> list[Layout]:
-    """The dp/cp placements an activation may have, the batch's first: then replicated over dp, over cp, over both
-    (where the batch is split there), replicated over tp."""
+    """The dp/cp placements an activation may have, replicated over tp: the batch's first, then replicated over dp,
+    over cp, over both (each only where the batch is split there)."""
     dp, cp, _ = batch.placements
-    dps = [dp] if isinstance(dp, Replicate) else [dp, Replicate()]
-    cps = [cp] if isinstance(cp, Replicate) else [cp, Replicate()]
-    pairs = sorted(((d, c) for d in dps for c in cps), key=lambda dc: sum(isinstance(p, Replicate) for p in dc))
-    return [Layout(dp=d, cp=c) for d, c in pairs]
+    pairs = [(dp, cp), (Replicate(), cp), (dp, Replicate()), (Replicate(), Replicate())]
+    kept = [pair for i, pair in enumerate(pairs) if pair not in pairs[:i]]  # where the batch is replicated already
+    return [Layout(dp=d, cp=c) for d, c in kept]
 
 
 def _gradient_over_batch(layout: Layout, batch: Layout, sizes: dict[str, int]) -> Layout:
