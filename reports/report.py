@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from shardcheck.harness.core.compare import FAILING, STATUS_ORDER  # noqa: E402
-from shardcheck.harness.core.records import Status  # noqa: E402
+from shardcheck.harness.core.records import SIGNATURE_CHECK, Status  # noqa: E402
 from shardcheck.harness.findings.known import known_failure_text  # noqa: E402
 from shardcheck.harness.findings.verdicts import SettledRun, read_settled  # noqa: E402
 from shardcheck.harness.findings.wording import finding_lines  # noqa: E402
@@ -72,6 +72,7 @@ def failing_items(df: pd.DataFrame) -> list[dict]:
     items = []
     for key, rows in bad.groupby(ITEM_KEY, sort=False):
         op, case_id, dp, cp, tp, dtype = key
+        signature = (rows["check"] == SIGNATURE_CHECK).all()  # checked before any rank runs: no topology, no dtype
         error_maps = rows["error_map"] if "error_map" in rows else pd.Series(None, index=rows.index)
         items.append(
             {
@@ -79,6 +80,9 @@ def failing_items(df: pd.DataFrame) -> list[dict]:
                 "case_id": case_id,
                 "topology": f"dp{dp}-cp{cp}-tp{tp}",
                 "dtype": dtype,
+                "where": f"in the module under test {rows['impl'].iloc[0]}"
+                if signature
+                else f"dp{dp}-cp{cp}-tp{tp} {dtype}",
                 "status": _worst(rows["status"]),
                 "checks": [
                     (r["check"], r["status"], r["message"], m if isinstance(m, str) else None)
@@ -100,7 +104,7 @@ def folded_checks(item: dict) -> list[tuple[str, str, str]]:
 
 
 def item_title(item: dict) -> str:
-    return f"{item['status'].upper()} {item['op']} [{item['case_id']}] {item['topology']} {item['dtype']}"
+    return f"{item['status'].upper()} {item['op']} [{item['case_id']}] {item['where']}"
 
 
 def failures_markdown(items: list[dict], images: bool = True) -> list[str]:

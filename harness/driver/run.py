@@ -20,6 +20,7 @@ from shardcheck.harness.core.options import (
 from shardcheck.harness.core.plan_data import Plan
 from shardcheck.harness.core.records import RUN_META, RecordWriter, Status, run_metadata, write_json
 from shardcheck.harness.core.topology import Topology
+from shardcheck.harness.driver.collect import signature_rerun
 from shardcheck.harness.driver.corpus import corpus_dir, load_corpus
 from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.rank import shims
@@ -82,7 +83,7 @@ def open_run(run_dir: Path, plan: Plan, argv: list[str]) -> tuple[RecordWriter, 
     }
     write_json(run_dir / RUN_META, meta)
     for row in signature_rows(plan, meta):
-        writer.write(row)
+        writer.write({**row, "rerun": signature_rerun(plan, row["op"], row["suite"])})
     return writer, meta
 
 
