@@ -217,7 +217,7 @@ def _end_of_run(args, run_dir: Path, run_id: str, counts: dict[str, int]) -> int
     """The run settled once (a findings line demoted to warn: its rows too, harness/findings/verdicts.py) and handed
     to its outputs (reports/sinks.py), its findings and failing items printed; the exit code."""
     from shardcheck.harness.driver.run import exit_code
-    from shardcheck.reports.console import print_failures, print_findings, print_harness_errors
+    from shardcheck.reports.console import print_failures, print_findings, print_harness_errors, print_skip_reasons
     from shardcheck.reports.sinks import Outputs, finish
 
     settled = finish(run_dir, counts, Outputs(run_id, args.junit_xml, os.environ.get("GITHUB_STEP_SUMMARY")))
@@ -230,6 +230,7 @@ def _end_of_run(args, run_dir: Path, run_id: str, counts: dict[str, int]) -> int
         f"shardcheck: {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
         f"{counts['error']} errors, {counts['skip']} skipped{known} -> {run_dir / 'report.html'}"
     )
+    print_skip_reasons(rows)
     print_harness_errors(rows)
     if counts[Status.FAIL] or counts[Status.ERROR] or counts[Status.XPASS]:
         print_failures(run_dir, rows)
