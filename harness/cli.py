@@ -234,7 +234,7 @@ def _end_of_run(args, run_dir: Path, run_id: str, counts: dict[str, int]) -> int
     """The run settled once (a findings line demoted to warn: its rows too, harness/findings/verdicts.py) and handed
     to its outputs (reports/sinks.py), its findings and failing items printed; the exit code."""
     from shardcheck.harness.driver.run import exit_code
-    from shardcheck.reports.console import print_failures, print_findings, print_harness_errors
+    from shardcheck.reports.console import print_failures, print_findings, print_harness_errors, print_skip_reasons
     from shardcheck.reports.sinks import Outputs, finish
 
     settled = finish(run_dir, counts, Outputs(run_id, args.junit_xml, os.environ.get("GITHUB_STEP_SUMMARY")))
@@ -247,6 +247,7 @@ def _end_of_run(args, run_dir: Path, run_id: str, counts: dict[str, int]) -> int
         f"shardcheck: {counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed, "
         f"{counts['error']} errors, {counts['skip']} skipped{known} -> {run_dir / 'report.html'}"
     )
+    print_skip_reasons(rows)
     print_harness_errors(rows)
     if counts[Status.FAIL] or counts[Status.ERROR] or counts[Status.XPASS]:
         print_failures(run_dir, rows)
@@ -481,6 +482,21 @@ def cmd_dashboard(args) -> int:
     return EXIT_OK
 
 
+def cmd_examples(args) -> int:
+    """The example suites shipped with shardcheck copied into a new folder, so that the docs' `--suite-path
+    examples/...` commands run from the folder above it, from a wheel as from a checkout."""
+    source = Path(__file__).resolve().parents[1] / "examples"  # shardcheck/examples in a wheel; a checkout's own
+    if args.dir.exists():
+        raise UsageError(f"{args.dir} exists; name a new folder")
+    try:
+        shutil.copytree(source, args.dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    except OSError as exc:
+        raise UsageError(f"{args.dir}: {exc.strerror}") from None
+    for path in sorted(p for p in args.dir.iterdir() if p.is_dir()):
+        print(path)
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None, pool: WorkerPool | None = None, own_process: bool = False) -> int:
     """The command line `shardcheck ARGV` (default: sys.argv); its exit code.  `pool`: the ranks of `run` and `fuzz`
     come from it and go back to it (a caller running many commands pays one start-up per world size and settings)
@@ -489,12 +505,15 @@ def main(argv: list[str] | None = None, pool: WorkerPool | None = None, own_proc
         args = make_parser().parse_args(argv)
         args.pool, args.argv, args.own_process = pool, sys.argv if argv is None else ["shardcheck", *argv], own_process
         if args.command is None:
-            raise UsageError("missing command: run, fuzz, list, report, compare or dashboard (see shardcheck --help)")
+            raise UsageError(
+                "missing command: run, fuzz, list, report, compare, dashboard or examples (see shardcheck --help)"
+            )
         commands = {
             "run": cmd_run,
             "fuzz": cmd_fuzz,
             "list": cmd_list,
             "report": cmd_report,
+            "examples": cmd_examples,
             "compare": cmd_compare,
             "dashboard": cmd_dashboard,
         }

@@ -34,6 +34,8 @@ def make_parser() -> argparse.ArgumentParser:
     lst.add_argument("--quick", action="store_true")
     lst.add_argument("--corpus", type=Path, metavar="DIR", help="the fuzz corpus to count (default as for run)")
     add_suite_path_arg(lst)
+    ex = sub.add_parser("examples", help="copy the example suites (the docs' --suite-path examples/...) into DIR")
+    ex.add_argument("dir", type=Path, nargs="?", default=Path("examples"), help="a new folder (default: %(default)s)")
     rep = sub.add_parser("report", help="(re)build the report of run directories")
     rep.add_argument("dirs", nargs="+", type=Path)
     cmp = sub.add_parser("compare", help="regression gate between two runs (Markdown table; exit 1 on regression)")
@@ -56,7 +58,10 @@ def _add_run_parser(sub) -> None:
     run.add_argument("--out", type=Path, help="run directory (default shardcheck-runs/<run-id>)")
     run.add_argument("--bench", action="store_true", help="measure time, memory and collectives (benchmark cases)")
     run.add_argument(
-        "--bench-iters", type=int, default=DEFAULT_BENCH_ITERS, help="timed iterations per benchmark (all ranks)"
+        "--bench-iters",
+        type=int,
+        default=DEFAULT_BENCH_ITERS,
+        help="timed iterations per benchmark (all ranks; default: %(default)s)",
     )
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument(
@@ -88,7 +93,7 @@ def _add_fuzz_parser(sub) -> None:
         help=f"examples per op (default {DEFAULT_FUZZ_EXAMPLES}; with --time: until the time is up)",
     )
     fz.add_argument("--time", type=float, metavar="SECONDS", help="wall-clock budget of the whole search")
-    fz.add_argument("--seed", type=int, default=0, help="the same seed draws the same examples")
+    fz.add_argument("--seed", type=int, default=0, help="the same seed draws the same examples (default: %(default)s)")
     fz.add_argument("--topology", action="append", help="dp=1,cp=1,tp=2 (repeatable): the topologies to draw from")
     fz.add_argument("--world-sizes", type=_int_list, help="draw from every topology of these sizes (default 1,2,4)")
     fz.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")

@@ -10,7 +10,7 @@ from shardcheck.harness.core.records import Status, Symptom
 from shardcheck.harness.findings.known import known_failures_line
 from shardcheck.harness.findings.verdicts import Findings
 from shardcheck.harness.findings.wording import finding_lines
-from shardcheck.reports.report import failing_items, folded_checks, item_title
+from shardcheck.reports.report import failing_items, folded_checks, item_title, skip_reason_lines
 
 
 def print_findings(findings: Findings) -> None:
@@ -26,6 +26,12 @@ def print_findings(findings: Findings) -> None:
         for r in known.itertuples():  # each known failure's rerun, as the findings have theirs
             if isinstance(r.rerun, str) and r.rerun:
                 print(f"  rerun ({r.op}): {r.rerun}")
+
+
+def print_skip_reasons(rows: pd.DataFrame, limit: int = 10) -> None:
+    """Why the run skipped what it skipped: one line per distinct reason, counted (all of them in report.md)."""
+    for line in skip_reason_lines(rows, limit):
+        print("  " + line)
 
 
 def print_harness_errors(rows: pd.DataFrame) -> None:

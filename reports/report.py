@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from shardcheck.harness.core.compare import FAILING, STATUS_ORDER  # noqa: E402
-from shardcheck.harness.core.records import Status  # noqa: E402
+from shardcheck.harness.core.records import SIGNATURE_CHECK, Status  # noqa: E402
 from shardcheck.harness.findings.known import known_failure_text  # noqa: E402
 from shardcheck.harness.findings.verdicts import SettledRun, read_settled  # noqa: E402
 from shardcheck.harness.findings.wording import finding_lines  # noqa: E402
@@ -23,6 +23,7 @@ from shardcheck.reports.error_map import draw_artefact  # noqa: E402
 from shardcheck.reports.model_chart import model_charts  # noqa: E402
 
 HEATMAP = "agreement_heatmap.png"
+HEATMAP_LEGEND = "grey: planned, not judged (skip, XFAIL: known failure)\nwhite: not planned at that topology"
 
 
 def uses_lines(df: pd.DataFrame) -> list[str]:
@@ -54,6 +55,30 @@ def status_table(df: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
+def skip_reasons(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per distinct reason the run skipped checks (a misfit, a missing extra, a hang's budget): the reason,
+    its checks and its items, most checks first."""
+    skipped = df[df["status"] == Status.SKIP].assign(reason=lambda d: d["message"].fillna("(no reason given)"))
+    table = pd.DataFrame(
+        {
+            "checks": skipped.groupby("reason", sort=False).size(),
+            "items": skipped.drop_duplicates([*ITEM_KEY, "reason"]).groupby("reason", sort=False).size(),
+        }
+    )
+    return table.sort_values("checks", ascending=False, kind="stable").rename_axis("reason").reset_index()
+
+
+def skip_reason_lines(df: pd.DataFrame, limit: int | None = None) -> list[str]:
+    """'12 checks (4 items) skipped: <reason>' per distinct skip reason; past `limit` lines one that counts the rest."""
+    table = skip_reasons(df)
+    shown = table if limit is None else table.head(limit)
+    lines = [f"{r.checks} checks ({r.items} items) skipped: {r.reason}" for r in shown.itertuples()]
+    if len(table) > len(shown):
+        rest = table.iloc[len(shown) :]
+        lines.append(f"... {rest['checks'].sum()} checks skipped for {len(rest)} other reasons (see report.md)")
+    return lines
+
+
 def failures(df: pd.DataFrame) -> pd.DataFrame:
     """Every row that fails the run: fail, error, and xpass (a known failure that passes: its mark must go)."""
     bad = df[df["status"].isin(FAILING)].assign(topology=lambda d: _topology(d))
@@ -72,6 +97,7 @@ def failing_items(df: pd.DataFrame) -> list[dict]:
     items = []
     for key, rows in bad.groupby(ITEM_KEY, sort=False):
         op, case_id, dp, cp, tp, dtype = key
+        signature = (rows["check"] == SIGNATURE_CHECK).all()  # checked before any rank runs: no topology, no dtype
         error_maps = rows["error_map"] if "error_map" in rows else pd.Series(None, index=rows.index)
         items.append(
             {
@@ -79,6 +105,9 @@ def failing_items(df: pd.DataFrame) -> list[dict]:
                 "case_id": case_id,
                 "topology": f"dp{dp}-cp{cp}-tp{tp}",
                 "dtype": dtype,
+                "where": f"in the module under test {rows['impl'].iloc[0]}"
+                if signature
+                else f"dp{dp}-cp{cp}-tp{tp} {dtype}",
                 "status": _worst(rows["status"]),
                 "checks": [
                     (r["check"], r["status"], r["message"], m if isinstance(m, str) else None)
@@ -100,7 +129,7 @@ def folded_checks(item: dict) -> list[tuple[str, str, str]]:
 
 
 def item_title(item: dict) -> str:
-    return f"{item['status'].upper()} {item['op']} [{item['case_id']}] {item['topology']} {item['dtype']}"
+    return f"{item['status'].upper()} {item['op']} [{item['case_id']}] {item['where']}"
 
 
 def failures_markdown(items: list[dict], images: bool = True) -> list[str]:
@@ -245,8 +274,8 @@ def _cell_status(statuses: pd.Series) -> str:
 
 def heatmap(df: pd.DataFrame, path: Path) -> None:
     """op × topology coloured by the worst err/budget over dtypes, cases and checks; what fails the run (fail,
-    error, xpass) is red, what was not judged (skip, xfail) grey; a cell whose worst check does not pass is
-    labelled with its status."""
+    error, xpass) is red, what was planned and not judged (skip, xfail) grey, what was never planned white; a cell
+    whose worst check does not pass is labelled with its status."""
     df = df.assign(topology=_topology(df))
     status = df["status"]
     ratio = df["err_ratio"].fillna(0.0).where(status == Status.PASS, np.nan)
@@ -262,6 +291,11 @@ def heatmap(df: pd.DataFrame, path: Path) -> None:
     norm = matplotlib.colors.TwoSlopeNorm(vmin=-6, vcenter=0, vmax=1)
     cmap = matplotlib.colormaps["RdYlGn_r"].with_extremes(bad="#d9d9d9")
     im = ax.imshow(np.ma.masked_invalid(shown), cmap=cmap, norm=norm, aspect="auto")
+    # A cell no item was planned at (the case does not run at that topology) is white, apart from the grey of what
+    # was planned and not judged (skipped, known failure).
+    unplanned = (labels == "").to_numpy()
+    white = matplotlib.colors.ListedColormap(["white"])
+    ax.imshow(np.ma.masked_where(~unplanned, np.zeros(unplanned.shape)), cmap=white, aspect="auto")
     for (i, j), v in np.ndenumerate(values):
         cell = labels.iat[i, j]
         label = (
@@ -276,7 +310,7 @@ def heatmap(df: pd.DataFrame, path: Path) -> None:
         ax.text(j, i, label, ha="center", va="center", fontsize=7, color="black")
     ax.set_xticks(range(len(grid.columns)), grid.columns, rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(len(grid.index)), grid.index, fontsize=8)
-    ax.set_title("worst err / budget (≤ 1 passes; grey: skipped or known failure)", fontsize=9)
+    ax.set_title(f"worst err / budget (≤ 1 passes)\n{HEATMAP_LEGEND}", fontsize=8)
     fig.colorbar(im, ax=ax, label="log10(err / budget)")
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -454,6 +488,8 @@ def write(run: SettledRun) -> list[Path]:
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
     findings, known = run.findings.causes, run.findings.known
     md = header + ["", f"**{len(df)} checks: {summary}**", ""] + findings_markdown(findings)
+    reasons = skip_reason_lines(df)
+    md += ["## Skipped", ""] + [f"- {line}" for line in reasons] + [""] if reasons else []
     md += known_failures_markdown(known)
     if len(table):
         md += ["## Status: op × dtype × topology", "", table.to_markdown(index=False), ""]

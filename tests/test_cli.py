@@ -104,9 +104,18 @@ def test_impl_lacking_every_selected_op_is_usage_error(capsys, tmp_path):
         "--out",
         str(tmp_path / "run"),
     )
-    assert (
-        "module has none of the selected ops (no 'DistributedLogprob', needed by model_utils.DistributedLogprob)" in err
-    )
+    assert "module defines none of the 1 selected model_utils op(s) (no 'DistributedLogprob')" in err
+
+
+def test_impl_lacking_every_op_of_its_family_is_usage_error_with_the_default_selection(capsys, tmp_path):
+    """The other families' ops are selected too: the check is per family, so a module that defines nothing of
+    kd_loss is the wrong file (exit 2 at planning) rather than a 68 s run ending in signature FAILs."""
+    path = tmp_path / "notanimpl.py"
+    path.write_text("def helper(x):\n    return x\n")
+    err = _usage_error(capsys, "run", "--quick", "--impl", f"kd_loss={path}", "--out", str(tmp_path / "run"))
+    assert f"--impl kd_loss={path}: module defines none of the " in err
+    assert "selected kd_loss op(s) (no " in err and "is it the right file?" in err
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").rglob("results.jsonl"))
 
 
 def test_list_names_every_op_and_default_topologies(capsys):

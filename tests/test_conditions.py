@@ -115,3 +115,13 @@ def test_skipped_items_would_have_been_passing_rows_and_are_not():
     assert separating_condition(bad, ran).startswith("exactly at cp ≥ 2")
     with_skipped = pd.concat([ran, pd.DataFrame([_row("pass", "s10", 2, "none")])])
     assert not separating_condition(bad, with_skipped).startswith("exactly at cp ≥ 2")
+
+
+def test_a_signature_row_lends_a_finding_no_topology():
+    """A signature row is of the module, found before any rank ran (recorded at dp0-cp0-tp0): the topologies a
+    finding names are those of the rows that ran."""
+    signature = {**_row("fail", "signature", 0, "none", check="property:signature"), "dp": 0, "tp": 0}
+    bad = pd.DataFrame([_row("fail", "c", 2, "none"), signature])
+    condition = separating_condition(bad, bad.iloc[:0])
+    assert condition.endswith(", at dp1-cp2-tp1"), condition
+    assert separating_condition(pd.DataFrame([signature]), bad.iloc[:0]).endswith(", at dp0-cp0-tp0")  # none ran

@@ -71,6 +71,47 @@ def test_layout_misfit_names_what_cannot_be_split():
     assert "dim 0 of length 4 sharded over dp=8" in vocab.misfit((4, 3, 37), {"dp": 8}, empty_pieces=("tp",))
 
 
+def test_a_shard_over_cp_must_split_evenly_unless_the_case_tests_unequal_pieces():
+    from torch.distributed.tensor import Shard
+
+    from shardcheck import Layout
+
+    contiguous = Layout(dp=Shard(0), cp=Shard(1), tp=Shard(-1))
+    assert contiguous.misfit((4, 16, 24), {"cp": 4, "tp": 5}) == ""  # 16 over CP 4; 24 over TP 5 unequal, allowed
+    why = contiguous.misfit((4, 16, 24), {"cp": 3})  # 6 + 5 + 5 positions: a CP op exchanges equal chunks
+    assert why == (
+        "dim 1 of length 16 sharded over cp=3 splits into unequal pieces, and the case does not test unequal "
+        "pieces over cp"
+    ), why
+    assert contiguous.misfit((4, 16, 24), {"cp": 3}, uneven_pieces=("cp",)) == ""
+    assert "over dp=3" in contiguous.misfit((4, 16, 24), {"dp": 3}, uneven_pieces=())
+    # the length a later mesh dim splits is what the earlier ones left: 12 over DP 2 leaves 6, which CP 3 splits
+    assert Layout(dp=Shard(1), cp=Shard(1)).misfit((2, 12), {"dp": 2, "cp": 3}) == ""
+    assert "length 6 sharded over cp=4" in Layout(dp=Shard(1), cp=Shard(1)).misfit((2, 12), {"dp": 2, "cp": 4})
+
+
+def test_the_plan_skips_a_contiguous_cp_shard_at_a_cp_that_does_not_divide_it():
+    """`--world-sizes 3` on our own code: a case of 16 positions sharded Shard(1) over CP 3 was an error row
+    ("sequence length 16 is not divisible by CP = 3"); it is a planned skip with the reason."""
+    from shardcheck.harness.core.options import RunSettings
+    from shardcheck.harness.driver.planner import Selection, build_plan
+
+    plan = build_plan(
+        Selection(
+            run_id="t",
+            settings=RunSettings(device="cpu", backend="gloo", timeout=60, seed=0),
+            suites_wanted=["model_utils_cp"],
+            case_patterns=["cp-shard1-*"],
+            quick=True,
+            world_sizes=[2, 3],
+            dtypes=["float64"],
+        )
+    )
+    by_cp = {i.topology[1]: i for i in plan.items if i.topology[1] > 1}
+    assert not by_cp[2].skip
+    assert "dim 1 of length 16 sharded over cp=3 splits into unequal pieces" in by_cp[3].skip, by_cp[3].skip
+
+
 def test_cp_lengths_of_an_op_that_splits_by_itself():
     import torch
 

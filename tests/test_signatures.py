@@ -142,3 +142,12 @@ def test_a_missing_op_is_one_finding_and_the_other_ops_run(run_shardcheck):
     assert cause["condition"] == "of the module, found before any case ran"
     ran = run.rows[run.rows["check"] != "property:signature"]
     assert set(ran["op"]) == {"model_utils._compute_distributed_log_softmax"} and (ran["status"] == "pass").all()
+    # printed with the module it is about and a rerun line, not as a topology and dtype it has none of
+    impl = FIXTURES / "model_utils" / "without_cross_entropy.py"
+    assert f"FAIL model_utils.DistributedCrossEntropy [signature] in the module under test {impl}\n" in run.stdout
+    assert "dp0-cp0-tp0" not in run.stdout
+    rerun = (
+        "rerun: shardcheck run --suite model_utils --op model_utils.DistributedCrossEntropy --topology dp=1,cp=1,tp=1 "
+        f"--dtype float64 --quick --impl model_utils={impl.resolve()}"
+    )
+    assert rerun in run.stdout, run.stdout

@@ -134,6 +134,10 @@ class Case:
     # holding no vocab entries.  Elsewhere the plan skips, with the reason, a topology at which an input would
     # leave a rank an empty piece (Case.misfit).
     empty_pieces: tuple[str, ...] = ()
+    # The mesh dims over which the case tests Shard pieces of unequal lengths (V = 37 at TP 2). Not CP by default:
+    # context parallelism splits a sequence into equal pieces (a CP op exchanges equal chunks), so the plan skips,
+    # with the reason, a topology at which a Shard over CP would not split its dim evenly (16 positions at CP 3).
+    uneven_pieces: tuple[str, ...] = ("dp", "tp")
     # Sequence lengths an op that shards over CP by itself (full inputs in) splits head-tail: each must be a
     # multiple of 2·CP, and the plan skips, with the reason, the CP sizes where one is not.
     cp_lengths: tuple[int, ...] = ()
@@ -172,6 +176,8 @@ class Case:
             raise ValueError(f"{where}: output_checks for {unknown}, not among the outputs {self.output_names}")
         if not set(self.empty_pieces) <= set(MESH_DIMS):
             raise ValueError(f"{where}: empty_pieces {self.empty_pieces} names a dim outside {MESH_DIMS}")
+        if not set(self.uneven_pieces) <= set(MESH_DIMS):
+            raise ValueError(f"{where}: uneven_pieces {self.uneven_pieces} names a dim outside {MESH_DIMS}")
         if not set(self.summed_over) <= set(MESH_DIMS):
             raise ValueError(f"{where}: summed_over {self.summed_over} names a dim outside {MESH_DIMS}")
         for name, layout in [*self.input_layouts.items(), *zip(self.output_names, self.output_layouts)]:
@@ -215,7 +221,7 @@ class Case:
                 )
         for name, layout in self.input_layouts.items():
             if name in inputs and layout is not REPLICATED:
-                why = layout.misfit(tuple(inputs[name].shape), sizes, inputs, self.empty_pieces)
+                why = layout.misfit(tuple(inputs[name].shape), sizes, inputs, self.empty_pieces, self.uneven_pieces)
                 if why:
                     return f"input {name!r} {list(inputs[name].shape)} cannot be laid out at {topology}: {why}"
         return ""

@@ -134,11 +134,15 @@ class Layout:
         sizes: dict[str, int],
         inputs: Tensors | None = None,
         empty_pieces: Sequence[str] = (),
+        uneven_pieces: Sequence[str] = ("dp", "tp"),
     ) -> str:
         """Why this layout cannot lay a tensor of `full_shape` out over a mesh of `sizes`, or "" where it can: an
-        index rule the length does not split for (head-tail needs a multiple of 2·CP), or a Shard over a mesh dim
-        not in `empty_pieces` leaving some rank an empty piece (a dim smaller than the mesh dim).  Pure, like
-        `indices`."""
+        index rule the length does not split for (head-tail needs a multiple of 2·CP), a Shard over a mesh dim not
+        in `uneven_pieces` that does not split its dim evenly, or a Shard over a mesh dim not in `empty_pieces`
+        leaving some rank an empty piece (a dim smaller than the mesh dim).  Pure, like `indices`."""
+        uneven = self._uneven_shard(full_shape, sizes, uneven_pieces)
+        if uneven:
+            return uneven
         # The first and the last rank: torch's Shard gives the last ranks the smallest pieces, and an index rule
         # that cannot split a length fails on every rank.
         for corner in ({d: 0 for d in MESH_DIMS}, {d: sizes.get(d, 1) - 1 for d in MESH_DIMS}):
@@ -153,6 +157,23 @@ class Layout:
                         f"dim {dim} of length {full_shape[dim]} sharded over {d}={sizes[d]} leaves some ranks an "
                         "empty piece, and the case does not test empty pieces"
                     )
+        return ""
+
+    def _uneven_shard(self, full_shape: Sequence[int], sizes: dict[str, int], uneven_pieces: Sequence[str]) -> str:
+        """Why a Shard over a mesh dim not in `uneven_pieces` gives the ranks pieces of unequal lengths ("" where
+        none does): the length it splits is what the mesh dims before it left the first rank."""
+        lengths = [int(n) for n in full_shape]
+        for d, p in zip(MESH_DIMS, self.placements):
+            n = sizes.get(d, 1)
+            if not isinstance(p, Shard | IndexRule) or n == 1 or not full_shape:
+                continue
+            dim = p.dim % len(full_shape)
+            if isinstance(p, Shard) and d not in uneven_pieces and lengths[dim] % n:
+                return (
+                    f"dim {dim} of length {lengths[dim]} sharded over {d}={n} splits into unequal pieces, and the "
+                    f"case does not test unequal pieces over {d}"
+                )
+            lengths[dim] = -(-lengths[dim] // n)
         return ""
 
     def reduce_partial(self, local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:

@@ -106,7 +106,12 @@ def add_suite_path_arg(p: argparse.ArgumentParser) -> None:
 
 def add_timeout_arg(p: argparse.ArgumentParser, what: str) -> None:
     """`--timeout`, checked where RunSettings is made."""
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help=f"seconds {what} may take on any rank")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds {what} may take on any rank (default: %(default)g)",
+    )
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:
@@ -119,7 +124,7 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", action="append", help="float64,float32,bfloat16,float16")
     p.add_argument("--impl", action="append", help="FAMILY=MODULE or FAMILY=path/to/file.py")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="every item's inputs are drawn from it (default: %(default)s)")
     add_timeout_arg(p, "one case")
     p.add_argument("--quick", action="store_true", help="fewer, smaller cases")
     p.add_argument(

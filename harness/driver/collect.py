@@ -332,15 +332,8 @@ def rerun_command(plan: Plan, item: Item) -> str:
         "--device",
         plan.device,
     ]
-    # Any module but our seed module is named, the default IMPLEMENTATION of an external suite's family too: the
-    # command then needs nothing else of the run to test the same module.
     # The other families a model case calls (Case.uses) too, each by its own --impl.
-    for fam in [family, *plan.uses.get(item.op, [])]:
-        spec = plan.impl.get(fam)
-        if spec and not is_ours(spec, fam):
-            if is_path(spec):
-                spec = str(Path(spec).resolve())  # the command works from any directory
-            args += ["--impl", f"{fam}={spec}"]
+    args += _impl_args(plan, [family, *plan.uses.get(item.op, [])])
     if item.fuzz is not None and plan.corpus:  # a fuzz case: the corpus rebuilds it from the params saved there
         args += ["--corpus", plan.corpus]
     if plan.quick:
@@ -350,6 +343,29 @@ def rerun_command(plan: Plan, item: Item) -> str:
     if plan.timeout != DEFAULT_TIMEOUT:
         args += ["--timeout", f"{plan.timeout:g}"]
     return shlex.join(args)
+
+
+def signature_rerun(plan: Plan, op: str, suite: str) -> str:
+    """A `shardcheck run` command line that checks `op`'s signature in the module under test again (and runs its
+    cases on one rank, where the module defines it)."""
+    family = op.split(".", 1)[0]
+    external = [arg for path in plan.suite_paths if Path(path).stem == suite for arg in ("--suite-path", path)]
+    args = ["shardcheck", "run", *external, "--suite", suite, "--op", op, "--topology", "dp=1,cp=1,tp=1"]
+    return shlex.join(args + ["--dtype", "float64", "--quick", *_impl_args(plan, [family])])
+
+
+def _impl_args(plan: Plan, families: list[str]) -> list[str]:
+    """`--impl FAMILY=MODULE` of each of `families` whose module under test is not our seed module (the default
+    IMPLEMENTATION of an external suite's family too): a rerun then needs nothing else of the run to test the same
+    module."""
+    args = []
+    for fam in families:
+        spec = plan.impl.get(fam)
+        if spec and not is_ours(spec, fam):
+            if is_path(spec):
+                spec = str(Path(spec).resolve())  # the command works from any directory
+            args += ["--impl", f"{fam}={spec}"]
+    return args
 
 
 def _participants(item: Item) -> list[int]:

@@ -128,16 +128,19 @@ def resolve_modules(
             )
         modules[family] = resolve_impl(family, impl[family], origins[family])
     # An op the module under test does not define is one finding (harness/rank/signatures.py), not a TypeError
-    # per item; a module that defines none of the selected ops is the wrong module.
+    # per item; a module that defines none of its family's selected ops is the wrong module, whatever else the run
+    # selects (checked here, before any rank starts).
     missing = {
         op: suite_name for suite_name, op in ops if not hasattr(modules[op.split(".", 1)[0]], op.split(".", 1)[1])
     }
-    if len(missing) == len({op for _, op in ops}):
-        family, name = next(iter(missing)).split(".", 1)
-        raise UsageError(
-            f"{origins[family]}: module has none of the selected ops "
-            f"(no {name!r}, needed by {family}.{name}); is it the right file?"
-        )
+    for family in sorted({op.split(".", 1)[0] for _, op in ops}):
+        selected = sorted({op for _, op in ops if op.split(".", 1)[0] == family})
+        if all(op in missing for op in selected):
+            names = ", ".join(repr(op.split(".", 1)[1]) for op in selected[:3]) + (", ..." if len(selected) > 3 else "")
+            raise UsageError(
+                f"{origins[family]}: module defines none of the {len(selected)} selected {family} op(s) "
+                f"(no {names}); is it the right file?"
+            )
     return impl, defaults, missing
 
 

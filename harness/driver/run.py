@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+from dataclasses import asdict
 from pathlib import Path
 
 from shardcheck.harness.core.compare import FAILING
@@ -20,6 +21,7 @@ from shardcheck.harness.core.options import (
 from shardcheck.harness.core.plan_data import Plan
 from shardcheck.harness.core.records import RUN_META, RecordWriter, Status, run_metadata, write_json
 from shardcheck.harness.core.topology import Topology
+from shardcheck.harness.driver.collect import signature_rerun
 from shardcheck.harness.driver.corpus import corpus_dir, load_corpus
 from shardcheck.harness.driver.planner import Selection, build_plan
 from shardcheck.harness.rank import shims
@@ -77,13 +79,31 @@ def open_run(run_dir: Path, plan: Plan, argv: list[str]) -> tuple[RecordWriter, 
     meta = {
         **run_metadata(plan.run_id, argv, plan.device, plan.backend),
         "start": _now(),
+        "seed": plan.seed,
+        "options": resolved_options(plan),
         "impl": plan.impl,
         **shims.describe(plan.device, plan.shims),
     }
     write_json(run_dir / RUN_META, meta)
     for row in signature_rows(plan, meta):
-        writer.write(row)
+        writer.write({**row, "rerun": signature_rerun(plan, row["op"], row["suite"])})
     return writer, meta
+
+
+def resolved_options(plan: Plan) -> dict:
+    """What the run ran with, defaults filled in (argv says only what was typed): its settings, and the suites,
+    world sizes, topologies and dtypes its items span."""
+    return {
+        **asdict(plan.settings),
+        "quick": plan.quick,
+        "suites": sorted({i.suite for i in plan.items}),
+        "suite_paths": plan.suite_paths,
+        "world_sizes": sorted({i.world_size for i in plan.items}),
+        "topologies": [str(Topology(*t)) for t in sorted({i.topology for i in plan.items})],
+        "dtypes": sorted({i.dtype for i in plan.items}),
+        "corpus": plan.corpus,
+        "profile": plan.profile,
+    }
 
 
 def close_run(run_dir: Path, writer: RecordWriter, meta: dict) -> None:

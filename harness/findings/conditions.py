@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import pandas as pd
 
+from shardcheck.harness.core.records import SIGNATURE_CHECK
+
 MESH = ("dp", "cp", "tp")
 ITEM = ["case_id", "dp", "cp", "tp", "dtype"]
 MAX_CONJUNCTION = 3  # predicates tried together when searching for an exact condition
@@ -74,11 +76,17 @@ def separating_condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: boo
         words, exact = _condition(bad, others, by_check)
         if exact:
             return words
-    topologies = sorted({f"dp{r['dp']}-cp{r['cp']}-tp{r['tp']}" for r in _records(bad)})
+    topologies = _topologies(_records(bad))
     return (
         f"no condition on checks, dtypes, mesh dims or case parameters separates it from the {len(passing)} "
         f"passing rows, at {', '.join(topologies)}"
     )
+
+
+def _topologies(rows: list[dict]) -> list[str]:
+    """The topologies of `rows`; a signature row has none (it is of the module, found before any rank ran)."""
+    ran = [r for r in rows if r.get("check") != SIGNATURE_CHECK] or rows
+    return sorted({f"dp{r['dp']}-cp{r['cp']}-tp{r['tp']}" for r in ran})
 
 
 def _condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool) -> tuple[str, bool]:
@@ -89,7 +97,7 @@ def _condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool) -> tupl
         if all(test(r) for r in bad_rows):
             # the passing rows it holds on, as a bit set
             candidates.append((words, order, sum(1 << i for i, r in enumerate(passing_rows) if test(r))))
-    topologies = sorted({f"dp{r['dp']}-cp{r['cp']}-tp{r['tp']}" for r in bad_rows})
+    topologies = _topologies(bad_rows)
     chosen, _ = _exact_conjunction(candidates, len(passing_rows))
     if chosen is None:
         return "", False

@@ -126,6 +126,8 @@ def worst_text(row, status: str, limit: int = 300) -> str:
             text = f"[{row['check']}] {text}"
     limit = limit * 2 if symptom in (Symptom.HUNG, Symptom.DIED) else limit  # where each rank was takes room
     text = text if len(text) <= limit else text[: limit - 1] + "…"
+    if symptom == Symptom.SIGNATURE:  # found before any rank ran: of the module, at no topology or dtype
+        return f"{text} ({row['op']} [{row.get('case_id')}] in the module under test {row.get('impl')})"
     return f"{text} ({row['op']} [{row.get('case_id')}] dp{row['dp']}-cp{row['cp']}-tp{row['tp']} {row['dtype']})"
 
 
