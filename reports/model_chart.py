@@ -4,8 +4,8 @@ A model case's checks carry their place in the training step (shardcheck.harness
 output in forward order, the loss, the gradient at every module's output in backward order.  For one item (op, case,
 topology, dtype) the chart draws err/budget (the worst rank's) of each of them on a log scale, forward above and
 backward below, then every parameter's gradient and stepped value, modules in execution order, the budget
-(err/budget = 1) as a line and the first divergence (shardcheck.harness.findings.model_order) marked.  `profile` is the chart's data, for tests and for people without
-the picture.
+(err/budget = 1) as a line and the first divergence (shardcheck.harness.findings.model_order) marked.  `profile` is
+the chart's data, for tests and for people without the picture.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ TITLES = {
     "backward": "backward: the gradient at each module's output, in backward order",
     "parameters": "parameters: each gradient, then each value after the optimizer step",
 }
-MAX_CHARTS = 8  # failing items charted per report (the first ones, in run order)
+# failing items charted per report (the first ones, in run order): a chart costs seconds of matplotlib layout, a run
+# of a broken plan fails every item, and their charts tell the same story; each item's rerun line charts it alone
+MAX_CHARTS = 3
 
 
 def _ratio(row: dict) -> float:
