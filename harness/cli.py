@@ -56,19 +56,22 @@ def cmd_compare(args) -> int:
         if not (d / "results.jsonl").read_text().strip():
             raise UsageError(f"{d}: results.jsonl holds no result rows (the run recorded no check)")
     try:
-        table, regressions = compare_runs(args.base, args.new, args.max_slowdown, args.max_memory_growth)
+        result = compare_runs(args.base, args.new, args.max_slowdown, args.max_memory_growth)
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read runs: {exc}") from None
     print(f"## shardcheck compare: {args.base} -> {args.new}\n")
-    note = machine_note(args.base, args.new)
-    if note:
-        print(f"**Note:** {note}\n")
-    print(table.to_markdown(index=False) if len(table) else "No changes beyond the thresholds.")
+    for note in (machine_note(args.base, args.new), result.selection):
+        if note:
+            print(f"**Note:** {note}\n")
+    print(result.table.to_markdown(index=False) if len(result.table) else "No changes beyond the thresholds.")
+    if result.not_run:
+        print("\nREGRESSION: checks NEW selected and did not run:")
+        print("\n".join(f"- {line}" for line in result.not_run))
     print(
-        f"\n**{regressions} regression(s)** (max slowdown {args.max_slowdown:g}% beyond the spread, "
-        f"max memory growth {args.max_memory_growth:g}%)"
+        f"\n**{result.regressions} regression(s)**, **{result.new_failures} new failure(s)** "
+        f"(max slowdown {args.max_slowdown:g}% beyond the spread, max memory growth {args.max_memory_growth:g}%)"
     )
-    return EXIT_FAIL if regressions else EXIT_OK
+    return EXIT_FAIL if result.failed else EXIT_OK
 
 
 def _default_dtypes(settings: RunSettings) -> list[str]:

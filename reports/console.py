@@ -9,7 +9,7 @@ import pandas as pd
 from shardcheck.harness.core.records import Status, Symptom
 from shardcheck.harness.findings.known import known_failures_line
 from shardcheck.harness.findings.verdicts import Findings
-from shardcheck.harness.findings.wording import finding_lines
+from shardcheck.harness.findings.wording import few_checks, finding_lines
 from shardcheck.reports.report import failing_items, folded_checks, item_title, skip_reason_lines
 
 
@@ -47,13 +47,14 @@ def print_harness_errors(rows: pd.DataFrame) -> None:
 
 
 def print_failures(run_dir: Path, rows: pd.DataFrame, limit: int = 20) -> None:
-    """Each failing item (a known failure that passes included): its bad checks, then a `rerun:` line that runs
-    it alone."""
+    """Each failing item (a known failure that passes included): its bad checks, the first few of a long list (an
+    error fails every check of its item with one message: report.md and results.jsonl keep them all), then a `rerun:`
+    line that runs it alone."""
     items = failing_items(rows)
     for item in items[:limit]:
         print(item_title(item))
         for checks, _, message in folded_checks(item):
-            print(f"  {checks}: {message}")
+            print(f"  {few_checks(checks)}: {message}")
         if item["rerun"]:
             print(f"rerun: {item['rerun']}")
     if len(items) > limit:

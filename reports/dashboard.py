@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from shardcheck.harness.core.records import MACHINE_KEYS, RUN_META, Status, load, machine_label  # noqa: E402
-from shardcheck.reports.regression import PASSED, change_notes  # noqa: E402
+from shardcheck.reports.regression import PASSED, change_notes, status_diff  # noqa: E402
 
 DASHBOARD = "dashboard.html"
 LINE_KEY = ["dp", "cp", "tp", "dtype", "device", "device_name"]
@@ -84,22 +84,29 @@ def _machine_key(machine: dict | None) -> str:
 
 
 def status_counts(runs: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
-    """Per run: the count of each status of its checks (bench rows included), and the checks that passed in the
-    previous run of the same device and now fail, error or are known failures (compare's rule)."""
+    """Per run: the count of each status of its checks (bench rows included); `new failures`: the checks that
+    passed in their latest earlier run (of the same device) and now fail, error or are known failures, and those
+    new in this run that fail it; `not run`: those that passed in their latest earlier run, that this run selected
+    and did not run (compare's rule, reports/regression.py)."""
     counts = rows.groupby("run")["status"].value_counts().unstack(fill_value=0).reindex(columns=STATUSES, fill_value=0)
     counts = counts.reindex(runs["index"], fill_value=0)
     table = runs[["index", "run_id", "start", "commit", "device_name", "machine"]].join(counts, on="index")
-    table["new failures"] = [_new_failures(rows, i) for i in runs["index"]]
+    changes = [_new_failures(rows, i) for i in runs["index"]]
+    table["new failures"] = [failures for failures, _ in changes]
+    table["not run"] = [not_run for _, not_run in changes]
     return table
 
 
-def _new_failures(rows: pd.DataFrame, run: int) -> int:
+def _new_failures(rows: pd.DataFrame, run: int) -> tuple[int, int]:
+    """(new failures, passing checks not run) of a run against the latest earlier status of each check."""
     if run == 0:
-        return 0
-    now = rows[rows["run"] == run].set_index(CHECK_KEY)["status"]
-    before = rows[rows["run"] < run].sort_values("run").groupby(CHECK_KEY)["status"].last()
-    both = pd.concat([before.rename("before"), now.rename("now")], axis=1, join="inner")
-    return int((both["before"].isin(PASSED) & both["now"].isin([Status.FAIL, Status.ERROR, Status.XFAIL])).sum())
+        return 0, 0
+    now = rows[rows["run"] == run]
+    before = rows[rows["run"] < run].sort_values("run", kind="stable").drop_duplicates(CHECK_KEY, keep="last")
+    both = before.merge(now, on=CHECK_KEY, suffixes=("_before", "_now"))
+    stopped = both["status_before"].isin(PASSED) & both["status_now"].isin([Status.FAIL, Status.ERROR, Status.XFAIL])
+    diff = status_diff(before, now, CHECK_KEY)
+    return int(stopped.sum()) + len(diff.new_failing), len(diff.not_run)
 
 
 def _band(row) -> tuple[float, float, float]:
@@ -231,10 +238,11 @@ def build_dashboard(
         f"<p>From {html.escape(str(runs['start'].iloc[0]))} to {html.escape(str(runs['start'].iloc[-1]))}. "
         f"Regression marks follow <code>shardcheck compare</code>'s rule against the previous run of the same line "
         f"(time beyond {max_slowdown:g}% and beyond the two runs' IQRs added; memory beyond {max_memory_growth:g}%; "
-        f"a check that passed and now fails, or is marked as a known failure).</p>",
+        f"a check that passed and now fails, or is marked as a known failure; a new check that fails; a passing "
+        f"check this run selected and did not run).</p>",
         machines_html(runs, rows),
         "<h2>Runs</h2>",
-        _table_html(table, bad_columns=(Status.FAIL, Status.ERROR, Status.XPASS, "new failures")),
+        _table_html(table, bad_columns=(Status.FAIL, Status.ERROR, Status.XPASS, "new failures", "not run")),
         f"<img alt='checks per run' src='data:image/png;base64,{counts_figure(table, runs)}'>",
         f"<h2>Regressions ({len(marks)})</h2>",
     ]

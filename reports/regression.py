@@ -1,13 +1,19 @@
 """`shardcheck compare BASE NEW`: the regression gate between two runs.
 
-Rows are matched by op, case, topology, dtype, device and check.  A regression is:
+Rows are matched by op, case, topology, dtype, device and check, on what both runs selected
+(reports/selection.py: ops, cases, world sizes, dtypes, devices, --bench; one line says what only one side ran).
+A regression is:
 - a check that passed in BASE (`pass`, or `xpass`: a known failure that passed) and fails, errors or warns in
   NEW (a new finding, e.g. extra collectives), or is a known failure there (`xfail`): a KnownFailure mark
   acknowledges a failure, it does not undo it, so a check that stops passing is a regression whether or not
   NEW marks it;
 - a slowdown beyond --max-slowdown percent that is also larger than the measured spread
   (the IQRs of both runs added), so noise alone does not trip it;
-- peak memory growth beyond --max-memory-growth percent (memory is deterministic).
+- peak memory growth beyond --max-memory-growth percent (memory is deterministic);
+- a check that passed in BASE, that NEW selected and did not run (an op whose signature drifted runs none of its
+  cases): one line per op, "N checks of BASE not run in NEW".
+A new failure is a check NEW has and BASE has not that fails the run (fail, error, xpass).  Regressions and new
+failures both make compare exit 1.
 
 Timings compare only on the same machine (run.json `machine`: CPU model, core count, GPU): when BASE and NEW come
 from different machines, compare says so and judges memory, collectives and statuses only.
@@ -21,11 +27,14 @@ check (pass -> xpass).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from shardcheck.harness.core.compare import FAILING
 from shardcheck.harness.core.records import RUN_META, Status, load, machine_label, same_machine
+from shardcheck.reports.selection import Selection, only_one_side
 
 KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "device", "check"]
 PASSED = (Status.PASS, Status.XPASS)  # the check's results were right
@@ -106,40 +115,78 @@ def _or0(value) -> float:
     return 0.0 if value is None or pd.isna(value) else float(value)
 
 
-def compare_runs(base_dir, new_dir, max_slowdown: float, max_memory_growth: float) -> tuple[pd.DataFrame, int]:
-    """(table of changed rows, number of regressions); timings judged only when both runs come from the same
+@dataclass
+class StatusDiff:
+    """Checks one run of two has and the other has not, judged: what compare and the dashboard count."""
+
+    not_run: pd.DataFrame  # BASE's rows that passed, that NEW selected and did not run
+    new_failing: pd.DataFrame  # NEW's rows that BASE has not, failing the run
+
+
+def status_diff(base: pd.DataFrame, new: pd.DataFrame, key: list[str]) -> StatusDiff:
+    base_keys, new_keys = pd.MultiIndex.from_frame(base[key]), pd.MultiIndex.from_frame(new[key])
+    only_base = base[~base_keys.isin(new_keys)]
+    only_new = new[~new_keys.isin(base_keys)]
+    not_run = only_base[only_base["status"].isin(PASSED) & Selection.of(new).covers(only_base)]
+    return StatusDiff(not_run=not_run, new_failing=only_new[only_new["status"].isin(FAILING)])
+
+
+@dataclass
+class Comparison:
+    table: pd.DataFrame  # a row per changed check: status, time, memory, a failing new check
+    regressions: int  # REGRESSION notes of the table, plus BASE's passing checks not run in NEW
+    new_failures: int  # checks new in NEW that fail
+    not_run: list[str]  # per op: "N checks of BASE not run in NEW"
+    selection: str | None  # what only one side ran, when the runs' selections differ
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.regressions or self.new_failures)
+
+
+def compare_runs(base_dir, new_dir, max_slowdown: float, max_memory_growth: float) -> Comparison:
+    """The changed checks of two runs and their counts; timings judged only when both runs come from the same
     machine (or either did not record it: runs older than the record)."""
     judge_time = machine_note(base_dir, new_dir) is None
     base = _with_defaults(load(base_dir))
     new = _with_defaults(load(new_dir))
+    diff = status_diff(base, new, KEY)
     cols = KEY + ["status", "time_ms", "time_ms_iqr", "peak_bytes"]
-    both = base[cols].merge(new[cols], on=KEY, how="outer", suffixes=("_base", "_new"), indicator=True)
-    rows = []
-    regressions = 0
+    both = base[cols].merge(new[cols], on=KEY, how="inner", suffixes=("_base", "_new"))
+    rows, regressions = [], 0
     for _, r in both.iterrows():
-        notes = []
-        if r["_merge"] == "left_only":
-            notes.append("missing in NEW")
-        elif r["_merge"] == "right_only":
-            notes.append("new check")
-        else:
-            base = {k: r[f"{k}_base"] for k in ("status", "time_ms", "time_ms_iqr", "peak_bytes")}
-            new = {k: r[f"{k}_new"] for k in ("status", "time_ms", "time_ms_iqr", "peak_bytes")}
-            notes += change_notes(base, new, max_slowdown, max_memory_growth, judge_time)
+        pair = [{k: r[f"{k}_{side}"] for k in cols[len(KEY) :]} for side in ("base", "new")]
+        notes = change_notes(*pair, max_slowdown, max_memory_growth, judge_time)
         if notes:
             regressions += sum(n.startswith("REGRESSION") for n in notes)
-            rows.append(
-                {
-                    **{k: r[k] for k in KEY},
-                    "base": r.get("status_base"),
-                    "new": r.get("status_new"),
-                    "time_ms": _pair(r["time_ms_base"], r["time_ms_new"]),
-                    "peak_bytes": _pair(r["peak_bytes_base"], r["peak_bytes_new"]),
-                    "change": "; ".join(notes),
-                }
-            )
+            rows.append(_table_row(r, pair, "; ".join(notes)))
+    for _, r in diff.new_failing.iterrows():
+        new_row = {k: r[k] for k in cols[len(KEY) :]}
+        rows.append(_table_row(r, [dict.fromkeys(new_row, float("nan")), new_row], f"NEW FAILURE: {r['status']}"))
     table = pd.DataFrame(rows, columns=KEY + ["base", "new", "time_ms", "peak_bytes", "change"])
-    return table, regressions
+    not_run = [
+        f"{op}: {len(group)} check(s) of BASE not run in NEW (passed in BASE)"
+        for op, group in diff.not_run.groupby("op", sort=True)
+    ]
+    return Comparison(
+        table=table,
+        regressions=regressions + len(diff.not_run),
+        new_failures=len(diff.new_failing),
+        not_run=not_run,
+        selection=only_one_side(base, new),
+    )
+
+
+def _table_row(r: pd.Series, pair: list[dict], change: str) -> dict:
+    base, new = pair
+    return {
+        **{k: r[k] for k in KEY},
+        "base": base["status"] if isinstance(base["status"], str) else "",
+        "new": new["status"],
+        "time_ms": _pair(base["time_ms"], new["time_ms"]),
+        "peak_bytes": _pair(base["peak_bytes"], new["peak_bytes"]),
+        "change": change,
+    }
 
 
 def _pair(a, b) -> str:

@@ -122,3 +122,20 @@ def test_dashboard_reads_what_load_reads(tmp_path):
     assert path.is_file() and marks == 3
     _, rows = load_runs(dirs)
     assert len(rows) == sum(len(pd.read_json(d / "results.jsonl", lines=True)) for d in dirs)
+
+
+def test_a_run_that_stopped_running_checks_or_fails_new_ones_counts_them(tmp_path):
+    helper = "model_utils._helper"
+    checks = [{**_check("pass", case_id=f"c{i}"), "op": helper} for i in range(4)]
+    signature = {**_check("fail", case_id="signature"), "op": helper, "dp": 0, "dtype": "-"}
+    dirs = [
+        _run(tmp_path, "a", "2026-11-01T10:00:00", "aaaaaaaa1", checks + [_check("pass")]),
+        # the helper's signature drifted: none of its cases ran; a check new in this run errors
+        _run(tmp_path, "b", "2026-11-02T10:00:00", "bbbbbbbb1", [signature, _check("pass"), _check("error", "new")]),
+        # another selection: only the other op, at another world size; nothing of the helper selected
+        _run(tmp_path, "c", "2026-11-03T10:00:00", "cccccccc1", [{**_check("pass"), "tp": 4}]),
+    ]
+    runs, rows = load_runs(dirs)
+    table = status_counts(runs, rows)
+    assert list(table["new failures"]) == [0, 2, 0]
+    assert list(table["not run"]) == [0, 4, 0]

@@ -335,7 +335,8 @@ def test_compare_says_how_known_failures_changed_and_gates_a_check_that_stopped_
             "unmarked": "fail",
         },
     )
-    table, regressions = compare_runs(base, new, 10.0, 5.0)
+    result = compare_runs(base, new, 10.0, 5.0)
+    table, regressions = result.table, result.regressions
     change = dict(zip(table["case_id"], table["change"]))
     assert change == {
         "fixed": "xfail -> xpass: known failure now passes: remove its KnownFailure mark",

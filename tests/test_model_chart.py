@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 from helpers import BROKEN, ROOT
 
-from shardcheck.reports.model_chart import chart_name, first_divergence, profile
+from shardcheck.reports.model_chart import MAX_CHARTS, chart_name, first_divergence, model_charts, profile
 
 DECODER = ROOT / "examples" / "decoder_tp"
 
@@ -89,3 +90,31 @@ def test_a_broken_plan_draws_its_chart_marking_the_first_diverging_module(run_sh
     at = forward.index[forward["first"]][0]
     assert (forward["err_ratio"][:at] <= 1).all() and (forward["err_ratio"][at:] > 1).all()
     assert len(data[data["direction"] == "backward"]) and len(data[data["direction"] == "parameters"])
+
+
+def test_only_the_first_few_failing_items_are_charted(tmp_path):
+    """A broken plan fails every item; charts cost seconds each, so the report draws the first MAX_CHARTS."""
+    rng = np.random.default_rng(0)
+    rows = [
+        {
+            "op": "decoder_tp.parallelize",
+            "case_id": "mha",
+            "dp": 1,
+            "cp": 1,
+            "tp": tp,
+            "dtype": dtype,
+            "check": check,
+            "status": "fail" if check != "forward:act00:a" else "pass",
+            "err_ratio": float(rng.uniform(0.1, 9.0)),
+        }
+        for dtype in ("float64", "float32", "bfloat16")
+        for tp in (2, 4)
+        for check in ("forward:act00:a", "forward:act01:b", "forward:loss", "forward:dact00:b")
+    ]
+    charts = model_charts(pd.DataFrame(rows), tmp_path)
+    assert [path.name for _, path in charts] == [
+        "model_parallelize_mha_dp1-cp1-tp2_float64.png",
+        "model_parallelize_mha_dp1-cp1-tp4_float64.png",
+        "model_parallelize_mha_dp1-cp1-tp2_float32.png",
+    ]
+    assert len(list(tmp_path.glob("*.png"))) == MAX_CHARTS == 3

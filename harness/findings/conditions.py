@@ -6,60 +6,100 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
+import numpy as np
 import pandas as pd
 
 from shardcheck.harness.core.records import SIGNATURE_CHECK
 
 MESH = ("dp", "cp", "tp")
 ITEM = ["case_id", "dp", "cp", "tp", "dtype"]
+FIELDS = ("check", "dtype", *MESH, "params")  # what a predicate reads of a row
 MAX_CONJUNCTION = 3  # predicates tried together when searching for an exact condition
-Predicate = tuple[str, float, Callable[[dict], bool]]  # (words, order: lower is preferred, test on a row)
+# (words, order: lower is preferred, the field it reads, test on that field's value); a test reads one field, so it
+# is tried once per distinct value, not once per row (a model case has thousands of rows and few distinct values)
+Predicate = tuple[str, float, str, Callable[[object], bool]]
 
 
-def _predicates(rows: list[dict], by_check: bool = True) -> list[Predicate]:
-    """Candidate conditions from the values these rows take: check, dtype, mesh dims, case parameters."""
+def _predicates(values: dict[str, list], by_check: bool = True) -> list[Predicate]:
+    """Candidate conditions from the values the rows take (`_distinct`'s, per field): check, dtype, mesh dims, case
+    parameters."""
     out: list[Predicate] = []
-    checks = sorted({str(r["check"]) for r in rows}) if by_check else []
+    checks = sorted(set(values["check"])) if by_check else []
     for check in checks:
-        out.append((f"in {check}", 0, lambda r, c=check: r["check"] == c))
+        out.append((f"in {check}", 0, "check", lambda c, want=check: c == want))
     if any(c.startswith("grad:") for c in checks):
-        out.append(("in the gradients", 0, lambda r: str(r["check"]).startswith("grad:")))
+        out.append(("in the gradients", 0, "check", lambda c: c.startswith("grad:")))
     if any(c.startswith("forward") for c in checks):
-        out.append(("in the outputs", 0, lambda r: str(r["check"]).startswith("forward")))
+        out.append(("in the outputs", 0, "check", lambda c: c.startswith("forward")))
     if any(c.startswith("property:") for c in checks):
-        out.append(("in values and gradients", 0, lambda r: not str(r["check"]).startswith("property:")))
-    for dtype in sorted({r["dtype"] for r in rows}):
-        out.append((f"in {dtype}", 1, lambda r, d=dtype: r["dtype"] == d))
+        out.append(("in values and gradients", 0, "check", lambda c: not c.startswith("property:")))
+    for dtype in sorted(set(values["dtype"])):
+        out.append((f"in {dtype}", 1, "dtype", lambda d, want=dtype: d == want))
     for dim in MESH:
-        for v in sorted({r[dim] for r in rows}):
+        for v in sorted(set(values[dim])):
             if v > 1:
-                out.append((f"at {dim} ≥ {v}", 2, lambda r, d=dim, v=v: r[d] >= v))
-        out.append((f"at {dim} = 1", 2, lambda r, d=dim: r[d] == 1))
-    params = [r["params"] if isinstance(r["params"], dict) else {} for r in rows]
+                out.append((f"at {dim} ≥ {v}", 2, dim, lambda x, v=v: x >= v))
+        out.append((f"at {dim} = 1", 2, dim, lambda x: x == 1))
+    params = values["params"]
     for key in sorted({k for p in params for k in p}):
-        values = {p[key] for p in params if key in p and isinstance(p[key], (bool, int, float, str))}
-        numbers = sorted(v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
-        get = lambda r, k=key: r["params"].get(k) if isinstance(r["params"], dict) else None  # noqa: E731
-        order = 4 if len(key) == 1 else 3  # sizes (B, S, V) explain less than named conditions (scale, masked)
-        if any(isinstance(v, bool) for v in values):
-            out.append((f"with {key}", order, lambda r, g=get: g(r) is True))
-            out.append((f"without {key}", order, lambda r, g=get: g(r) is not True))
-            if any(v is False for v in values):  # set to False, as against not a parameter of the case at all
-                out.append((f"with {key} = False", order, lambda r, g=get: g(r) is False))
-        for v in sorted(v for v in values if isinstance(v, str)):
-            out.append((f"with {key} = {v}", order, lambda r, g=get, v=v: g(r) == v))
-            out.append((f"with {key} ≠ {v}", order + 0.5, lambda r, g=get, v=v: g(r) is not None and g(r) != v))
-        for v in numbers:
-            num = lambda r, g=get: g(r) if isinstance(g(r), (int, float)) and not isinstance(g(r), bool) else None  # noqa: E731
-            out.append((f"when {key} ≥ {v:g}", order, lambda r, n=num, v=v: n(r) is not None and n(r) >= v))
-            out.append((f"when {key} ≤ {v:g}", order + 0.5, lambda r, n=num, v=v: n(r) is not None and n(r) <= v))
-            if v == 0:
-                out.append((f"when {key} = 0 or unset", order, lambda r, n=num: not n(r)))
+        out += _param_predicates(key, {p[key] for p in params if isinstance(p.get(key), (bool, int, float, str))})
     return out
 
 
-def _records(df: pd.DataFrame) -> list[dict]:
-    return df[["check", "dtype", "params", *MESH]].to_dict("records")
+def _param_predicates(key: str, values: set) -> list[Predicate]:
+    """The conditions on one case parameter, from the values it takes (tests on a row's params dict)."""
+    out: list[Predicate] = []
+    numbers = sorted(v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool))
+    order = 4 if len(key) == 1 else 3  # sizes (B, S, V) explain less than named conditions (scale, masked)
+    if any(isinstance(v, bool) for v in values):
+        out.append((f"with {key}", order, "params", lambda p: p.get(key) is True))
+        out.append((f"without {key}", order, "params", lambda p: p.get(key) is not True))
+        if any(v is False for v in values):  # set to False, as against not a parameter of the case at all
+            out.append((f"with {key} = False", order, "params", lambda p: p.get(key) is False))
+    for v in sorted(v for v in values if isinstance(v, str)):
+        out.append((f"with {key} = {v}", order, "params", lambda p, v=v: p.get(key) == v))
+        out.append((f"with {key} ≠ {v}", order + 0.5, "params", lambda p, v=v: p.get(key) not in (None, v)))
+    num = lambda p: p.get(key) if isinstance(p.get(key), (int, float)) and not isinstance(p.get(key), bool) else None  # noqa: E731
+    for v in numbers:
+        out.append((f"when {key} ≥ {v:g}", order, "params", lambda p, v=v: num(p) is not None and num(p) >= v))
+        out.append((f"when {key} ≤ {v:g}", order + 0.5, "params", lambda p, v=v: num(p) is not None and num(p) <= v))
+        if v == 0:
+            out.append((f"when {key} = 0 or unset", order, "params", lambda p: not num(p)))
+    return out
+
+
+def _distinct(df: pd.DataFrame) -> dict[str, list[tuple[object, int]]]:
+    """Per field, each distinct value the rows take and the rows that take it, as a bit set (bit i: row i)."""
+    out = {}
+    for field in FIELDS:
+        column = df[field].to_numpy(dtype=object).tolist()
+        if field == "params":
+            values = [p if isinstance(p, dict) else {} for p in column]
+            keys = [repr(p) for p in values]  # one case's rows share its params, in one order
+        else:
+            values = keys = [str(v) for v in column] if field == "check" else column
+        where: dict = {}
+        for i, k in enumerate(keys):
+            where.setdefault(k, (values[i], []))[1].append(i)
+        out[field] = [(value, _bits(rows_of, len(keys))) for value, rows_of in where.values()]
+    return out
+
+
+def _item_keys(df: pd.DataFrame, key: list[str]) -> list[tuple]:
+    return list(zip(*(df[c].to_numpy(dtype=object).astype(str) for c in key)))
+
+
+def _topologies(df: pd.DataFrame) -> list[str]:
+    """The topologies of `df`'s rows; a signature row has none (it is of the module, found before any rank ran)."""
+    ran = df[df["check"] != SIGNATURE_CHECK] if "check" in df else df
+    ran = ran if len(ran) else df
+    return sorted({f"dp{dp}-cp{cp}-tp{tp}" for dp, cp, tp in zip(ran["dp"], ran["cp"], ran["tp"])})
+
+
+def _bits(indices: list[int], n: int) -> int:
+    mask = np.zeros(n, dtype=bool)
+    mask[indices] = True
+    return int.from_bytes(np.packbits(mask, bitorder="little").tobytes(), "little")
 
 
 def separating_condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool = True) -> str:
@@ -70,35 +110,33 @@ def separating_condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: boo
     if exact:
         return words
     key = [c for c in ("op", *ITEM) if c in bad and c in passing]
-    failing = set(map(tuple, bad[key].astype(str).values))
-    others = passing[~passing[key].astype(str).apply(tuple, axis=1).isin(failing)] if len(passing) else passing
+    failing = set(_item_keys(bad, key))
+    others = passing[[k not in failing for k in _item_keys(passing, key)]] if len(passing) else passing
     if len(others) < len(passing):
         words, exact = _condition(bad, others, by_check)
         if exact:
             return words
-    topologies = _topologies(_records(bad))
+    topologies = _topologies(bad)
     return (
         f"no condition on checks, dtypes, mesh dims or case parameters separates it from the {len(passing)} "
         f"passing rows, at {', '.join(topologies)}"
     )
 
 
-def _topologies(rows: list[dict]) -> list[str]:
-    """The topologies of `rows`; a signature row has none (it is of the module, found before any rank ran)."""
-    ran = [r for r in rows if r.get("check") != SIGNATURE_CHECK] or rows
-    return sorted({f"dp{r['dp']}-cp{r['cp']}-tp{r['tp']}" for r in ran})
-
-
 def _condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool) -> tuple[str, bool]:
     """(words, whether they separate `bad` from every row of `passing`): the smallest exact conjunction."""
-    bad_rows, passing_rows = _records(bad), _records(passing)
+    bad_values, passing_values = _distinct(bad), _distinct(passing)
+    values = {f: [v for v, _ in bad_values[f]] + [v for v, _ in passing_values[f]] for f in FIELDS}
     candidates = []
-    for words, order, test in _predicates(bad_rows + passing_rows, by_check):
-        if all(test(r) for r in bad_rows):
-            # the passing rows it holds on, as a bit set
-            candidates.append((words, order, sum(1 << i for i, r in enumerate(passing_rows) if test(r))))
-    topologies = _topologies(bad_rows)
-    chosen, _ = _exact_conjunction(candidates, len(passing_rows))
+    for words, order, field, test in _predicates(values, by_check):
+        if all(test(value) for value, _ in bad_values[field]):
+            held = 0  # the passing rows it holds on, as a bit set
+            for value, rows in passing_values[field]:
+                if test(value):
+                    held |= rows
+            candidates.append((words, order, held))
+    topologies = _topologies(bad)
+    chosen, _ = _exact_conjunction(candidates, len(passing))
     if chosen is None:
         return "", False
     where = (

@@ -161,7 +161,7 @@ def checks_text(checks: list[str], status: str) -> str:
     return (status != Status.ERROR and model_order.summary(checks)) or ", ".join(sorted(set(checks)))
 
 
-def _few(checks: str, shown: int = 6) -> str:
+def few_checks(checks: str, shown: int = 6) -> str:
     """A line's checks, the first few of a long list: a raise fails every gradient of a model, one check each
     (report.html and every row in results.jsonl keep them all)."""
     names = checks.split(", ")
@@ -173,7 +173,9 @@ def finding_lines(table: pd.DataFrame) -> list[str]:
     lines = []
     for r in table.itertuples():
         rule = f" [{r.rule}]" if isinstance(getattr(r, "rule", None), str) and r.rule else ""  # seed or ours
-        lines.append(f"{r.status.upper()} {r.op}: {r.kind} — {r.condition}; {_few(r.checks)}; {r.count} row(s){rule}")
+        lines.append(
+            f"{r.status.upper()} {r.op}: {r.kind} — {r.condition}; {few_checks(r.checks)}; {r.count} row(s){rule}"
+        )
         lines.append(f"    worst: {r.worst}")
         if isinstance(r.rerun, str):
             lines.append(f"    rerun: {r.rerun}")
