@@ -163,10 +163,10 @@ def _failures_html(items: list[dict], run_dir: Path) -> str:
             if path and (run_dir / path).is_file():
                 data = base64.b64encode((run_dir / path).read_bytes()).decode()
                 parts.append(
-                    f"<figure><img class='errmap' alt='error map {html.escape(check)}' src='data:image/png;base64,{data}'>"
-                    f"<figcaption>error map of <code>{html.escape(check)}</code>: |err| / budget, shard "
-                    f"boundaries labelled by rank (tensors: <code>{html.escape(str(Path(path).with_suffix('.pt')))}</code>)"
-                    f"</figcaption></figure>"
+                    f"<figure><img class='errmap' alt='error map {html.escape(check)}' "
+                    f"src='data:image/png;base64,{data}'><figcaption>error map of <code>{html.escape(check)}</code>: "
+                    f"|err| / budget, shard boundaries labelled by rank (tensors: "
+                    f"<code>{html.escape(str(Path(path).with_suffix('.pt')))}</code>)</figcaption></figure>"
                 )
         parts.append("</div>")
     if len(items) > MAX_LISTED_ITEMS:
@@ -410,7 +410,7 @@ def sweep_plots(df: pd.DataFrame, run_dir: Path) -> list[Path]:
     ]
     paths = []
     for axis, rows in b.groupby(b["params"].map(lambda p: p["sweep"])):
-        x = rows[axis] if axis in MESH_AXES else rows["params"].map(lambda p: p[axis])
+        x = rows[axis] if axis in MESH_AXES else rows["params"].map(lambda p, axis=axis: p[axis])
         rows = rows.assign(
             x=x.astype(float),
             line=rows["op"].str.split(".").str[-1]
@@ -529,7 +529,8 @@ def write(run: SettledRun) -> list[Path]:
         for title, path in images
     )
     page = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>shardcheck {html.escape(meta.get('run_id', ''))}</title>",
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>shardcheck {html.escape(meta.get('run_id', ''))}</title>",
         f"<style>{style}</style></head><body>",
         f"<h1>shardcheck run {html.escape(meta.get('run_id', run_dir.name))}</h1>",
         "<ul>" + "".join(f"<li>{html.escape(line[2:])}</li>" for line in header[2:]) + "</ul>",
