@@ -305,7 +305,7 @@ def test_three_bugs_under_three_conditions_are_three_lines(tmp_path):
         "float64",
         "--quick",
         "--timeout",
-        "10",
+        "5",  # the blocked DP rank's peers wait min(RAISED_GRACE, --timeout) after the raise: 5 s, not 10
         out=tmp_path / "run",
         timeout=400,
     )
@@ -345,7 +345,7 @@ def test_three_bugs_are_three_lines_in_a_full_run_of_every_dtype(tmp_path):
         "dp=2,cp=1,tp=1",
         "--quick",
         "--timeout",
-        "10",
+        "5",  # the blocked DP rank's peers wait min(RAISED_GRACE, --timeout) after the raise: 5 s, not 10
         out=tmp_path / "run",
         timeout=400,
     )

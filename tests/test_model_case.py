@@ -227,10 +227,11 @@ def test_decoder_plan_passes_over_every_dp_cp_tp_at_world_sizes_1_2_4(run_shardc
     ],
 )
 def test_each_broken_plan_is_one_finding_at_its_first_divergence(
-    run_shardcheck, bug, case, first, params, where, sizes
+    shared_run, run_shardcheck, bug, case, first, params, where, sizes
 ):
     impl = f"decoder_tp={BROKEN / 'decoder_tp' / bug}.py"
-    run = run_shardcheck(*DECODER_RUN[:-1], case, "--world-sizes", sizes, "--dtype", "float64", "--impl", impl)
+    # (shared: test_model_chart.py draws the chart of rowwise_output_partial's run)
+    run = shared_run(*DECODER_RUN[:-1], case, "--world-sizes", sizes, "--dtype", "float64", "--impl", impl)
     assert run.returncode == 1
     cause = _first_cause(run)
     assert cause.checks.startswith(first) and params in cause.checks, cause.checks

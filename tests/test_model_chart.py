@@ -59,8 +59,8 @@ def test_the_profile_orders_the_step_and_marks_its_first_divergence():
     )
 
 
-def test_a_broken_plan_draws_its_chart_marking_the_first_diverging_module(run_shardcheck):
-    run = run_shardcheck(
+def test_a_broken_plan_draws_its_chart_marking_the_first_diverging_module(shared_run):
+    run = shared_run(  # the run test_model_case.py's rowwise_output_partial asserts on
         "run",
         "--suite-path",
         str(DECODER),

@@ -19,6 +19,9 @@ from shardcheck.reference import decoder as ref
 RUN = ("run", "--suite", "decoder", "--dtype", "float64")
 VOCAB_OFFSET = f"model_utils={BROKEN / 'model_utils' / 'wrong_vocab_offset.py'}"
 CHUNKS_SWAPPED = f"cp_utils={BROKEN / 'cp_utils' / 'chunks_swapped.py'}"
+# Runs more than one test asserts on (the `shared_run` fixture: once per session)
+OURS = (*RUN, "--world-sizes", "1,2,4")
+SWAPPED = (*RUN, "--topology", "dp=1,cp=2,tp=1", "--topology", "dp=1,cp=1,tp=2", "--impl", CHUNKS_SWAPPED)
 
 
 def _one_cause(run):
@@ -61,8 +64,8 @@ def test_the_reference_loss_is_the_mean_next_token_nll():
 # ---- runs ----------------------------------------------------------------------------------------------------------
 
 
-def test_every_topology_of_world_sizes_1_2_4_passes(run_shardcheck):
-    run = run_shardcheck(*RUN, "--world-sizes", "1,2,4")
+def test_every_topology_of_world_sizes_1_2_4_passes(shared_run):
+    run = shared_run(*OURS)
     assert run.returncode == 0, run.stdout[-3000:]
     rows = run.rows
     topologies = set(zip(rows["dp"], rows["cp"], rows["tp"]))
@@ -120,8 +123,8 @@ def test_a_wrong_vocab_offset_in_model_utils_is_found_at_the_loss(run_shardcheck
     assert set(zip(again.rows["dp"], again.rows["cp"], again.rows["tp"])) == {(1, 1, 2)}
 
 
-def test_swapped_cp_chunks_in_cp_utils_are_found_at_the_embedding(run_shardcheck):
-    run = run_shardcheck(*RUN, "--topology", "dp=1,cp=2,tp=1", "--topology", "dp=1,cp=1,tp=2", "--impl", CHUNKS_SWAPPED)
+def test_swapped_cp_chunks_in_cp_utils_are_found_at_the_embedding(shared_run, run_shardcheck):
+    run = shared_run(*SWAPPED)
     assert run.returncode == 1
     cause = _one_cause(run)
     assert cause.checks.startswith(
@@ -176,9 +179,11 @@ def test_a_drifted_signature_of_a_function_the_step_calls_is_the_model_cases_fin
     assert both.returncode == 1 and _one_cause(both).op == "cp_utils.make_cp_batch_and_ctx"
 
 
-def test_rows_name_every_used_module_and_a_matching_signature_passes(run_shardcheck):
-    run = run_shardcheck(*RUN, "--topology", "dp=1,cp=2,tp=1", "--impl", CHUNKS_SWAPPED)
+def test_rows_name_every_used_module_and_a_matching_signature_passes(shared_run):
+    run = shared_run(*SWAPPED)
     rows = run.rows
+    rows = rows[(rows["cp"] == 2) & (rows["tp"] == 1)]  # (the run's CP 2 topology: the one that calls cp_utils)
+    assert len(rows)
     assert list(rows.loc[rows["check"] == "property:signature", "status"]) == ["pass"]
     # `impl` is the case's own family's module; `uses_impl` every used family's, on every row of the item
     swapped = CHUNKS_SWAPPED.split("=", 1)[1]
@@ -195,5 +200,5 @@ def test_rows_name_every_used_module_and_a_matching_signature_passes(run_shardch
         "distributed_utils=shardcheck.distributed_impl.distributed_utils, "
         "model_utils=shardcheck.distributed_impl.model_utils"
     ) in report
-    ours = run_shardcheck(*RUN, "--topology", "dp=1,cp=2,tp=1")  # our own modules: nothing to compare
-    assert ours.returncode == 0 and "property:signature" not in set(ours.rows["check"])
+    ours = shared_run(*OURS)  # our own modules: nothing to compare, at CP 2 or anywhere
+    assert ours.returncode == 0 and (ours.rows["cp"] == 2).any() and "property:signature" not in set(ours.rows["check"])

@@ -5,12 +5,20 @@ hangs ends the launch, the next plan getting a fresh one."""
 from __future__ import annotations
 
 import dataclasses
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
 
 from shardcheck.harness.core.options import LaunchSettings, RunSettings
 from shardcheck.harness.core.records import RecordWriter, load
 from shardcheck.harness.core.topology import Topology
 from shardcheck.harness.driver.launch import WorkerPool, run_plan
 from shardcheck.harness.driver.planner import Selection, build_plan
+from shardcheck.harness.driver.pool import Launch
+from shardcheck.harness.rank import worker
 from tests.helpers import FIXTURES
 
 TP2 = [Topology(1, 1, 2)]
@@ -134,3 +142,38 @@ def test_ranks_that_fail_to_start_are_named_with_their_error_from_the_log(tmp_pa
         "message"
     ].tolist()
     assert rows["message"].str.contains(r"exit code 1|rank\*\.log", regex=True).all()
+
+
+def test_a_rank_killed_before_it_leads_a_session_of_its_own_is_ended(tmp_path):
+    """A launch ended while a rank is just forked (not yet a session leader: killing its session finds none, as
+    when rank 0 dies before rank 1 ran its first line) ends that rank too, not waiting for it for ever."""
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # in the test's own session
+    launch = Launch.__new__(Launch)
+    launch.procs, launch.killed = [rank], False
+    ender = threading.Thread(target=launch.kill, daemon=True)
+    ender.start()
+    ender.join(timeout=20)
+    assert not ender.is_alive() and rank.returncode == -signal.SIGKILL
+
+
+def test_a_rank_whose_rank_0_died_after_writing_the_port_gives_up_at_the_connect_bound(tmp_path, monkeypatch):
+    """Rank 1 connecting to the store of a rank 0 that died after writing its port (its init_process_group raised)
+    fails at STORE_CONNECT_WAIT, not after PEER_WAIT: its launch ends and the driver names rank 0's error."""
+    with socket.socket() as sock:  # a port nobody listens on any more
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (tmp_path / "store-port").write_text(str(port))
+    monkeypatch.setattr(worker, "STORE_CONNECT_WAIT", 3.0)
+    raised: list[BaseException] = []
+
+    def connect() -> None:
+        try:
+            worker._rendezvous(tmp_path, rank=1, world=2)
+        except Exception as exc:
+            raised.append(exc)
+
+    rank = threading.Thread(target=connect, daemon=True)  # (a connect that retries for ever blocks in C++)
+    rank.start()
+    rank.join(timeout=60)
+    assert not rank.is_alive() and len(raised) == 1, raised
+    assert re.search("(?i)timed? ?out|connect", str(raised[0])), raised[0]

@@ -14,6 +14,10 @@ DEFAULT_BENCH_ITERS = 10
 # the driver and the hand-launched run end a hung item at --timeout themselves.  A constant, not the run's --timeout:
 # a launch is started before its plan exists and serves plans of any --timeout (harness/driver/pool.py).
 PEER_WAIT = 3600.0
+# Seconds a rank retries connecting to the store rank 0 hosts.  Rank 0 listens before it writes the port, so only a
+# rank 0 that died since (its init_process_group failed) makes its peers wait: they exit and the launch ends, not
+# after PEER_WAIT (a minute is ample for a connect on a loaded box).
+STORE_CONNECT_WAIT = 60.0
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 

@@ -305,8 +305,8 @@ class Launch:
             if _returncode(proc) is None:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                except ProcessLookupError:  # a rank forked a moment ago has no session of its own yet: itself
+                    proc.kill()
         for proc in self.procs:
             _wait(proc, None)
 

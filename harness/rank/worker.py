@@ -40,7 +40,7 @@ import torch.distributed as dist
 from shardcheck.harness.core.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path, stack_path
 from shardcheck.harness.core.measure import group_dims
 from shardcheck.harness.core.model_case import step_order
-from shardcheck.harness.core.options import PEER_WAIT
+from shardcheck.harness.core.options import PEER_WAIT, STORE_CONNECT_WAIT
 from shardcheck.harness.core.plan_data import Item, Plan
 from shardcheck.harness.core.topology import Topology, build_mesh
 from shardcheck.harness.rank import flight_recorder, shims
@@ -276,7 +276,10 @@ def _rendezvous(launch_dir: Path, rank: int, world: int) -> dist.Store:
         if time.time() > deadline:
             raise TimeoutError(f"rank 0 wrote no {port_file}")
         time.sleep(0.01)
-    return dist.TCPStore("127.0.0.1", int(port_file.read_text()), world, is_master=False, timeout=wait)
+    connect = timedelta(seconds=STORE_CONNECT_WAIT)
+    store = dist.TCPStore("127.0.0.1", int(port_file.read_text()), world, is_master=False, timeout=connect)
+    store.set_timeout(wait)  # the connect is bounded; the store's waits on peers are not
+    return store
 
 
 def _alive(pid: int) -> bool:
