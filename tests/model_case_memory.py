@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--events", action="store_true", help="print each way's check events too")
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    worker = Worker("cpu", "gloo", 60.0, False, store=dist.HashStore(), rank=0, world=1)  # a world of one rank
+    worker = Worker("cpu", "gloo", False, store=dist.HashStore(), rank=0, world=1)  # a world of one rank
     for layers in [int(n) for n in args.layers.split(",")]:
         peaks, events = measure(worker, layers, args.seq, args.dim, args.scale)
         print(
