@@ -10,10 +10,9 @@ answer is wrong), and says that the input is outside the seed's stated shapes.""
 from __future__ import annotations
 
 from shardcheck.harness.core.citations import PRECISION_RULE, Rule, RuleSource
-from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.records import Status, Symptom
 
-__all__ = ["RULE_FIELDS", "SILENT_WRONG", "is_ours", "under_rule"]  # is_ours: the one answer, core/modules.py
+__all__ = ["RULE_FIELDS", "SILENT_WRONG", "under_rule"]
 
 RULE_FIELDS = ("rule_source", "rule_cite")
 SILENT_WRONG = (Symptom.VALUES, Symptom.NONFINITE)  # the op returned, and the answer is wrong

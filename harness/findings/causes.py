@@ -60,8 +60,8 @@ import pandas as pd
 
 from shardcheck.harness.core.citations import RuleSource
 from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
+from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, Phase, Status, Symptom
-from shardcheck.harness.core.rules import is_ours
 from shardcheck.harness.findings import model_order
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
 from shardcheck.harness.findings.wording import (

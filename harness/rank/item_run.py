@@ -17,10 +17,11 @@ from shardcheck.harness.core.case import Case, as_tuple
 from shardcheck.harness.core.layout import REPLICATED, Layout
 from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
 from shardcheck.harness.core.model_case import StepCase, step_order
+from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.plan_data import DTYPES, Item
 from shardcheck.harness.core.rank_context import RankContext
 from shardcheck.harness.core.records import SIGNATURE_CHECK, Phase, Status, Symptom
-from shardcheck.harness.core.rules import is_ours, under_rule
+from shardcheck.harness.core.rules import under_rule
 from shardcheck.harness.core.topology import Topology, mesh_coords, mesh_dims
 from shardcheck.harness.rank.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
 from shardcheck.harness.rank.errors import error_fields, harness_error_row, op_error_row
