@@ -30,6 +30,7 @@ class Golden:
         self.case, self.n_summands = case, n_summands
         self._precision_runs: dict[str, tuple] = {}
         self._kind_scales: dict[object, float] = {}
+        self._kinds: list | None = None  # each output's kind (_output_kinds), worked out once
         if case.bad_input is not None and case.bad_input.interpretation is None:  # no answer to compare against
             self.outputs = self.naive_outputs = ()
             self.grads = self.naive_grads = {}
@@ -59,9 +60,13 @@ class Golden:
         return self._kind_scales["grad"]
 
     def _output_kinds(self) -> list:
-        if not isinstance(self.case, StepCase):
-            return ["output"] * len(self.outputs)
-        return [step_order(check)[0] for check in self.case.forward_checks]
+        # Once per golden: asked for every output judged, and a model case has hundreds (step_order is a regex match).
+        if self._kinds is None:
+            if isinstance(self.case, StepCase):
+                self._kinds = [step_order(check)[0] for check in self.case.forward_checks]
+            else:
+                self._kinds = ["output"] * len(self.outputs)
+        return self._kinds
 
     def precision_run(self, kind: str) -> tuple[tuple, dict]:
         """(outputs, grads) of the reference as code with a legitimate precision difference computes
