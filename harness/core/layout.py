@@ -18,6 +18,12 @@ from shardcheck.harness.core.topology import MESH_DIMS, mesh_dims
 
 Tensors = dict[str, torch.Tensor]  # named tensors: a case's inputs, full or one rank's pieces
 
+# Layout._positions's keeping: (placements, full shape, coordinates, sizes) -> (positions per dim, the dims cut), for
+# shapes whose dims add up to at most _KEPT_LENGTH (a benchmark's long dims are not kept), at most _KEPT_MAX of them.
+_KEPT: dict[tuple, tuple] = {}
+_KEPT_MAX = 4096
+_KEPT_LENGTH = 1 << 16
+
 
 @dataclass(frozen=True)
 class HeadTail:
@@ -109,6 +115,30 @@ class Layout:
     ) -> list[torch.Tensor]:
         """Per tensor dim, the global positions held by the rank at mesh `coords` (mesh dim sizes
         `sizes`), in local order.  Pure: the driver can map any rank's piece without a mesh."""
+        return list(self._positions(full_shape, coords, sizes, inputs)[0])
+
+    def _positions(
+        self, full_shape: Sequence[int], coords: dict[str, int], sizes: dict[str, int], inputs: Tensors | None
+    ) -> tuple[tuple[torch.Tensor, ...], tuple[tuple[int, torch.Tensor], ...]]:
+        """`indices`, and the dims where they are not the whole dim with their positions (what `local` selects),
+        kept where no rule reads the inputs: a run slices the same shapes at the same coordinates item after item
+        (~145,000 slices in the default run)."""
+        shape = tuple(int(n) for n in full_shape)
+        key = (self.placements, shape, *(coords.get(d, 0) for d in MESH_DIMS), *(sizes.get(d, 1) for d in MESH_DIMS))
+        found = _KEPT.get(key)
+        if found is not None:
+            return found
+        positions = self._compute_positions(shape, coords, sizes, inputs)
+        cuts = tuple((d, ix) for d, ix in enumerate(positions) if not _whole(ix, shape[d]))
+        if sum(shape) <= _KEPT_LENGTH and not any(isinstance(p, PackedHeadTail | Permuted) for p in self.placements):
+            if len(_KEPT) >= _KEPT_MAX:
+                _KEPT.pop(next(iter(_KEPT)))  # the oldest
+            _KEPT[key] = positions, cuts
+        return positions, cuts
+
+    def _compute_positions(
+        self, full_shape: Sequence[int], coords: dict[str, int], sizes: dict[str, int], inputs: Tensors | None
+    ) -> tuple[torch.Tensor, ...]:
         ndim = len(full_shape)
         idx = [torch.arange(int(n)) for n in full_shape]
         for d, p in zip(MESH_DIMS, self.placements):
@@ -120,7 +150,7 @@ class Layout:
             elif isinstance(p, IndexRule) and n > 1:
                 dim = p.dim % ndim
                 idx[dim] = idx[dim][p.positions(len(idx[dim]), n, r, inputs or {})]
-        return idx
+        return tuple(idx)
 
     def mesh_indices(
         self, full_shape: Sequence[int], mesh: DeviceMesh, inputs: Tensors | None = None
@@ -190,7 +220,11 @@ class Layout:
 
     def local(self, full: torch.Tensor, mesh: DeviceMesh, inputs: Tensors | None = None) -> torch.Tensor:
         """This rank's piece of `full` (no communication: every rank holds the same full tensor)."""
-        return take(full, self.mesh_indices(full.shape, mesh, inputs))
+        dims = mesh_dims(mesh)
+        out = full
+        for d, ix in self._positions(full.shape, dims.coords, dims.sizes, inputs)[1]:
+            out = out.index_select(d, ix.to(out.device))
+        return out
 
     def global_index(
         self, local_index: Sequence[int], full_shape: Sequence[int], mesh: DeviceMesh, inputs: Tensors | None = None
@@ -215,9 +249,14 @@ def take(full: torch.Tensor, indices: Sequence[torch.Tensor]) -> torch.Tensor:
     """full restricted to the given positions per dim (a copy only where a dim is not whole)."""
     out = full
     for d, ix in enumerate(indices):
-        if len(ix) != full.shape[d] or not torch.equal(ix, torch.arange(full.shape[d])):
+        if not _whole(ix, full.shape[d]):
             out = out.index_select(d, ix.to(out.device))
     return out
+
+
+def _whole(positions: torch.Tensor, length: int) -> bool:
+    """Whether `positions` are every position of a dim of `length`, in order."""
+    return len(positions) == length and torch.equal(positions, torch.arange(length))
 
 
 REPLICATED = Layout()
