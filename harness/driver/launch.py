@@ -14,8 +14,10 @@ whatever the backend does.
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import re
+import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +34,7 @@ from shardcheck.harness.driver.collect import Collector
 from shardcheck.harness.driver.last_words import EXCEPTION_LINE
 from shardcheck.harness.driver.pool import Launch, WorkerPool
 from shardcheck.harness.rank.artefacts import ArtefactBudget
+from shardcheck.harness.rank.golden import SHARE_FOLDER, share_folder
 
 # A launch that reports nothing for --timeout + WATCHDOG_GRACE seconds is ended: its ranks never came up, or are
 # stuck before their first item (a suite's import, the rendezvous).  Start-up counts against it: 16 CPU ranks forked
@@ -88,6 +91,27 @@ def run_plan(
                 artefacts=artefacts,
                 pool=own,
             )
+    try:
+        _run_launches(
+            plan, run_dir, writer, show_progress=show_progress, hang_budget=hang_budget, artefacts=artefacts, pool=pool
+        )
+    finally:  # the goldens the ranks shared (harness/rank/golden.py): the run's alone
+        shares = pool.run_dir / "workers" / SHARE_FOLDER
+        shutil.rmtree(share_folder(pool.run_dir / "workers", plan.run_id), ignore_errors=True)
+        with contextlib.suppress(OSError):
+            shares.rmdir()  # (only when no other run's are left)
+
+
+def _run_launches(
+    plan: Plan,
+    run_dir: Path,
+    writer: RecordWriter,
+    *,
+    show_progress: bool,
+    hang_budget: bool,
+    artefacts: ArtefactBudget | None,
+    pool: WorkerPool,
+) -> None:
     artefacts = artefacts if artefacts is not None else ArtefactBudget()
     progress = Progress(
         TextColumn("{task.description}"),

@@ -1,7 +1,19 @@
 """The golden of one item: full inputs in the item's dtype, the float64 reference's outputs and gradients, and the
-reference run in the item's dtype (its budget).  The same on every rank."""
+reference run in the item's dtype (its budget).  The same on every rank, so the ranks a driver started share it: the
+first rank of a launch that needs one works it out and leaves it in a folder every launch of the run reads
+(`share_folder`); its peers, and the launches of other sizes that reach the same case, load it instead of working it
+out again (the golden of an item at world size 4 was worked out four times, and again by the 1- and 2-rank launches)."""
 
 from __future__ import annotations
+
+import copyreg
+import hashlib
+import io
+import json
+import os
+import pickle
+import time
+from pathlib import Path
 
 import torch
 
@@ -20,17 +32,26 @@ class Golden:
     """Full inputs in the item's dtype, the float64 golden outputs and gradients, and the
     reference run in the item's dtype (for the low-precision budget).  Same on every rank."""
 
-    def __init__(self, case: Case, dtype: torch.dtype, seed: int, n_summands: int):
+    def __init__(self, case: Case, dtype: torch.dtype, seed: int, n_summands: int, state: dict | None = None):
+        """Worked out from the case, or taken from `state` (another rank's `state()` of the same case, dtype, seed and
+        summands)."""
+        self.case, self.n_summands = case, n_summands
+        self._precision_runs: dict[str, tuple] = {}
+        self._kind_scales: dict[object, float] = {}
+        self._kinds: list | None = None  # each output's kind (_output_kinds), worked out once
+        if state is not None:
+            self.inputs, self.upstream = state["inputs"], state["upstream"]
+            self.outputs, self.grads = state["outputs"], state["grads"]
+            self.naive_outputs, self.naive_grads = state["naive_outputs"], state["naive_grads"]
+            if isinstance(case, StepCase):
+                case.output_names  # noqa: B018  (names the model's step here, as working the golden out does)
+            return
         gen = torch.Generator().manual_seed(seed)
         raw = case.make_inputs(gen)
         # Low-precision inputs are the float64 ones rounded; the golden sees the rounded values,
         # so input rounding is not counted as error.
         self.inputs = {k: v.to(dtype) if is_float(v) else v for k, v in raw.items()}
         self.upstream: list[torch.Tensor | None] = []
-        self.case, self.n_summands = case, n_summands
-        self._precision_runs: dict[str, tuple] = {}
-        self._kind_scales: dict[object, float] = {}
-        self._kinds: list | None = None  # each output's kind (_output_kinds), worked out once
         if case.bad_input is not None and case.bad_input.interpretation is None:  # no answer to compare against
             self.outputs = self.naive_outputs = ()
             self.grads = self.naive_grads = {}
@@ -42,6 +63,11 @@ class Golden:
             self.naive_outputs, self.naive_grads = self.outputs, self.grads
         else:
             self.naive_outputs, self.naive_grads = self._reference(case, self.inputs, None, n_summands)
+
+    def state(self) -> dict:
+        """What another rank needs to make the same golden without working it out (`Golden(..., state=...)`)."""
+        names = ("inputs", "upstream", "outputs", "grads", "naive_outputs", "naive_grads")
+        return {name: getattr(self, name) for name in names}
 
     def output_scale(self, index: int) -> float:
         """The scale of output `index`'s kind (compare.budget's floor): the largest finite golden magnitude among the
@@ -131,15 +157,116 @@ class Golden:
         return tuple(_detach(o) for o in outs), grads
 
 
-class GoldenCache:
-    """The golden of the last case run: items come grouped by case and dtype, so one kept is enough."""
+SHARE_FOLDER = "goldens"
+SHARE_POLL = 0.002  # seconds between a rank's looks for the golden its launch's first rank is working out
 
-    def __init__(self) -> None:
+
+def share_folder(workers_dir: Path, run_id: str) -> Path:
+    """Where the launches of run `run_id` under `workers_dir` (a WorkerPool's) leave their goldens; the driver removes
+    it when the run's launches are done."""
+    return workers_dir / SHARE_FOLDER / hashlib.sha256(run_id.encode()).hexdigest()[:16]
+
+
+class GoldenCache:
+    """The goldens of the case and dtype being run (items come grouped by case and dtype; one per number of summands,
+    which topologies differ in).  With a `share` folder (ranks a driver started: one machine), rank 0 works a missing
+    golden out and leaves it there, and the other ranks wait for it (at most `timeout` seconds, then work it out
+    themselves); a golden left there by another launch of the run is loaded by every rank."""
+
+    def __init__(self, share: Path | None = None, rank: int = 0, timeout: float = 0.0) -> None:
+        self.share, self.rank, self.timeout = share, rank, timeout
         self.key: tuple | None = None
-        self.golden: Golden | None = None
+        self.goldens: dict[int, Golden] = {}  # n_summands -> the golden of the case and dtype `key`
 
     def get(self, case: Case, item: Item, n_summands: int) -> Golden:
-        key = (case.op, case.case_id, item.dtype, item.seed, n_summands)
+        key = (case.op, case.case_id, item.dtype, item.seed)
         if key != self.key:
-            self.key, self.golden = key, Golden(case, DTYPES[item.dtype], item.seed, n_summands)
-        return self.golden
+            self.key, self.goldens = key, {}
+        if n_summands not in self.goldens:
+            self.goldens[n_summands] = self._golden(case, item, n_summands)
+        return self.goldens[n_summands]
+
+    def _golden(self, case: Case, item: Item, n_summands: int) -> Golden:
+        dtype = DTYPES[item.dtype]
+        if self.share is None:
+            return Golden(case, dtype, item.seed, n_summands)
+        path = self.share / _share_name(item, n_summands)
+        state = _read(path)
+        if state is None and self.rank != 0:
+            state = self._wait(path)
+        if state is not None:
+            return Golden(case, dtype, item.seed, n_summands, state=state)
+        try:
+            golden = Golden(case, dtype, item.seed, n_summands)
+        except Exception:
+            if self.rank == 0:  # the peers work it out too, and raise as it did
+                _leave(path.with_suffix(".failed"), b"")
+            raise
+        if self.rank == 0:
+            _leave(path, _dumps(golden.state()))
+        return golden
+
+    def _wait(self, path: Path) -> dict | None:
+        """Rank 0's golden once it is there; None once it failed, or after `timeout` seconds (rank 0 died or is
+        stuck: this rank works it out, and the item's barrier finds the peer missing as before)."""
+        deadline = time.time() + self.timeout
+        failed = path.with_suffix(".failed")
+        while time.time() < deadline:
+            state = _read(path)
+            if state is not None:
+                return state
+            if failed.exists():
+                return None
+            time.sleep(SHARE_POLL)
+        return None
+
+
+def _share_name(item: Item, n_summands: int) -> str:
+    """The file of an item's golden: its suite, case, dtype, seed and summands (a fuzz case's parameters too)."""
+    key = [item.suite, item.op, item.case_id, item.dtype, item.seed, n_summands, item.fuzz]
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32] + ".golden"
+
+
+def _leave(path: Path, data: bytes) -> None:
+    """Write `data` to `path` whole (a reader never sees part of it); a folder that cannot be written is left alone
+    (the peers then wait out their timeout and work the golden out)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return pickle.loads(data)
+
+
+# A golden's tensors pickled as their bytes (4x cheaper than torch.save's archive for the small tensors of a case).
+def _tensor_from_bytes(data: bytes, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    if not data:
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
+
+
+def _tensor_as_bytes(t: torch.Tensor) -> tuple:
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    return _tensor_from_bytes, (data, str(t.dtype).removeprefix("torch."), tuple(t.shape))
+
+
+_PICKLING = copyreg.dispatch_table.copy()
+_PICKLING[torch.Tensor] = _tensor_as_bytes
+
+
+def _dumps(state: dict) -> bytes:
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = _PICKLING
+    pickler.dump(state)
+    return out.getvalue()

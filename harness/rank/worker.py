@@ -45,6 +45,7 @@ from shardcheck.harness.core.plan_data import Item, Plan
 from shardcheck.harness.core.topology import Topology, build_mesh
 from shardcheck.harness.rank import flight_recorder, shims
 from shardcheck.harness.rank.bench import run_bench_item
+from shardcheck.harness.rank.golden import GoldenCache, share_folder
 from shardcheck.harness.rank.item_run import ItemRun
 from shardcheck.harness.rank.loaded_plan import LoadedPlan, plan_cases, plan_impls
 
@@ -92,6 +93,9 @@ class Worker:
         self.dump_stacks_to = None
         self.current: tuple[Item, float] | None = None  # (the item in flight, its start): a watchdog thread reads it
         self.shim_calls_seen: dict[str, int] = {}  # (shims.calls() after the last item)
+        # The folder of the launches' folders, where the ranks of a driver's launches share goldens (one machine:
+        # harness/rank/golden.py); None for a hand-launched rank, which works out its own.
+        self.golden_share: Path | None = None
 
     def load(self, plan: Plan, events_dir: Path) -> None:
         """Make `plan` the one `run` runs; its events go to `events_dir`."""
@@ -112,6 +116,9 @@ class Worker:
             cases=plan_cases(plan),
             impls=plan_impls(plan),
             ops_with_signature_rows={i.op for i in plan.items} | set(plan.missing_ops),
+            goldens=GoldenCache(
+                share_folder(self.golden_share, plan.run_id) if self.golden_share else None, self.rank, plan.timeout
+            ),
         )
 
     def mesh(self, topo: Topology):
@@ -319,6 +326,7 @@ def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, use_shi
     worker = Worker(device, backend, use_shims, store=store, rank=rank, world=world)
     worker.recorder = flight_recorder.install(launch_dir, rank) if flight_recorder.enabled() else None
     worker.linger_on_stuck = STUCK_LINGER
+    worker.golden_share = launch_dir.parent
     profile = None
     for k in itertools.count():
         path = launch_dir / f"plan{k}.json"
