@@ -4,6 +4,7 @@ that raises raises on every rank at once; a peer whose rank 0 never leaves one w
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -15,7 +16,7 @@ from shardcheck.harness.core.plan_data import Item
 from shardcheck.harness.rank.golden import GoldenCache, share_folder
 
 
-def _case(calls: list[str], fail: bool = False) -> Case:
+def _case(calls: list[str], fail: bool = False, unpicklable: bool = False) -> Case:
     def make_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
         return {"x": torch.randn(3, 5, generator=gen, dtype=torch.float64), "ids": torch.arange(3)}
 
@@ -23,7 +24,7 @@ def _case(calls: list[str], fail: bool = False) -> Case:
         calls.append("reference")
         if fail:
             raise ValueError("the reference cannot")
-        return inputs["x"].exp().sum(-1), inputs["x"] * 2
+        return inputs["x"].exp().sum(-1), threading.Lock() if unpicklable else inputs["x"] * 2
 
     return Case(
         op="fam.op",
@@ -99,3 +100,13 @@ def test_a_peer_whose_rank_0_leaves_nothing_works_it_out_after_the_timeout(tmp_p
     golden = GoldenCache(share, rank=1, timeout=0.3).get(_case(calls), _item("float64"), 2)
     assert time.time() - started >= 0.3 and calls == ["reference"]
     assert golden.outputs[1].shape == (3, 5) and not list(share.glob("*.golden"))  # a peer leaves none
+
+
+def test_a_golden_that_cannot_be_left_sends_the_peers_to_work_it_out_at_once(tmp_path):
+    share = share_folder(tmp_path / "workers", "run-4")
+    calls: list[str] = []
+    case = _case(calls, unpicklable=True)  # an output that does not pickle
+    GoldenCache(share, rank=0, timeout=30).get(case, _item(), 2)
+    started = time.time()
+    peer = GoldenCache(share, rank=1, timeout=30).get(case, _item(), 2)
+    assert time.time() - started < 10 and len(calls) == 4 and peer.outputs[0].shape == (3,)

@@ -203,7 +203,7 @@ class GoldenCache:
                 _leave(path.with_suffix(".failed"), b"")
             raise
         if self.rank == 0:
-            _leave(path, _dumps(golden.state()))
+            _share(golden, path)
         return golden
 
     def _wait(self, path: Path) -> dict | None:
@@ -227,24 +227,35 @@ def _share_name(item: Item, n_summands: int) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32] + ".golden"
 
 
-def _leave(path: Path, data: bytes) -> None:
-    """Write `data` to `path` whole (a reader never sees part of it); a folder that cannot be written is left alone
-    (the peers then wait out their timeout and work the golden out)."""
+def _share(golden: Golden, path: Path) -> None:
+    """Leave `golden` at `path` for the peers; where it cannot be (an input that does not pickle, a full disk), the
+    marker that sends them to work it out themselves."""
+    try:
+        data = _dumps(golden.state())
+    except Exception:
+        data = None
+    if data is None or not _leave(path, data):
+        _leave(path.with_suffix(".failed"), b"")
+
+
+def _leave(path: Path, data: bytes) -> bool:
+    """Write `data` to `path` whole (a reader never sees part of it); whether it could."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
     except OSError:
-        pass
+        return False
+    return True
 
 
 def _read(path: Path) -> dict | None:
+    """The golden left at `path`, or None (none there yet; one that does not load is as good as none)."""
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+        return pickle.loads(path.read_bytes())
+    except Exception:  # FileNotFoundError, mostly
         return None
-    return pickle.loads(data)
 
 
 # A golden's tensors pickled as their bytes (4x cheaper than torch.save's archive for the small tensors of a case).
