@@ -18,7 +18,7 @@ import pandas as pd
 from shardcheck.harness import cli as shardcheck_cli
 from shardcheck.harness.core.compare import NOT_PASSING
 from shardcheck.harness.core.records import load
-from shardcheck.harness.driver.pool import WorkerPool
+from shardcheck.harness.driver.pool import WorkerPool, preload_in_ranks
 from shardcheck.harness.findings.causes import causes
 from shardcheck.harness.findings.wording import finding_lines
 
@@ -57,6 +57,10 @@ def shared_pool() -> WorkerPool:
     settings, not one per test); ended when the session's process exits."""
     global _POOL
     if _POOL is None:
+        # Megatron-Core imported once, by the ranks' fork server, as a default run's ranks get it (harness/cli.py), not
+        # by every launch that reaches a Megatron case: 16 ranks of a full session's 30 launches imported it (~1.8
+        # CPU-s each).
+        preload_in_ranks([shardcheck_cli.MEGATRON_PRELOAD])
         _POOL = WorkerPool(Path(tempfile.mkdtemp(prefix="shardcheck-test-ranks-")))
         atexit.register(_POOL.close)
     return _POOL
