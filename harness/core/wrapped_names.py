@@ -1,0 +1,81 @@
+"""A wrapped model's names mapped back to the names `build()` gave: the wrappers that hold the model one attribute
+down (DDP's `module.`, FSDP1's `_fsdp_wrapped_module.`, `torch.compile`'s `_orig_mod.`, the activation-checkpoint
+wrapper's `_checkpoint_wrapped_module.`) add that attribute to every name below them; the names here drop it.
+
+FSDP1 also keeps each rank's parameters as flat 1-D pieces of a flat parameter; `gathered` is its
+`summon_full_params`, inside which they are the whole parameters under their original shapes (and, with
+`use_orig_params=True`, their gradients too)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper
+from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.nn.parallel import DistributedDataParallel
+
+
+def _wrapped_attribute(module: nn.Module) -> str | None:
+    """The attribute under which a wrapper holds the module it wraps; None for any other module."""
+    if isinstance(module, DistributedDataParallel):
+        return "module"
+    if isinstance(module, FullyShardedDataParallel):
+        return "_fsdp_wrapped_module"
+    if isinstance(module, ActivationWrapper):
+        return "_checkpoint_wrapped_module"
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")  # not imported: no module is torch.compile's
+    if dynamo is not None and isinstance(module, dynamo.OptimizedModule):
+        return "_orig_mod"
+    return None
+
+
+class OriginalNames:
+    """`name(wrapped)`: a parameter name or module path of the wrapped model as the unwrapped model has it."""
+
+    def __init__(self, model: nn.Module) -> None:
+        # the full paths of the wrapped attributes, each a path segment to drop
+        self.hidden = {
+            _join(path, attr)
+            for path, module in model.named_modules()
+            if (attr := _wrapped_attribute(module)) is not None
+        }
+
+    def name(self, wrapped: str) -> str:
+        parts = wrapped.split(".") if wrapped else []
+        return ".".join(p for i, p in enumerate(parts) if ".".join(parts[: i + 1]) not in self.hidden)
+
+    def modules(self, model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+        """(original path, module) of every module but the wrappers: of the modules one path names (a wrapper and
+        the module it wraps), the innermost, the one build() made."""
+        named = {self.name(path): module for path, module in model.named_modules()}  # pre-order: the last is inner
+        yield from named.items()
+
+    def parameters(self, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+        return [(self.name(n), p) for n, p in model.named_parameters()]
+
+
+def fsdp1_modules(model: nn.Module) -> list[FullyShardedDataParallel]:
+    return [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
+
+
+def gathered(model: nn.Module, with_grads: bool = False, writeback: bool = False) -> contextlib.AbstractContextManager:
+    """Where the model has FSDP1 modules, their `summon_full_params` (every rank enters it: it all-gathers); else
+    nothing.  Inside, `named_parameters()` are the whole parameters under their original names."""
+    if not fsdp1_modules(model):
+        return contextlib.nullcontext()
+    return FullyShardedDataParallel.summon_full_params(model, writeback=writeback, with_grads=with_grads)
+
+
+def flat_parameters(model: nn.Module) -> str:
+    """Why the model's FSDP1 parameters cannot be judged one by one ("" where they can): flat parameters
+    (`use_orig_params=False`) have no gradient per original parameter."""
+    if any(not m._use_orig_params for m in fsdp1_modules(model)):
+        return "FSDP1 with flat parameters (use_orig_params=False): wrap with use_orig_params=True"
+    return ""
+
+
+def _join(path: str, attr: str) -> str:
+    return f"{path}.{attr}" if path else attr

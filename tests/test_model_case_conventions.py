@@ -1,0 +1,125 @@
+"""The training step users run, judged as they write it: the averaged data-parallel convention (each DP rank's loss
+the mean over its own rows, gradients averaged: `loss_layout=Layout(dp=Partial("avg"))`) under FSDP2's default,
+DDP and FSDP1; wrapped models whose names gain a prefix, mapped back to the names build() gave; `step_context`
+around the optimizer step too.  Suite: tests/model_cases/dp_avg/; broken plans: tests/broken/dp_avg/."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import BROKEN, ROOT
+from torch import nn
+from torch.distributed.tensor import Partial
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from shardcheck import Layout, ModelCase
+from shardcheck.harness.core.model_case import ModelCaseError
+from shardcheck.harness.core.wrapped_names import OriginalNames
+
+DP_AVG = ROOT / "tests" / "model_cases" / "dp_avg"
+DP_AVG_RUN = ("run", "--suite-path", str(DP_AVG), "--dtype", "float64")
+
+
+def _broken(bug: str) -> str:
+    return f"dp_avg={BROKEN / 'dp_avg' / bug}.py"
+
+
+# ---- without ranks -------------------------------------------------------------------------------------------------
+
+
+def _tiny_case(**kw) -> ModelCase:
+    def build(gen):
+        model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)).double()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+        return model
+
+    return ModelCase(
+        op="tiny.parallelize",
+        case_id="x",
+        build=build,
+        parallelize=lambda model, ctx: model,
+        make_inputs=lambda gen: {"tokens": torch.randn(5, 3, generator=gen, dtype=torch.float64)},
+        loss=lambda out, inputs, ctx: (out**2).mean(),
+        **kw,
+    )
+
+
+def test_step_context_covers_the_optimizer_step():
+    """An optimizer step pre-hook registered inside `step_context` fires (before: it was left before the step)."""
+    fired = []
+
+    class Around:
+        def __enter__(self):
+            self.handle = register_optimizer_step_pre_hook(lambda opt, args, kwargs: fired.append(type(opt).__name__))
+
+        def __exit__(self, *exc):
+            self.handle.remove()
+
+    case = _tiny_case(step_context=lambda ctx: Around())
+    assert case.case().output_names  # one step on one device, inside the context
+    assert fired == ["SGD"]
+
+
+def test_a_loss_layout_other_than_sum_or_avg_over_dp_cp_is_one_line():
+    with pytest.raises(ModelCaseError, match=r'loss_layout dp=P\(max\).*Partial\("avg"\)'):
+        _tiny_case(loss_layout=Layout(dp=Partial("max"))).case()
+    with pytest.raises(ModelCaseError, match="loss_layout tp=P"):
+        _tiny_case(loss_layout=Layout(tp=Partial("avg"))).case()
+
+
+def test_wrapped_names_drop_each_wrappers_attribute_and_keep_a_module_named_module():
+    class Wrapper(nn.Module):  # a user's own module holding a child called `module`: not a wrapper, kept
+        def __init__(self):
+            super().__init__()
+            self.module = nn.Linear(2, 2)
+
+    model = nn.Sequential(Wrapper())
+    names = OriginalNames(model)
+    assert [n for n, _ in names.parameters(model)] == ["0.module.weight", "0.module.bias"]
+    compiled = torch.compile(nn.Sequential(nn.Linear(2, 2)), backend="eager")  # compiled lazily: never run here
+    names = OriginalNames(compiled)
+    assert [n for n, _ in names.parameters(compiled)] == ["0.weight", "0.bias"]
+    assert [path for path, _ in names.modules(compiled)] == ["", "0"]  # the wrapper's path is the root's
+
+
+# ---- the averaged convention on ranks ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("wrapper", ["fsdp2", "ddp", "fsdp1"])
+def test_the_averaged_convention_passes_at_dp_1_2_4(run_shardcheck, wrapper):
+    """Each DP rank's loss its own rows' mean, gradients averaged (FSDP2's default, DDP, FSDP1): the loss is judged as
+    the ranks' mean, each activation gradient as dp times its share, the replicated positions' gradient as the ranks'
+    mean; FSDP1's and DDP's prefixed names are build()'s.  Before: at dp 4 `forward:loss` expected the mean, got 4
+    times it, and every activation gradient was 4 times too big; FSDP1 and DDP were refused ("is not a parameter of
+    the model build() returns")."""
+    run = run_shardcheck(*DP_AVG_RUN, "--case", wrapper, "--world-sizes", "1,2,4")
+    assert run.returncode == 0, run.stdout[-3000:]
+    rows = run.rows
+    assert set(rows["dp"]) == {1, 2, 4}
+    checks = set(rows["check"])
+    assert {"forward:loss", "forward:dact10:wpe", "forward:dparam:blocks.0.up.weight"} <= checks
+    assert not any("_fsdp_wrapped_module" in c or ":module." in c for c in checks)
+
+
+def test_a_loss_not_averaged_is_one_finding_naming_the_loss(run_shardcheck):
+    run = run_shardcheck(*DP_AVG_RUN, "--case", "ddp", "--world-sizes", "1,2", "--impl", _broken("loss_local_sum"))
+    assert run.returncode == 1
+    cause = run.causes.iloc[0]
+    assert cause.checks.startswith("first diverging: the loss [forward:loss]"), cause.checks
+    assert cause.worst.startswith("[forward:loss]")
+
+
+def test_an_fsdp1_wrapped_plan_is_named_at_build_s_parameter_name(run_shardcheck):
+    """FSDP1 leaving the head unsynchronized (`ignored_modules`): named `head.weight`, as build() names it."""
+    run = run_shardcheck(
+        *DP_AVG_RUN, "--case", "fsdp1", "--topology", "dp=2,cp=1,tp=1", "--impl", _broken("fsdp1_head_ignored")
+    )
+    assert run.returncode == 1
+    cause = run.causes.iloc[0]
+    assert cause.checks.startswith("first diverging: parameter head.weight (gradient) [forward:dparam:head.weight]")
+    assert "wrong parameters: head.weight, head.bias" in cause.checks
+    assert set(run.failed()["check"]) == {
+        f"forward:{k}:head.{p}" for k in ("dparam", "step") for p in ("weight", "bias")
+    }
