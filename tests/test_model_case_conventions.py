@@ -15,6 +15,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from shardcheck import Layout, ModelCase
 from shardcheck.harness.core.model_case import ModelCaseError
 from shardcheck.harness.core.wrapped_names import OriginalNames
+from shardcheck.harness.findings.common_factor import factor_text
 
 DP_AVG = ROOT / "tests" / "model_cases" / "dp_avg"
 DP_AVG_RUN = ("run", "--suite-path", str(DP_AVG), "--dtype", "float64")
@@ -87,7 +88,7 @@ def test_wrapped_names_drop_each_wrappers_attribute_and_keep_a_module_named_modu
 # ---- the averaged convention on ranks ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("wrapper", ["fsdp2", "ddp", "fsdp1"])
+@pytest.mark.parametrize("wrapper", ["fsdp2", "ddp", "fsdp1", "fsdp2-cp"])
 def test_the_averaged_convention_passes_at_dp_1_2_4(run_shardcheck, wrapper):
     """Each DP rank's loss its own rows' mean, gradients averaged (FSDP2's default, DDP, FSDP1): the loss is judged as
     the ranks' mean, each activation gradient as dp times its share, the replicated positions' gradient as the ranks'
@@ -123,3 +124,50 @@ def test_an_fsdp1_wrapped_plan_is_named_at_build_s_parameter_name(run_shardcheck
     assert set(run.failed()["check"]) == {
         f"forward:{k}:head.{p}" for k in ("dparam", "step") for p in ("weight", "bias")
     }
+
+
+# ---- one common factor ---------------------------------------------------------------------------------------------
+
+
+def _row(check: str, expected: float, got: float, max_rel_err: float, dp: int = 2, dtype: str = "float64") -> dict:
+    mismatch = {"expected": expected, "got": got}
+    return dict(
+        check=check,
+        mismatch=mismatch,
+        max_rel_err=max_rel_err,
+        symptom="values",
+        case_id="c",
+        dp=dp,
+        cp=1,
+        tp=1,
+        dtype=dtype,
+    )
+
+
+def test_a_common_factor_is_named_only_where_every_wrong_tensor_shares_it():
+    scaled = [_row("forward:dparam:a", 1.5, 3.0, 1.0), _row("forward:dparam:b", -0.25, -0.5, 1.0)]
+    stepped = _row("forward:step:a", 0.3, 0.1, 0.9)  # a wrong gradient's step: no scale of the right one, left out
+    assert factor_text([*scaled, stepped]) == "every wrong tensor ×2 = dp"
+    # a tensor whose worst element is twice the golden, but another element is off more: not a scale
+    assert factor_text([scaled[0], _row("forward:dparam:b", 1.0, 2.0, 3.0)]) == ""
+    assert factor_text([scaled[0], _row("forward:dparam:b", 1.0, 3.0, 2.0)]) == ""  # two different factors
+    assert factor_text(scaled[:1]) == ""  # one tensor: one element's ratio says nothing of a common factor
+    four = [_row("forward:dparam:a", 1.0, 4.0, 3.0, dp=4), _row("forward:dparam:b", 2.0, 8.0, 3.0, dp=4)]
+    assert factor_text(scaled + four) == "every wrong tensor ×dp (×2 at dp2-cp1-tp1, ×4 at dp4-cp1-tp1)"
+    assert factor_text([_row("forward:loss", 1.0, 0.5, 0.5), _row("forward:dact01:x", 2.0, 1.0, 0.5)]) == (
+        "every wrong tensor ×0.5 = 1/dp"
+    )
+
+
+def test_gradients_all_dp_times_too_big_are_one_finding_that_names_the_factor(run_shardcheck):
+    """FSDP2's divide factor set to 1 under the averaged convention: every parameter's gradient is dp times the
+    true one, and the finding says so (before: it named the first parameter only)."""
+    run = run_shardcheck(*DP_AVG_RUN, "--case", "fsdp2", "--world-sizes", "1,2,4", "--impl", _broken("grads_summed"))
+    assert run.returncode == 1
+    cause = run.causes.iloc[0]
+    assert cause.checks.startswith(
+        "first diverging: parameter wpe.weight (gradient) [forward:dparam:wpe.weight]; "
+        "every wrong tensor ×dp (×2 at dp2-cp1-tp1, ×4 at dp4-cp1-tp1)"
+    ), cause.checks
+    failed = run.failed()
+    assert set(failed["dp"]) == {2, 4} and not failed["check"].str.contains(r":(?:act|dact)\d|loss").any()

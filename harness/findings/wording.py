@@ -156,9 +156,10 @@ def where_text(rows: pd.DataFrame) -> str:
     return f"at {', '.join(topologies)} in {', '.join(sorted(rows['dtype'].unique()))}"
 
 
-def checks_text(checks: list[str], status: str) -> str:
-    """A cause's checks for people: a model step's first divergence and what follows from it, else the list."""
-    return (status != Status.ERROR and model_order.summary(checks)) or ", ".join(sorted(set(checks)))
+def checks_text(checks: list[str], status: str, factor: str = "") -> str:
+    """A cause's checks for people: a model step's first divergence, the one factor of every wrong tensor if any
+    (`factor`), and what follows from it; else the list."""
+    return (status != Status.ERROR and model_order.summary(checks, factor)) or ", ".join(sorted(set(checks)))
 
 
 def few_checks(checks: str, shown: int = 6) -> str:

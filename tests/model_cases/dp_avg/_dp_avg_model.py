@@ -1,4 +1,4 @@
-"""The model of suite dp_avg: learned positions (`wpe(arange(S))`, [S, D]: no batch dim, the same on every DP rank)
+"""The model of suite dp_avg: learned positions (`wpe(pos)`, [S, D]: no batch dim, the same on every DP rank)
 added to the input, two residual MLP blocks and a regression head."""
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ class Net(nn.Module):
         self.blocks = nn.ModuleList(Block() for _ in range(2))
         self.head = nn.Linear(DIM, 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.wpe(torch.arange(x.shape[1], device=x.device))
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        h = x + self.wpe(pos)  # pos: the positions of the rank's tokens (under CP its piece of them)
         for block in self.blocks:
             h = block(h)
         return self.head(h)
@@ -46,6 +46,7 @@ def inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
     return {
         "x": torch.randn(BATCH, SEQ, DIM, generator=gen, dtype=torch.float64),
         "y": torch.randn(BATCH, SEQ, 1, generator=gen, dtype=torch.float64),
+        "pos": torch.arange(SEQ),
     }
 
 

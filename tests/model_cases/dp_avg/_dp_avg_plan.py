@@ -1,7 +1,7 @@
 """The plan under test of suite dp_avg: data parallelism in the averaged convention, as most training code writes it.
 Each DP rank's loss is the mean over its own rows (`loss`), and the gradients are averaged over the DP group by the
-wrapper the case names (`ctx.params["wrapper"]`): FSDP2's `fully_shard` with its default (an average), DDP, or FSDP1
-(`use_orig_params=True`, each block wrapped)."""
+wrapper the case names (`ctx.params["wrapper"]`): FSDP2's `fully_shard` with its default (an average; over dp, or over
+dp x cp with the tokens split over cp too), DDP, or FSDP1 (`use_orig_params=True`, each block wrapped)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,17 @@ def fsdp2(model: nn.Module, ctx) -> nn.Module:
     return model
 
 
+def fsdp2_cp(model: nn.Module, ctx) -> nn.Module:
+    """`fully_shard` over dp x cp flattened: the gradients averaged over both, each rank's loss its own tokens' mean
+    (torchtitan's convention; declared `Layout(dp=Partial("avg"), cp=Partial("avg"))`)."""
+    mesh = ctx.mesh["dp", "cp"]._flatten("dp_cp")
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.set_force_sum_reduction_for_comms(True)
+    return model
+
+
 def ddp(model: nn.Module, ctx) -> nn.Module:
     return DistributedDataParallel(model, process_group=ctx.group("dp"))
 
@@ -42,10 +53,10 @@ def fsdp1(model: nn.Module, ctx) -> nn.Module:
     )
 
 
-WRAPPERS = {"fsdp2": fsdp2, "ddp": ddp, "fsdp1": fsdp1}
+WRAPPERS = {"fsdp2": fsdp2, "fsdp2-cp": fsdp2_cp, "ddp": ddp, "fsdp1": fsdp1}
 
 
 def parallelize(model: nn.Module, ctx) -> nn.Module:
-    if ctx.size("dp") == 1 and ctx.params["wrapper"] != "fsdp1":
+    if ctx.size("dp") * ctx.size("cp") == 1 and ctx.params["wrapper"] != "fsdp1":
         return model
     return WRAPPERS[ctx.params["wrapper"]](model, ctx)
