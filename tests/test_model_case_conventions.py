@@ -5,15 +5,19 @@ around the optimizer step too.  Suite: tests/model_cases/dp_avg/; broken plans: 
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 import torch
-from helpers import BROKEN, ROOT
+from helpers import BROKEN, ROOT, cli
 from torch import nn
 from torch.distributed.tensor import Partial
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from shardcheck import Layout, ModelCase
 from shardcheck.harness.core.model_case import ModelCaseError
+from shardcheck.harness.core.options import UsageError
+from shardcheck.harness.core.topology import Topology, default_topologies
 from shardcheck.harness.core.wrapped_names import OriginalNames
 from shardcheck.harness.findings.common_factor import factor_text
 
@@ -171,3 +175,60 @@ def test_gradients_all_dp_times_too_big_are_one_finding_that_names_the_factor(ru
     ), cause.checks
     failed = run.failed()
     assert set(failed["dp"]) == {2, 4} and not failed["check"].str.contains(r":(?:act|dact)\d|loss").any()
+
+
+# ---- HSDP: the data mesh split replicate x shard -------------------------------------------------------------------
+
+HSDP = ("--case", "hsdp", "--topology", "dp=4,dp_replicate=2")
+
+
+def test_an_hsdp_split_is_a_topology_named_only_when_it_splits():
+    assert Topology.parse("dp=4,dp_replicate=2") == Topology(4, 1, 1, dp_replicate=2)
+    assert str(Topology(4, 1, 1, dp_replicate=2)) == "dp4r2-cp1-tp1" and str(Topology(4, 1, 1)) == "dp4-cp1-tp1"
+    assert all(t.dp_replicate == 1 for t in default_topologies([1, 2, 4, 8]))  # only where asked for
+    with pytest.raises(UsageError, match="dp_replicate=3 must divide dp=4"):
+        Topology.parse("dp=4,dp_replicate=3")
+
+
+def test_a_correct_hsdp_plan_passes_on_its_2d_data_mesh(run_shardcheck):
+    """`fully_shard` on ctx.data_mesh() (2 x 2 at world size 4), gradients averaged over both dims."""
+    run = run_shardcheck(*DP_AVG_RUN, *HSDP)
+    assert run.returncode == 0, run.stdout[-3000:]
+    rows = run.rows
+    assert set(rows["dp_replicate"]) == {2} and set(rows["dp"]) == {4} and len(rows) > 40
+
+
+def test_an_hsdp_divide_factor_of_the_shard_group_alone_is_named_with_its_factor(run_shardcheck):
+    """pytorch#155903's kind: every gradient dp_replicate times the average; the rerun line reproduces it alone."""
+    run = run_shardcheck(*DP_AVG_RUN, *HSDP, "--impl", _broken("hsdp_divide_factor_shard_only"))
+    assert run.returncode == 1
+    cause = run.causes.iloc[0]
+    assert cause.checks.startswith(
+        "first diverging: parameter wpe.weight (gradient) [forward:dparam:wpe.weight]; "
+        "every wrong tensor ×2 = dp_replicate = dp_shard"
+    ), cause.checks
+    assert "dp4r2-cp1-tp1 float64)" in cause.worst and "--topology dp=4,cp=1,tp=1,dp_replicate=2 " in cause.rerun
+    again = run_shardcheck(*shlex.split(cause.rerun)[1:])
+    assert again.returncode == 1 and again.causes.iloc[0].checks == cause.checks
+
+
+@pytest.mark.parametrize(
+    "topology, words",
+    [
+        ("dp=4,dp_replicate=3", "dp_replicate=3 must divide dp=4"),
+        ("dp=4,dp_replicate=0", "dp_replicate must be positive"),
+    ],
+)
+def test_a_bad_hsdp_split_is_one_line_and_exit_2(topology, words):
+    proc = cli("run", "--suite-path", str(DP_AVG), "--topology", topology)
+    assert proc.returncode == 2 and words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_an_hsdp_topology_no_selected_case_runs_is_one_line_and_exit_2():
+    """The plain FSDP2 case cannot use a split data mesh: refused before any rank starts, not run as plain dp."""
+    proc = cli("run", "--suite-path", str(DP_AVG), "--case", "fsdp2", "--topology", "dp=4,dp_replicate=2")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "shardcheck: error: topology dp4r2-cp1-tp1: no selected case runs a data mesh split replicate x shard "
+        "(HSDP; a case opts in with hsdp=True)"
+    )

@@ -129,6 +129,7 @@ class ModelCase:
     dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")
     supports: Callable[[Topology], bool] = lambda topology: True
     context_parallel: bool | None = None
+    hsdp: bool = False  # runs at HSDP topologies (dp split replicate x shard: ctx.data_mesh()), Case.hsdp
     xfail: KnownFailure | None = None
     skip_reason: str | None = None
     params: dict = field(default_factory=dict)
@@ -164,6 +165,7 @@ class ModelCase:
             dtypes=self.dtypes,
             supports=self.supports,
             context_parallel=self._uses_cp(),
+            hsdp=self.hsdp,
             xfail=self.xfail,
             skip_reason=self.skip_reason,
             params={"model": True, **self.params},

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from shardcheck.harness.core.model_case import step_order
+from shardcheck.harness.core.topology import topology_label
 
 # How closely a tensor's elements must share one scale, per dtype: its rounding, twice over.
 _TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 2e-2}
@@ -40,6 +41,9 @@ def _mesh_names(f: float, row: dict, tol: float) -> list[str]:
     sizes = {d: int(row[d]) for d in ("dp", "cp", "tp") if int(row[d]) > 1}
     if "dp" in sizes and "cp" in sizes:
         sizes["dp·cp"] = sizes["dp"] * sizes["cp"]
+    replicate = row.get("dp_replicate")
+    if isinstance(replicate, (int, float)) and replicate == replicate and replicate > 1:  # HSDP (NaN: a plain row)
+        sizes.update(dp_replicate=int(replicate), dp_shard=int(row["dp"]) // int(replicate))
     names = [n for n, s in sizes.items() if abs(f - s) <= tol * s]
     return names or [f"1/{n}" for n, s in sizes.items() if abs(f - 1 / s) <= tol / s]
 
@@ -69,7 +73,7 @@ def factor_text(rows: list[dict]) -> str:
             return ""
         row = item_rows[0]
         names = _mesh_names(f, row, _TOLERANCE.get(str(row.get("dtype")), 1e-5))
-        found.append((f, " = ".join(names), f"dp{row['dp']}-cp{row['cp']}-tp{row['tp']}"))
+        found.append((f, " = ".join(names), topology_label(row)))
     if not found:
         return ""
     values = {float(f"{f:.4g}") for f, _, _ in found}

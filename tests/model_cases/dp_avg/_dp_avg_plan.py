@@ -1,7 +1,8 @@
 """The plan under test of suite dp_avg: data parallelism in the averaged convention, as most training code writes it.
 Each DP rank's loss is the mean over its own rows (`loss`), and the gradients are averaged over the DP group by the
-wrapper the case names (`ctx.params["wrapper"]`): FSDP2's `fully_shard` with its default (an average; over dp, or over
-dp x cp with the tokens split over cp too), DDP, or FSDP1 (`use_orig_params=True`, each block wrapped)."""
+wrapper the case names (`ctx.params["wrapper"]`): FSDP2's `fully_shard` with its default (an average; over dp, over
+dp x cp with the tokens split over cp too, or HSDP on the data mesh replicate x shard), DDP, or FSDP1
+(`use_orig_params=True`, each block wrapped)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,17 @@ def fsdp2_cp(model: nn.Module, ctx) -> nn.Module:
     return model
 
 
+def hsdp(model: nn.Module, ctx) -> nn.Module:
+    """HSDP: `fully_shard` on the 2-D data mesh (replicated over "dp_replicate", sharded over "dp_shard"), its default:
+    the gradients reduce-scattered over the shard group, all-reduced over the replicate group, averaged over both."""
+    mesh = ctx.data_mesh()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.set_force_sum_reduction_for_comms(True)
+    return model
+
+
 def ddp(model: nn.Module, ctx) -> nn.Module:
     return DistributedDataParallel(model, process_group=ctx.group("dp"))
 
@@ -53,7 +65,7 @@ def fsdp1(model: nn.Module, ctx) -> nn.Module:
     )
 
 
-WRAPPERS = {"fsdp2": fsdp2, "fsdp2-cp": fsdp2_cp, "ddp": ddp, "fsdp1": fsdp1}
+WRAPPERS = {"fsdp2": fsdp2, "fsdp2-cp": fsdp2_cp, "hsdp": hsdp, "ddp": ddp, "fsdp1": fsdp1}
 
 
 def parallelize(model: nn.Module, ctx) -> nn.Module:

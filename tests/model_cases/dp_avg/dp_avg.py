@@ -3,7 +3,8 @@ rank's loss is the mean over its own rows and the gradients are averaged over dp
 `loss_layout=Layout(dp=Partial("avg"))`.  The model (`_dp_avg_model.py`) has learned positions, a value without a
 batch dim; the plan (`_dp_avg_plan.py`, the module under test) wraps it in FSDP2, DDP or FSDP1 (case = wrapper;
 `fsdp2-cp`: the sequence split over cp too, FSDP2 over dp x cp averaging over both,
-`loss_layout=Layout(dp=Partial("avg"), cp=Partial("avg"))`).
+`loss_layout=Layout(dp=Partial("avg"), cp=Partial("avg"))`; `hsdp`: FSDP2 on the data mesh replicate x shard,
+`--topology dp=4,dp_replicate=2`).
 
     shardcheck run --suite-path tests/model_cases/dp_avg --world-sizes 1,2,4
 
@@ -27,7 +28,7 @@ def loss(out, data: dict, ctx):
 
 
 def _case(wrapper: str) -> ModelCase:
-    over_cp = wrapper == "fsdp2-cp"
+    over_cp, hsdp = wrapper == "fsdp2-cp", wrapper == "hsdp"
     return ModelCase(
         op=f"{FAMILY}.parallelize",
         case_id=wrapper,
@@ -40,10 +41,17 @@ def _case(wrapper: str) -> ModelCase:
         activation_layouts={"wpe": Layout(cp=Shard(0))},
         loss=loss,
         loss_layout=Layout(dp=Partial("avg"), cp=Partial("avg")),
-        supports=lambda t: t.tp == 1 and BATCH % t.dp == 0 and SEQ % t.cp == 0 and (over_cp or t.cp == 1),
+        supports=lambda t: (
+            t.tp == 1
+            and BATCH % t.dp == 0
+            and SEQ % t.cp == 0
+            and (over_cp or t.cp == 1)
+            and (t.dp_replicate > 1) == hsdp
+        ),
+        hsdp=hsdp,  # runs where asked: --topology dp=4,dp_replicate=2
         params={"wrapper": wrapper},
     )
 
 
 def cases(quick: bool = False) -> list[ModelCase]:
-    return [_case(wrapper) for wrapper in ("fsdp2", "ddp", "fsdp1", "fsdp2-cp")]
+    return [_case(wrapper) for wrapper in ("fsdp2", "ddp", "fsdp1", "fsdp2-cp", "hsdp")]
