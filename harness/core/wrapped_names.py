@@ -13,22 +13,29 @@ import sys
 from collections.abc import Iterator
 
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper
-from torch.distributed.fsdp import FullyShardedDataParallel
-from torch.nn.parallel import DistributedDataParallel
+
+# (module, class, attribute): each wrapper, where torch defines it, and the attribute it holds the wrapped module
+# under.  Looked up only in modules already imported (a wrapper whose module nobody imported wraps nothing), so
+# that loading a model case does not import FSDP1 or dynamo (FSDP1's import alone takes about half a second).
+_WRAPPERS = (
+    ("torch.nn.parallel.distributed", "DistributedDataParallel", "module"),
+    ("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel", "_fsdp_wrapped_module"),
+    ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "ActivationWrapper", "_checkpoint_wrapped_module"),
+    ("torch._dynamo.eval_frame", "OptimizedModule", "_orig_mod"),
+)
+
+
+def _loaded_class(module: str, name: str) -> type | None:
+    found = sys.modules.get(module)
+    return getattr(found, name, None) if found is not None else None
 
 
 def _wrapped_attribute(module: nn.Module) -> str | None:
     """The attribute under which a wrapper holds the module it wraps; None for any other module."""
-    if isinstance(module, DistributedDataParallel):
-        return "module"
-    if isinstance(module, FullyShardedDataParallel):
-        return "_fsdp_wrapped_module"
-    if isinstance(module, ActivationWrapper):
-        return "_checkpoint_wrapped_module"
-    dynamo = sys.modules.get("torch._dynamo.eval_frame")  # not imported: no module is torch.compile's
-    if dynamo is not None and isinstance(module, dynamo.OptimizedModule):
-        return "_orig_mod"
+    for where, name, attr in _WRAPPERS:
+        cls = _loaded_class(where, name)
+        if cls is not None and isinstance(module, cls):
+            return attr
     return None
 
 
@@ -57,16 +64,18 @@ class OriginalNames:
         return [(self.name(n), p) for n, p in model.named_parameters()]
 
 
-def fsdp1_modules(model: nn.Module) -> list[FullyShardedDataParallel]:
-    return [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
+def fsdp1_modules(model: nn.Module) -> list[nn.Module]:
+    fsdp = _loaded_class(*_WRAPPERS[1][:2])
+    return [m for m in model.modules() if isinstance(m, fsdp)] if fsdp is not None else []
 
 
 def gathered(model: nn.Module, with_grads: bool = False, writeback: bool = False) -> contextlib.AbstractContextManager:
     """Where the model has FSDP1 modules, their `summon_full_params` (every rank enters it: it all-gathers); else
     nothing.  Inside, `named_parameters()` are the whole parameters under their original names."""
-    if not fsdp1_modules(model):
+    units = fsdp1_modules(model)
+    if not units:
         return contextlib.nullcontext()
-    return FullyShardedDataParallel.summon_full_params(model, writeback=writeback, with_grads=with_grads)
+    return type(units[0]).summon_full_params(model, writeback=writeback, with_grads=with_grads)
 
 
 def flat_parameters(model: nn.Module) -> str:
