@@ -395,7 +395,9 @@ class ModelCase:
             return hook
 
         names = OriginalNames(model)  # a wrapped model's names as build() gave them
-        handles = [m.register_forward_hook(on_forward(path)) for path, m in names.modules(model)]
+        # under torch.compile the hooks run as Python, not traced (judging inside them is no part of the model)
+        opaque = torch.compiler.disable if names.compiled else (lambda hook: hook)
+        handles = [m.register_forward_hook(opaque(on_forward(path))) for path, m in names.modules(model)]
         around = self.step_context(ctx) if self.step_context is not None else contextlib.nullcontext()
         try:
             with around:  # the whole step: forward, loss, backward and the optimizer step

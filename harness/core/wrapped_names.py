@@ -49,6 +49,8 @@ class OriginalNames:
             for path, module in model.named_modules()
             if (attr := _wrapped_attribute(module)) is not None
         }
+        # torch.compile's: the harness's hooks must stay outside its graphs (torch.compiler.disable)
+        self.compiled = any(path.rpartition(".")[2] == "_orig_mod" for path in self.hidden)
 
     def name(self, wrapped: str) -> str:
         parts = wrapped.split(".") if wrapped else []

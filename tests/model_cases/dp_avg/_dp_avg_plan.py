@@ -1,8 +1,8 @@
 """The plan under test of suite dp_avg: data parallelism in the averaged convention, as most training code writes it.
 Each DP rank's loss is the mean over its own rows (`loss`), and the gradients are averaged over the DP group by the
 wrapper the case names (`ctx.params["wrapper"]`): FSDP2's `fully_shard` with its default (an average; over dp, over
-dp x cp with the tokens split over cp too, or HSDP on the data mesh replicate x shard), DDP, or FSDP1
-(`use_orig_params=True`, each block wrapped)."""
+dp x cp with the tokens split over cp too, or HSDP on the data mesh replicate x shard), DDP (also under
+`torch.compile`), or FSDP1 (`use_orig_params=True`, each block wrapped)."""
 
 from __future__ import annotations
 
@@ -65,10 +65,15 @@ def fsdp1(model: nn.Module, ctx) -> nn.Module:
     )
 
 
-WRAPPERS = {"fsdp2": fsdp2, "fsdp2-cp": fsdp2_cp, "hsdp": hsdp, "ddp": ddp, "fsdp1": fsdp1}
+def compiled(model: nn.Module, ctx) -> nn.Module:
+    """DDP under `torch.compile` (the eager backend: dynamo's graphs, no code generation): names under `_orig_mod.`."""
+    return torch.compile(ddp(model, ctx), backend="eager")
+
+
+WRAPPERS = {"fsdp2": fsdp2, "fsdp2-cp": fsdp2_cp, "hsdp": hsdp, "ddp": ddp, "fsdp1": fsdp1, "compiled": compiled}
 
 
 def parallelize(model: nn.Module, ctx) -> nn.Module:
-    if ctx.size("dp") * ctx.size("cp") == 1 and ctx.params["wrapper"] != "fsdp1":
+    if ctx.size("dp") * ctx.size("cp") == 1 and ctx.params["wrapper"] not in ("fsdp1", "compiled"):
         return model
     return WRAPPERS[ctx.params["wrapper"]](model, ctx)

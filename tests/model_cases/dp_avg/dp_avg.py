@@ -54,4 +54,4 @@ def _case(wrapper: str) -> ModelCase:
 
 
 def cases(quick: bool = False) -> list[ModelCase]:
-    return [_case(wrapper) for wrapper in ("fsdp2", "ddp", "fsdp1", "fsdp2-cp", "hsdp")]
+    return [_case(wrapper) for wrapper in ("fsdp2", "ddp", "fsdp1", "fsdp2-cp", "hsdp", "compiled")]
