@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import BROKEN, ROOT, cli
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.tensor import Partial
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -87,6 +88,14 @@ def test_wrapped_names_drop_each_wrappers_attribute_and_keep_a_module_named_modu
     names = OriginalNames(compiled)
     assert [n for n, _ in names.parameters(compiled)] == ["0.weight", "0.bias"]
     assert [path for path, _ in names.modules(compiled)] == ["", "0"]  # the wrapper's path is the root's
+    checkpointed = nn.Sequential(checkpoint_wrapper(nn.Linear(2, 2)), nn.Tanh())
+    names = OriginalNames(checkpointed)
+    assert [n for n, _ in names.parameters(checkpointed)] == ["0.weight", "0.bias"]
+    assert [(path, type(m).__name__) for path, m in names.modules(checkpointed)] == [
+        ("", "Sequential"),
+        ("0", "Linear"),  # the module build() made, not its wrapper
+        ("1", "Tanh"),
+    ]
 
 
 # ---- the averaged convention on ranks ------------------------------------------------------------------------------
@@ -240,3 +249,12 @@ def test_an_hsdp_topology_no_selected_case_runs_is_one_line_and_exit_2():
         "shardcheck: error: topology dp4r2-cp1-tp1: no selected case runs a data mesh split replicate x shard "
         "(HSDP; a case opts in with hsdp=True)"
     )
+
+
+def test_fsdp1_flat_parameters_are_one_error_saying_what_to_wrap_with(run_shardcheck):
+    run = run_shardcheck(
+        *DP_AVG_RUN, "--case", "fsdp1", "--topology", "dp=2,cp=1,tp=1", "--impl", _broken("fsdp1_flat_params")
+    )
+    assert run.returncode == 1
+    cause = run.causes.iloc[0]
+    assert cause.status == "error" and "use_orig_params=True" in cause.worst, cause.worst
