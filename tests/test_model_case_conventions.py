@@ -224,7 +224,11 @@ def test_an_hsdp_divide_factor_of_the_shard_group_alone_is_named_with_its_factor
         "first diverging: parameter wpe.weight (gradient) [forward:dparam:wpe.weight]; "
         "every wrong tensor ×2 = dp_replicate = dp_shard"
     ), cause.checks
-    assert "dp4r2-cp1-tp1 float64)" in cause.worst and "--topology dp=4,cp=1,tp=1,dp_replicate=2 " in cause.rerun
+    assert (
+        "at dp4r2-cp1-tp1" in cause.condition
+        and "dp4r2-cp1-tp1 float64)" in cause.worst
+        and "--topology dp=4,cp=1,tp=1,dp_replicate=2 " in cause.rerun
+    )
     again = run_shardcheck(*shlex.split(cause.rerun)[1:])
     assert again.returncode == 1 and again.causes.iloc[0].checks == cause.checks
 
