@@ -262,3 +262,14 @@ def test_fsdp1_flat_parameters_are_one_error_saying_what_to_wrap_with(run_shardc
     assert run.returncode == 1
     cause = run.causes.iloc[0]
     assert cause.status == "error" and "use_orig_params=True" in cause.worst, cause.worst
+
+
+def test_hsdp_with_a_shard_group_of_one_left_unsynchronized_is_named_at_the_first_parameter(run_shardcheck):
+    """verl#7493's kind at dp 2 = 2 x 1: torch's own HSDP on that mesh passes; the plan skipping it does not."""
+    topology = ("--case", "hsdp", "--topology", "dp=2,dp_replicate=2")
+    assert run_shardcheck(*DP_AVG_RUN, *topology).returncode == 0
+    run = run_shardcheck(*DP_AVG_RUN, *topology, "--impl", _broken("hsdp_shard_size_1_unsynced"))
+    assert run.returncode == 1
+    cause = run.causes.iloc[0]
+    assert cause.checks.startswith("first diverging: parameter wpe.weight (gradient) [forward:dparam:wpe.weight]")
+    assert not run.failed()["check"].str.contains(r":(?:act|dact)\d|loss").any()
