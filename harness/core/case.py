@@ -124,6 +124,9 @@ class Case:
     # the same computation on every CP rank, so topologies with cp > 1 skip it.  Ops that shard
     # over CP by themselves (full inputs in, e.g. cp_utils' context) say True.
     context_parallel: bool | None = None
+    # Whether the case runs at topologies whose dp is split replicate x shard (HSDP, `--topology dp=4,dp_replicate=2`;
+    # the plan's data mesh: RankContext.data_mesh()).  Other cases never get them: they would run as at plain dp.
+    hsdp: bool = False
     # The op communicates over the default (world) process group rather than the mesh's groups (e.g.
     # inbatch_neg_utils' gathers): each topology then runs only in a launch whose world size equals
     # its size, so no spare rank is missing from the op's collectives; a topology whose size is not
@@ -206,6 +209,8 @@ class Case:
     def runs_on(self, topology: Topology) -> bool:
         """Whether the plan gives this case `topology`."""
         if topology.cp > 1 and not self.uses_cp:
+            return False
+        if topology.dp_replicate > 1 and not self.hsdp:  # a data mesh split replicate x shard: where asked for
             return False
         return self.supports(topology)
 

@@ -93,6 +93,7 @@ class Layout:
     `Partial()` on a dim means the full value is the *sum* of the ranks' local values
     there (e.g. per-DP-rank losses normalised by the global token count): the harness
     sums them before comparing, and every rank gets the full upstream gradient.
+    `Partial("avg")`: the full value is their *mean* (each DP rank's loss the mean over its own tokens).
     """
 
     def __init__(
@@ -208,7 +209,7 @@ class Layout:
 
     def reduce_partial(self, local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
         """Sum the local values over the Partial dims (a no-op without any), in float64 so the
-        harness's own sum adds no rounding to what is judged."""
+        harness's own sum adds no rounding to what is judged; over a `Partial("avg")` dim, their mean."""
         if not any(isinstance(p, Partial) for p in self.placements):
             return local
         dims = mesh_dims(mesh)
@@ -216,6 +217,8 @@ class Layout:
         total = local.detach().to(torch.float64, copy=True)  # never the op's own output: all_reduce is in place
         for d in group_dims:
             torch.distributed.all_reduce(total, group=dims.groups[d])
+            if _averaged(self.placements[MESH_DIMS.index(d)]):  # Partial("avg"): the mean of the ranks' values
+                total /= dims.sizes[d]
         return total
 
     def local(self, full: torch.Tensor, mesh: DeviceMesh, inputs: Tensors | None = None) -> torch.Tensor:
@@ -243,6 +246,10 @@ class Layout:
             return (int(ix[0]), int(ix[0]) + len(ix)) if len(ix) else (0, 0)
         shape, offset = compute_local_shape_and_global_offset(torch.Size(full_shape), mesh, placements)
         return int(offset[dim]), int(offset[dim]) + int(shape[dim])
+
+
+def _averaged(p: Placement) -> bool:
+    return isinstance(p, Partial) and p.reduce_op == "avg"
 
 
 def take(full: torch.Tensor, indices: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -36,6 +36,7 @@ from shardcheck.harness.core.known_failure import KnownFailure
 from shardcheck.harness.core.layout import REPLICATED, Layout, Tensors
 from shardcheck.harness.core.rank_context import RankContext
 from shardcheck.harness.core.topology import MESH_DIMS, Topology, mesh_dims
+from shardcheck.harness.core.wrapped_names import OriginalNames, flat_parameters, gathered
 
 PARAM_PREFIX = "param:"
 ROOT_NAME = "model"  # the root module's name in check names (its path is "")
@@ -101,7 +102,10 @@ class ModelCase:
     model_inputs: tuple[str, ...] = ("tokens",)
     loss: Callable[[Any, Tensors, RankContext | None], torch.Tensor] | None = None
     input_layouts: dict[str, Layout] = field(default_factory=dict)
-    loss_layout: Layout = REPLICATED  # Layout(dp=Partial()) where each DP rank's loss is its summand
+    # Layout(dp=Partial()) where each DP rank's loss is its summand of the global one (gradients summed over dp);
+    # Layout(dp=Partial("avg")) where it is the mean over the rank's own tokens (gradients averaged: DDP, FSDP2's
+    # default, Megatron); cp likewise.
+    loss_layout: Layout = REPLICATED
     # Plain-tensor parameters (local shards of the user's own code): glob on the parameter name -> its layout.
     param_layouts: dict[str, Layout] = field(default_factory=dict)
     # Plain-tensor activations whose layout their local shape does not tell: glob on the module path -> layout.
@@ -125,6 +129,7 @@ class ModelCase:
     dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")
     supports: Callable[[Topology], bool] = lambda topology: True
     context_parallel: bool | None = None
+    hsdp: bool = False  # runs at HSDP topologies (dp split replicate x shard: ctx.data_mesh()), Case.hsdp
     xfail: KnownFailure | None = None
     skip_reason: str | None = None
     params: dict = field(default_factory=dict)
@@ -141,6 +146,12 @@ class ModelCase:
             raise ModelCaseError(
                 f"model case {self.op}[{self.case_id}]: optimizer {self.optimizer!r}; expected 'sgd' or 'adamw'"
             )
+        for dim, p in zip(MESH_DIMS, self.loss_layout.placements):
+            if isinstance(p, Partial) and (p.reduce_op not in ("sum", "avg") or (dim == "tp" and p.reduce_op == "avg")):
+                raise ModelCaseError(
+                    f"model case {self.op}[{self.case_id}]: loss_layout {dim}={p}; expected Partial() or "
+                    'Partial("avg") over dp or cp, Partial() over tp'
+                )
         case = StepCase(
             op=self.op,
             case_id=self.case_id,
@@ -154,6 +165,7 @@ class ModelCase:
             dtypes=self.dtypes,
             supports=self.supports,
             context_parallel=self._uses_cp(),
+            hsdp=self.hsdp,
             xfail=self.xfail,
             skip_reason=self.skip_reason,
             params={"model": True, **self.params},
@@ -255,6 +267,7 @@ class ModelCase:
         self._put_full_weights(model, local, ctx)
         data = {k: v for k, v in local.items() if not k.startswith(PARAM_PREFIX)}
         default = self._batch_layout()
+        scale = self._gradient_scale(ctx)
         got: dict[str, tuple[torch.Tensor | None, Layout]] = {}
 
         def arrive(step: StepTensor) -> None:
@@ -262,6 +275,8 @@ class ModelCase:
             if name is None:  # a module call the single-device model does not make: nothing to compare with
                 return
             layout = self._layout_of(step, name, default, ctx)
+            if step.kind == "dact" and scale != 1:  # the averaged convention: each rank's gradient `scale` times
+                step = StepTensor(step.kind, step.key, step.tensor / scale, step.layout)
             # Judged as it comes (the harness keeps a summary, and the tensors of the first divergence only), so that
             # the rank never holds every module's output and gradient at once; else a copy, returned below.
             judged = ctx.judge_output is not None and ctx.judge_output(name, step.tensor, layout)
@@ -295,6 +310,17 @@ class ModelCase:
             layout = _param_layout(step.key, self.param_layouts)
         return layout if layout is not None else self.loss_layout
 
+    def _gradient_scale(self, ctx: RankContext) -> int:
+        """How many times its share of the whole gradient each rank's activation gradients are: the product of the
+        sizes of the mesh dims the loss is averaged over (`Partial("avg")`: each rank's loss is the mean over its
+        own tokens, so its backward is that many times its share); 1 in the sum convention."""
+        sizes = mesh_dims(ctx.mesh).sizes
+        scale = 1
+        for dim, p in zip(MESH_DIMS, self.loss_layout.placements):
+            if isinstance(p, Partial) and p.reduce_op == "avg":
+                scale *= sizes[dim]
+        return scale
+
     def _batch_layout(self) -> Layout:
         """The layout an activation defaults to: the batch's placements over dp and cp, replicated over tp."""
         batch = self.batch_layout or self.input_layouts.get(self.batch or self.model_inputs[0], REPLICATED)
@@ -302,8 +328,11 @@ class ModelCase:
 
     def _put_full_weights(self, model: nn.Module, local: Tensors, ctx: RankContext) -> None:
         """Every parameter of the sharded model gets its piece of the same full weights the single-device one has."""
-        with torch.no_grad():
-            for name, p in model.named_parameters():
+        flat = flat_parameters(model)
+        if flat:
+            raise ModelCaseError(flat)
+        with torch.no_grad(), gathered(model, writeback=True):
+            for name, p in OriginalNames(model).parameters(model):
                 full = local.get(PARAM_PREFIX + name)
                 if full is None:
                     raise ModelCaseError(
@@ -365,28 +394,34 @@ class ModelCase:
 
             return hook
 
-        handles = [m.register_forward_hook(on_forward(path)) for path, m in model.named_modules()]
+        names = OriginalNames(model)  # a wrapped model's names as build() gave them
+        # under torch.compile the hooks run as Python, not traced (judging inside them is no part of the model)
+        opaque = torch.compiler.disable if names.compiled else (lambda hook: hook)
+        handles = [m.register_forward_hook(opaque(on_forward(path))) for path, m in names.modules(model)]
         around = self.step_context(ctx) if self.step_context is not None else contextlib.nullcontext()
         try:
-            with around, torch.enable_grad():
-                out = model(*[data[n] for n in self.model_inputs])
-                loss = self.loss(out, data, ctx) if self.loss is not None else out
-                if isinstance(loss, DTensor):
-                    loss = loss.full_tensor()
-                arrive(StepTensor("loss", "loss", loss.detach(), None))
-                loss.backward()
+            with around:  # the whole step: forward, loss, backward and the optimizer step
+                with torch.enable_grad():
+                    out = model(*[data[n] for n in self.model_inputs])
+                    loss = self.loss(out, data, ctx) if self.loss is not None else out
+                    if isinstance(loss, DTensor):
+                        loss = loss.full_tensor()
+                    arrive(StepTensor("loss", "loss", loss.detach(), None))
+                    loss.backward()
+                # A DTensor gradient left Partial (a replicated norm weight under sequence parallelism) is the sum
+                # of the ranks' pieces, as DTensor defines it: compared so, while the step shows whether the
+                # optimizer reduced it.  FSDP1's flat pieces are judged whole (gathered).
+                with gathered(model, with_grads=True):
+                    for name, p in names.parameters(model):
+                        if p.grad is not None:
+                            arrive(_step_tensor("dparam", name, p.grad))
+                self._optimizer(list(model.parameters())).step()
         finally:
             for h in handles:
                 h.remove()
-        params = list(model.named_parameters())
-        # A DTensor gradient left Partial (a replicated norm weight under sequence parallelism) is the sum of the
-        # ranks' pieces, as DTensor defines it: compared so, while the step shows whether the optimizer reduced it.
-        for name, p in params:
-            if p.grad is not None:
-                arrive(_step_tensor("dparam", name, p.grad))
-        self._optimizer([p for _, p in params]).step()
-        for name, p in params:
-            arrive(_step_tensor("step", name, p))
+        with gathered(model):
+            for name, p in names.parameters(model):
+                arrive(_step_tensor("step", name, p))
 
     def _optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
         optimizer = torch.optim.SGD if self.optimizer == "sgd" else torch.optim.AdamW

@@ -12,7 +12,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from shardcheck.harness.core.layout import REPLICATED, Layout, Tensors
-from shardcheck.harness.core.topology import Topology, mesh_dims
+from shardcheck.harness.core.topology import Topology, data_mesh, mesh_dims
 
 
 @dataclass
@@ -71,6 +71,18 @@ class RankContext:
     def local_range(self, input_name: str, dim: int) -> tuple[int, int]:
         """Global [start, end) of this rank's piece of input `input_name` along `dim`."""
         return self.input_layouts[input_name].local_range(self.full_shapes[input_name], dim, self.mesh)
+
+    def data_mesh(self) -> DeviceMesh:
+        """This rank's dp group as HSDP's 2-D mesh, dims ("dp_replicate", "dp_shard"), shard innermost:
+        `fully_shard(model, mesh=ctx.data_mesh())` replicates over the first and shards over the second.  Only at a
+        topology that splits dp (`--topology dp=4,dp_replicate=2`; the case says `hsdp=True`)."""
+        mesh = data_mesh(self.mesh)
+        if mesh is None:
+            raise ValueError(
+                f"ctx.data_mesh(): topology {self.topology} does not split dp replicate x shard; run the case at "
+                "e.g. --topology dp=4,dp_replicate=2"
+            )
+        return mesh
 
     def coords(self) -> dict[str, int]:
         return dict(self._ranks)

@@ -221,9 +221,23 @@ def build_plan(selection: Selection) -> Plan:
     _add_replays(plan, replays, worlds)  # the saved failures first: a regression shows at once
     for suite_name, case in cases:
         _add_case(plan, suite_name, case, sel.dtypes, worlds)
+    _check_data_mesh_splits(plan, sel.topologies)
     if not plan.items:
         raise UsageError("nothing to run: no case supports the selected topologies and dtypes")
     return plan
+
+
+def _check_data_mesh_splits(plan: Plan, given: list[Topology]) -> None:
+    """A given HSDP topology (dp_replicate > 1) that no selected case runs: bad usage, one line, not a run that
+    silently runs nothing there (a case runs HSDP topologies when it says so: Case.hsdp)."""
+    for topo in given:
+        if topo.dp_replicate > 1 and not any(
+            Topology(*i.topology, dp_replicate=i.dp_replicate) == topo for i in plan.items
+        ):
+            raise UsageError(
+                f"topology {topo}: no selected case runs a data mesh split replicate x shard (HSDP; a case opts in "
+                "with hsdp=True)"
+            )
 
 
 def _check_selection(sel: Selection) -> None:
@@ -372,6 +386,7 @@ def _item(
         case_id=case.case_id,
         dtype=where.dtype,
         topology=(topo.dp, topo.cp, topo.tp),
+        dp_replicate=topo.dp_replicate,
         world_size=where.world_size,
         seed=item_seed(seed, case.op, case.case_id, where.dtype),
         checks=expected_checks(case, bench),

@@ -63,6 +63,7 @@ from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, Phase, Status, Symptom
 from shardcheck.harness.findings import model_order
+from shardcheck.harness.findings.common_factor import factor_text
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
 from shardcheck.harness.findings.wording import (
     CRASHES,
@@ -301,7 +302,7 @@ def _symptom(
         "kind": kind,
         "symptoms": found,
         "signals": signals,
-        "checks": checks_text(list(all_rows["check"].unique()), status),
+        "checks": checks_text(list(all_rows["check"].unique()), status, factor_text(all_rows.to_dict("records"))),
         "count": len(all_rows),
         "condition": condition,
         "worst": worst_text(worst, status),
@@ -336,6 +337,8 @@ def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -
         bad.loc[[i for s in group for i in s["rows"]]] if bad is not None and first["status"] != Status.ERROR else None
     )
     model_first = model_order.first_row(rows.to_dict("records"), err_ratio) if rows is not None else None
+    members = bad.loc[[i for s in group for i in s["members"]]] if rows is not None else None
+    factor = factor_text(members.to_dict("records")) if members is not None else ""
     worst = (
         {"worst": worst_text(model_first, model_first["status"]), "rerun": model_first.get("rerun")}
         if model_first
@@ -350,7 +353,7 @@ def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -
         "symptoms": set().union(*(s["symptoms"] for s in group)),
         "signals": signals,
         "count": sum(s["count"] for s in group),
-        "checks": checks_text([c for s in group for c in s["all_checks"]], first["status"]),
+        "checks": checks_text([c for s in group for c in s["all_checks"]], first["status"], factor),
         "all_checks": [c for s in group for c in s["all_checks"]],
         "condition": condition,
         "rules": {k: None for s in group for k in s["rules"]},

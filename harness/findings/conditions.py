@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from shardcheck.harness.core.records import SIGNATURE_CHECK
+from shardcheck.harness.core.topology import topology_label
 
 MESH = ("dp", "cp", "tp")
 ITEM = ["case_id", "dp", "cp", "tp", "dtype"]
@@ -93,7 +94,13 @@ def _topologies(df: pd.DataFrame) -> list[str]:
     """The topologies of `df`'s rows; a signature row has none (it is of the module, found before any rank ran)."""
     ran = df[df["check"] != SIGNATURE_CHECK] if "check" in df else df
     ran = ran if len(ran) else df
-    return sorted({f"dp{dp}-cp{cp}-tp{tp}" for dp, cp, tp in zip(ran["dp"], ran["cp"], ran["tp"])})
+    replicate = ran["dp_replicate"] if "dp_replicate" in ran else [None] * len(ran)  # HSDP's split, where any
+    return sorted(
+        {
+            topology_label({"dp": dp, "cp": cp, "tp": tp, "dp_replicate": r})
+            for dp, cp, tp, r in zip(ran["dp"], ran["cp"], ran["tp"], replicate)
+        }
+    )
 
 
 def _bits(indices: list[int], n: int) -> int:

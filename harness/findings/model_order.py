@@ -46,9 +46,10 @@ def first_row(rows: list[dict], ratio) -> dict | None:
     return max((r for r in rows if str(r["check"]) == first), key=lambda r: (math.isfinite(ratio(r)), ratio(r)))
 
 
-def summary(checks: list[str]) -> str | None:
+def summary(checks: list[str], factor: str = "") -> str | None:
     """'first diverging: module layers.0.attention.wo (output, forward); 12 checks after it; wrong parameters: ...'
-    for a cause's checks, or None without model checks."""
+    for a cause's checks, or None without model checks; `factor` (common_factor: 'every wrong tensor ×2 = dp')
+    right after the first divergence."""
     first = first_check(checks)  # the check first_row's "worst:" row is of
     if first is None:
         return None
@@ -64,7 +65,7 @@ def summary(checks: list[str]) -> str | None:
     )
     params = list(dict.fromkeys(_subject(c)[1] for c in model if _subject(c)[0] in ("dparam", "step")))  # step order
     others = [c for c in checks if step_order(c) is None]
-    parts = [f"first diverging: {what} [{first}]"]
+    parts = [f"first diverging: {what} [{first}]"] + ([factor] if factor else [])
     if len(model) > 1:
         parts.append(f"{len(model) - 1} check(s) after it, its consequences")
     if params and kind in ("dparam", "step"):

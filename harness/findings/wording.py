@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from shardcheck.harness.core.records import SIGNATURE_CHECK, SYMPTOMS, Status, Symptom
+from shardcheck.harness.core.topology import topology_label
 from shardcheck.harness.findings import model_order
 from shardcheck.harness.findings.conditions import ITEM
 
@@ -128,7 +129,7 @@ def worst_text(row, status: str, limit: int = 300) -> str:
     text = text if len(text) <= limit else text[: limit - 1] + "…"
     if symptom == Symptom.SIGNATURE:  # found before any rank ran: of the module, at no topology or dtype
         return f"{text} ({row['op']} [{row.get('case_id')}] in the module under test {row.get('impl')})"
-    return f"{text} ({row['op']} [{row.get('case_id')}] dp{row['dp']}-cp{row['cp']}-tp{row['tp']} {row['dtype']})"
+    return f"{text} ({row['op']} [{row.get('case_id')}] {topology_label(row)} {row['dtype']})"
 
 
 def display(ops: list[str]) -> str:
@@ -156,9 +157,10 @@ def where_text(rows: pd.DataFrame) -> str:
     return f"at {', '.join(topologies)} in {', '.join(sorted(rows['dtype'].unique()))}"
 
 
-def checks_text(checks: list[str], status: str) -> str:
-    """A cause's checks for people: a model step's first divergence and what follows from it, else the list."""
-    return (status != Status.ERROR and model_order.summary(checks)) or ", ".join(sorted(set(checks)))
+def checks_text(checks: list[str], status: str, factor: str = "") -> str:
+    """A cause's checks for people: a model step's first divergence, the one factor of every wrong tensor if any
+    (`factor`), and what follows from it; else the list."""
+    return (status != Status.ERROR and model_order.summary(checks, factor)) or ", ".join(sorted(set(checks)))
 
 
 def few_checks(checks: str, shown: int = 6) -> str:

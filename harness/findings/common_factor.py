@@ -1,0 +1,91 @@
+"""When every wrong tensor of a failing model step is off by one common factor: "every wrong tensor ×2 = dp".
+
+A gradient divided by the wrong count (an HSDP divide factor, a loss not averaged, clipping by a local norm) is one
+scale on every tensor it reaches.  A row carries, of its tensor, the largest relative error and the worst element
+(expected, got): a tensor that is `f` times the golden has got/expected = f at its worst element and a largest
+relative error of |f - 1| over every element; a tensor wrong any other way has a largest relative error beyond what
+its worst element's ratio gives.  Where every wrong gradient, activation or loss of an item (a step's stepped
+parameters excepted: a wrong gradient's step is no scale of the right one) is the same f, the finding says so, and
+which mesh size f is."""
+
+from __future__ import annotations
+
+import math
+
+from shardcheck.harness.core.model_case import step_order
+from shardcheck.harness.core.topology import topology_label
+
+# How closely a tensor's elements must share one scale, per dtype: its rounding, twice over.
+_TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 2e-2}
+_ITEM = ("case_id", "dp", "cp", "tp", "dtype")
+
+
+def _scale(row: dict) -> float | None:
+    """f where the row's tensor is f times its golden (f != 1), else None."""
+    mismatch = row.get("mismatch") if isinstance(row.get("mismatch"), dict) else None
+    if mismatch is None or row.get("symptom") != "values":
+        return None
+    expected, got = mismatch.get("expected"), mismatch.get("got")
+    if not isinstance(expected, float) or not isinstance(got, float) or expected == 0:
+        return None
+    f = got / expected
+    tol = _TOLERANCE.get(str(row.get("dtype")), 1e-5)
+    rel = row.get("max_rel_err")
+    if f <= 0 or abs(f - 1) <= tol or not isinstance(rel, float) or abs(rel - abs(f - 1)) > tol * max(1.0, f):
+        return None
+    return f
+
+
+def _mesh_names(f: float, row: dict, tol: float) -> list[str]:
+    """The mesh sizes (or their inverses) of the row's topology that f equals."""
+    sizes = {d: int(row[d]) for d in ("dp", "cp", "tp") if int(row[d]) > 1}
+    if "dp" in sizes and "cp" in sizes:
+        sizes["dp·cp"] = sizes["dp"] * sizes["cp"]
+    replicate = row.get("dp_replicate")
+    if isinstance(replicate, (int, float)) and replicate == replicate and replicate > 1:  # HSDP (NaN: a plain row)
+        sizes.update(dp_replicate=int(replicate), dp_shard=int(row["dp"]) // int(replicate))
+    names = [n for n, s in sizes.items() if abs(f - s) <= tol * s]
+    return names or [f"1/{n}" for n, s in sizes.items() if abs(f - 1 / s) <= tol / s]
+
+
+def _item_scale(rows: list[dict]) -> float | None:
+    """The one f every wrong tensor of an item is off by (two tensors at least), else None."""
+    rows = [r for r in rows if not str(r["check"]).startswith("forward:step:")]
+    scales = [_scale(r) for r in rows]
+    if len(scales) < 2 or any(f is None for f in scales):
+        return None
+    tol = _TOLERANCE.get(str(rows[0].get("dtype")), 1e-5)
+    return scales[0] if all(abs(f - scales[0]) <= tol * scales[0] for f in scales) else None
+
+
+def factor_text(rows: list[dict]) -> str:
+    """'every wrong tensor ×2 = dp' (one factor), 'every wrong tensor ×dp (×2 at dp2-cp1-tp1, ×4 at dp4-cp1-tp1)'
+    (one mesh size, items of several sizes), 'every wrong tensor of a step off by one factor: ×32 at dp1-cp1-tp1,
+    ×16 at dp2-cp1-tp1' (a factor per item, no one mesh size), or "" where some item's wrong tensors share none."""
+    rows = [r for r in rows if step_order(str(r["check"])) is not None]
+    items: dict[tuple, list[dict]] = {}
+    for r in rows:
+        items.setdefault(tuple(r.get(k) for k in _ITEM), []).append(r)
+    found = []
+    for _, item_rows in sorted(items.items(), key=lambda kv: tuple(int(n) for n in kv[0][1:4])):  # by mesh sizes
+        f = _item_scale(item_rows)
+        if f is None:
+            return ""
+        row = item_rows[0]
+        names = _mesh_names(f, row, _TOLERANCE.get(str(row.get("dtype")), 1e-5))
+        found.append((f, " = ".join(names), topology_label(row)))
+    if not found:
+        return ""
+    values = {float(f"{f:.4g}") for f, _, _ in found}
+    names = {name for _, name, _ in found}
+    if len(values) == 1:
+        name = names.pop() if len(names) == 1 else ""
+        return f"every wrong tensor ×{_number(found[0][0])}" + (f" = {name}" if name else "")
+    at = ", ".join(dict.fromkeys(f"×{_number(f)} at {topology}" for f, _, topology in found))
+    if len(names) == 1 and "" not in names:
+        return f"every wrong tensor ×{names.pop()} ({at})"
+    return f"every wrong tensor of a step off by one factor: {at}"
+
+
+def _number(f: float) -> str:
+    return f"{f:.4g}" if not math.isclose(f, round(f)) else f"{round(f)}"
