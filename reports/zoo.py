@@ -8,6 +8,7 @@ condition is what separates broken from fixed)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -46,13 +47,16 @@ def _item_seconds(rows: pd.DataFrame) -> float:
 
 
 def _finding(rows: pd.DataFrame) -> str:
-    """The broken case's findings line (its checks and its worst row): what it names."""
+    """The broken case's findings line, as it names its subject: the checks it starts with (a model step's first
+    divergence; an op's failing checks), or for an error the error itself (its `worst:` line names the culprit)."""
     table = causes(rows)
     bad = table[table["status"].isin([str(s) for s in CAUGHT])] if len(table) else table
     if bad.empty:
         return ""
     first = bad.iloc[0]
-    return f"{first['checks']} | {first['worst']}"
+    if first["status"] == str(Status.ERROR):
+        return re.sub(r" at \S+:\d+", "", str(first["worst"]).split(" (" + str(first["op"]))[0])
+    return str(first["checks"]).split(";")[0]
 
 
 def _false_alarm(fixed: pd.DataFrame) -> str:
@@ -133,7 +137,7 @@ def markdown(lines: list[Recall], command: str) -> str:
     for r in lines:
         out.append(
             f"| {r.entry} | {r.thread} | {'yes' if r.caught else 'no'} | {r.step or '—'} | "
-            f"{'yes' if r.named else 'no'} | {_cell(r.finding.split(' | ')[0])} | {r.false_alarm or 'none'} | "
+            f"{'yes' if r.named else 'no'} | {_cell(r.finding)} | {r.false_alarm or 'none'} | "
             f"{r.seconds:.1f} | {_cell(r.missed, 120)} |"
         )
     out += [
