@@ -125,6 +125,10 @@ def _cell(text: str, limit: int = 90) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _alarm_cell(r: Recall) -> str:
+    return "—" if r.missed.startswith("needs") else (r.false_alarm or "none")
+
+
 def markdown(lines: list[Recall], command: str) -> str:
     s = summary(lines)
     out = [
@@ -137,7 +141,7 @@ def markdown(lines: list[Recall], command: str) -> str:
     for r in lines:
         out.append(
             f"| {r.entry} | {r.thread} | {'yes' if r.caught else 'no'} | {r.step or '—'} | "
-            f"{'yes' if r.named else 'no'} | {_cell(r.finding)} | {r.false_alarm or 'none'} | "
+            f"{'yes' if r.named else 'no'} | {_cell(r.finding)} | {_alarm_cell(r)} | "
             f"{r.seconds:.1f} | {_cell(r.missed, 120)} |"
         )
     out += [
