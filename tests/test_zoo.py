@@ -68,7 +68,7 @@ def test_every_pair_is_caught_at_step_one_named_right_and_its_twin_passes(zoo_ru
 def test_named_right_means_the_subject_the_fix_touched(zoo_run):
     lines = {b["entry"]: b for b in zoo_run[1]["bugs"]}
     assert lines["megatron_lm_1446"]["finding"].startswith("first diverging: parameter norm.weight (gradient)")
-    assert lines["megatron_lm_560"]["finding"].startswith("first diverging: module layers.0.attention.rope")
+    assert lines["automodel_2377"]["finding"].startswith("first diverging: module layers.0.attention.rope")
     assert lines["megatron_lm_906"]["finding"].startswith("first diverging: the loss")
     assert lines["transformer_engine_1557"]["finding"] == "grad:k, grad:v"  # dQ right, dK and dV wrong
     assert "output.weight" in lines["entrenar_314"]["finding"]  # the untied copy of the tied weight
