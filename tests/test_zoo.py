@@ -115,3 +115,44 @@ def test_a_row_depending_on_the_rows_before_it_is_not():
     assert "rows change when the batch is permuted: local row" in props[0].message
     assert 0 < props[0].value < 1e-12  # within any float64 budget: only the same row computed twice disagrees
     assert check(SimpleNamespace(impl=None), {}, {"x": x[:1]}, (x[:1].sum(-1),))[0].passed  # one row: nothing to move
+
+
+# ---- the table's verdicts, from rows ------------------------------------------------------------------------------
+
+
+def _rows(broken: str, fixed: dict[str, str]):
+    import pandas as pd
+
+    rows = [{"family": "x", "case_id": "broken", "dtype": "float64", "status": broken, "item_seconds": 1.0}]
+    rows += [
+        {"family": "x", "case_id": "fixed", "dtype": d, "status": s, "item_seconds": 2.0} for d, s in fixed.items()
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_a_broken_case_that_passes_is_not_caught_and_a_failing_twin_is_a_false_alarm():
+    from shardcheck.harness.core.zoo_bug import Bug
+    from shardcheck.reports.zoo import recall_of, summary
+
+    bug = Bug(
+        thread="o/r#1",
+        url="https://github.com/o/r/issues/1",
+        title="t",
+        symptom="s",
+        time_to_find="d",
+        fix="f",
+        topology="tp=2",
+        names=("forward",),
+    )
+    line = recall_of("x", bug, _rows("pass", {"float64": "pass", "float32": "fail"}))
+    assert (line.caught, line.step, line.named, line.missed) == (False, None, False, "not caught")
+    assert line.false_alarm == "float32: fail; bfloat16: not run" and line.seconds == 5.0
+    assert summary([line]) == {
+        "bugs": 1,
+        "caught_at_step_1": 0,
+        "named_right": 0,
+        "false_alarms": 1,
+        "caught_rate": 0.0,
+        "named_rate": 0.0,
+        "targets_met": False,
+    }
