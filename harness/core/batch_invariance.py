@@ -24,7 +24,8 @@ def _rows(local: Tensors, names: tuple[str, ...], dim: int, index: torch.Tensor)
     return {k: v.index_select(dim, index.to(v.device)) if k in names else v for k, v in local.items()}
 
 
-def _again(run: RunFn, ctx: RankContext, local: Tensors, names, dim: int, index, output: int) -> torch.Tensor:
+def _again(run: RunFn, ctx: RankContext, local: Tensors, index: torch.Tensor, *, names, dim: int, output: int):
+    """The case's output `output` again, on the local batch's rows at `index` only."""
     with torch.no_grad():
         return as_tuple(run(ctx.impl, ctx, _rows(local, names, dim, index)))[output].detach()
 
@@ -57,10 +58,11 @@ def batch_invariance(
         if n < 2:
             return [Property(f"{NAME}:permuted", True, message="one row on this rank: nothing to move")]
         order = torch.arange(n).roll(1).flip(0)  # every row moves (n >= 2)
-        permuted = _again(run, ctx, local, inputs, dim, order, output)
+        where = {"names": inputs, "dim": dim, "output": output}
+        permuted = _again(run, ctx, local, order, **where)
         back = permuted.index_select(dim, torch.argsort(order).to(permuted.device))
         halves = torch.arange(n).tensor_split(2)
-        split = torch.cat([_again(run, ctx, local, inputs, dim, half, output) for half in halves], dim)
+        split = torch.cat([_again(run, ctx, local, half, **where) for half in halves], dim)
         return [_verdict("permuted", want, back, dim, atol), _verdict("split", want, split, dim, atol)]
 
     return check
