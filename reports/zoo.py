@@ -38,6 +38,7 @@ class Recall:
     false_alarm: str  # "" or, per dtype, what the fixed twin did that is not a pass
     seconds: float  # the pair's items, summed (their run shares launches: no start-up in it)
     missed: str  # why it counts as missed ("" when caught and named right)
+    bug: dict  # the entry's Bug: its thread and URL, the symptom, the time to find, the fix, what it must name
 
 
 def _item_seconds(rows: pd.DataFrame) -> float:
@@ -74,7 +75,7 @@ def _false_alarm(fixed: pd.DataFrame) -> str:
 def recall_of(name: str, bug: Bug, rows: pd.DataFrame) -> Recall:
     """`bug`'s line from the rows of its run (None: its pair was not run)."""
     if bug.needs is not None:
-        return Recall(name, bug.thread, False, None, "", False, "", 0.0, f"needs {bug.needs}")
+        return Recall(name, bug.thread, False, None, "", False, "", 0.0, f"needs {bug.needs}", asdict(bug))
     mine = rows[rows["family"] == name] if len(rows) else rows
     broken, fixed = mine[mine["case_id"] == BROKEN], mine[mine["case_id"] == FIXED]
     caught = bool(broken["status"].isin([str(s) for s in CAUGHT]).any())
@@ -93,6 +94,7 @@ def recall_of(name: str, bug: Bug, rows: pd.DataFrame) -> Recall:
         _false_alarm(fixed),
         _item_seconds(mine),
         missed,
+        asdict(bug),
     )
 
 

@@ -156,3 +156,8 @@ def test_a_broken_case_that_passes_is_not_caught_and_a_failing_twin_is_a_false_a
         "named_rate": 0.0,
         "targets_met": False,
     }
+
+
+def test_the_json_carries_each_bugs_thread_and_story(zoo_run):
+    for line in zoo_run[1]["bugs"]:
+        assert line["bug"]["url"].startswith("https://github.com/") and line["bug"]["symptom"], line["entry"]
