@@ -500,6 +500,26 @@ def cmd_examples(args) -> int:
     return EXIT_OK
 
 
+def cmd_zoo(args) -> int:
+    """The field bug zoo's pairs (all, or those named) in one run, then the recall table (docs/zoo.md); exit 1 when
+    a pair that can run is not caught or its fixed twin does not pass in every dtype."""
+    from shardcheck.harness.driver.zoo import entries, run_argv, zoo_dir
+    from shardcheck.reports.zoo import markdown, recall, write
+
+    found = entries(zoo_dir(), args.names)
+    runnable = [e for e in found if e.bug.needs is None]
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+    run_dir = args.out or Path("shardcheck-runs") / f"zoo-{stamp}"
+    if runnable and main(run_argv(zoo_dir(), runnable, run_dir, args.timeout), pool=args.pool) == EXIT_USAGE:
+        return EXIT_USAGE
+    lines = recall(run_dir if runnable else None, {e.name: e.bug for e in found})
+    command = " ".join(["shardcheck zoo", *args.names])
+    md, _ = write(run_dir, lines, command)
+    print(markdown(lines, command) + f"shardcheck zoo: -> {md}")
+    broken = [r for r in lines if r.false_alarm or not (r.caught or r.missed.startswith("needs"))]
+    return EXIT_FAIL if broken else EXIT_OK
+
+
 def main(argv: list[str] | None = None, pool: WorkerPool | None = None, own_process: bool = False) -> int:
     """The command line `shardcheck ARGV` (default: sys.argv); its exit code.  `pool`: the ranks of `run` and `fuzz`
     come from it and go back to it (a caller running many commands pays one start-up per world size and settings)
@@ -509,7 +529,7 @@ def main(argv: list[str] | None = None, pool: WorkerPool | None = None, own_proc
         args.pool, args.argv, args.own_process = pool, sys.argv if argv is None else ["shardcheck", *argv], own_process
         if args.command is None:
             raise UsageError(
-                "missing command: run, fuzz, list, report, compare, dashboard or examples (see shardcheck --help)"
+                "missing command: run, fuzz, list, report, compare, dashboard, examples or zoo (see shardcheck --help)"
             )
         commands = {
             "run": cmd_run,
@@ -519,6 +539,7 @@ def main(argv: list[str] | None = None, pool: WorkerPool | None = None, own_proc
             "examples": cmd_examples,
             "compare": cmd_compare,
             "dashboard": cmd_dashboard,
+            "zoo": cmd_zoo,
         }
         return commands[args.command](args)
     except UsageError as exc:

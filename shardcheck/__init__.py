@@ -35,6 +35,8 @@ and compares every rank's outputs and input gradients with its piece of the gold
     seed            seed("quoted sentence"): a Rule the seed states
     ours            ours("docs/ops/x.md#section"): a Rule of ours, where the seed leaves the behaviour open
     cite            cite(cases, rules, bad_input=rule): a suite's rules per check-name pattern, given to its cases
+    batch_invariance  batch_invariance(run, inputs): Case.properties checking a row's result does not depend on
+                    its place in the batch or on the other rows (permuted and split, bit for bit)
     RankContext     what run / properties / comm / output checks get: mesh, groups, ranks, dtype, params, shapes
     Topology        (dp, cp, tp) sizes of a run; Case.supports(topology) limits where a case runs
     KnownFailure    Case.xfail: an expected failure with its reason and reference (xfail / xpass)
@@ -71,6 +73,7 @@ _SOURCES = {
     "KnownFailure": "shardcheck.harness.core.known_failure",
     "MemoryModel": "shardcheck.harness.core.memory_model",
     "FuzzSpace": "shardcheck.harness.core.fuzz_space",
+    "batch_invariance": "shardcheck.harness.core.batch_invariance",
 }
 
 __all__ = [
@@ -97,12 +100,14 @@ __all__ = [
     "seed",
     "ours",
     "cite",
+    "batch_invariance",
 ]
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import Partial, Replicate, Shard
 
     from shardcheck.harness.core.bad_input import BadInput
+    from shardcheck.harness.core.batch_invariance import batch_invariance
     from shardcheck.harness.core.case import Case, Property, cite
     from shardcheck.harness.core.citations import Rule, RuleSource, ours, seed
     from shardcheck.harness.core.fuzz_space import FuzzSpace

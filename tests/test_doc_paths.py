@@ -23,6 +23,7 @@ TOP_FOLDERS = (
     "reference",
     "distributed_impl",
     "examples",
+    "zoo",
     "tests",
     "docs",
     "shardcheck",

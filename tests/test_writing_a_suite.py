@@ -54,6 +54,7 @@ def test_the_api_is_one_documented_place():
         "cite",
         "seed",
         "ours",
+        "batch_invariance",
     ]
     assert sorted(shardcheck.__all__) == sorted(names)
     lines = [line.strip() for line in shardcheck.__doc__.splitlines() if line.startswith("    ")]

@@ -1,0 +1,58 @@
+"""A field bug of the zoo (zoo/, `shardcheck zoo`): the thread it comes from and what its pair must show.
+
+Each zoo entry is a suite file holding a pair of cases of one op, `broken` (the plan or op as the project had it) and
+`fixed` (its fixed twin), ported onto a small CPU model or op, and a `BUG` that says where it comes from (the thread,
+the symptom users saw, how long it took to find, the fix) and what a finding on the broken case must name.  An entry
+whose bug needs a capability the harness lacks says which (`needs`): its pair is not run and it counts as missed."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from shardcheck.harness.core.topology import Topology
+
+
+class Capability(enum.StrEnum):
+    """A capability a zoo pair needs that the harness does not have yet (the issue that builds it)."""
+
+    MICRO_BATCHES = "micro-batches (issue 38, r-steps)"
+    CLIPPING = "gradient clipping in the model step (issue 38, r-steps)"
+    HSDP = "HSDP: a replicate x shard data-parallel mesh (issue 38, r-train)"
+    AVERAGED_DP = "the averaged data-parallel convention (issue 38, r-train)"
+    EP_AXIS = "the `ep` mesh axis and the MoE family (issue 39, r-moe)"
+
+
+BROKEN, FIXED = "broken", "fixed"  # the case ids of a pair
+BROKEN_DTYPES = ("float64",)  # a wrong answer shows in float64 first; the fixed twin must pass in every dtype
+FIXED_DTYPES = ("float64", "float32", "bfloat16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bug:
+    """One field bug.  `names`: what the finding on the broken case must name to be *named right* (the module,
+    parameter or check the thread's fix touched): any of them, as it appears in the finding's line."""
+
+    thread: str  # "NVIDIA/Megatron-LM#673"
+    url: str
+    title: str  # what was wrong, one line
+    symptom: str  # what the users saw
+    time_to_find: str  # from the thread's dates: report to diagnosis or fix
+    fix: str  # the fixing commit or pull request ("open" when none has landed)
+    topology: str  # where the pair runs: "dp=1,cp=2,tp=1"
+    names: tuple[str, ...]
+    related: tuple[str, ...] = ()  # other threads of the same bug
+    needs: Capability | None = None
+
+    def __post_init__(self):
+        Topology.parse(self.topology)  # a malformed topology is the entry's error, when it loads
+        if not self.names:
+            raise ValueError(f"zoo bug {self.thread}: `names` must say what its finding has to name")
+
+    @property
+    def where(self) -> Topology:
+        return Topology.parse(self.topology)
+
+    def runs_on(self, topology: Topology) -> bool:
+        """The pair runs at its own topology only (one run shares the launches of every pair)."""
+        return topology == self.where

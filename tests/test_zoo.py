@@ -1,0 +1,163 @@
+"""The field bug zoo (zoo/, `shardcheck zoo`, docs/zoo.md): every pair at its topology in one run, as CI runs it.
+
+Each entry whose bug needs nothing the harness lacks must be caught at step 1 on its broken case, by a finding that
+names what the thread's fix touched, and its fixed twin must pass in float64, float32 and bfloat16; an entry that
+needs a capability of another branch is counted missed with the reason.  Batch invariance (shardcheck.batch_invariance)
+is tested here too: without ranks on a row-local op and a position-dependent one, and through its zoo pair
+(NeMo-RL#1227), where only it sees the bug."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers import ROOT, cli
+
+from shardcheck import batch_invariance
+from shardcheck.harness.driver.zoo import entries, run_argv, zoo_dir
+
+ZOO = ROOT / "zoo"
+
+
+@pytest.fixture(scope="module")
+def zoo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("zoo") / "run"
+    proc = cli("zoo", "--out", str(out), timeout=600)
+    return proc, json.loads((out / "zoo.json").read_text()), out
+
+
+def test_the_zoo_is_the_checkouts_folder_and_every_entry_cites_its_thread():
+    assert zoo_dir() == ZOO
+    found = entries(ZOO)
+    assert len(found) >= 20
+    for entry in found:
+        bug = entry.bug
+        assert "#" in bug.thread and bug.url.startswith("https://github.com/"), entry.name
+        assert bug.symptom and bug.time_to_find and bug.fix and bug.names, entry.name
+
+
+def test_one_run_holds_every_pair_each_at_its_topology(tmp_path):
+    runnable = [e for e in entries(ZOO) if e.bug.needs is None]
+    argv = run_argv(ZOO, runnable, tmp_path)
+    assert argv.count("--suite") == len(runnable) and argv[0] == "run"
+    assert {argv[i + 1] for i, a in enumerate(argv) if a == "--topology"} == {e.bug.topology for e in runnable}
+
+
+def test_every_pair_is_caught_at_step_one_named_right_and_its_twin_passes(zoo_run):
+    proc, table, out = zoo_run
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    lines = {b["entry"]: b for b in table["bugs"]}
+    assert set(lines) == {e.name for e in entries(ZOO)}
+    for entry in entries(ZOO):
+        line = lines[entry.name]
+        if entry.bug.needs is not None:
+            assert not line["caught"] and line["missed"] == f"needs {entry.bug.needs}", line
+            continue
+        assert line["caught"] and line["step"] == 1, line
+        assert line["named"], line
+        assert line["false_alarm"] == "", line
+    summary = table["summary"]
+    assert summary["false_alarms"] == 0
+    assert summary["caught_at_step_1"] == sum(e.bug.needs is None for e in entries(ZOO))
+    md = (out / "zoo.md").read_text()
+    assert "`shardcheck zoo`" in md and md.count("\n| ") == len(lines) + 1  # the header, one line per bug
+
+
+def test_named_right_means_the_subject_the_fix_touched(zoo_run):
+    lines = {b["entry"]: b for b in zoo_run[1]["bugs"]}
+    assert lines["megatron_lm_1446"]["finding"].startswith("first diverging: parameter norm.weight (gradient)")
+    assert lines["automodel_2377"]["finding"].startswith("first diverging: module layers.0.attention.rope")
+    assert lines["megatron_lm_906"]["finding"].startswith("first diverging: the loss")
+    assert lines["transformer_engine_1557"]["finding"] == "grad:k, grad:v"  # dQ right, dK and dV wrong
+    assert "output.weight" in lines["entrenar_314"]["finding"]  # the untied copy of the tied weight
+
+
+def test_only_batch_invariance_sees_nemo_rl_1227(zoo_run):
+    line = {b["entry"]: b for b in zoo_run[1]["bugs"]}["nemo_rl_1227"]
+    assert line["finding"] == "property:batch_invariant:permuted, property:batch_invariant:split"  # values pass
+
+
+def test_an_unknown_entry_is_one_line_and_exit_2():
+    proc = cli("zoo", "no_such_bug")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"shardcheck: error: no zoo entry named no_such_bug; known: {', '.join(e.name for e in entries(ZOO))}"
+    ]
+
+
+# ---- batch invariance without ranks ------------------------------------------------------------------------------
+
+
+def _row_local(impl, ctx, inputs):
+    return inputs["x"].exp().sum(-1)
+
+
+def _running_total(impl, ctx, inputs):
+    total = inputs["x"].exp().flatten().cumsum(0).view_as(inputs["x"])[:, -1]
+    return total - torch.cat([total.new_zeros(1), total[:-1]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_a_row_local_op_is_batch_invariant(dtype):
+    x = torch.randn(5, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype)
+    check = batch_invariance(_row_local, ("x",))
+    props = check(SimpleNamespace(impl=None), {"x": x}, {"x": x}, (_row_local(None, None, {"x": x}),))
+    assert [(p.name, p.passed) for p in props] == [("batch_invariant:permuted", True), ("batch_invariant:split", True)]
+
+
+def test_a_row_depending_on_the_rows_before_it_is_not():
+    x = 2 * torch.randn(5, 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    check = batch_invariance(_running_total, ("x",))
+    props = check(SimpleNamespace(impl=None), {"x": x}, {"x": x}, (_running_total(None, None, {"x": x}),))
+    assert not any(p.passed for p in props)
+    assert "rows change when the batch is permuted: local row" in props[0].message
+    assert 0 < props[0].value < 1e-12  # within any float64 budget: only the same row computed twice disagrees
+    assert check(SimpleNamespace(impl=None), {}, {"x": x[:1]}, (x[:1].sum(-1),))[0].passed  # one row: nothing to move
+
+
+# ---- the table's verdicts, from rows ------------------------------------------------------------------------------
+
+
+def _rows(broken: str, fixed: dict[str, str]):
+    import pandas as pd
+
+    rows = [{"family": "x", "case_id": "broken", "dtype": "float64", "status": broken, "item_seconds": 1.0}]
+    rows += [
+        {"family": "x", "case_id": "fixed", "dtype": d, "status": s, "item_seconds": 2.0} for d, s in fixed.items()
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_a_broken_case_that_passes_is_not_caught_and_a_failing_twin_is_a_false_alarm():
+    from shardcheck.harness.core.zoo_bug import Bug
+    from shardcheck.reports.zoo import recall_of, summary
+
+    bug = Bug(
+        thread="o/r#1",
+        url="https://github.com/o/r/issues/1",
+        title="t",
+        symptom="s",
+        time_to_find="d",
+        fix="f",
+        topology="tp=2",
+        names=("forward",),
+    )
+    line = recall_of("x", bug, _rows("pass", {"float64": "pass", "float32": "fail"}))
+    assert (line.caught, line.step, line.named, line.missed) == (False, None, False, "not caught")
+    assert line.false_alarm == "float32: fail; bfloat16: not run" and line.seconds == 5.0
+    assert summary([line]) == {
+        "bugs": 1,
+        "caught_at_step_1": 0,
+        "named_right": 0,
+        "false_alarms": 1,
+        "caught_rate": 0.0,
+        "named_rate": 0.0,
+        "targets_met": False,
+    }
+
+
+def test_the_json_carries_each_bugs_thread_and_story(zoo_run):
+    for line in zoo_run[1]["bugs"]:
+        assert line["bug"]["url"].startswith("https://github.com/") and line["bug"]["symptom"], line["entry"]
