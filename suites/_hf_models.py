@@ -22,6 +22,9 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 BATCH, SEQ = 2, 8
+DTYPES = ("float64", "float32", "bfloat16")
+MOE_MODELS = ("qwen3_moe",)
+MOE_DTYPES = ("float64", "float32")  # bfloat16 flips a router's top-k between two correct runs (suites/hf.py)
 
 
 def hf_missing() -> str | None:
@@ -89,7 +92,7 @@ def config(model: str, layers: int | None = None):
 
 def build(model: str):
     def full_model(gen: torch.Generator) -> torch.nn.Module:
-        """The single-device model in float64, weights drawn from `gen` (norm weights near 1, others ~1/sqrt(fan-in))."""
+        """The single-device model in float64, weights from `gen` (norm weights near 1, others ~1/sqrt(fan-in))."""
         import transformers
 
         cfg = config(model)

@@ -12,9 +12,11 @@ float32 and bfloat16 at world sizes 1, 2, 4:
 - `qwen3_moe-ep-allreduce`: the same plan with `ep_implementation="all_reduce"` (each rank runs its experts on the
   shared batch, outputs summed; the router weights' gradient summed over EP in the backward).
 
-Inside the experts the activation function is called once per local expert: under TP its output is split by
-columns (declared), under EP the k-th call is another expert on each rank, so it is not compared there; the experts'
-output, and every gradient, is.
+The MoE cases run in float64 and float32: in bfloat16 a router's top-k, a discrete choice, flips between two correct
+runs (the sharded one and the single-device one round differently), so a token's expert, and every tensor after it,
+would differ without a defect.  Inside the experts the activation function is called once per local expert: under
+TP its output is split by columns (declared), under EP the k-th call is another expert on each rank, so it is not
+compared there; the experts' output, and every gradient, is.
 
 Needs the optional extra `pip install -e .[hf]`; without it every case is recorded `skip` with the reason.
 Third-party models: docs/third-party-models.md.
@@ -57,6 +59,7 @@ def case(
         activation_layouts={} if expert_parallel else {EXPERT_ACT: Layout(tp=Shard(-1))},
         unchecked_modules=(EXPERT_ACT,) if expert_parallel else (),
         supports=_tp_only,
+        dtypes=hf.MOE_DTYPES if model in hf.MOE_MODELS else hf.DTYPES,
         skip_reason=hf.hf_missing(),
         params={"model": model, "expert_parallel": expert_parallel},
     )

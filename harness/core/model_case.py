@@ -125,6 +125,9 @@ class ModelCase:
     dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")
     supports: Callable[[Topology], bool] = lambda topology: True
     context_parallel: bool | None = None
+    # The plan builds its own DeviceMesh over the world (torchtitan's ParallelDims.build_mesh): run each topology only
+    # in a launch of exactly its size (Case.world_group).
+    world_group: bool = False
     xfail: KnownFailure | None = None
     skip_reason: str | None = None
     params: dict = field(default_factory=dict)
@@ -154,6 +157,7 @@ class ModelCase:
             dtypes=self.dtypes,
             supports=self.supports,
             context_parallel=self._uses_cp(),
+            world_group=self.world_group,
             xfail=self.xfail,
             skip_reason=self.skip_reason,
             params={"model": True, **self.params},
