@@ -148,10 +148,13 @@ def meshes(ctx):
     return TransformersDeviceMesh(dense, expert)
 
 
-def parallelize(expert_parallel: bool, ep_implementation: str = "auto"):
+def parallelize(expert_parallel: bool, ep_implementation: str = "auto", before=None):
     def plan(model: torch.nn.Module, ctx) -> torch.nn.Module:
         """Transformers' own plan at this topology's degrees, as from_pretrained applies it after init."""
         from transformers.distributed.configuration_utils import DistributedConfig
+
+        if before is not None:
+            before()
 
         d = degrees(ctx.topology, expert_parallel)
         kw = {"ep_size": d.ep, "ep_implementation": ep_implementation} if expert_parallel and d.ep > 1 else {}

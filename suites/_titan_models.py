@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 VOCAB, DIM, LAYERS, HEADS, HIDDEN, BATCH, SEQ = 32, 16, 2, 4, 32, 2, 8
 EXPERTS, TOP_K, EXPERT_HIDDEN = 4, 2, 16
@@ -205,14 +205,40 @@ def make_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
 
 
 def loss(logits, inputs: dict, ctx) -> torch.Tensor:
-    """Mean next-token cross-entropy in float32 at least; DTensor logits (vocab-sharded) made whole."""
+    """Mean next-token cross-entropy in float32 at least; vocab-sharded logits made whole (a DTensor's own placements;
+    spmd_types' plain local shard: its vocabulary slice over TP, gathered with DTensor so the backward slices)."""
     if isinstance(logits, DTensor):
         logits = logits.full_tensor()
+    elif ctx is not None and logits.shape[-1] != VOCAB:
+        logits = DTensor.from_local(logits, ctx.mesh["tp"], [Shard(logits.dim() - 1)]).full_tensor()
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     return F.cross_entropy(logits.flatten(0, 1), inputs["labels"].flatten())
 
 
 # ---- the plan ----------------------------------------------------------------------------------------------------
+
+
+def declared_layouts(model: torch.nn.Module) -> dict:
+    """{parameter name: Layout} of every parameter whose module's torchtitan sharding config places it over TP, read
+    from the plan itself (`_sharding_config.state_shardings`): what a plain local shard is under the spmd_types
+    backend, whose parameters are not DTensors.  Expert weights under EP (the ep axis) are Shard(0) over the TP
+    ranks, where the cases put EP."""
+    import spmd_types as spmd
+    from torch.distributed.tensor import Shard
+
+    from shardcheck import Layout
+
+    layouts = {}
+    for path, module in model.named_modules():
+        config = getattr(module, "_sharding_config", None)
+        for name, layout in (getattr(config, "state_shardings", None) or {}).items():
+            placement = next(
+                (t for axis, t in layout.axis_types.items() if str(axis) in ("tp", "ep") and isinstance(t, spmd.Shard)),
+                None,
+            )
+            if placement is not None:
+                layouts[f"{path}.{name}" if path else name] = Layout(tp=Shard(placement.dim))
+    return layouts
 
 
 class Plan:
@@ -223,6 +249,9 @@ class Plan:
         self.model, self.expert_parallel = model, expert_parallel
         self.sequence_parallel, self.backend, self.edit = sequence_parallel, backend, edit
         self.parallel_dims = None
+        # the ModelCase's param_layouts: filled from the plan's own sharding configs once it is applied (plain local
+        # parameters under spmd_types; DTensor parameters need none)
+        self.layouts: dict = {}
 
     def __call__(self, full: torch.nn.Module, ctx) -> torch.nn.Module:
         from torchtitan.distributed import ParallelDims
@@ -247,6 +276,8 @@ class Plan:
         with spmd_backend(self.backend):
             model.parallelize(dims)
         self.parallel_dims = dims
+        self.layouts.clear()
+        self.layouts.update(declared_layouts(model))
         return model
 
     def step_context(self, ctx):

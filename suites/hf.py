@@ -46,13 +46,18 @@ EXPERT_ACT = "*.mlp.experts.act_fn"
 
 
 def case(
-    model: str, expert_parallel: bool = False, case_id: str | None = None, ep_implementation: str = "auto"
+    model: str,
+    expert_parallel: bool = False,
+    case_id: str | None = None,
+    ep_implementation: str = "auto",
+    before=None,
 ) -> ModelCase:
+    """`before()`: run on the rank before the plan (a broken plan registers its EP implementation there)."""
     return ModelCase(
         op=f"{FAMILY}.parallelize",
         case_id=case_id or f"{model}-{'ep' if expert_parallel else 'tp'}",
         build=hf.build(model),
-        parallelize=hf.parallelize(expert_parallel, ep_implementation),
+        parallelize=hf.parallelize(expert_parallel, ep_implementation, before),
         make_inputs=hf.make_inputs,
         model_inputs=("input_ids",),
         loss=hf.loss,

@@ -25,7 +25,10 @@ from shardcheck.suites import _titan_models as titan
 
 FAMILY = "titan"
 IMPLEMENTATION = __file__
-BACKEND = "partial_dtensor"  # DTensor parameters (spmd_types, the default, holds plain local tensors)
+# DTensor parameters and activations.  Not spmd_types (torchtitan's default, plain local tensors): under it the
+# sequence-parallel norms' weight gradients are left to FSDP to all-reduce over TP ("pending BWD AR handled by
+# FSDP", torchtitan/models/common/decoder_sharding.py), which these dp = 1 cases do not apply.
+BACKEND = "partial_dtensor"
 
 
 def parallelize(model, ctx):
@@ -40,9 +43,17 @@ def _no_dp(t) -> bool:
     return t.dp == 1 and t.cp == 1 and titan.HEADS % t.tp == 0
 
 
-def case(model: str, expert_parallel: bool, sequence_parallel: bool, case_id: str | None = None, edit=None):
-    plan = titan.Plan(model, expert_parallel, sequence_parallel, BACKEND, edit)
+def case(
+    model: str,
+    expert_parallel: bool,
+    sequence_parallel: bool,
+    case_id: str | None = None,
+    edit=None,
+    backend: str = BACKEND,
+):
+    plan = titan.Plan(model, expert_parallel, sequence_parallel, backend, edit)
     name = f"{model}-{'ep' if expert_parallel else 'tp'}{'-sp' if sequence_parallel else ''}"
+    name += "" if backend == BACKEND else f"-{backend}"
     moe = model in titan.MOE_MODELS
     return ModelCase(
         op=f"{FAMILY}.parallelize",
@@ -50,6 +61,7 @@ def case(model: str, expert_parallel: bool, sequence_parallel: bool, case_id: st
         dtypes=titan.MOE_DTYPES if moe else titan.DTYPES,
         # the experts' rows: under TP each rank's summand (the hidden dim split), under EP the tokens routed to this
         # rank's experts (no layout maps them; the routed experts' output is compared)
+        param_layouts=plan.layouts,
         activation_layouts={} if expert_parallel else {EXPERTS: Layout(tp=Partial())},
         unchecked_modules=(EXPERTS,) if expert_parallel else (),
         build=titan.build(model),
@@ -61,7 +73,12 @@ def case(model: str, expert_parallel: bool, sequence_parallel: bool, case_id: st
         world_group=True,
         supports=_no_dp,
         skip_reason=titan.titan_missing(),
-        params={"model": model, "expert_parallel": expert_parallel, "sequence_parallel": sequence_parallel},
+        params={
+            "model": model,
+            "expert_parallel": expert_parallel,
+            "sequence_parallel": sequence_parallel,
+            "backend": backend,
+        },
     )
 
 
