@@ -9,6 +9,9 @@ float32 and bfloat16 at world sizes 1, 2, 4:
   by `moe_tp_experts`), tp = the topology's tp;
 - `qwen3_moe-ep`: the expert-parallel plan (`base_model_ep_plan`, `ep_dispatch_experts`) on the TP ranks, ep == tp,
   with the dense layers under TP; tokens exchanged by all-to-all (Transformers' default in training);
+- `llama-fsdp-tp`, `qwen3_moe-fsdp-ep`: the same plans with FSDP over dp (fsdp_size = dp, 2 or 4), each rank's loss
+  the mean of its rows and gradients averaged, as Transformers trains: skipped, with the reason, until the harness
+  has the averaged DP convention (`loss_layout=Layout(dp=Partial("avg"))`, issue 38);
 - `qwen3_moe-ep-allreduce`: the same plan with `ep_implementation="all_reduce"` (each rank runs its experts on the
   shared batch, outputs summed; the router weights' gradient summed over EP in the backward).
 
@@ -24,7 +27,7 @@ Third-party models: docs/third-party-models.md.
 
 from __future__ import annotations
 
-from shardcheck import Layout, ModelCase, Shard
+from shardcheck import Layout, ModelCase, Partial, Shard
 from shardcheck.suites import _hf_models as hf
 
 FAMILY = "hf"
@@ -35,6 +38,11 @@ HEADS = hf.COMMON["num_attention_heads"]
 def parallelize(model, ctx):
     """Transformers' own plan (the op every case names; the plans are hf.parallelize's)."""
     return hf.parallelize(expert_parallel=False)(model, ctx)
+
+
+def _with_dp(t) -> bool:
+    """FSDP over dp (2 or 4) with or without TP; no CP."""
+    return t.dp > 1 and t.cp == 1 and HEADS % t.tp == 0 and hf.BATCH % t.dp == 0
 
 
 def _tp_only(t) -> bool:
@@ -51,8 +59,11 @@ def case(
     case_id: str | None = None,
     ep_implementation: str = "auto",
     before=None,
+    fsdp: bool = False,
 ) -> ModelCase:
-    """`before()`: run on the rank before the plan (a broken plan registers its EP implementation there)."""
+    """`before()`: run on the rank before the plan (a broken plan registers its EP implementation there).  `fsdp`:
+    the data-parallel layouts (FSDP over dp, each rank's loss the mean of its rows, gradients averaged)."""
+    batch = {"input_ids": Layout(dp=Shard(0)), "labels": Layout(dp=Shard(0))}
     return ModelCase(
         op=f"{FAMILY}.parallelize",
         case_id=case_id or f"{model}-{'ep' if expert_parallel else 'tp'}",
@@ -63,9 +74,11 @@ def case(
         loss=hf.loss,
         activation_layouts={} if expert_parallel else {EXPERT_ACT: Layout(tp=Shard(-1))},
         unchecked_modules=(EXPERT_ACT,) if expert_parallel else (),
-        supports=_tp_only,
+        supports=_with_dp if fsdp else _tp_only,
+        input_layouts=batch if fsdp else {},
+        loss_layout=Layout(dp=Partial("avg")) if fsdp else Layout(),
         dtypes=hf.MOE_DTYPES if model in hf.MOE_MODELS else hf.DTYPES,
-        skip_reason=hf.hf_missing(),
+        skip_reason=hf.hf_missing() or (hf.dp_average_missing() if fsdp else None),
         params={"model": model, "expert_parallel": expert_parallel},
     )
 
@@ -77,4 +90,6 @@ def cases(quick: bool = False) -> list[ModelCase]:
         case("qwen3_moe"),
         case("qwen3_moe", expert_parallel=True),
         case("qwen3_moe", expert_parallel=True, case_id="qwen3_moe-ep-allreduce", ep_implementation="all_reduce"),
+        case("llama", case_id="llama-fsdp-tp", fsdp=True),
+        case("qwen3_moe", expert_parallel=True, case_id="qwen3_moe-fsdp-ep", fsdp=True),
     ]

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import BROKEN
+from helpers import BROKEN, FIXTURES
 
 from shardcheck.harness.rank.shims import titan_grouped_experts, triton_import
 
@@ -124,3 +124,17 @@ def test_the_grouped_experts_stand_in_runs_each_expert_on_its_rows_in_the_input_
     owner = [0, 0, 2, 2, 2]  # rows grouped by expert: 2 of expert 0, none of expert 1, 3 of expert 2
     want = torch.stack([(F.silu(x[r] @ w1[e].T) * (x[r] @ w3[e].T)) @ w2[e].T for r, e in enumerate(owner)])
     assert got.dtype == torch.float64 and torch.allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_fsdp2_divides_twice_on_its_sum_path_with_an_explicit_divide_factor():
+    """torch 2.13's FSDP2, a 1-rank reduce-scatter group and gradient divide factor 2: the float32 PREMUL_SUM path
+    gives 1/2 of the plain gradient, the SUM path (forced, or a float64 reduce dtype) 1/4 (an upstream defect:
+    tests/fixtures/upstream/fsdp2_double_divide.py, docs/third-party-models.md).  Once torch fixes it, this test fails:
+    drop it and the note."""
+    import subprocess
+
+    script = FIXTURES / "upstream" / "fsdp2_double_divide.py"
+    done = subprocess.run([sys.executable, "-P", str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ratios = {name: float(value) for name, value in (line.split() for line in done.stdout.splitlines())}
+    assert ratios == {"float32": 0.5, "float32-sum": 0.25, "float64": 0.25}
