@@ -84,6 +84,8 @@ def case(
 
 
 def cases(quick: bool = False) -> list[ModelCase]:
+    if quick:  # one model under one plan (the default run's --quick, the bench runs of every suite)
+        return [case("llama")]
     return [
         case("llama"),
         case("qwen2"),

@@ -83,6 +83,8 @@ def case(
 
 
 def cases(quick: bool = False) -> list[ModelCase]:
+    if quick:  # one model under one plan (the default run's --quick, the bench runs of every suite)
+        return [case("llama3", False, True)]
     return [
         case("llama3", False, False),
         case("llama3", False, True),
