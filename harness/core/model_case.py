@@ -130,6 +130,9 @@ class ModelCase:
     supports: Callable[[Topology], bool] = lambda topology: True
     context_parallel: bool | None = None
     hsdp: bool = False  # runs at HSDP topologies (dp split replicate x shard: ctx.data_mesh()), Case.hsdp
+    # The plan builds its own DeviceMesh over the world (torchtitan's ParallelDims.build_mesh): run each topology only
+    # in a launch of exactly its size (Case.world_group).
+    world_group: bool = False
     xfail: KnownFailure | None = None
     skip_reason: str | None = None
     params: dict = field(default_factory=dict)
@@ -166,6 +169,7 @@ class ModelCase:
             supports=self.supports,
             context_parallel=self._uses_cp(),
             hsdp=self.hsdp,
+            world_group=self.world_group,
             xfail=self.xfail,
             skip_reason=self.skip_reason,
             params={"model": True, **self.params},

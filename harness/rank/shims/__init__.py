@@ -9,6 +9,12 @@ anything on a CPU machine, and its real bugs stay unseen.  Each shim lives in it
   context-parallel dispatch; installed when the device is CPU.
 - `te_thd_partition`: `transformer_engine_torch.thd_get_partitioned_indices` in plain torch;
   installed when Transformer Engine is not installed (a real install is never shadowed).
+- `triton_import`: `import triton` answered by a stub for torchtitan's modules alone; installed when torchtitan is
+  and Triton is not.
+- `titan_device`: torchtitan's `device_type` "cpu" instead of its "cuda" fallback; installed on CPU where torchtitan
+  is installed.
+- `titan_grouped_experts`: torchtitan's grouped-experts forward as one matmul per expert in the input's dtype
+  (`torch._grouped_mm` is a bfloat16 CUDA kernel); installed on CPU where torchtitan is installed.
 
 The worker installs them on every rank before any case runs, and `shardcheck run` in its own process
 before it imports the module under test (`--no-shims`: none); the run records them in run.json
@@ -18,7 +24,13 @@ item, and the run's notes say whether a shim was *used* (its calls on the ranks)
 
 from __future__ import annotations
 
-from shardcheck.harness.rank.shims import te_thd_partition, torch_cp_attention
+from shardcheck.harness.rank.shims import (
+    te_thd_partition,
+    titan_device,
+    titan_grouped_experts,
+    torch_cp_attention,
+    triton_import,
+)
 
 
 def select(device: str) -> tuple[list, list[str]]:
@@ -32,6 +44,10 @@ def select(device: str) -> tuple[list, list[str]]:
             chosen.append(torch_cp_attention)
     if not te_thd_partition.te_installed():
         chosen.append(te_thd_partition)
+    if triton_import.wanted():
+        chosen.append(triton_import)
+    if device == "cpu" and titan_device.wanted():
+        chosen += [titan_device, titan_grouped_experts]
     return chosen, unavailable
 
 
@@ -57,7 +73,7 @@ def describe(device: str, enabled: bool) -> dict:
     return {"shims": names, "shim_notes": notes + [f"not installed: {reason}" for reason in unavailable]}
 
 
-ALL = (torch_cp_attention, te_thd_partition)
+ALL = (torch_cp_attention, te_thd_partition, triton_import, titan_device, titan_grouped_experts)
 
 
 def calls() -> dict[str, int]:

@@ -1,0 +1,183 @@
+"""hf suite: Hugging Face Transformers' own models under their own tensor- and expert-parallel plans.
+
+The model is Transformers' class (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3MoeForCausalLM) built from a tiny
+config with random weights; the plan is the one `from_pretrained(..., distributed_config=DistributedConfig(...))`
+applies: `PreTrainedModel.maybe_distribute_model` (Transformers' `base_model_tp_plan` / `base_model_ep_plan`, the
+model's `_tp_plan` for the head), called here on meshes cut from the harness's (dp, cp, tp) mesh rather than on the
+world (a topology may run on part of a launch).  Needs the optional extra `pip install -e .[hf]`; without it every
+case is recorded `skip` with the reason.
+
+Topology -> Transformers' degrees (`degrees`): tp_size = tp, fsdp_size = dp, ep_size = tp where the case is
+expert-parallel (EP on the TP ranks: Transformers' "ep == tp" layout, efsdp = fsdp), cp always 1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+
+BATCH, SEQ = 4, 8  # BATCH: every DP size up to 4
+DTYPES = ("float64", "float32", "bfloat16")
+MOE_MODELS = ("qwen3_moe",)
+MOE_DTYPES = ("float64", "float32")  # bfloat16 flips a router's top-k between two correct runs (suites/hf.py)
+
+
+def dp_average_missing() -> str | None:
+    """Why the data-parallel cases cannot run on this harness yet, or None.  Transformers averages gradients over
+    FSDP (each rank's loss is the mean of its own rows): the cases declare `loss_layout=Layout(dp=Partial("avg"))`,
+    the averaged DP convention (issue 38), which the harness judges once `Layout.reduce_partial` honours a Partial's
+    reduce op (probed here, so the cases turn on when it does)."""
+    import inspect
+
+    from shardcheck import Layout
+
+    if "reduce_op" in inspect.getsource(Layout.reduce_partial):
+        return None
+    return (
+        "needs the averaged data-parallel convention, loss_layout=Layout(dp=Partial('avg')) (each DP rank's loss its "
+        "local mean, gradients averaged; issue 38): this harness sums DP summands only"
+    )
+
+
+def hf_missing() -> str | None:
+    """Why the Transformers cases cannot run here, or None."""
+    for module in ("transformers", "accelerate"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed (pip install -e .[hf])"
+    return None
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """Transformers' DistributedConfig degrees of one topology."""
+
+    tp: int
+    fsdp: int
+    ep: int
+
+
+def degrees(topology, expert_parallel: bool) -> Degrees:
+    """The topology -> parallel degrees mapping: TP on the mesh's tp dim, FSDP on dp, EP (when the case uses it) on
+    the TP ranks."""
+    return Degrees(tp=topology.tp, fsdp=topology.dp, ep=topology.tp if expert_parallel else 1)
+
+
+# ---- the tiny configs --------------------------------------------------------------------------------------------
+
+COMMON = dict(
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=SEQ,
+    tie_word_embeddings=False,
+    attn_implementation="sdpa",
+)
+
+
+def config(model: str, layers: int | None = None):
+    """The tiny config of `model` ("llama", "qwen2", "qwen3_moe")."""
+    import transformers
+
+    kw = dict(COMMON)
+    attn = kw.pop("attn_implementation")
+    if layers is not None:
+        kw["num_hidden_layers"] = layers
+    if model == "llama":
+        cfg = transformers.LlamaConfig(**kw)
+    elif model == "qwen2":
+        cfg = transformers.Qwen2Config(**kw)
+    elif model == "qwen3_moe":
+        # 4 experts of 16, top 2: every EP size up to 4 holds at least one expert; decoder_sparse_step 1: every
+        # layer is MoE; "eager" experts: the grouped matmul has no float64 on CPU
+        cfg = transformers.Qwen3MoeConfig(
+            **kw, head_dim=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, decoder_sparse_step=1
+        )
+        cfg._experts_implementation = "eager"
+    else:
+        raise ValueError(f"unknown Transformers model {model!r}")
+    cfg._attn_implementation = attn
+    return cfg
+
+
+def build(model: str):
+    def full_model(gen: torch.Generator) -> torch.nn.Module:
+        """The single-device model in float64, weights from `gen` (norm weights near 1, others ~1/sqrt(fan-in))."""
+        import transformers
+
+        cfg = config(model)
+        net = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float64)
+        fill_weights(net, gen)
+        return net
+
+    return full_model
+
+
+def fill_weights(net: torch.nn.Module, gen: torch.Generator) -> None:
+    with torch.no_grad():
+        for _, p in net.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+            p.copy_(1 + 0.1 * noise if p.dim() == 1 else noise / math.sqrt(p.shape[-1]))
+
+
+def make_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    tokens = torch.randint(0, COMMON["vocab_size"], (BATCH, SEQ + 1), generator=gen)
+    return {"input_ids": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous()}
+
+
+def loss(out, inputs: dict, ctx) -> torch.Tensor:
+    """Mean next-token cross-entropy over the batch this rank sees (the whole batch without DP), in float32 at least.
+    The head's plan gathers the logits ("colwise_gather_output"); a DTensor is made whole."""
+    logits = out.logits
+    if isinstance(logits, DTensor):
+        logits = logits.full_tensor()
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.flatten(0, 1), inputs["labels"].flatten())
+
+
+# ---- the plan ----------------------------------------------------------------------------------------------------
+
+
+def meshes(ctx):
+    """Transformers' mesh manager on this topology's ranks: the dense mesh (pp, dp_replicate, fsdp, tp) and the
+    expert mesh (pp, dp_replicate, efsdp, ep), here with ep == tp, made of the harness's own groups
+    (`DeviceMesh.from_group`: no collective, so spare ranks of a larger launch are not waited for)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from transformers.distributed.utils import TransformersDeviceMesh
+
+    dp, tp = ctx.size("dp"), ctx.size("tp")
+    ranks = ctx.mesh.mesh.reshape(1, 1, dp, tp)
+    one, fsdp, tp_group = ctx.group("cp"), ctx.group("dp"), ctx.group("tp")
+    kind = ctx.device.type
+    dense = DeviceMesh.from_group(
+        [one, one, fsdp, tp_group], kind, mesh=ranks, mesh_dim_names=("pp", "dp_replicate", "fsdp", "tp")
+    )
+    expert = DeviceMesh.from_group(
+        [one, one, fsdp, tp_group], kind, mesh=ranks, mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep")
+    )
+    return TransformersDeviceMesh(dense, expert)
+
+
+def parallelize(expert_parallel: bool, ep_implementation: str = "auto", before=None):
+    def plan(model: torch.nn.Module, ctx) -> torch.nn.Module:
+        """Transformers' own plan at this topology's degrees, as from_pretrained applies it after init."""
+        from transformers.distributed.configuration_utils import DistributedConfig
+
+        if before is not None:
+            before()
+
+        d = degrees(ctx.topology, expert_parallel)
+        kw = {"ep_size": d.ep, "ep_implementation": ep_implementation} if expert_parallel and d.ep > 1 else {}
+        cfg = DistributedConfig(tp_size=d.tp, fsdp_size=d.fsdp, **kw)
+        if d.tp * d.fsdp == 1:
+            return model
+        return type(model).maybe_distribute_model(model, cfg, meshes(ctx))
+
+    return plan

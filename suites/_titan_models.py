@@ -1,0 +1,291 @@
+"""titan suite: torchtitan's own models under torchtitan's own `model.parallelize(parallel_dims)`.
+
+The model is torchtitan's (Llama 3: `Llama3Model`; Qwen3-MoE: `Qwen3Model` with MoE layers) from a tiny config built
+with torchtitan's own layer builders, random weights; the plan is torchtitan's sharding config, filled by
+`Config.update_from_config` from a `ParallelismConfig` and applied by `model.parallelize(ParallelDims(...))`, the
+forward inside `get_spmd_context(parallel_dims=...)`.  Needs the optional extra `pip install -e .[titan]`; without
+it every case is recorded `skip` with the reason.  On CPU torchtitan needs shardcheck's shims `triton_import` and
+`titan_device` (harness/rank/shims/, installed by the rank), and, here, three adaptations of the configuration (not
+of the plan):
+- attention: torchtitan's language models accept only flex or varlen attention, and FlexAttention has no CPU
+  backward: every layer's inner attention is torchtitan's `ScaledDotProductAttention` (causal, no mask);
+- RoPE: Llama 3's complex RoPE cache is a buffer that `Module.to(float32)` turns real (the harness casts the model
+  to each item's dtype): a forward pre-hook recomputes it where it is not complex;
+- FSDP: not applied (torchtitan's `parallelize_llama` always wraps in FSDP with bf16/fp32 parameters): the cases
+  are TP / SP / EP at dp = 1.
+
+Topology -> torchtitan's degrees (`degrees`): tensor_parallel_degree = tp, data_parallel_shard_degree = dp,
+expert_parallel_degree = tp where the case is expert-parallel (EP on the TP ranks), cp = 1.  torchtitan builds its
+own DeviceMesh over the world (`ParallelDims.build_mesh`), so the cases run only in a launch of exactly their size
+(`world_group`); its mesh dims are not dp/cp/tp, so its DTensors are gathered and judged whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, Shard
+
+VOCAB, DIM, LAYERS, HEADS, HIDDEN, BATCH, SEQ = 32, 16, 2, 4, 32, 2, 8
+EXPERTS, TOP_K, EXPERT_HIDDEN = 4, 2, 16
+MOE_MODELS = ("qwen3_moe",)
+DTYPES = ("float32", "bfloat16")  # not float64: torchtitan's RoPE computes in float32 (suites/titan.py)
+MOE_DTYPES = ("float32",)  # bfloat16 flips a router's top-k between two correct runs
+
+
+def titan_missing() -> str | None:
+    """Why the torchtitan cases cannot run here, or None."""
+    if importlib.util.find_spec("torchtitan") is None:
+        return "torchtitan is not installed (pip install -e .[titan])"
+    return None
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """torchtitan's ParallelismConfig degrees of one topology."""
+
+    tp: int
+    dp_shard: int
+    ep: int
+
+
+def degrees(topology, expert_parallel: bool) -> Degrees:
+    return Degrees(tp=topology.tp, dp_shard=topology.dp, ep=topology.tp if expert_parallel else 1)
+
+
+def parallelism(d: Degrees, sequence_parallel: bool, backend: str):
+    from torchtitan.config import ParallelismConfig
+
+    return ParallelismConfig(
+        tensor_parallel_degree=d.tp,
+        data_parallel_shard_degree=d.dp_shard,
+        expert_parallel_degree=d.ep,
+        enable_sequence_parallel=sequence_parallel,
+        spmd_backend=backend,
+    )
+
+
+# ---- the tiny configs --------------------------------------------------------------------------------------------
+
+
+def _sdpa_attention(config) -> None:
+    from torchtitan.models.common import ScaledDotProductAttention
+
+    for layer in config.layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+
+
+def llama3_config(layers: int = LAYERS):
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
+
+    config = Llama3Model.Config(
+        dim=DIM,
+        vocab_size=VOCAB,
+        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM),
+        norm=RMSNorm.Config(normalized_shape=DIM),
+        lm_head=Linear.Config(in_features=DIM, out_features=VOCAB),
+        layers=_build_llama3_layers(
+            n_layers=layers,
+            dim=DIM,
+            n_heads=HEADS,
+            hidden_dim=HIDDEN,
+            rope=ComplexRoPE.Config(dim=DIM // HEADS, max_seq_len=SEQ, theta=10000.0, scaling="none"),
+            attn_backend="flex",
+        ),
+    )
+    _sdpa_attention(config)
+    return config
+
+
+def qwen3_moe_config(layers: int = LAYERS):
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+    from torchtitan.models.qwen3 import Qwen3Model, _build_qwen3_moe_layers, _qwen3_norm
+
+    config = Qwen3Model.Config(
+        vocab_size=VOCAB,
+        dim=DIM,
+        norm=_qwen3_norm(DIM),
+        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM),
+        lm_head=Linear.Config(in_features=DIM, out_features=VOCAB),
+        layers=_build_qwen3_moe_layers(
+            n_layers=layers,
+            dim=DIM,
+            n_heads=HEADS,
+            n_kv_heads=HEADS,
+            head_dim=DIM // HEADS,
+            moe_hidden_dim=EXPERT_HIDDEN,
+            num_experts=EXPERTS,
+            top_k=TOP_K,
+            attn_backend="flex",
+            rope=CosSinRoPE.Config(dim=DIM // HEADS, max_seq_len=SEQ, theta=10000.0),
+            moe_comm_backend="standard",
+        ),
+    )
+    _sdpa_attention(config)
+    return config
+
+
+CONFIGS = {"llama3": llama3_config, "qwen3_moe": qwen3_moe_config}
+
+
+def configured(model: str, d: Degrees, sequence_parallel: bool, backend: str):
+    config = CONFIGS[model]()
+    config.update_from_config(config=SimpleNamespace(parallelism=parallelism(d, sequence_parallel, backend)))
+    return config
+
+
+def _complex_rope(module: torch.nn.Module, args) -> None:
+    """Recompute a complex RoPE cache that a dtype cast turned real (Module.to casts complex buffers too)."""
+    from torchtitan.models.common import ComplexRoPE
+
+    for m in module.modules():
+        if isinstance(m, ComplexRoPE) and not m.cache.is_complex():
+            with torch.device(m.cache.device), default_dtype(torch.float64):  # as at build: the same cache
+                m.cache = m._precompute_cache()
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+@contextlib.contextmanager
+def spmd_backend(backend: str):
+    """torchtitan's process-wide SPMD backend (its trainer sets it from the ParallelismConfig), restored after."""
+    from torchtitan.distributed import utils as dist_utils
+
+    saved = dist_utils.get_spmd_backend()
+    dist_utils.set_spmd_backend(backend)
+    try:
+        yield
+    finally:
+        dist_utils.set_spmd_backend(saved)
+
+
+def instantiate(config) -> torch.nn.Module:
+    """torchtitan's build and init, in float64 (the harness casts the model to each item's dtype)."""
+    with default_dtype(torch.float64):
+        model = config.build()
+        model.init_states()
+    model.register_forward_pre_hook(_complex_rope)
+    return model
+
+
+def fill_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+            p.copy_(1 + 0.1 * noise if p.dim() == 1 else noise / math.sqrt(p.shape[-1]))
+
+
+def build(model: str):
+    def full_model(gen: torch.Generator) -> torch.nn.Module:
+        net = instantiate(configured(model, Degrees(1, 1, 1), False, "spmd_types"))
+        fill_weights(net, gen)
+        return net
+
+    return full_model
+
+
+def make_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=gen)
+    return {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous()}
+
+
+def loss(logits, inputs: dict, ctx) -> torch.Tensor:
+    """Mean next-token cross-entropy in float32 at least; vocab-sharded logits made whole (a DTensor's own placements;
+    spmd_types' plain local shard: its vocabulary slice over TP, gathered with DTensor so the backward slices)."""
+    if isinstance(logits, DTensor):
+        logits = logits.full_tensor()
+    elif ctx is not None and logits.shape[-1] != VOCAB:
+        logits = DTensor.from_local(logits, ctx.mesh["tp"], [Shard(logits.dim() - 1)]).full_tensor()
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.flatten(0, 1), inputs["labels"].flatten())
+
+
+# ---- the plan ----------------------------------------------------------------------------------------------------
+
+
+def declared_layouts(model: torch.nn.Module) -> dict:
+    """{parameter name: Layout} of every parameter whose module's torchtitan sharding config places it over TP, read
+    from the plan itself (`_sharding_config.state_shardings`): what a plain local shard is under the spmd_types
+    backend, whose parameters are not DTensors.  Expert weights under EP (the ep axis) are Shard(0) over the TP
+    ranks, where the cases put EP."""
+    import spmd_types as spmd
+    from torch.distributed.tensor import Shard
+
+    from shardcheck import Layout
+
+    layouts = {}
+    for path, module in model.named_modules():
+        config = getattr(module, "_sharding_config", None)
+        for name, layout in (getattr(config, "state_shardings", None) or {}).items():
+            placement = next(
+                (t for axis, t in layout.axis_types.items() if str(axis) in ("tp", "ep") and isinstance(t, spmd.Shard)),
+                None,
+            )
+            if placement is not None:
+                layouts[f"{path}.{name}" if path else name] = Layout(tp=Shard(placement.dim))
+    return layouts
+
+
+class Plan:
+    """torchtitan's plan for one case: the model rebuilt with the topology's sharding config (the harness's weights
+    go in after), then `model.parallelize(parallel_dims)`; `step_context` enters torchtitan's SPMD context."""
+
+    def __init__(self, model: str, expert_parallel: bool, sequence_parallel: bool, backend: str, edit=None):
+        self.model, self.expert_parallel = model, expert_parallel
+        self.sequence_parallel, self.backend, self.edit = sequence_parallel, backend, edit
+        self.parallel_dims = None
+        # the ModelCase's param_layouts: filled from the plan's own sharding configs once it is applied (plain local
+        # parameters under spmd_types; DTensor parameters need none)
+        self.layouts: dict = {}
+
+    def __call__(self, full: torch.nn.Module, ctx) -> torch.nn.Module:
+        from torchtitan.distributed import ParallelDims
+
+        d = degrees(ctx.topology, self.expert_parallel)
+        config = configured(self.model, d, self.sequence_parallel, self.backend)
+        if self.edit is not None:
+            self.edit(config)
+        model = instantiate(config).to(next(full.parameters()).dtype)
+        _complex_rope(model, ())  # before parallelize distributes the cache
+        dims = ParallelDims(
+            dp_replicate=1,
+            dp_shard=d.dp_shard,
+            cp=1,
+            tp=d.tp,
+            pp=1,
+            ep=d.ep,
+            world_size=ctx.topology.size,
+            spmd_backend=self.backend,
+        )
+        dims.build_mesh()
+        with spmd_backend(self.backend):
+            model.parallelize(dims)
+        self.parallel_dims = dims
+        self.layouts.clear()
+        self.layouts.update(declared_layouts(model))
+        return model
+
+    def step_context(self, ctx):
+        """torchtitan's SPMD backend on both sides, and on a rank its SPMD context over the plan's ParallelDims."""
+        from torchtitan.distributed import utils as dist_utils
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(spmd_backend(self.backend))
+        if ctx is not None and self.parallel_dims is not None:
+            stack.enter_context(dist_utils.get_spmd_context(parallel_dims=self.parallel_dims)())
+        return stack

@@ -1,0 +1,97 @@
+"""hf suite: Hugging Face Transformers' Llama, Qwen2 and Qwen3-MoE under Transformers' own parallel plans.
+
+One training step of each model (tiny random config: 2 layers, hidden 16, 4 heads, vocab 32, batch 2, sequence 8;
+suites/_hf_models.py) under the plan `from_pretrained(..., distributed_config=DistributedConfig(tp_size=...,
+ep_size=...))` applies, against the same model on one device, module by module (docs/model-cases.md), in float64,
+float32 and bfloat16 at world sizes 1, 2, 4:
+
+- `llama-tp`, `qwen2-tp`, `qwen3_moe-tp`: Transformers' tensor-parallel plan (`base_model_tp_plan`; the MoE experts
+  by `moe_tp_experts`), tp = the topology's tp;
+- `qwen3_moe-ep`: the expert-parallel plan (`base_model_ep_plan`, `ep_dispatch_experts`) on the TP ranks, ep == tp,
+  with the dense layers under TP; tokens exchanged by all-to-all (Transformers' default in training);
+- `llama-fsdp-tp`, `qwen3_moe-fsdp-ep`: the same plans with FSDP over dp (fsdp_size = dp, 2 or 4), each rank's loss
+  the mean of its rows and gradients averaged, as Transformers trains: skipped, with the reason, until the harness
+  has the averaged DP convention (`loss_layout=Layout(dp=Partial("avg"))`, issue 38);
+- `qwen3_moe-ep-allreduce`: the same plan with `ep_implementation="all_reduce"` (each rank runs its experts on the
+  shared batch, outputs summed; the router weights' gradient summed over EP in the backward).
+
+The MoE cases run in float64 and float32: in bfloat16 a router's top-k, a discrete choice, flips between two correct
+runs (the sharded one and the single-device one round differently), so a token's expert, and every tensor after it,
+would differ without a defect.  Inside the experts the activation function is called once per local expert: under
+TP its output is split by columns (declared), under EP the k-th call is another expert on each rank, so it is not
+compared there; the experts' output, and every gradient, is.
+
+Needs the optional extra `pip install -e .[hf]`; without it every case is recorded `skip` with the reason.
+Third-party models: docs/third-party-models.md.
+"""
+
+from __future__ import annotations
+
+from shardcheck import Layout, ModelCase, Partial, Shard
+from shardcheck.suites import _hf_models as hf
+
+FAMILY = "hf"
+IMPLEMENTATION = __file__
+HEADS = hf.COMMON["num_attention_heads"]
+
+
+def parallelize(model, ctx):
+    """Transformers' own plan (the op every case names; the plans are hf.parallelize's)."""
+    return hf.parallelize(expert_parallel=False)(model, ctx)
+
+
+def _with_dp(t) -> bool:
+    """FSDP over dp (2 or 4) with or without TP; no CP."""
+    return t.dp > 1 and t.cp == 1 and HEADS % t.tp == 0 and hf.BATCH % t.dp == 0
+
+
+def _tp_only(t) -> bool:
+    """TP at any size dividing the heads; no DP (Transformers averages gradients over FSDP), no CP."""
+    return t.dp == 1 and t.cp == 1 and HEADS % t.tp == 0
+
+
+EXPERT_ACT = "*.mlp.experts.act_fn"
+
+
+def case(
+    model: str,
+    expert_parallel: bool = False,
+    case_id: str | None = None,
+    ep_implementation: str = "auto",
+    before=None,
+    fsdp: bool = False,
+) -> ModelCase:
+    """`before()`: run on the rank before the plan (a broken plan registers its EP implementation there).  `fsdp`:
+    the data-parallel layouts (FSDP over dp, each rank's loss the mean of its rows, gradients averaged)."""
+    batch = {"input_ids": Layout(dp=Shard(0)), "labels": Layout(dp=Shard(0))}
+    return ModelCase(
+        op=f"{FAMILY}.parallelize",
+        case_id=case_id or f"{model}-{'ep' if expert_parallel else 'tp'}",
+        build=hf.build(model),
+        parallelize=hf.parallelize(expert_parallel, ep_implementation, before),
+        make_inputs=hf.make_inputs,
+        model_inputs=("input_ids",),
+        loss=hf.loss,
+        activation_layouts={} if expert_parallel else {EXPERT_ACT: Layout(tp=Shard(-1))},
+        unchecked_modules=(EXPERT_ACT,) if expert_parallel else (),
+        supports=_with_dp if fsdp else _tp_only,
+        input_layouts=batch if fsdp else {},
+        loss_layout=Layout(dp=Partial("avg")) if fsdp else Layout(),
+        dtypes=hf.MOE_DTYPES if model in hf.MOE_MODELS else hf.DTYPES,
+        skip_reason=hf.hf_missing() or (hf.dp_average_missing() if fsdp else None),
+        params={"model": model, "expert_parallel": expert_parallel},
+    )
+
+
+def cases(quick: bool = False) -> list[ModelCase]:
+    if quick:  # one model under one plan (the default run's --quick, the bench runs of every suite)
+        return [case("llama")]
+    return [
+        case("llama"),
+        case("qwen2"),
+        case("qwen3_moe"),
+        case("qwen3_moe", expert_parallel=True),
+        case("qwen3_moe", expert_parallel=True, case_id="qwen3_moe-ep-allreduce", ep_implementation="all_reduce"),
+        case("llama", case_id="llama-fsdp-tp", fsdp=True),
+        case("qwen3_moe", expert_parallel=True, case_id="qwen3_moe-fsdp-ep", fsdp=True),
+    ]

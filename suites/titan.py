@@ -1,0 +1,93 @@
+"""titan suite: torchtitan's Llama 3 and Qwen3-MoE under torchtitan's own `model.parallelize(parallel_dims)`.
+
+One training step of each model (tiny random config: 2 layers, dim 16, 4 heads, vocab 32, batch 2, sequence 8; MoE 4
+experts, top 2; suites/_titan_models.py) under torchtitan's plan, against the same model on one device, module by
+module (docs/model-cases.md), in float64, float32 and bfloat16 at world sizes 1, 2, 4:
+
+- `llama3-tp` / `llama3-tp-sp`: tensor parallel without / with sequence parallelism (torchtitan's default);
+- `qwen3_moe-tp-sp`: Qwen3-MoE, experts tensor-parallel (ep 1);
+- `qwen3_moe-ep-sp`: Qwen3-MoE, experts expert-parallel on the TP ranks (ep == tp).
+
+Dtypes: float32 and bfloat16 (the MoE model float32 only).  float64 is left out: torchtitan's RoPE computes in float32
+whatever the model's dtype (`query.float()`, torchtitan/models/common/rope.py), so a float64 step is float32-accurate
+from the first attention on, and the sharded and single-device steps differ there by a float32 ulp
+(docs/third-party-models.md).  bfloat16 is left out of the MoE model: a router's top-k, a discrete choice, flips
+between two correct runs that round differently.
+
+Needs the optional extra `pip install -e .[titan]`; without it every case is recorded `skip` with the reason.
+Third-party models: docs/third-party-models.md.
+"""
+
+from __future__ import annotations
+
+from shardcheck import Layout, ModelCase, Partial
+from shardcheck.suites import _titan_models as titan
+
+FAMILY = "titan"
+IMPLEMENTATION = __file__
+# DTensor parameters and activations.  Not spmd_types (torchtitan's default, plain local tensors): under it the
+# sequence-parallel norms' weight gradients are left to FSDP to all-reduce over TP ("pending BWD AR handled by
+# FSDP", torchtitan/models/common/decoder_sharding.py), which these dp = 1 cases do not apply.
+BACKEND = "partial_dtensor"
+
+
+def parallelize(model, ctx):
+    """torchtitan's own plan (the op every case names; each case's plan is a _titan_models.Plan)."""
+    return titan.Plan("llama3", False, True, BACKEND)(model, ctx)
+
+
+EXPERTS = "*.routed_experts.inner_experts"
+
+
+def _no_dp(t) -> bool:
+    return t.dp == 1 and t.cp == 1 and titan.HEADS % t.tp == 0
+
+
+def case(
+    model: str,
+    expert_parallel: bool,
+    sequence_parallel: bool,
+    case_id: str | None = None,
+    edit=None,
+    backend: str = BACKEND,
+):
+    plan = titan.Plan(model, expert_parallel, sequence_parallel, backend, edit)
+    name = f"{model}-{'ep' if expert_parallel else 'tp'}{'-sp' if sequence_parallel else ''}"
+    name += "" if backend == BACKEND else f"-{backend}"
+    moe = model in titan.MOE_MODELS
+    return ModelCase(
+        op=f"{FAMILY}.parallelize",
+        case_id=case_id or name,
+        dtypes=titan.MOE_DTYPES if moe else titan.DTYPES,
+        # the experts' rows: under TP each rank's summand (the hidden dim split), under EP the tokens routed to this
+        # rank's experts (no layout maps them; the routed experts' output is compared)
+        param_layouts=plan.layouts,
+        activation_layouts={} if expert_parallel else {EXPERTS: Layout(tp=Partial())},
+        unchecked_modules=(EXPERTS,) if expert_parallel else (),
+        build=titan.build(model),
+        parallelize=plan,
+        make_inputs=titan.make_inputs,
+        model_inputs=("tokens",),
+        loss=titan.loss,
+        step_context=plan.step_context,
+        world_group=True,
+        supports=_no_dp,
+        skip_reason=titan.titan_missing(),
+        params={
+            "model": model,
+            "expert_parallel": expert_parallel,
+            "sequence_parallel": sequence_parallel,
+            "backend": backend,
+        },
+    )
+
+
+def cases(quick: bool = False) -> list[ModelCase]:
+    if quick:  # one model under one plan (the default run's --quick, the bench runs of every suite)
+        return [case("llama3", False, True)]
+    return [
+        case("llama3", False, False),
+        case("llama3", False, True),
+        case("qwen3_moe", False, True),
+        case("qwen3_moe", True, True),
+    ]
