@@ -27,22 +27,6 @@ MOE_MODELS = ("qwen3_moe",)
 MOE_DTYPES = ("float64", "float32")  # bfloat16 flips a router's top-k between two correct runs (suites/hf.py)
 
 
-def dp_average_missing() -> str | None:
-    """Why the data-parallel cases cannot run on this harness yet, or None.  Transformers averages gradients over
-    FSDP (each rank's loss is the mean of its own rows): the cases declare `loss_layout=Layout(dp=Partial("avg"))`,
-    the averaged DP convention (issue 38), which the harness judges once `Layout.reduce_partial` honours a Partial's
-    reduce op (probed here, so the cases turn on when it does)."""
-    import inspect
-
-    from shardcheck import Layout
-
-    if "reduce_op" in inspect.getsource(Layout.reduce_partial):
-        return None
-    return (
-        "needs the averaged data-parallel convention, loss_layout=Layout(dp=Partial('avg')) (each DP rank's loss its "
-        "local mean, gradients averaged; issue 38): this harness sums DP summands only"
-    )
-
 
 def hf_missing() -> str | None:
     """Why the Transformers cases cannot run here, or None."""

@@ -78,7 +78,7 @@ def case(
         input_layouts=batch if fsdp else {},
         loss_layout=Layout(dp=Partial("avg")) if fsdp else Layout(),
         dtypes=hf.MOE_DTYPES if model in hf.MOE_MODELS else hf.DTYPES,
-        skip_reason=hf.hf_missing() or (hf.dp_average_missing() if fsdp else None),
+        skip_reason=hf.hf_missing(),
         params={"model": model, "expert_parallel": expert_parallel},
     )
 
