@@ -36,9 +36,9 @@ from shardcheck.harness.core.known_failure import KnownFailure
 from shardcheck.harness.core.layout import REPLICATED, Layout, Tensors
 from shardcheck.harness.core.rank_context import RankContext
 from shardcheck.harness.core.topology import MESH_DIMS, Topology, mesh_dims
+from shardcheck.harness.core.train_step import ROOT_NAME, Kind, Made, run_step
 
 PARAM_PREFIX = "param:"
-ROOT_NAME = "model"  # the root module's name in check names (its path is "")
 
 
 # A model case's check names: its outputs' (`_name`), each `forward:<name>`.
@@ -235,7 +235,7 @@ class ModelCase:
         data = {k: v for k, v in inputs.items() if not k.startswith(PARAM_PREFIX)}
         steps: dict[str, list] = {kind: [] for kind in _STAGE}
         # a copy: a module may change its output in place later
-        self._step(model, data, None, lambda step: steps[step.kind].append((step.key, step.tensor.clone())))
+        run_step(self, model, data, None, lambda made: steps[made.kind].append((made.key, made.tensor.clone())))
         got = {}
         for kind in ("act", "loss", "dact", "dparam", "step"):
             for i, (key, tensor) in enumerate(steps[kind]):
@@ -257,7 +257,11 @@ class ModelCase:
         default = self._batch_layout()
         got: dict[str, tuple[torch.Tensor | None, Layout]] = {}
 
-        def arrive(step: StepTensor) -> None:
+        def arrive(made: Made) -> None:
+            # an activation on the tp sub-mesh is still split over dp/cp as the batch
+            step = _step_tensor(
+                made.kind, made.key, made.tensor, default if made.kind in (Kind.ACT, Kind.DACT) else REPLICATED
+            )
             name = self._outputs.by_key.get((step.kind, step.key))
             if name is None:  # a module call the single-device model does not make: nothing to compare with
                 return
@@ -267,7 +271,7 @@ class ModelCase:
             judged = ctx.judge_output is not None and ctx.judge_output(name, step.tensor, layout)
             got[name] = (None if judged else step.tensor.clone(), layout)
 
-        self._step(model, data, ctx, arrive)
+        run_step(self, model, data, ctx, arrive)
         outs = [got.get(n, (None, REPLICATED)) for n in names]
         self._case.output_layouts = tuple(lay for _, lay in outs)  # read by the harness after this run, this item
         return tuple(t for t, _ in outs)
@@ -336,62 +340,6 @@ class ModelCase:
                     )
                 target.copy_(piece)
 
-    # ---------------------------------------------------------------------------------------------- the step
-
-    def _step(
-        self,
-        model: nn.Module,
-        data: Tensors,
-        ctx: RankContext | None,
-        arrive: Callable[[StepTensor], None],
-    ) -> None:
-        """One training step with hooks, each tensor handed to `arrive` as it is made, in execution order (kinds: act,
-        loss, dact, dparam, step).  Detached, not copied: `arrive` copies what it keeps."""
-        calls: dict[str, int] = {}
-        # an activation on the tp sub-mesh is still split over dp/cp as the batch
-        batch = self._batch_layout()
-
-        def on_forward(path: str):
-            def hook(module, args, out):
-                tensor = _first_float(out)
-                if tensor is None:
-                    return
-                k = calls.get(path, 0)
-                calls[path] = k + 1
-                key = (path or ROOT_NAME) + (f"#{k}" if k else "")
-                arrive(_step_tensor("act", key, tensor, batch))
-                if tensor.requires_grad:
-                    tensor.register_hook(lambda g, key=key: arrive(_step_tensor("dact", key, g, batch)))
-
-            return hook
-
-        handles = [m.register_forward_hook(on_forward(path)) for path, m in model.named_modules()]
-        around = self.step_context(ctx) if self.step_context is not None else contextlib.nullcontext()
-        try:
-            with around, torch.enable_grad():
-                out = model(*[data[n] for n in self.model_inputs])
-                loss = self.loss(out, data, ctx) if self.loss is not None else out
-                if isinstance(loss, DTensor):
-                    loss = loss.full_tensor()
-                arrive(StepTensor("loss", "loss", loss.detach(), None))
-                loss.backward()
-        finally:
-            for h in handles:
-                h.remove()
-        params = list(model.named_parameters())
-        # A DTensor gradient left Partial (a replicated norm weight under sequence parallelism) is the sum of the
-        # ranks' pieces, as DTensor defines it: compared so, while the step shows whether the optimizer reduced it.
-        for name, p in params:
-            if p.grad is not None:
-                arrive(_step_tensor("dparam", name, p.grad))
-        self._optimizer([p for _, p in params]).step()
-        for name, p in params:
-            arrive(_step_tensor("step", name, p))
-
-    def _optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        optimizer = torch.optim.SGD if self.optimizer == "sgd" else torch.optim.AdamW
-        return optimizer(params, lr=self.lr)
-
 
 # What the planner plans of a model case (its outputs are named by running it, which planning does not): the loss,
 # which every model case has.  The ranks report every check; a model item that does not run (skipped, or its ranks
@@ -445,15 +393,6 @@ def _key_of(name: str) -> tuple[str, str]:
         return "loss", "loss"
     head, _, key = name.partition(":")
     return head.rstrip("0123456789"), key
-
-
-def _first_float(out) -> torch.Tensor | None:
-    """A module's compared output: the tensor, or the first floating tensor of a tuple/list."""
-    if isinstance(out, torch.Tensor):
-        return out if out.is_floating_point() else None
-    if isinstance(out, (tuple, list)):
-        return next((t for t in out if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
-    return None
 
 
 def _step_tensor(kind: str, key: str, t: torch.Tensor, absent: Layout = REPLICATED) -> StepTensor:
