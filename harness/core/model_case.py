@@ -23,7 +23,7 @@ import contextlib
 import fnmatch
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -36,25 +36,39 @@ from shardcheck.harness.core.known_failure import KnownFailure
 from shardcheck.harness.core.layout import REPLICATED, Layout, Tensors
 from shardcheck.harness.core.rank_context import RankContext
 from shardcheck.harness.core.topology import MESH_DIMS, Topology, mesh_dims
-from shardcheck.harness.core.train_step import ROOT_NAME, Kind, Made, run_step
+from shardcheck.harness.core.train_step import ROOT_NAME, ClipFn, Kind, Made, OptimizerFn, run_step
 
 PARAM_PREFIX = "param:"
 
 
-# A model case's check names: its outputs' (`_name`), each `forward:<name>`.
-CHECK = re.compile(r"^forward:(?:(act|dact)(\d+):(.+)|(loss)|(dparam|step):(.+))$")
-_STAGE = {"act": 0, "loss": 1, "dact": 2, "dparam": 3, "step": 4}
+# A model case's check names: its outputs' (`_name`), each `forward:<name>`, with `@step<s>` (optimizer step s from
+# 2), `@mb<j>` (micro-batch j from 2) or `@step<s>.mb<j>` where the case runs several.
+CHECK = re.compile(
+    r"^forward:(?:(act|dact)(\d+):([^@]+)|(loss|grad_norm)|(dparam|state|step):([^@]+))"
+    r"(?:@(?:step(\d+))?\.?(?:mb(\d+))?)?$"
+)
+_STAGE = {"act": 0, "loss": 1, "dact": 2, "dparam": 3, "grad_norm": 4, "state": 5, "step": 6}
 
 
-def step_order(check: str) -> tuple[int, int] | None:
-    """(stage, index) of a model case's check in its step (forward, loss, backward, gradients, step); None for any
-    other check.  The first failing one in this order is the step's first divergence."""
+def step_order(check: str) -> tuple[int, ...] | None:
+    """The place of a model case's check in its step: (optimizer step, each micro-batch's forward / loss / backward
+    before the gradients, clipping norm, optimizer state and stepped parameters, micro-batch, stage, index); None for
+    any other check.  The first failing one in this order is the step's first divergence."""
     m = CHECK.match(str(check))
     if m is None:
         return None
-    if m.group(1):
-        return _STAGE[m.group(1)], int(m.group(2))
-    return (_STAGE["loss"], 0) if m.group(4) else (_STAGE[m.group(5)], 0)
+    kind = m.group(1) or m.group(4) or m.group(5)
+    step, mb = int(m.group(7) or 1), int(m.group(8) or 1)
+    stage = _STAGE[kind]
+    return step, int(stage > _STAGE["dact"]), mb, stage, int(m.group(2) or 0)
+
+
+def check_kind(check: str) -> str:
+    """A model check's kind of tensor, whose largest golden magnitude is the floor of its budget: the kinds of
+    `_STAGE`, each optimizer state its own (`state:exp_avg_sq`: squared gradients, another scale)."""
+    m = CHECK.match(str(check))
+    kind = m.group(1) or m.group(4) or m.group(5)
+    return f"state:{m.group(6).rsplit('.', 1)[-1]}" if kind == "state" else kind
 
 
 class ModelCaseError(ValueError):
@@ -80,7 +94,7 @@ class StepOutputs:
 
     names: tuple[str, ...]
     shapes: dict[str, tuple[int, ...]]
-    by_key: dict[tuple[str, str], str]
+    by_key: dict[tuple[str, str, int, int], str]  # (kind, key, optimizer step, micro-batch) -> output name
 
 
 @dataclass(kw_only=True)
@@ -120,8 +134,16 @@ class ModelCase:
     batch_layout: Layout | None = None
     # Other families the step calls (`ctx.module(family)`), each resolved by its own --impl (Case.uses).
     uses: tuple[str, ...] = ()
-    optimizer: str = "sgd"  # "sgd" or "adamw"
+    optimizer: str | OptimizerFn = "sgd"  # "sgd", "adamw", or the plan's own: optimizer(params, lr, ctx)
     lr: float = 0.1
+    # The step's shape (docs/model-cases.md, "The training step"): `microbatches` forward/backward passes before each
+    # optimizer step, micro-batch j the rows j, j + k, ... of every input with the batch's rows (dim 0); `steps`
+    # optimizer steps on the same inputs; clipping by the global norm `clip_grad_norm` before each optimizer step,
+    # by `clip_grad(params, max_norm, ctx)` (None: torch's clip_grad_norm_), which returns the total norm.
+    microbatches: int = 1
+    steps: int = 1
+    clip_grad_norm: float | None = None
+    clip_grad: ClipFn | None = None
     dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")
     supports: Callable[[Topology], bool] = lambda topology: True
     context_parallel: bool | None = None
@@ -137,10 +159,7 @@ class ModelCase:
         """The ordinary Case that runs this model's step.  Its outputs are named by one float64 step of the model on
         one device, run the first time a rank (or the bench) asks for them, not here: loading a suite to plan runs
         no model (the planner plans a model case's checks as its loss alone: PLANNED_CHECKS)."""
-        if self.optimizer not in ("sgd", "adamw"):
-            raise ModelCaseError(
-                f"model case {self.op}[{self.case_id}]: optimizer {self.optimizer!r}; expected 'sgd' or 'adamw'"
-            )
+        self._check_step()
         case = StepCase(
             op=self.op,
             case_id=self.case_id,
@@ -162,6 +181,28 @@ class ModelCase:
         case.model = self
         self._case = case
         return case
+
+    def _check_step(self) -> None:
+        """The step's fields as declared, each wrong one a ModelCaseError naming it (one line, before any run)."""
+        where = f"model case {self.op}[{self.case_id}]"
+        if not callable(self.optimizer) and self.optimizer not in ("sgd", "adamw"):
+            raise ModelCaseError(f"{where}: optimizer {self.optimizer!r}; expected 'sgd', 'adamw' or a callable")
+        for name in ("microbatches", "steps"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ModelCaseError(f"{where}: {name} {getattr(self, name)!r}; expected a positive int")
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise ModelCaseError(f"{where}: clip_grad_norm {self.clip_grad_norm!r}; expected a positive number")
+        if self.microbatches > 1 and self.skip_reason is None:
+            try:
+                data = self.make_inputs(torch.Generator().manual_seed(0))
+            except Exception:  # the ranks report it (a reference error row), as without micro-batches
+                return
+            rows = _rows(data, self.batch or self.model_inputs[0])
+            if rows % self.microbatches:
+                raise ModelCaseError(
+                    f"{where}: microbatches {self.microbatches} does not divide the batch "
+                    f"({self.batch or self.model_inputs[0]!r} has {rows} rows)"
+                )
 
     def outputs(self) -> tuple[str, ...]:
         """The case's output names in step order, from one float64 step on one device: run once, the first time they
@@ -190,7 +231,7 @@ class ModelCase:
         return self.make_inputs(gen)
 
     def _unchecked(self, name: str) -> bool:
-        kind, key = _key_of(name)
+        kind, key, _, _ = _key_of(name)
         path = key.split("#")[0]
         return kind in ("act", "dact") and any(
             fnmatch.fnmatchcase(path if path != ROOT_NAME else "", pat) for pat in self.unchecked_modules
@@ -233,14 +274,27 @@ class ModelCase:
         """{output name: full tensor} of one step of the single-device model, names in execution order."""
         model = self._fresh_model(inputs)
         data = {k: v for k, v in inputs.items() if not k.startswith(PARAM_PREFIX)}
-        steps: dict[str, list] = {kind: [] for kind in _STAGE}
+        made: list[Made] = []
         # a copy: a module may change its output in place later
-        run_step(self, model, data, None, lambda made: steps[made.kind].append((made.key, made.tensor.clone())))
-        got = {}
-        for kind in ("act", "loss", "dact", "dparam", "step"):
-            for i, (key, tensor) in enumerate(steps[kind]):
-                got[_name(kind, i, key)] = tensor
+        batches = self._microbatches(data, {k: tuple(v.shape) for k, v in data.items()})
+        run_step(self, model, batches, None, lambda m: made.append(replace(m, tensor=m.tensor.clone())))
+        got, counts = {}, {}
+        for m in sorted(made, key=lambda m: step_order("forward:" + _name(m.kind, 0, m.key, m.step, m.microbatch))):
+            i = counts[m.kind, m.step, m.microbatch] = counts.get((m.kind, m.step, m.microbatch), -1) + 1
+            got[_name(m.kind, i, m.key, m.step, m.microbatch)] = m.tensor
         return got
+
+    def _microbatches(self, data: Tensors, full_shapes: dict[str, tuple[int, ...]]) -> list[Tensors]:
+        """The step's micro-batches of `data` (the full inputs, or this rank's pieces): micro-batch j takes rows j,
+        j + k, j + 2k, ... of every input with as many rows (dim 0) as the batch (by their full shapes).  So a rank's
+        piece of a batch split evenly over dp (each piece a multiple of k rows) gives, split so, its piece of each
+        micro-batch of the whole batch."""
+        k = self.microbatches
+        if k == 1:
+            return [data]
+        rows = full_shapes[self.batch or self.model_inputs[0]][0]
+        split = {n for n, shape in full_shapes.items() if n in data and shape and shape[0] == rows}
+        return [{n: v[j::k] if n in split else v for n, v in data.items()} for j in range(k)]
 
     def _reference(self, inputs: Tensors) -> tuple:
         got = self._step_on_one_device(inputs)
@@ -256,13 +310,14 @@ class ModelCase:
         data = {k: v for k, v in local.items() if not k.startswith(PARAM_PREFIX)}
         default = self._batch_layout()
         got: dict[str, tuple[torch.Tensor | None, Layout]] = {}
+        full_shapes = {n: tuple(s) for n, s in ctx.full_shapes.items()}
 
         def arrive(made: Made) -> None:
             # an activation on the tp sub-mesh is still split over dp/cp as the batch
             step = _step_tensor(
                 made.kind, made.key, made.tensor, default if made.kind in (Kind.ACT, Kind.DACT) else REPLICATED
             )
-            name = self._outputs.by_key.get((step.kind, step.key))
+            name = self._outputs.by_key.get((step.kind, step.key, made.step, made.microbatch))
             if name is None:  # a module call the single-device model does not make: nothing to compare with
                 return
             layout = self._layout_of(step, name, default, ctx)
@@ -271,7 +326,7 @@ class ModelCase:
             judged = ctx.judge_output is not None and ctx.judge_output(name, step.tensor, layout)
             got[name] = (None if judged else step.tensor.clone(), layout)
 
-        run_step(self, model, data, ctx, arrive)
+        run_step(self, model, self._microbatches(data, full_shapes), ctx, arrive)
         outs = [got.get(n, (None, REPLICATED)) for n in names]
         self._case.output_layouts = tuple(lay for _, lay in outs)  # read by the harness after this run, this item
         return tuple(t for t, _ in outs)
@@ -297,6 +352,12 @@ class ModelCase:
                 layout = _gradient_over_batch(layout, default, mesh_dims(ctx.mesh).sizes)
         elif layout is None and step.kind in ("dparam", "step"):
             layout = _param_layout(step.key, self.param_layouts)
+        elif layout is None and step.kind == "state":  # a state with its parameter's shape is laid out as it is
+            param, state = step.key.rsplit(".", 1)
+            full = self._outputs.shapes[f"step:{param}"]
+            layout = _param_layout(param, self.param_layouts) if self._outputs.shapes[name] == full else REPLICATED
+        elif step.kind == "grad_norm":
+            layout = REPLICATED
         return layout if layout is not None else self.loss_layout
 
     def _batch_layout(self) -> Layout:
@@ -375,24 +436,57 @@ class StepCase(Case):
     def output_layouts(self, layouts: tuple[Layout, ...]) -> None:
         self._given_layouts = tuple(layouts)
 
+    def misfit(self, topology: Topology, inputs: Tensors) -> str:
+        """Case.misfit, and micro-batches: each rank's piece of the batch must split into them evenly (so that its
+        pieces are its pieces of the whole batch's micro-batches)."""
+        k = self.model.microbatches if self.model is not None else 1
+        name = self.model.batch or self.model.model_inputs[0] if self.model is not None else None
+        layout = self.input_layouts.get(name, REPLICATED)
+        if k > 1 and name in inputs and isinstance(layout.placements[0], Shard) and topology.dp > 1:
+            rows = _rows(inputs, name)
+            if rows % (k * topology.dp):
+                return (
+                    f"input {name!r} of {rows} rows cannot be split into {k} micro-batches at {topology}: each DP "
+                    f"rank's piece must be a multiple of {k} rows (a multiple of microbatches·dp = {k * topology.dp})"
+                )
+        return super().misfit(topology, inputs)
+
     def planning_inputs(self, gen: torch.Generator) -> Tensors:
         """The inputs the planner lays out (Case.misfit): the model's data alone, its weights left unbuilt."""
         return self.model.data_inputs(gen) if self.model is not None else self.make_inputs(gen)
 
 
-def _name(kind: str, index: int, key: str) -> str:
-    """The output (check) name: activations carry their execution order, so that the first diverging one is known."""
-    if kind in ("act", "dact"):
-        return f"{kind}{index:02d}:{key}"
-    return "loss" if kind == "loss" else f"{kind}:{key}"
+def _rows(data: Tensors, name: str) -> int:
+    """The batch's rows: dim 0 of input `name`."""
+    if name not in data or data[name].dim() == 0:
+        raise ModelCaseError(f"the batch input {name!r} is not among the inputs, or has no dim 0 to split")
+    return int(data[name].shape[0])
 
 
-def _key_of(name: str) -> tuple[str, str]:
-    """(kind, key) of an output name (_name's inverse)."""
-    if name == "loss":
-        return "loss", "loss"
-    head, _, key = name.partition(":")
-    return head.rstrip("0123456789"), key
+def _name(kind: str, index: int, key: str, step: int = 0, microbatch: int = 0) -> str:
+    """The output (check) name: activations carry their execution order, so that the first diverging one is known;
+    a later optimizer step or micro-batch (from 0 here) its place."""
+    where = ".".join(([f"step{step + 1}"] if step else []) + ([f"mb{microbatch + 1}"] if microbatch else []))
+    head = (
+        f"{kind}{index:02d}:{key}"
+        if kind in ("act", "dact")
+        else kind
+        if kind in ("loss", "grad_norm")
+        else f"{kind}:{key}"
+    )
+    return head + (f"@{where}" if where else "")
+
+
+def _key_of(name: str) -> tuple[str, str, int, int]:
+    """(kind, key, optimizer step, micro-batch) of an output name (_name's inverse)."""
+    head, _, where = name.partition("@")
+    places = dict.fromkeys(("step", "mb"), 0)
+    for part in where.split(".") if where else ():
+        label = part.rstrip("0123456789")
+        places[label] = int(part[len(label) :]) - 1
+    kind, _, key = head.partition(":")
+    kind = kind.rstrip("0123456789")
+    return kind, key or kind, places["step"], places["mb"]
 
 
 def _step_tensor(kind: str, key: str, t: torch.Tensor, absent: Layout = REPLICATED) -> StepTensor:

@@ -7,7 +7,7 @@ import torch
 
 from shardcheck.harness.core.case import Case, as_tuple, is_float
 from shardcheck.harness.core.compare import BudgetScope, budget, finite_max_abs
-from shardcheck.harness.core.model_case import StepCase, step_order
+from shardcheck.harness.core.model_case import StepCase, check_kind
 from shardcheck.harness.core.plan_data import DTYPES, Item
 from shardcheck.reference import low_precision_math
 
@@ -61,7 +61,7 @@ class Golden:
     def _output_kinds(self) -> list:
         if not isinstance(self.case, StepCase):
             return ["output"] * len(self.outputs)
-        return [step_order(check)[0] for check in self.case.forward_checks]
+        return [check_kind(check) for check in self.case.forward_checks]
 
     def precision_run(self, kind: str) -> tuple[tuple, dict]:
         """(outputs, grads) of the reference as code with a legitimate precision difference computes
