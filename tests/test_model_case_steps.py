@@ -20,6 +20,7 @@ from helpers import BROKEN, ROOT
 from shardcheck import Layout, ModelCase, Shard
 from shardcheck.harness.core.model_case import ModelCaseError, step_order
 from shardcheck.harness.core.topology import Topology
+from shardcheck.harness.core.train_step import microbatches
 from shardcheck.harness.rank.suite_loader import load_suite
 
 SUITE = ROOT / "tests" / "model_cases" / "train_step"
@@ -100,10 +101,10 @@ def test_a_ranks_piece_split_into_micro_batches_is_its_piece_of_each_micro_batch
     case = _case(microbatches=2)
     data = _step_model.make_inputs(torch.Generator().manual_seed(1))
     shapes = {n: tuple(v.shape) for n, v in data.items()}
-    whole = case._microbatches(data, shapes)
+    whole = microbatches(case, data, shapes)
     for dp_rank in (0, 1):  # dp 2: rows 0-3, 4-7
         piece = {n: v[4 * dp_rank : 4 * dp_rank + 4] if v.dim() else v for n, v in data.items()}
-        for j, mine in enumerate(case._microbatches(piece, shapes)):
+        for j, mine in enumerate(microbatches(case, piece, shapes)):
             assert torch.equal(mine["x"], whole[j]["x"][2 * dp_rank : 2 * dp_rank + 2])
             assert torch.equal(mine["tokens_in_step"], data["tokens_in_step"])  # the step's count: not split
 
@@ -149,6 +150,21 @@ def test_activation_checkpointing_judges_each_module_once_with_the_same_values(m
         torch.testing.assert_close(checkpointed[name], tensor, rtol=1e-12, atol=1e-15)
 
 
+def test_under_a_mixed_precision_policy_the_single_device_step_computes_in_bf16_on_fp32_masters():
+    case = _case(mixed_precision=_step_plan.MIXED_PRECISION, checkpointed=True)
+    assert case.case().dtypes == ("float32", "bfloat16")  # float64's golden is the step without the policy
+    inputs = {k: v.float() if v.is_floating_point() else v for k, v in case._order_inputs().items()}
+    got = case._step_on_one_device(inputs)
+    exact = case._step_on_one_device(case._order_inputs())  # float64: no policy (the golden)
+    assert got["act01:blocks.0.up"].dtype == torch.bfloat16 and exact["act01:blocks.0.up"].dtype == torch.float64
+    model = _model_of(inputs).float()
+    by_hand = model.to(torch.bfloat16)(inputs["x"].to(torch.bfloat16))  # parameters and input cast, as FSDP2 does
+    torch.testing.assert_close(got["act11:model"], by_hand.detach(), rtol=0, atol=0)
+    assert got["dparam:head.weight"].dtype == torch.float32  # the gradient returns to its fp32 master
+    assert got["step:head.weight"].dtype == torch.float32
+    assert (got["act11:model"].double() - exact["act11:model"]).abs().max() > 1e-4  # bf16's error, in the budget
+
+
 def test_a_micro_batch_count_that_does_not_divide_the_batch_is_one_line():
     with pytest.raises(ModelCaseError, match=r"microbatches 3 does not divide the batch \('x' has 8 rows\)"):
         _case(microbatches=3).case()
@@ -191,9 +207,11 @@ def test_a_suite_with_such_a_case_exits_2_and_runs_nothing(run_shardcheck, tmp_p
 
 
 def test_every_feature_at_once_passes_under_tp_and_fsdp2_at_world_size_4(run_shardcheck):
-    run = run_shardcheck(*RUN, "--dtype", "float64,bfloat16")
+    run = run_shardcheck(*RUN, "--dtype", "float64,float32,bfloat16")
     assert run.returncode == 0, run.stdout[-3000:]
     rows = run.rows
+    assert set(rows["case_id"]) == {"plain", "steps", "mixed-precision"}
+    assert set(rows[rows["case_id"] == "mixed-precision"]["dtype"]) == {"float32", "bfloat16"}
     steps = set(rows[rows["case_id"] == "steps"]["check"])
     assert {
         "forward:loss@mb2",
@@ -203,6 +221,21 @@ def test_every_feature_at_once_passes_under_tp_and_fsdp2_at_world_size_4(run_sha
         "forward:step:head.weight@step3",
     } <= steps
     assert len(steps) == len(_suite_case("steps").outputs())
+
+
+def test_the_mixed_precision_plan_against_a_reference_without_the_policy_fails(run_shardcheck, tmp_path):
+    """The policy's field is what makes the budgets a bf16 forward's: the same plan checked as a float32 step fails."""
+    suite = tmp_path / "no_policy.py"
+    suite.write_text(
+        f"import sys\nsys.path.insert(0, {str(SUITE)!r})\n"
+        "import train_step as base\nFAMILY = 'train_step'\n"
+        f"IMPLEMENTATION = {str(SUITE / '_step_plan.py')!r}\n"
+        "def cases(quick=False):\n"
+        "    return [base.case('no-policy', 'parallelize_mixed_precision', dtypes=('float32',))]\n"
+    )
+    run = run_shardcheck("run", "--suite-path", str(suite), "--topology", "dp=2,cp=1,tp=1", strict=False)
+    assert run.returncode == 1
+    assert run.causes.iloc[0].checks.startswith("first diverging: module blocks.0.norm (output, forward)")
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 from shardcheck.harness.core.case import Case
@@ -36,7 +37,17 @@ from shardcheck.harness.core.known_failure import KnownFailure
 from shardcheck.harness.core.layout import REPLICATED, Layout, Tensors
 from shardcheck.harness.core.rank_context import RankContext
 from shardcheck.harness.core.topology import MESH_DIMS, Topology, mesh_dims
-from shardcheck.harness.core.train_step import ROOT_NAME, ClipFn, Kind, Made, OptimizerFn, run_step
+from shardcheck.harness.core.train_step import (
+    ROOT_NAME,
+    ClipFn,
+    Kind,
+    Made,
+    OptimizerFn,
+    batch_rows,
+    microbatches,
+    run_step,
+    step_fields_error,
+)
 
 PARAM_PREFIX = "param:"
 
@@ -144,6 +155,9 @@ class ModelCase:
     steps: int = 1
     clip_grad_norm: float | None = None
     clip_grad: ClipFn | None = None
+    # FSDP2's MixedPrecisionPolicy the plan applies (fully_shard(mp_policy=...)): the single-device step below float64
+    # runs under it too (train_step._forward), so the budgets are a low-precision forward's; float64 items are left out.
+    mixed_precision: MixedPrecisionPolicy | None = None
     dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")
     supports: Callable[[Topology], bool] = lambda topology: True
     context_parallel: bool | None = None
@@ -159,7 +173,9 @@ class ModelCase:
         """The ordinary Case that runs this model's step.  Its outputs are named by one float64 step of the model on
         one device, run the first time a rank (or the bench) asks for them, not here: loading a suite to plan runs
         no model (the planner plans a model case's checks as its loss alone: PLANNED_CHECKS)."""
-        self._check_step()
+        wrong = step_fields_error(self)
+        if wrong:
+            raise ModelCaseError(f"model case {self.op}[{self.case_id}]: {wrong}")
         case = StepCase(
             op=self.op,
             case_id=self.case_id,
@@ -170,7 +186,7 @@ class ModelCase:
             output_names=("loss",),
             output_layouts=(REPLICATED,),
             budget_scope=BudgetScope.TENSOR,
-            dtypes=self.dtypes,
+            dtypes=self._dtypes(),
             supports=self.supports,
             context_parallel=self._uses_cp(),
             xfail=self.xfail,
@@ -182,27 +198,15 @@ class ModelCase:
         self._case = case
         return case
 
-    def _check_step(self) -> None:
-        """The step's fields as declared, each wrong one a ModelCaseError naming it (one line, before any run)."""
-        where = f"model case {self.op}[{self.case_id}]"
-        if not callable(self.optimizer) and self.optimizer not in ("sgd", "adamw"):
-            raise ModelCaseError(f"{where}: optimizer {self.optimizer!r}; expected 'sgd', 'adamw' or a callable")
-        for name in ("microbatches", "steps"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ModelCaseError(f"{where}: {name} {getattr(self, name)!r}; expected a positive int")
-        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
-            raise ModelCaseError(f"{where}: clip_grad_norm {self.clip_grad_norm!r}; expected a positive number")
-        if self.microbatches > 1 and self.skip_reason is None:
-            try:
-                data = self.make_inputs(torch.Generator().manual_seed(0))
-            except Exception:  # the ranks report it (a reference error row), as without micro-batches
-                return
-            rows = _rows(data, self.batch or self.model_inputs[0])
-            if rows % self.microbatches:
-                raise ModelCaseError(
-                    f"{where}: microbatches {self.microbatches} does not divide the batch "
-                    f"({self.batch or self.model_inputs[0]!r} has {rows} rows)"
-                )
+    def _dtypes(self) -> tuple[str, ...]:
+        """The item dtypes: under a mixed-precision policy not float64 (its golden is the step without the policy,
+        and a float64 item's budget is float64's own)."""
+        if self.mixed_precision is None:
+            return self.dtypes
+        kept = tuple(d for d in self.dtypes if d != "float64")
+        if not kept:
+            raise ModelCaseError(f"model case {self.op}[{self.case_id}]: mixed_precision needs a dtype below float64")
+        return kept
 
     def outputs(self) -> tuple[str, ...]:
         """The case's output names in step order, from one float64 step on one device: run once, the first time they
@@ -276,25 +280,13 @@ class ModelCase:
         data = {k: v for k, v in inputs.items() if not k.startswith(PARAM_PREFIX)}
         made: list[Made] = []
         # a copy: a module may change its output in place later
-        batches = self._microbatches(data, {k: tuple(v.shape) for k, v in data.items()})
+        batches = microbatches(self, data, {k: tuple(v.shape) for k, v in data.items()})
         run_step(self, model, batches, None, lambda m: made.append(replace(m, tensor=m.tensor.clone())))
         got, counts = {}, {}
         for m in sorted(made, key=lambda m: step_order("forward:" + _name(m.kind, 0, m.key, m.step, m.microbatch))):
             i = counts[m.kind, m.step, m.microbatch] = counts.get((m.kind, m.step, m.microbatch), -1) + 1
             got[_name(m.kind, i, m.key, m.step, m.microbatch)] = m.tensor
         return got
-
-    def _microbatches(self, data: Tensors, full_shapes: dict[str, tuple[int, ...]]) -> list[Tensors]:
-        """The step's micro-batches of `data` (the full inputs, or this rank's pieces): micro-batch j takes rows j,
-        j + k, j + 2k, ... of every input with as many rows (dim 0) as the batch (by their full shapes).  So a rank's
-        piece of a batch split evenly over dp (each piece a multiple of k rows) gives, split so, its piece of each
-        micro-batch of the whole batch."""
-        k = self.microbatches
-        if k == 1:
-            return [data]
-        rows = full_shapes[self.batch or self.model_inputs[0]][0]
-        split = {n for n, shape in full_shapes.items() if n in data and shape and shape[0] == rows}
-        return [{n: v[j::k] if n in split else v for n, v in data.items()} for j in range(k)]
 
     def _reference(self, inputs: Tensors) -> tuple:
         got = self._step_on_one_device(inputs)
@@ -326,7 +318,7 @@ class ModelCase:
             judged = ctx.judge_output is not None and ctx.judge_output(name, step.tensor, layout)
             got[name] = (None if judged else step.tensor.clone(), layout)
 
-        run_step(self, model, self._microbatches(data, full_shapes), ctx, arrive)
+        run_step(self, model, microbatches(self, data, full_shapes), ctx, arrive)
         outs = [got.get(n, (None, REPLICATED)) for n in names]
         self._case.output_layouts = tuple(lay for _, lay in outs)  # read by the harness after this run, this item
         return tuple(t for t, _ in outs)
@@ -443,8 +435,8 @@ class StepCase(Case):
         name = self.model.batch or self.model.model_inputs[0] if self.model is not None else None
         layout = self.input_layouts.get(name, REPLICATED)
         if k > 1 and name in inputs and isinstance(layout.placements[0], Shard) and topology.dp > 1:
-            rows = _rows(inputs, name)
-            if rows % (k * topology.dp):
+            rows = batch_rows(inputs, name)
+            if rows is not None and rows % (k * topology.dp):
                 return (
                     f"input {name!r} of {rows} rows cannot be split into {k} micro-batches at {topology}: each DP "
                     f"rank's piece must be a multiple of {k} rows (a multiple of microbatches·dp = {k * topology.dp})"
@@ -454,13 +446,6 @@ class StepCase(Case):
     def planning_inputs(self, gen: torch.Generator) -> Tensors:
         """The inputs the planner lays out (Case.misfit): the model's data alone, its weights left unbuilt."""
         return self.model.data_inputs(gen) if self.model is not None else self.make_inputs(gen)
-
-
-def _rows(data: Tensors, name: str) -> int:
-    """The batch's rows: dim 0 of input `name`."""
-    if name not in data or data[name].dim() == 0:
-        raise ModelCaseError(f"the batch input {name!r} is not among the inputs, or has no dim 0 to split")
-    return int(data[name].shape[0])
 
 
 def _name(kind: str, index: int, key: str, step: int = 0, microbatch: int = 0) -> str:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.nn.utils import parametrize
 
 from shardcheck.harness.core.layout import Tensors
 from shardcheck.harness.core.rank_context import RankContext
@@ -63,6 +64,49 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, ctx: RankContext
     """torch's clipping by the global norm (the default of `ModelCase.clip_grad`): DTensor gradients are reduced
     over their meshes by DTensor itself.  Returns the total norm."""
     return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+def step_fields_error(case: ModelCase) -> str | None:
+    """What is wrong with the step's fields as declared (one line naming the field), or None: checked when the case
+    is made, before any run."""
+    if not callable(case.optimizer) and case.optimizer not in ("sgd", "adamw"):
+        return f"optimizer {case.optimizer!r}; expected 'sgd', 'adamw' or a callable"
+    for name in ("microbatches", "steps"):
+        if not isinstance(getattr(case, name), int) or getattr(case, name) < 1:
+            return f"{name} {getattr(case, name)!r}; expected a positive int"
+    if case.clip_grad_norm is not None and not case.clip_grad_norm > 0:
+        return f"clip_grad_norm {case.clip_grad_norm!r}; expected a positive number"
+    if case.microbatches == 1 or case.skip_reason is not None:
+        return None
+    try:
+        data = case.make_inputs(torch.Generator().manual_seed(0))
+    except Exception:  # the ranks report it (a reference error row), as without micro-batches
+        return None
+    name = case.batch or case.model_inputs[0]
+    rows = batch_rows(data, name)
+    if rows is None:
+        return f"microbatches {case.microbatches}: the batch input {name!r} is not an input with a dim 0 to split"
+    if rows % case.microbatches:
+        return f"microbatches {case.microbatches} does not divide the batch ({name!r} has {rows} rows)"
+    return None
+
+
+def batch_rows(data: Tensors, name: str) -> int | None:
+    """The batch's rows: dim 0 of input `name` (None where it has none)."""
+    return int(data[name].shape[0]) if name in data and data[name].dim() else None
+
+
+def microbatches(case: ModelCase, data: Tensors, full_shapes: dict[str, tuple[int, ...]]) -> list[Tensors]:
+    """The step's micro-batches of `data` (the full inputs, or this rank's pieces): micro-batch j takes rows j,
+    j + k, j + 2k, ... of every input with as many rows (dim 0) as the batch (by their full shapes).  So a rank's
+    piece of a batch split evenly over dp (each piece a multiple of k rows) gives, split so, its piece of each
+    micro-batch of the whole batch."""
+    k = case.microbatches
+    if k == 1:
+        return [data]
+    rows = full_shapes[case.batch or case.model_inputs[0]][0]
+    split = {n for n, shape in full_shapes.items() if n in data and shape and shape[0] == rows}
+    return [{n: v[j::k] if n in split else v for n, v in data.items()} for j in range(k)]
 
 
 def run_step(
@@ -117,8 +161,8 @@ def _forward_backward(
     hooks = _ModuleHooks(arrive)
     handles = [m.register_forward_hook(hooks.on_forward(path)) for path, m in model.named_modules()] if not step else []
     try:
-        with torch.enable_grad():
-            out = model(*[data[n] for n in case.model_inputs])
+        with torch.enable_grad(), _low_precision(case, model, ctx):
+            out = _forward(case, model, [data[n] for n in case.model_inputs], ctx)
             loss = case.loss(out, data, ctx) if case.loss is not None else out
             if isinstance(loss, DTensor):
                 loss = loss.full_tensor()
@@ -128,6 +172,53 @@ def _forward_backward(
     finally:
         for h in handles:
             h.remove()
+
+
+def _forward(case: ModelCase, model: nn.Module, args: list, ctx: RankContext | None):
+    """The model's call; under a mixed-precision policy emulated (`_low_precision`), its floating inputs cast to
+    `param_dtype` (`cast_forward_inputs`) and its output to `output_dtype`."""
+    policy = _emulated_policy(case, model, ctx)
+    if policy is None:
+        return model(*args)
+    if policy.cast_forward_inputs:
+        args = [a.to(policy.param_dtype) if torch.is_floating_point(a) else a for a in args]
+    out = model(*args)
+    return out.to(policy.output_dtype) if policy.output_dtype is not None and torch.is_tensor(out) else out
+
+
+def _emulated_policy(case: ModelCase, model: nn.Module, ctx: RankContext | None):
+    """The mixed-precision policy the single-device step emulates: the case's, below float64 (whose run is the
+    exact answer); None on the ranks (the plan applies it) and without one."""
+    policy = case.mixed_precision
+    if ctx is not None or policy is None or policy.param_dtype is None:
+        return None
+    return None if all(p.dtype == torch.float64 for p in model.parameters()) else policy
+
+
+class _Cast(nn.Module):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.dtype)
+
+
+@contextlib.contextmanager
+def _low_precision(case: ModelCase, model: nn.Module, ctx: RankContext | None):
+    """FSDP2's `MixedPrecisionPolicy` on one device, for one forward and its backward: every parameter read as its
+    cast to `param_dtype` (a parametrization, so an activation checkpoint's recomputation reads it so too, and each
+    gradient returns to its master parameter in the master's dtype, as FSDP2's fp32 `reduce_dtype` gives it).  Not
+    emulated: a `reduce_dtype` below the master's (the ranks' reduction rounds in it; one device reduces nothing)."""
+    policy = _emulated_policy(case, model, ctx)
+    owned = [(m, n) for m in model.modules() for n, _ in m.named_parameters(recurse=False)] if policy else []
+    for module, name in owned:
+        parametrize.register_parametrization(module, name, _Cast(policy.param_dtype), unsafe=True)
+    try:
+        yield
+    finally:
+        for module, name in owned:  # the same Parameter objects back (the optimizer's)
+            parametrize.remove_parametrizations(module, name, leave_parametrized=False)
 
 
 class _ModuleHooks:

@@ -9,23 +9,30 @@ import torch
 import torch.nn.functional as F
 from _step_model import IGNORE
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+MIXED_PRECISION = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
-def parallelize(model: nn.Module, ctx) -> nn.Module:
+
+def parallelize(model: nn.Module, ctx, mp_policy: MixedPrecisionPolicy | None = None) -> nn.Module:
     for block in model.blocks:
         parallelize_module(block, ctx.mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
-    if ctx.size("dp") > 1:
+    if ctx.size("dp") > 1 or mp_policy is not None:  # (FSDP2 applies the policy, at dp 1 too)
         for block in model.blocks:
-            fully_shard(block, mesh=ctx.mesh["dp"])
-        fully_shard(model, mesh=ctx.mesh["dp"])
+            fully_shard(block, mesh=ctx.mesh["dp"], mp_policy=mp_policy or MixedPrecisionPolicy())
+        fully_shard(model, mesh=ctx.mesh["dp"], mp_policy=mp_policy or MixedPrecisionPolicy())
         for module in model.modules():
             if isinstance(module, FSDPModule):  # each rank's loss is its summand of the step's: sum, do not average
                 module.set_gradient_divide_factor(1.0)
                 module.set_force_sum_reduction_for_comms(True)  # gloo has neither PREMUL_SUM nor AVG
     return model
+
+
+def parallelize_mixed_precision(model: nn.Module, ctx) -> nn.Module:
+    """The same plan under FSDP2's mixed precision: bf16 parameters in the forward and backward, fp32 reduction."""
+    return parallelize(model, ctx, MIXED_PRECISION)
 
 
 def loss(logits: torch.Tensor, inputs: dict, ctx) -> torch.Tensor:
