@@ -7,7 +7,12 @@ report work unchanged) whose outputs are what one training step of the model pro
     loss                 the loss
     dact<NN>:<module>    the gradient arriving at every submodule's output, backward order
     dparam:<param>       every parameter's gradient (each rank's shard against its slice of the full one)
-    step:<param>         every parameter after one optimizer step (SGD, or AdamW on request)
+    grad_norm            the gradients' total norm, where the step clips them
+    state:<param>.<s>    every parameter's optimizer state after the step (AdamW's exp_avg, exp_avg_sq, step)
+    step:<param>         every parameter after the optimizer step (SGD, AdamW, or the plan's optimizer)
+
+each of micro-batch j >= 2 with `@mb<j>`, of optimizer step s >= 2 with `@step<s>` (harness/core/train_step.py runs
+the step: micro-batches, clipping, several steps, mixed precision).
 
 The full weights are inputs of the case (`param:<name>`, drawn by `build(gen)`): both models get the same ones, the
 single-device one whole, the sharded one by each parameter's DTensor placements or, for a plain tensor, the

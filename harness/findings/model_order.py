@@ -2,8 +2,10 @@
 
 A model case's checks carry their place in the step (shardcheck.harness.core.model_case): `forward:actNN:<module>`
 in forward order, `forward:loss`, `forward:dactNN:<module>` in backward order, then `forward:dparam:<param>` and
-`forward:step:<param>`.  A cause among them is named by its first failing check in that order; the modules after it
-are its consequences, and the parameters whose gradients or stepped values are wrong are listed.
+`forward:step:<param>` (with `forward:grad_norm` and `forward:state:<param>.<state>` between them, and the checks
+of later micro-batches and optimizer steps, `@mb<j>` / `@step<s>`, in their places).  A cause among them is named
+by its first failing check in that order; the modules after it are its consequences, and the parameters whose
+gradients or stepped values are wrong are listed.
 """
 
 from __future__ import annotations
