@@ -16,18 +16,16 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 from torch.nn.utils import parametrize
 
 from shardcheck.harness.core.layout import Tensors
 from shardcheck.harness.core.rank_context import RankContext
-
-if TYPE_CHECKING:
-    from shardcheck.harness.core.model_case import ModelCase
 
 ROOT_NAME = "model"  # the root module's key (its path is "")
 
@@ -58,6 +56,26 @@ class Made:
 
 
 ClipFn = Callable[[list[nn.Parameter], float, RankContext | None], torch.Tensor]
+OptimizerFn = Callable[[list[nn.Parameter], float, RankContext | None], torch.optim.Optimizer]
+
+
+class StepFields(Protocol):
+    """What the step reads of its case: the fields of a ModelCase (shardcheck.harness.core.model_case) that say how
+    it is run (named here, not imported: the model case imports this module)."""
+
+    make_inputs: Callable[[torch.Generator], Tensors]
+    model_inputs: tuple[str, ...]
+    batch: str | None
+    loss: Callable[[Any, Tensors, RankContext | None], torch.Tensor] | None
+    step_context: Callable[[RankContext | None], contextlib.AbstractContextManager] | None
+    optimizer: str | OptimizerFn
+    lr: float
+    microbatches: int
+    steps: int
+    clip_grad_norm: float | None
+    clip_grad: ClipFn | None
+    mixed_precision: MixedPrecisionPolicy | None
+    skip_reason: str | None
 
 
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float, ctx: RankContext | None) -> torch.Tensor:
@@ -66,7 +84,7 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, ctx: RankContext
     return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
 
-def step_fields_error(case: ModelCase) -> str | None:
+def step_fields_error(case: StepFields) -> str | None:
     """What is wrong with the step's fields as declared (one line naming the field), or None: checked when the case
     is made, before any run."""
     if not callable(case.optimizer) and case.optimizer not in ("sgd", "adamw"):
@@ -96,7 +114,7 @@ def batch_rows(data: Tensors, name: str) -> int | None:
     return int(data[name].shape[0]) if name in data and data[name].dim() else None
 
 
-def microbatches(case: ModelCase, data: Tensors, full_shapes: dict[str, tuple[int, ...]]) -> list[Tensors]:
+def microbatches(case: StepFields, data: Tensors, full_shapes: dict[str, tuple[int, ...]]) -> list[Tensors]:
     """The step's micro-batches of `data` (the full inputs, or this rank's pieces): micro-batch j takes rows j,
     j + k, j + 2k, ... of every input with as many rows (dim 0) as the batch (by their full shapes).  So a rank's
     piece of a batch split evenly over dp (each piece a multiple of k rows) gives, split so, its piece of each
@@ -110,7 +128,7 @@ def microbatches(case: ModelCase, data: Tensors, full_shapes: dict[str, tuple[in
 
 
 def run_step(
-    case: ModelCase,
+    case: StepFields,
     model: nn.Module,
     batches: list[Tensors],
     ctx: RankContext | None,
@@ -149,7 +167,7 @@ def _at(made: Made, step: int, microbatch: int) -> Made:
 
 
 def _forward_backward(
-    case: ModelCase,
+    case: StepFields,
     model: nn.Module,
     data: Tensors,
     ctx: RankContext | None,
@@ -174,7 +192,7 @@ def _forward_backward(
             h.remove()
 
 
-def _forward(case: ModelCase, model: nn.Module, args: list, ctx: RankContext | None):
+def _forward(case: StepFields, model: nn.Module, args: list, ctx: RankContext | None):
     """The model's call; under a mixed-precision policy emulated (`_low_precision`), its floating inputs cast to
     `param_dtype` (`cast_forward_inputs`) and its output to `output_dtype`."""
     policy = _emulated_policy(case, model, ctx)
@@ -186,7 +204,7 @@ def _forward(case: ModelCase, model: nn.Module, args: list, ctx: RankContext | N
     return out.to(policy.output_dtype) if policy.output_dtype is not None and torch.is_tensor(out) else out
 
 
-def _emulated_policy(case: ModelCase, model: nn.Module, ctx: RankContext | None):
+def _emulated_policy(case: StepFields, model: nn.Module, ctx: RankContext | None):
     """The mixed-precision policy the single-device step emulates: the case's, below float64 (whose run is the
     exact answer); None on the ranks (the plan applies it) and without one."""
     policy = case.mixed_precision
@@ -205,7 +223,7 @@ class _Cast(nn.Module):
 
 
 @contextlib.contextmanager
-def _low_precision(case: ModelCase, model: nn.Module, ctx: RankContext | None):
+def _low_precision(case: StepFields, model: nn.Module, ctx: RankContext | None):
     """FSDP2's `MixedPrecisionPolicy` on one device, for one forward and its backward: every parameter read as its
     cast to `param_dtype` (a parametrization, so an activation checkpoint's recomputation reads it so too, and each
     gradient returns to its master parameter in the master's dtype, as FSDP2's fp32 `reduce_dtype` gives it).  Not
@@ -251,10 +269,7 @@ class _ModuleHooks:
         return hook
 
 
-OptimizerFn = Callable[[list[nn.Parameter], float, RankContext | None], torch.optim.Optimizer]
-
-
-def make_optimizer(case: ModelCase, params: list[nn.Parameter], ctx: RankContext | None) -> torch.optim.Optimizer:
+def make_optimizer(case: StepFields, params: list[nn.Parameter], ctx: RankContext | None) -> torch.optim.Optimizer:
     """The case's optimizer over `params`: torch's SGD or AdamW at `case.lr`, or the plan's own
     (`optimizer(params, lr, ctx)`, ctx None on the single device, where it makes the reference's)."""
     if callable(case.optimizer):
