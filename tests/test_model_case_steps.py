@@ -175,9 +175,9 @@ def test_a_micro_batch_count_that_does_not_divide_the_batch_is_one_line():
     # dividing the batch, but not each DP rank's piece: that topology is a skip with the reason
     case = _case(microbatches=4).case()
     data = _step_model.make_inputs(torch.Generator().manual_seed(0))
-    assert "multiple of microbatches·dp = 8" in case.misfit(Topology(2, 1, 1), data)
+    assert "a multiple of 4 rows (a multiple of microbatches·dp = 16)" in case.misfit(Topology(4, 1, 1), data)
     assert (
-        case.misfit(Topology(1, 1, 2), data) == ""
+        case.misfit(Topology(2, 1, 2), data) == ""
         and _case(microbatches=2).case().misfit(Topology(4, 1, 1), data) == ""
     )
 
