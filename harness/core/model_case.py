@@ -161,7 +161,8 @@ class ModelCase:
     clip_grad_norm: float | None = None
     clip_grad: ClipFn | None = None
     # FSDP2's MixedPrecisionPolicy the plan applies (fully_shard(mp_policy=...)): the single-device step below float64
-    # runs under it too (train_step._forward), so the budgets are a low-precision forward's; float64 items are left out.
+    # runs under it too (train_step._low_precision), every budget is param_dtype's (Case.compute_dtype), and float64
+    # items are left out.
     mixed_precision: MixedPrecisionPolicy | None = None
     dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")
     supports: Callable[[Topology], bool] = lambda topology: True
@@ -191,6 +192,7 @@ class ModelCase:
             output_names=("loss",),
             output_layouts=(REPLICATED,),
             budget_scope=BudgetScope.TENSOR,
+            compute_dtype=self.mixed_precision.param_dtype if self.mixed_precision is not None else None,
             dtypes=self._dtypes(),
             supports=self.supports,
             context_parallel=self._uses_cp(),

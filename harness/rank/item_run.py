@@ -367,7 +367,8 @@ class ItemRun:
             return
         got_dtype = got.dtype
         got = out.layout.reduce_partial(got, self.mesh)
-        budget = Budget(out.gold, out.naive, out.naive.dtype, case.budget_scope, golden.output_scale(out.index))
+        scale = golden.output_scale(out.index)
+        budget = Budget(out.gold, out.naive, out.naive.dtype, case.budget_scope, scale, case.compute_dtype)
         place = Placement(out.layout, self.mesh, golden.inputs)
         self._emit_verdict(self._measure(Comparison(out.check, got, expected, budget, place, got_dtype)), precision)
 
@@ -419,7 +420,8 @@ class ItemRun:
             place = Placement(lay, self.mesh, golden.inputs)
             expected = place.local(gold)
             reduced = lay.reduce_partial(got, self.mesh)
-            budget = Budget(gold, naive, naive.dtype, case.budget_scope, golden.output_scale(index))
+            scale = golden.output_scale(index)
+            budget = Budget(gold, naive, naive.dtype, case.budget_scope, scale, case.compute_dtype)
             comparison = Comparison(case.forward_checks[index], reduced, expected, budget, place, got.dtype)
             call.verdicts[index] = self._measure(comparison, arriving=True)
         except Exception as exc:  # raised as the harness's own error once the run is over, not as the model's
