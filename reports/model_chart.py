@@ -55,15 +55,11 @@ def profile(rows: pd.DataFrame) -> pd.DataFrame:
         m = CHECK.match(str(r["check"]))
         if m is None:
             continue
-        kind = m.group(1) or m.group(5) or "loss"
-        direction = {"dact": "backward", "dparam": "parameters", "step": "parameters"}.get(kind, "forward")
-        name = (
-            "loss"
-            if kind == "loss"
-            else m.group(3)
-            if m.group(1)
-            else f"{m.group(6)} ({'gradient' if kind == 'dparam' else 'after the step'})"
-        )
+        kind = m.group(1) or m.group(4) or m.group(5)
+        direction = "forward" if kind in ("act", "loss") else "backward" if kind == "dact" else "parameters"
+        words = {"dparam": "gradient", "state": "optimizer state", "step": "after the step"}
+        name = kind if m.group(4) else m.group(3) if m.group(1) else f"{m.group(6)} ({words[kind]})"
+        name += "@" + str(r["check"]).split("@", 1)[1] if "@" in str(r["check"]) else ""
         out.append(
             {
                 "direction": direction,

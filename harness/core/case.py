@@ -115,6 +115,9 @@ class Case:
 
     # What one low-precision budget covers: a row of each output and gradient (the last dim), or the whole tensor.
     budget_scope: BudgetScope = BudgetScope.ROW
+    # The dtype the outputs are computed in where it is below theirs (a model step under a mixed-precision policy: bf16
+    # work, float32 gradients and parameters): their budgets are that dtype's.  None: each output's own dtype.
+    compute_dtype: torch.dtype | None = None
 
     # ---- where it runs
     dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")

@@ -7,7 +7,12 @@ report work unchanged) whose outputs are what one training step of the model pro
     loss                 the loss
     dact<NN>:<module>    the gradient arriving at every submodule's output, backward order
     dparam:<param>       every parameter's gradient (each rank's shard against its slice of the full one)
-    step:<param>         every parameter after one optimizer step (SGD, or AdamW on request)
+    grad_norm            the gradients' total norm, where the step clips them
+    state:<param>.<s>    every parameter's optimizer state after the step (AdamW's exp_avg, exp_avg_sq, step)
+    step:<param>         every parameter after the optimizer step (SGD, AdamW, or the plan's optimizer)
+
+each of micro-batch j >= 2 with `@mb<j>`, of optimizer step s >= 2 with `@step<s>` (harness/core/train_step.py runs
+the step: micro-batches, clipping, several steps, mixed precision).
 
 The full weights are inputs of the case (`param:<name>`, drawn by `build(gen)`): both models get the same ones, the
 single-device one whole, the sharded one by each parameter's DTensor placements or, for a plain tensor, the
@@ -23,11 +28,12 @@ import contextlib
 import fnmatch
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
 from shardcheck.harness.core.case import Case
@@ -36,26 +42,50 @@ from shardcheck.harness.core.known_failure import KnownFailure
 from shardcheck.harness.core.layout import REPLICATED, Layout, Tensors
 from shardcheck.harness.core.rank_context import RankContext
 from shardcheck.harness.core.topology import MESH_DIMS, Topology, mesh_dims
+from shardcheck.harness.core.train_step import (
+    ROOT_NAME,
+    ClipFn,
+    Kind,
+    Made,
+    OptimizerFn,
+    batch_rows,
+    microbatches,
+    run_step,
+    step_fields_error,
+)
 from shardcheck.harness.core.wrapped_names import OriginalNames, flat_parameters, gathered
 
 PARAM_PREFIX = "param:"
-ROOT_NAME = "model"  # the root module's name in check names (its path is "")
 
 
-# A model case's check names: its outputs' (`_name`), each `forward:<name>`.
-CHECK = re.compile(r"^forward:(?:(act|dact)(\d+):(.+)|(loss)|(dparam|step):(.+))$")
-_STAGE = {"act": 0, "loss": 1, "dact": 2, "dparam": 3, "step": 4}
+# A model case's check names: its outputs' (`_name`), each `forward:<name>`, with `@step<s>` (optimizer step s from
+# 2), `@mb<j>` (micro-batch j from 2) or `@step<s>.mb<j>` where the case runs several.
+CHECK = re.compile(
+    r"^forward:(?:(act|dact)(\d+):([^@]+)|(loss|grad_norm)|(dparam|state|step):([^@]+))"
+    r"(?:@(?:step(\d+))?\.?(?:mb(\d+))?)?$"
+)
+_STAGE = {"act": 0, "loss": 1, "dact": 2, "dparam": 3, "grad_norm": 4, "state": 5, "step": 6}
 
 
-def step_order(check: str) -> tuple[int, int] | None:
-    """(stage, index) of a model case's check in its step (forward, loss, backward, gradients, step); None for any
-    other check.  The first failing one in this order is the step's first divergence."""
+def step_order(check: str) -> tuple[int, ...] | None:
+    """The place of a model case's check in its step: (optimizer step, each micro-batch's forward / loss / backward
+    before the gradients, clipping norm, optimizer state and stepped parameters, micro-batch, stage, index); None for
+    any other check.  The first failing one in this order is the step's first divergence."""
     m = CHECK.match(str(check))
     if m is None:
         return None
-    if m.group(1):
-        return _STAGE[m.group(1)], int(m.group(2))
-    return (_STAGE["loss"], 0) if m.group(4) else (_STAGE[m.group(5)], 0)
+    kind = m.group(1) or m.group(4) or m.group(5)
+    step, mb = int(m.group(7) or 1), int(m.group(8) or 1)
+    stage = _STAGE[kind]
+    return step, int(stage > _STAGE["dact"]), mb, stage, int(m.group(2) or 0)
+
+
+def check_kind(check: str) -> str:
+    """A model check's kind of tensor, whose largest golden magnitude is the floor of its budget: the kinds of
+    `_STAGE`, each optimizer state its own (`state:exp_avg_sq`: squared gradients, another scale)."""
+    m = CHECK.match(str(check))
+    kind = m.group(1) or m.group(4) or m.group(5)
+    return f"state:{m.group(6).rsplit('.', 1)[-1]}" if kind == "state" else kind
 
 
 class ModelCaseError(ValueError):
@@ -81,7 +111,7 @@ class StepOutputs:
 
     names: tuple[str, ...]
     shapes: dict[str, tuple[int, ...]]
-    by_key: dict[tuple[str, str], str]
+    by_key: dict[tuple[str, str, int, int], str]  # (kind, key, optimizer step, micro-batch) -> output name
 
 
 @dataclass(kw_only=True)
@@ -124,8 +154,20 @@ class ModelCase:
     batch_layout: Layout | None = None
     # Other families the step calls (`ctx.module(family)`), each resolved by its own --impl (Case.uses).
     uses: tuple[str, ...] = ()
-    optimizer: str = "sgd"  # "sgd" or "adamw"
+    optimizer: str | OptimizerFn = "sgd"  # "sgd", "adamw", or the plan's own: optimizer(params, lr, ctx)
     lr: float = 0.1
+    # The step's shape (docs/model-cases.md, "The training step"): `microbatches` forward/backward passes before each
+    # optimizer step, micro-batch j the rows j, j + k, ... of every input with the batch's rows (dim 0); `steps`
+    # optimizer steps on the same inputs; clipping by the global norm `clip_grad_norm` before each optimizer step,
+    # by `clip_grad(params, max_norm, ctx)` (None: torch's clip_grad_norm_), which returns the total norm.
+    microbatches: int = 1
+    steps: int = 1
+    clip_grad_norm: float | None = None
+    clip_grad: ClipFn | None = None
+    # FSDP2's MixedPrecisionPolicy the plan applies (fully_shard(mp_policy=...)): the single-device step below float64
+    # runs under it too (train_step._low_precision), every budget is param_dtype's (Case.compute_dtype), and float64
+    # items are left out.
+    mixed_precision: MixedPrecisionPolicy | None = None
     dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")
     supports: Callable[[Topology], bool] = lambda topology: True
     context_parallel: bool | None = None
@@ -145,10 +187,9 @@ class ModelCase:
         """The ordinary Case that runs this model's step.  Its outputs are named by one float64 step of the model on
         one device, run the first time a rank (or the bench) asks for them, not here: loading a suite to plan runs
         no model (the planner plans a model case's checks as its loss alone: PLANNED_CHECKS)."""
-        if self.optimizer not in ("sgd", "adamw"):
-            raise ModelCaseError(
-                f"model case {self.op}[{self.case_id}]: optimizer {self.optimizer!r}; expected 'sgd' or 'adamw'"
-            )
+        wrong = step_fields_error(self)
+        if wrong:
+            raise ModelCaseError(f"model case {self.op}[{self.case_id}]: {wrong}")
         for dim, p in zip(MESH_DIMS, self.loss_layout.placements):
             if isinstance(p, Partial) and (p.reduce_op not in ("sum", "avg") or (dim == "tp" and p.reduce_op == "avg")):
                 raise ModelCaseError(
@@ -165,7 +206,8 @@ class ModelCase:
             output_names=("loss",),
             output_layouts=(REPLICATED,),
             budget_scope=BudgetScope.TENSOR,
-            dtypes=self.dtypes,
+            compute_dtype=self.mixed_precision.param_dtype if self.mixed_precision is not None else None,
+            dtypes=self._dtypes(),
             supports=self.supports,
             context_parallel=self._uses_cp(),
             hsdp=self.hsdp,
@@ -178,6 +220,16 @@ class ModelCase:
         case.model = self
         self._case = case
         return case
+
+    def _dtypes(self) -> tuple[str, ...]:
+        """The item dtypes: under a mixed-precision policy not float64 (its golden is the step without the policy,
+        and a float64 item's budget is float64's own)."""
+        if self.mixed_precision is None:
+            return self.dtypes
+        kept = tuple(d for d in self.dtypes if d != "float64")
+        if not kept:
+            raise ModelCaseError(f"model case {self.op}[{self.case_id}]: mixed_precision needs a dtype below float64")
+        return kept
 
     def outputs(self) -> tuple[str, ...]:
         """The case's output names in step order, from one float64 step on one device: run once, the first time they
@@ -206,7 +258,7 @@ class ModelCase:
         return self.make_inputs(gen)
 
     def _unchecked(self, name: str) -> bool:
-        kind, key = _key_of(name)
+        kind, key, _, _ = _key_of(name)
         path = key.split("#")[0]
         return kind in ("act", "dact") and any(
             fnmatch.fnmatchcase(path if path != ROOT_NAME else "", pat) for pat in self.unchecked_modules
@@ -249,13 +301,14 @@ class ModelCase:
         """{output name: full tensor} of one step of the single-device model, names in execution order."""
         model = self._fresh_model(inputs)
         data = {k: v for k, v in inputs.items() if not k.startswith(PARAM_PREFIX)}
-        steps: dict[str, list] = {kind: [] for kind in _STAGE}
+        made: list[Made] = []
         # a copy: a module may change its output in place later
-        self._step(model, data, None, lambda step: steps[step.kind].append((step.key, step.tensor.clone())))
-        got = {}
-        for kind in ("act", "loss", "dact", "dparam", "step"):
-            for i, (key, tensor) in enumerate(steps[kind]):
-                got[_name(kind, i, key)] = tensor
+        batches = microbatches(self, data, {k: tuple(v.shape) for k, v in data.items()})
+        run_step(self, model, batches, None, lambda m: made.append(replace(m, tensor=m.tensor.clone())))
+        got, counts = {}, {}
+        for m in sorted(made, key=lambda m: step_order("forward:" + _name(m.kind, 0, m.key, m.step, m.microbatch))):
+            i = counts[m.kind, m.step, m.microbatch] = counts.get((m.kind, m.step, m.microbatch), -1) + 1
+            got[_name(m.kind, i, m.key, m.step, m.microbatch)] = m.tensor
         return got
 
     def _reference(self, inputs: Tensors) -> tuple:
@@ -273,9 +326,14 @@ class ModelCase:
         default = self._batch_layout()
         scale = self._gradient_scale(ctx)
         got: dict[str, tuple[torch.Tensor | None, Layout]] = {}
+        full_shapes = {n: tuple(s) for n, s in ctx.full_shapes.items()}
 
-        def arrive(step: StepTensor) -> None:
-            name = self._outputs.by_key.get((step.kind, step.key))
+        def arrive(made: Made) -> None:
+            # an activation on the tp sub-mesh is still split over dp/cp as the batch
+            step = _step_tensor(
+                made.kind, made.key, made.tensor, default if made.kind in (Kind.ACT, Kind.DACT) else REPLICATED
+            )
+            name = self._outputs.by_key.get((step.kind, step.key, made.step, made.microbatch))
             if name is None:  # a module call the single-device model does not make: nothing to compare with
                 return
             layout = self._layout_of(step, name, default, ctx)
@@ -286,7 +344,7 @@ class ModelCase:
             judged = ctx.judge_output is not None and ctx.judge_output(name, step.tensor, layout)
             got[name] = (None if judged else step.tensor.clone(), layout)
 
-        self._step(model, data, ctx, arrive)
+        run_step(self, model, microbatches(self, data, full_shapes), ctx, arrive)
         outs = [got.get(n, (None, REPLICATED)) for n in names]
         self._case.output_layouts = tuple(lay for _, lay in outs)  # read by the harness after this run, this item
         return tuple(t for t, _ in outs)
@@ -312,6 +370,12 @@ class ModelCase:
                 layout = _gradient_over_batch(layout, default, mesh_dims(ctx.mesh).sizes)
         elif layout is None and step.kind in ("dparam", "step"):
             layout = _param_layout(step.key, self.param_layouts)
+        elif layout is None and step.kind == "state":  # a state with its parameter's shape is laid out as it is
+            param, state = step.key.rsplit(".", 1)
+            full = self._outputs.shapes[f"step:{param}"]
+            layout = _param_layout(param, self.param_layouts) if self._outputs.shapes[name] == full else REPLICATED
+        elif step.kind == "grad_norm":
+            layout = REPLICATED
         return layout if layout is not None else self.loss_layout
 
     def _gradient_scale(self, ctx: RankContext) -> int:
@@ -369,68 +433,6 @@ class ModelCase:
                     )
                 target.copy_(piece)
 
-    # ---------------------------------------------------------------------------------------------- the step
-
-    def _step(
-        self,
-        model: nn.Module,
-        data: Tensors,
-        ctx: RankContext | None,
-        arrive: Callable[[StepTensor], None],
-    ) -> None:
-        """One training step with hooks, each tensor handed to `arrive` as it is made, in execution order (kinds: act,
-        loss, dact, dparam, step).  Detached, not copied: `arrive` copies what it keeps."""
-        calls: dict[str, int] = {}
-        # an activation on the tp sub-mesh is still split over dp/cp as the batch
-        batch = self._batch_layout()
-
-        def on_forward(path: str):
-            def hook(module, args, out):
-                tensor = _first_float(out)
-                if tensor is None:
-                    return
-                k = calls.get(path, 0)
-                calls[path] = k + 1
-                key = (path or ROOT_NAME) + (f"#{k}" if k else "")
-                arrive(_step_tensor("act", key, tensor, batch))
-                if tensor.requires_grad:
-                    tensor.register_hook(lambda g, key=key: arrive(_step_tensor("dact", key, g, batch)))
-
-            return hook
-
-        names = OriginalNames(model)  # a wrapped model's names as build() gave them
-        # under torch.compile the hooks run as Python, not traced (judging inside them is no part of the model)
-        opaque = torch.compiler.disable if names.compiled else (lambda hook: hook)
-        handles = [m.register_forward_hook(opaque(on_forward(path))) for path, m in names.modules(model)]
-        around = self.step_context(ctx) if self.step_context is not None else contextlib.nullcontext()
-        try:
-            with around:  # the whole step: forward, loss, backward and the optimizer step
-                with torch.enable_grad():
-                    out = model(*[data[n] for n in self.model_inputs])
-                    loss = self.loss(out, data, ctx) if self.loss is not None else out
-                    if isinstance(loss, DTensor):
-                        loss = loss.full_tensor()
-                    arrive(StepTensor("loss", "loss", loss.detach(), None))
-                    loss.backward()
-                # A DTensor gradient left Partial (a replicated norm weight under sequence parallelism) is the sum
-                # of the ranks' pieces, as DTensor defines it: compared so, while the step shows whether the
-                # optimizer reduced it.  FSDP1's flat pieces are judged whole (gathered).
-                with gathered(model, with_grads=True):
-                    for name, p in names.parameters(model):
-                        if p.grad is not None:
-                            arrive(_step_tensor("dparam", name, p.grad))
-                self._optimizer(list(model.parameters())).step()
-        finally:
-            for h in handles:
-                h.remove()
-        with gathered(model):
-            for name, p in names.parameters(model):
-                arrive(_step_tensor("step", name, p))
-
-    def _optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        optimizer = torch.optim.SGD if self.optimizer == "sgd" else torch.optim.AdamW
-        return optimizer(params, lr=self.lr)
-
 
 # What the planner plans of a model case (its outputs are named by running it, which planning does not): the loss,
 # which every model case has.  The ranks report every check; a model item that does not run (skipped, or its ranks
@@ -466,33 +468,50 @@ class StepCase(Case):
     def output_layouts(self, layouts: tuple[Layout, ...]) -> None:
         self._given_layouts = tuple(layouts)
 
+    def misfit(self, topology: Topology, inputs: Tensors) -> str:
+        """Case.misfit, and micro-batches: each rank's piece of the batch must split into them evenly (so that its
+        pieces are its pieces of the whole batch's micro-batches)."""
+        k = self.model.microbatches if self.model is not None else 1
+        name = self.model.batch or self.model.model_inputs[0] if self.model is not None else None
+        layout = self.input_layouts.get(name, REPLICATED)
+        if k > 1 and name in inputs and isinstance(layout.placements[0], Shard) and topology.dp > 1:
+            rows = batch_rows(inputs, name)
+            if rows is not None and rows % (k * topology.dp):
+                return (
+                    f"input {name!r} of {rows} rows cannot be split into {k} micro-batches at {topology}: each DP "
+                    f"rank's piece must be a multiple of {k} rows (a multiple of microbatches·dp = {k * topology.dp})"
+                )
+        return super().misfit(topology, inputs)
+
     def planning_inputs(self, gen: torch.Generator) -> Tensors:
         """The inputs the planner lays out (Case.misfit): the model's data alone, its weights left unbuilt."""
         return self.model.data_inputs(gen) if self.model is not None else self.make_inputs(gen)
 
 
-def _name(kind: str, index: int, key: str) -> str:
-    """The output (check) name: activations carry their execution order, so that the first diverging one is known."""
-    if kind in ("act", "dact"):
-        return f"{kind}{index:02d}:{key}"
-    return "loss" if kind == "loss" else f"{kind}:{key}"
+def _name(kind: str, index: int, key: str, step: int = 0, microbatch: int = 0) -> str:
+    """The output (check) name: activations carry their execution order, so that the first diverging one is known;
+    a later optimizer step or micro-batch (from 0 here) its place."""
+    where = ".".join(([f"step{step + 1}"] if step else []) + ([f"mb{microbatch + 1}"] if microbatch else []))
+    head = (
+        f"{kind}{index:02d}:{key}"
+        if kind in ("act", "dact")
+        else kind
+        if kind in ("loss", "grad_norm")
+        else f"{kind}:{key}"
+    )
+    return head + (f"@{where}" if where else "")
 
 
-def _key_of(name: str) -> tuple[str, str]:
-    """(kind, key) of an output name (_name's inverse)."""
-    if name == "loss":
-        return "loss", "loss"
-    head, _, key = name.partition(":")
-    return head.rstrip("0123456789"), key
-
-
-def _first_float(out) -> torch.Tensor | None:
-    """A module's compared output: the tensor, or the first floating tensor of a tuple/list."""
-    if isinstance(out, torch.Tensor):
-        return out if out.is_floating_point() else None
-    if isinstance(out, (tuple, list)):
-        return next((t for t in out if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
-    return None
+def _key_of(name: str) -> tuple[str, str, int, int]:
+    """(kind, key, optimizer step, micro-batch) of an output name (_name's inverse)."""
+    head, _, where = name.partition("@")
+    places = dict.fromkeys(("step", "mb"), 0)
+    for part in where.split(".") if where else ():
+        label = part.rstrip("0123456789")
+        places[label] = int(part[len(label) :]) - 1
+    kind, _, key = head.partition(":")
+    kind = kind.rstrip("0123456789")
+    return kind, key or kind, places["step"], places["mb"]
 
 
 def _step_tensor(kind: str, key: str, t: torch.Tensor, absent: Layout = REPLICATED) -> StepTensor:

@@ -2,8 +2,10 @@
 
 A model case's checks carry their place in the step (shardcheck.harness.core.model_case): `forward:actNN:<module>`
 in forward order, `forward:loss`, `forward:dactNN:<module>` in backward order, then `forward:dparam:<param>` and
-`forward:step:<param>`.  A cause among them is named by its first failing check in that order; the modules after it
-are its consequences, and the parameters whose gradients or stepped values are wrong are listed.
+`forward:step:<param>` (with `forward:grad_norm` and `forward:state:<param>.<state>` between them, and the checks
+of later micro-batches and optimizer steps, `@mb<j>` / `@step<s>`, in their places).  A cause among them is named
+by its first failing check in that order; the modules after it are its consequences, and the parameters whose
+gradients or stepped values are wrong are listed.
 """
 
 from __future__ import annotations
@@ -18,16 +20,40 @@ _WORDS = {
     "loss": "loss",
     "dact": "gradient at its output",
     "dparam": "gradient",
+    "state": "optimizer state",
     "step": "after the step",
 }
+_PARAM_KINDS = ("dparam", "state", "step")
 
 
 def _subject(check: str) -> tuple[str, str]:
-    """(kind, module or parameter) of a model check."""
+    """(kind, module or parameter) of a model check (a state's parameter without the state's name)."""
     m = _CHECK.match(check)
     if m.group(1):
         return m.group(1), m.group(3)
-    return ("loss", "loss") if m.group(4) else (m.group(5), m.group(6))
+    if m.group(4):
+        return m.group(4), m.group(4)
+    return m.group(5), m.group(6).rsplit(".", 1)[0] if m.group(5) == "state" else m.group(6)
+
+
+def _where(check: str) -> str:
+    """', step 2, micro-batch 3' where a check is of a later optimizer step or micro-batch, else ''."""
+    m = _CHECK.match(check)
+    return (f", step {m.group(7)}" if m.group(7) else "") + (f", micro-batch {m.group(8)}" if m.group(8) else "")
+
+
+def _what(check: str) -> str:
+    """The first diverging check in words: 'module wo (output, forward)', 'parameter w (gradient, step 2)'."""
+    kind, name = _subject(check)
+    where = _where(check)
+    if kind in ("loss", "grad_norm"):
+        what = "the loss" if kind == "loss" else "the gradients' total norm (clipping)"
+        return what + (f" ({where[2:]})" if where else "")
+    if kind == "state":
+        return f"parameter {name} (optimizer state {_CHECK.match(check).group(6).rsplit('.', 1)[1]}{where})"
+    if kind in _PARAM_KINDS:
+        return f"parameter {name} ({_WORDS[kind]}{where})"
+    return f"module {name} ({_WORDS[kind]}, {'forward' if kind == 'act' else 'backward'}{where})"
 
 
 def first_check(checks: list[str]) -> str | None:
@@ -55,20 +81,13 @@ def summary(checks: list[str], factor: str = "") -> str | None:
         return None
     # (stable: parameters, which share their stage's place, stay in the order of the case's outputs; model[0] is first)
     model = sorted((c for c in dict.fromkeys(map(str, checks)) if step_order(c) is not None), key=step_order)
-    kind, name = _subject(first)
-    what = (
-        "the loss"
-        if kind == "loss"
-        else f"parameter {name} ({_WORDS[kind]})"
-        if kind in ("dparam", "step")
-        else f"module {name} ({_WORDS[kind]}, {'forward' if kind == 'act' else 'backward'})"
-    )
-    params = list(dict.fromkeys(_subject(c)[1] for c in model if _subject(c)[0] in ("dparam", "step")))  # step order
+    kind = _subject(first)[0]
+    params = list(dict.fromkeys(_subject(c)[1] for c in model if _subject(c)[0] in _PARAM_KINDS))  # step order
     others = [c for c in checks if step_order(c) is None]
-    parts = [f"first diverging: {what} [{first}]"] + ([factor] if factor else [])
+    parts = [f"first diverging: {_what(first)} [{first}]"] + ([factor] if factor else [])
     if len(model) > 1:
         parts.append(f"{len(model) - 1} check(s) after it, its consequences")
-    if params and kind in ("dparam", "step"):
+    if params and kind in _PARAM_KINDS:
         parts.append("wrong parameters: " + ", ".join(params))
     elif params:  # downstream of a wrong activation every parameter is: a count, not a list
         parts.append(f"{len(params)} parameter(s) wrong after it")

@@ -19,7 +19,7 @@ import torch
 
 from shardcheck.harness.core.case import Case, as_tuple, is_float
 from shardcheck.harness.core.compare import BudgetScope, budget, finite_max_abs
-from shardcheck.harness.core.model_case import StepCase, step_order
+from shardcheck.harness.core.model_case import StepCase, check_kind
 from shardcheck.harness.core.plan_data import DTYPES, Item
 from shardcheck.reference import low_precision_math
 
@@ -86,10 +86,10 @@ class Golden:
         return self._kind_scales["grad"]
 
     def _output_kinds(self) -> list:
-        # Once per golden: asked for every output judged, and a model case has hundreds (step_order is a regex match).
+        # Once per golden: asked for every output judged, and a model case has hundreds (a regex match each).
         if self._kinds is None:
             if isinstance(self.case, StepCase):
-                self._kinds = [step_order(check)[0] for check in self.case.forward_checks]
+                self._kinds = [check_kind(check) for check in self.case.forward_checks]
             else:
                 self._kinds = ["output"] * len(self.outputs)
         return self._kinds

@@ -73,6 +73,7 @@ class ItemRun:
     phase: Phase = Phase.SETUP  # where this rank is (for a harness error's row)
     emitted: set[str] = field(default_factory=set)  # the checks this rank reported for the item
     pieces: dict[str, dict] = field(default_factory=dict)  # compared tensors kept for failure artefacts
+    model_failed: bool = False  # a model case's check failed on this rank: the checks after it are its consequences
     case: Case | None = field(init=False)
     coords: dict = field(init=False)  # this rank's place in the mesh, on every row
     third_party: bool = field(init=False)  # the module under test is someone else's (core/rules.py)
@@ -366,7 +367,8 @@ class ItemRun:
             return
         got_dtype = got.dtype
         got = out.layout.reduce_partial(got, self.mesh)
-        budget = Budget(out.gold, out.naive, out.naive.dtype, case.budget_scope, golden.output_scale(out.index))
+        scale = golden.output_scale(out.index)
+        budget = Budget(out.gold, out.naive, out.naive.dtype, case.budget_scope, scale, case.compute_dtype)
         place = Placement(out.layout, self.mesh, golden.inputs)
         self._emit_verdict(self._measure(Comparison(out.check, got, expected, budget, place, got_dtype)), precision)
 
@@ -418,7 +420,8 @@ class ItemRun:
             place = Placement(lay, self.mesh, golden.inputs)
             expected = place.local(gold)
             reduced = lay.reduce_partial(got, self.mesh)
-            budget = Budget(gold, naive, naive.dtype, case.budget_scope, golden.output_scale(index))
+            scale = golden.output_scale(index)
+            budget = Budget(gold, naive, naive.dtype, case.budget_scope, scale, case.compute_dtype)
             comparison = Comparison(case.forward_checks[index], reduced, expected, budget, place, got.dtype)
             call.verdicts[index] = self._measure(comparison, arriving=True)
         except Exception as exc:  # raised as the harness's own error once the run is over, not as the model's
@@ -461,8 +464,13 @@ class ItemRun:
 
     def _emit_verdict(self, verdict: Verdict, precision: PrecisionRun) -> None:
         """The precision step of a verdict (judge.settle: it may run the reference again), then its row; its kept
-        piece, if any, says whether the check failed after that step."""
-        verdict = settle(verdict, precision)
+        piece, if any, says whether the check failed after that step.  In a model case's step (checks in step order) a
+        check failing after one that failed is its consequence, not a precision difference of its own: no excuse (an
+        AdamW step, nearly blind to its gradient's scale, would leave a wrong gradient's parameters within float32's
+        budget, a second finding of the same bug)."""
+        in_step = step_order(verdict.check) is not None
+        verdict = settle(verdict, None if in_step and self.model_failed else precision)
+        self.model_failed |= in_step and verdict.status == Status.FAIL
         piece = self.pieces.get(verdict.check)
         if piece is not None:
             piece["failed"] = verdict.status == Status.FAIL

@@ -44,6 +44,7 @@ class Budget:
     dtype: torch.dtype
     scope: BudgetScope
     kind_scale: float  # the item's largest golden magnitude among tensors of this one's kind (Golden.output_scale)
+    compute_dtype: torch.dtype | None = None  # the budget's dtype where the math ran below `dtype` (Case.compute_dtype)
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class PrecisionRun:
 
 def judge_tensor(got: torch.Tensor, expected: torch.Tensor, b: Budget, place: Placement) -> tuple:
     """(stats, status, err/budget, this rank's budgets) of a local tensor against its slice of the golden."""
-    b_full, naive_err_full = budget(b.gold_full, b.ref_full, b.dtype, b.scope, b.kind_scale)
+    b_full, naive_err_full = budget(b.gold_full, b.ref_full, b.compute_dtype or b.dtype, b.scope, b.kind_scale)
     limit = place.local(b_full)
     err_naive = place.local(naive_err_full) if naive_err_full is not None else None
     stats = compare(got, expected, limit, err_naive)
