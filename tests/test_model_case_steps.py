@@ -223,6 +223,28 @@ def test_every_feature_at_once_passes_under_tp_and_fsdp2_at_world_size_4(run_sha
     assert len(steps) == len(_suite_case("steps").outputs())
 
 
+def test_every_feature_at_once_passes_on_hsdp_2_by_2(run_shardcheck):
+    run = run_shardcheck(
+        "run",
+        "--suite-path",
+        str(SUITE),
+        "--suite",
+        "train_step",
+        "--topology",
+        "dp=4,dp_replicate=2",
+        "--case",
+        "hsdp-steps",
+        "--dtype",
+        "float64,float32",
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    rows = run.rows
+    assert set(rows["status"]) == {"pass"} and set(rows["dtype"]) == {"float64", "float32"}
+    assert {"forward:grad_norm@step3", "forward:state:blocks.0.up.weight.exp_avg@step3", "forward:loss@mb2"} <= set(
+        rows["check"]
+    )
+
+
 def test_the_mixed_precision_plan_against_a_reference_without_the_policy_fails(run_shardcheck, tmp_path):
     """The policy's field is what makes the budgets a bf16 forward's: the same plan checked as a float32 step fails."""
     suite = tmp_path / "no_policy.py"

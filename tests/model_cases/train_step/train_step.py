@@ -5,7 +5,8 @@ uneven token counts, clipping by the global norm, three AdamW steps (the plan's 
     shardcheck run --suite-path tests/model_cases/train_step --topology dp=2,cp=1,tp=2
 
 Cases: `plain` (one micro-batch, one SGD step: the step every model case ran before), `steps` (micro-batches,
-clipping, three AdamW steps, checkpointing), `mixed-precision` (the same under FSDP2's MixedPrecisionPolicy).
+clipping, three AdamW steps, checkpointing), `mixed-precision` (the same under FSDP2's MixedPrecisionPolicy),
+`hsdp-steps` (the same as `steps` on HSDP's replicate x shard data mesh: `--topology dp=4,dp_replicate=2` only).
 Broken plans (each one finding): tests/broken/train_step/."""
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ def _supports(t) -> bool:
     return t.cp == 1 and HIDDEN % t.tp == 0 and BATCH % (2 * t.dp) == 0 and CLASSES > 0
 
 
+def _hsdp_only(t) -> bool:
+    return _supports(t) and t.tp == 1 and t.dp_replicate > 1
+
+
 def case(case_id: str, plan: str = "parallelize", **step) -> ModelCase:
     checkpointed = step.pop("checkpointed", False)
     return ModelCase(
@@ -55,8 +60,7 @@ def case(case_id: str, plan: str = "parallelize", **step) -> ModelCase:
         input_layouts={"x": ROWS, "labels": ROWS},
         loss=_loss,
         loss_layout=Layout(dp=Partial()),
-        supports=_supports,
-        **step,
+        **{"supports": _supports, **step},
     )
 
 
@@ -75,4 +79,6 @@ def cases(quick: bool = False) -> list[ModelCase]:
             mixed_precision=MIXED_PRECISION,
             **STEP,
         ),
+        # every feature at once on HSDP's 2-D data mesh (--topology dp=4,dp_replicate=2)
+        case("hsdp-steps", "parallelize_hsdp", checkpointed=True, hsdp=True, supports=_hsdp_only, **STEP),
     ]
