@@ -47,6 +47,7 @@ class Item:
     # A fuzz case's drawn parameters: every rank rebuilds the case from them through its suite's FuzzSpace
     # (harness/rank/fuzz_cases.py); None for a case of the suite's cases().
     fuzz: dict | None = None
+    ep: int = 1  # expert parallelism (a part of dp: topology[0]); Topology(*topology, ep=ep) is the item's topology
 
 
 @dataclass

@@ -148,6 +148,7 @@ class _Row(TypedDict):
 class ResultRow(_Row, total=False):
     """One row of results.jsonl: one check of one item (op, case, topology, dtype)."""
 
+    ep: int  # the expert-parallel part of dp (harness/core/topology.py); rows of older runs lack it (load: 1)
     rerun: str  # on every row but pass and skip: a `shardcheck run` command that runs this item alone
     uses_impl: dict  # on rows of a case that calls other families (Case.uses): {family: its module under test}
     xfail_reason: str  # on xfail and xpass rows: the case's KnownFailure (shardcheck.harness.core.case), its reason
@@ -352,6 +353,8 @@ def load(*paths: str | Path) -> pd.DataFrame:
     for col in ("max_abs_err", "max_rel_err", "budget", "err_ratio", "err_naive"):
         if col in df:
             df[col] = pd.to_numeric(df[col], errors="coerce")
+    if len(df):  # runs written before rows carried it: ep 1
+        df["ep"] = df["ep"].fillna(1).astype(int) if "ep" in df else 1
     for col, empty in NO_CAUSE.items():  # runs written before rows carried these fields
         if col not in df:
             df[col] = [[] for _ in range(len(df))] if isinstance(empty, list) else None

@@ -1,4 +1,12 @@
-"""(dp, cp, tp) topologies and the DeviceMesh each rank runs them on."""
+"""(dp, cp, tp) topologies, with expert parallelism (ep) borrowed from dp, and the DeviceMesh each rank runs them on.
+
+Expert parallelism is laid out as torchtitan and Megatron-Core lay it out: the ep ranks are taken from the
+data-parallel ranks (ep divides dp).  The dp group is split into ("edp", "ep"), ep innermost: dp rank d has ep
+coordinate d % ep and expert-data-parallel coordinate d // ep.  The `ep` group (ep ranks) holds different experts
+and exchanges tokens by all-to-all; the `edp` group (dp / ep ranks) holds the same experts and syncs their
+gradients.  A topology with ep = 1 is exactly the (dp, cp, tp) one it always was ("dp2-cp1-tp2"); with ep > 1 its
+name carries it after dp: "dp4-ep2-cp1-tp1", and `--topology dp=4,ep=2`.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +20,7 @@ if TYPE_CHECKING:  # torch is imported where a mesh is built: the CLI parses top
     from torch.distributed.device_mesh import DeviceMesh
 
 MESH_DIMS = ("dp", "cp", "tp")
+EXPERT_DIMS = ("ep", "edp")  # dp split into its expert-parallel part and the expert-data-parallel rest
 
 
 @dataclass(frozen=True, order=True)
@@ -19,29 +28,41 @@ class Topology:
     dp: int = 1
     cp: int = 1
     tp: int = 1
+    ep: int = 1  # expert parallelism: ranks of dp (ep divides dp) holding different experts
 
     @property
     def size(self) -> int:
         return self.dp * self.cp * self.tp
 
     def __str__(self) -> str:
-        return f"dp{self.dp}-cp{self.cp}-tp{self.tp}"
+        return topology_name(self.dp, self.cp, self.tp, self.ep)
 
     @classmethod
     def parse(cls, text: str) -> Topology:
-        """`dp=1,cp=1,tp=2` (missing dims are 1)."""
+        """`dp=1,cp=1,tp=2`, `dp=4,ep=2` (missing dims are 1; ep must divide dp)."""
         sizes = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             name, sep, value = part.partition("=")
-            if not sep or name not in MESH_DIMS:
-                raise UsageError(f"bad topology {text!r}: expected e.g. dp=1,cp=1,tp=2")
+            if not sep or name not in (*MESH_DIMS, "ep"):
+                raise UsageError(f"bad topology {text!r}: expected e.g. dp=1,cp=1,tp=2 or dp=4,ep=2")
             try:
                 sizes[name] = int(value)
             except ValueError:
                 raise UsageError(f"bad topology {text!r}: {name} must be an integer") from None
             if sizes[name] <= 0:
                 raise UsageError(f"bad topology {text!r}: {name} must be positive, got {sizes[name]}")
-        return cls(**sizes)
+        topology = cls(**sizes)
+        if topology.dp % topology.ep:
+            raise UsageError(
+                f"bad topology {text!r}: ep={topology.ep} must divide dp={topology.dp} (the expert-parallel ranks "
+                "are taken from the data-parallel ones)"
+            )
+        return topology
+
+
+def topology_name(dp: int, cp: int, tp: int, ep: int = 1) -> str:
+    """ "dp2-cp1-tp2"; "dp4-ep2-cp1-tp1" where ep > 1 (a row's topology, as every report names it)."""
+    return f"dp{dp}" + (f"-ep{ep}" if ep != 1 else "") + f"-cp{cp}-tp{tp}"
 
 
 def default_topologies(world_sizes: list[int]) -> list[Topology]:
@@ -54,9 +75,17 @@ def default_topologies(world_sizes: list[int]) -> list[Topology]:
     return sorted(set(out), key=lambda t: (t.size, t.tp, t.cp, t.dp))
 
 
+def expert_topologies(world_sizes: list[int]) -> list[Topology]:
+    """The expert-parallel variants of `default_topologies`: each with every ep > 1 dividing its dp.  Only cases
+    that declare expert parallelism (Case.expert_parallel) run them."""
+    out = [Topology(t.dp, t.cp, t.tp, ep) for t in default_topologies(world_sizes) for ep in range(2, t.dp + 1)]
+    return [t for t in out if t.dp % t.ep == 0]
+
+
 @dataclass(frozen=True)
 class MeshDims:
-    """Per mesh dim ("dp", "cp", "tp"): its size, this rank's coordinate and its process group."""
+    """Per mesh dim ("dp", "cp", "tp", and dp's parts "ep" and "edp"): its size, this rank's coordinate and its
+    process group."""
 
     sizes: dict[str, int]
     coords: dict[str, int]
@@ -64,6 +93,7 @@ class MeshDims:
 
 
 _MESH_DIMS: dict[int, tuple[DeviceMesh, MeshDims]] = {}
+_EXPERT_MESHES: dict[int, tuple[DeviceMesh, DeviceMesh]] = {}  # id(mesh) -> (mesh, its ("edp", "ep", "cp", "tp") mesh)
 
 
 def mesh_dims(mesh: DeviceMesh) -> MeshDims:
@@ -72,6 +102,9 @@ def mesh_dims(mesh: DeviceMesh) -> MeshDims:
     cached = _MESH_DIMS.get(id(mesh))
     if cached is None or cached[0] is not mesh:
         subs = {d: mesh[d] for d in MESH_DIMS}
+        experts = _EXPERT_MESHES.get(id(mesh))
+        if experts is not None:
+            subs.update({d: experts[1][d] for d in EXPERT_DIMS})
         dims = MeshDims(
             sizes={d: m.size() for d, m in subs.items()},
             coords={d: m.get_local_rank() for d, m in subs.items()},
@@ -83,7 +116,15 @@ def mesh_dims(mesh: DeviceMesh) -> MeshDims:
 
 def mesh_coords(mesh: DeviceMesh) -> dict[str, int]:
     """This rank's coordinate along each of ("dp", "cp", "tp")."""
-    return dict(mesh_dims(mesh).coords)
+    coords = mesh_dims(mesh).coords
+    return {d: coords[d] for d in MESH_DIMS}
+
+
+def expert_mesh(mesh: DeviceMesh) -> DeviceMesh | None:
+    """The ("edp", "ep", "cp", "tp") mesh of a mesh `build_mesh` made (dp unflattened, ep innermost): for DTensors
+    on `expert_mesh(mesh)["ep"]`.  None for a mesh made elsewhere."""
+    experts = _EXPERT_MESHES.get(id(mesh))
+    return experts[1] if experts is not None else None
 
 
 def build_mesh(topology: Topology, world_size: int, device_type: str) -> DeviceMesh:
@@ -100,4 +141,9 @@ def build_mesh(topology: Topology, world_size: int, device_type: str) -> DeviceM
 
     ranks = torch.arange(world_size).view(world_size // topology.size, topology.dp, topology.cp, topology.tp)
     full = DeviceMesh(device_type, ranks, mesh_dim_names=("replica",) + MESH_DIMS)
-    return full[MESH_DIMS]
+    mesh = full[MESH_DIMS]
+    # dp split into (edp, ep), ep innermost (torchtitan's dp_shard_mod_ep x dp_shard_in_ep); at ep = 1 the ep group
+    # is each rank alone and edp is dp (a few milliseconds: torch makes the two groups)
+    experts = mesh._unflatten("dp", (topology.dp // topology.ep, topology.ep), ("edp", "ep"))
+    _EXPERT_MESHES[id(mesh)] = (mesh, experts)  # the mesh kept alive: its id is never reused
+    return mesh

@@ -17,7 +17,7 @@ from shardcheck.harness.core.model_case import PLANNED_CHECKS, StepCase
 from shardcheck.harness.core.modules import resolve_impl
 from shardcheck.harness.core.options import DEFAULT_WORLD_SIZES, RunSettings, UsageError
 from shardcheck.harness.core.plan_data import DTYPES, Item, Plan, Xfail
-from shardcheck.harness.core.topology import Topology, default_topologies
+from shardcheck.harness.core.topology import Topology, default_topologies, expert_topologies
 from shardcheck.harness.driver.corpus import CorpusEntry
 from shardcheck.harness.rank.fuzz_cases import fuzz_case
 from shardcheck.harness.rank.suite_loader import (
@@ -223,7 +223,21 @@ def build_plan(selection: Selection) -> Plan:
         _add_case(plan, suite_name, case, sel.dtypes, worlds)
     if not plan.items:
         raise UsageError("nothing to run: no case supports the selected topologies and dtypes")
+    _check_expert_topologies(plan, sel.topologies)
     return plan
+
+
+def _check_expert_topologies(plan: Plan, given: list[Topology]) -> None:
+    """A given topology with ep > 1 that no selected case can run (none runs expert parallelism, or the ep does not
+    divide its experts): bad usage, one line, rather than a run that silently runs nothing there."""
+    for topo in given:
+        if topo.ep == 1:
+            continue
+        items = [i for i in plan.items if Topology(*i.topology, ep=i.ep) == topo]
+        if not items:
+            raise UsageError(f"topology {topo}: no selected case runs expert parallelism (ep={topo.ep})")
+        if all(i.skip for i in items):
+            raise UsageError(f"topology {topo}: {items[0].op} [{items[0].case_id}]: {items[0].skip}")
 
 
 def _check_selection(sel: Selection) -> None:
@@ -274,7 +288,7 @@ class Worlds:
         if topologies:
             return cls(sorted(requested | {t.size for t in topologies}), topologies, requested)
         sizes = sorted(world_sizes or DEFAULT_WORLD_SIZES)
-        return cls(sizes, default_topologies(sizes), requested)
+        return cls(sizes, default_topologies(sizes) + expert_topologies(sizes), requested)
 
     def group_worlds(self) -> set[int]:
         """Launch sizes a world_group case may use: the world sizes asked for, else those of the topologies."""
@@ -372,6 +386,7 @@ def _item(
         case_id=case.case_id,
         dtype=where.dtype,
         topology=(topo.dp, topo.cp, topo.tp),
+        ep=topo.ep,
         world_size=where.world_size,
         seed=item_seed(seed, case.op, case.case_id, where.dtype),
         checks=expected_checks(case, bench),

@@ -99,7 +99,7 @@ def resolved_options(plan: Plan) -> dict:
         "suites": sorted({i.suite for i in plan.items}),
         "suite_paths": plan.suite_paths,
         "world_sizes": sorted({i.world_size for i in plan.items}),
-        "topologies": [str(Topology(*t)) for t in sorted({i.topology for i in plan.items})],
+        "topologies": [str(Topology(*t)) for t in sorted({(*i.topology, i.ep) for i in plan.items})],
         "dtypes": sorted({i.dtype for i in plan.items}),
         "corpus": plan.corpus,
         "profile": plan.profile,
