@@ -163,7 +163,8 @@ def expert_mlp(
 
 
 class ExpertParallelMoE(nn.Module):
-    """The reference MoE's forward over ep and tp: its parameters (names kept) hold this rank's experts."""
+    """The reference MoE's forward over ep and tp: its parameters (names kept) hold this rank's experts; `dispatch`
+    and `combine` are this module's."""
 
     def __init__(self, moe: ref.MoE, ctx):
         super().__init__()
@@ -172,6 +173,14 @@ class ExpertParallelMoE(nn.Module):
         self.ctx = ctx
         self.aux: torch.Tensor | None = None
 
+    @staticmethod
+    def combine(rows: torch.Tensor, routing: Routing, weights: torch.Tensor) -> torch.Tensor:
+        return combine(rows, routing, weights)
+
+    def aux_group(self) -> dist.ProcessGroup:
+        """The group the load-balancing loss counts its tokens over: the whole data-parallel batch."""
+        return self.ctx.group("dp")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
         ctx, cfg = self.ctx, self.cfg
@@ -179,17 +188,17 @@ class ExpertParallelMoE(nn.Module):
         logits = self.router(x).reshape(-1, cfg.experts)
         weights, experts = route(logits, cfg.top_k)
         # this rank's summand of the whole batch's load-balancing loss (docs/ops/moe.md#aux-loss)
-        self.aux = aux_loss(logits, experts, cfg.experts, ctx.group("dp"))
+        self.aux = aux_loss(logits, experts, cfg.experts, self.aux_group())
         rows, routing = dispatch(tokens, experts, cfg.experts, ctx.group("ep"))
         tp_group = ctx.group("tp") if ctx.size("tp") > 1 else None
         y = expert_mlp(rows, routing.counts, self.experts.w1, self.experts.w2, tp_group)
-        out = combine(y, routing, weights)
+        out = self.combine(y, routing, weights)
         if self.shared is not None:
             out = out + self.shared(tokens)
         return out.view(b, s, d)
 
 
-def _shard_experts(experts: ref.Experts, ctx) -> None:
+def shard_experts(experts: ref.Experts, ctx) -> None:
     """w1 [E, D, H] and w2 [E, H, D] cut to this rank's E/ep experts and H/tp hidden units (the harness fills them)."""
     ep, tp = ctx.size("ep"), ctx.size("tp")
     e_local = experts.w1.shape[0] // ep
@@ -211,8 +220,9 @@ def expert_grad_scale(ctx) -> float:
     return 1.0
 
 
-def _sum_grads(model: nn.Module, ctx) -> None:
-    """Dense gradients summed over dp, the experts' over edp (times expert_grad_scale), as each is accumulated."""
+def sum_grads(model: nn.Module, ctx, expert_groups: list[dist.ProcessGroup], expert_scale: float) -> None:
+    """Dense gradients summed over dp, the experts' over `expert_groups` (times `expert_scale`), as each is
+    accumulated."""
 
     def hook(groups: list, scale: float):
         def reduce(p: torch.Tensor) -> None:
@@ -225,7 +235,7 @@ def _sum_grads(model: nn.Module, ctx) -> None:
 
     for name, p in model.named_parameters():
         if ".experts." in name:
-            p.register_post_accumulate_grad_hook(hook(expert_grad_groups(ctx), expert_grad_scale(ctx)))
+            p.register_post_accumulate_grad_hook(hook(expert_groups, expert_scale))
         elif ctx.size("dp") > 1:
             p.register_post_accumulate_grad_hook(hook([ctx.group("dp")], 1.0))
 
@@ -234,9 +244,9 @@ def parallelize(model: ref.MoEDecoder, ctx) -> ref.MoEDecoder:
     """The MoE decoder's plan on this rank (in place, parameter names kept): experts over ep and tp, the rest
     replicated, gradients summed."""
     block = model.layer
-    _shard_experts(block.moe.experts, ctx)
+    shard_experts(block.moe.experts, ctx)
     block.moe = ExpertParallelMoE(block.moe, ctx)
-    _sum_grads(model, ctx)
+    sum_grads(model, ctx, expert_grad_groups(ctx), expert_grad_scale(ctx))
     return model
 
 

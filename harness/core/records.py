@@ -338,6 +338,11 @@ def _result_files(path: Path) -> list[Path]:
     return sorted(path.glob(f"*/{RESULTS}"))  # a directory of runs
 
 
+def with_ep(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with its rows' ep (1 where rows do not carry it: runs before expert parallelism, rows made by hand)."""
+    return df if "ep" in df else df.assign(ep=1)
+
+
 def load(*paths: str | Path) -> pd.DataFrame:
     """Read the result rows of one or many runs (run dirs, results.jsonl files, or dirs of runs)."""
     import pandas as pd  # the ranks write rows through this module too, and never need pandas

@@ -62,6 +62,7 @@ from shardcheck.harness.core.citations import RuleSource
 from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, Phase, Status, Symptom
+from shardcheck.harness.core.topology import topology_name
 from shardcheck.harness.findings import model_order
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
 from shardcheck.harness.findings.wording import (
@@ -135,7 +136,14 @@ def _third_party(spec) -> bool:
     return isinstance(spec, str) and not is_ours(spec)  # (None or NaN: the family's own implementation)
 
 
-WHERE = ["op", "dp", "cp", "tp", "dtype"]  # where a seed-rule case must have run without a demoted line's exception
+WHERE = [
+    "op",
+    "dp",
+    "ep",
+    "cp",
+    "tp",
+    "dtype",
+]  # where a seed-rule case must have run without a demoted line's exception
 
 
 def _demoted(c: dict, bad: pd.DataFrame, seed_items: set) -> dict:
@@ -173,6 +181,8 @@ def _table(df: pd.DataFrame) -> list[dict]:
         return []
     df = _as_judged(df)
     df = df[df["check"] != "bench"] if "check" in df else df
+    if "ep" not in df:  # rows of runs before expert parallelism, or written by hand: ep 1
+        df = df.assign(ep=1)
     if "params" not in df:  # rows written by hand (tests, other tools) may leave the case parameters out
         df = df.assign(params=[{} for _ in range(len(df))])
     bad = df[df["status"].isin(NOT_PASSING)]
@@ -218,11 +228,11 @@ def _not_run(rows: pd.DataFrame, skipped: pd.DataFrame) -> str:
     the symptom too."""
     if not len(skipped):
         return ""
-    where = {(r.dp, r.cp, r.tp) for r in rows.itertuples()}
-    gone = [r for r in skipped.itertuples() if (r.dp, r.cp, r.tp) in where]
+    where = {(r.dp, r.cp, r.tp, r.ep) for r in rows.itertuples()}
+    gone = [r for r in skipped.itertuples() if (r.dp, r.cp, r.tp, getattr(r, "ep", 1)) in where]
     if not gone:
         return ""
-    topologies = sorted({f"dp{r.dp}-cp{r.cp}-tp{r.tp} {r.dtype}" for r in gone})
+    topologies = sorted({f"{topology_name(r.dp, r.cp, r.tp, getattr(r, 'ep', 1))} {r.dtype}" for r in gone})
     return (
         f" (from the items that ran: {len(gone)} item(s) at {', '.join(topologies)} were skipped after a hang "
         f"and may show it too)"

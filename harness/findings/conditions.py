@@ -10,9 +10,10 @@ import numpy as np
 import pandas as pd
 
 from shardcheck.harness.core.records import SIGNATURE_CHECK
+from shardcheck.harness.core.topology import topology_name
 
-MESH = ("dp", "cp", "tp")
-ITEM = ["case_id", "dp", "cp", "tp", "dtype"]
+MESH = ("dp", "ep", "cp", "tp")  # ep: expert parallelism (rows without it: 1)
+ITEM = ["case_id", "dp", "ep", "cp", "tp", "dtype"]
 FIELDS = ("check", "dtype", *MESH, "params")  # what a predicate reads of a row
 MAX_CONJUNCTION = 3  # predicates tried together when searching for an exact condition
 # (words, order: lower is preferred, the field it reads, test on that field's value); a test reads one field, so it
@@ -36,6 +37,8 @@ def _predicates(values: dict[str, list], by_check: bool = True) -> list[Predicat
     for dtype in sorted(set(values["dtype"])):
         out.append((f"in {dtype}", 1, "dtype", lambda d, want=dtype: d == want))
     for dim in MESH:
+        if dim == "ep" and set(values[dim]) == {1}:  # a run without expert parallelism: no condition on it
+            continue
         for v in sorted(set(values[dim])):
             if v > 1:
                 out.append((f"at {dim} ≥ {v}", 2, dim, lambda x, v=v: x >= v))
@@ -72,7 +75,7 @@ def _distinct(df: pd.DataFrame) -> dict[str, list[tuple[object, int]]]:
     """Per field, each distinct value the rows take and the rows that take it, as a bit set (bit i: row i)."""
     out = {}
     for field in FIELDS:
-        column = df[field].to_numpy(dtype=object).tolist()
+        column = df[field].to_numpy(dtype=object).tolist() if field in df else [1] * len(df)  # (ep: 1 if absent)
         if field == "params":
             values = [p if isinstance(p, dict) else {} for p in column]
             keys = [repr(p) for p in values]  # one case's rows share its params, in one order
@@ -93,7 +96,8 @@ def _topologies(df: pd.DataFrame) -> list[str]:
     """The topologies of `df`'s rows; a signature row has none (it is of the module, found before any rank ran)."""
     ran = df[df["check"] != SIGNATURE_CHECK] if "check" in df else df
     ran = ran if len(ran) else df
-    return sorted({f"dp{dp}-cp{cp}-tp{tp}" for dp, cp, tp in zip(ran["dp"], ran["cp"], ran["tp"])})
+    ep = ran["ep"] if "ep" in ran else [1] * len(ran)
+    return sorted({topology_name(dp, cp, tp, e) for dp, cp, tp, e in zip(ran["dp"], ran["cp"], ran["tp"], ep)})
 
 
 def _bits(indices: list[int], n: int) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from shardcheck.harness.core.records import SIGNATURE_CHECK, SYMPTOMS, Status, Symptom
+from shardcheck.harness.core.topology import topology_name
 from shardcheck.harness.findings import model_order
 from shardcheck.harness.findings.conditions import ITEM
 
@@ -128,7 +129,8 @@ def worst_text(row, status: str, limit: int = 300) -> str:
     text = text if len(text) <= limit else text[: limit - 1] + "…"
     if symptom == Symptom.SIGNATURE:  # found before any rank ran: of the module, at no topology or dtype
         return f"{text} ({row['op']} [{row.get('case_id')}] in the module under test {row.get('impl')})"
-    return f"{text} ({row['op']} [{row.get('case_id')}] dp{row['dp']}-cp{row['cp']}-tp{row['tp']} {row['dtype']})"
+    where = topology_name(row["dp"], row["cp"], row["tp"], row.get("ep", 1))
+    return f"{text} ({row['op']} [{row.get('case_id')}] {where} {row['dtype']})"
 
 
 def display(ops: list[str]) -> str:
@@ -147,12 +149,12 @@ def rule_text(rules: dict) -> str:
 
 
 def item_count(rows: pd.DataFrame) -> int:
-    return len(rows.drop_duplicates(["op", *ITEM]))
+    return len(rows.drop_duplicates([c for c in ("op", *ITEM) if c in rows]))  # (ep: absent from older rows)
 
 
 def where_text(rows: pd.DataFrame) -> str:
     """'at dp1-cp1-tp2, dp1-cp1-tp4 in float64': the topologies and dtypes of the rows."""
-    topologies = sorted({f"dp{r.dp}-cp{r.cp}-tp{r.tp}" for r in rows.itertuples()})
+    topologies = sorted({topology_name(r.dp, r.cp, r.tp, getattr(r, "ep", 1)) for r in rows.itertuples()})
     return f"at {', '.join(topologies)} in {', '.join(sorted(rows['dtype'].unique()))}"
 
 
