@@ -94,7 +94,11 @@ def _op_supports(t) -> bool:
 
 def op_cases() -> list[Case]:
     common = dict(
-        make_inputs=_inputs, expert_parallel=True, supports=_op_supports, case_id=f"t{TOKENS}e{EXPERTS}k{TOP_K}"
+        make_inputs=_inputs,
+        expert_parallel=True,
+        supports=_op_supports,
+        case_id=f"t{TOKENS}e{EXPERTS}k{TOP_K}",
+        params={"experts": EXPERTS, "top_k": TOP_K},
     )
     return [
         Case(

@@ -221,21 +221,29 @@ def build_plan(selection: Selection) -> Plan:
     _add_replays(plan, replays, worlds)  # the saved failures first: a regression shows at once
     for suite_name, case in cases:
         _add_case(plan, suite_name, case, sel.dtypes, worlds)
+    _check_expert_topologies(plan, sel.topologies, [c for _, c in cases])
     if not plan.items:
         raise UsageError("nothing to run: no case supports the selected topologies and dtypes")
-    _check_expert_topologies(plan, sel.topologies)
     return plan
 
 
-def _check_expert_topologies(plan: Plan, given: list[Topology]) -> None:
+def _check_expert_topologies(plan: Plan, given: list[Topology], cases: list[Case]) -> None:
     """A given topology with ep > 1 that no selected case can run (none runs expert parallelism, or the ep does not
-    divide its experts): bad usage, one line, rather than a run that silently runs nothing there."""
+    divide its experts: a case's `params["experts"]`): bad usage, one line, rather than a run that silently runs
+    nothing there."""
     for topo in given:
         if topo.ep == 1:
             continue
         items = [i for i in plan.items if Topology(*i.topology, ep=i.ep) == topo]
         if not items:
-            raise UsageError(f"topology {topo}: no selected case runs expert parallelism (ep={topo.ep})")
+            experts = [c for c in cases if c.expert_parallel and c.params.get("experts", topo.ep) % topo.ep]
+            if experts:
+                c = experts[0]
+                raise UsageError(
+                    f"topology {topo}: ep={topo.ep} does not divide the {c.params['experts']} experts of "
+                    f"{c.op} [{c.case_id}]"
+                )
+            raise UsageError(f"topology {topo}: no selected case runs expert parallelism at it (ep={topo.ep})")
         if all(i.skip for i in items):
             raise UsageError(f"topology {topo}: {items[0].op} [{items[0].case_id}]: {items[0].skip}")
 
