@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from shardcheck import Case, Layout, ModelCase, Partial, Shard
+from shardcheck import Case, Layout, ModelCase, Partial, Shard, ours
 from shardcheck.reference import moe as ref
 
 FAMILY = "moe"
@@ -26,6 +26,7 @@ TOKENS, DIM, EXPERTS, TOP_K = 16, 4, 8, 2
 BATCH = Layout(dp=Shard(0))  # [T, ...]: tokens over dp
 PER_EXPERT = Layout(dp=Shard(1), ep=Shard(0))  # [E, T, D]: experts over ep, tokens over the rest of dp (edp)
 AUX = Layout(dp=Partial())  # each rank's summand of the whole batch's loss
+DOC = "docs/ops/moe.md"  # every rule of the family is ours (no seed module)
 
 
 def router_logits(gen: torch.Generator, tokens: int, experts: int) -> torch.Tensor:
@@ -108,6 +109,7 @@ def op_cases() -> list[Case]:
             input_layouts={"x": BATCH, "experts": BATCH},
             output_layouts=(PER_EXPERT,),
             grad_inputs=("x",),
+            rule=ours(f"{DOC}#dispatch"),
             **common,
         ),
         Case(
@@ -117,6 +119,7 @@ def op_cases() -> list[Case]:
             input_layouts={"y": PER_EXPERT, "weights": BATCH, "experts": BATCH},
             output_layouts=(BATCH,),
             grad_inputs=("y", "weights"),
+            rule=ours(f"{DOC}#combine"),
             **common,
         ),
         Case(
@@ -126,6 +129,7 @@ def op_cases() -> list[Case]:
             input_layouts={"logits": BATCH},
             output_layouts=(AUX,),
             grad_inputs=("logits",),
+            rule=ours(f"{DOC}#aux_loss"),
             **common,
         ),
     ]
