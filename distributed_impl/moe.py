@@ -29,8 +29,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.nn.functional import all_to_all_single
 
-from shardcheck.reference import math_dtype
-from shardcheck.reference import moe as ref
+
+def math_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Softmax math in float32 at least (docs/ops/README.md): float64 stays float64."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,7 +168,7 @@ class ExpertParallelMoE(nn.Module):
     """The reference MoE's forward over ep and tp: its parameters (names kept) hold this rank's experts; `dispatch`
     and `combine` are this module's."""
 
-    def __init__(self, moe: ref.MoE, ctx):
+    def __init__(self, moe: nn.Module, ctx):
         super().__init__()
         self.cfg = moe.cfg
         self.router, self.experts, self.shared = moe.router, moe.experts, moe.shared
@@ -198,7 +200,7 @@ class ExpertParallelMoE(nn.Module):
         return out.view(b, s, d)
 
 
-def shard_experts(experts: ref.Experts, ctx) -> None:
+def shard_experts(experts: nn.Module, ctx) -> None:
     """w1 [E, D, H] and w2 [E, H, D] cut to this rank's E/ep experts and H/tp hidden units (the harness fills them)."""
     ep, tp = ctx.size("ep"), ctx.size("tp")
     e_local = experts.w1.shape[0] // ep
@@ -240,7 +242,7 @@ def sum_grads(model: nn.Module, ctx, expert_groups: list[dist.ProcessGroup], exp
             p.register_post_accumulate_grad_hook(hook([ctx.group("dp")], 1.0))
 
 
-def parallelize(model: ref.MoEDecoder, ctx) -> ref.MoEDecoder:
+def parallelize(model: nn.Module, ctx) -> nn.Module:
     """The MoE decoder's plan on this rank (in place, parameter names kept): experts over ep and tp, the rest
     replicated, gradients summed."""
     block = model.layer
@@ -250,11 +252,17 @@ def parallelize(model: ref.MoEDecoder, ctx) -> ref.MoEDecoder:
     return model
 
 
+def next_token_nll(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood of every next token of this rank's rows (log-softmax in float32 at least)."""
+    logprobs = torch.log_softmax(logits[:, :-1].to(math_dtype(logits.dtype)), dim=-1)
+    return -logprobs.gather(-1, tokens[:, 1:, None]).mean().to(logits.dtype)
+
+
 def loss(outputs: tuple[torch.Tensor, torch.Tensor], tokens: torch.Tensor, ctx, aux_coef: float) -> torch.Tensor:
     """The whole batch's loss on every rank (value), this rank's summand of it (gradient): its rows' mean next-token
     NLL over dp (the ranks' rows are equal in number) plus aux_coef times its aux summand."""
     logits, aux = outputs
-    nll = ref.next_token_loss(logits, tokens) / ctx.size("dp")
+    nll = next_token_nll(logits, tokens) / ctx.size("dp")
     summand = nll + aux_coef * aux.to(nll.dtype)
     total = summand.detach().to(torch.float64, copy=True)
     if ctx.size("dp") > 1:
