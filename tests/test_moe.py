@@ -156,3 +156,12 @@ def test_the_combine_op_case_catches_the_wrong_order_too(run_shardcheck):
 def test_a_bad_ep_is_one_line_and_exit_2(run_shardcheck, args, says):
     run = run_shardcheck("run", *args, strict=False)
     assert run.returncode == 2 and says in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+def test_a_hang_on_an_ep_or_edp_group_is_lined_up_among_its_own_ranks():
+    from shardcheck.harness.driver.flight import members
+
+    # dp 4, tp 2, ep 2: rank 3 is dp 1 (ep 1, edp 0), tp 1
+    assert members("ep", 3, (4, 1, 2, 2)) == [1, 3]
+    assert members("edp", 3, (4, 1, 2, 2)) == [3, 7]
+    assert members("dp", 3, (4, 1, 2, 2)) == [1, 3, 5, 7] == members("dp", 3, (4, 1, 2))
