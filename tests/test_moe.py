@@ -5,16 +5,20 @@ bad ep values one line with exit 2."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+import sys
 
 import pytest
 import torch
-from helpers import BROKEN, assert_one_cause
+from helpers import BROKEN, ROOT, assert_one_cause
 from torch.distributed.tensor import Partial, Shard
 
 from shardcheck.harness.core.case import Case
 from shardcheck.harness.core.layout import Layout
 from shardcheck.harness.core.options import UsageError
+from shardcheck.harness.core.records import load
 from shardcheck.harness.core.topology import Topology, expert_topologies
 from shardcheck.reference import moe as ref
 
@@ -165,3 +169,21 @@ def test_a_hang_on_an_ep_or_edp_group_is_lined_up_among_its_own_ranks():
     assert members("ep", 3, (4, 1, 2, 2)) == [1, 3]
     assert members("edp", 3, (4, 1, 2, 2)) == [3, 7]
     assert members("dp", 3, (4, 1, 2, 2)) == [1, 3, 5, 7] == members("dp", 3, (4, 1, 2))
+
+
+def test_the_hand_launched_worker_runs_the_ep_topologies_of_its_world(tmp_path):
+    out = tmp_path / "by-hand"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    command += ["-m", "shardcheck.harness.standalone", "--op", "moe.dispatch", "--op", "moe.aux_loss"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [*command, "--dtype", "float64", "--strict", "--out", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = load(out)
+    assert set(zip(rows["dp"], rows["ep"])) == {(1, 1), (2, 1), (2, 2)} and (rows["status"] == "pass").all()
