@@ -168,7 +168,7 @@ def _low_precision_supports(t) -> bool:
 
 def model_case(case_id: str = "decoder", dtypes: tuple[str, ...] = ("float64",), supports=_model_supports) -> ModelCase:
     """The MoE decoder's step: `decoder` in float64 at every (dp, ep, tp); `decoder-lowp` in float32 and bfloat16
-    where ep, edp and expert-TP all act (a model item costs ~0.7 s on a loaded 2-core machine: docs/ops/moe.md)."""
+    where ep, edp and expert-TP all act (docs/performance.md#the-moe-suite: the cost)."""
     return ModelCase(
         op=OP + "parallelize",
         case_id=case_id,
