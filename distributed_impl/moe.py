@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.nn.functional import all_to_all_single
+from torch.distributed.tensor import DTensor
 
 
 def math_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -164,6 +165,11 @@ def expert_mlp(
     return _ReduceFromTP.apply(out, tp_group) if tp else out
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's piece: an expert weight may be a plain tensor or a DTensor on the ep (x tp) mesh."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 class ExpertParallelMoE(nn.Module):
     """The reference MoE's forward over ep and tp: its parameters (names kept) hold this rank's experts; `dispatch`
     and `combine` are this module's."""
@@ -193,7 +199,8 @@ class ExpertParallelMoE(nn.Module):
         self.aux = aux_loss(logits, experts, cfg.experts, self.aux_group())
         rows, routing = dispatch(tokens, experts, cfg.experts, ctx.group("ep"))
         tp_group = ctx.group("tp") if ctx.size("tp") > 1 else None
-        y = expert_mlp(rows, routing.counts, self.experts.w1, self.experts.w2, tp_group)
+        w1, w2 = _local(self.experts.w1), _local(self.experts.w2)
+        y = expert_mlp(rows, routing.counts, w1, w2, tp_group)
         out = self.combine(y, routing, weights)
         if self.shared is not None:
             out = out + self.shared(tokens)
@@ -228,10 +235,11 @@ def sum_grads(model: nn.Module, ctx, expert_groups: list[dist.ProcessGroup], exp
 
     def hook(groups: list, scale: float):
         def reduce(p: torch.Tensor) -> None:
+            grad = _local(p.grad)
             for group in groups:
-                dist.all_reduce(p.grad, group=group)
+                dist.all_reduce(grad, group=group)
             if scale != 1.0:
-                p.grad.mul_(scale)
+                grad.mul_(scale)
 
         return reduce
 

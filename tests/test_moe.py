@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from helpers import BROKEN, ROOT, assert_one_cause
+from helpers import BROKEN, IMPLS, ROOT, assert_one_cause
 from torch.distributed.tensor import Partial, Shard
 
 from shardcheck.harness.core.case import Case
@@ -187,3 +187,11 @@ def test_the_hand_launched_worker_runs_the_ep_topologies_of_its_world(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = load(out)
     assert set(zip(rows["dp"], rows["ep"])) == {(1, 1), (2, 1), (2, 2)} and (rows["status"] == "pass").all()
+
+
+def test_experts_held_as_dtensors_on_the_expert_mesh_are_laid_out_by_their_placements(run_shardcheck):
+    impl = f"moe={IMPLS / 'dtensor_experts_moe.py'}"
+    args = ("run", "--suite", "moe", "--op", "moe.parallelize", "--case", "decoder", "--dtype", "float64")
+    run = run_shardcheck(*args, "--topology", "dp=2,ep=2,tp=2", "--impl", impl)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert {"forward:dparam:layer.moe.experts.w1", "forward:step:layer.moe.experts.w2"} <= set(run.rows["check"])
