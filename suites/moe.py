@@ -3,6 +3,7 @@ of dp, harness/core/topology.py), dropless all-to-all dispatch and combine, the 
 decoder whose MLP is the MoE layer, checked module by module (docs/model-cases.md, docs/ops/moe.md).
 
 Op cases (tokens [T, D] split over dp; tp replicates them, so they run at tp 1):
+- `moe.route`: each token's top-k weights (softmax, top-k, renormalized), and their gradient.
 - `moe.dispatch`: each rank's received rows, placed by the contract's order (local expert, then token) into the
   dense [E, T, D] the reference gives: Layout(dp=Shard(1), ep=Shard(0)), experts over ep, tokens over edp.  A
   permutation: exact in every dtype.
@@ -102,6 +103,16 @@ def op_cases() -> list[Case]:
         params={"experts": EXPERTS, "top_k": TOP_K},
     )
     return [
+        Case(
+            op=OP + "route",
+            reference=lambda x: ref.route(x["logits"], TOP_K)[0],
+            run=lambda impl, ctx, x: impl.route(x["logits"], TOP_K)[0],
+            input_layouts={"logits": BATCH},
+            output_layouts=(BATCH,),
+            grad_inputs=("logits",),
+            rule=ours(f"{DOC}#route"),
+            **common,
+        ),
         Case(
             op=OP + "dispatch",
             reference=lambda x: ref.dispatch(x["x"], x["experts"], EXPERTS),

@@ -111,7 +111,7 @@ def test_our_moe_passes_at_every_ep_with_rows_naming_it(shared_run):
     assert run.returncode == 0, run.stdout[-3000:]
     rows = run.rows
     assert set(zip(rows["dp"], rows["ep"], rows["tp"])) == {(4, 2, 1), (4, 4, 1), (2, 2, 2)}
-    assert set(rows["op"]) == {"moe.dispatch", "moe.combine", "moe.aux_loss", "moe.parallelize"}
+    assert set(rows["op"]) == {"moe.route", "moe.dispatch", "moe.combine", "moe.aux_loss", "moe.parallelize"}
     model = rows[rows["op"] == "moe.parallelize"]
     # each rank's experts against their slice of the single-device ones
     assert {"forward:dparam:layer.moe.experts.w1", "forward:step:layer.moe.experts.w2"} <= set(model["check"])
