@@ -41,16 +41,8 @@ def uses_lines(df: pd.DataFrame) -> list[str]:
 
 
 def _topology(df: pd.DataFrame) -> pd.Series:
-    ep = with_ep(df)["ep"].astype(int)
-    return (
-        "dp"
-        + df["dp"].astype(str)
-        + ep.map(lambda e: f"-ep{e}" if e != 1 else "")
-        + "-cp"
-        + df["cp"].astype(str)
-        + "-tp"
-        + df["tp"].astype(str)
-    )
+    ep = with_ep(df)["ep"].astype(int).map(lambda e: f"-ep{e}" if e != 1 else "").astype(str)  # (str when empty too)
+    return "dp" + df["dp"].astype(str) + ep + "-cp" + df["cp"].astype(str) + "-tp" + df["tp"].astype(str)
 
 
 def _worst(statuses: pd.Series) -> str:

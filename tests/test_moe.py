@@ -153,7 +153,7 @@ def test_the_combine_op_case_catches_the_wrong_order_too(run_shardcheck):
     "args, says",
     [
         (("--suite", "moe", "--topology", "dp=3,ep=2"), "ep=2 must divide dp=3"),
-        (("--suite", "moe", "--topology", "dp=3,ep=3"), "ep=3 does not divide the 8 experts of moe.dispatch"),
+        (("--suite", "moe", "--topology", "dp=3,ep=3"), "ep=3 does not divide the 8 experts of moe."),
         (("--suite", "kd_loss", "--topology", "dp=2,ep=2"), "no selected case runs expert parallelism"),
     ],
 )
