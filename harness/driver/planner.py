@@ -187,6 +187,9 @@ class Selection:
     suite_paths: Sequence[str] = ()
     corpus: Sequence[CorpusEntry] = ()
     corpus_dir: str = ""
+    # The topologies the user named (--topology), where `topologies` holds more (a hand-launched worker's defaults):
+    # those an expert-parallel check holds to; None: `topologies`.
+    named_topologies: list[Topology] | None = None
 
 
 Replay = tuple[str, Case, CorpusEntry]  # a saved fuzz failure: (suite, its case, its corpus entry)
@@ -221,7 +224,8 @@ def build_plan(selection: Selection) -> Plan:
     _add_replays(plan, replays, worlds)  # the saved failures first: a regression shows at once
     for suite_name, case in cases:
         _add_case(plan, suite_name, case, sel.dtypes, worlds)
-    _check_expert_topologies(plan, sel.topologies, [c for _, c in cases])
+    named = sel.topologies if sel.named_topologies is None else sel.named_topologies
+    _check_expert_topologies(plan, named, [c for _, c in cases])
     if not plan.items:
         raise UsageError("nothing to run: no case supports the selected topologies and dtypes")
     return plan

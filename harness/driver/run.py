@@ -58,6 +58,7 @@ def plan_from_args(
             case_patterns=str_list(args.case),
             world_sizes=world_sizes,
             topologies=topologies,
+            named_topologies=[Topology.parse(t) for t in args.topology or []],
             dtypes=str_list(args.dtype) or default_dtypes,
             impl=impl_map(args.impl),
             quick=args.quick,
