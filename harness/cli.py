@@ -28,7 +28,7 @@ from shardcheck.harness.core.options import (
     str_list,
 )
 from shardcheck.harness.core.records import Status
-from shardcheck.harness.core.topology import Topology, default_topologies
+from shardcheck.harness.core.topology import Topology, default_topologies, expert_topologies
 
 if TYPE_CHECKING:
     from shardcheck.harness.core.plan_data import Plan
@@ -438,6 +438,8 @@ def cmd_list(args) -> int:
             n = sum(c.op == op for c in cases)
             print(f"  {op}  ({n} case{'s' if n != 1 else ''})")
     print("default topologies: " + " ".join(str(t) for t in default_topologies(list(DEFAULT_WORLD_SIZES))))
+    experts = expert_topologies(list(DEFAULT_WORLD_SIZES))
+    print("expert-parallel topologies (cases that run ep): " + " ".join(str(t) for t in experts))
     print("default dtypes: " + ",".join(DEFAULT_DTYPES))
     corpus = corpus_dir(args.corpus)
     entries = load_corpus(corpus)

@@ -53,7 +53,7 @@ from shardcheck.harness.core.options import (
 )
 from shardcheck.harness.core.plan_data import Item, Plan
 from shardcheck.harness.core.records import RESULTS, RUN_META, RecordWriter
-from shardcheck.harness.core.topology import Topology, default_topologies
+from shardcheck.harness.core.topology import Topology, default_topologies, expert_topologies
 from shardcheck.harness.driver import postmortem, stacks
 from shardcheck.harness.driver.collect import Collector
 from shardcheck.harness.driver.planner import DEFAULT_DTYPES
@@ -124,7 +124,7 @@ def _plan(args: argparse.Namespace, settings: RunSettings, topologies: list[Topo
     """Every selected topology whose size divides this world (default: all of them), in one launch of it."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "standalone") + "-" + str(world)
     divisors = [w for w in range(1, world + 1) if world % w == 0]
-    topologies = topologies or default_topologies(divisors)
+    topologies = topologies or default_topologies(divisors) + expert_topologies(divisors)
     return plan_from_args(
         args,
         settings,
@@ -267,9 +267,11 @@ class _Hang:
             writer = RecordWriter(self.out)
             meta = json.loads((self.out / RUN_META).read_text()) if (self.out / RUN_META).is_file() else {}
             collector = Collector(self.plan, self.plan.items, self.events_dir, writer, self.worker.world)
-            written = {(r["op"], r["case_id"], r["dtype"], r["dp"], r["cp"], r["tp"]) for r in _rows(self.out)}
+            written = {
+                (r["op"], r["case_id"], r["dtype"], r["dp"], r["cp"], r["tp"], r.get("ep", 1)) for r in _rows(self.out)
+            }
             collector.finished.update(
-                i.id for i in self.plan.items if (i.op, i.case_id, i.dtype, *i.topology) in written
+                i.id for i in self.plan.items if (i.op, i.case_id, i.dtype, *i.topology, i.ep) in written
             )
         if terminated:
             deaths = self._dead(item)
@@ -286,9 +288,9 @@ class _Hang:
             reason = f"{late}rank {self.rank} took the ranks' stacks and ended the hand-launched run"
             at_barrier = threading.current_thread() is threading.main_thread()  # (else: the watchdog's thread)
             cause = _stuck(collector, item, self.folders, reason, writer_rank=self.rank, at_barrier=at_barrier)
-        dp, cp, tp = item.topology
         reason = (
-            f"not run: the run ended at {item.op} case {item.case_id} {item.dtype} at dp{dp}-cp{cp}-tp{tp} "
+            f"not run: the run ended at {item.op} case {item.case_id} {item.dtype} at "
+            f"{item.full_topology} "
             f"({cause}); a hand-launched run cannot replace its ranks"
         )
         for rest in collector.unfinished():

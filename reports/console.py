@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from shardcheck.harness.core.records import Status, Symptom
+from shardcheck.harness.core.records import Status, Symptom, with_mesh_splits
 from shardcheck.harness.findings.known import known_failures_line
 from shardcheck.harness.findings.verdicts import Findings
 from shardcheck.harness.findings.wording import few_checks, finding_lines
@@ -39,7 +39,9 @@ def print_harness_errors(rows: pd.DataFrame) -> None:
     harness's fault, not the op's."""
     bad = rows[(rows["status"] == Status.ERROR) & (rows["symptom"] == Symptom.HARNESS)]
     for (error_type, where), group in bad.groupby(["error_type", "error_where"], sort=False):
-        items = len(group.drop_duplicates(["op", "case_id", "dtype", "dp", "cp", "tp"]))
+        items = len(
+            with_mesh_splits(group).drop_duplicates(["op", "case_id", "dtype", "dp", "dp_replicate", "ep", "cp", "tp"])
+        )
         print(
             f"shardcheck: {len(group)} error(s) in {items} item(s) are shardcheck's own fault, not the op's: "
             f"{error_type}: {group['error_message'].iloc[0]} raised at {where}; please report it"

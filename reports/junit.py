@@ -23,9 +23,10 @@ from pathlib import Path
 import pandas as pd
 
 from shardcheck.harness.core.compare import FAILING, STATUS_ORDER
-from shardcheck.harness.core.records import Status
+from shardcheck.harness.core.records import Status, with_mesh_splits
+from shardcheck.harness.core.topology import topology_name
 
-ITEM_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype"]
+ITEM_KEY = ["op", "case_id", "dp", "dp_replicate", "ep", "cp", "tp", "dtype"]
 
 
 def _item_status(statuses: pd.Series) -> str:
@@ -61,14 +62,20 @@ def junit_tree(df: pd.DataFrame, run_id: str) -> ET.ElementTree:
     for op, op_rows in df.groupby("op", sort=False):
         suite = ET.SubElement(root, "testsuite", name=op)
         counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0, "time": 0.0}
-        for (_, case_id, dp, cp, tp, dtype), rows in op_rows.groupby(ITEM_KEY, sort=False):
+        for (_, case_id, dp, dp_replicate, ep, cp, tp, dtype), rows in with_mesh_splits(op_rows).groupby(
+            ITEM_KEY, sort=False
+        ):
             seconds = (
                 float(rows["item_seconds"].max())
                 if "item_seconds" in rows and rows["item_seconds"].notna().any()
                 else 0.0
             )
             case = ET.SubElement(
-                suite, "testcase", classname=op, name=f"{case_id} [dp{dp}-cp{cp}-tp{tp} {dtype}]", time=f"{seconds:.3f}"
+                suite,
+                "testcase",
+                classname=op,
+                name=f"{case_id} [{topology_name(dp, cp, tp, ep, dp_replicate)} {dtype}]",
+                time=f"{seconds:.3f}",
             )
             status = _item_status(rows["status"])
             counts["tests"] += 1

@@ -22,9 +22,11 @@ import pandas as pd  # noqa: E402
 
 from shardcheck.harness.core.compare import FAILING  # noqa: E402
 from shardcheck.harness.core.model_case import CHECK  # noqa: E402
+from shardcheck.harness.core.records import with_mesh_splits  # noqa: E402
+from shardcheck.harness.core.topology import topology_name  # noqa: E402
 from shardcheck.harness.findings import model_order  # noqa: E402
 
-ITEM_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype"]
+ITEM_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "ep", "dp_replicate"]
 FLOOR = 1e-6  # an exact match (err/budget 0) is drawn here
 TITLES = {
     "forward": "forward: module outputs in execution order, then the loss",
@@ -113,21 +115,21 @@ def draw(rows: pd.DataFrame, path: Path, title: str) -> pd.DataFrame:
 
 
 def chart_name(key: tuple) -> str:
-    op, case_id, dp, cp, tp, dtype = key
-    name = f"model_{op.split('.')[-1]}_{case_id}_dp{dp}-cp{cp}-tp{tp}_{dtype}"
+    op, case_id, dp, cp, tp, dtype, *splits = key  # (ep, dp_replicate: 1 where the key has none)
+    name = f"model_{op.split('.')[-1]}_{case_id}_{topology_name(dp, cp, tp, *splits)}_{dtype}"
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) + ".png"
 
 
 def model_charts(df: pd.DataFrame, run_dir: Path) -> list[tuple[str, Path]]:
     """(title, png) for each failing model case item (the first MAX_CHARTS, in run order)."""
     is_model = df["check"].map(lambda c: model_order.step_order(c) is not None)
-    model = df[is_model]
+    model = with_mesh_splits(df[is_model])
     charts = []
     for key, rows in model.groupby(ITEM_KEY, sort=False):
         if not rows["status"].isin(FAILING).any():
             continue
-        op, case_id, dp, cp, tp, dtype = key
-        title = f"model {op} [{case_id}] dp{dp}-cp{cp}-tp{tp} {dtype}: err/budget by module"
+        op, case_id, dp, cp, tp, dtype, ep, dp_replicate = key
+        title = f"model {op} [{case_id}] {topology_name(dp, cp, tp, ep, dp_replicate)} {dtype}: err/budget by module"
         path = run_dir / chart_name(key)
         draw(rows, path, title)
         charts.append((title, path))

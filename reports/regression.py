@@ -33,10 +33,10 @@ from pathlib import Path
 import pandas as pd
 
 from shardcheck.harness.core.compare import FAILING
-from shardcheck.harness.core.records import RUN_META, Status, load, machine_label, same_machine
+from shardcheck.harness.core.records import RUN_META, Status, load, machine_label, same_machine, with_mesh_splits
 from shardcheck.reports.selection import Selection, only_one_side
 
-KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "device", "check"]
+KEY = ["op", "case_id", "dp", "dp_replicate", "ep", "cp", "tp", "dtype", "device", "check"]
 PASSED = (Status.PASS, Status.XPASS)  # the check's results were right
 STOPPED_PASSING = (Status.XFAIL, Status.WARN, Status.FAIL, Status.ERROR)  # from PASSED to one of these: a regression
 KNOWN_FAILURE_CHANGES = {  # (BASE, NEW) status -> what a person should read; none of them a regression
@@ -55,7 +55,7 @@ def _with_defaults(df: pd.DataFrame) -> pd.DataFrame:
     for col in ("time_ms", "time_ms_iqr", "peak_bytes"):
         if col not in df:
             df[col] = float("nan")
-    return df
+    return with_mesh_splits(df)
 
 
 def run_machine(path) -> dict | None:

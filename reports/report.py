@@ -14,7 +14,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from shardcheck.harness.core.compare import FAILING, STATUS_ORDER  # noqa: E402
-from shardcheck.harness.core.records import SIGNATURE_CHECK, Status  # noqa: E402
+from shardcheck.harness.core.records import SIGNATURE_CHECK, Status, with_mesh_splits  # noqa: E402
+from shardcheck.harness.core.topology import topology_label, topology_name  # noqa: E402
 from shardcheck.harness.findings.known import known_failure_text  # noqa: E402
 from shardcheck.harness.findings.verdicts import SettledRun, read_settled  # noqa: E402
 from shardcheck.harness.findings.wording import finding_lines  # noqa: E402
@@ -40,7 +41,7 @@ def uses_lines(df: pd.DataFrame) -> list[str]:
 
 
 def _topology(df: pd.DataFrame) -> pd.Series:
-    return "dp" + df["dp"].astype(str) + "-cp" + df["cp"].astype(str) + "-tp" + df["tp"].astype(str)
+    return pd.Series([topology_label(row) for row in df.to_dict("records")], index=df.index, dtype=str)
 
 
 def _worst(statuses: pd.Series) -> str:
@@ -85,7 +86,7 @@ def failures(df: pd.DataFrame) -> pd.DataFrame:
     return bad[["op", "case_id", "topology", "dtype", "check", "status", "message"]].reset_index(drop=True)
 
 
-ITEM_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype"]
+ITEM_KEY = ["op", "case_id", "dp", "dp_replicate", "ep", "cp", "tp", "dtype"]
 MAX_LISTED_ITEMS = 200  # failing items listed one by one in the report (all are in results.jsonl)
 
 
@@ -93,21 +94,20 @@ def failing_items(df: pd.DataFrame) -> list[dict]:
     """One entry per item (op, case, topology, dtype) that fails the run (a check failed, errored or passed
     though marked as a known failure), in run order: its worst status, those checks (check, status, message,
     error map path or None) and its rerun command."""
-    bad = df[df["status"].isin(FAILING)]
+    bad = with_mesh_splits(df[df["status"].isin(FAILING)])
     items = []
     for key, rows in bad.groupby(ITEM_KEY, sort=False):
-        op, case_id, dp, cp, tp, dtype = key
+        op, case_id, dp, dp_replicate, ep, cp, tp, dtype = key
+        topology = topology_name(dp, cp, tp, ep, dp_replicate)
         signature = (rows["check"] == SIGNATURE_CHECK).all()  # checked before any rank runs: no topology, no dtype
         error_maps = rows["error_map"] if "error_map" in rows else pd.Series(None, index=rows.index)
         items.append(
             {
                 "op": op,
                 "case_id": case_id,
-                "topology": f"dp{dp}-cp{cp}-tp{tp}",
+                "topology": topology,
                 "dtype": dtype,
-                "where": f"in the module under test {rows['impl'].iloc[0]}"
-                if signature
-                else f"dp{dp}-cp{cp}-tp{tp} {dtype}",
+                "where": f"in the module under test {rows['impl'].iloc[0]}" if signature else f"{topology} {dtype}",
                 "status": _worst(rows["status"]),
                 "checks": [
                     (r["check"], r["status"], r["message"], m if isinstance(m, str) else None)

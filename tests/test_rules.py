@@ -27,6 +27,7 @@ SUITES = [
     "distributed_utils",
     "inbatch_neg_utils",
     "kd_loss",
+    "moe",
 ]
 
 
@@ -266,6 +267,7 @@ def test_impl_findings_lines_say_whether_the_rule_is_the_seeds_or_ours(run_shard
         ("distributed_utils", ["distributed_utils"]),
         ("inbatch_neg_utils", ["inbatch_neg_utils"]),
         ("kd_loss", ["kd_loss"]),
+        ("moe", ["moe"]),
     ],
 )
 def test_docs_ops_tags_every_rule_of_its_family_seed_or_ours(family, suites):

@@ -135,6 +135,9 @@ class Case:
     # its size, so no spare rank is missing from the op's collectives; a topology whose size is not
     # one of the launched world sizes is skipped for this case.
     world_group: bool = False
+    # The case runs expert parallelism (its run reads ctx.group("ep") / ctx.group("edp")): the plan gives it the
+    # topologies with ep > 1 too (topology.expert_topologies); the others never see them.
+    expert_parallel: bool = False
     # The mesh dims over which the case tests pieces that are empty on some ranks (a Shard over a dim smaller than
     # the mesh dim: V < TP, or V = 33 at TP 8, whose last rank gets nothing): ("tp",) where the op supports a rank
     # holding no vocab entries.  Elsewhere the plan skips, with the reason, a topology at which an input would
@@ -215,12 +218,14 @@ class Case:
             return False
         if topology.dp_replicate > 1 and not self.hsdp:  # a data mesh split replicate x shard: where asked for
             return False
+        if topology.ep > 1 and not self.expert_parallel:
+            return False
         return self.supports(topology)
 
     def misfit(self, topology: Topology, inputs: Tensors) -> str:
         """Why the case's full `inputs` cannot be laid out at `topology` (the first input that cannot, in words), or
         "" where they can: what the plan records as the item's skip reason instead of running it."""
-        sizes = {"dp": topology.dp, "cp": topology.cp, "tp": topology.tp}
+        sizes = {"dp": topology.dp, "cp": topology.cp, "tp": topology.tp, "ep": topology.ep}
         for length in self.cp_lengths:
             if topology.cp > 1 and length % (2 * topology.cp):
                 return (

@@ -1,4 +1,5 @@
-"""How a full tensor maps to each rank's piece over the ("dp", "cp", "tp") mesh: `Layout`, one placement per mesh dim.
+"""How a full tensor maps to each rank's piece over the ("dp", "cp", "tp") mesh: `Layout`, one placement per mesh dim,
+and one over "ep", the expert-parallel part of dp (Layout(ep=Shard(0)): experts split over ep, replicated over edp).
 
 A placement is torch's DTensor placement (`Shard`, `Replicate`, `Partial`) or one of the CP index rules here
 (`HeadTail`, `PackedHeadTail`, `Permuted`) that no DTensor placement expresses.
@@ -94,6 +95,14 @@ class Layout:
     there (e.g. per-DP-rank losses normalised by the global token count): the harness
     sums them before comparing, and every rank gets the full upstream gradient.
     `Partial("avg")`: the full value is their *mean* (each DP rank's loss the mean over its own tokens).
+
+    `ep` (expert parallelism, `Shard(d)` or `Replicate()`) splits dim d over the ep part of dp: rank r of ep holds
+    the r-th piece, the same on every rank of its expert-data-parallel group (edp).  With ep sharded, dp's own
+    placement applies over the rest of dp, edp (dp = edp x ep, ep innermost).  `Layout(ep=Shard(0))`: experts
+    [E, ...] split over ep; `Layout(dp=Shard(1), ep=Shard(0))`: [E, T, ...] rows an ep rank's experts receive from
+    the tokens of its edp group; `Layout(dp=Partial(), ep=Shard(0))`: an expert gradient before the edp sync,
+    summed over edp alone.
+    `placements` stays the (dp, cp, tp) triple; `ep` is its own attribute.
     """
 
     def __init__(
@@ -101,11 +110,18 @@ class Layout:
         dp: Placement | IndexRule | None = None,
         cp: Placement | IndexRule | None = None,
         tp: Placement | IndexRule | None = None,
+        ep: Placement | None = None,
     ):
         self.placements = tuple(p if p is not None else Replicate() for p in (dp, cp, tp))
+        self.ep = ep if ep is not None else Replicate()
+        if not isinstance(self.ep, Shard | Replicate):
+            raise ValueError(f"Layout ep={self.ep}: an ep placement is Shard(d) or Replicate()")
+        if isinstance(self.ep, Shard) and isinstance(self.placements[0], IndexRule):
+            raise ValueError(f"Layout dp={self.placements[0]}, ep={self.ep}: an index rule over dp does not split")
 
     def __repr__(self) -> str:
-        return "Layout(" + ", ".join(f"{d}={p}" for d, p in zip(MESH_DIMS, self.placements)) + ")"
+        ep = f", ep={self.ep}" if isinstance(self.ep, Shard) else ""
+        return "Layout(" + ", ".join(f"{d}={p}" for d, p in zip(MESH_DIMS, self.placements)) + ep + ")"
 
     @property
     def has_rules(self) -> bool:
@@ -125,7 +141,8 @@ class Layout:
         kept where no rule reads the inputs: a run slices the same shapes at the same coordinates item after item
         (~145,000 slices in the default run)."""
         shape = tuple(int(n) for n in full_shape)
-        key = (self.placements, shape, *(coords.get(d, 0) for d in MESH_DIMS), *(sizes.get(d, 1) for d in MESH_DIMS))
+        dims = (*MESH_DIMS, "ep")
+        key = (self.placements, self.ep, shape, *(coords.get(d, 0) for d in dims), *(sizes.get(d, 1) for d in dims))
         found = _KEPT.get(key)
         if found is not None:
             return found
@@ -143,7 +160,7 @@ class Layout:
         ndim = len(full_shape)
         idx = [torch.arange(int(n)) for n in full_shape]
         for d, p in zip(MESH_DIMS, self.placements):
-            n, r = sizes.get(d, 1), coords.get(d, 0)
+            n, r = self._size_and_coord(d, coords, sizes)
             if isinstance(p, Shard):
                 dim = p.dim % ndim
                 size, offset = Shard.local_shard_size_and_offset(len(idx[dim]), n, r)
@@ -151,7 +168,23 @@ class Layout:
             elif isinstance(p, IndexRule) and n > 1:
                 dim = p.dim % ndim
                 idx[dim] = idx[dim][p.positions(len(idx[dim]), n, r, inputs or {})]
+        if isinstance(self.ep, Shard):
+            # ep innermost in dp (harness/core/topology.py): a pure mapping needs only the dp coordinate
+            n = sizes.get("ep", 1)
+            r = coords.get("ep", coords.get("dp", 0) % n)
+            dim = self.ep.dim % ndim
+            size, offset = Shard.local_shard_size_and_offset(len(idx[dim]), n, r)
+            idx[dim] = idx[dim][offset : offset + size]
         return tuple(idx)
+
+    def _size_and_coord(self, d: str, coords: dict[str, int], sizes: dict[str, int]) -> tuple[int, int]:
+        """Mesh dim d's size and this rank's coordinate along what the placement splits: dp's is edp's where ep
+        is sharded (ep innermost: dp coordinate = edp * ep + ep coordinate)."""
+        n, r = sizes.get(d, 1), coords.get(d, 0)
+        if d == "dp" and isinstance(self.ep, Shard):
+            ep = sizes.get("ep", 1)
+            return n // ep, r // ep
+        return n, r
 
     def mesh_indices(
         self, full_shape: Sequence[int], mesh: DeviceMesh, inputs: Tensors | None = None
@@ -176,7 +209,7 @@ class Layout:
             return uneven
         # The first and the last rank: torch's Shard gives the last ranks the smallest pieces, and an index rule
         # that cannot split a length fails on every rank.
-        for corner in ({d: 0 for d in MESH_DIMS}, {d: sizes.get(d, 1) - 1 for d in MESH_DIMS}):
+        for corner in ({d: 0 for d in (*MESH_DIMS, "ep")}, {d: sizes.get(d, 1) - 1 for d in (*MESH_DIMS, "ep")}):
             try:
                 idx = self.indices(full_shape, corner, sizes, inputs)
             except (ValueError, KeyError, IndexError, RuntimeError) as exc:
@@ -195,7 +228,7 @@ class Layout:
         none does): the length it splits is what the mesh dims before it left the first rank."""
         lengths = [int(n) for n in full_shape]
         for d, p in zip(MESH_DIMS, self.placements):
-            n = sizes.get(d, 1)
+            n = self._size_and_coord(d, {}, sizes)[0]
             if not isinstance(p, Shard | IndexRule) or n == 1 or not full_shape:
                 continue
             dim = p.dim % len(full_shape)
@@ -205,6 +238,10 @@ class Layout:
                     f"case does not test unequal pieces over {d}"
                 )
             lengths[dim] = -(-lengths[dim] // n)
+        n = sizes.get("ep", 1)
+        if isinstance(self.ep, Shard) and full_shape and lengths[self.ep.dim % len(full_shape)] % n:
+            dim = self.ep.dim % len(full_shape)
+            return f"dim {dim} of length {lengths[dim]} does not split over ep={n} (ep must divide it)"
         return ""
 
     def reduce_partial(self, local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
@@ -214,6 +251,8 @@ class Layout:
             return local
         dims = mesh_dims(mesh)
         group_dims = [d for d, p in zip(MESH_DIMS, self.placements) if isinstance(p, Partial) and dims.sizes[d] > 1]
+        if isinstance(self.ep, Shard) and "dp" in group_dims:  # a piece held per ep rank: summed over its edp group
+            group_dims = ["edp" if d == "dp" else d for d in group_dims]
         total = local.detach().to(torch.float64, copy=True)  # never the op's own output: all_reduce is in place
         for d in group_dims:
             torch.distributed.all_reduce(total, group=dims.groups[d])
@@ -239,7 +278,9 @@ class Layout:
         """[start, end) of this rank's piece along `dim` in global coordinates (a contiguous piece)."""
         dim %= len(full_shape)
         placements = [Shard(p.dim % len(full_shape)) if isinstance(p, Shard) else Replicate() for p in self.placements]
-        if any(isinstance(p, IndexRule) and p.dim % len(full_shape) == dim for p in self.placements):
+        if isinstance(self.ep, Shard) or any(
+            isinstance(p, IndexRule) and p.dim % len(full_shape) == dim for p in self.placements
+        ):
             ix = self.mesh_indices(full_shape, mesh)[dim]
             if len(ix) and not torch.equal(ix, torch.arange(int(ix[0]), int(ix[0]) + len(ix))):
                 raise ValueError(f"dim {dim} of {self} is not a contiguous range on this rank")

@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from shardcheck.harness.core.records import Phase
-from shardcheck.harness.core.topology import mesh_dims
+from shardcheck.harness.core.topology import EXPERT_DIMS, MESH_DIMS, mesh_dims
 
 
 def _fake_collectives():
@@ -266,8 +266,12 @@ def group_dims(mesh) -> dict[str, str]:
     """Process group name -> mesh dim name, to attribute each collective to a mesh dim ("dp|cp|tp" for a group
     the dims share: torch gives a dim that spans the whole world the default group)."""
     shared: dict[str, list[str]] = {}
-    for d, group in mesh_dims(mesh).groups.items():
-        shared.setdefault(group.group_name, []).append(d)
+    groups = mesh_dims(mesh).groups
+    for d in MESH_DIMS:
+        shared.setdefault(groups[d].group_name, []).append(d)
+    for d in EXPERT_DIMS:  # ep and edp where they are groups of their own (not dp's, nor the world's)
+        if d in groups and groups[d].group_name not in shared:
+            shared[groups[d].group_name] = [d]
     return {name: "|".join(dims) for name, dims in shared.items()}
 
 

@@ -41,7 +41,7 @@ from shardcheck.harness.core.compare import BudgetScope
 from shardcheck.harness.core.known_failure import KnownFailure
 from shardcheck.harness.core.layout import REPLICATED, Layout, Tensors
 from shardcheck.harness.core.rank_context import RankContext
-from shardcheck.harness.core.topology import MESH_DIMS, Topology, mesh_dims
+from shardcheck.harness.core.topology import EXPERT_DIMS, MESH_DIMS, Topology, mesh_dims
 from shardcheck.harness.core.train_step import (
     ROOT_NAME,
     ClipFn,
@@ -175,6 +175,7 @@ class ModelCase:
     # The plan builds its own DeviceMesh over the world (torchtitan's ParallelDims.build_mesh): run each topology only
     # in a launch of exactly its size (Case.world_group).
     world_group: bool = False
+    expert_parallel: bool = False  # Case.expert_parallel: the plan gives it topologies with ep > 1
     xfail: KnownFailure | None = None
     skip_reason: str | None = None
     params: dict = field(default_factory=dict)
@@ -212,6 +213,7 @@ class ModelCase:
             context_parallel=self._uses_cp(),
             hsdp=self.hsdp,
             world_group=self.world_group,
+            expert_parallel=self.expert_parallel,
             xfail=self.xfail,
             skip_reason=self.skip_reason,
             params={"model": True, **self.params},
@@ -529,7 +531,17 @@ def _step_tensor(kind: str, key: str, t: torch.Tensor, absent: Layout = REPLICAT
 def _mapped(t: DTensor) -> bool:
     """Whether a Layout describes this DTensor: its mesh dims among dp/cp/tp, plain Shard/Replicate/Partial."""
     names = t.device_mesh.mesh_dim_names or ()
-    return all(n in MESH_DIMS for n in names) and all(type(p) in (Shard, Replicate, Partial) for p in t.placements)
+    by_name = dict(zip(names, t.placements))
+    experts = (  # on the expert mesh (topology.expert_mesh): sharded over ep, whole or summed over edp
+        not ({"ep", "edp"} & set(names))
+        or ("dp" not in names and type(by_name.get("ep", Replicate())) in (Shard, Replicate))
+        and type(by_name.get("edp", Replicate())) in (Replicate, Partial)
+    )
+    return (
+        experts
+        and all(n in MESH_DIMS + EXPERT_DIMS for n in names)
+        and all(type(p) in (Shard, Replicate, Partial) for p in t.placements)
+    )
 
 
 def _dtensor_layout(t: DTensor, absent: Layout = REPLICATED) -> Layout:
@@ -538,6 +550,9 @@ def _dtensor_layout(t: DTensor, absent: Layout = REPLICATED) -> Layout:
     names = t.device_mesh.mesh_dim_names or ()
     kw = {d: p for d, p in zip(MESH_DIMS, absent.placements) if d not in names}
     for name, placement in zip(names, t.placements):
+        if name in EXPERT_DIMS:  # ep's placement is the Layout's own; edp's is dp's (Partial: summed over edp)
+            kw["ep" if name == "ep" else "dp"] = placement
+            continue
         if name not in MESH_DIMS:
             raise ModelCaseError(f"a DTensor on mesh dim {name!r}: only {MESH_DIMS} (or sub-meshes of them) are mapped")
         kw[name] = placement

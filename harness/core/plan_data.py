@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from shardcheck.harness.core.options import RunSettings
+from shardcheck.harness.core.topology import Topology
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -48,6 +49,12 @@ class Item:
     # (harness/rank/fuzz_cases.py); None for a case of the suite's cases().
     fuzz: dict | None = None
     dp_replicate: int = 1  # HSDP: dp split replicate x shard; Topology(*topology, dp_replicate=...) is the item's
+    ep: int = 1  # expert parallelism (a part of dp: topology[0])
+
+    @property
+    def full_topology(self) -> Topology:
+        """The item's Topology: its (dp, cp, tp) with dp's split for HSDP and its expert-parallel part."""
+        return Topology(*self.topology, ep=self.ep, dp_replicate=self.dp_replicate)
 
 
 @dataclass

@@ -12,13 +12,14 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from shardcheck.harness.core.layout import REPLICATED, Layout, Tensors
-from shardcheck.harness.core.topology import Topology, data_mesh, mesh_dims
+from shardcheck.harness.core.topology import MESH_DIMS, Topology, data_mesh, mesh_dims
 
 
 @dataclass
 class RankContext:
     """What `Case.run` (and a case's properties, comm contract and output checks) may ask about the rank it
-    runs on: the mesh and its groups (`group("tp")`, `rank("tp")`, `size("tp")`), the topology, the dtype the
+    runs on: the mesh and its groups (`group("tp")`, `rank("tp")`, `size("tp")`; "ep" and "edp": the expert-parallel
+    and expert-data-parallel parts of dp, harness/core/topology.py), the topology, the dtype the
     inputs come in, the case's `params`, and the full shape and range of each input's local piece."""
 
     mesh: DeviceMesh
@@ -85,7 +86,8 @@ class RankContext:
         return mesh
 
     def coords(self) -> dict[str, int]:
-        return dict(self._ranks)
+        """This rank's (dp, cp, tp) coordinates (its ep and edp ones: `rank("ep")`, `rank("edp")`)."""
+        return {d: self._ranks[d] for d in MESH_DIMS}
 
     def module(self, family: str) -> Any:
         """Another family's module under test, resolved as that family's own suite resolves it: `--impl

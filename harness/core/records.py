@@ -148,6 +148,7 @@ class _Row(TypedDict):
 class ResultRow(_Row, total=False):
     """One row of results.jsonl: one check of one item (op, case, topology, dtype)."""
 
+    ep: int  # the expert-parallel part of dp (harness/core/topology.py); rows of older runs lack it (load: 1)
     rerun: str  # on every row but pass and skip: a `shardcheck run` command that runs this item alone
     uses_impl: dict  # on rows of a case that calls other families (Case.uses): {family: its module under test}
     xfail_reason: str  # on xfail and xpass rows: the case's KnownFailure (shardcheck.harness.core.case), its reason
@@ -337,6 +338,13 @@ def _result_files(path: Path) -> list[Path]:
     return sorted(path.glob(f"*/{RESULTS}"))  # a directory of runs
 
 
+def with_mesh_splits(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with its rows' ep and dp_replicate (1 where rows do not carry them: runs before expert parallelism or
+    HSDP, rows made by hand)."""
+    splits = {c: df[c].fillna(1).astype(int) if c in df else 1 for c in ("ep", "dp_replicate")}
+    return df.assign(**splits)
+
+
 def load(*paths: str | Path) -> pd.DataFrame:
     """Read the result rows of one or many runs (run dirs, results.jsonl files, or dirs of runs)."""
     import pandas as pd  # the ranks write rows through this module too, and never need pandas
@@ -352,6 +360,8 @@ def load(*paths: str | Path) -> pd.DataFrame:
     for col in ("max_abs_err", "max_rel_err", "budget", "err_ratio", "err_naive"):
         if col in df:
             df[col] = pd.to_numeric(df[col], errors="coerce")
+    if len(df):  # runs written before rows carried it: ep 1
+        df["ep"] = df["ep"].fillna(1).astype(int) if "ep" in df else 1
     for col, empty in NO_CAUSE.items():  # runs written before rows carried these fields
         if col not in df:
             df[col] = [[] for _ in range(len(df))] if isinstance(empty, list) else None

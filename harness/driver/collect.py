@@ -241,6 +241,8 @@ class Collector:
             "dp": dp,
             "cp": cp,
             "tp": tp,
+            "ep": item.ep,
+            "dp_replicate": item.dp_replicate,
             "world_size": item.world_size,
             "dtype": item.dtype,
             "device": self.plan.device,
@@ -249,8 +251,6 @@ class Collector:
             "check": check,
             **merged,
         }
-        if item.dp_replicate != 1:  # HSDP's split of dp (rows without it: 1)
-            row["dp_replicate"] = item.dp_replicate
         uses = self.plan.uses.get(item.op)
         if uses:  # the other families' modules the case called (Case.uses): `impl` stays its own family's
             row["uses_impl"] = {fam: self.plan.impl.get(fam) for fam in uses}
@@ -326,7 +326,9 @@ def rerun_command(plan: Plan, item: Item) -> str:
         "--case",
         glob_escape(item.case_id),
         "--topology",
-        f"dp={dp},cp={cp},tp={tp}" + (f",dp_replicate={item.dp_replicate}" if item.dp_replicate != 1 else ""),
+        f"dp={dp},cp={cp},tp={tp}"
+        + (f",ep={item.ep}" if item.ep != 1 else "")
+        + (f",dp_replicate={item.dp_replicate}" if item.dp_replicate != 1 else ""),
         "--dtype",
         item.dtype,
         "--seed",

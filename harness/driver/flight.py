@@ -47,19 +47,23 @@ def case_records(launch_dir: Path, ranks: list[int], plan: int, item: int) -> di
     }
 
 
-def members(dim: str, rank: int, topology: tuple[int, int, int]) -> list[int]:
-    """The ranks of `rank`'s group along `dim` ("tp", "dp|cp", "world") in a (dp, cp, tp) topology."""
-    dp, cp, tp = topology
+def members(dim: str, rank: int, topology: tuple[int, ...]) -> list[int]:
+    """The ranks of `rank`'s group along `dim` ("tp", "dp|cp", "ep", "edp", "world") in a (dp, cp, tp) topology, or a
+    (dp, cp, tp, ep) one (ep: the expert-parallel part of dp, innermost; edp the rest)."""
+    dp, cp, tp = topology[:3]
+    ep = topology[3] if len(topology) > 3 else 1
     size = dp * cp * tp
     along = set(dim.split("|")) if dim != "world" else set(MESH_DIMS)
-    if not along <= set(MESH_DIMS):
+    along |= {"ep", "edp"} if "dp" in along else set()
+    if not along <= {*MESH_DIMS, "ep", "edp"}:
         return []
 
     def coords(r: int) -> dict[str, int]:
-        return {"dp": r // (cp * tp), "cp": (r // tp) % cp, "tp": r % tp}
+        d = r // (cp * tp)
+        return {"edp": d // ep, "ep": d % ep, "cp": (r // tp) % cp, "tp": r % tp}
 
     mine = coords(rank)
-    return [r for r in range(size) if all(coords(r)[d] == mine[d] for d in MESH_DIMS if d not in along)]
+    return [r for r in range(size) if all(coords(r)[d] == mine[d] for d in mine if d not in along)]
 
 
 def _call(rec: dict) -> str:

@@ -17,7 +17,7 @@ from shardcheck.harness.core.model_case import PLANNED_CHECKS, StepCase
 from shardcheck.harness.core.modules import resolve_impl
 from shardcheck.harness.core.options import DEFAULT_WORLD_SIZES, RunSettings, UsageError
 from shardcheck.harness.core.plan_data import DTYPES, Item, Plan, Xfail
-from shardcheck.harness.core.topology import Topology, default_topologies
+from shardcheck.harness.core.topology import Topology, default_topologies, expert_topologies
 from shardcheck.harness.driver.corpus import CorpusEntry
 from shardcheck.harness.rank.fuzz_cases import fuzz_case
 from shardcheck.harness.rank.suite_loader import (
@@ -187,6 +187,9 @@ class Selection:
     suite_paths: Sequence[str] = ()
     corpus: Sequence[CorpusEntry] = ()
     corpus_dir: str = ""
+    # The topologies the user named (--topology), where `topologies` holds more (a hand-launched worker's defaults):
+    # those an expert-parallel check holds to; None: `topologies`.
+    named_topologies: list[Topology] | None = None
 
 
 Replay = tuple[str, Case, CorpusEntry]  # a saved fuzz failure: (suite, its case, its corpus entry)
@@ -221,7 +224,9 @@ def build_plan(selection: Selection) -> Plan:
     _add_replays(plan, replays, worlds)  # the saved failures first: a regression shows at once
     for suite_name, case in cases:
         _add_case(plan, suite_name, case, sel.dtypes, worlds)
-    _check_data_mesh_splits(plan, sel.topologies)
+    named = sel.topologies if sel.named_topologies is None else sel.named_topologies
+    _check_data_mesh_splits(plan, named)
+    _check_expert_topologies(plan, named, [c for _, c in cases])
     if not plan.items:
         raise UsageError("nothing to run: no case supports the selected topologies and dtypes")
     return plan
@@ -231,13 +236,32 @@ def _check_data_mesh_splits(plan: Plan, given: list[Topology]) -> None:
     """A given HSDP topology (dp_replicate > 1) that no selected case runs: bad usage, one line, not a run that
     silently runs nothing there (a case runs HSDP topologies when it says so: Case.hsdp)."""
     for topo in given:
-        if topo.dp_replicate > 1 and not any(
-            Topology(*i.topology, dp_replicate=i.dp_replicate) == topo for i in plan.items
-        ):
+        if topo.dp_replicate > 1 and not any(i.full_topology == topo for i in plan.items):
             raise UsageError(
                 f"topology {topo}: no selected case runs a data mesh split replicate x shard (HSDP; a case opts in "
                 "with hsdp=True)"
             )
+
+
+def _check_expert_topologies(plan: Plan, given: list[Topology], cases: list[Case]) -> None:
+    """A given topology with ep > 1 that no selected case can run (none runs expert parallelism, or the ep does not
+    divide its experts: a case's `params["experts"]`): bad usage, one line, rather than a run that silently runs
+    nothing there."""
+    for topo in given:
+        if topo.ep == 1:
+            continue
+        items = [i for i in plan.items if i.full_topology == topo]
+        if not items:
+            experts = [c for c in cases if c.expert_parallel and c.params.get("experts", topo.ep) % topo.ep]
+            if experts:
+                c = experts[0]
+                raise UsageError(
+                    f"topology {topo}: ep={topo.ep} does not divide the {c.params['experts']} experts of "
+                    f"{c.op} [{c.case_id}]"
+                )
+            raise UsageError(f"topology {topo}: no selected case runs expert parallelism at it (ep={topo.ep})")
+        if all(i.skip for i in items):
+            raise UsageError(f"topology {topo}: {items[0].op} [{items[0].case_id}]: {items[0].skip}")
 
 
 def _check_selection(sel: Selection) -> None:
@@ -288,7 +312,7 @@ class Worlds:
         if topologies:
             return cls(sorted(requested | {t.size for t in topologies}), topologies, requested)
         sizes = sorted(world_sizes or DEFAULT_WORLD_SIZES)
-        return cls(sizes, default_topologies(sizes), requested)
+        return cls(sizes, default_topologies(sizes) + expert_topologies(sizes), requested)
 
     def group_worlds(self) -> set[int]:
         """Launch sizes a world_group case may use: the world sizes asked for, else those of the topologies."""
@@ -387,6 +411,7 @@ def _item(
         dtype=where.dtype,
         topology=(topo.dp, topo.cp, topo.tp),
         dp_replicate=topo.dp_replicate,
+        ep=topo.ep,
         world_size=where.world_size,
         seed=item_seed(seed, case.op, case.case_id, where.dtype),
         checks=expected_checks(case, bench),

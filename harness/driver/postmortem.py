@@ -45,7 +45,7 @@ def of_dumps(
     dp, cp, tp = item.topology
     participants = list(range(dp * cp * tp))
     records = flight.case_records(launch_dir, participants, plan_index, item.id)
-    compared = flight.compare(records, item.topology)
+    compared = flight.compare(records, (*item.topology, item.ep))
     ranks_text, running, running_where = stacks.describe_ranks(dumps, flight.last_records(records))
     words = {r: last_words.of_rank(launch_dir, r) for r in sorted(deaths) if r in participants}
     off = "" if flight_recorder.enabled() else f"no collectives recorded ({flight_recorder.SWITCH}=0)"
@@ -83,7 +83,9 @@ def _save(
         (out / "hang-stacks.txt").write_text("".join(f"=== rank {r} ===\n{dumps[r]}\n" for r in sorted(dumps)))
     if any(records.values()):
         (out / "collectives.txt").write_text(flight.as_text(records))
-        flight_dump.write(out, records, item.topology)  # the same records, for torch's analyzer (torchfrtrace)
+        flight_dump.write(
+            out, records, (*item.topology, item.ep)
+        )  # the same records, for torch's analyzer (torchfrtrace)
     for rank in deaths:
         try:
             lines = rank_log(launch_dir, rank).read_text(errors="replace").splitlines()[-LOG_TAIL:]

@@ -58,6 +58,7 @@ def plan_from_args(
             case_patterns=str_list(args.case),
             world_sizes=world_sizes,
             topologies=topologies,
+            named_topologies=[Topology.parse(t) for t in args.topology or []],
             dtypes=str_list(args.dtype) or default_dtypes,
             impl=impl_map(args.impl),
             quick=args.quick,
@@ -99,9 +100,7 @@ def resolved_options(plan: Plan) -> dict:
         "suites": sorted({i.suite for i in plan.items}),
         "suite_paths": plan.suite_paths,
         "world_sizes": sorted({i.world_size for i in plan.items}),
-        "topologies": [
-            str(t) for t in sorted({Topology(*i.topology, dp_replicate=i.dp_replicate) for i in plan.items})
-        ],
+        "topologies": [str(t) for t in sorted({i.full_topology for i in plan.items})],
         "dtypes": sorted({i.dtype for i in plan.items}),
         "corpus": plan.corpus,
         "profile": plan.profile,

@@ -61,7 +61,8 @@ import pandas as pd
 from shardcheck.harness.core.citations import RuleSource
 from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.modules import is_ours
-from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, Phase, Status, Symptom
+from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, Phase, Status, Symptom, with_mesh_splits
+from shardcheck.harness.core.topology import topology_label
 from shardcheck.harness.findings import model_order
 from shardcheck.harness.findings.common_factor import factor_text
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
@@ -136,7 +137,15 @@ def _third_party(spec) -> bool:
     return isinstance(spec, str) and not is_ours(spec)  # (None or NaN: the family's own implementation)
 
 
-WHERE = ["op", "dp", "cp", "tp", "dtype"]  # where a seed-rule case must have run without a demoted line's exception
+WHERE = [
+    "op",
+    "dp",
+    "dp_replicate",
+    "ep",
+    "cp",
+    "tp",
+    "dtype",
+]  # where a seed-rule case must have run without a demoted line's exception
 
 
 def _demoted(c: dict, bad: pd.DataFrame, seed_items: set) -> dict:
@@ -174,6 +183,7 @@ def _table(df: pd.DataFrame) -> list[dict]:
         return []
     df = _as_judged(df)
     df = df[df["check"] != "bench"] if "check" in df else df
+    df = with_mesh_splits(df)  # rows of runs before expert parallelism or HSDP, or written by hand: 1
     if "params" not in df:  # rows written by hand (tests, other tools) may leave the case parameters out
         df = df.assign(params=[{} for _ in range(len(df))])
     bad = df[df["status"].isin(NOT_PASSING)]
@@ -219,11 +229,11 @@ def _not_run(rows: pd.DataFrame, skipped: pd.DataFrame) -> str:
     the symptom too."""
     if not len(skipped):
         return ""
-    where = {(r.dp, r.cp, r.tp) for r in rows.itertuples()}
-    gone = [r for r in skipped.itertuples() if (r.dp, r.cp, r.tp) in where]
+    where = {topology_label(r) for r in rows.to_dict("records")}
+    gone = [r for r in skipped.to_dict("records") if topology_label(r) in where]
     if not gone:
         return ""
-    topologies = sorted({f"dp{r.dp}-cp{r.cp}-tp{r.tp} {r.dtype}" for r in gone})
+    topologies = sorted({f"{topology_label(r)} {r['dtype']}" for r in gone})
     return (
         f" (from the items that ran: {len(gone)} item(s) at {', '.join(topologies)} were skipped after a hang "
         f"and may show it too)"

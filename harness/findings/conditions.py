@@ -12,8 +12,8 @@ import pandas as pd
 from shardcheck.harness.core.records import SIGNATURE_CHECK
 from shardcheck.harness.core.topology import topology_label
 
-MESH = ("dp", "cp", "tp")
-ITEM = ["case_id", "dp", "cp", "tp", "dtype"]
+MESH = ("dp", "ep", "cp", "tp")  # ep: expert parallelism (rows without it: 1)
+ITEM = ["case_id", "dp", "dp_replicate", "ep", "cp", "tp", "dtype"]
 FIELDS = ("check", "dtype", *MESH, "params")  # what a predicate reads of a row
 MAX_CONJUNCTION = 3  # predicates tried together when searching for an exact condition
 # (words, order: lower is preferred, the field it reads, test on that field's value); a test reads one field, so it
@@ -37,6 +37,8 @@ def _predicates(values: dict[str, list], by_check: bool = True) -> list[Predicat
     for dtype in sorted(set(values["dtype"])):
         out.append((f"in {dtype}", 1, "dtype", lambda d, want=dtype: d == want))
     for dim in MESH:
+        if dim == "ep" and set(values[dim]) == {1}:  # a run without expert parallelism: no condition on it
+            continue
         for v in sorted(set(values[dim])):
             if v > 1:
                 out.append((f"at {dim} ≥ {v}", 2, dim, lambda x, v=v: x >= v))
@@ -73,7 +75,7 @@ def _distinct(df: pd.DataFrame) -> dict[str, list[tuple[object, int]]]:
     """Per field, each distinct value the rows take and the rows that take it, as a bit set (bit i: row i)."""
     out = {}
     for field in FIELDS:
-        column = df[field].to_numpy(dtype=object).tolist()
+        column = df[field].to_numpy(dtype=object).tolist() if field in df else [1] * len(df)  # (ep: 1 if absent)
         if field == "params":
             values = [p if isinstance(p, dict) else {} for p in column]
             keys = [repr(p) for p in values]  # one case's rows share its params, in one order
@@ -94,13 +96,7 @@ def _topologies(df: pd.DataFrame) -> list[str]:
     """The topologies of `df`'s rows; a signature row has none (it is of the module, found before any rank ran)."""
     ran = df[df["check"] != SIGNATURE_CHECK] if "check" in df else df
     ran = ran if len(ran) else df
-    replicate = ran["dp_replicate"] if "dp_replicate" in ran else [None] * len(ran)  # HSDP's split, where any
-    return sorted(
-        {
-            topology_label({"dp": dp, "cp": cp, "tp": tp, "dp_replicate": r})
-            for dp, cp, tp, r in zip(ran["dp"], ran["cp"], ran["tp"], replicate)
-        }
-    )
+    return sorted({topology_label(row) for row in ran.to_dict("records")})
 
 
 def _bits(indices: list[int], n: int) -> int:

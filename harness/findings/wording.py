@@ -148,12 +148,12 @@ def rule_text(rules: dict) -> str:
 
 
 def item_count(rows: pd.DataFrame) -> int:
-    return len(rows.drop_duplicates(["op", *ITEM]))
+    return len(rows.drop_duplicates([c for c in ("op", *ITEM) if c in rows]))  # (ep: absent from older rows)
 
 
 def where_text(rows: pd.DataFrame) -> str:
     """'at dp1-cp1-tp2, dp1-cp1-tp4 in float64': the topologies and dtypes of the rows."""
-    topologies = sorted({f"dp{r.dp}-cp{r.cp}-tp{r.tp}" for r in rows.itertuples()})
+    topologies = sorted({topology_label(r) for r in rows.to_dict("records")})
     return f"at {', '.join(topologies)} in {', '.join(sorted(rows['dtype'].unique()))}"
 
 

@@ -162,7 +162,7 @@ class Worker:
         loaded.events.started(item.id)
         if self.dump_stacks_to is not None:
             faulthandler.dump_traceback_later(loaded.plan.timeout, file=self.dump_stacks_to)
-        topo = Topology(*item.topology, dp_replicate=item.dp_replicate)
+        topo = item.full_topology
         mesh = self.mesh(topo)
         if self.recorder is not None:
             self.recorder.begin_item(self.plans_loaded - 1, item.id, group_dims(mesh))
