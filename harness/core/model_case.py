@@ -36,6 +36,7 @@ from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
+from shardcheck.harness.core.activation_layouts import gradient_over_batch, layout_by_shape
 from shardcheck.harness.core.case import Case
 from shardcheck.harness.core.compare import BudgetScope
 from shardcheck.harness.core.known_failure import KnownFailure
@@ -367,9 +368,9 @@ class ModelCase:
             )
             if declared is not None and step.kind == "dact":  # a summand's gradient is the whole gradient
                 declared = Layout(*[Replicate() if isinstance(p, Partial) else p for p in declared.placements])
-            layout = declared or _layout_by_shape(tuple(step.tensor.shape), self._outputs.shapes[name], default, ctx)
+            layout = declared or layout_by_shape(tuple(step.tensor.shape), self._outputs.shapes[name], default, ctx)
             if step.kind == "dact":
-                layout = _gradient_over_batch(layout, default, mesh_dims(ctx.mesh).sizes)
+                layout = gradient_over_batch(layout, default, mesh_dims(ctx.mesh).sizes)
         elif layout is None and step.kind in ("dparam", "step"):
             layout = _param_layout(step.key, self.param_layouts)
         elif layout is None and step.kind == "state":  # a state with its parameter's shape is laid out as it is
@@ -561,46 +562,3 @@ def _dtensor_layout(t: DTensor, absent: Layout = REPLICATED) -> Layout:
 
 def _param_layout(name: str, layouts: dict[str, Layout]) -> Layout:
     return next((lay for pat, lay in layouts.items() if fnmatch.fnmatchcase(name, pat)), REPLICATED)
-
-
-def _layout_by_shape(local_shape: tuple, full_shape: tuple, default: Layout, ctx: RankContext) -> Layout:
-    """A plain activation's layout: the batch's dp/cp placements, or replicated over those of them the value is whole
-    on (learned positions `wpe(arange(S))`: the same [S, D] on every DP rank), and over tp the one dim (if any) whose
-    split gives the local shape (a column-parallel projection's output, a sequence-parallel region's).  None fits:
-    the default, and the comparison names the shape."""
-    sizes = mesh_dims(ctx.mesh).sizes
-    for base in _batch_or_replicated(default):
-        dp, cp, _ = base.placements
-        for lay in [base] + [Layout(dp=dp, cp=cp, tp=Shard(d)) for d in range(len(full_shape))]:
-            # A dp/cp split leaving some rank an empty piece is no candidate: on rank 0 a [1, S, D] value replicated
-            # over dp would pass for its dp shard and on rank 1 not, and the ranks' layouts of its gradient would
-            # differ (one summing it over dp, one not).  No batch is split that way (Layout.misfit refuses it).
-            if lay.misfit(full_shape, sizes, ctx.full_inputs, empty_pieces=("tp",)):
-                continue
-            try:
-                shape = tuple(len(ix) for ix in lay.mesh_indices(full_shape, ctx.mesh, ctx.full_inputs))
-            except (IndexError, ValueError):  # a rule that does not fit this tensor's dims
-                continue
-            if shape == tuple(local_shape):
-                return lay
-    return default
-
-
-def _batch_or_replicated(batch: Layout) -> list[Layout]:
-    """The dp/cp placements an activation may have, replicated over tp: the batch's first, then replicated over dp,
-    over cp, over both (each only where the batch is split there)."""
-    dp, cp, _ = batch.placements
-    pairs = [(dp, cp), (Replicate(), cp), (dp, Replicate()), (Replicate(), Replicate())]
-    kept = [pair for i, pair in enumerate(pairs) if pair not in pairs[:i]]  # where the batch is replicated already
-    return [Layout(dp=d, cp=c) for d, c in kept]
-
-
-def _gradient_over_batch(layout: Layout, batch: Layout, sizes: dict[str, int]) -> Layout:
-    """The layout of the gradient arriving at a value of `layout` (a plain activation's, inferred or declared): where
-    the batch is split over a mesh dim (of size > 1) and the value is replicated there, each rank's gradient is its
-    own rows' (or tokens') share of the whole one, so it is `Partial` there and the harness sums it to compare."""
-    dp_cp = [
-        Partial() if isinstance(p, Replicate) and not isinstance(b, Replicate) and sizes[d] > 1 else p
-        for d, p, b in zip(MESH_DIMS[:2], layout.placements[:2], batch.placements[:2])
-    ]
-    return Layout(*dp_cp, layout.placements[2])
