@@ -330,12 +330,12 @@ class ModelCase:
         scale = self._gradient_scale(ctx)
         got: dict[str, tuple[torch.Tensor | None, Layout]] = {}
         full_shapes = {n: tuple(s) for n, s in ctx.full_shapes.items()}
+        sizes = mesh_dims(ctx.mesh).sizes
 
         def arrive(made: Made) -> None:
             # an activation on the tp sub-mesh is still split over dp/cp as the batch
-            step = _step_tensor(
-                made.kind, made.key, made.tensor, default if made.kind in (Kind.ACT, Kind.DACT) else REPLICATED
-            )
+            absent = default if made.kind in (Kind.ACT, Kind.DACT) else REPLICATED
+            step = _step_tensor(made.kind, made.key, made.tensor, absent, sizes)
             name = self._outputs.by_key.get((step.kind, step.key, made.step, made.microbatch))
             if name is None:  # a module call the single-device model does not make: nothing to compare with
                 return
@@ -402,6 +402,7 @@ class ModelCase:
         flat = flat_parameters(model)
         if flat:
             raise ModelCaseError(flat)
+        sizes = mesh_dims(ctx.mesh).sizes
         with torch.no_grad(), gathered(model, writeback=True):
             for name, p in OriginalNames(model).parameters(model):
                 full = local.get(PARAM_PREFIX + name)
@@ -410,7 +411,9 @@ class ModelCase:
                         f"the sharded model's parameter {name!r} is not a parameter of the model "
                         "build() returns: keep the parameter names (parallelize in place)"
                     )
-                if isinstance(p, DTensor) and not _mapped(p):  # FSDP over a flattened mesh, a TP shard sharded again
+                if isinstance(p, DTensor) and not _mapped(
+                    p, sizes
+                ):  # FSDP over a flattened mesh, a TP shard sharded again
                     target = p.to_local()
                     piece = distribute_tensor(
                         full.to(target.dtype), p.device_mesh, p.placements, src_data_rank=None
@@ -517,10 +520,10 @@ def _key_of(name: str) -> tuple[str, str, int, int]:
     return kind, key or kind, places["step"], places["mb"]
 
 
-def _step_tensor(kind: str, key: str, t: torch.Tensor, absent: Layout = REPLICATED) -> StepTensor:
+def _step_tensor(kind: str, key: str, t: torch.Tensor, absent: Layout, sizes: dict[str, int]) -> StepTensor:
     """A tensor of the step as it is compared: a DTensor's local piece and its layout (`absent`: the placements over
-    mesh dims its mesh lacks), a plain tensor and None."""
-    if isinstance(t, DTensor) and not _mapped(t):
+    mesh dims its mesh lacks; `sizes`: the harness's mesh dims), a plain tensor and None."""
+    if isinstance(t, DTensor) and not _mapped(t, sizes):
         # FSDP2's parameters and gradients on the flattened dp x cp mesh (and a TP shard sharded again over it,
         # _StridedShard): no Layout of the (dp, cp, tp) mesh describes them, so the full tensor is judged
         return StepTensor(kind, key, t.full_tensor().detach(), REPLICATED)
@@ -529,9 +532,12 @@ def _step_tensor(kind: str, key: str, t: torch.Tensor, absent: Layout = REPLICAT
     return StepTensor(kind, key, t.detach(), None)
 
 
-def _mapped(t: DTensor) -> bool:
-    """Whether a Layout describes this DTensor: its mesh dims among dp/cp/tp, plain Shard/Replicate/Partial."""
+def _mapped(t: DTensor, sizes: dict[str, int]) -> bool:
+    """Whether a Layout describes this DTensor: its mesh dims among dp/cp/tp (and ep/edp) with the harness's sizes
+    (a framework's own mesh may name a dim "ep" over the tp ranks), plain Shard/Replicate/Partial."""
     names = t.device_mesh.mesh_dim_names or ()
+    if any(t.device_mesh.size(i) != sizes.get(n, -1) for i, n in enumerate(names)):
+        return False
     by_name = dict(zip(names, t.placements))
     experts = (  # on the expert mesh (topology.expert_mesh): sharded over ep, whole or summed over edp
         not ({"ep", "edp"} & set(names))
