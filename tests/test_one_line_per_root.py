@@ -1,0 +1,36 @@
+"""One line per root across symptom kinds, dtypes and rule sources (issue 42, second pass, items 1 to 3): a wrong value
+returned in the wrong dtype is a wrong value, so the float64 rows of an op wrong in every dtype are on its one line
+(not a "wrong dtype" line beside it) and under a rule of ours stay a FAIL (a silent wrong answer)."""
+
+from __future__ import annotations
+
+from helpers import BROKEN, shardcheck
+
+from shardcheck.harness.core.records import Symptom
+
+
+def test_a_wrong_value_in_the_wrong_dtype_is_one_line_with_the_other_dtypes(tmp_path):
+    run = shardcheck(
+        "run",
+        "--suite",
+        "model_utils",
+        "--op",
+        "model_utils._compute_distributed_log_softmax",
+        "--case",
+        "b4s4v24-ties",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--dtype",
+        "float64,float32",
+        "--impl",
+        f"model_utils={BROKEN / 'model_utils' / 'float32_log_softmax_no_sum.py'}",
+        out=tmp_path,
+    )
+    assert run.returncode == 1, run.stdout
+    failed = run.failed()
+    assert set(failed["dtype"]) == {"float64", "float32"}
+    assert set(failed["symptom"]) == {Symptom.VALUES}  # the float64 row too, its message naming the dtype
+    assert failed[failed["dtype"] == "float64"]["message"].str.contains("dtype float32, expected float64").all()
+    assert len(run.causes) == 1, run.causes.to_string()
+    line = run.causes.iloc[0]
+    assert line["status"] == "fail" and line["kind"] == "wrong values" and line["count"] == 2
