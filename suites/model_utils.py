@@ -1052,7 +1052,7 @@ def front_end_case(spec: FrontEndSpec) -> Case:
         sp, logits, ids = sampling_params(smp), x["logits"], x["target"]
         if spec.op == "get_logprobs_from_vocab_parallel_logits":
             if spec.variant == "dtensor_ids":
-                ids = dtensor(ctx, ids, "target", BATCH)
+                ids = dtensor(ctx, ids, "target", BATCH, ("cp",))
             return impl.get_logprobs_from_vocab_parallel_logits(
                 dtensor(ctx, logits, "logits", logits_layout),
                 ids,
@@ -1070,7 +1070,7 @@ def front_end_case(spec: FrontEndSpec) -> Case:
                 ids, logits, seq_index=None, context_parallel_group=None, sampling_params=sp, **kw
             )
         if spec.variant == "dtensor_target":
-            ids = dtensor(ctx, ids, "target", BATCH)
+            ids = dtensor(ctx, ids, "target", BATCH, ("cp",))
         return impl.dtensor_from_parallel_logits_to_logprobs(
             logits,
             ids,

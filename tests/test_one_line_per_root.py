@@ -4,7 +4,7 @@ returned in the wrong dtype is a wrong value, so the float64 rows of an op wrong
 
 from __future__ import annotations
 
-from helpers import BROKEN, shardcheck
+from helpers import BROKEN, IMPLS, shardcheck
 
 from shardcheck.harness.core.records import Symptom
 
@@ -34,3 +34,26 @@ def test_a_wrong_value_in_the_wrong_dtype_is_one_line_with_the_other_dtypes(tmp_
     assert len(run.causes) == 1, run.causes.to_string()
     line = run.causes.iloc[0]
     assert line["status"] == "fail" and line["kind"] == "wrong values" and line["count"] == 2
+
+
+def test_dtensor_ids_are_built_on_the_cp_mesh_as_upstreams_callers_build_them(tmp_path):
+    """At DP 2 a DTensor of input ids is each DP rank's own batch piece: `full_tensor()` gives that piece (on the
+    whole mesh with DP Shard(0) it gave the global batch, and an honest module failed)."""
+    run = shardcheck(
+        "run",
+        "--suite",
+        "model_utils",
+        "--op",
+        "model_utils.get_logprobs_from_vocab_parallel_logits",
+        "--case",
+        "dtensor_ids-*",
+        "--topology",
+        "dp=2,cp=1,tp=1",
+        "--dtype",
+        "float64",
+        "--impl",
+        f"model_utils={IMPLS / 'full_tensor_ids_model_utils.py'}",
+        out=tmp_path,
+    )
+    assert run.returncode == 0, run.stdout
+    assert (run.rows["check"] == "forward").sum() == 1
