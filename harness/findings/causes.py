@@ -30,9 +30,10 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    somewhere, it is one bug; else symptoms that share items are one cause.  Two different crashes
    stay two causes.  Warnings keep lines of their own, except properties warning in the same items (failures of
    rules of ours under --impl): one cause, as they would be as failures.
-4. Causes across ops: one root is one line naming its ops: the same exception raised at the same line
-   (a helper several ops share), the same warning over the module (float64 computed in float32 in
-   every op), a rank dying of a crash signal (SIGSEGV, SIGABRT, SIGBUS, ...) under the same condition.
+4. Causes across ops: one root is one line naming its ops: the same exception raised at the same line with the
+   same message, numbers blanked (a helper several ops share; one line raising two messages is two roots), the
+   same warning over the module (float64 computed in float32 in every op), a rank dying of a crash signal
+   (SIGSEGV, SIGABRT, SIGBUS, ...) under the same condition.
 5. Whose rule, per line: under `--impl`, a line whose exception shows only on rows judged by rules of ours (every
    row of the line, its consequences included, has rule_source "ours") is a `warn`: "raises on input only our rule
    feeds: ..." (loud on input the seed leaves open is acceptable, loud or right), where the evidence says that the
@@ -67,6 +68,7 @@ from shardcheck.harness.findings.conditions import ITEM, separating_condition
 from shardcheck.harness.findings.wording import (
     CRASHES,
     ERRORS,
+    blank_numbers,
     check_part,
     checks_text,
     display,
@@ -311,7 +313,10 @@ def _symptom(
         "all_checks": list(all_rows["check"].unique()),
         "rules": _rules(all_rows),
         "members": list(all_rows.index),
-        "error_key": (worst.get("error_type"), worst.get("error_where")) if symptom in ERRORS else None,
+        # one raising line, one root per message (numbers blanked): a line that raises on two inputs for two reasons
+        "error_key": (worst.get("error_type"), worst.get("error_where"), blank_numbers(worst.get("error_message")))
+        if symptom in ERRORS
+        else None,
     }
 
 
