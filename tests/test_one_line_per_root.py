@@ -57,3 +57,28 @@ def test_dtensor_ids_are_built_on_the_cp_mesh_as_upstreams_callers_build_them(tm
     )
     assert run.returncode == 0, run.stdout
     assert (run.rows["check"] == "forward").sum() == 1
+
+
+def test_a_crash_on_dtensor_ids_is_an_error_not_a_raise_on_our_rule(tmp_path):
+    """DTensor ids run on a seed-rule case (ids in [0, V)) beside the masked one: a module refusing the DTensor
+    crashes there too, and its one line stays an error (it was a warn, "raises on input only our rule feeds")."""
+    run = shardcheck(
+        "run",
+        "--suite",
+        "model_utils",
+        "--op",
+        "model_utils.get_logprobs_from_vocab_parallel_logits",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--dtype",
+        "float64",
+        "--impl",
+        f"model_utils={BROKEN / 'model_utils' / 'dtensor_ids_refused.py'}",
+        out=tmp_path,
+        strict=False,
+    )
+    assert run.returncode == 1, run.stdout
+    assert len(run.causes) == 1, run.causes.to_string()
+    line = run.causes.iloc[0]
+    assert line["status"] == "error" and line["kind"].startswith("TypeError: input_ids must be a torch.Tensor")
+    assert "rule: seed" in line["rule"]
