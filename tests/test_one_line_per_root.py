@@ -4,9 +4,12 @@ returned in the wrong dtype is a wrong value, so the float64 rows of an op wrong
 
 from __future__ import annotations
 
+import pandas as pd
 from helpers import BROKEN, IMPLS, shardcheck
 
-from shardcheck.harness.core.records import Symptom
+from shardcheck.harness.core.records import SIGNATURE_CHECK, Symptom
+from shardcheck.harness.findings.causes import causes
+from shardcheck.harness.findings.wording import finding_lines
 
 
 def test_a_wrong_value_in_the_wrong_dtype_is_one_line_with_the_other_dtypes(tmp_path):
@@ -82,3 +85,44 @@ def test_a_crash_on_dtensor_ids_is_an_error_not_a_raise_on_our_rule(tmp_path):
     line = run.causes.iloc[0]
     assert line["status"] == "error" and line["kind"].startswith("TypeError: input_ids must be a torch.Tensor")
     assert "rule: seed" in line["rule"]
+
+
+def _row(check: str, status: str, **fields) -> dict:
+    return {
+        "op": "model_utils.F",
+        "case_id": fields.pop("case_id", "c"),
+        "dp": 1,
+        "cp": 1,
+        "tp": fields.pop("tp", 1),
+        "dtype": "float64",
+        "check": check,
+        "status": status,
+        "message": fields.pop("message", ""),
+        "params": {},
+        "culprit_ranks": [0],
+        "blocked_ranks": [],
+        "phase": "forward",
+        **fields,
+    }
+
+
+def test_a_missing_seed_parameter_and_the_typeerror_of_every_call_passing_it_are_one_line():
+    missing = "signature: missing parameter(s) w (seed F(x, w), under test F(x))"
+    rows = [_row(SIGNATURE_CHECK, "fail", case_id="signature", symptom=Symptom.SIGNATURE, message=missing)]
+    raised = dict(
+        symptom=Symptom.EXCEPTION,
+        error_type="TypeError",
+        error_message="F() got an unexpected keyword argument 'w'",
+        error_where="shardcheck/harness/rank/signatures.py:252",
+    )
+    rows += [_row(check, "error", tp=tp, **raised) for tp in (1, 2) for check in ("forward", "grad:x")]
+    rows += [_row("forward", "pass", case_id="other")]
+    table = causes(pd.DataFrame(rows))
+    assert len(table) == 1, finding_lines(table)
+    line = table.iloc[0]
+    assert line["status"] == "error" and line["count"] == 5
+    assert line["kind"].startswith(missing) and "TypeError: F() got an unexpected keyword argument 'w'" in line["kind"]
+    assert line["condition"] == "of the module, found before any case ran"
+    # a TypeError the module raises itself is its own root
+    own = [{**r, "error_where": "their_model_utils.py:9"} if r["status"] == "error" else r for r in rows]
+    assert len(causes(pd.DataFrame(own))) == 2

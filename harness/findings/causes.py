@@ -29,7 +29,8 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    tp ≥ 2" and a hang stand beside "forward wrong everywhere".  Otherwise, when every item fails
    somewhere, it is one bug; else symptoms that share items are one cause.  Two different crashes
    stay two causes.  Warnings keep lines of their own, except properties warning in the same items (failures of
-   rules of ours under --impl): one cause, as they would be as failures.
+   rules of ours under --impl): one cause, as they would be as failures.  A signature that lacks a seed parameter
+   and the TypeError of every call passing it (harness/rank/signatures.py calls by the seed's names) are one line.
 4. Causes across ops: one root is one line naming its ops: the same exception raised at the same line with the
    same message, numbers blanked (a helper several ops share; one line raising two messages is two roots), the
    same warning over the module (float64 computed in float32 in every op), a rank dying of a crash signal
@@ -207,11 +208,29 @@ def _table(df: pd.DataFrame) -> list[dict]:
     table = []
     for op in dict.fromkeys(s["ops"][0] for s in symptoms):
         of_op = [s for s in symptoms if s["ops"] == (op,)]
-        table += _per_op(of_op, df[df["op"] == op], passing_of.get(op, empty), bad)
+        table += _signature_and_its_calls(_per_op(of_op, df[df["op"] == op], passing_of.get(op, empty), bad))
     seed_items = _seed_items(df)
     return [
         _demoted(c, bad, seed_items) for c in _across_ops(table, bad, passing)
     ]  # one root per line, then whose rule
+
+
+KEYWORD_CALLS = "rank/signatures.py:"  # where a call by the seed's parameter names raises (KeywordCalls)
+
+
+def _signature_and_its_calls(lines: list[dict]) -> list[dict]:
+    """An op's signature line and the TypeError every call by the seed's parameter names then raises (a seed
+    parameter the module lacks): one root, one line, under the signature's condition (of the module)."""
+    signature = [c for c in lines if c["symptoms"] == {Symptom.SIGNATURE}]
+    calls = [
+        c
+        for c in lines
+        if c["error_key"] is not None and c["error_key"][0] == "TypeError" and KEYWORD_CALLS in str(c["error_key"][1])
+    ]
+    if len(signature) != 1 or not calls:
+        return lines
+    merged = _merge(signature + calls, signature[0]["condition"])
+    return [merged] + [c for c in lines if c not in signature and c not in calls]
 
 
 def _not_run(rows: pd.DataFrame, skipped: pd.DataFrame) -> str:
