@@ -89,16 +89,16 @@ def test_a_crash_on_dtensor_ids_is_an_error_not_a_raise_on_our_rule(tmp_path):
 
 def _row(check: str, status: str, **fields) -> dict:
     return {
-        "op": "model_utils.F",
+        "op": fields.pop("op", "model_utils.F"),
         "case_id": fields.pop("case_id", "c"),
         "dp": 1,
-        "cp": 1,
+        "cp": fields.pop("cp", 1),
         "tp": fields.pop("tp", 1),
         "dtype": "float64",
         "check": check,
         "status": status,
         "message": fields.pop("message", ""),
-        "params": {},
+        "params": fields.pop("params", {}),
         "culprit_ranks": [0],
         "blocked_ranks": [],
         "phase": "forward",
@@ -126,3 +126,35 @@ def test_a_missing_seed_parameter_and_the_typeerror_of_every_call_passing_it_are
     # a TypeError the module raises itself is its own root
     own = [{**r, "error_where": "their_model_utils.py:9"} if r["status"] == "error" else r for r in rows]
     assert len(causes(pd.DataFrame(own))) == 2
+
+
+def test_a_rank_dying_of_one_signal_in_one_phase_is_one_line_across_ops_whatever_their_conditions():
+    """An op and its wrapper killing gloo with an in-place all_reduce (SIGABRT in the backward): one line, though
+    each op's own condition differs (one at cp ≥ 2, the other at cp ≥ 2 for one seq_dim only)."""
+
+    def died(op, cp, seq_dim, phase="backward", signal="SIGABRT"):
+        return _row(
+            "grad:x",
+            "error",
+            op=op,
+            cp=cp,
+            case_id=f"d{seq_dim}",
+            params={"seq_dim": seq_dim},
+            symptom=Symptom.DIED,
+            error_type=signal,
+            phase=phase,
+        )
+
+    def passed(op, cp, seq_dim):
+        return _row("grad:x", "pass", op=op, cp=cp, case_id=f"d{seq_dim}", params={"seq_dim": seq_dim})
+
+    wrapper, op = "model_utils.allgather", "model_utils.AllGather"
+    rows = [died(op, 2, d) for d in (0, 1)] + [passed(op, 1, d) for d in (0, 1)]
+    rows += [died(wrapper, 2, 0), passed(wrapper, 2, 1), passed(wrapper, 1, 0)]
+    table = causes(pd.DataFrame(rows))
+    assert len(table) == 1, finding_lines(table)
+    assert table.iloc[0]["kind"] == "a rank died (SIGABRT)" and set(table.iloc[0]["ops"]) == {op, wrapper}
+    # another signal, or a death in another phase, is another root
+    rows += [died("model_utils.Other", 2, 0, signal="SIGSEGV"), passed("model_utils.Other", 1, 0)]
+    rows += [died("model_utils.Forward", 2, 0, phase="forward"), passed("model_utils.Forward", 1, 0)]
+    assert len(causes(pd.DataFrame(rows))) == 3

@@ -33,8 +33,8 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    and the TypeError of every call passing it (harness/rank/signatures.py calls by the seed's names) are one line.
 4. Causes across ops: one root is one line naming its ops: the same exception raised at the same line with the
    same message, numbers blanked (a helper several ops share; one line raising two messages is two roots), the
-   same warning over the module (float64 computed in float32 in every op), a rank dying of a crash signal
-   (SIGSEGV, SIGABRT, SIGBUS, ...) under the same condition.
+   same warning over the module (float64 computed in float32 in every op), a rank dying of the same crash signals
+   (SIGSEGV, SIGABRT, SIGBUS, ...) in the same phase (an op and its wrapper: each op's condition may differ).
 5. Whose rule, per line: under `--impl`, a line whose exception shows only on rows judged by rules of ours (every
    row of the line, its consequences included, has rule_source "ours") is a `warn`: "raises on input only our rule
    feeds: ..." (loud on input the seed leaves open is acceptable, loud or right), where the evidence says that the
@@ -335,6 +335,8 @@ def _symptom(
         # one raising line, one root per message (numbers blanked): a line that raises on two inputs for two reasons
         "error_key": (worst.get("error_type"), worst.get("error_where"), blank_numbers(worst.get("error_message")))
         if symptom in ERRORS
+        else (tuple(sorted(signals)), worst.get("phase"))  # a death: its signals and the phase it died in
+        if symptom == Symptom.DIED
         else None,
     }
 
@@ -547,12 +549,12 @@ def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> 
         if len(c["ops"]) != 1 or len(c["symptoms"]) != 1:
             return None
         symptom = next(iter(c["symptoms"]))
-        if c["error_key"] is not None and c["status"] == Status.ERROR:
+        if symptom in ERRORS and c["error_key"] is not None and c["status"] == Status.ERROR:
             return ("raised", c["error_key"])
         if c["status"] == Status.WARN and (symptom == Symptom.COMM or str(symptom).startswith("precision:")):
             return ("warned", c["kind"])
         if symptom == Symptom.DIED and c["signals"] <= CRASH_SIGNALS:  # a crash, not a kill from outside or an exit
-            return (Symptom.DIED, c["condition"])
+            return (Symptom.DIED, c["error_key"])  # the same signals in the same phase, whatever each op's condition
         return None
 
     groups: dict = {}
