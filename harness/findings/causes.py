@@ -15,8 +15,9 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    on no passing row of the items the symptom does not fail in (the other checks of its own items pass beside
    it).  A condition that does not separate is not printed: the line says none separates (a trigger the
    features do not see, such as a loss_mask's padding, gives that, never a condition that points away).
-   A condition is computed from the items that ran: where a hang's budget skipped items at the symptom's topology,
-   the line says how many (they may show it too).
+   A condition is computed from the items that ran, and must hold on the items a hang's budget skipped at the
+   symptom's topology (they may show it too: the condition never cites a dtype or case they had); the line says how
+   many were skipped.
 3. Causes per op.  A crash (an exception at one raising line, a death, a hang) is one line; the checks failing in
    its items at or after the phase it crashed in are its consequences, counted and named on its line.  A check
    failing where nothing crashed is never folded into a crash's line, except when one condition on the items
@@ -33,7 +34,7 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    and the TypeError of every call passing it (harness/rank/signatures.py calls by the seed's names) are one line.
 4. Causes across ops: one root is one line naming its ops: the same exception raised at the same line with the
    same message, numbers blanked (a helper several ops share; one line raising two messages is two roots), the
-   same warning over the module (float64 computed in float32 in every op), a rank dying of the same crash signals
+   same warning over the module (float64 computed in float32 in every op), a rank dying of a crash signal
    (SIGSEGV, SIGABRT, SIGBUS, ...) in the same phase (an op and its wrapper: each op's condition may differ).
 5. Whose rule, per line: under `--impl`, a line whose exception shows only on rows judged by rules of ours (every
    row of the line, its consequences included, has rule_source "ours") is a `warn`: "raises on input only our rule
@@ -66,6 +67,7 @@ from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, Phase, Status, Symptom
 from shardcheck.harness.findings import model_order
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
+from shardcheck.harness.findings.hang_skips import not_run, skipped_by_hangs, skipped_like
 from shardcheck.harness.findings.wording import (
     CRASHES,
     ERRORS,
@@ -191,19 +193,16 @@ def _table(df: pd.DataFrame) -> list[dict]:
     passing = df[df["status"] == Status.PASS]
     passing_of = {op: rows for op, rows in passing.groupby("op", sort=False)}
     empty = df.iloc[:0]
-    # the items a hang's budget skipped (harness/driver/launch.py words them), not those a case or plan skips
-    skipped = df[
-        (df["status"] == Status.SKIP) & df["message"].astype(str).str.contains("--no-hang-budget", regex=False)
-    ]
-    skipped_of = {op: rows.drop_duplicates(ITEM) for op, rows in skipped.groupby("op", sort=False)}
+    skipped_of = skipped_by_hangs(df)
     symptoms = []
     for (op, status, kind, _), rows in bad.groupby(["op", "_status", "_kind", "_part"], sort=False):
         rows = rows.sort_values("_crash", ascending=False, kind="stable")  # the crash itself names the line
-        symptom = _symptom(
-            op, status, kind, rows[rows["_crash"]] if rows["_crash"].any() else rows, passing_of.get(op, empty), rows
-        )
-        if status != Status.XPASS:  # a stale mark is judged where it ran; a hang's skips say nothing of it
-            symptom["condition"] += _not_run(rows, skipped_of.get(op, empty))
+        stale = status == Status.XPASS  # a stale mark is judged where it ran; a hang's skips say nothing of it
+        unknown = None if stale else skipped_like(rows, skipped_of.get(op))
+        symptom = _symptom(op, status, kind, rows[rows["_crash"]] if rows["_crash"].any() else rows, rows)
+        symptom["condition"] = _condition(symptom, rows, passing_of.get(op, empty), unknown)
+        if not stale:
+            symptom["condition"] += not_run(rows, skipped_of.get(op))
         symptoms.append(symptom)
     table = []
     for op in dict.fromkeys(s["ops"][0] for s in symptoms):
@@ -231,23 +230,6 @@ def _signature_and_its_calls(lines: list[dict]) -> list[dict]:
         return lines
     merged = _merge(signature + calls, signature[0]["condition"])
     return [merged] + [c for c in lines if c not in signature and c not in calls]
-
-
-def _not_run(rows: pd.DataFrame, skipped: pd.DataFrame) -> str:
-    """What a condition cannot say: the op's items at the symptom's topologies that never ran (a hang's budget skips
-    the op's other items at its topology, every dtype).  The condition is from the items that ran; those may show
-    the symptom too."""
-    if not len(skipped):
-        return ""
-    where = {(r.dp, r.cp, r.tp) for r in rows.itertuples()}
-    gone = [r for r in skipped.itertuples() if (r.dp, r.cp, r.tp) in where]
-    if not gone:
-        return ""
-    topologies = sorted({f"dp{r.dp}-cp{r.cp}-tp{r.tp} {r.dtype}" for r in gone})
-    return (
-        f" (from the items that ran: {len(gone)} item(s) at {', '.join(topologies)} were skipped after a hang "
-        f"and may show it too)"
-    )
 
 
 def _phase_of_check(check: str) -> int:
@@ -284,11 +266,9 @@ def _consequences(bad: pd.DataFrame) -> pd.DataFrame:
     return bad.assign(_status=status, _kind=kind, _part=part)
 
 
-def _symptom(
-    op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.DataFrame, all_rows: pd.DataFrame | None = None
-) -> dict:
-    """One symptom from its rows; `all_rows` adds the checks failing as its consequences (counted, listed)."""
-    all_rows = rows if all_rows is None else all_rows
+def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, all_rows: pd.DataFrame) -> dict:
+    """One symptom from its rows, its condition to be set (`_condition`); `all_rows` adds the checks failing as its
+    consequences (counted, listed)."""
     records = rows.to_dict("records")
     symptom = records[0]["_symptom"]
     found = set(rows["_symptom"])
@@ -309,12 +289,6 @@ def _symptom(
         if isinstance(worst.get("rerun"), str)
         else next((r["rerun"] for r in records if isinstance(r.get("rerun"), str)), None)
     )
-    if (rows["check"] == SIGNATURE_CHECK).all() and (rows["case_id"] == "signature").all():  # not a used family's
-        condition = "of the module, found before any case ran"
-    elif status == Status.XPASS:  # where the mark no longer holds, rather than what separates it from the passing rows
-        condition = f"in {item_count(rows)} item(s) {where_text(rows)}"
-    else:
-        condition = separating_condition(rows, passing)
     return {
         "op": op,
         "ops": (op,),
@@ -324,7 +298,7 @@ def _symptom(
         "signals": signals,
         "checks": checks_text(list(all_rows["check"].unique()), status),
         "count": len(all_rows),
-        "condition": condition,
+        "condition": "",
         "worst": worst_text(worst, status),
         "rerun": rerun,
         "rows": list(rows.index),
@@ -335,10 +309,21 @@ def _symptom(
         # one raising line, one root per message (numbers blanked): a line that raises on two inputs for two reasons
         "error_key": (worst.get("error_type"), worst.get("error_where"), blank_numbers(worst.get("error_message")))
         if symptom in ERRORS
-        else (tuple(sorted(signals)), worst.get("phase"))  # a death: its signals and the phase it died in
+        else ("died", worst.get("phase"))  # a death: the phase it died in
         if symptom == Symptom.DIED
         else None,
     }
+
+
+def _condition(symptom: dict, all_rows: pd.DataFrame, passing: pd.DataFrame, unknown: pd.DataFrame | None) -> str:
+    """A symptom's condition, from the rows that name it (the crash's own, else all); it holds on the `unknown`
+    rows too (items a hang's budget skipped: they may show it)."""
+    rows = all_rows.loc[symptom["rows"]]
+    if (rows["check"] == SIGNATURE_CHECK).all() and (rows["case_id"] == "signature").all():  # not a used family's
+        return "of the module, found before any case ran"
+    if symptom["status"] == Status.XPASS:  # where the mark no longer holds, rather than what separates it from passing
+        return f"in {item_count(rows)} item(s) {where_text(rows)}"
+    return separating_condition(rows if unknown is None else pd.concat([rows, unknown]), passing)
 
 
 def _rules(rows: pd.DataFrame) -> dict:
@@ -554,7 +539,7 @@ def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> 
         if c["status"] == Status.WARN and (symptom == Symptom.COMM or str(symptom).startswith("precision:")):
             return ("warned", c["kind"])
         if symptom == Symptom.DIED and c["signals"] <= CRASH_SIGNALS:  # a crash, not a kill from outside or an exit
-            return (Symptom.DIED, c["error_key"])  # the same signals in the same phase, whatever each op's condition
+            return (Symptom.DIED, c["error_key"])  # crash signals in the same phase, whatever each op's condition
         return None
 
     groups: dict = {}
