@@ -157,3 +157,19 @@ def test_a_rank_dying_of_one_signal_in_one_phase_is_one_line_across_ops_whatever
     # a death in another phase is another root
     rows += [died("model_utils.Forward", 2, 0, phase="forward"), passed("model_utils.Forward", 1, 0)]
     assert len(causes(pd.DataFrame(rows))) == 2
+
+
+def test_a_case_with_ids_only_our_rule_feeds_is_judged_under_our_rule_in_every_check():
+    """Issue 42, item 2: the rule source is decided by the case's inputs, not by the check: a case with targets
+    outside [0, V) (masked) cites our rule for its properties too, not the seed sentence a property has elsewhere."""
+    from shardcheck.harness.core.citations import RuleSource
+    from shardcheck.suites import model_utils
+
+    cases = model_utils.cases(quick=False)
+    masked = [c for c in cases if c.params.get("masked") and c.bad_input is None and c.rules]
+    assert masked
+    for case in masked:
+        for pattern in case.rules:
+            assert case.rule_of(pattern.replace("*", "x")).source == RuleSource.OURS, (case.case_id, pattern)
+    plain = [c for c in cases if not c.params.get("masked") and "property:chunked_equals_unchunked" in c.rules]
+    assert plain and plain[0].rule_of("property:chunked_equals_unchunked").source == RuleSource.SEED
