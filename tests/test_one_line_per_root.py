@@ -173,3 +173,19 @@ def test_a_case_with_ids_only_our_rule_feeds_is_judged_under_our_rule_in_every_c
             assert case.rule_of(pattern.replace("*", "x")).source == RuleSource.OURS, (case.case_id, pattern)
     plain = [c for c in cases if not c.params.get("masked") and "property:chunked_equals_unchunked" in c.rules]
     assert plain and plain[0].rule_of("property:chunked_equals_unchunked").source == RuleSource.SEED
+
+
+def test_one_unhandled_input_reaching_several_lines_of_a_module_is_one_line():
+    """A DTensor target the module never unwraps raises the same error at three lines (three code paths, two ops):
+    one root, one line naming both ops; the same message from another file is another root."""
+    mixed = dict(symptom=Symptom.EXCEPTION, error_type="RuntimeError", error_message="got mixed Tensor and DTensor")
+    rows = [
+        _row("forward", "error", op=op, case_id=case, error_where=f"their_model_utils.py:{line}", **mixed)
+        for op, case, line in (("model_utils.A", "a1", 127), ("model_utils.A", "a2", 390), ("model_utils.B", "b", 527))
+    ]
+    rows += [_row("forward", "pass", op=op, case_id="plain") for op in ("model_utils.A", "model_utils.B")]
+    table = causes(pd.DataFrame(rows))
+    assert len(table) == 1 and table.iloc[0]["ops"] == ("model_utils.A", "model_utils.B"), finding_lines(table)
+    rows += [_row("forward", "error", op="model_utils.C", case_id="c", error_where="torch/other.py:9", **mixed)]
+    rows += [_row("forward", "pass", op="model_utils.C", case_id="plain")]
+    assert len(causes(pd.DataFrame(rows))) == 2

@@ -32,8 +32,9 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    stay two causes.  Warnings keep lines of their own, except properties warning in the same items (failures of
    rules of ours under --impl): one cause, as they would be as failures.  A signature that lacks a seed parameter
    and the TypeError of every call passing it (harness/rank/signatures.py calls by the seed's names) are one line.
-4. Causes across ops: one root is one line naming its ops: the same exception raised at the same line with the
-   same message, numbers blanked (a helper several ops share; one line raising two messages is two roots), the
+4. Causes across ops: one root is one line naming its ops: the same exception type and message, numbers blanked,
+   raised in the same file (a helper several ops share, one unhandled input reaching several of its lines; one line
+   raising two messages is two roots), the
    same warning over the module (float64 computed in float32 in every op), a rank dying of a crash signal
    (SIGSEGV, SIGABRT, SIGBUS, ...) in the same phase (an op and its wrapper: each op's condition may differ).
 5. Whose rule, per line: under `--impl`, a line whose exception shows only on rows judged by rules of ours (every
@@ -214,7 +215,7 @@ def _table(df: pd.DataFrame) -> list[dict]:
     ]  # one root per line, then whose rule
 
 
-KEYWORD_CALLS = "rank/signatures.py:"  # where a call by the seed's parameter names raises (KeywordCalls)
+KEYWORD_CALLS = "rank/signatures.py"  # the file where a call by the seed's parameter names raises (KeywordCalls)
 
 
 def _signature_and_its_calls(lines: list[dict]) -> list[dict]:
@@ -306,13 +307,23 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, all_rows: pd.D
         "all_checks": list(all_rows["check"].unique()),
         "rules": _rules(all_rows),
         "members": list(all_rows.index),
-        # one raising line, one root per message (numbers blanked): a line that raises on two inputs for two reasons
-        "error_key": (worst.get("error_type"), worst.get("error_where"), blank_numbers(worst.get("error_message")))
+        # one root per exception type and message (numbers blanked) raised in one file: a line that raises on two
+        # inputs for two reasons is two roots, one unhandled input reaching several lines of the module is one
+        "error_key": (
+            worst.get("error_type"),
+            _file_of(worst.get("error_where")),
+            blank_numbers(worst.get("error_message")),
+        )
         if symptom in ERRORS
         else ("died", worst.get("phase"))  # a death: the phase it died in
         if symptom == Symptom.DIED
         else None,
     }
+
+
+def _file_of(where) -> str:
+    """The file of a raising location ("path/to/file.py:41" -> "path/to/file.py")."""
+    return str(where).rsplit(":", 1)[0]
 
 
 def _condition(symptom: dict, all_rows: pd.DataFrame, passing: pd.DataFrame, unknown: pd.DataFrame | None) -> str:
