@@ -157,6 +157,9 @@ def test_a_rank_dying_of_one_signal_in_one_phase_is_one_line_across_ops_whatever
     # a death in another phase is another root
     rows += [died("model_utils.Forward", 2, 0, phase="forward"), passed("model_utils.Forward", 1, 0)]
     assert len(causes(pd.DataFrame(rows))) == 2
+    # unless a death shares a phase with each (the wrapper dying in the forward too at another topology)
+    rows += [{**died(wrapper, 2, 1, phase="forward"), "dp": 2, "cp": 1}]
+    assert len(causes(pd.DataFrame(rows))) == 1, finding_lines(causes(pd.DataFrame(rows)))
 
 
 def test_a_case_with_ids_only_our_rule_feeds_is_judged_under_our_rule_in_every_check():

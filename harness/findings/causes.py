@@ -35,8 +35,8 @@ of the messages; only an exception's own message has its numbers blanked, so ali
 4. Causes across ops: one root is one line naming its ops: the same exception type and message, numbers blanked,
    raised in the same file (a helper several ops share, one unhandled input reaching several of its lines; one line
    raising two messages is two roots), the
-   same warning over the module (float64 computed in float32 in every op), a rank dying of a crash signal
-   (SIGSEGV, SIGABRT, SIGBUS, ...) in the same phase (an op and its wrapper: each op's condition may differ).
+   same warning over the module (float64 computed in float32 in every op), ranks dying of crash signals
+   (SIGSEGV, SIGABRT, SIGBUS, ...) in a shared phase (an op and its wrapper: each op's condition may differ).
 5. Whose rule, per line: under `--impl`, a line whose exception shows only on rows judged by rules of ours (every
    row of the line, its consequences included, has rule_source "ours") is a `warn`: "raises on input only our rule
    feeds: ..." (loud on input the seed leaves open is acceptable, loud or right), where the evidence says that the
@@ -315,7 +315,7 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, all_rows: pd.D
             blank_numbers(worst.get("error_message")),
         )
         if symptom in ERRORS
-        else ("died", worst.get("phase"))  # a death: the phase it died in
+        else ("died", frozenset(str(r.get("phase")) for r in records))  # a death: the phases it died in
         if symptom == Symptom.DIED
         else None,
     }
@@ -537,6 +537,19 @@ def _two_crashes(s: dict, t: dict) -> bool:
     return _is_crash(s) and _is_crash(t) and s["kind"] != t["kind"]
 
 
+def _death_phases(c: dict, table: list[dict]) -> frozenset:
+    """The phases of the deaths of `table` linked to `c`'s by a shared phase (an op and its wrapper killing the
+    process in the backward, one of them in the forward too, are one root)."""
+    deaths = [d["error_key"][1] for d in table if d["symptoms"] == {Symptom.DIED} and d["error_key"] is not None]
+    phases = set(c["error_key"][1])
+    grown = True
+    while grown:
+        linked = [p for p in deaths if p & phases and not p <= phases]
+        grown = bool(linked)
+        phases |= set().union(*linked) if linked else set()
+    return frozenset(phases)
+
+
 def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> list[dict]:
     """One root, one line (module docstring, 4): the same exception at the same line, the same warning,
     a rank dying under the same condition, in several ops."""
@@ -550,7 +563,7 @@ def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> 
         if c["status"] == Status.WARN and (symptom == Symptom.COMM or str(symptom).startswith("precision:")):
             return ("warned", c["kind"])
         if symptom == Symptom.DIED and c["signals"] <= CRASH_SIGNALS:  # a crash, not a kill from outside or an exit
-            return (Symptom.DIED, c["error_key"])  # crash signals in the same phase, whatever each op's condition
+            return (Symptom.DIED, _death_phases(c, table))  # crash signals in a shared phase, whatever the conditions
         return None
 
     groups: dict = {}
