@@ -112,6 +112,19 @@ def test_without_a_seed_rule_case_that_ran_clean_there_the_line_stays_an_error()
     assert causes(no_seed_at_tp2).iloc[0]["status"] == Status.ERROR
 
 
+def test_where_a_hang_budget_left_the_seed_rule_case_unrun_the_evidence_elsewhere_decides():
+    """At tp 2 the seed-rule case never ran (a hang's budget skipped it): that topology neither clears nor convicts
+    the input; the clean seed-rule case at tp 1 is the evidence, and the line is a warn (issue 42)."""
+    rows = _rows()
+    rows = rows[~((rows["case_id"] == "plain") & (rows["tp"] == 2))]
+    skipped = {**_passed("plain", 2, "forward"), "status": Status.SKIP}
+    skipped["message"] = (
+        "skipped: hung before; its other items at this topology are not run (--no-hang-budget runs them)"
+    )
+    table = causes(pd.concat([rows, pd.DataFrame([skipped])], ignore_index=True))
+    assert len(table) == 1 and table.iloc[0]["status"] == Status.WARN, finding_lines(table)
+
+
 def test_our_own_implementation_raising_on_our_rule_stays_an_error():
     table = causes(_rows(impl=None))
     assert list(table["status"]) == [Status.ERROR] and not table.iloc[0]["kind"].startswith(RAISES_ON_OURS)

@@ -144,9 +144,11 @@ def _third_party(spec) -> bool:
 WHERE = ["op", "dp", "cp", "tp", "dtype"]  # where a seed-rule case must have run without a demoted line's exception
 
 
-def _demoted(c: dict, bad: pd.DataFrame, seed_items: set) -> dict:
+def _demoted(c: dict, bad: pd.DataFrame, seed_items: set, unrun: set = frozenset()) -> dict:
     """`c`, a `warn` line if its exception shows only on rows judged by rules of ours, of modules under --impl, and
-    seed-rule cases ran without it at each op, topology and dtype it shows at (`seed_items`: their (op, item))."""
+    seed-rule cases ran without it at each op, topology and dtype it shows at (`seed_items`: their (op, item)), but
+    where a hang's budget left the op's other items unrun (`unrun`: (op, dp, cp, tp, dtype)), if it has evidence
+    elsewhere."""
     if c["status"] != Status.ERROR or c["symptoms"] != {Symptom.EXCEPTION}:
         return c
     rows = bad.loc[c["members"]]
@@ -156,7 +158,8 @@ def _demoted(c: dict, bad: pd.DataFrame, seed_items: set) -> dict:
         return c  # our own implementations: we hold ourselves to our rules
     raised = set(map(tuple, rows[["op", *ITEM]].astype(str).values))
     clean = {(op, *item[1:]) for op, *item in seed_items if (op, *item) not in raised}  # (op, dp, cp, tp, dtype)
-    if not set(map(tuple, rows[WHERE].astype(str).values)) <= clean:
+    where = set(map(tuple, rows[WHERE].astype(str).values))
+    if not where - unrun <= clean or not where & clean:
         return c  # no seed-rule case ran there without it: nothing says the input is the trigger
     return {**c, "status": Status.WARN, "kind": RAISES_ON_OURS + c["kind"], "demoted": True}
 
@@ -210,8 +213,9 @@ def _table(df: pd.DataFrame) -> list[dict]:
         of_op = [s for s in symptoms if s["ops"] == (op,)]
         table += _signature_and_its_calls(_per_op(of_op, df[df["op"] == op], passing_of.get(op, empty), bad))
     seed_items = _seed_items(df)
+    unrun = {tuple(map(str, key)) for rows in skipped_of.values() for key in rows[WHERE].values}
     return [
-        _demoted(c, bad, seed_items) for c in _across_ops(table, bad, passing)
+        _demoted(c, bad, seed_items, unrun) for c in _across_ops(table, bad, passing)
     ]  # one root per line, then whose rule
 
 
