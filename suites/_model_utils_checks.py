@@ -197,6 +197,7 @@ def cited(cases: list[Case], bad_input: Rule) -> list[Case]:
     family's rules; a case with targets outside [0, V) is judged under our rule (the seed says nothing of them)."""
     out = cite([replace(c, empty_pieces=("tp",)) for c in cases], RULES, bad_input=bad_input)
     for case in out:
-        if case.params.get("masked") and case.bad_input is None:
+        if case.params.get("masked") and case.bad_input is None:  # the input decides, whatever the check
             case.rule = OUTSIDE_VOCAB
+            case.rules = dict.fromkeys(case.rules, OUTSIDE_VOCAB)  # its properties too (issue 42, item 2)
     return out

@@ -277,16 +277,25 @@ def hidden_logits(x: dict[str, torch.Tensor]) -> torch.Tensor:
 # ---- what the op is handed ------------------------------------------------------------------
 
 
-def dtensor(ctx, local: torch.Tensor, name: str, layout: Layout) -> DTensor:
-    """The DTensor whose local piece on this rank is `local` (uneven shards included).  A dim laid out by a
+def dtensor(ctx, local: torch.Tensor, name: str, layout: Layout, dims: tuple[str, ...] = ("cp", "tp")) -> DTensor:
+    """The DTensor whose local piece on this rank is `local` (uneven shards included), on the sub-mesh `dims` as
+    upstream's callers build it: logits on the (cp, tp) mesh, input ids on the cp mesh, never on DP (each DP rank's
+    DTensor is its own batch piece, so `full_tensor()` is that piece, not the global batch).  A dim laid out by a
     CP index rule is a Shard of the (permuted) sequence, as upstream builds it."""
-    shape = torch.Size(ctx.full_shapes[name])
-    placements = [
+    full = torch.Size(ctx.full_shapes[name])
+    placements = dict(zip(("dp", "cp", "tp"), layout.placements))
+    shape = list(full)
+    if isinstance(placements["dp"], Shard):  # the DP piece is this DTensor's whole tensor
+        d = placements["dp"].dim % len(full)
+        pieces = torch.arange(full[d]).chunk(ctx.size("dp"))  # torch.chunk sizes, as the layout cuts it
+        shape[d] = len(pieces[ctx.rank("dp")]) if ctx.rank("dp") < len(pieces) else 0
+    shape = torch.Size(shape)
+    on_mesh = [
         Shard(p.dim % len(shape)) if isinstance(p, (Shard, HeadTail, PackedHeadTail, Permuted)) else p
-        for p in layout.placements
+        for p in (placements[d] for d in dims)
     ]
     stride = torch.empty(shape, device="meta").stride()
-    return DTensor.from_local(local, ctx.mesh, placements, run_check=False, shape=shape, stride=stride)
+    return DTensor.from_local(local, ctx.mesh[dims], on_mesh, run_check=False, shape=shape, stride=stride)
 
 
 def vocab_range(ctx, name: str = "logits") -> tuple[int, int]:

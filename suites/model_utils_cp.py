@@ -396,7 +396,7 @@ def front_end_case(spec: FrontEndSpec) -> Case:
 
     def run(impl, ctx, x):
         sp, seq_index = sampling_params(smp), x.get("seq_index")
-        ids = dtensor(ctx, x["target"], "target", ids_layout)
+        ids = dtensor(ctx, x["target"], "target", ids_layout, ("cp",))
         if spec.op == "dtensor_from_parallel_logits_to_logprobs":
             start, end = ctx.local_range("logits", -1)
             return impl.dtensor_from_parallel_logits_to_logprobs(

@@ -125,3 +125,28 @@ def test_a_signature_row_lends_a_finding_no_topology():
     condition = separating_condition(bad, bad.iloc[:0])
     assert condition.endswith(", at dp1-cp2-tp1"), condition
     assert separating_condition(pd.DataFrame([signature]), bad.iloc[:0]).endswith(", at dp0-cp0-tp0")  # none ran
+
+
+def test_a_condition_never_cites_a_dtype_whose_items_a_hang_budget_skipped():
+    """Issue 42, item 6: float64 fails at cp 1 and 2; float32 passes at cp 1 but at cp 2 the budget skipped it after a
+    hang.  "in float64" would cite what never ran at cp 2 (the float32 items there may fail too): not said."""
+    rows = [_row("fail", "a", cp, "head_tail", "forward") for cp in (1, 2)]
+    rows += [_row("error", "hangs", 2, "none", "forward")]
+    rows += [_row("skip", "a", 2, "head_tail", "forward", "float32", HANG_SKIP)]
+    rows += [_row("pass", "a", 1, "head_tail", "forward", "float32")]
+    rows += [_row("pass", "b", cp, "none", "forward") for cp in (1, 2)]
+    table = causes(pd.DataFrame(rows))
+    line = table[table["kind"] == "wrong values"].iloc[0]
+    assert "float64" not in line["condition"].split(" (from the items that ran")[0], line["condition"]
+    assert "1 item(s) at dp1-cp2-tp1 float32 were skipped after a hang" in line["condition"]
+
+
+def test_a_trigger_that_is_a_product_of_mesh_dims_is_said_as_one():
+    """Issue 42, item 6: wrong wherever a rank holds a piece of the batch of another DP·CP rank (dp·cp ≥ 2), right at
+    dp = cp = 1: no single mesh dim separates it (dp ≥ 2 misses dp1-cp2, cp ≥ 2 misses dp2-cp1); the product does."""
+    where = [(2, 1), (1, 2), (2, 2)]
+    bad = pd.DataFrame([{**_row("fail", "a", cp, "none"), "dp": dp} for dp, cp in where])
+    passing = pd.DataFrame([_row("pass", "a", 1, "none")] + [{**_row("pass", "a", 1, "none"), "tp": 2}])
+    assert separating_condition(bad, passing) == "exactly at dp·cp ≥ 2"
+    # where one dim separates as well, the single dim is said
+    assert separating_condition(bad[bad["cp"] == 2], passing.assign(dp=2)) == "exactly at cp ≥ 2"

@@ -56,3 +56,32 @@ def test_the_pre_fix_copy_prints_its_bug_as_a_line_the_fixed_one_does_not(tmp_pa
     assert "[positions-pad3]" in line["worst"] and "expected False, got True" in line["worst"]
     raised = fixed.causes.iloc[0]
     assert "thd_fixed_requires_position_ids.py:15" in raised["worst"]
+
+
+def test_a_pre_fix_copy_wrong_in_every_dtype_is_one_line_its_float32_fix_does_not_print(tmp_path):
+    """Issue 42, item 1: the pre-fix log-softmax is wrong at TP 2 in every dtype and returns float32 for float64; its
+    float64 rows are on its one "wrong values" line (not a "wrong dtype" line of their own, which its fixed version,
+    still computing in float32, would seem to share).  The fixed version prints only the precision warning."""
+    args = (
+        "run",
+        "--suite",
+        "model_utils",
+        "--op",
+        "model_utils._compute_distributed_log_softmax",
+        "--case",
+        "b4s4v24-ties",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--dtype",
+        "float64,float32",
+    )
+    pre = shardcheck(
+        *args, "--impl", f"model_utils={BROKEN / 'model_utils' / 'float32_log_softmax_no_sum.py'}", out=tmp_path / "p"
+    )
+    fixed = shardcheck(
+        *args, "--impl", f"model_utils={BROKEN / 'model_utils' / 'float32_log_softmax_fixed.py'}", out=tmp_path / "f"
+    )
+    assert pre.returncode == 1 and fixed.returncode == 1, pre.stdout + fixed.stdout  # --strict: the warning fails
+    before, after = _lines(pre), _lines(fixed)
+    assert before == {"fail model_utils._compute_distributed_log_softmax: wrong values"}, before
+    assert after == {"warn model_utils._compute_distributed_log_softmax: float64 computed in float32"}, after

@@ -112,6 +112,19 @@ def test_without_a_seed_rule_case_that_ran_clean_there_the_line_stays_an_error()
     assert causes(no_seed_at_tp2).iloc[0]["status"] == Status.ERROR
 
 
+def test_where_a_hang_budget_left_the_seed_rule_case_unrun_the_evidence_elsewhere_decides():
+    """At tp 2 the seed-rule case never ran (a hang's budget skipped it): that topology neither clears nor convicts
+    the input; the clean seed-rule case at tp 1 is the evidence, and the line is a warn (issue 42)."""
+    rows = _rows()
+    rows = rows[~((rows["case_id"] == "plain") & (rows["tp"] == 2))]
+    skipped = {**_passed("plain", 2, "forward"), "status": Status.SKIP}
+    skipped["message"] = (
+        "skipped: hung before; its other items at this topology are not run (--no-hang-budget runs them)"
+    )
+    table = causes(pd.concat([rows, pd.DataFrame([skipped])], ignore_index=True))
+    assert len(table) == 1 and table.iloc[0]["status"] == Status.WARN, finding_lines(table)
+
+
 def test_our_own_implementation_raising_on_our_rule_stays_an_error():
     table = causes(_rows(impl=None))
     assert list(table["status"]) == [Status.ERROR] and not table.iloc[0]["kind"].startswith(RAISES_ON_OURS)
@@ -130,6 +143,28 @@ def test_the_same_exception_on_a_seed_rule_case_too_stays_one_error_line():
     )
     table = causes(other)
     assert len(table) == 1 and table.iloc[0]["status"] == Status.ERROR, finding_lines(table)
+
+
+def test_one_raising_line_with_two_messages_is_two_roots_and_each_is_judged_on_its_own():
+    """Issue 42, items 2 and 3: one line of the module raises an index error on masked ids (our rule) and a DTensor
+    mix-up on DTensor ids (a type the seed documents, here on a seed-rule case): two lines, the first a warn, the
+    second an error (one grouped line was demoted whole, the real crash with it)."""
+    rows = _rows()
+    dtensor = dict(error_type="RuntimeError", error_where="their_model_utils.py:41", op="model_utils.Front")
+    mixed = [{**_raised("dtensor_ids", 2, c, SEED), **dtensor} for c in ("forward", "grad:logits")]
+    mixed = [{**r, "error_message": "aten.gather.default got mixed torch.Tensor and DTensor"} for r in mixed]
+    oob = [{**_raised("masked", 2, c, OURS), **dtensor} for c in ("forward", "grad:logits")]
+    oob = [{**r, "error_message": "index 35 is out of bounds for dimension 1 with size 32"} for r in oob]
+    passed = [{**_passed("plain", 2, "forward"), "op": "model_utils.Front"}]
+    table = causes(pd.concat([rows, pd.DataFrame(mixed + oob + passed)], ignore_index=True))
+    kinds = {r.kind: r.status for r in table.itertuples()}
+    assert len(table) == 3, finding_lines(table)
+    assert kinds["RuntimeError: aten.gather.default got mixed torch.Tensor and DTensor (their_model_utils.py:41)"] == (
+        Status.ERROR
+    )
+    assert kinds[
+        RAISES_ON_OURS + "RuntimeError: index N is out of bounds for dimension N with size N (their_model_utils.py:41)"
+    ] == (Status.WARN)
 
 
 def test_the_rows_of_a_demoted_line_become_warn_rows_and_the_line_stays_the_same():

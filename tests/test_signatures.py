@@ -151,3 +151,33 @@ def test_a_missing_op_is_one_finding_and_the_other_ops_run(run_shardcheck):
         f"--dtype float64 --quick --impl model_utils={impl.resolve()}"
     )
     assert rerun in run.stdout, run.stdout
+
+
+def test_the_seed_is_quoted_by_names_and_defaults_never_by_our_implementations_types():
+    """Issue 42, item 4: the seed module compared with is our implementation of the seed; its annotations are ours
+    (output_weight_layer: Any, output_weight: Optional[Tensor]) where the seed's API documents others, so a finding
+    quotes the seed's parameter names and defaults alone, and the module under test as it is."""
+    import types
+
+    def from_parallel_hidden_states_to_logprobs(
+        tensor_parallel_hidden_states: torch.Tensor,
+        output_weight_layer: torch.Tensor,
+        runtime_gather_output: bool,
+        target: torch.Tensor,
+        vocab_start_index: int,
+        vocab_end_index: int,
+        tp_group,
+        inference_only: bool = False,
+        cp_group=None,
+        chunk_size=None,
+    ):
+        return None
+
+    module = types.SimpleNamespace(from_parallel_hidden_states_to_logprobs=from_parallel_hidden_states_to_logprobs)
+    found = check_names("model_utils", module, ["from_parallel_hidden_states_to_logprobs"])
+    status, message = found["from_parallel_hidden_states_to_logprobs"]
+    assert status == "fail" and "missing parameter(s) output_weight" in message
+    seed_part = message.split("(seed ", 1)[1].split(", under test ", 1)[0]
+    assert seed_part.startswith("from_parallel_hidden_states_to_logprobs(tensor_parallel_hidden_states, "), seed_part
+    assert ":" not in seed_part and "Any" not in seed_part and "inference_only=False" in seed_part
+    assert "output_weight_layer:" in message.split(", under test ", 1)[1]  # the module under test with its own types

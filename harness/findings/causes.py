@@ -15,8 +15,9 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    on no passing row of the items the symptom does not fail in (the other checks of its own items pass beside
    it).  A condition that does not separate is not printed: the line says none separates (a trigger the
    features do not see, such as a loss_mask's padding, gives that, never a condition that points away).
-   A condition is computed from the items that ran: where a hang's budget skipped items at the symptom's topology,
-   the line says how many (they may show it too).
+   A condition is computed from the items that ran, and must hold on the items a hang's budget skipped at the
+   symptom's topology (they may show it too: the condition never cites a dtype or case they had); the line says how
+   many were skipped.
 3. Causes per op.  A crash (an exception at one raising line, a death, a hang) is one line; the checks failing in
    its items at or after the phase it crashed in are its consequences, counted and named on its line.  A check
    failing where nothing crashed is never folded into a crash's line, except when one condition on the items
@@ -29,10 +30,13 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    tp ≥ 2" and a hang stand beside "forward wrong everywhere".  Otherwise, when every item fails
    somewhere, it is one bug; else symptoms that share items are one cause.  Two different crashes
    stay two causes.  Warnings keep lines of their own, except properties warning in the same items (failures of
-   rules of ours under --impl): one cause, as they would be as failures.
-4. Causes across ops: one root is one line naming its ops: the same exception raised at the same line
-   (a helper several ops share), the same warning over the module (float64 computed in float32 in
-   every op), a rank dying of a crash signal (SIGSEGV, SIGABRT, SIGBUS, ...) under the same condition.
+   rules of ours under --impl): one cause, as they would be as failures.  A signature that lacks a seed parameter
+   and the TypeError of every call passing it (harness/rank/signatures.py calls by the seed's names) are one line.
+4. Causes across ops: one root is one line naming its ops: the same exception type and message, numbers blanked,
+   raised in the same file (a helper several ops share, one unhandled input reaching several of its lines; one line
+   raising two messages is two roots), the
+   same warning over the module (float64 computed in float32 in every op), ranks dying of crash signals
+   (SIGSEGV, SIGABRT, SIGBUS, ...) in a shared phase (an op and its wrapper: each op's condition may differ).
 5. Whose rule, per line: under `--impl`, a line whose exception shows only on rows judged by rules of ours (every
    row of the line, its consequences included, has rule_source "ours") is a `warn`: "raises on input only our rule
    feeds: ..." (loud on input the seed leaves open is acceptable, loud or right), where the evidence says that the
@@ -66,9 +70,11 @@ from shardcheck.harness.core.topology import topology_label
 from shardcheck.harness.findings import model_order
 from shardcheck.harness.findings.common_factor import factor_text
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
+from shardcheck.harness.findings.hang_skips import not_run, skipped_by_hangs, skipped_like
 from shardcheck.harness.findings.wording import (
     CRASHES,
     ERRORS,
+    blank_numbers,
     check_part,
     checks_text,
     display,
@@ -148,9 +154,11 @@ WHERE = [
 ]  # where a seed-rule case must have run without a demoted line's exception
 
 
-def _demoted(c: dict, bad: pd.DataFrame, seed_items: set) -> dict:
+def _demoted(c: dict, bad: pd.DataFrame, seed_items: set, unrun: set = frozenset()) -> dict:
     """`c`, a `warn` line if its exception shows only on rows judged by rules of ours, of modules under --impl, and
-    seed-rule cases ran without it at each op, topology and dtype it shows at (`seed_items`: their (op, item))."""
+    seed-rule cases ran without it at each op, topology and dtype it shows at (`seed_items`: their (op, item)), but
+    where a hang's budget left the op's other items unrun (`unrun`: (op, dp, cp, tp, dtype)), if it has evidence
+    elsewhere."""
     if c["status"] != Status.ERROR or c["symptoms"] != {Symptom.EXCEPTION}:
         return c
     rows = bad.loc[c["members"]]
@@ -160,7 +168,8 @@ def _demoted(c: dict, bad: pd.DataFrame, seed_items: set) -> dict:
         return c  # our own implementations: we hold ourselves to our rules
     raised = set(map(tuple, rows[["op", *ITEM]].astype(str).values))
     clean = {(op, *item[1:]) for op, *item in seed_items if (op, *item) not in raised}  # (op, dp, cp, tp, dtype)
-    if not set(map(tuple, rows[WHERE].astype(str).values)) <= clean:
+    where = set(map(tuple, rows[WHERE].astype(str).values))
+    if not where - unrun <= clean or not where & clean:
         return c  # no seed-rule case ran there without it: nothing says the input is the trigger
     return {**c, "status": Status.WARN, "kind": RAISES_ON_OURS + c["kind"], "demoted": True}
 
@@ -199,45 +208,44 @@ def _table(df: pd.DataFrame) -> list[dict]:
     passing = df[df["status"] == Status.PASS]
     passing_of = {op: rows for op, rows in passing.groupby("op", sort=False)}
     empty = df.iloc[:0]
-    # the items a hang's budget skipped (harness/driver/launch.py words them), not those a case or plan skips
-    skipped = df[
-        (df["status"] == Status.SKIP) & df["message"].astype(str).str.contains("--no-hang-budget", regex=False)
-    ]
-    skipped_of = {op: rows.drop_duplicates(ITEM) for op, rows in skipped.groupby("op", sort=False)}
+    skipped_of = skipped_by_hangs(df)
     symptoms = []
     for (op, status, kind, _), rows in bad.groupby(["op", "_status", "_kind", "_part"], sort=False):
         rows = rows.sort_values("_crash", ascending=False, kind="stable")  # the crash itself names the line
-        symptom = _symptom(
-            op, status, kind, rows[rows["_crash"]] if rows["_crash"].any() else rows, passing_of.get(op, empty), rows
-        )
-        if status != Status.XPASS:  # a stale mark is judged where it ran; a hang's skips say nothing of it
-            symptom["condition"] += _not_run(rows, skipped_of.get(op, empty))
+        stale = status == Status.XPASS  # a stale mark is judged where it ran; a hang's skips say nothing of it
+        unknown = None if stale else skipped_like(rows, skipped_of.get(op))
+        symptom = _symptom(op, status, kind, rows[rows["_crash"]] if rows["_crash"].any() else rows, rows)
+        symptom["condition"] = _condition(symptom, rows, passing_of.get(op, empty), unknown)
+        if not stale:
+            symptom["condition"] += not_run(rows, skipped_of.get(op))
         symptoms.append(symptom)
     table = []
     for op in dict.fromkeys(s["ops"][0] for s in symptoms):
         of_op = [s for s in symptoms if s["ops"] == (op,)]
-        table += _per_op(of_op, df[df["op"] == op], passing_of.get(op, empty), bad)
+        table += _signature_and_its_calls(_per_op(of_op, df[df["op"] == op], passing_of.get(op, empty), bad))
     seed_items = _seed_items(df)
+    unrun = {tuple(map(str, key)) for rows in skipped_of.values() for key in rows[WHERE].values}
     return [
-        _demoted(c, bad, seed_items) for c in _across_ops(table, bad, passing)
+        _demoted(c, bad, seed_items, unrun) for c in _across_ops(table, bad, passing)
     ]  # one root per line, then whose rule
 
 
-def _not_run(rows: pd.DataFrame, skipped: pd.DataFrame) -> str:
-    """What a condition cannot say: the op's items at the symptom's topologies that never ran (a hang's budget skips
-    the op's other items at its topology, every dtype).  The condition is from the items that ran; those may show
-    the symptom too."""
-    if not len(skipped):
-        return ""
-    where = {topology_label(r) for r in rows.to_dict("records")}
-    gone = [r for r in skipped.to_dict("records") if topology_label(r) in where]
-    if not gone:
-        return ""
-    topologies = sorted({f"{topology_label(r)} {r['dtype']}" for r in gone})
-    return (
-        f" (from the items that ran: {len(gone)} item(s) at {', '.join(topologies)} were skipped after a hang "
-        f"and may show it too)"
-    )
+KEYWORD_CALLS = "rank/signatures.py"  # the file where a call by the seed's parameter names raises (KeywordCalls)
+
+
+def _signature_and_its_calls(lines: list[dict]) -> list[dict]:
+    """An op's signature line and the TypeError every call by the seed's parameter names then raises (a seed
+    parameter the module lacks): one root, one line, under the signature's condition (of the module)."""
+    signature = [c for c in lines if c["symptoms"] == {Symptom.SIGNATURE}]
+    calls = [
+        c
+        for c in lines
+        if c["error_key"] is not None and c["error_key"][0] == "TypeError" and KEYWORD_CALLS in str(c["error_key"][1])
+    ]
+    if len(signature) != 1 or not calls:
+        return lines
+    merged = _merge(signature + calls, signature[0]["condition"])
+    return [merged] + [c for c in lines if c not in signature and c not in calls]
 
 
 def _phase_of_check(check: str) -> int:
@@ -274,11 +282,9 @@ def _consequences(bad: pd.DataFrame) -> pd.DataFrame:
     return bad.assign(_status=status, _kind=kind, _part=part)
 
 
-def _symptom(
-    op: str, status: str, kind: str, rows: pd.DataFrame, passing: pd.DataFrame, all_rows: pd.DataFrame | None = None
-) -> dict:
-    """One symptom from its rows; `all_rows` adds the checks failing as its consequences (counted, listed)."""
-    all_rows = rows if all_rows is None else all_rows
+def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, all_rows: pd.DataFrame) -> dict:
+    """One symptom from its rows, its condition to be set (`_condition`); `all_rows` adds the checks failing as its
+    consequences (counted, listed)."""
     records = rows.to_dict("records")
     symptom = records[0]["_symptom"]
     found = set(rows["_symptom"])
@@ -299,12 +305,6 @@ def _symptom(
         if isinstance(worst.get("rerun"), str)
         else next((r["rerun"] for r in records if isinstance(r.get("rerun"), str)), None)
     )
-    if (rows["check"] == SIGNATURE_CHECK).all() and (rows["case_id"] == "signature").all():  # not a used family's
-        condition = "of the module, found before any case ran"
-    elif status == Status.XPASS:  # where the mark no longer holds, rather than what separates it from the passing rows
-        condition = f"in {item_count(rows)} item(s) {where_text(rows)}"
-    else:
-        condition = separating_condition(rows, passing)
     return {
         "op": op,
         "ops": (op,),
@@ -314,7 +314,7 @@ def _symptom(
         "signals": signals,
         "checks": checks_text(list(all_rows["check"].unique()), status, factor_text(all_rows.to_dict("records"))),
         "count": len(all_rows),
-        "condition": condition,
+        "condition": "",
         "worst": worst_text(worst, status),
         "rerun": rerun,
         "rows": list(rows.index),
@@ -322,8 +322,34 @@ def _symptom(
         "all_checks": list(all_rows["check"].unique()),
         "rules": _rules(all_rows),
         "members": list(all_rows.index),
-        "error_key": (worst.get("error_type"), worst.get("error_where")) if symptom in ERRORS else None,
+        # one root per exception type and message (numbers blanked) raised in one file: a line that raises on two
+        # inputs for two reasons is two roots, one unhandled input reaching several lines of the module is one
+        "error_key": (
+            worst.get("error_type"),
+            _file_of(worst.get("error_where")),
+            blank_numbers(worst.get("error_message")),
+        )
+        if symptom in ERRORS
+        else ("died", frozenset(str(r.get("phase")) for r in records))  # a death: the phases it died in
+        if symptom == Symptom.DIED
+        else None,
     }
+
+
+def _file_of(where) -> str:
+    """The file of a raising location ("path/to/file.py:41" -> "path/to/file.py")."""
+    return str(where).rsplit(":", 1)[0]
+
+
+def _condition(symptom: dict, all_rows: pd.DataFrame, passing: pd.DataFrame, unknown: pd.DataFrame | None) -> str:
+    """A symptom's condition, from the rows that name it (the crash's own, else all); it holds on the `unknown`
+    rows too (items a hang's budget skipped: they may show it)."""
+    rows = all_rows.loc[symptom["rows"]]
+    if (rows["check"] == SIGNATURE_CHECK).all() and (rows["case_id"] == "signature").all():  # not a used family's
+        return "of the module, found before any case ran"
+    if symptom["status"] == Status.XPASS:  # where the mark no longer holds, rather than what separates it from passing
+        return f"in {item_count(rows)} item(s) {where_text(rows)}"
+    return separating_condition(rows if unknown is None else pd.concat([rows, unknown]), passing)
 
 
 def _rules(rows: pd.DataFrame) -> dict:
@@ -528,6 +554,19 @@ def _two_crashes(s: dict, t: dict) -> bool:
     return _is_crash(s) and _is_crash(t) and s["kind"] != t["kind"]
 
 
+def _death_phases(c: dict, table: list[dict]) -> frozenset:
+    """The phases of the deaths of `table` linked to `c`'s by a shared phase (an op and its wrapper killing the
+    process in the backward, one of them in the forward too, are one root)."""
+    deaths = [d["error_key"][1] for d in table if d["symptoms"] == {Symptom.DIED} and d["error_key"] is not None]
+    phases = set(c["error_key"][1])
+    grown = True
+    while grown:
+        linked = [p for p in deaths if p & phases and not p <= phases]
+        grown = bool(linked)
+        phases |= set().union(*linked) if linked else set()
+    return frozenset(phases)
+
+
 def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> list[dict]:
     """One root, one line (module docstring, 4): the same exception at the same line, the same warning,
     a rank dying under the same condition, in several ops."""
@@ -536,12 +575,12 @@ def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> 
         if len(c["ops"]) != 1 or len(c["symptoms"]) != 1:
             return None
         symptom = next(iter(c["symptoms"]))
-        if c["error_key"] is not None and c["status"] == Status.ERROR:
+        if symptom in ERRORS and c["error_key"] is not None and c["status"] == Status.ERROR:
             return ("raised", c["error_key"])
         if c["status"] == Status.WARN and (symptom == Symptom.COMM or str(symptom).startswith("precision:")):
             return ("warned", c["kind"])
         if symptom == Symptom.DIED and c["signals"] <= CRASH_SIGNALS:  # a crash, not a kill from outside or an exit
-            return (Symptom.DIED, c["condition"])
+            return (Symptom.DIED, _death_phases(c, table))  # crash signals in a shared phase, whatever the conditions
         return None
 
     groups: dict = {}

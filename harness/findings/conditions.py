@@ -14,7 +14,8 @@ from shardcheck.harness.core.topology import topology_label
 
 MESH = ("dp", "ep", "cp", "tp")  # ep: expert parallelism (rows without it: 1)
 ITEM = ["case_id", "dp", "dp_replicate", "ep", "cp", "tp", "dtype"]
-FIELDS = ("check", "dtype", *MESH, "params")  # what a predicate reads of a row
+PRODUCTS = {"dp·cp": ("dp", "cp")}  # mesh-dim products a trigger may need (each DP·CP rank holds its own batch piece)
+FIELDS = ("check", "dtype", *MESH, *PRODUCTS, "params")  # what a predicate reads of a row
 MAX_CONJUNCTION = 3  # predicates tried together when searching for an exact condition
 # (words, order: lower is preferred, the field it reads, test on that field's value); a test reads one field, so it
 # is tried once per distinct value, not once per row (a model case has thousands of rows and few distinct values)
@@ -43,6 +44,10 @@ def _predicates(values: dict[str, list], by_check: bool = True) -> list[Predicat
             if v > 1:
                 out.append((f"at {dim} ≥ {v}", 2, dim, lambda x, v=v: x >= v))
         out.append((f"at {dim} = 1", 2, dim, lambda x: x == 1))
+    for product in PRODUCTS:  # after the single dims: said only where no single dim separates as well
+        for v in sorted(set(values[product])):
+            if v > 1:
+                out.append((f"at {product} ≥ {v}", 2.5, product, lambda x, v=v: x >= v))
     params = values["params"]
     for key in sorted({k for p in params for k in p}):
         out += _param_predicates(key, {p[key] for p in params if isinstance(p.get(key), (bool, int, float, str))})
@@ -75,7 +80,11 @@ def _distinct(df: pd.DataFrame) -> dict[str, list[tuple[object, int]]]:
     """Per field, each distinct value the rows take and the rows that take it, as a bit set (bit i: row i)."""
     out = {}
     for field in FIELDS:
-        column = df[field].to_numpy(dtype=object).tolist() if field in df else [1] * len(df)  # (ep: 1 if absent)
+        if field in PRODUCTS:
+            a, b = PRODUCTS[field]
+            column = (df[a].astype(int) * df[b].astype(int)).to_numpy(dtype=object).tolist()
+        else:
+            column = df[field].to_numpy(dtype=object).tolist() if field in df else [1] * len(df)  # (ep: 1 if absent)
         if field == "params":
             values = [p if isinstance(p, dict) else {} for p in column]
             keys = [repr(p) for p in values]  # one case's rows share its params, in one order
@@ -144,7 +153,7 @@ def _condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool) -> tupl
         return "", False
     where = (
         []
-        if any(p[1] == 2 for p in chosen)
+        if any(p[1] in (2, 2.5) for p in chosen)  # a mesh condition says where
         else ([f"at every topology ({', '.join(topologies)})"] if len(topologies) > 1 else [f"at {topologies[0]}"])
     )
     words = ", ".join([p[0] for p in chosen] + where)

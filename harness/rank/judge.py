@@ -132,11 +132,11 @@ def measure(c: Comparison, arriving: bool = False) -> tuple[Verdict, torch.Tenso
         else Symptom.VALUES
     )
     expect_dtype = c.budget.dtype
-    if c.got_dtype != expect_dtype:
+    if c.got_dtype != expect_dtype:  # a wrong value in the wrong dtype is a wrong value (its line, its verdict)
         status, msg, symptom = (
             Status.FAIL,
             f"dtype {str(c.got_dtype)[6:]}, expected {str(expect_dtype)[6:]}",
-            Symptom.DTYPE,
+            symptom or Symptom.DTYPE,
         )
     place = c.place
     for key in ("worst", "nonfinite"):

@@ -155,6 +155,13 @@ def differences(seed: inspect.Signature, impl: inspect.Signature) -> tuple[str, 
     return (Status.FAIL, fails) if fails else (Status.PASS, [])
 
 
+def _untyped(sig: inspect.Signature) -> inspect.Signature:
+    """The seed's signature as quoted: names, kinds and defaults, no annotations (the compared module is our
+    implementation of the seed, whose types are ours, not the seed's; the comparison reads names alone)."""
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
+    return sig.replace(parameters=params, return_annotation=inspect.Signature.empty)
+
+
 def check_names(
     family: str, module: ModuleType, names: list[str], default: str | None = None
 ) -> dict[str, tuple[str, str]]:
@@ -171,13 +178,13 @@ def check_names(
             continue
         impl_sig = call_signature(getattr(module, name))
         if impl_sig is None:
-            out[name] = (Status.FAIL, f"signature: {name} is not callable like the seed's {name}{seed_sig}")
+            out[name] = (Status.FAIL, f"signature: {name} is not callable like the seed's {name}{_untyped(seed_sig)}")
             continue
         status, reasons = differences(seed_sig, impl_sig)
         if status != Status.PASS:
             out[name] = (
                 status,
-                f"signature: {'; '.join(reasons)} (seed {name}{seed_sig}, under test {name}{impl_sig})",
+                f"signature: {'; '.join(reasons)} (seed {name}{_untyped(seed_sig)}, under test {name}{impl_sig})",
             )
     return out
 
