@@ -66,7 +66,6 @@ from shardcheck.harness.core.citations import RuleSource
 from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, Phase, Status, Symptom, with_mesh_splits
-from shardcheck.harness.core.topology import topology_label
 from shardcheck.harness.findings import model_order
 from shardcheck.harness.findings.common_factor import factor_text
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
@@ -143,15 +142,8 @@ def _third_party(spec) -> bool:
     return isinstance(spec, str) and not is_ours(spec)  # (None or NaN: the family's own implementation)
 
 
-WHERE = [
-    "op",
-    "dp",
-    "dp_replicate",
-    "ep",
-    "cp",
-    "tp",
-    "dtype",
-]  # where a seed-rule case must have run without a demoted line's exception
+# where a seed-rule case must have run without a demoted line's exception
+WHERE = ["op", "dp", "dp_replicate", "ep", "cp", "tp", "dtype"]
 
 
 def _demoted(c: dict, bad: pd.DataFrame, seed_items: set, unrun: set = frozenset()) -> dict:
