@@ -106,7 +106,7 @@ def summand(logits: torch.Tensor, inputs: dict, ctx) -> torch.Tensor:
     return token_losses(logits, inputs["targets"]).sum() / (inputs["targets"].numel() * ctx.size("dp") * ctx.size("cp"))
 
 
-def _inputs(cfg: Config, masked: bool, batch: int):
+def _inputs(cfg: Config, masked: bool, batch: int, counted: bool):
     def make(gen: torch.Generator) -> dict[str, torch.Tensor]:
         tokens = torch.randint(0, cfg.vocab, (batch, SEQ + 1), generator=gen)
         inputs = {"tokens": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()}
@@ -114,6 +114,9 @@ def _inputs(cfg: Config, masked: bool, batch: int):
             mask = torch.rand(batch, SEQ, generator=gen) < 0.6
             mask[:, : SEQ // 4] = False
             inputs["loss_mask"] = mask
+        if counted:  # the step's token count, whole on every rank and micro-batch (Transformers' num_items_in_batch)
+            inputs["loss_mask"][1::2, SEQ // 2 :] = False  # odd rows, micro-batch 2 of `microbatches=2`: fewer tokens
+            inputs["tokens_in_step"] = inputs["loss_mask"].sum()
         return inputs
 
     return make
@@ -129,10 +132,12 @@ def model_case(
     masked: bool = False,
     build_model: Callable = build,
     batch: int = BATCH,
+    counted: bool = False,
     **step,
 ) -> ModelCase:
     """The ModelCase of one side of a pair: `parallelize(model, ctx)`, `loss(logits, inputs, ctx)` (ctx None on one
-    device: the whole batch's loss there); `batch` rows; `step`: more ModelCase fields (`microbatches`, `hsdp`)."""
+    device: the whole batch's loss there); `batch` rows; `counted`: the inputs hold `tokens_in_step`, the masked
+    tokens' count; `step`: more ModelCase fields (`microbatches`, `hsdp`)."""
     layouts = {"tokens": BATCH_LAYOUT, "targets": BATCH_LAYOUT}
     if masked:
         layouts["loss_mask"] = BATCH_LAYOUT
@@ -141,7 +146,7 @@ def model_case(
         case_id=variant,
         build=lambda gen: build_model(cfg, gen),
         parallelize=parallelize,
-        make_inputs=_inputs(cfg, masked, batch),
+        make_inputs=_inputs(cfg, masked, batch, counted),
         model_inputs=("tokens",),
         loss=loss,
         input_layouts=layouts,
