@@ -6,8 +6,10 @@ SwiGLU MLP, RMSNorms, an output projection) and the pieces of a torchtitan-style
   final norm's weight a plain replica that sees only its sequence shard;
 - `context_parallel_on`: torch's context_parallel over cp, the rotary positions sharded with the batch
   (`offsets=False`: the positions never handed to the attention);
-- `data_parallel`: FSDP2 over dp x cp, gradients summed (each rank's loss is its summand of the global one);
-- `model_case`: the ModelCase of a pair, the batch split over dp and laid out head-tail over cp."""
+- `data_parallel`: FSDP2 over dp x cp, gradients summed (each rank's loss is its summand of the global one), built of
+  `fully_shard_on(model, mesh)` (any mesh: the 2-D data mesh is HSDP) and `sum_gradients(model)`;
+- `model_case`: the ModelCase of a pair, the batch split over dp and laid out head-tail over cp (a batch size,
+  the step's token count as an input, and further fields such as `microbatches` or `hsdp` where a pair needs them)."""
 
 from __future__ import annotations
 
