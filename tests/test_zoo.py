@@ -2,9 +2,10 @@
 
 Each entry whose bug needs nothing the harness lacks must be caught at step 1 on its broken case, by a finding that
 names what the thread's fix touched, and its fixed twin must pass in float64, float32 and bfloat16; an entry that
-needs a capability of another branch is counted missed with the reason.  Batch invariance (shardcheck.batch_invariance)
-is tested here too: without ranks on a row-local op and a position-dependent one, and through its zoo pair
-(NeMo-RL#1227), where only it sees the bug."""
+needs a capability of another branch is counted missed with the reason, and only a capability still missing may be
+listed (the HSDP and micro-batch pairs: pytorch_155903, verl_7493, nemo_12210, transformers_34191).
+Batch invariance (shardcheck.batch_invariance) is tested here too: without ranks on a row-local op and a
+position-dependent one, and through its zoo pair (NeMo-RL#1227), where only it sees the bug."""
 
 from __future__ import annotations
 
@@ -72,6 +73,41 @@ def test_named_right_means_the_subject_the_fix_touched(zoo_run):
     assert lines["megatron_lm_906"]["finding"].startswith("first diverging: the loss")
     assert lines["transformer_engine_1557"]["finding"] == "grad:k, grad:v"  # dQ right, dK and dV wrong
     assert "output.weight" in lines["entrenar_314"]["finding"]  # the untied copy of the tied weight
+    # HSDP: the replicas' gradients averaged once too often (pytorch#155903), never reduced (verl#7493)
+    for name in ("pytorch_155903", "verl_7493"):
+        assert lines[name]["finding"].startswith("first diverging: parameter tok_embeddings.weight (gradient)"), name
+    # micro-batches: the per-micro-batch mean (Transformers 2024), the CP attention at two rows per micro-batch
+    assert lines["transformers_34191"]["finding"].startswith("first diverging: the loss")
+    assert lines["nemo_12210"]["finding"].startswith("first diverging: module layers.0.attention.")
+
+
+def test_no_capability_the_harness_has_is_listed_missing():
+    """Each member of Capability says how to tell it has landed, and none has: when one lands, drop it and turn its
+    entries into pairs."""
+    from shardcheck.harness.core.topology import MESH_DIMS
+    from shardcheck.harness.core.zoo_bug import Capability
+
+    landed = {Capability.EP_AXIS: "ep" in MESH_DIMS}
+    assert set(landed) == set(Capability)
+    assert not any(landed.values()), [c.name for c, has in landed.items() if has]
+    assert {e.bug.needs for e in entries(ZOO)} <= {None, *Capability}
+
+
+def test_nemo_12210s_broken_halves_are_exact_at_one_row_and_wrong_at_two():
+    """The broken tail-half selection is the fixed one at micro-batch size 1, so the pair needs MBS 2 to differ."""
+    import sys
+
+    sys.path.insert(0, str(ZOO))
+    try:
+        import nemo_12210 as entry
+    finally:
+        sys.path.remove(str(ZOO))
+    (broken_split, broken_join), (fixed_split, fixed_join) = entry.tail_half["broken"], entry.tail_half["fixed"]
+    gen = torch.Generator().manual_seed(2)
+    one, two = torch.randn(1, 8, 2, 3, generator=gen), torch.randn(2, 8, 2, 3, generator=gen)
+    assert all(torch.equal(a, b) for a, b in zip(broken_split(one), fixed_split(one)))
+    assert torch.equal(broken_join(*fixed_split(one)), one) and torch.equal(fixed_join(*fixed_split(two)), two)
+    assert not torch.equal(broken_split(two)[1], fixed_split(two)[1])
 
 
 def test_only_batch_invariance_sees_nemo_rl_1227(zoo_run):

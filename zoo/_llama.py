@@ -6,8 +6,10 @@ SwiGLU MLP, RMSNorms, an output projection) and the pieces of a torchtitan-style
   final norm's weight a plain replica that sees only its sequence shard;
 - `context_parallel_on`: torch's context_parallel over cp, the rotary positions sharded with the batch
   (`offsets=False`: the positions never handed to the attention);
-- `data_parallel`: FSDP2 over dp x cp, gradients summed (each rank's loss is its summand of the global one);
-- `model_case`: the ModelCase of a pair, the batch split over dp and laid out head-tail over cp."""
+- `data_parallel`: FSDP2 over dp x cp, gradients summed (each rank's loss is its summand of the global one), built of
+  `fully_shard_on(model, mesh)` (any mesh: the 2-D data mesh is HSDP) and `sum_gradients(model)`;
+- `model_case`: the ModelCase of a pair, the batch split over dp and laid out head-tail over cp (a batch size,
+  the step's token count as an input, and further fields such as `microbatches` or `hsdp` where a pair needs them)."""
 
 from __future__ import annotations
 
@@ -77,14 +79,23 @@ def context_parallel_on(model: nn.Module, ctx, offsets: bool = True) -> None:
 def data_parallel(model: nn.Module, ctx) -> None:
     if ctx.size("dp") * ctx.size("cp") == 1:
         return
-    mesh = ctx.mesh["dp", "cp"]._flatten("dp_cp")
+    fully_shard_on(model, ctx.mesh["dp", "cp"]._flatten("dp_cp"))
+    sum_gradients(model)  # each rank's loss is already its share of the mean: sum, never average
+
+
+def sum_gradients(model: nn.Module) -> None:
+    """Every FSDP2 unit of `model` sums its gradients (the sum convention: each rank's loss is its summand)."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # gloo has neither PREMUL_SUM nor AVG
+
+
+def fully_shard_on(model: nn.Module, mesh) -> None:
+    """FSDP2 on `mesh` (1-D: FSDP; the 2-D data mesh replicate x shard: HSDP), each block a unit, then the root."""
     for block in model.layers:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    for module in model.modules():
-        if isinstance(module, FSDPModule):  # each rank's loss is already its share of the mean: sum, never average
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)  # gloo has neither PREMUL_SUM nor AVG
 
 
 def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -97,14 +108,17 @@ def summand(logits: torch.Tensor, inputs: dict, ctx) -> torch.Tensor:
     return token_losses(logits, inputs["targets"]).sum() / (inputs["targets"].numel() * ctx.size("dp") * ctx.size("cp"))
 
 
-def _inputs(cfg: Config, masked: bool):
+def _inputs(cfg: Config, masked: bool, batch: int, counted: bool):
     def make(gen: torch.Generator) -> dict[str, torch.Tensor]:
-        tokens = torch.randint(0, cfg.vocab, (BATCH, SEQ + 1), generator=gen)
+        tokens = torch.randint(0, cfg.vocab, (batch, SEQ + 1), generator=gen)
         inputs = {"tokens": tokens[:, :-1].contiguous(), "targets": tokens[:, 1:].contiguous()}
         if masked:  # a loss mask that differs between the sequence's pieces (a prompt, then the response)
-            mask = torch.rand(BATCH, SEQ, generator=gen) < 0.6
+            mask = torch.rand(batch, SEQ, generator=gen) < 0.6
             mask[:, : SEQ // 4] = False
             inputs["loss_mask"] = mask
+        if counted:  # the step's token count, whole on every rank and micro-batch (Transformers' num_items_in_batch)
+            inputs["loss_mask"][1::2, SEQ // 2 :] = False  # odd rows, micro-batch 2 of `microbatches=2`: fewer tokens
+            inputs["tokens_in_step"] = inputs["loss_mask"].sum()
         return inputs
 
     return make
@@ -119,9 +133,13 @@ def model_case(
     cfg: Config = DEFAULT,
     masked: bool = False,
     build_model: Callable = build,
+    batch: int = BATCH,
+    counted: bool = False,
+    **step,
 ) -> ModelCase:
     """The ModelCase of one side of a pair: `parallelize(model, ctx)`, `loss(logits, inputs, ctx)` (ctx None on one
-    device: the whole batch's loss there)."""
+    device: the whole batch's loss there); `batch` rows; `counted`: the inputs hold `tokens_in_step`, the masked
+    tokens' count; `step`: more ModelCase fields (`microbatches`, `hsdp`)."""
     layouts = {"tokens": BATCH_LAYOUT, "targets": BATCH_LAYOUT}
     if masked:
         layouts["loss_mask"] = BATCH_LAYOUT
@@ -130,10 +148,11 @@ def model_case(
         case_id=variant,
         build=lambda gen: build_model(cfg, gen),
         parallelize=parallelize,
-        make_inputs=_inputs(cfg, masked),
+        make_inputs=_inputs(cfg, masked, batch, counted),
         model_inputs=("tokens",),
         loss=loss,
         input_layouts=layouts,
         loss_layout=Layout(dp=Partial(), cp=Partial()),
         **where,
+        **step,
     )
