@@ -3,7 +3,8 @@
 Each entry whose bug needs nothing the harness lacks must be caught at step 1 on its broken case, by a finding that
 names what the thread's fix touched, and its fixed twin must pass in float64, float32 and bfloat16; an entry that
 needs a capability of another branch is counted missed with the reason, and only a capability still missing may be
-listed (the HSDP and micro-batch pairs: pytorch_155903, verl_7493, nemo_12210, transformers_34191).
+listed (none is today: the HSDP and micro-batch pairs pytorch_155903, verl_7493, nemo_12210, transformers_34191 and
+the expert-parallel pairs megatron_lm_1628, megatron_lm_5956 waited for capabilities that have landed).
 Batch invariance (shardcheck.batch_invariance) is tested here too: without ranks on a row-local op and a
 position-dependent one, and through its zoo pair (NeMo-RL#1227), where only it sees the bug."""
 
@@ -20,6 +21,7 @@ from shardcheck import batch_invariance
 from shardcheck.harness.driver.zoo import entries, run_argv, zoo_dir
 
 ZOO = ROOT / "zoo"
+EP_PAIRS = ("megatron_lm_1628", "megatron_lm_5956")  # on issue 39's ep axis and MoE family
 
 
 @pytest.fixture(scope="module")
@@ -79,18 +81,57 @@ def test_named_right_means_the_subject_the_fix_touched(zoo_run):
     # micro-batches: the per-micro-batch mean (Transformers 2024), the CP attention at two rows per micro-batch
     assert lines["transformers_34191"]["finding"].startswith("first diverging: the loss")
     assert lines["nemo_12210"]["finding"].startswith("first diverging: module layers.0.attention.")
+    # expert parallelism: the experts' gradients synced over the dense group (Megatron-LM#1628), ep times too large
+    # (Megatron-LM PR #5956); the dense ones right in both
+    for name in EP_PAIRS:
+        assert lines[name]["finding"].startswith("first diverging: parameter layer.moe.experts.w1 (gradient)"), name
 
 
 def test_no_capability_the_harness_has_is_listed_missing():
     """Each member of Capability says how to tell it has landed, and none has: when one lands, drop it and turn its
-    entries into pairs."""
-    from shardcheck.harness.core.topology import MESH_DIMS
+    entries into pairs.  None is missing today; the `ep` axis (issue 39, harness/core/topology.EXPERT_DIMS) has
+    landed, and the two entries that waited for it are pairs."""
+    from shardcheck.harness.core.topology import EXPERT_DIMS
     from shardcheck.harness.core.zoo_bug import Capability
 
-    landed = {Capability.EP_AXIS: "ep" in MESH_DIMS}
+    landed: dict[Capability, bool] = {}  # a member: whether the harness has it now
     assert set(landed) == set(Capability)
     assert not any(landed.values()), [c.name for c, has in landed.items() if has]
     assert {e.bug.needs for e in entries(ZOO)} <= {None, *Capability}
+    assert "ep" in EXPERT_DIMS and "EP_AXIS" not in Capability.__members__
+    assert {e.name: e.bug.needs for e in entries(ZOO) if e.name in EP_PAIRS} == dict.fromkeys(EP_PAIRS)
+
+
+def test_an_entry_waiting_for_a_capability_has_no_pair_and_counts_missed_with_the_reason():
+    """The extension point for a bug not expressible yet (docs/zoo.md): a stand-in member, since none is missing."""
+    import sys
+
+    from shardcheck.harness.core.zoo_bug import Bug, Capability
+    from shardcheck.reports.zoo import recall_of
+
+    class Lacking(Capability):
+        PP_AXIS = "a pipeline-parallel axis"
+
+    bug = Bug(
+        thread="o/r#2",
+        url="https://github.com/o/r/issues/2",
+        title="t",
+        symptom="s",
+        time_to_find="d",
+        fix="f",
+        topology="tp=2",
+        names=("forward",),
+        needs=Lacking.PP_AXIS,
+    )
+    sys.path.insert(0, str(ZOO))
+    try:
+        from _pending import pending
+        from _twins import twins
+    finally:
+        sys.path.remove(str(ZOO))
+    assert twins(bug, lambda v, where: pytest.fail("no case is made")) == [] == pending(bug)
+    line = recall_of("x", bug, _rows("fail", {d: "pass" for d in ("float64", "float32", "bfloat16")}))
+    assert (line.caught, line.step, line.named, line.missed) == (False, None, False, "needs a pipeline-parallel axis")
 
 
 def test_nemo_12210s_broken_halves_are_exact_at_one_row_and_wrong_at_two():

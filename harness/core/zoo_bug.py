@@ -14,12 +14,12 @@ from shardcheck.harness.core.topology import Topology
 
 
 class Capability(enum.StrEnum):
-    """A capability a zoo pair needs that the harness does not have yet (the issue that builds it).  Only the missing
-    ones are members: when one lands, its member goes and its entries become pairs (issue 38's averaged DP
-    convention, HSDP, micro-batches and clipping have: zoo/pytorch_155903.py, verl_7493.py, nemo_12210.py,
-    transformers_34191.py)."""
-
-    EP_AXIS = "the `ep` mesh axis and the MoE family (issue 39, r-moe)"
+    """A capability a zoo pair needs that the harness does not have yet (the issue that builds it): the extension point
+    for a field bug not expressible yet (docs/zoo.md).  Only the missing ones are members, each with a test that
+    tells when it has landed (tests/test_zoo.py); when one lands, its member goes and its entries become pairs.  None
+    is missing today: issue 38's averaged DP convention, HSDP, micro-batches and clipping (zoo/pytorch_155903.py,
+    verl_7493.py, nemo_12210.py, transformers_34191.py) and issue 39's `ep` axis and MoE family
+    (zoo/megatron_lm_1628.py, megatron_lm_5956.py) have landed."""
 
 
 BROKEN, FIXED = "broken", "fixed"  # the case ids of a pair
