@@ -5,7 +5,7 @@
 takes the gradient for Replicate (the same on every rank) and returns this rank's slice without communication.  But
 each rank applies different experts to the gathered tokens, so each token's gradient is the sum over the ranks:
 the missing reduce-scatter left a ~14 % convergence gap (loss 1.6 against 1.4 at step 106, Qwen3-MoE 30B).  Port,
-on the tp mesh dim (the harness has no ep axis yet; the gather and its backward are the same): tokens split over
+on the tp mesh dim (written before the ep axis; the gather and its backward are the same): tokens split over
 the ranks, one expert per rank, the routing weights given.  Broken: `full_tensor()`; fixed:
 `full_tensor(grad_placements=[Partial()])` (the backward reduce-scatters, as the fix's gather does)."""
 
