@@ -57,7 +57,7 @@ def parallelize(model, ctx):
     dp, edp = ctx.size("dp"), ctx.size("edp")
     divisor = edp * ctx.impl.grad_divisor[variant(ctx)](ctx)  # the expert-DP mesh's AVG, then grad_divisor
     dense = ([ctx.group("dp")] if dp > 1 else [], 1.0)  # the AVG over all dp: dp / dp
-    experts = (ours.expert_grad_groups(ctx), divisor / dp)
+    experts = (ours.expert_grad_groups(ctx), divisor / dp)  # summed over edp, times dp / divisor
     reduce_grads(model, lambda name: experts if is_expert(name) else dense)
     return model
 
