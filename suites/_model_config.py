@@ -98,27 +98,39 @@ def make_inputs(vocab: int):
     return inputs
 
 
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
 def cases(path: str) -> list[ModelCase]:
-    """The TP case of the model at `path`: every TP size dividing its query and key/value head counts."""
+    """The model at `path` under Transformers' TP plan (`<type>-tp`: every TP size dividing its query and key/value
+    head counts) and, where it has an expert-parallel plan, under that plan with EP on the TP ranks (`<type>-ep`: ep
+    == tp, which must divide the expert count too)."""
     cfg = shrink(load(path))
     heads, kv_heads = head_counts(cfg)
+    experts = next((getattr(cfg, n) for n in EXPERT_COUNTS if getattr(cfg, n, None)), 0)
 
-    def supports(t) -> bool:
+    def tp_fits(t) -> bool:
         return t.dp == 1 and t.cp == 1 and heads % t.tp == 0 and kv_heads % t.tp == 0
 
-    moe = any(getattr(cfg, n, None) for n in ("num_experts", "num_local_experts", "n_routed_experts"))
-    return [
-        ModelCase(
+    def ep_fits(t) -> bool:
+        return tp_fits(t) and experts % t.tp == 0
+
+    def case(expert_parallel: bool) -> ModelCase:
+        return ModelCase(
             op=f"{FAMILY}.parallelize",
-            case_id=f"{cfg.model_type}-tp",
+            case_id=f"{cfg.model_type}-{'ep' if expert_parallel else 'tp'}",
             build=build(path),
-            parallelize=hf.parallelize(expert_parallel=False),
+            parallelize=hf.parallelize(expert_parallel=expert_parallel),
             make_inputs=make_inputs(cfg.vocab_size),
             model_inputs=("input_ids",),
             loss=hf.loss,
-            activation_layouts={EXPERT_ACT: Layout(tp=Shard(-1))} if moe else {},
-            supports=supports,
-            dtypes=hf.MOE_DTYPES if moe else hf.DTYPES,
+            # the experts' activation: under TP split by columns; under EP another expert on each rank (hf.py)
+            activation_layouts={EXPERT_ACT: Layout(tp=Shard(-1))} if experts and not expert_parallel else {},
+            unchecked_modules=(EXPERT_ACT,) if expert_parallel else (),
+            supports=ep_fits if expert_parallel else tp_fits,
+            dtypes=hf.MOE_DTYPES if experts else hf.DTYPES,
             params={"model_config": str(Path(path).expanduser().resolve()), "model_type": cfg.model_type},
         )
-    ]
+
+    with_ep = bool(experts and getattr(cfg, "base_model_ep_plan", None))
+    return [case(False), case(True)] if with_ep else [case(False)]

@@ -48,6 +48,28 @@ def test_shrink_keeps_the_head_counts_and_cuts_layers_widths_and_vocabulary(llam
     assert cfg.vocab_size == 64 and cfg.model_type == "llama"
 
 
+def test_a_users_moe_keeps_its_experts_and_gets_an_expert_parallel_case_too(tmp_path):
+    import transformers
+
+    from shardcheck.suites import _model_config
+
+    transformers.Qwen3MoeConfig(
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        hidden_size=256,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        intermediate_size=512,
+    ).save_pretrained(tmp_path / "moe")
+    cfg = _model_config.shrink(_model_config.load(str(tmp_path / "moe")))
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, cfg.hidden_size) == (8, 2, 64, 32)
+    cases = _model_config.cases(str(tmp_path / "moe"))
+    assert [c.case_id for c in cases] == ["qwen3_moe-tp", "qwen3_moe-ep"]
+    assert cases[1].unchecked_modules == (_model_config.EXPERT_ACT,)
+
+
 def test_a_users_llama_passes_at_tp_2_and_its_rerun_line_names_the_directory(run_shardcheck, llama_dir):
     run = run_shardcheck("run", "--model-config", str(llama_dir), *TP2)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
