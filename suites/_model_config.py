@@ -51,6 +51,13 @@ def load(path: str):
             f"--model-config {path}: model type {cfg.model_type!r} has no tensor-parallel plan in Transformers "
             "(base_model_tp_plan); nothing to check"
         )
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:  # the step is next-token cross-entropy on logits
+        raise ModelConfigError(
+            f"--model-config {path}: model type {cfg.model_type!r} has no causal-LM class in Transformers "
+            "(AutoModelForCausalLM); only causal language models are checked"
+        )
     return cfg
 
 

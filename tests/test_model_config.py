@@ -139,3 +139,11 @@ def test_a_model_type_without_a_tp_plan_is_one_line_and_exit_2(tmp_path):
     line = _one_line_exit_2("--model-config", str(tmp_path / "gpt2"), "--out", str(tmp_path / "run"))
     assert "'gpt2' has no tensor-parallel plan" in line
     assert not (tmp_path / "run").exists()
+
+
+def test_a_model_type_with_a_tp_plan_but_no_causal_lm_class_is_one_line_and_exit_2(tmp_path):
+    import transformers
+
+    transformers.AutoConfig.for_model("eurobert").save_pretrained(tmp_path / "encoder")
+    line = _one_line_exit_2("--model-config", str(tmp_path / "encoder"), "--out", str(tmp_path / "run"))
+    assert "'eurobert' has no causal-LM class" in line
