@@ -220,7 +220,12 @@ def _run(args) -> int:
     run_dir = _run_dir(args.out, run_id)
     with _pool(args, run_dir) as pool:
         with _undone_on_error(args, pool, run_dir), _collector_off(freeze=args.own_process):
+            if args.model_config is not None:
+                from shardcheck.harness.driver.model_config import add_model_config_suite
+
+                add_model_config_suite(args, run_dir)
             plan = _plan(args, pool, run_id, topologies)
+            plan.model_config = args.model_config or ""
             from shardcheck.harness.driver.launch import run_plan
             from shardcheck.harness.driver.run import close_run
             from shardcheck.reports.sinks import finish  # noqa: F401  (its imports: pandas, matplotlib)

@@ -57,6 +57,10 @@ class Item:
         return Topology(*self.topology, ep=self.ep, dp_replicate=self.dp_replicate)
 
 
+# The suite `run --model-config DIR` writes (harness/driver/model_config.py): its rerun lines name DIR instead.
+MODEL_CONFIG_SUITE = "model_config"
+
+
 @dataclass
 class Plan:
     run_id: str
@@ -70,6 +74,7 @@ class Plan:
     # {family: its default module (shardcheck.harness.rank.suite_loader.default_impl)}: what an --impl module's
     # signatures are compared with; None for a new family whose suites name no IMPLEMENTATION.
     default_impl: dict[str, str | None] = field(default_factory=dict)
+    model_config: str = ""  # `run --model-config`: the model directory (absolute) its generated suite checks
     profile: str = ""  # a folder: each rank writes its cProfile there (`shardcheck run --profile`); "" = off
     corpus: str = ""  # the fuzz corpus its fuzz items come from (absolute), for their rerun lines
     uses: dict[str, list[str]] = field(default_factory=dict)  # {op: other families its cases call (Case.uses)}

@@ -19,7 +19,7 @@ from shardcheck.harness.core.compare import merge_ranks
 from shardcheck.harness.core.events import PIECES, Checked, Done, Event, PhaseEntered, Started, Stuck
 from shardcheck.harness.core.modules import is_ours, is_path
 from shardcheck.harness.core.options import DEFAULT_TIMEOUT
-from shardcheck.harness.core.plan_data import Item, Plan, Xfail
+from shardcheck.harness.core.plan_data import MODEL_CONFIG_SUITE, Item, Plan, Xfail
 from shardcheck.harness.core.records import NO_CAUSE, RecordWriter, ResultRow, Status, Symptom
 from shardcheck.harness.driver.item_cause import Ending, Root, abort_notes, cause_words, choose_root
 from shardcheck.harness.rank.artefacts import ArtefactBudget
@@ -315,6 +315,9 @@ def rerun_command(plan: Plan, item: Item) -> str:
     dp, cp, tp = item.topology
     family = item.op.split(".", 1)[0]
     external = [arg for path in plan.suite_paths if Path(path).stem == item.suite for arg in ("--suite-path", path)]
+    families = [family, *plan.uses.get(item.op, [])]
+    if plan.model_config and item.suite == MODEL_CONFIG_SUITE:  # its suite (and module) written again from DIR
+        external, families = ["--model-config", plan.model_config], families[1:]
     args = [
         "shardcheck",
         "run",
@@ -337,7 +340,7 @@ def rerun_command(plan: Plan, item: Item) -> str:
         plan.device,
     ]
     # The other families a model case calls (Case.uses) too, each by its own --impl.
-    args += _impl_args(plan, [family, *plan.uses.get(item.op, [])])
+    args += _impl_args(plan, families)
     if item.fuzz is not None and plan.corpus:  # a fuzz case: the corpus rebuilds it from the params saved there
         args += ["--corpus", plan.corpus]
     if plan.quick:

@@ -99,6 +99,7 @@ def resolved_options(plan: Plan) -> dict:
         "quick": plan.quick,
         "suites": sorted({i.suite for i in plan.items}),
         "suite_paths": plan.suite_paths,
+        "model_config": plan.model_config,
         "world_sizes": sorted({i.world_size for i in plan.items}),
         "topologies": [str(t) for t in sorted({i.full_topology for i in plan.items})],
         "dtypes": sorted({i.dtype for i in plan.items}),
