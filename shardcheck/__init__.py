@@ -27,6 +27,7 @@ and compares every rank's outputs and input gradients with its piece of the gold
     HeadTail        CP index rule: rank r of n holds chunks r and 2n-1-r of 2n (load-balanced causal attention)
     PackedHeadTail  CP index rule: HeadTail per packed sequence, boundaries from an input (cu_seqlens_padded)
     Permuted        CP index rule: an explicit permutation held in an input (seq_index)
+    GradConvention  Case.grad_conventions: SUMMED (the sum of the ranks' upstream gradients) and/or OWN (each its own)
     GradSum         GradSum.apply(x, groups): identity whose backward sums the gradient over groups (DDP's role)
     Property        the result of one `property:<name>` check on one rank (Case.properties returns a list)
     BadInput        Case.bad_input: input outside the op's contract, judged "loud or right"
@@ -68,6 +69,7 @@ _SOURCES = {
     },
     **{name: "shardcheck.harness.core.citations" for name in ("Rule", "RuleSource", "seed", "ours")},
     "GradSum": "shardcheck.harness.core.grad_sum",
+    "GradConvention": "shardcheck.harness.core.grad_convention",
     "BadInput": "shardcheck.harness.core.bad_input",
     "RankContext": "shardcheck.harness.core.rank_context",
     "KnownFailure": "shardcheck.harness.core.known_failure",
@@ -87,6 +89,7 @@ __all__ = [
     "PackedHeadTail",
     "Permuted",
     "GradSum",
+    "GradConvention",
     "Property",
     "BadInput",
     "RankContext",
@@ -111,6 +114,7 @@ if TYPE_CHECKING:
     from shardcheck.harness.core.case import Case, Property, cite
     from shardcheck.harness.core.citations import Rule, RuleSource, ours, seed
     from shardcheck.harness.core.fuzz_space import FuzzSpace
+    from shardcheck.harness.core.grad_convention import GradConvention
     from shardcheck.harness.core.grad_sum import GradSum
     from shardcheck.harness.core.known_failure import KnownFailure
     from shardcheck.harness.core.layout import REPLICATED, HeadTail, Layout, PackedHeadTail, Permuted

@@ -24,6 +24,7 @@ from shardcheck import (
     BadInput,
     Case,
     FuzzSpace,
+    GradConvention,
     GradSum,
     HeadTail,
     Layout,
@@ -81,6 +82,7 @@ PACKED_IDS = Layout(cp=PackedHeadTail(1))
 HIDDEN_CP = Layout(dp=Shard(1), cp=HeadTail(0), tp=Shard(0))  # [S, B, H]: head-tail over CP, then SP over TP
 WEIGHT = Layout(tp=Shard(0))
 SUMMED = ("cp",)  # every CP rank's full-sequence result is its own summand of the loss
+BOTH_CONVENTIONS = (GradConvention.SUMMED, GradConvention.OWN)
 
 S = 16  # divisible by 2·CP for CP 1, 2, 4
 PADDED = 13  # a target length that is not: padded to 16 by the op
@@ -469,6 +471,9 @@ def front_end_case(spec: FrontEndSpec) -> Case:
         output_layouts=(BATCH,),
         grad_inputs=("logits",),
         summed_over=SUMMED,
+        # the seed gathers a DTensor front end's result with `full_tensor()`, whose backward keeps each rank's own
+        # upstream gradient; it fixes neither convention: both pass
+        grad_conventions=BOTH_CONVENTIONS if ids_gather else (GradConvention.SUMMED,),
         supports=supports,
         comm=with_cp_gather(tp_contract, rows, ids_gather=ids_gather),
     )

@@ -284,3 +284,26 @@ def test_broken_barrier_breaks_group(run_shardcheck):
     after = _failed(rows, "property:groups_work_after")
     assert len(after) == 1
     assert "Application timeout caused pair closure" in after.iloc[0]["message"] or "closed" in after.iloc[0]["message"]
+
+
+def test_broken_quit_when_rank0_raises(run_shardcheck):
+    """A `quit(1)` taken only when rank 0 raises loses its exception: the case raising on rank 2 cannot see it, its
+    twin raising on rank 0 does, with one finding naming it (issue 42, item 7); ours passes both."""
+    raising = (
+        "--suite",
+        "distributed_utils",
+        "--op",
+        "distributed_utils.FirstRankPerNode",
+        "--case",
+        "raises-on-rank-*",
+    )
+    impl = f"distributed_utils={BROKEN / 'distributed_utils' / 'quit_when_rank0_raises.py'}"
+    broken = run_shardcheck("run", *raising, *PROCESS_TOPOLOGY, "--impl", impl)
+    assert broken.returncode == 1, broken.stdout  # a warn under a rule of ours: --strict
+    bad = broken.rows[broken.rows["status"] != "pass"]
+    assert set(bad["case_id"]) == {"raises-on-rank-0"} and set(bad["check"]) == {"property:error_names_rank"}
+    assert "SystemExit" in bad.iloc[0]["message"] and "expected rank 0's RuntimeError" in bad.iloc[0]["message"]
+    assert len(broken.causes) == 1 and "raises-on-rank-0" in broken.stdout
+    ours = run_shardcheck("run", *raising, *PROCESS_TOPOLOGY)
+    assert ours.returncode == 0, ours.stdout
+    assert set(ours.rows["case_id"]) == {"raises-on-rank-0", "raises-on-rank-2"}

@@ -41,6 +41,7 @@ def test_the_api_is_one_documented_place():
         "PackedHeadTail",
         "Permuted",
         "GradSum",
+        "GradConvention",
         "Property",
         "BadInput",
         "RankContext",

@@ -27,6 +27,7 @@ from torch.distributed.tensor import Replicate
 from shardcheck.harness.core.bad_input import BAD_INPUT_CHECK, BadInput
 from shardcheck.harness.core.citations import COMM_RULE, DOCUMENTED_RESULT, SIGNATURE_RULE, Rule
 from shardcheck.harness.core.compare import BudgetScope
+from shardcheck.harness.core.grad_convention import GradConvention
 from shardcheck.harness.core.known_failure import KnownFailure
 from shardcheck.harness.core.layout import REPLICATED, Layout, Tensors
 from shardcheck.harness.core.memory_model import MemoryModel
@@ -96,6 +97,10 @@ class Case:
     # (e.g. a CP all-gather used by every CP rank): each rank then gets its own
     # upstream gradient and the golden gradient is that of the sum.
     summed_over: tuple[str, ...] = ()
+    # The gradients accepted for those summands, where the seed does not fix its backward's convention: the golden of
+    # the sum of every rank's upstream gradient (SUMMED), and/or of each rank's own one (OWN: DTensor's backward of a
+    # replicated output).  A gradient row records the one its ranks matched (`grad_convention`).
+    grad_conventions: tuple[GradConvention, ...] = (GradConvention.SUMMED,)
 
     # ---- extra checks
     output_checks: dict[str, OutputCheck] = field(default_factory=dict)  # replaces the numeric forward check
@@ -189,6 +194,10 @@ class Case:
             raise ValueError(f"{where}: uneven_pieces {self.uneven_pieces} names a dim outside {MESH_DIMS}")
         if not set(self.summed_over) <= set(MESH_DIMS):
             raise ValueError(f"{where}: summed_over {self.summed_over} names a dim outside {MESH_DIMS}")
+        if not self.grad_conventions or (GradConvention.OWN in self.grad_conventions and not self.summed_over):
+            raise ValueError(
+                f"{where}: grad_conventions {self.grad_conventions} needs summands (summed_over) to differ"
+            )
         for name, layout in [*self.input_layouts.items(), *zip(self.output_names, self.output_layouts)]:
             if not isinstance(layout, Layout):
                 raise ValueError(

@@ -43,6 +43,7 @@ import math
 
 import torch
 
+from shardcheck.harness.core.grad_convention import ranks_agree
 from shardcheck.harness.core.records import Status, Symptom
 
 RTOL_FLOAT64 = 1e-10
@@ -224,7 +225,7 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
     """Fold every rank's result for one check into the row's status, errors and mismatch."""
     seen = {r["rank"] for r in per_rank}
     missing = [r for r in expected_ranks if r not in seen]
-    per_rank = _precision_on_some_ranks_fails(per_rank)
+    per_rank = ranks_agree(_precision_on_some_ranks_fails(per_rank))
     status = max((r["status"] for r in per_rank), key=STATUS_ORDER.__getitem__, default=Status.ERROR)
     if missing:
         status = Status.ERROR
@@ -258,6 +259,10 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
     row.update(cause_fields(bad, missing))
     # where the check's rule comes from (shardcheck.harness.core.rules): the same on every rank
     row.update({k: next((r[k] for r in per_rank if r.get(k)), None) for k in ("rule_source", "rule_cite")})
+    # the gradient convention every rank matched (Case.grad_conventions), where a case accepts more than one
+    conventions = {r.get("grad_convention") for r in per_rank}
+    if conventions - {None}:
+        row["grad_convention"] = conventions.pop() if len(conventions) == 1 else None
     return row
 
 

@@ -158,6 +158,9 @@ class ResultRow(_Row, total=False):
     # "error" on a row its findings line demoted to `warn` (an exception only on input our rule feeds, under --impl:
     # shardcheck.harness.findings.verdicts); the status the ranks gave it
     demoted_from: str | None
+    # on a gradient row of a case accepting several conventions (Case.grad_conventions): the one every rank matched,
+    # "summed" or "own" (shardcheck.harness.core.grad_convention); None where they did not all match one
+    grad_convention: str | None
     item_seconds: float
     artefact: str  # failures/<item>/<check>.pt (the first failing items)
     error_map: str  # failures/<item>/<check>.png, drawn from the artefact by the report

@@ -35,7 +35,8 @@ class Golden:
     def __init__(self, case: Case, dtype: torch.dtype, seed: int, n_summands: int, state: dict | None = None):
         """Worked out from the case, or taken from `state` (another rank's `state()` of the same case, dtype, seed and
         summands)."""
-        self.case, self.n_summands = case, n_summands
+        self.case, self.n_summands, self.dtype = case, n_summands, dtype
+        self._own: dict[int, Golden] = {}  # summand -> the golden of that summand alone (own_summand)
         self._precision_runs: dict[str, tuple] = {}
         self._kind_scales: dict[object, float] = {}
         self._kinds: list | None = None  # each output's kind (_output_kinds), worked out once
@@ -68,6 +69,20 @@ class Golden:
         """What another rank needs to make the same golden without working it out (`Golden(..., state=...)`)."""
         names = ("inputs", "upstream", "outputs", "grads", "naive_outputs", "naive_grads")
         return {name: getattr(self, name) for name in names}
+
+    def own_summand(self, summand: int) -> Golden:
+        """The golden of summand `summand`'s upstream gradient alone (GradConvention.OWN: a rank's own upstream
+        gradient, as DTensor's backward of a replicated output takes it), worked out once, when asked."""
+        if summand not in self._own:
+            state = {**self.state(), "upstream": [g if g is None else g[summand : summand + 1] for g in self.upstream]}
+            own = Golden(self.case, self.dtype, 0, 1, state=state)
+            exact = {k: v.double() if is_float(v) else v for k, v in self.inputs.items()}
+            own.grads = own._reference(self.case, exact, None, 1)[1]
+            own.naive_grads = (
+                own.grads if self.dtype == torch.float64 else own._reference(self.case, self.inputs, None, 1)[1]
+            )
+            self._own[summand] = own
+        return self._own[summand]
 
     def output_scale(self, index: int) -> float:
         """The scale of output `index`'s kind (compare.budget's floor): the largest finite golden magnitude among the

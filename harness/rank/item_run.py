@@ -7,6 +7,7 @@ judging of one tensor is harness/rank/judge.py (tensors in, verdicts out); emitt
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ import torch
 
 from shardcheck.harness.core.bad_input import BAD_INPUT_CHECK
 from shardcheck.harness.core.case import Case, as_tuple
+from shardcheck.harness.core.grad_convention import GradConvention
 from shardcheck.harness.core.layout import REPLICATED, Layout
 from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
 from shardcheck.harness.core.model_case import StepCase, step_order
@@ -390,17 +392,45 @@ class ItemRun:
                     check, Status.FAIL, message=f"no gradient reached input {name!r}", symptom=Symptom.NO_GRADIENT
                 )
                 continue
-            place = Placement(case.input_layouts.get(name, REPLICATED), self.mesh, golden.inputs)
-            expected = place.local(golden.grads[name])
             if not isinstance(x.grad, torch.Tensor):
                 self._emit_not_a_tensor(check, x.grad)
                 continue
+            place = Placement(case.input_layouts.get(name, REPLICATED), self.mesh, golden.inputs)
+            self._emit_verdict(*self._gradient_verdict(call, name, check, place))
+        return True
+
+    def _gradient_verdict(
+        self, call: Call, name: str, check: str, place: Placement
+    ) -> tuple[Verdict, PrecisionRun | None]:
+        """(verdict, its precision run) of input `name`'s gradient under the first of the case's conventions
+        (Case.grad_conventions) it matches, before the precision step, else after it; matching none, the first
+        convention's, its message naming every one tried.  The row records the convention matched."""
+        case, x = call.case, call.local[name]
+        several = len(case.grad_conventions) > 1
+        tried = []
+        for convention in case.grad_conventions:
+            golden = call.golden
+            if convention == GradConvention.OWN:
+                golden = golden.own_summand(_summand_index(case, self.mesh))
             budget = Budget(
                 golden.grads[name], golden.naive_grads[name], x.dtype, case.budget_scope, golden.grad_scale()
             )
-            verdict = self._measure(Comparison(check, x.grad, expected, budget, place, x.grad.dtype))
-            self._emit_verdict(verdict, PrecisionRun(golden, lambda run, name=name: run[1][name], call.ctx.dtype))
-        return True
+            comparison = Comparison(check, x.grad, place.local(golden.grads[name]), budget, place, x.grad.dtype)
+            verdict = self._measure(comparison) if not tried else measure(comparison)[0]
+            precision = PrecisionRun(golden, lambda run: run[1][name], call.ctx.dtype)
+            if verdict.status == Status.PASS:
+                return _with_convention(verdict, convention if several else None), precision
+            tried.append((convention, verdict, precision))
+        if not several:
+            return tried[0][1], tried[0][2]
+        settled = [(c, settle(v, p)) for c, v, p in tried]
+        for convention, verdict in settled:
+            if verdict.status != Status.FAIL:
+                return _with_convention(verdict, convention), None
+        words = "; ".join(f"{c.words}: err/budget {v.ratio:.3g}" for c, v in settled)
+        first = settled[0][1]
+        message = "; ".join(m for m in (first.message, f"matches no accepted gradient convention ({words})") if m)
+        return dataclasses.replace(first, message=message), None
 
     def _emit_not_a_tensor(self, check: str, got: object) -> None:
         message = f"got {type(got).__name__}, expected a tensor"
@@ -489,6 +519,13 @@ def _call_op(call: Call):
     """The case's run of the op under test (its forward), its collectives counted."""
     with call.counter:
         return call.case.run(call.impl, call.ctx, call.local)
+
+
+def _with_convention(verdict: Verdict, convention: GradConvention | None) -> Verdict:
+    """`verdict` whose row records the gradient convention it matched (None: the case accepts one only)."""
+    if convention is None:
+        return verdict
+    return dataclasses.replace(verdict, stats={**verdict.stats, "grad_convention": str(convention)})
 
 
 def _summand_index(case: Case, mesh) -> int:
