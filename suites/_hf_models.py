@@ -27,7 +27,6 @@ MOE_MODELS = ("qwen3_moe",)
 MOE_DTYPES = ("float64", "float32")  # bfloat16 flips a router's top-k between two correct runs (suites/hf.py)
 
 
-
 def hf_missing() -> str | None:
     """Why the Transformers cases cannot run here, or None."""
     for module in ("transformers", "accelerate"):
