@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from shardcheck.harness.core.topology import MESH_DIMS  # noqa: E402
+from shardcheck.harness.core.topology import MESH_DIMS, topology_label  # noqa: E402
 
 MAX_CELLS = 240  # per displayed axis; longer axes are max-pooled into bins
 RATIO_FLOOR = 1e-3  # ratios below show as the floor colour
@@ -231,8 +231,11 @@ def draw_artefact(artefact: Path, path: Path, worst: list[int] | None = None) ->
     """The error map of a saved failure artefact (`failures/<item>/<check>.pt`, harness/rank/artefacts.py), to
     `path`."""
     full = torch.load(artefact, weights_only=False)
-    topo = full["topology"]
-    title = (
-        f"{full['op']} [{full['case_id']}] dp{topo['dp']}-cp{topo['cp']}-tp{topo['tp']} {full['dtype']} {full['check']}"
-    )
-    return draw_error_map(full["abs_err"], full["budget"], full["shards"], title, path, worst=worst)
+    return draw_error_map(full["abs_err"], full["budget"], full["shards"], artefact_title(full), path, worst=worst)
+
+
+def artefact_title(full: dict) -> str:
+    """An error map's title: op, case, topology as Topology names it ("dp4-ep2-cp1-tp1"; an artefact saved before
+    ep and dp_replicate: 1), dtype, check."""
+    topology = topology_label(full["topology"])
+    return f"{full['op']} [{full['case_id']}] {topology} {full['dtype']} {full['check']}"
