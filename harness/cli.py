@@ -298,7 +298,9 @@ def cmd_fuzz(args) -> int:
         raise UsageError(f"world sizes must be positive, got {args.world_sizes}")
     topologies = [Topology.parse(t) for t in args.topology or []]
     settings = RunSettings.of_args(args, *_device_and_backend(args.device, topologies, args.world_sizes))
-    topologies = topologies or default_topologies(args.world_sizes or list(DEFAULT_WORLD_SIZES))
+    sizes = args.world_sizes or list(DEFAULT_WORLD_SIZES)
+    # the expert-parallel ones too: a space whose cases run expert parallelism draws them (others never see them)
+    topologies = topologies or default_topologies(sizes) + expert_topologies(sizes)
     run_id = "fuzz-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
     run_dir = _run_dir(args.out, run_id)
     corpus = corpus_dir(args.corpus).resolve()
