@@ -18,6 +18,7 @@ from torch.distributed.tensor import Shard
 from shardcheck.harness.core.layout import HeadTail, Layout
 from shardcheck.harness.core.options import RunSettings
 from shardcheck.harness.core.plan_data import Item, Plan
+from shardcheck.harness.core.topology import Topology, named_coords
 from shardcheck.harness.driver.collect import glob_escape, rerun_command
 from shardcheck.harness.rank.artefacts import ArtefactBudget, reassemble
 from shardcheck.reports.error_map import artefact_title, draw_artefact, draw_error_map, segments, shown_dims
@@ -247,3 +248,17 @@ def test_artefacts_of_topologies_differing_only_in_ep_or_dp_replicate_never_merg
     ]
     old = {**fulls[0], "topology": {"dp": 2, "cp": 1, "tp": 2}}  # an artefact saved before ep and dp_replicate
     assert "dp2-cp1-tp2 float32" in artefact_title(old)
+
+
+def test_expert_shards_are_labelled_by_their_ep_coordinate():
+    topology = Topology(4, ep=2)
+    sizes = {"dp": 4, "cp": 1, "tp": 1, "ep": 2}
+    shards = {}
+    for rank in range(4):
+        coords = named_coords({"dp": rank, "cp": 0, "tp": 0}, topology)
+        shards[rank] = {"coords": coords, "indices": Layout(ep=Shard(0)).indices((4, 3), coords, sizes)}
+    # experts over ep: dp ranks 0 and 2 hold experts 0-1, ranks 1 and 3 experts 2-3
+    assert segments(0, shards) == [(0, 2, "ep0"), (2, 4, "ep1")]
+    # tokens over the whole dp group: dp tells the pieces apart (ep alone does not)
+    tokens = {r: {**s, "indices": Layout(dp=Shard(0)).indices((8, 3), s["coords"], sizes)} for r, s in shards.items()}
+    assert [label for _, _, label in segments(0, tokens)] == ["dp0", "dp1", "dp2", "dp3"]

@@ -447,7 +447,7 @@ class ItemRun:
                 "budget": limit,
                 "full_shape": tuple(c.budget.gold_full.shape),
                 "failed": verdict.status == Status.FAIL,
-                "coords": mesh_coords(place.mesh),
+                "coords": named_coords(mesh_coords(place.mesh), self.item.full_topology),
             }
             if arriving:  # the step's first failing check on this rank replaces a later one's
                 self.pieces = {k: p for k, p in self.pieces.items() if step_order(k) is None}
