@@ -30,3 +30,21 @@ def test_a_rank_is_named_with_dps_parts_only_where_the_topology_splits_dp():
     }
     row = {"rank": 2, "coords": _coords_of(2, Topology(4, dp_replicate=2)), "status": "error", "message": "boom"}
     assert describe(row) == "rank 2 (dp=2, dp_replicate=1, dp_shard=0, cp=0, tp=0): boom"
+
+
+def _wrong(check: str, factor: float, **split) -> dict:
+    """A model step's row whose tensor is `factor` times its golden, at dp 8 (and `split`)."""
+    mismatch = {"expected": 1.5, "got": 1.5 * factor}
+    common = dict(symptom="values", case_id="c", dp=8, cp=1, tp=1, dtype="float64")
+    return dict(check=check, mismatch=mismatch, max_rel_err=factor - 1, **common, **split)
+
+
+def test_the_common_factor_keeps_items_differing_only_in_ep_apart_and_names_ep():
+    from shardcheck.harness.findings.common_factor import factor_text
+
+    expert = [_wrong("forward:dparam:w1", 2.0, ep=2), _wrong("forward:dparam:w2", 2.0, ep=2)]
+    assert factor_text(expert) == "every wrong tensor ×2 = ep"  # edp is 4 here, dp 8
+    plain = [_wrong("forward:dparam:w1", 4.0, ep=1), _wrong("forward:dparam:w2", 4.0, ep=1)]
+    assert factor_text(plain + expert) == (
+        "every wrong tensor of a step off by one factor: ×4 at dp8-cp1-tp1, ×2 at dp8-ep2-cp1-tp1"
+    )
