@@ -1,4 +1,4 @@
-"""How failure messages name a rank: (dp, cp, tp), with dp's parts where the topology splits dp (ep and edp where
+"""Where the data-parallel splits (ep, dp_replicate) must show: how failure messages name a rank: (dp, cp, tp), with dp's parts where the topology splits dp (ep and edp where
 ep > 1, HSDP's dp_replicate and dp_shard where dp_replicate > 1), alike from the rank's own rows and from the driver
 (a rank that reported nothing)."""
 
@@ -48,3 +48,27 @@ def test_the_common_factor_keeps_items_differing_only_in_ep_apart_and_names_ep()
     assert factor_text(plain + expert) == (
         "every wrong tensor of a step off by one factor: ×4 at dp8-cp1-tp1, ×2 at dp8-ep2-cp1-tp1"
     )
+
+
+def test_a_hang_budget_skips_its_ops_items_at_its_whole_topology_only():
+    from types import SimpleNamespace
+
+    from shardcheck.harness.core.plan_data import Item
+    from shardcheck.harness.driver.launch import _hang_budget
+
+    def item(i: int, **split) -> Item:
+        return Item(i, "moe", "moe.dispatch", "c", "float64", (4, 1, 1), 4, 0, ["forward"], **split)
+
+    skipped = {}
+    collector = SimpleNamespace(finished=set())
+
+    def skip(it, reason):
+        skipped[it.id] = reason
+        collector.finished.add(it.id)
+
+    collector.skip = skip
+    world = SimpleNamespace(progress=SimpleNamespace(done=lambda items: None))
+    hung, same, plain, hsdp = item(0, ep=2), item(1, ep=2), item(2), item(3, dp_replicate=2)
+    left = _hang_budget(world, collector, hung, "hung", [same, plain, hsdp])
+    assert left == [plain, hsdp] and list(skipped) == [1]
+    assert "at dp4-ep2-cp1-tp1;" in skipped[1]
