@@ -1,6 +1,6 @@
-"""Where the data-parallel splits (ep, dp_replicate) must show: how failure messages name a rank: (dp, cp, tp), with dp's parts where the topology splits dp (ep and edp where
-ep > 1, HSDP's dp_replicate and dp_shard where dp_replicate > 1), alike from the rank's own rows and from the driver
-(a rank that reported nothing)."""
+"""Where the data-parallel splits (ep, dp_replicate) must show: how failure messages name a rank ((dp, cp, tp) with
+dp's parts where the topology splits dp, alike from the rank's rows and the driver), the common factor's items and
+names, and the hang budget's topology."""
 
 from __future__ import annotations
 
