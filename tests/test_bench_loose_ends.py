@@ -173,3 +173,21 @@ def test_benchmark_json_names_and_params_carry_ep_and_dp_replicate(tmp_path):
         "moe.MoE[b2s8-dp4r2-cp1-tp1-float32]",
     ]
     assert [(b["params"]["ep"], b["params"]["dp_replicate"]) for b in doc["benchmarks"]] == [(1, 1), (2, 1), (1, 2)]
+
+
+def test_a_sweep_over_a_mesh_dim_keeps_ep_and_dp_replicate_apart():
+    from shardcheck.reports.report import sweep_lines
+
+    rows = pd.DataFrame(
+        [
+            {"op": "moe.MoE", "dp": 4, "cp": 1, "tp": 1, "dtype": "float32"},
+            {"op": "moe.MoE", "dp": 4, "cp": 1, "tp": 1, "ep": 2, "dtype": "float32"},
+            {"op": "moe.MoE", "dp": 4, "cp": 1, "tp": 1, "dp_replicate": 2, "dtype": "float32"},
+        ]
+    )
+    assert list(sweep_lines(rows, "dp")) == ["MoE float32", "MoE ep2 float32", "MoE r2 float32"]
+    assert list(sweep_lines(rows, "S")) == [
+        "MoE dp4-cp1-tp1 float32",
+        "MoE dp4-ep2-cp1-tp1 float32",
+        "MoE dp4r2-cp1-tp1 float32",
+    ]
