@@ -303,7 +303,9 @@ def cmd_fuzz(args) -> int:
         raise UsageError(f"world sizes must be positive, got {args.world_sizes}")
     topologies = [Topology.parse(t) for t in args.topology or []]
     settings = RunSettings.of_args(args, *_device_and_backend(args.device, topologies, args.world_sizes))
-    topologies = topologies or default_topologies(args.world_sizes or list(DEFAULT_WORLD_SIZES))
+    sizes = args.world_sizes or list(DEFAULT_WORLD_SIZES)
+    # the expert-parallel ones too: a space whose cases run expert parallelism draws them (others never see them)
+    topologies = topologies or default_topologies(sizes) + expert_topologies(sizes)
     run_id = "fuzz-" + dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
     run_dir = _run_dir(args.out, run_id)
     corpus = corpus_dir(args.corpus).resolve()
@@ -440,11 +442,17 @@ def cmd_list(args) -> int:
         cases = suite_cases(name, args.quick, suite_paths=paths)
         print(f"suite {name}" + (f" (external: {external[name]}):" if name in external else ":"))
         for op in dict.fromkeys(c.op for c in cases):
-            n = sum(c.op == op for c in cases)
-            print(f"  {op}  ({n} case{'s' if n != 1 else ''})")
+            of_op = [c for c in cases if c.op == op]
+            # which of its cases also run at ep > 1 (Case.expert_parallel) or HSDP topologies (Case.hsdp)
+            splits = [f"{sum(c.expert_parallel for c in of_op)} expert-parallel"] * any(
+                c.expert_parallel for c in of_op
+            )
+            splits += [f"{sum(c.hsdp for c in of_op)} HSDP"] * any(c.hsdp for c in of_op)
+            print(f"  {op}  ({len(of_op)} case{'s' if len(of_op) != 1 else ''}{''.join('; ' + s for s in splits)})")
     print("default topologies: " + " ".join(str(t) for t in default_topologies(list(DEFAULT_WORLD_SIZES))))
     experts = expert_topologies(list(DEFAULT_WORLD_SIZES))
     print("expert-parallel topologies (cases that run ep): " + " ".join(str(t) for t in experts))
+    print("HSDP topologies (cases that run HSDP): given with --topology, e.g. dp=4,dp_replicate=2 (dp4r2-cp1-tp1)")
     print("default dtypes: " + ",".join(DEFAULT_DTYPES))
     corpus = corpus_dir(args.corpus)
     entries = load_corpus(corpus)

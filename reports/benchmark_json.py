@@ -12,6 +12,9 @@ import pandas as pd
 import pytest_benchmark
 from pytest_benchmark.stats import Stats
 
+from shardcheck.harness.core.records import with_mesh_splits
+from shardcheck.harness.core.topology import topology_label
+
 BENCHMARK_JSON = "benchmark.json"
 
 
@@ -25,12 +28,12 @@ def _stats(times_ms: list[float]) -> dict:
 def write(run_dir: Path, df: pd.DataFrame, meta: dict) -> Path | None:
     if "times_ms" not in df:
         return None
-    bench = df[(df["check"] == "bench") & df["times_ms"].notna()]
+    bench = with_mesh_splits(df[(df["check"] == "bench") & df["times_ms"].notna()])
     if bench.empty:
         return None
     benchmarks = []
     for _, r in bench.iterrows():
-        param = f"{r['case_id']}-dp{r['dp']}-cp{r['cp']}-tp{r['tp']}-{r['dtype']}"
+        param = f"{r['case_id']}-{topology_label(r)}-{r['dtype']}"  # "dp4-ep2-cp1-tp1" where ep > 1
         extra = {
             k: r[k]
             for k in (
@@ -59,6 +62,8 @@ def write(run_dir: Path, df: pd.DataFrame, meta: dict) -> Path | None:
                     "dp": int(r["dp"]),
                     "cp": int(r["cp"]),
                     "tp": int(r["tp"]),
+                    "ep": int(r["ep"]),
+                    "dp_replicate": int(r["dp_replicate"]),
                     "dtype": r["dtype"],
                 },
                 "param": param,

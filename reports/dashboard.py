@@ -25,12 +25,21 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from shardcheck.harness.core.records import MACHINE_KEYS, RUN_META, Status, load, machine_label  # noqa: E402
+from shardcheck.harness.core.records import (  # noqa: E402
+    MACHINE_KEYS,
+    RUN_META,
+    Status,
+    load,
+    machine_label,
+    with_mesh_splits,
+)
+from shardcheck.harness.core.topology import topology_name  # noqa: E402
 from shardcheck.reports.regression import PASSED, change_notes, status_diff  # noqa: E402
 
 DASHBOARD = "dashboard.html"
-LINE_KEY = ["dp", "cp", "tp", "dtype", "device", "device_name"]
-CHECK_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "device", "device_name", "check"]
+# ep and dp_replicate in the keys: two topologies differing only there are two lines, never one
+LINE_KEY = ["dp", "cp", "tp", "ep", "dp_replicate", "dtype", "device", "device_name"]
+CHECK_KEY = ["op", "case_id", "dp", "cp", "tp", "ep", "dp_replicate", "dtype", "device", "device_name", "check"]
 STATUSES = [Status.PASS, Status.WARN, Status.FAIL, Status.ERROR, Status.SKIP, Status.XFAIL, Status.XPASS]
 STATUS_COLOURS = {
     "pass": "#4caf50",
@@ -70,7 +79,7 @@ def load_runs(run_dirs: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     runs = pd.DataFrame(runs).sort_values(["start", "run_id"], kind="stable").reset_index(drop=True)
     runs["index"] = range(len(runs))
     runs["label"] = [f"{r.commit or 'no commit'}\n{r.start.replace('T', ' ')[5:16]}" for r in runs.itertuples()]
-    rows = pd.concat(frames, ignore_index=True)
+    rows = with_mesh_splits(pd.concat(frames, ignore_index=True))  # runs before ep or HSDP: 1
     rows["run"] = rows["run_dir"].map(dict(zip(runs["dir"], runs["index"])))
     for col in ("time_ms", "time_ms_iqr", "peak_bytes"):
         if col not in rows:
@@ -169,8 +178,10 @@ def _png(fig) -> str:
 
 
 def _line_name(key: tuple) -> str:
-    dp, cp, tp, dtype, device, device_name = key
-    return f"dp{dp}-cp{cp}-tp{tp} {dtype} {device}" + (f" ({device_name})" if device_name else "")
+    dp, cp, tp, ep, dp_replicate, dtype, device, device_name = key
+    return f"{topology_name(dp, cp, tp, ep, dp_replicate)} {dtype} {device}" + (
+        f" ({device_name})" if device_name else ""
+    )
 
 
 def bench_figure(op: str, case_id: str, rows: pd.DataFrame, runs: pd.DataFrame, marks: pd.DataFrame) -> str:

@@ -19,7 +19,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from shardcheck.harness.core.topology import MESH_DIMS  # noqa: E402
+from shardcheck.harness.core.topology import MESH_DIMS, topology_label  # noqa: E402
+
+DP_PARTS = ("ep", "edp", "dp_replicate", "dp_shard")  # dp's coordinates where a topology splits dp
 
 MAX_CELLS = 240  # per displayed axis; longer axes are max-pooled into bins
 RATIO_FLOOR = 1e-3  # ratios below show as the floor colour
@@ -44,7 +46,7 @@ def segments(dim: int, shards: dict[int, dict]) -> list[tuple[int, int, str]]:
     if len(groups) < 2:
         return []
     firsts = [shards[ranks[0]]["coords"] for ranks in groups.values()]
-    varying = [m for m in MESH_DIMS if len({c[m] for c in firsts}) > 1]
+    varying = _telling_dims(firsts)
     out = []
     for positions, ranks in groups.items():
         coords = shards[ranks[0]]["coords"]
@@ -61,6 +63,17 @@ def segments(dim: int, shards: dict[int, dict]) -> list[tuple[int, int, str]]:
             if p is not None:
                 prev = p
     return sorted(out)
+
+
+def _telling_dims(firsts: list[dict]) -> list[str]:
+    """The mesh dims whose coordinates tell the pieces apart: (dp, cp, tp), or dp's parts (ep, edp; HSDP's
+    dp_replicate, dp_shard) in dp's place where they tell them apart in as few dims: experts over ep are 'ep0',
+    'ep1'; tokens over the whole dp group stay 'dp0' .. 'dp3'."""
+    varying = [m for m in (*MESH_DIMS, *DP_PARTS) if len({c.get(m) for c in firsts}) > 1]
+    by_dp = [m for m in varying if m not in DP_PARTS]
+    by_parts = [m for m in varying if m != "dp"]
+    tells = len({tuple(c.get(m) for m in by_parts) for c in firsts}) == len(firsts)
+    return by_parts if by_parts != by_dp and tells and len(by_parts) <= len(by_dp) else by_dp
 
 
 def _reduce(ratio: np.ndarray, dims: list[int]) -> np.ndarray:
@@ -231,8 +244,11 @@ def draw_artefact(artefact: Path, path: Path, worst: list[int] | None = None) ->
     """The error map of a saved failure artefact (`failures/<item>/<check>.pt`, harness/rank/artefacts.py), to
     `path`."""
     full = torch.load(artefact, weights_only=False)
-    topo = full["topology"]
-    title = (
-        f"{full['op']} [{full['case_id']}] dp{topo['dp']}-cp{topo['cp']}-tp{topo['tp']} {full['dtype']} {full['check']}"
-    )
-    return draw_error_map(full["abs_err"], full["budget"], full["shards"], title, path, worst=worst)
+    return draw_error_map(full["abs_err"], full["budget"], full["shards"], artefact_title(full), path, worst=worst)
+
+
+def artefact_title(full: dict) -> str:
+    """An error map's title: op, case, topology as Topology names it ("dp4-ep2-cp1-tp1"; an artefact saved before
+    ep and dp_replicate: 1), dtype, check."""
+    topology = topology_label(full["topology"])
+    return f"{full['op']} [{full['case_id']}] {topology} {full['dtype']} {full['check']}"

@@ -395,6 +395,21 @@ def _comm_text(calls) -> str:
 MESH_AXES = ("dp", "cp", "tp")  # a sweep over a mesh dim: x is the topology's size there
 
 
+def sweep_lines(rows: pd.DataFrame, axis: str) -> pd.Series:
+    """Each bench row's line in the sweep over `axis`: op, topology (over a mesh dim: only its ep and dp_replicate,
+    so that dp4 and dp4-ep2 stay two lines), dtype."""
+    if axis in MESH_AXES:
+        rows = with_mesh_splits(rows)
+        where = [
+            " ".join([f"ep{ep}"] * (ep != 1) + [f"r{r}"] * (r != 1)) for ep, r in zip(rows["ep"], rows["dp_replicate"])
+        ]
+        topology = pd.Series(where, index=rows.index, dtype=str)
+    else:
+        topology = _topology(rows)
+    parts = zip(rows["op"].str.split(".").str[-1], topology, rows["dtype"])
+    return pd.Series([" ".join(filter(None, p)) for p in parts], index=rows.index, dtype=str)
+
+
 def sweep_plots(df: pd.DataFrame, run_dir: Path) -> list[Path]:
     """Time and peak memory against each swept parameter (params['sweep']), one line per op and topology."""
     # (a sweep naming no number of its params is refused at planning; rows of older runs are left out)
@@ -411,14 +426,7 @@ def sweep_plots(df: pd.DataFrame, run_dir: Path) -> list[Path]:
     paths = []
     for axis, rows in b.groupby(b["params"].map(lambda p: p["sweep"])):
         x = rows[axis] if axis in MESH_AXES else rows["params"].map(lambda p, axis=axis: p[axis])
-        rows = rows.assign(
-            x=x.astype(float),
-            line=rows["op"].str.split(".").str[-1]
-            + " "
-            + ("" if axis in MESH_AXES else _topology(rows))
-            + " "
-            + rows["dtype"],
-        )
+        rows = rows.assign(x=x.astype(float), line=sweep_lines(rows, axis))
         fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
         for line, g in rows.sort_values("x").groupby("line"):
             ax_t.errorbar(g["x"], g["time_ms"], yerr=g["time_ms_iqr"] / 2, marker="o", capsize=3, label=line)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shardcheck import Topology
+from shardcheck.harness.core.fuzz_space import topology_params
 
 DTYPES = ("float64", "float32", "bfloat16")
 
@@ -19,10 +20,22 @@ def st():
     return strategies
 
 
-def topology(topologies: list[Topology], legal: Callable[[Topology], bool] = lambda t: True, cp: bool = False):
-    """A legal topology among `topologies` (cp > 1 only when `cp`), smallest first, as [dp, cp, tp]."""
-    ok = sorted((t for t in topologies if (cp or t.cp == 1) and legal(t)), key=lambda t: (t.size, t.tp, t.cp, t.dp))
-    return st().sampled_from([[t.dp, t.cp, t.tp] for t in ok]) if ok else st().nothing()
+def topology(
+    topologies: list[Topology],
+    legal: Callable[[Topology], bool] = lambda t: True,
+    cp: bool = False,
+    expert_parallel: bool = False,
+    hsdp: bool = False,
+):
+    """A legal topology among `topologies` (cp > 1 only when `cp`; ep > 1 only when `expert_parallel`, dp_replicate
+    > 1 only when `hsdp`, as Case.runs_on), smallest first, as `topology_params` writes it ([dp, cp, tp], with ep
+    and dp_replicate where either is > 1)."""
+
+    def fits(t: Topology) -> bool:
+        return (cp or t.cp == 1) and (expert_parallel or t.ep == 1) and (hsdp or t.dp_replicate == 1) and legal(t)
+
+    ok = sorted(filter(fits, topologies), key=lambda t: (t.size, t.tp, t.cp, t.dp, t.ep, t.dp_replicate))
+    return st().sampled_from([topology_params(t) for t in ok]) if ok else st().nothing()
 
 
 def multiple_of(n: int, most: int, least: int = 1):

@@ -4,6 +4,9 @@ and run.json's machine makes compare and dashboard judge only memory and collect
 
 from __future__ import annotations
 
+import json
+
+import pandas as pd
 from helpers import FIXTURES, cli
 
 BAD_SWEEP = f"""
@@ -138,3 +141,53 @@ def test_dashboard_across_machines_marks_memory_not_time(tmp_path):
     path, _ = build_dashboard(dirs, tmp_path / "out")
     page = path.read_text()
     assert "These runs come from 2 machines" in page and BOX_A["cpu"] in page and BOX_B["cpu"] in page
+
+
+def test_benchmark_json_names_and_params_carry_ep_and_dp_replicate(tmp_path):
+    from shardcheck.reports import benchmark_json
+
+    def row(**split):
+        return {
+            "op": "moe.MoE",
+            "case_id": "b2s8",
+            "check": "bench",
+            "dp": 4,
+            "cp": 1,
+            "tp": 1,
+            **split,
+            "dtype": "float32",
+            "params": {"b": 2},
+            "device": "cpu",
+            "iters": 3,
+            "warmup": 1,
+            "times_ms": [1.0, 2.0, 3.0],
+        }
+
+    df = pd.DataFrame([row(), row(ep=2), row(dp_replicate=2)])
+    doc = json.loads(benchmark_json.write(tmp_path, df, {}).read_text())
+    names = [b["name"] for b in doc["benchmarks"]]
+    # three topologies, three distinct names (pytest-benchmark compare keys by name)
+    assert names == [
+        "moe.MoE[b2s8-dp4-cp1-tp1-float32]",
+        "moe.MoE[b2s8-dp4-ep2-cp1-tp1-float32]",
+        "moe.MoE[b2s8-dp4r2-cp1-tp1-float32]",
+    ]
+    assert [(b["params"]["ep"], b["params"]["dp_replicate"]) for b in doc["benchmarks"]] == [(1, 1), (2, 1), (1, 2)]
+
+
+def test_a_sweep_over_a_mesh_dim_keeps_ep_and_dp_replicate_apart():
+    from shardcheck.reports.report import sweep_lines
+
+    rows = pd.DataFrame(
+        [
+            {"op": "moe.MoE", "dp": 4, "cp": 1, "tp": 1, "dtype": "float32"},
+            {"op": "moe.MoE", "dp": 4, "cp": 1, "tp": 1, "ep": 2, "dtype": "float32"},
+            {"op": "moe.MoE", "dp": 4, "cp": 1, "tp": 1, "dp_replicate": 2, "dtype": "float32"},
+        ]
+    )
+    assert list(sweep_lines(rows, "dp")) == ["MoE float32", "MoE ep2 float32", "MoE r2 float32"]
+    assert list(sweep_lines(rows, "S")) == [
+        "MoE dp4-cp1-tp1 float32",
+        "MoE dp4-ep2-cp1-tp1 float32",
+        "MoE dp4r2-cp1-tp1 float32",
+    ]

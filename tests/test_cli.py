@@ -149,3 +149,14 @@ def test_report_of_a_run_without_rows_is_one_line_and_exit_2(capsys, tmp_path):
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"shardcheck: error: {tmp_path}: results.jsonl holds no result rows (the run recorded no check)"]
+
+
+def test_list_says_which_cases_run_expert_parallel_or_hsdp_topologies(capsys):
+    train_step = ROOT / "tests" / "model_cases" / "train_step" / "train_step.py"
+    assert main(["list", "--suite-path", str(train_step)]) == 0
+    out = capsys.readouterr().out
+    assert "  moe.parallelize  (2 cases; 2 expert-parallel)\n" in out
+    assert "  train_step.parallelize_hsdp  (1 case; 1 HSDP)\n" in out
+    assert "  train_step.parallelize  (2 cases)\n" in out  # neither: no mark
+    assert "expert-parallel topologies (cases that run ep): dp2-ep2-cp1-tp1 dp4-ep2-cp1-tp1 dp4-ep4-cp1-tp1" in out
+    assert "HSDP topologies (cases that run HSDP): given with --topology, e.g. dp=4,dp_replicate=2" in out

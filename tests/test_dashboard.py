@@ -8,7 +8,7 @@ import json
 import pandas as pd
 from helpers import cli
 
-from shardcheck.reports.dashboard import build_dashboard, load_runs, regressions, status_counts
+from shardcheck.reports.dashboard import LINE_KEY, _line_name, build_dashboard, load_runs, regressions, status_counts
 
 
 def _bench(time_ms, peak=1000, iqr=0.2, dtype="float32", device="cpu", case_id="bench-S-1024", status="pass"):
@@ -139,3 +139,24 @@ def test_a_run_that_stopped_running_checks_or_fails_new_ones_counts_them(tmp_pat
     table = status_counts(runs, rows)
     assert list(table["new failures"]) == [0, 2, 0]
     assert list(table["not run"]) == [0, 4, 0]
+
+
+def test_topologies_differing_only_in_ep_or_dp_replicate_are_separate_lines(tmp_path):
+    def at(time_ms, **split):
+        return {**_bench(time_ms), "dp": 4, **split}
+
+    # per run: plain dp4 at 40 ms, dp4-ep2 at 10 ms, dp4r2 at 20 ms; one line of the three would see 10 -> 40 as a
+    # regression within the run and between runs
+    rows = [at(40.0), at(10.0, ep=2), at(20.0, dp_replicate=2)]
+    dirs = [
+        _run(tmp_path, "a", "2026-11-01T10:00:00", "aaaaaaaa1", rows),
+        _run(tmp_path, "b", "2026-11-02T10:00:00", "bbbbbbbb1", rows),
+    ]
+    runs, loaded = load_runs(dirs)
+    assert len(regressions(loaded, max_slowdown=10.0, max_memory_growth=5.0)) == 0
+    lines = sorted(_line_name(key) for key, _ in loaded.groupby(LINE_KEY))
+    assert lines == [
+        "dp4-cp1-tp1 float32 cpu (x86_64)",
+        "dp4-ep2-cp1-tp1 float32 cpu (x86_64)",
+        "dp4r2-cp1-tp1 float32 cpu (x86_64)",
+    ]

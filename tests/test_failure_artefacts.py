@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import shlex
@@ -17,9 +18,10 @@ from torch.distributed.tensor import Shard
 from shardcheck.harness.core.layout import HeadTail, Layout
 from shardcheck.harness.core.options import RunSettings
 from shardcheck.harness.core.plan_data import Item, Plan
+from shardcheck.harness.core.topology import Topology, named_coords
 from shardcheck.harness.driver.collect import glob_escape, rerun_command
 from shardcheck.harness.rank.artefacts import ArtefactBudget, reassemble
-from shardcheck.reports.error_map import draw_artefact, draw_error_map, segments, shown_dims
+from shardcheck.reports.error_map import artefact_title, draw_artefact, draw_error_map, segments, shown_dims
 
 WRONG_OFFSET = ("--impl", f"model_utils={BROKEN / 'model_utils' / 'wrong_vocab_offset.py'}")
 TP2 = ("--topology", "dp=1,cp=1,tp=2", "--dtype", "float64", "--quick")
@@ -218,3 +220,45 @@ def test_failing_run_leaves_artefacts_error_maps_and_rerun_lines_that_reproduce(
             assert r["max_abs_err"] == before.loc[r["check"], "max_abs_err"]
             assert r["mismatch"]["global_index"] == before.loc[r["check"], "mismatch"]["global_index"]
     assert _rerun_lines(proc.stdout) == [line]
+
+
+def test_artefacts_of_topologies_differing_only_in_ep_or_dp_replicate_never_merge(tmp_path):
+    pieces_dir = tmp_path / "pieces"
+    pieces_dir.mkdir()
+    sizes = {"dp": 4, "cp": 1, "tp": 1}
+    for rank, piece in _pieces(Layout(dp=Shard(0)), (4, 3), sizes, lambda c, g: g.add_(c["dp"] == 1)).items():
+        torch.save({"forward": piece}, pieces_dir / f"rank{rank}.pt")
+    budget = ArtefactBudget(max_items=3)
+    plain, expert, hsdp = (
+        dataclasses.replace(_item(0), topology=(4, 1, 1), **split) for split in ({}, {"ep": 2}, {"dp_replicate": 2})
+    )
+    saved = [
+        budget.save(item, ["forward"], pieces_dir, tmp_path)["forward"]["artefact"] for item in (plain, expert, hsdp)
+    ]
+    assert [Path(p).parent.name for p in saved] == [
+        "00000-model_utils.DistributedLogprob-b2_x_-dp4-cp1-tp1-float32",
+        "00000-model_utils.DistributedLogprob-b2_x_-dp4-ep2-cp1-tp1-float32",
+        "00000-model_utils.DistributedLogprob-b2_x_-dp4r2-cp1-tp1-float32",
+    ]
+    fulls = [torch.load(tmp_path / p, weights_only=False) for p in saved]
+    assert fulls[1]["topology"] == {"dp": 4, "cp": 1, "tp": 1, "ep": 2, "dp_replicate": 1}
+    assert [artefact_title(f) for f in fulls] == [
+        f"model_utils.DistributedLogprob [b2[x]*?] {name} float32 forward"
+        for name in ("dp4-cp1-tp1", "dp4-ep2-cp1-tp1", "dp4r2-cp1-tp1")
+    ]
+    old = {**fulls[0], "topology": {"dp": 2, "cp": 1, "tp": 2}}  # an artefact saved before ep and dp_replicate
+    assert "dp2-cp1-tp2 float32" in artefact_title(old)
+
+
+def test_expert_shards_are_labelled_by_their_ep_coordinate():
+    topology = Topology(4, ep=2)
+    sizes = {"dp": 4, "cp": 1, "tp": 1, "ep": 2}
+    shards = {}
+    for rank in range(4):
+        coords = named_coords({"dp": rank, "cp": 0, "tp": 0}, topology)
+        shards[rank] = {"coords": coords, "indices": Layout(ep=Shard(0)).indices((4, 3), coords, sizes)}
+    # experts over ep: dp ranks 0 and 2 hold experts 0-1, ranks 1 and 3 experts 2-3
+    assert segments(0, shards) == [(0, 2, "ep0"), (2, 4, "ep1")]
+    # tokens over the whole dp group: dp tells the pieces apart (ep alone does not)
+    tokens = {r: {**s, "indices": Layout(dp=Shard(0)).indices((8, 3), s["coords"], sizes)} for r, s in shards.items()}
+    assert [label for _, _, label in segments(0, tokens)] == ["dp0", "dp1", "dp2", "dp3"]

@@ -147,6 +147,8 @@ def test_the_combine_op_case_catches_the_wrong_order_too(run_shardcheck):
     run = run_shardcheck(*args, "--impl", _broken("combine_unpermutes_in_wrong_order"))
     assert run.returncode == 1 and set(run.failed()["op"]) == {"moe.combine"}, run.stdout[-3000:]
     assert_one_cause(run)
+    # the failing rank named with its expert-parallel coordinates (dp rank 1: ep 1, edp 0)
+    assert "rank 1 (dp=1, ep=1, edp=0, cp=0, tp=0)" in run.failed()["message"].iloc[0], run.stdout[-3000:]
 
 
 @pytest.mark.parametrize(

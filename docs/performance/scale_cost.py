@@ -84,11 +84,11 @@ def measure(world: int, extra: list[str], out: Path) -> dict:
     thread.join()
     if proc.returncode not in (0, 1):  # a usage error or a crash: its rows, if any, are not this run's
         raise SystemExit(f"shardcheck run --world-sizes {world} exited {proc.returncode}:\n{output[-2000:]}")
-    from shardcheck.harness.core.records import load
+    from shardcheck.harness.core.records import load, with_mesh_splits
 
-    rows = load(run_dir)
+    rows = with_mesh_splits(load(run_dir))
     ran = rows[rows["status"] != "skip"]
-    items = ran.drop_duplicates(["op", "case_id", "dtype", "dp", "cp", "tp"])
+    items = ran.drop_duplicates(["op", "case_id", "dtype", "dp", "cp", "tp", "ep", "dp_replicate"])
     first_start = min(
         json.loads(line)["time"]
         for f in run_dir.glob("workers/*/plan*/rank*.jsonl")

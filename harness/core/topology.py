@@ -151,6 +151,20 @@ def mesh_coords(mesh: DeviceMesh) -> dict[str, int]:
     return {d: coords[d] for d in MESH_DIMS}
 
 
+def named_coords(coords: dict[str, int], topology: Topology) -> dict[str, int]:
+    """A rank's (dp, cp, tp) coordinates with dp's parts where `topology` splits dp, right after dp, as failure
+    messages name a rank ("dp=3, ep=1, edp=1, cp=0, tp=0"): ep and edp where ep > 1 (dp rank d is ep d % ep, edp
+    d // ep), dp_replicate and dp_shard where dp_replicate > 1 (replicate d // dp_shard, shard d % dp_shard)."""
+    d = coords["dp"]
+    out = {"dp": d}
+    if topology.ep > 1:
+        out.update(ep=d % topology.ep, edp=d // topology.ep)
+    if topology.dp_replicate > 1:
+        shard = topology.dp // topology.dp_replicate
+        out.update(dp_replicate=d // shard, dp_shard=d % shard)
+    return out | {k: v for k, v in coords.items() if k != "dp"}
+
+
 def expert_mesh(mesh: DeviceMesh) -> DeviceMesh | None:
     """The ("edp", "ep", "cp", "tp") mesh of a mesh `build_mesh` made (dp unflattened, ep innermost): for DTensors
     on `expert_mesh(mesh)["ep"]`.  None for a mesh made elsewhere."""

@@ -21,6 +21,7 @@ from shardcheck.harness.core.modules import is_ours, is_path
 from shardcheck.harness.core.options import DEFAULT_TIMEOUT
 from shardcheck.harness.core.plan_data import MODEL_CONFIG_SUITE, Item, Plan, Xfail
 from shardcheck.harness.core.records import NO_CAUSE, RecordWriter, ResultRow, Status, Symptom
+from shardcheck.harness.core.topology import Topology, named_coords
 from shardcheck.harness.driver.item_cause import Ending, Root, abort_notes, cause_words, choose_root
 from shardcheck.harness.rank.artefacts import ArtefactBudget
 
@@ -381,9 +382,10 @@ def _participants(item: Item) -> list[int]:
     return list(range(dp * cp * tp))
 
 
-def _coords_of(rank: int, topology) -> dict:
-    dp, cp, tp = topology
-    return {"dp": rank // (cp * tp), "cp": (rank // tp) % cp, "tp": rank % tp}
+def _coords_of(rank: int, topology: Topology) -> dict:
+    """A rank's coordinates as its own rows name them (harness/rank/item_run.py: ep/edp and HSDP's parts too)."""
+    _, cp, tp = topology.dp, topology.cp, topology.tp
+    return named_coords({"dp": rank // (cp * tp), "cp": (rank // tp) % cp, "tp": rank % tp}, topology)
 
 
 def _merged_row(item: Item, per_rank: list[dict], extra_message: str, root: Root | None, aborted: bool) -> dict:
@@ -392,7 +394,7 @@ def _merged_row(item: Item, per_rank: list[dict], extra_message: str, root: Root
     for r in per_rank:
         r.setdefault("coords", None)
         if r["coords"] is None:
-            r["coords"] = _coords_of(r["rank"], item.topology)
+            r["coords"] = _coords_of(r["rank"], item.full_topology)
     merged = merge_ranks(per_rank, _participants(item))
     if extra_message and merged["status"] != Status.PASS and extra_message not in merged["message"]:
         merged["message"] = "; ".join(m for m in (merged["message"], extra_message) if m)

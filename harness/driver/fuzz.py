@@ -94,10 +94,9 @@ class OpSearch:
 
 
 def params_text(params: dict) -> str:
-    """A fuzz case's params in one line: `dp1-cp1-tp2 float32: b=2, s=5`."""
-    dp, cp, tp = params["topology"]
+    """A fuzz case's params in one line: `dp1-cp1-tp2 float32: b=2, s=5` (`dp4-ep2-cp1-tp1 ...` where ep > 1)."""
     rest = ", ".join(f"{k}={v}" for k, v in params.items() if k not in ("topology", "dtype"))
-    return f"dp{dp}-cp{cp}-tp{tp} {params['dtype']}: {rest}"
+    return f"{Topology(*params['topology'])} {params['dtype']}: {rest}"
 
 
 def signature(rows: list[dict]) -> tuple[str, str, str] | None:

@@ -173,8 +173,7 @@ class _Progress:
     def done(self, items: list[Item], describe: bool = False) -> None:
         for item in items:
             if describe:  # the item just checked, by name
-                dp, cp, tp = item.topology
-                what = f"{item.op.split('.', 1)[1]} {item.dtype} dp{dp}cp{cp}tp{tp}"
+                what = f"{item.op.split('.', 1)[1]} {item.dtype} {item.full_topology}"
                 self.bar.update(self.task, advance=1, description=what)
             else:
                 self.bar.update(self.task, advance=1)
@@ -355,13 +354,12 @@ def _launch_failed(
 def _hang_budget(world: _World, collector: Collector, failed: Item, cause: str, remaining: list[Item]) -> list[Item]:
     """The hang budget: the failed op's other items at its topology are skipped, not run (one timeout per topology,
     not one per item); the items still to run."""
-    dp, cp, tp = failed.topology
     reason = (
-        f"skipped: {failed.op} {cause} in case {failed.case_id} {failed.dtype} at dp{dp}-cp{cp}-tp{tp}; "
+        f"skipped: {failed.op} {cause} in case {failed.case_id} {failed.dtype} at {failed.full_topology}; "
         f"its other items at this topology are not run (--no-hang-budget runs them)"
     )
-    for item in remaining:
-        if (item.op, item.topology) == (failed.op, failed.topology):
+    for item in remaining:  # the whole topology: a hang at dp4-ep2 does not skip dp4's items
+        if (item.op, item.full_topology) == (failed.op, failed.full_topology):
             collector.skip(item, reason)
             world.progress.done([item])
     return [i for i in remaining if i.id not in collector.finished]

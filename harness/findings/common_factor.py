@@ -17,7 +17,7 @@ from shardcheck.harness.core.topology import topology_label
 
 # How closely a tensor's elements must share one scale, per dtype: its rounding, twice over.
 _TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 2e-2}
-_ITEM = ("case_id", "dp", "cp", "tp", "dtype")
+_ITEM = ("case_id", "dp", "cp", "tp", "dtype", "ep", "dp_replicate")  # dp4 and dp4-ep2 are two items
 
 
 def _scale(row: dict) -> float | None:
@@ -44,6 +44,9 @@ def _mesh_names(f: float, row: dict, tol: float) -> list[str]:
     replicate = row.get("dp_replicate")
     if isinstance(replicate, (int, float)) and replicate == replicate and replicate > 1:  # HSDP (NaN: a plain row)
         sizes.update(dp_replicate=int(replicate), dp_shard=int(row["dp"]) // int(replicate))
+    ep = row.get("ep")
+    if isinstance(ep, (int, float)) and ep == ep and ep > 1:  # expert parallelism (NaN: a plain row)
+        sizes.update(ep=int(ep), edp=int(row["dp"]) // int(ep))
     names = [n for n, s in sizes.items() if abs(f - s) <= tol * s]
     return names or [f"1/{n}" for n, s in sizes.items() if abs(f - 1 / s) <= tol / s]
 

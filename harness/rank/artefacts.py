@@ -22,8 +22,7 @@ MAX_NUMEL = 4 * 2**20  # per full tensor: 32 MiB in float64; larger ones are not
 
 def item_dir_name(item: Item) -> str:
     """failures/<this>/: readable and unique within a run (the item id leads)."""
-    dp, cp, tp = item.topology
-    text = f"{item.id:05d}-{item.op}-{item.case_id}-dp{dp}-cp{cp}-tp{tp}-{item.dtype}"
+    text = f"{item.id:05d}-{item.op}-{item.case_id}-{item.full_topology}-{item.dtype}"  # dp4-ep2-cp1-tp1 at ep 2
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", text)
 
 
@@ -105,11 +104,12 @@ class ArtefactBudget:
                 continue
             full = reassemble(pieces)
             dp, cp, tp = item.topology
+            topology = {"dp": dp, "cp": cp, "tp": tp, "ep": item.ep, "dp_replicate": item.dp_replicate}
             full.update(
                 {
                     "op": item.op,
                     "case_id": item.case_id,
-                    "topology": {"dp": dp, "cp": cp, "tp": tp},
+                    "topology": topology,
                     "dtype": item.dtype,
                     "check": check,
                     "seed": item.seed,

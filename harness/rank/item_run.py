@@ -24,7 +24,7 @@ from shardcheck.harness.core.plan_data import DTYPES, Item
 from shardcheck.harness.core.rank_context import RankContext
 from shardcheck.harness.core.records import SIGNATURE_CHECK, Phase, Status, Symptom
 from shardcheck.harness.core.rules import under_rule
-from shardcheck.harness.core.topology import Topology, mesh_coords, mesh_dims
+from shardcheck.harness.core.topology import Topology, mesh_coords, mesh_dims, named_coords
 from shardcheck.harness.rank.artefacts import MAX_NUMEL as MAX_ARTEFACT_NUMEL
 from shardcheck.harness.rank.errors import error_fields, harness_error_row, op_error_row
 from shardcheck.harness.rank.golden import Golden
@@ -82,7 +82,7 @@ class ItemRun:
 
     def __post_init__(self) -> None:
         self.case = self.loaded.cases.get((self.item.op, self.item.case_id))
-        self.coords = mesh_coords(self.mesh)
+        self.coords = named_coords(mesh_coords(self.mesh), self.item.full_topology)  # with ep/edp, HSDP's parts
         self.third_party = self.case is not None and not is_ours(self.loaded.plan.impl.get(self.case.family))
 
     # ---- rows
@@ -477,7 +477,7 @@ class ItemRun:
                 "budget": limit,
                 "full_shape": tuple(c.budget.gold_full.shape),
                 "failed": verdict.status == Status.FAIL,
-                "coords": mesh_coords(place.mesh),
+                "coords": named_coords(mesh_coords(place.mesh), self.item.full_topology),
             }
             if arriving:  # the step's first failing check on this rank replaces a later one's
                 self.pieces = {k: p for k, p in self.pieces.items() if step_order(k) is None}
