@@ -172,6 +172,10 @@ def test_decoder_plan_passes_over_every_dp_cp_tp_at_world_sizes_1_2_4(run_shardc
     assert any(n.startswith("used shardcheck's CPU shim for torch context parallelism") for n in notes)
 
 
+# the broken plans whose rerun line is run: at a cp topology, at one of a dp and a cp topology, at tp 4
+RERUN_RUN = {"rotary_not_offset", "loss_local_mean_summed", "kv_heads_split_as_if_tp_divided"}
+
+
 @pytest.mark.parametrize(
     "bug, case, first, params, where, sizes",
     [
@@ -238,8 +242,15 @@ def test_each_broken_plan_is_one_finding_at_its_first_divergence(
     assert cause.worst.startswith(f"[{cause.checks.split('[')[1].split(']')[0]}]")  # the same check, both halves
     assert "tp=1" in cause.worst or "tp=0" in cause.worst  # a rank and its mesh coordinates
     assert any(t in cause.worst for t in where) and _topologies(run.failed()) == where
-    # its rerun line alone reproduces it
-    again = run_shardcheck(*shlex.split(cause.rerun)[1:])
+    # its rerun line: this plan, this case, float64 and one topology it fails at
+    rerun = shlex.split(cause.rerun)
+    at = {rerun[i + 1] for i, a in enumerate(rerun) if a == "--topology"}
+    assert impl in rerun and case in rerun and "float64" in rerun, cause.rerun
+    assert len(at) == 1 and {"dp{}-cp{}-tp{}".format(*(kv.split("=")[1] for kv in t.split(","))) for t in at} <= where
+    if bug not in RERUN_RUN:
+        return
+    # and alone reproduces it (run for one plan per kind of topology it names: the line is built the same way)
+    again = run_shardcheck(*rerun[1:])
     assert again.returncode == 1 and _first_cause(again).checks.startswith(first)
     assert len(_topologies(again.rows)) == 1 and _topologies(again.rows) <= where
     assert set(again.rows["dtype"]) == {"float64"}

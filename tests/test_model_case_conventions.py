@@ -101,16 +101,21 @@ def test_wrapped_names_drop_each_wrappers_attribute_and_keep_a_module_named_modu
 # ---- the averaged convention on ranks ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("wrapper", ["fsdp2", "ddp", "fsdp1", "fsdp2-cp"])
-def test_the_averaged_convention_passes_at_dp_1_2_4(run_shardcheck, wrapper):
+WRAPPERS = ("fsdp2", "ddp", "fsdp1", "fsdp2-cp")
+# the four wrappers' passing runs are one run (one launch per topology, not four): each test reads its case's rows
+WRAPPERS_RUN = (*DP_AVG_RUN, *(a for w in WRAPPERS for a in ("--case", w)), "--world-sizes", "1,2,4")
+
+
+@pytest.mark.parametrize("wrapper", WRAPPERS)
+def test_the_averaged_convention_passes_at_dp_1_2_4(shared_run, wrapper):
     """Each DP rank's loss its own rows' mean, gradients averaged (FSDP2's default, DDP, FSDP1): the loss is judged as
     the ranks' mean, each activation gradient as dp times its share, the replicated positions' gradient as the ranks'
     mean; FSDP1's and DDP's prefixed names are build()'s.  Before: at dp 4 `forward:loss` expected the mean, got 4
     times it, and every activation gradient was 4 times too big; FSDP1 and DDP were refused ("is not a parameter of
     the model build() returns")."""
-    run = run_shardcheck(*DP_AVG_RUN, "--case", wrapper, "--world-sizes", "1,2,4")
+    run = shared_run(*WRAPPERS_RUN)
     assert run.returncode == 0, run.stdout[-3000:]
-    rows = run.rows
+    rows = run.rows[run.rows["case_id"] == wrapper]
     assert set(rows["dp"]) == {1, 2, 4}
     checks = set(rows["check"])
     assert {"forward:loss", "forward:dact10:wpe", "forward:dparam:blocks.0.up.weight"} <= checks
@@ -197,6 +202,8 @@ def test_gradients_all_dp_times_too_big_are_one_finding_that_names_the_factor(ru
 # ---- HSDP: the data mesh split replicate x shard -------------------------------------------------------------------
 
 HSDP = ("--case", "hsdp", "--topology", "dp=4,dp_replicate=2")
+# torch's own HSDP passing at 4 = 2 x 2 and at 2 = 2 x 1: one run, each test reads its topology's rows
+HSDP_PASSES = (*DP_AVG_RUN, *HSDP, "--topology", "dp=2,dp_replicate=2")
 
 
 def test_an_hsdp_split_is_a_topology_named_only_when_it_splits():
@@ -207,12 +214,12 @@ def test_an_hsdp_split_is_a_topology_named_only_when_it_splits():
         Topology.parse("dp=4,dp_replicate=3")
 
 
-def test_a_correct_hsdp_plan_passes_on_its_2d_data_mesh(run_shardcheck):
+def test_a_correct_hsdp_plan_passes_on_its_2d_data_mesh(shared_run):
     """`fully_shard` on ctx.data_mesh() (2 x 2 at world size 4), gradients averaged over both dims."""
-    run = run_shardcheck(*DP_AVG_RUN, *HSDP)
+    run = shared_run(*HSDP_PASSES)
     assert run.returncode == 0, run.stdout[-3000:]
     rows = run.rows
-    assert set(rows["dp_replicate"]) == {2} and set(rows["dp"]) == {4} and len(rows) > 40
+    assert set(zip(rows["dp"], rows["dp_replicate"])) == {(4, 2), (2, 2)} and len(rows[rows["dp"] == 4]) > 40
 
 
 def test_an_hsdp_divide_factor_of_the_shard_group_alone_is_named_with_its_factor(run_shardcheck):
@@ -264,10 +271,11 @@ def test_fsdp1_flat_parameters_are_one_error_saying_what_to_wrap_with(run_shardc
     assert cause.status == "error" and "use_orig_params=True" in cause.worst, cause.worst
 
 
-def test_hsdp_with_a_shard_group_of_one_left_unsynchronized_is_named_at_the_first_parameter(run_shardcheck):
+def test_hsdp_with_a_shard_group_of_one_left_unsynchronized_is_named_at_the_first_parameter(shared_run, run_shardcheck):
     """verl#7493's kind at dp 2 = 2 x 1: torch's own HSDP on that mesh passes; the plan skipping it does not."""
     topology = ("--case", "hsdp", "--topology", "dp=2,dp_replicate=2")
-    assert run_shardcheck(*DP_AVG_RUN, *topology).returncode == 0
+    passes = shared_run(*HSDP_PASSES)
+    assert passes.returncode == 0 and len(passes.rows[passes.rows["dp"] == 2]) > 0, passes.stdout[-3000:]
     run = run_shardcheck(*DP_AVG_RUN, *topology, "--impl", _broken("hsdp_shard_size_1_unsynced"))
     assert run.returncode == 1
     cause = run.causes.iloc[0]
