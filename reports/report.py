@@ -59,7 +59,9 @@ def status_table(df: pd.DataFrame) -> pd.DataFrame:
 def skip_reasons(df: pd.DataFrame) -> pd.DataFrame:
     """One row per distinct reason the run skipped checks (a misfit, a missing extra, a hang's budget): the reason,
     its checks and its items, most checks first."""
-    skipped = df[df["status"] == Status.SKIP].assign(reason=lambda d: d["message"].fillna("(no reason given)"))
+    skipped = with_mesh_splits(df[df["status"] == Status.SKIP]).assign(
+        reason=lambda d: d["message"].fillna("(no reason given)")
+    )
     table = pd.DataFrame(
         {
             "checks": skipped.groupby("reason", sort=False).size(),

@@ -170,6 +170,8 @@ def test_planned_skips_are_rows_with_their_reason_and_start_no_ranks(tmp_path):
     from shardcheck.harness.driver.planner import Selection, build_plan
 
     class NoRanks:  # a pool that must not be asked for a launch
+        run_dir = tmp_path  # (where the run's shared goldens would be kept)
+
         def take(self, *args):
             raise AssertionError("a launch was started for planned skips")
 
