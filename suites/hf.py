@@ -32,6 +32,8 @@ from shardcheck.suites import _hf_models as hf
 
 FAMILY = "hf"
 IMPLEMENTATION = __file__
+# Minutes of a run on CPU ranks, and an optional extra: run when named (--suite, --op), not by a plain `shardcheck run`.
+RUN_BY_DEFAULT = False
 HEADS = hf.COMMON["num_attention_heads"]
 
 

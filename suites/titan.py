@@ -25,6 +25,8 @@ from shardcheck.suites import _titan_models as titan
 
 FAMILY = "titan"
 IMPLEMENTATION = __file__
+# Minutes of a run on CPU ranks, and an optional extra: run when named (--suite, --op), not by a plain `shardcheck run`.
+RUN_BY_DEFAULT = False
 # DTensor parameters and activations.  Not spmd_types (torchtitan's default, plain local tensors): under it the
 # sequence-parallel norms' weight gradients are left to FSDP to all-reduce over TP ("pending BWD AR handled by
 # FSDP", torchtitan/models/common/decoder_sharding.py), which these dp = 1 cases do not apply.

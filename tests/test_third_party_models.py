@@ -138,3 +138,14 @@ def test_fsdp2_divides_twice_on_its_sum_path_with_an_explicit_divide_factor():
     assert done.returncode == 0, done.stderr[-2000:]
     ratios = {name: float(value) for name, value in (line.split() for line in done.stdout.splitlines())}
     assert ratios == {"float32": 0.5, "float32-sum": 0.25, "float64": 0.25}
+
+
+def test_the_third_party_suites_run_when_named_not_in_a_plain_run():
+    from shardcheck.harness.driver.planner import select_suites
+
+    everything, _ = select_suites([], [], {})
+    assert "titan" not in everything and "hf" not in everything and "moe" in everything
+    named, _ = select_suites(["hf"], [], {})
+    assert named == ["hf"]
+    by_op, _ = select_suites([], ["titan.parallelize"], {})
+    assert "titan" in by_op and "hf" not in by_op

@@ -23,6 +23,7 @@ from shardcheck.harness.rank.fuzz_cases import fuzz_case
 from shardcheck.harness.rank.suite_loader import (
     default_impl,
     external_suite_files,
+    runs_by_default,
     suite_cases,
     suite_family,
     suite_file,
@@ -151,14 +152,22 @@ def select_suites(
     suite_paths: list[str] = (),
 ) -> tuple[list[str], list[str]]:
     """(suite names, absolute external suite files) of a selection: `--suite` (a family selects its suites), else
-    the external suites when some are given and no `--op` is, else every suite.  An `--impl` of an unknown family:
+    the external suites when some are given and no `--op` is, else every suite that runs by default (and those of
+    the families `--op` names).  An `--impl` of an unknown family:
     UsageError."""
     external = external_suite_files(suite_paths)
     suite_paths = [str(p) for p in external.values()]
     if suites_wanted:
         names = expand_suites(suites_wanted, suite_paths)
-    else:
-        names = sorted(external) if external and not ops else suite_names(suite_paths)
+    elif external and not ops:
+        names = sorted(external)
+    else:  # every suite that runs by default, and those of the families --op names
+        named = {op.partition(".")[0] for op in ops}
+        names = [
+            n
+            for n in suite_names(suite_paths)
+            if runs_by_default(n, suite_paths) or suite_family(n, suite_paths) in named
+        ]
     families = {suite_family(n, suite_paths) for n in suite_names(suite_paths)}
     for family in impl:
         if family not in families:

@@ -112,6 +112,16 @@ def suite_family(name: str, suite_paths: Sequence[str] = ()) -> str:
     return found[0] if len(found) == 1 else load_suite(name, suite_paths).FAMILY
 
 
+_OPT_IN_LINE = re.compile(r"^RUN_BY_DEFAULT\s*=\s*False\b", re.M)
+
+
+def runs_by_default(name: str, suite_paths: Sequence[str] = ()) -> bool:
+    """Whether a run that names no suite runs this one: every suite but one that says `RUN_BY_DEFAULT = False` (a
+    third-party framework's models, minutes of a run, run when named with --suite or --op).  Read from the source:
+    choosing suites need not import them."""
+    return not _OPT_IN_LINE.search(suite_file(name, suite_paths).read_text())
+
+
 def load_suite(name: str, suite_paths: Sequence[str] = ()) -> ModuleType:
     path = suite_file(name, suite_paths)
     module = importlib.import_module(f"shardcheck.suites.{name}") if path.parent == BUILTIN_DIR else _import_file(path)
