@@ -48,7 +48,7 @@ class Item:
     # A fuzz case's drawn parameters: every rank rebuilds the case from them through its suite's FuzzSpace
     # (harness/rank/fuzz_cases.py); None for a case of the suite's cases().
     fuzz: dict | None = None
-    dp_replicate: int = 1  # HSDP: dp split replicate x shard; Topology(*topology, dp_replicate=...) is the item's
+    dp_replicate: int = 1  # HSDP: dp split replicate x shard (full_topology is the item's Topology)
     ep: int = 1  # expert parallelism (a part of dp: topology[0])
 
     @property

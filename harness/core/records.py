@@ -363,8 +363,8 @@ def load(*paths: str | Path) -> pd.DataFrame:
     for col in ("max_abs_err", "max_rel_err", "budget", "err_ratio", "err_naive"):
         if col in df:
             df[col] = pd.to_numeric(df[col], errors="coerce")
-    if len(df):  # runs written before rows carried it: ep 1
-        df["ep"] = df["ep"].fillna(1).astype(int) if "ep" in df else 1
+    if len(df):  # runs written before rows carried them: ep 1, dp_replicate 1
+        df = with_mesh_splits(df)
     for col, empty in NO_CAUSE.items():  # runs written before rows carried these fields
         if col not in df:
             df[col] = [[] for _ in range(len(df))] if isinstance(empty, list) else None
