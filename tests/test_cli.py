@@ -155,7 +155,7 @@ def test_list_says_which_cases_run_expert_parallel_or_hsdp_topologies(capsys):
     train_step = ROOT / "tests" / "model_cases" / "train_step" / "train_step.py"
     assert main(["list", "--suite-path", str(train_step)]) == 0
     out = capsys.readouterr().out
-    assert "  moe.parallelize  (2 cases; 2 expert-parallel)\n" in out
+    assert "  moe.parallelize  (1 case; 1 expert-parallel)\n" in out
     assert "  train_step.parallelize_hsdp  (1 case; 1 HSDP)\n" in out
     assert "  train_step.parallelize  (2 cases)\n" in out  # neither: no mark
     assert "expert-parallel topologies (cases that run ep): dp2-ep2-cp1-tp1 dp4-ep2-cp1-tp1 dp4-ep4-cp1-tp1" in out
