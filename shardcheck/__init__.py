@@ -38,6 +38,7 @@ and compares every rank's outputs and input gradients with its piece of the gold
     cite            cite(cases, rules, bad_input=rule): a suite's rules per check-name pattern, given to its cases
     batch_invariance  batch_invariance(run, inputs): Case.properties checking a row's result does not depend on
                     its place in the batch or on the other rows (permuted and split, bit for bit)
+    BatchInvariance ModelCase.batch_invariance: the same property for a model case, every module's output per sample
     RankContext     what run / properties / comm / output checks get: mesh, groups, ranks, dtype, params, shapes
     Topology        (dp, cp, tp) sizes of a run; Case.supports(topology) limits where a case runs
     KnownFailure    Case.xfail: an expected failure with its reason and reference (xfail / xpass)
@@ -76,6 +77,7 @@ _SOURCES = {
     "MemoryModel": "shardcheck.harness.core.memory_model",
     "FuzzSpace": "shardcheck.harness.core.fuzz_space",
     "batch_invariance": "shardcheck.harness.core.batch_invariance",
+    "BatchInvariance": "shardcheck.harness.core.model_batch_invariance",
 }
 
 __all__ = [
@@ -104,6 +106,7 @@ __all__ = [
     "ours",
     "cite",
     "batch_invariance",
+    "BatchInvariance",
 ]
 
 if TYPE_CHECKING:
@@ -119,6 +122,7 @@ if TYPE_CHECKING:
     from shardcheck.harness.core.known_failure import KnownFailure
     from shardcheck.harness.core.layout import REPLICATED, HeadTail, Layout, PackedHeadTail, Permuted
     from shardcheck.harness.core.memory_model import MemoryModel
+    from shardcheck.harness.core.model_batch_invariance import BatchInvariance
     from shardcheck.harness.core.model_case import ModelCase
     from shardcheck.harness.core.topology import Topology
 

@@ -56,6 +56,7 @@ def test_the_api_is_one_documented_place():
         "seed",
         "ours",
         "batch_invariance",
+        "BatchInvariance",
     ]
     assert sorted(shardcheck.__all__) == sorted(names)
     lines = [line.strip() for line in shardcheck.__doc__.splitlines() if line.startswith("    ")]

@@ -41,6 +41,7 @@ from shardcheck.harness.core.case import Case
 from shardcheck.harness.core.compare import BudgetScope
 from shardcheck.harness.core.known_failure import KnownFailure
 from shardcheck.harness.core.layout import REPLICATED, Layout, Tensors
+from shardcheck.harness.core.model_batch_invariance import BatchInvariance, model_batch_invariance
 from shardcheck.harness.core.rank_context import RankContext
 from shardcheck.harness.core.topology import EXPERT_DIMS, MESH_DIMS, Topology, mesh_dims
 from shardcheck.harness.core.train_step import (
@@ -177,6 +178,9 @@ class ModelCase:
     # in a launch of exactly its size (Case.world_group).
     world_group: bool = False
     expert_parallel: bool = False  # Case.expert_parallel: the plan gives it topologies with ep > 1
+    # Each sample's module outputs must not depend on its place in the batch or on the other samples: checked after the
+    # step, the batch permuted and split (harness/core/model_batch_invariance.py, rows `property:batch_invariant:*`).
+    batch_invariance: BatchInvariance | None = None
     xfail: KnownFailure | None = None
     skip_reason: str | None = None
     params: dict = field(default_factory=dict)
@@ -219,6 +223,7 @@ class ModelCase:
             skip_reason=self.skip_reason,
             params={"model": True, **self.params},
             uses=tuple(self.uses),
+            properties=model_batch_invariance(self, self.batch_invariance) if self.batch_invariance else None,
         )
         case.model = self
         self._case = case
@@ -322,9 +327,7 @@ class ModelCase:
 
     def _run(self, impl, ctx: RankContext, local: Tensors) -> tuple:
         names = self.outputs()
-        model = self._fresh_model(local, ctx.device)
-        model = self.parallelize(model, ctx)
-        self._put_full_weights(model, local, ctx)
+        model = self.parallel_model(ctx, local)
         data = {k: v for k, v in local.items() if not k.startswith(PARAM_PREFIX)}
         default = self._batch_layout()
         scale = self._gradient_scale(ctx)
@@ -351,6 +354,12 @@ class ModelCase:
         outs = [got.get(n, (None, REPLICATED)) for n in names]
         self._case.output_layouts = tuple(lay for _, lay in outs)  # read by the harness after this run, this item
         return tuple(t for t, _ in outs)
+
+    def parallel_model(self, ctx: RankContext, local: Tensors) -> nn.Module:
+        """The model made on this rank, parallelized by the plan, holding its pieces of the case's full weights."""
+        model = self.parallelize(self._fresh_model(local, ctx.device), ctx)
+        self._put_full_weights(model, local, ctx)
+        return model
 
     def _layout_of(self, step: StepTensor, name: str, default: Layout, ctx: RankContext) -> Layout:
         """The layout of a sharded tensor of the step (output `name`): a DTensor's own, else the declared or inferred
