@@ -34,6 +34,7 @@ class Recall:
     caught: bool
     step: int | None  # the training step the broken case is caught at (the harness checks one step: 1)
     finding: str  # the first line of the broken case's finding: what it names
+    worst: dict[str, str]  # each failing op check of the broken case: its worst line (the rank, the element, values)
     named: bool
     false_alarm: str  # "" or, per dtype, what the fixed twin did that is not a pass
     seconds: float  # the pair's items, summed (their run shares launches: no start-up in it)
@@ -60,6 +61,25 @@ def _finding(rows: pd.DataFrame) -> str:
     return str(first["checks"]).split(";")[0]
 
 
+def _worst(broken: pd.DataFrame) -> dict[str, str]:
+    """{check: its worst line} of the broken case's failing op checks (one row per check: merged over the ranks); a
+    model step's (`forward:<tensor>`) are left out: its finding names the module or parameter already."""
+    bad = broken[
+        broken["status"].isin([str(s) for s in CAUGHT]) & ~broken["check"].astype(str).str.startswith("forward:")
+    ]
+    if bad.empty or "message" not in bad:
+        return {}
+    return {str(r["check"]): str(r["message"]) for _, r in bad.iterrows()}
+
+
+def _not_shown(bug: Bug, worst: dict[str, str]) -> str:
+    """What of `bug.shows` the worst lines do not show ("" when all of it)."""
+    wrong = [
+        f"{check} ~ /{pattern}/" for check, pattern in bug.shows.items() if not re.search(pattern, worst.get(check, ""))
+    ]
+    return "; ".join(wrong)
+
+
 def _false_alarm(fixed: pd.DataFrame) -> str:
     said = []
     for dtype in FIXED_DTYPES:
@@ -75,13 +95,16 @@ def _false_alarm(fixed: pd.DataFrame) -> str:
 def recall_of(name: str, bug: Bug, rows: pd.DataFrame) -> Recall:
     """`bug`'s line from the rows of its run (None: its pair was not run)."""
     if bug.needs is not None:
-        return Recall(name, bug.thread, False, None, "", False, "", 0.0, f"needs {bug.needs}", asdict(bug))
+        return Recall(name, bug.thread, False, None, "", {}, False, "", 0.0, f"needs {bug.needs}", asdict(bug))
     mine = rows[rows["family"] == name] if len(rows) else rows
     broken, fixed = mine[mine["case_id"] == BROKEN], mine[mine["case_id"] == FIXED]
     caught = bool(broken["status"].isin([str(s) for s in CAUGHT]).any())
     finding = _finding(mine) if caught else ""
+    worst = _worst(broken) if caught else {}
     named = caught and any(n in finding for n in bug.names)
     missed = "" if named else ("not named: wanted " + " or ".join(bug.names) if caught else "not caught")
+    if named and _not_shown(bug, worst):
+        named, missed = False, "not shown: wanted " + _not_shown(bug, worst)
     if broken.empty:
         missed = "its broken case did not run"
     return Recall(
@@ -90,6 +113,7 @@ def recall_of(name: str, bug: Bug, rows: pd.DataFrame) -> Recall:
         caught,
         1 if caught else None,
         finding,
+        worst,
         named,
         _false_alarm(fixed),
         _item_seconds(mine),

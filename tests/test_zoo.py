@@ -6,13 +6,19 @@ needs a capability of another branch is counted missed with the reason, and only
 listed (none is today: the HSDP and micro-batch pairs pytorch_155903, verl_7493, nemo_12210, transformers_34191 and
 the expert-parallel pairs megatron_lm_1628, megatron_lm_5956 waited for capabilities that have landed).
 Batch invariance (shardcheck.batch_invariance) is tested here too: without ranks on a row-local op and a
-position-dependent one, and through its zoo pair (NeMo-RL#1227), where only it sees the bug."""
+position-dependent one, and through its zoo pair (NeMo-RL#1227), where only it sees the bug.  The seven op pairs
+whose finding is their one output (`forward`) show the rank, element or error where the harness can say it
+(`Bug.shows`), and say why not in their docstring where it cannot."""
 
 from __future__ import annotations
 
+import ast
 import json
+import math
+import re
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 import torch
 from helpers import ROOT, cli
@@ -85,6 +91,92 @@ def test_named_right_means_the_subject_the_fix_touched(zoo_run):
     # (Megatron-LM PR #5956); the dense ones right in both
     for name in EP_PAIRS:
         assert lines[name]["finding"].startswith("first diverging: parameter layer.moe.experts.w1 (gradient)"), name
+
+
+# The op pairs whose failing checks are only their one output (`forward`): where the harness says more (the rank, the
+# element, the error), their BUG.shows holds it; where it cannot, their docstring says why ("and no more").
+FORWARD_ONLY = (
+    "bionemo_recipes_631",
+    "megatron_lm_1754",
+    "megatron_lm_7452_gathered_logits",
+    "megatron_lm_7464",
+    "skyrl_1420",
+    "torchtitan_3280",
+    "torchtitan_596",
+)
+WORST = re.compile(
+    r"^rank (?P<rank>\d+) .* at global \((?P<index>[\d, ]*)\) .*: expected (?P<expected>\S+), got (?P<got>\S+); "
+    r"failing rank\(s\): (?P<ranks>[\d, ]+)$"
+)
+
+
+def _worst(line: dict, check: str) -> dict:
+    found = WORST.match(line["worst"][check])
+    assert found, line["worst"][check]
+    index = [int(i) for i in found["index"].split(", ") if i]
+    return {
+        "rank": int(found["rank"]),
+        "index": index,
+        "expected": float(found["expected"]),
+        "got": float(found["got"]),
+        "ranks": found["ranks"],
+    }
+
+
+def test_each_forward_only_op_pair_shows_more_or_says_why_not():
+    by_name = {e.name: e for e in entries(ZOO)}
+    assert sorted(n for n, e in by_name.items() if e.bug.names == ("forward",)) == list(FORWARD_ONLY)
+    for name in FORWARD_ONLY:
+        entry = by_name[name]
+        doc = " ".join(ast.get_docstring(ast.parse(entry.path.read_text())).split())
+        assert "Named right:" in doc, name
+        assert bool(entry.bug.shows) != ("and no more" in doc), name  # shows more, or says why it cannot
+
+
+def test_the_forward_only_op_pairs_name_the_rank_the_element_or_the_error(zoo_run):
+    lines = {b["entry"]: b for b in zoo_run[1]["bugs"]}
+    # padded vocabulary: the worst gradient is a padding column's, on the last TP rank, where the right one is 0
+    for name, vocab in (("megatron_lm_1754", 30), ("bionemo_recipes_631", 33)):
+        worst = _worst(lines[name], "grad:logits")
+        assert worst["rank"] == 1 and worst["index"][-1] >= vocab and worst["expected"] == 0, (name, worst)
+    # the TP-gathered logits: every token's loss plus log(TP)
+    worst = _worst(lines["megatron_lm_7452_gathered_logits"], "forward")
+    assert abs(worst["got"] - worst["expected"] - math.log(2)) < 1e-9
+    # the rest cannot name a rank: every rank fails (a scalar on every rank; every element of every shard)
+    assert _worst(lines["skyrl_1420"], "forward")["ranks"] == "0, 1, 2, 3"
+    skyrl = _worst(lines["skyrl_1420"], "forward")
+    assert abs(skyrl["got"] / skyrl["expected"] - 2) < 1e-9  # summed over CP 2 too: the values show it, unnamed
+    assert _worst(lines["torchtitan_3280"], "forward")["ranks"] == "0, 1, 2, 3"
+    assert _worst(lines["torchtitan_596"], "forward")["ranks"] == "0, 1"
+    assert {_worst(lines["megatron_lm_7464"], c)["ranks"] for c in ("forward", "grad:logits")} == {"0, 1"}
+
+
+def test_a_finding_that_does_not_show_what_the_bug_shows_is_not_named_right():
+    from shardcheck.harness.core.zoo_bug import Bug
+    from shardcheck.reports.zoo import _not_shown, _worst
+
+    def bug(shows):
+        return Bug(
+            thread="o/r#3",
+            url="https://github.com/o/r/issues/3",
+            title="t",
+            symptom="s",
+            time_to_find="d",
+            fix="f",
+            topology="tp=2",
+            names=("grad:logits",),
+            shows=shows,
+        )
+
+    line = "rank 0 (dp=0, cp=0, tp=0): |err| 0.1 > budget 1e-10 at global (0, 3) (local (0, 3)): expected 0, got 0.1"
+    rows = _rows("fail", {})
+    rows = rows.assign(check=["grad:logits"], message=[line])
+    step = rows.assign(check=["forward:dparam:w"], message=["a model step's: its finding names the parameter"])
+    worst = _worst(pd.concat([rows, step]))
+    assert worst == {"grad:logits": line}
+    assert _not_shown(bug({"grad:logits": r"^rank 0 .* at global \(0, 3\)"}), worst) == ""
+    assert _not_shown(bug({"grad:logits": r"^rank 1 "}), worst) == "grad:logits ~ /^rank 1 /"
+    assert _not_shown(bug({"forward": r"."}), worst) == "forward ~ /./"  # a check that did not fail shows nothing
 
 
 def test_no_capability_the_harness_has_is_listed_missing():

@@ -4,7 +4,8 @@ BioNeMo pads ESM-2's 33-token vocabulary (make_vocab_size_divisible_by=128) and 
 Megatron's `vocab_parallel_cross_entropy` on every column, padding included, so the TP 2 loss sits a nearly
 constant offset above the TP 1 one.  Port: a 33-token vocabulary padded to 48 (24 per rank at TP 2), a third of the
 labels -100 (not masked for prediction: not counted), the loss held to the cross-entropy over the 33 real tokens.
-Broken: the padding counted; fixed: masked out of the softmax."""
+Broken: the padding counted; fixed: masked out of the softmax.  Named right: the loss and the gradient, the worst
+gradient element a padded column's on the last TP rank, which must be 0 (`shows`)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ BUG = Bug(
     fix="open (bionemo-recipes#631): ignore the padded vocabulary in the loss",
     topology="dp=1,cp=1,tp=2",
     names=("forward",),
+    # the worst gradient is a padded column's (33 to 47, on the last TP rank), where the right one is 0
+    shows={"grad:logits": r"^rank 1 \(.*tp=1\): .* at global \(\d+, \d+, (3[3-9]|4[0-7])\) .*: expected 0, "},
     related=("NVIDIA/Megatron-LM#1754",),
 )
 

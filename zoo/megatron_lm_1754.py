@@ -5,7 +5,8 @@ for the padding rows too, and `vocab_parallel_cross_entropy` normalizes over eve
 `--make-vocab-size-divisible-by 1` nothing is padded; at TP 2 the last rank holds padding columns, and the loss
 leaves the TP 1 one.  Port: the logits of a 30-token vocabulary padded to 32 (16 per rank at TP 2), the loss held to
 the cross-entropy over the 30 real tokens.  Broken: Megatron's function as it is; fixed: the padding columns masked
-to -inf before the softmax (the thread's proposal)."""
+to -inf before the softmax (the thread's proposal).  Named right: the loss and the gradient (`forward`,
+`grad:logits`), the worst gradient element a padded column's on the last TP rank, which must be 0 (`shows`)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ BUG = Bug(
     fix="open: mask the padded logits out of the softmax (proposed in the thread)",
     topology="dp=1,cp=1,tp=2",
     names=("forward",),
+    # the worst gradient is a padded column's (30 or 31, on the last TP rank), where the right one is 0
+    shows={"grad:logits": r"^rank 1 \(.*tp=1\): .* at global \(\d+, \d+, 3[01]\) .*: expected 0, "},
     related=("NVIDIA-BioNeMo/bionemo-recipes#631",),
 )
 

@@ -4,7 +4,9 @@ With TP > 1, labels passed and `parallel_output=False` (or `runtime_gather_outpu
 logits over TP and then calls `vocab_parallel_cross_entropy`, which takes its input for this rank's vocabulary
 slice: the sum of exponentials is all-reduced over TP ranks that each hold the whole vocabulary, and the loss comes
 out as the right one plus log(TP), with wrong gradients.  Port: the full logits on every rank at TP 2.  Broken: the
-gathered logits into the vocab-parallel loss; fixed: this rank's slice of them (what the loss expects)."""
+gathered logits into the vocab-parallel loss; fixed: this rank's slice of them (what the loss expects).  Named
+right: the loss (`forward`, its one output) off by log(TP) = 0.693, the error the fix removes (`shows`); every
+token of every rank is off by as much, so no element or rank is more to blame than another."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ BUG = Bug(
     fix="open (reported in #7452, no related upstream thread)",
     topology="dp=1,cp=1,tp=2",
     names=("forward",),
+    shows={"forward": r"\|err\| 0\.693 "},  # every token's loss off by log(TP) = log 2
 )
 
 BATCH, SEQ, VOCAB = 2, 3, 16

@@ -4,7 +4,10 @@ With label_smoothing > 0, `vocab_parallel_cross_entropy` takes `vocab_size = exp
 partition) for the smoothing coefficient and `log_probs.mean(dim=-1)` over its partition only, and the backward
 carries the same local vocabulary size: the loss differs between TP ranks and from TP 1, and so do the gradients.
 Port: smoothing 0.1 over a 16-token vocabulary at TP 2.  Broken: Megatron's code; fixed: the global vocabulary size
-and the mean log-probability all-reduced over TP (the fix of PR #7466 / #5522)."""
+and the mean log-probability all-reduced over TP (the fix of PR #7466 / #5522).  Named right: the loss and the
+gradient (`forward`, `grad:logits`) and no more: the smoothing term is wrong on every token of every TP rank and
+the gradient on every column, so the worst element and rank are only where the random logits put the largest
+error, not a place the fix touched."""
 
 from __future__ import annotations
 

@@ -5,7 +5,10 @@ group *with* context parallelism, but the log-probs were already gathered over C
 held the same complete metric and the sum doubled it: policy_loss -57.36 under Megatron against -28.43 under FSDP at
 TP 2 x CP 2.  Port: each rank's metric is its DP rank's complete loss (the same on every CP and TP rank); the logged
 value is the sum over the data-parallel ranks.  Broken: summed over dp x cp; fixed: over dp alone (the PR's
-get_data_parallel_group(with_context_parallel=False))."""
+get_data_parallel_group(with_context_parallel=False)).  Named right: the op's one output (`forward`) and no more:
+the metric is one number, the same on every rank, so the finding can name neither an element nor a rank (all four
+fail); its values show the factor (got = 2 x expected, the CP size), which the harness names only for a model step
+(harness/findings/common_factor.py), not for an op's single output."""
 
 from __future__ import annotations
 

@@ -5,7 +5,9 @@ it is under TP (loss_parallel), without reducing over the data-parallel x contex
 TP 2 x CP 2 the logged loss is one CP rank's share of it, about half of the TP 4 or CP 4 one.  Port: each rank's
 loss is its summand of the global mean (its tokens' loss sum over the global token count), a DTensor replicated
 over tp; the logged loss is reduced over dp x cp.  Broken: the DTensor branch as torchtitan had it; fixed: its full
-tensor reduced over the mesh as well (torchtitan PR #3159)."""
+tensor reduced over the mesh as well (torchtitan PR #3159).  Named right: the op's one output (`forward`) and no
+more: the logged loss is one number on every rank, each rank's its own CP share, so no element or rank is to blame
+more than another (all four fail) and the error is no fixed factor (the shares differ)."""
 
 from __future__ import annotations
 

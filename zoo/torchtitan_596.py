@@ -4,7 +4,10 @@
 then clips with a different coefficient, none of them the global norm's (a release-blocking bug of torchtitan's PP).
 Port: two stages' gradients, one per rank of a 2-rank group (laid on the tp mesh dim: the harness has no pp axis;
 the arithmetic is the same), each clipped to the global norm 1.  Broken: `clip_grad_norm_` on the stage's own
-gradients; fixed: the squared norms all-reduced over the stages first (torchtitan's clip_grad_norm_ with pp_mesh)."""
+gradients; fixed: the squared norms all-reduced over the stages first (torchtitan's clip_grad_norm_ with pp_mesh).
+Named right: the op's one output (`forward`, the clipped gradients) and no more: each stage's every element is
+scaled by its own wrong coefficient, so both ranks fail everywhere and the worst element is only the largest
+gradient."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ whose bug needs a capability the harness lacks says which (`needs`): its pair is
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardcheck.harness.core.topology import Topology
 
@@ -30,7 +30,9 @@ FIXED_DTYPES = ("float64", "float32", "bfloat16")
 @dataclass(frozen=True, kw_only=True)
 class Bug:
     """One field bug.  `names`: what the finding on the broken case must name to be *named right* (the module,
-    parameter or check the thread's fix touched): any of them, as it appears in the finding's line."""
+    parameter or check the thread's fix touched): any of them, as it appears in the finding's line.  `shows`: for an
+    op whose failing checks alone say little (its one output, `forward`), what the worst line of a check must show
+    as well, {check: a regular expression searched in it}: the rank, the element, the error the fix removed."""
 
     thread: str  # "NVIDIA/Megatron-LM#673"
     url: str
@@ -40,6 +42,7 @@ class Bug:
     fix: str  # the fixing commit or pull request ("open" when none has landed)
     topology: str  # where the pair runs: "dp=1,cp=2,tp=1"
     names: tuple[str, ...]
+    shows: dict[str, str] = field(default_factory=dict)
     related: tuple[str, ...] = ()  # other threads of the same bug
     needs: Capability | None = None
 
