@@ -5,10 +5,12 @@ passes every value check and is one finding, naming the first block's norm and a
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from helpers import BROKEN, ROOT
 
-from shardcheck.harness.core.model_batch_invariance import BatchInvariance, _compare, _verdict
+from shardcheck.harness.core.model_batch_invariance import BatchInvariance, _compare, _verdict, model_batch_invariance
 
 SUITE = ROOT / "tests" / "model_cases" / "per_sample"
 RUN = ("run", "--suite-path", str(SUITE), "--suite", "per_sample", "--topology", "dp=2,cp=1,tp=2")
@@ -66,3 +68,16 @@ def test_the_first_module_that_changes_is_named_with_the_sample_s_global_index()
     loose = _verdict("permuted", changes, samples, BatchInvariance(atol=1e-6))
     assert not loose.passed and loose.message.startswith("module head: sample 5")
     assert _verdict("split", changes, samples, BatchInvariance(atol=1e-2)).passed
+
+
+def test_a_declaration_that_permutes_nothing_the_model_reads_fails_saying_so():
+    """Else the reruns would see the same batch and pass whatever the plan does."""
+    case = SimpleNamespace(model_inputs=("x",), batch=None, step_context=None)
+    local = {"x": _rows(4, 3, seed=2), "labels": torch.zeros(4, dtype=torch.int64)}
+    ctx = SimpleNamespace(full_shapes={"x": (8, 3), "labels": (8,)})
+    for spec, said in (
+        (BatchInvariance(inputs=("tokens",)), "BatchInvariance inputs ['tokens'] are not inputs of the case"),
+        (BatchInvariance(inputs=("labels",)), "BatchInvariance permutes ['labels'], none of the model's inputs ['x']"),
+    ):
+        (prop,) = model_batch_invariance(case, spec)(ctx, {}, local, ())
+        assert not prop.passed and prop.message.startswith(said), prop.message

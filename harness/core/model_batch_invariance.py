@@ -63,6 +63,16 @@ def _batch_names(case: _Model, spec: BatchInvariance, ctx: RankContext, local: T
     return batch, tuple(n for n in local if n in ctx.full_shapes and ctx.full_shapes[n][:1] == (rows,))
 
 
+def _declaration_error(case: _Model, names: tuple[str, ...], local: Tensors) -> str:
+    """Why the declaration permutes nothing the model reads ("" when it does): a check that could not fail."""
+    unknown = [n for n in names if n not in local]
+    if unknown:
+        return f"BatchInvariance inputs {unknown} are not inputs of the case (it has {sorted(local)})"
+    if not any(n in names for n in case.model_inputs):
+        return f"BatchInvariance permutes {list(names)}, none of the model's inputs {list(case.model_inputs)}"
+    return ""
+
+
 def _fewest_rows(ctx: RankContext, n: int) -> int:
     """The fewest batch rows any rank of the mesh holds (each rank must take the same decision: the reruns are
     collectives)."""
@@ -145,6 +155,9 @@ def model_batch_invariance(case: _Model, spec: BatchInvariance) -> PropertiesFn:
 
     def check(ctx: RankContext, full: Tensors, local: Tensors, outs: tuple) -> list[Property]:
         batch, names = _batch_names(case, spec, ctx, local)
+        wrong = _declaration_error(case, names, local)
+        if wrong:
+            return [Property(f"{NAME}:permuted", False, message=wrong)]
         n = int(local[batch].shape[0])
         if _fewest_rows(ctx, n) < 2:
             return [Property(f"{NAME}:permuted", True, message="one sample on a rank: nothing to move")]
