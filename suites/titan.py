@@ -20,7 +20,7 @@ Third-party models: docs/third-party-models.md.
 
 from __future__ import annotations
 
-from shardcheck import Layout, ModelCase, Partial
+from shardcheck import Layout, ModelCase, Partial, Shard
 from shardcheck.suites import _titan_models as titan
 
 FAMILY = "titan"
@@ -45,6 +45,11 @@ def _no_dp(t) -> bool:
     return t.dp == 1 and t.cp == 1 and titan.HEADS % t.tp == 0
 
 
+def _with_dp(t) -> bool:
+    """FSDP (or HSDP, dp_replicate > 1) over dp 2 or 4, with or without TP; no CP."""
+    return t.dp > 1 and t.cp == 1 and titan.HEADS % t.tp == 0 and titan.BATCH % t.dp == 0
+
+
 def case(
     model: str,
     expert_parallel: bool,
@@ -52,10 +57,14 @@ def case(
     case_id: str | None = None,
     edit=None,
     backend: str = BACKEND,
+    fsdp: bool = False,
 ):
-    plan = titan.Plan(model, expert_parallel, sequence_parallel, backend, edit)
-    name = f"{model}-{'ep' if expert_parallel else 'tp'}{'-sp' if sequence_parallel else ''}"
+    """`fsdp`: torchtitan's whole parallelize function, FSDP2 (HSDP at dp_replicate > 1) over the batch split on dp,
+    each rank's loss its summand of the global mean (torchtitan's trainer: gradient division off)."""
+    plan = titan.Plan(model, expert_parallel, sequence_parallel, backend, edit, data_parallel=fsdp)
+    name = f"{model}-{'fsdp-' if fsdp else ''}{'ep' if expert_parallel else 'tp'}{'-sp' if sequence_parallel else ''}"
     name += "" if backend == BACKEND else f"-{backend}"
+    batch = {"tokens": Layout(dp=Shard(0)), "labels": Layout(dp=Shard(0))}
     moe = model in titan.MOE_MODELS
     return ModelCase(
         op=f"{FAMILY}.parallelize",
@@ -73,13 +82,17 @@ def case(
         loss=titan.loss,
         step_context=plan.step_context,
         world_group=True,
-        supports=_no_dp,
+        supports=_with_dp if fsdp else _no_dp,
+        hsdp=fsdp,
+        input_layouts=batch if fsdp else {},
+        loss_layout=Layout(dp=Partial()),
         skip_reason=titan.titan_missing(),
         params={
             "model": model,
             "expert_parallel": expert_parallel,
             "sequence_parallel": sequence_parallel,
             "backend": backend,
+            "fsdp": fsdp,
         },
     )
 
@@ -92,4 +105,6 @@ def cases(quick: bool = False) -> list[ModelCase]:
         case("llama3", False, True),
         case("qwen3_moe", False, True),
         case("qwen3_moe", True, True),
+        case("llama3", False, True, fsdp=True),
+        case("qwen3_moe", True, True, fsdp=True),
     ]
