@@ -44,10 +44,11 @@ class Degrees:
     ep: int
 
 
-def degrees(topology, expert_parallel: bool) -> Degrees:
+def degrees(topology, expert_parallel: bool, ep_from_dp: bool = False) -> Degrees:
     """The topology -> parallel degrees mapping: TP on the mesh's tp dim, FSDP on dp, EP (when the case uses it) on
-    the TP ranks."""
-    return Degrees(tp=topology.tp, fsdp=topology.dp, ep=topology.tp if expert_parallel else 1)
+    the TP ranks, or `ep_from_dp`: on the dp ranks (at tp 1; ep == fsdp, efsdp 1: every expert whole on one rank)."""
+    ep = (topology.dp if ep_from_dp else topology.tp) if expert_parallel else 1
+    return Degrees(tp=topology.tp, fsdp=topology.dp, ep=ep)
 
 
 # ---- the tiny configs --------------------------------------------------------------------------------------------
@@ -128,10 +129,11 @@ def loss(out, inputs: dict, ctx) -> torch.Tensor:
 # ---- the plan ----------------------------------------------------------------------------------------------------
 
 
-def meshes(ctx):
+def meshes(ctx, ep_from_dp: bool = False):
     """Transformers' mesh manager on this topology's ranks: the dense mesh (pp, dp_replicate, fsdp, tp) and the
-    expert mesh (pp, dp_replicate, efsdp, ep), here with ep == tp, made of the harness's own groups
-    (`DeviceMesh.from_group`: no collective, so spare ranks of a larger launch are not waited for)."""
+    expert mesh (pp, dp_replicate, efsdp, ep), with ep == tp (efsdp == fsdp), or `ep_from_dp` (tp 1): ep == fsdp,
+    efsdp 1; made of the harness's own groups (`DeviceMesh.from_group`: no collective, so spare ranks of a larger
+    launch are not waited for; cp is 1, so its group is this rank alone)."""
     from torch.distributed.device_mesh import DeviceMesh
     from transformers.distributed.utils import TransformersDeviceMesh
 
@@ -142,13 +144,16 @@ def meshes(ctx):
     dense = DeviceMesh.from_group(
         [one, one, fsdp, tp_group], kind, mesh=ranks, mesh_dim_names=("pp", "dp_replicate", "fsdp", "tp")
     )
+    expert_groups, expert_ranks = [one, one, fsdp, tp_group], ranks
+    if ep_from_dp:
+        expert_groups, expert_ranks = [one, one, one, fsdp], ranks.reshape(1, 1, 1, dp)
     expert = DeviceMesh.from_group(
-        [one, one, fsdp, tp_group], kind, mesh=ranks, mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep")
+        expert_groups, kind, mesh=expert_ranks, mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep")
     )
     return TransformersDeviceMesh(dense, expert)
 
 
-def parallelize(expert_parallel: bool, ep_implementation: str = "auto", before=None):
+def parallelize(expert_parallel: bool, ep_implementation: str = "auto", before=None, ep_from_dp: bool = False):
     def plan(model: torch.nn.Module, ctx) -> torch.nn.Module:
         """Transformers' own plan at this topology's degrees, as from_pretrained applies it after init."""
         from transformers.distributed.configuration_utils import DistributedConfig
@@ -156,11 +161,11 @@ def parallelize(expert_parallel: bool, ep_implementation: str = "auto", before=N
         if before is not None:
             before()
 
-        d = degrees(ctx.topology, expert_parallel)
+        d = degrees(ctx.topology, expert_parallel, ep_from_dp)
         kw = {"ep_size": d.ep, "ep_implementation": ep_implementation} if expert_parallel and d.ep > 1 else {}
         cfg = DistributedConfig(tp_size=d.tp, fsdp_size=d.fsdp, **kw)
         if d.tp * d.fsdp == 1:
             return model
-        return type(model).maybe_distribute_model(model, cfg, meshes(ctx))
+        return type(model).maybe_distribute_model(model, cfg, meshes(ctx, ep_from_dp))
 
     return plan
