@@ -11,11 +11,13 @@ of the plan):
   backward: every layer's inner attention is torchtitan's `ScaledDotProductAttention` (causal, no mask);
 - RoPE: Llama 3's complex RoPE cache is a buffer that `Module.to(float32)` turns real (the harness casts the model
   to each item's dtype): a forward pre-hook recomputes it where it is not complex;
-- FSDP: not applied (torchtitan's `parallelize_llama` always wraps in FSDP with bf16/fp32 parameters): the cases
-  are TP / SP / EP at dp = 1.
+- FSDP: the dp = 1 cases apply `model.parallelize` alone (TP / SP / EP); the FSDP cases torchtitan's whole
+  parallelize function (`parallelize_llama`, `parallelize_qwen3`: FSDP2 / HSDP after it), its mixed-precision
+  parameter dtype the item's (torchtitan's default is bfloat16 parameters over float32 masters).
 
-Topology -> torchtitan's degrees (`degrees`): tensor_parallel_degree = tp, data_parallel_shard_degree = dp,
-expert_parallel_degree = tp where the case is expert-parallel (EP on the TP ranks), cp = 1.  torchtitan builds its
+Topology -> torchtitan's degrees (`degrees`): tensor_parallel_degree = tp, data_parallel_shard_degree = dp /
+dp_replicate, data_parallel_replicate_degree = dp_replicate, expert_parallel_degree = dp_shard x tp where the case is
+expert-parallel (EP over the FSDP and TP ranks, efsdp 1; ep == tp at dp 1), cp = 1.  torchtitan builds its
 own DeviceMesh over the world (`ParallelDims.build_mesh`), so the cases run only in a launch of exactly their size
 (`world_group`); its mesh dims are not dp/cp/tp, so its DTensors are gathered and judged whole.
 """

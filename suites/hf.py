@@ -1,6 +1,6 @@
 """hf suite: Hugging Face Transformers' Llama, Qwen2 and Qwen3-MoE under Transformers' own parallel plans.
 
-One training step of each model (tiny random config: 2 layers, hidden 16, 4 heads, vocab 32, batch 2, sequence 8;
+One training step of each model (tiny random config: 2 layers, hidden 16, 4 heads, vocab 32, batch 4, sequence 8;
 suites/_hf_models.py) under the plan `from_pretrained(..., distributed_config=DistributedConfig(tp_size=...,
 ep_size=...))` applies, against the same model on one device, module by module (docs/model-cases.md), in float64,
 float32 and bfloat16 at world sizes 1, 2, 4:
@@ -10,16 +10,19 @@ float32 and bfloat16 at world sizes 1, 2, 4:
 - `qwen3_moe-ep`: the expert-parallel plan (`base_model_ep_plan`, `ep_dispatch_experts`) on the TP ranks, ep == tp,
   with the dense layers under TP; tokens exchanged by all-to-all (Transformers' default in training);
 - `llama-fsdp-tp`, `qwen3_moe-fsdp-ep`: the same plans with FSDP over dp (fsdp_size = dp, 2 or 4), each rank's loss
-  the mean of its rows and gradients averaged, as Transformers trains: skipped, with the reason, until the harness
-  has the averaged DP convention (`loss_layout=Layout(dp=Partial("avg"))`, issue 38);
+  the mean of its rows and gradients averaged, as Transformers trains (`loss_layout=Layout(dp=Partial("avg"))`);
+- `qwen3_moe-fsdp-ep-from-dp`: EP borrowed from FSDP (tp 1, ep == fsdp, efsdp 1): in float64 torch 2.13's FSDP2
+  divides the experts' gradients twice, a `KnownFailure` (FSDP2_DOUBLE_DIVIDE);
 - `qwen3_moe-ep-allreduce`: the same plan with `ep_implementation="all_reduce"` (each rank runs its experts on the
   shared batch, outputs summed; the router weights' gradient summed over EP in the backward).
 
-The MoE cases run in float64 and float32: in bfloat16 a router's top-k, a discrete choice, flips between two correct
-runs (the sharded one and the single-device one round differently), so a token's expert, and every tensor after it,
-would differ without a defect.  Inside the experts the activation function is called once per local expert: under
-TP its output is split by columns (declared), under EP the k-th call is another expert on each rank, so it is not
-compared there; the experts' output, and every gradient, is.
+A router's top-k is a discrete choice: two correct runs that round differently (the sharded one and the single-device
+one, in bfloat16) could send a token to different experts.  The MoE models' routers are drawn so that every token of
+the case's inputs routes with a margin (`_hf_models.widen_routing`), so the MoE cases run in bfloat16 too.
+
+Inside the experts the activation function is called once per local expert: under TP its output is split by columns
+(declared), under EP the k-th call is another expert on each rank, so it is not compared there; the experts' output,
+and every gradient, is.
 
 Needs the optional extra `pip install -e .[hf]`; without it every case is recorded `skip` with the reason.
 Third-party models: docs/third-party-models.md.

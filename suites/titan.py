@@ -1,12 +1,16 @@
 """titan suite: torchtitan's Llama 3 and Qwen3-MoE under torchtitan's own `model.parallelize(parallel_dims)`.
 
-One training step of each model (tiny random config: 2 layers, dim 16, 4 heads, vocab 32, batch 2, sequence 8; MoE 4
+One training step of each model (tiny random config: 2 layers, dim 16, 4 heads, vocab 32, batch 4, sequence 8; MoE 4
 experts, top 2; suites/_titan_models.py) under torchtitan's plan, against the same model on one device, module by
-module (docs/model-cases.md), in float64, float32 and bfloat16 at world sizes 1, 2, 4:
+module (docs/model-cases.md), at world sizes 1, 2, 4:
 
 - `llama3-tp` / `llama3-tp-sp`: tensor parallel without / with sequence parallelism (torchtitan's default);
 - `qwen3_moe-tp-sp`: Qwen3-MoE, experts tensor-parallel (ep 1);
-- `qwen3_moe-ep-sp`: Qwen3-MoE, experts expert-parallel on the TP ranks (ep == tp).
+- `qwen3_moe-ep-sp`: Qwen3-MoE, experts expert-parallel on the TP ranks (ep == tp);
+- `llama3-fsdp-tp-sp`, `qwen3_moe-fsdp-ep-sp`: the same under torchtitan's whole parallelize function, FSDP2 over
+  dp 2 or 4 (HSDP at `--topology dp=4,dp_replicate=2`), alone and with TP; the MoE model's EP over the FSDP and TP
+  ranks (ep = dp_shard x tp: EP borrowed from FSDP).  torchtitan's trainer's convention: FSDP's gradient division
+  off, each rank's loss its token sum over the global token count (`loss_layout=Layout(dp=Partial())`).
 
 Dtypes: float32 and bfloat16 (the MoE model float32 only).  float64 is left out: torchtitan's RoPE computes in float32
 whatever the model's dtype (`query.float()`, torchtitan/models/common/rope.py), so a float64 step is float32-accurate

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from helpers import BROKEN, FIXTURES
 
-from shardcheck.harness.rank.shims import titan_grouped_experts, triton_import
+from shardcheck.harness.rank.shims import titan_fsdp_sum, titan_grouped_experts, triton_import
 
 needs_hf = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None, reason="transformers is not installed (pip install -e .[hf])"
@@ -41,19 +42,90 @@ def test_transformers_llama_under_its_own_tp_plan_passes_module_by_module(run_sh
 
 
 @needs_titan
-def test_torchtitan_llama3_under_its_own_parallelize_passes_and_the_shims_are_recorded(run_shardcheck):
+def test_torchtitan_llama3_under_its_own_parallelize_with_tp_and_with_fsdp_passes_and_the_shims_are_recorded(
+    run_shardcheck,
+):
+    """One launch of 2 ranks: Llama 3 under TP + SP (model.parallelize) at tp 2, and under torchtitan's whole
+    parallelize_llama (FSDP2, its gradient division off, each rank's loss its token sum over the global count) at dp 2:
+    FSDP's reduction on gloo takes the titan_fsdp_sum shim (gloo refuses PREMUL_SUM)."""
     run = run_shardcheck(
-        "run", "--suite", "titan", "--case", "llama3-tp-sp", "--topology", "dp=1,cp=1,tp=2", "--dtype", "float32"
+        "run",
+        "--suite",
+        "titan",
+        "--case",
+        "llama3-tp-sp",
+        "--case",
+        "llama3-fsdp-tp-sp",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--topology",
+        "dp=2,cp=1,tp=1",
+        "--dtype",
+        "float32",
     )
     assert run.returncode == 0, run.stdout[-3000:]
     rows = run.rows
     assert (rows["status"] == "pass").all()
-    checks = set(rows["check"])
-    assert {"forward:dparam:layers.0.attention_norm.weight", "forward:step:lm_head.weight"} <= checks
+    assert set(zip(rows["case_id"], rows["dp"], rows["tp"])) == {("llama3-tp-sp", 1, 2), ("llama3-fsdp-tp-sp", 2, 1)}
+    for case in ("llama3-tp-sp", "llama3-fsdp-tp-sp"):
+        checks = set(rows[rows["case_id"] == case]["check"])
+        assert {"forward:dparam:layers.0.attention_norm.weight", "forward:step:lm_head.weight"} <= checks
     meta = json.loads((run.out / "run.json").read_text())
     used = [n for n in meta["shim_notes"] if n.startswith("used ")]
     assert any(triton_import.NAME in n for n in used) or not triton_import.wanted()
     assert any("torchtitan's device type" in n for n in used), meta["shim_notes"]
+    assert any(titan_fsdp_sum.NAME in n for n in used), meta["shim_notes"]
+
+
+@needs_hf
+def test_transformers_ep_borrowed_from_fsdp_in_float64_is_the_fsdp2_double_division_known_failure(run_shardcheck):
+    """qwen3_moe-fsdp-ep-from-dp at dp 2 (ep 2, efsdp 1) in float64: the experts' gradients come out halved by torch
+    2.13's FSDP2 (tests/fixtures/upstream/fsdp2_double_divide.py): xfail rows, not failures, and the run passes."""
+    run = run_shardcheck(
+        "run",
+        "--suite",
+        "hf",
+        "--case",
+        "qwen3_moe-fsdp-ep-from-dp",
+        "--topology",
+        "dp=2,cp=1,tp=1",
+        "--dtype",
+        "float64",
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    rows = run.rows
+    known = rows[rows["status"] == "xfail"]
+    assert (rows[rows["status"] != "xfail"]["status"] == "pass").all()
+    assert set(known["check"]) == {
+        f"forward:{kind}:model.layers.{layer}.mlp.experts.{weight}"
+        for kind in ("dparam", "step")
+        for layer in (0, 1)
+        for weight in ("gate_up_proj", "down_proj")
+    }
+    got, want = (float(v) for v in re.search(r"expected (\S+), got (\S+);", known.iloc[0]["message"]).groups()[::-1])
+    assert got / want == pytest.approx(0.5, rel=1e-9)  # the known factor: divided by 2 twice
+    assert "FSDP2 divides the experts' gradients twice" in run.stdout
+
+
+@needs_hf
+def test_a_moe_router_of_the_hf_suite_routes_every_token_with_a_margin_so_bfloat16_keeps_its_top_k():
+    """widen_routing: every MoE layer's router, on the very tokens the case draws, has its k-th logit MIN_MARGIN above
+    the (k+1)-th, so the bfloat16 model picks the float64 model's experts for every token."""
+    from shardcheck.suites import _hf_models as hf
+
+    gen = torch.Generator().manual_seed(0)
+    net = hf.build("qwen3_moe")(gen)
+    tokens = hf.make_inputs(gen)["input_ids"]  # what the case's inputs are: drawn after the weights
+    routers = [m for name, m in net.named_modules() if name.endswith("mlp.gate")]
+    assert len(routers) == 2
+    for router in routers:
+        assert hf.routing_margin(hf.router_input(net, router, tokens) @ router.weight.T, 2) >= hf.MIN_MARGIN
+    picks = {}
+    for dtype in (torch.float64, torch.bfloat16):
+        net = net.to(dtype)
+        for i, router in enumerate(routers):
+            picks[dtype, i] = router(hf.router_input(net, router, tokens))[2].sort(-1).values
+    assert all(torch.equal(picks[torch.float64, i], picks[torch.bfloat16, i]) for i in range(2))
 
 
 @needs_hf
