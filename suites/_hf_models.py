@@ -1,14 +1,15 @@
 """hf suite: Hugging Face Transformers' own models under their own tensor- and expert-parallel plans.
 
-The model is Transformers' class (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3MoeForCausalLM) built from a tiny
-config with random weights; the plan is the one `from_pretrained(..., distributed_config=DistributedConfig(...))`
-applies: `PreTrainedModel.maybe_distribute_model` (Transformers' `base_model_tp_plan` / `base_model_ep_plan`, the
-model's `_tp_plan` for the head), called here on meshes cut from the harness's (dp, cp, tp) mesh rather than on the
-world (a topology may run on part of a launch).  Needs the optional extra `pip install -e .[hf]`; without it every
-case is recorded `skip` with the reason.
+The model is Transformers' class (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM) built
+from a tiny config with random weights; the plan is the one `from_pretrained(...,
+distributed_config=DistributedConfig(...))` applies: `PreTrainedModel.maybe_distribute_model` (Transformers'
+`base_model_tp_plan` / `base_model_ep_plan`, the model's `_tp_plan` for the head), called here on meshes cut from the
+harness's (dp, cp, tp) mesh rather than on the world (a topology may run on part of a launch).  Needs the optional
+extra `pip install -e .[hf]`; without it every case is recorded `skip` with the reason.
 
 Topology -> Transformers' degrees (`degrees`): tp_size = tp, fsdp_size = dp, ep_size = tp where the case is
-expert-parallel (EP on the TP ranks: Transformers' "ep == tp" layout, efsdp = fsdp), cp always 1.
+expert-parallel (EP on the TP ranks: Transformers' "ep == tp" layout, efsdp = fsdp; or ep_size = dp, at tp 1, where EP
+is borrowed from FSDP: efsdp 1), cp always 1.
 """
 
 from __future__ import annotations
@@ -23,8 +24,13 @@ from torch.distributed.tensor import DTensor
 
 BATCH, SEQ = 4, 8  # BATCH: every DP size up to 4
 DTYPES = ("float64", "float32", "bfloat16")
-MOE_MODELS = ("qwen3_moe",)
-MOE_DTYPES = DTYPES  # every router routes with a margin (widen_routing): bfloat16 flips no top-k
+MOE_MODELS = ("qwen3_moe", "mixtral")
+# a MoE model whose routers have no margin (a user's config, suites/_model_config.py): bfloat16 would flip a top-k
+MOE_DTYPES = ("float64", "float32")
+# The built-in MoE models' routers route with a margin (widen_routing), so bfloat16 flips no top-k.  Mixtral's router
+# hands the experts float32 routing weights whatever the model's dtype (no cast back, unlike Qwen3-MoE's router), so a
+# float64 step is float32-accurate from its first MoE layer on: no float64 (as torchtitan's RoPE, suites/titan.py).
+MODEL_DTYPES = {"mixtral": ("float32", "bfloat16")}
 
 
 def hf_missing() -> str | None:
@@ -67,7 +73,7 @@ COMMON = dict(
 
 
 def config(model: str, layers: int | None = None):
-    """The tiny config of `model` ("llama", "qwen2", "qwen3_moe")."""
+    """The tiny config of `model` ("llama", "qwen2", "qwen3_moe", "mixtral")."""
     import transformers
 
     kw = dict(COMMON)
@@ -84,6 +90,11 @@ def config(model: str, layers: int | None = None):
         cfg = transformers.Qwen3MoeConfig(
             **kw, head_dim=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, decoder_sparse_step=1
         )
+        cfg._experts_implementation = "eager"
+    elif model == "mixtral":
+        # the same experts as qwen3_moe's: 4 of 16 (Mixtral's experts take intermediate_size), top 2, every layer MoE
+        kw["intermediate_size"] = 16
+        cfg = transformers.MixtralConfig(**kw, num_local_experts=4, num_experts_per_tok=2)
         cfg._experts_implementation = "eager"
     else:
         raise ValueError(f"unknown Transformers model {model!r}")

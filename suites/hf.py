@@ -1,4 +1,4 @@
-"""hf suite: Hugging Face Transformers' Llama, Qwen2 and Qwen3-MoE under Transformers' own parallel plans.
+"""hf suite: Hugging Face Transformers' Llama, Qwen2, Qwen3-MoE and Mixtral under Transformers' own parallel plans.
 
 One training step of each model (tiny random config: 2 layers, hidden 16, 4 heads, vocab 32, batch 4, sequence 8;
 suites/_hf_models.py) under the plan `from_pretrained(..., distributed_config=DistributedConfig(tp_size=...,
@@ -14,7 +14,10 @@ float32 and bfloat16 at world sizes 1, 2, 4:
 - `qwen3_moe-fsdp-ep-from-dp`: EP borrowed from FSDP (tp 1, ep == fsdp, efsdp 1): in float64 torch 2.13's FSDP2
   divides the experts' gradients twice, a `KnownFailure` (FSDP2_DOUBLE_DIVIDE);
 - `qwen3_moe-ep-allreduce`: the same plan with `ep_implementation="all_reduce"` (each rank runs its experts on the
-  shared batch, outputs summed; the router weights' gradient summed over EP in the backward).
+  shared batch, outputs summed; the router weights' gradient summed over EP in the backward);
+- `mixtral-tp`, `mixtral-ep`: Mixtral under the same two plans (its experts as Qwen3-MoE's: 4 of 16, top 2), in float32
+  and bfloat16: its router hands the experts float32 routing weights whatever the model's dtype, so a float64 step
+  is float32-accurate (`MODEL_DTYPES`).
 
 A router's top-k is a discrete choice: two correct runs that round differently (the sharded one and the single-device
 one, in bfloat16) could send a token to different experts.  The MoE models' routers are drawn so that every token of
@@ -91,7 +94,7 @@ def case(
         supports=supports,
         input_layouts=batch if fsdp else {},
         loss_layout=Layout(dp=Partial("avg")) if fsdp else Layout(),
-        dtypes=hf.MOE_DTYPES if model in hf.MOE_MODELS else hf.DTYPES,
+        dtypes=hf.MODEL_DTYPES.get(model, hf.DTYPES),
         skip_reason=hf.hf_missing(),
         xfail=xfail,
         params={"model": model, "expert_parallel": expert_parallel, "ep_from_dp": ep_from_dp},
@@ -119,6 +122,8 @@ def cases(quick: bool = False) -> list[ModelCase]:
         case("qwen3_moe"),
         case("qwen3_moe", expert_parallel=True),
         case("qwen3_moe", expert_parallel=True, case_id="qwen3_moe-ep-allreduce", ep_implementation="all_reduce"),
+        case("mixtral"),
+        case("mixtral", expert_parallel=True),
         case("llama", case_id="llama-fsdp-tp", fsdp=True),
         case("qwen3_moe", expert_parallel=True, case_id="qwen3_moe-fsdp-ep", fsdp=True),
         case(
