@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from shardcheck.suites import _routing as routing
+
 BATCH, SEQ = 4, 8  # BATCH: every DP size up to 4
 DTYPES = ("float64", "float32", "bfloat16")
 MOE_MODELS = ("qwen3_moe", "mixtral")
@@ -110,14 +112,18 @@ def build(model: str):
         cfg = config(model)
         net = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float64)
         fill_weights(net, gen)
-        if model in MOE_MODELS:
+        if model in MOE_MODELS:  # every token routes with a margin: no dtype flips a top-k (suites/_routing.py)
             redraws = torch.Generator().manual_seed(int(torch.randint(2**62, (), generator=gen)))
-            peek = torch.Generator()
-            peek.set_state(gen.get_state())  # the tokens make_inputs draws next, without drawing them from `gen`
-            widen_routing(net, make_inputs(peek)["input_ids"], redraws)
+            tokens = make_inputs(routing.peek(gen))["input_ids"]
+            routing.widen_routing(lambda: net(input_ids=tokens), routers(net), net.config.num_experts_per_tok, redraws)
         return net
 
     return full_model
+
+
+def routers(net: torch.nn.Module) -> list[torch.nn.Module]:
+    """The MoE layers' routers (`mlp.gate`: logits = x @ weight.T), first layer first."""
+    return [m for name, m in net.named_modules() if name.endswith("mlp.gate")]
 
 
 def fill_weights(net: torch.nn.Module, gen: torch.Generator) -> None:
@@ -125,44 +131,6 @@ def fill_weights(net: torch.nn.Module, gen: torch.Generator) -> None:
         for _, p in net.named_parameters():
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
             p.copy_(1 + 0.1 * noise if p.dim() == 1 else noise / math.sqrt(p.shape[-1]))
-
-
-MIN_MARGIN = 0.5  # router logits: k-th best minus (k+1)-th, every token (bfloat16 errs by ~0.05 here; reference/moe.py)
-
-
-def routing_margin(logits: torch.Tensor, top_k: int) -> float:
-    """The smallest gap between a row's k-th and (k+1)-th largest logits."""
-    top = logits.detach().topk(top_k + 1, dim=-1).values
-    return float((top[:, top_k - 1] - top[:, top_k]).min())
-
-
-def router_input(net: torch.nn.Module, router: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """What `router` sees when `net` runs on `tokens`: [tokens, hidden]."""
-    seen = []
-    hook = router.register_forward_pre_hook(lambda _, args: seen.append(args[0].detach()))
-    try:
-        with torch.no_grad():
-            net(input_ids=tokens)
-    finally:
-        hook.remove()
-    return seen[0].reshape(-1, seen[0].shape[-1])
-
-
-def widen_routing(net: torch.nn.Module, tokens: torch.Tensor, gen: torch.Generator) -> None:
-    """Each MoE layer's router redrawn (from `gen`), first layer first, until every token of `tokens` routes with a
-    margin of MIN_MARGIN: a top-k choice then holds in any dtype, so the sharded and single-device runs send each token
-    to the same experts (in bfloat16 too).  Router weights ~6/sqrt(hidden), as reference/moe.py's."""
-    top_k = net.config.num_experts_per_tok
-    for router in [m for name, m in net.named_modules() if name.endswith("mlp.gate")]:
-        x = router_input(net, router, tokens)
-        with torch.no_grad():
-            for _ in range(1000):
-                if routing_margin(x @ router.weight.T, top_k) >= MIN_MARGIN:
-                    break
-                noise = torch.randn(router.weight.shape, generator=gen, dtype=torch.float64)
-                router.weight.copy_(noise * 6 / x.shape[-1] ** 0.5)
-            else:
-                raise ValueError(f"no router of margin {MIN_MARGIN} in 1000 draws")
 
 
 def make_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:

@@ -34,11 +34,13 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Shard
 
+from shardcheck.suites import _routing as routing
+
 VOCAB, DIM, LAYERS, HEADS, HIDDEN, BATCH, SEQ = 32, 16, 2, 4, 32, 4, 8  # BATCH: every DP size up to 4
 EXPERTS, TOP_K, EXPERT_HIDDEN = 4, 2, 16
 MOE_MODELS = ("qwen3_moe",)
 DTYPES = ("float32", "bfloat16")  # not float64: torchtitan's RoPE computes in float32 (suites/titan.py)
-MOE_DTYPES = ("float32",)  # bfloat16 flips a router's top-k between two correct runs
+MOE_DTYPES = DTYPES  # every router routes with a margin (suites/_routing.py): bfloat16 flips no top-k
 
 
 def titan_missing() -> str | None:
@@ -202,9 +204,18 @@ def build(model: str):
     def full_model(gen: torch.Generator) -> torch.nn.Module:
         net = instantiate(configured(model, Degrees(1, 1, 1), False, "spmd_types"))
         fill_weights(net, gen)
+        if model in MOE_MODELS:  # every token routes with a margin: no dtype flips a top-k (suites/_routing.py)
+            redraws = torch.Generator().manual_seed(int(torch.randint(2**62, (), generator=gen)))
+            tokens = make_inputs(routing.peek(gen))["tokens"]
+            routing.widen_routing(lambda: net(tokens), gates(net), TOP_K, redraws)
         return net
 
     return full_model
+
+
+def gates(net: torch.nn.Module) -> list[torch.nn.Module]:
+    """The MoE layers' router gates (`moe.router.gate`, a Linear: logits = x @ weight.T), first layer first."""
+    return [m for name, m in net.named_modules() if name.endswith("moe.router.gate")]
 
 
 def make_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:

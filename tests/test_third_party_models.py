@@ -112,19 +112,22 @@ def test_a_moe_router_of_the_hf_suite_routes_every_token_with_a_margin_so_bfloat
     """widen_routing: every MoE layer's router, on the very tokens the case draws, has its k-th logit MIN_MARGIN above
     the (k+1)-th, so the bfloat16 model picks the float64 model's experts for every token."""
     from shardcheck.suites import _hf_models as hf
+    from shardcheck.suites import _routing as routing
 
     gen = torch.Generator().manual_seed(0)
     net = hf.build("qwen3_moe")(gen)
     tokens = hf.make_inputs(gen)["input_ids"]  # what the case's inputs are: drawn after the weights
-    routers = [m for name, m in net.named_modules() if name.endswith("mlp.gate")]
+    routers = hf.routers(net)
     assert len(routers) == 2
     for router in routers:
-        assert hf.routing_margin(hf.router_input(net, router, tokens) @ router.weight.T, 2) >= hf.MIN_MARGIN
+        x = routing.router_input(lambda: net(input_ids=tokens), router)
+        assert routing.routing_margin(x @ router.weight.T, 2) >= routing.MIN_MARGIN
     picks = {}
     for dtype in (torch.float64, torch.bfloat16):
-        net = net.to(dtype)
+        run = net.to(dtype)
         for i, router in enumerate(routers):
-            picks[dtype, i] = router(hf.router_input(net, router, tokens))[2].sort(-1).values
+            x = routing.router_input(lambda: run(input_ids=tokens), router)  # noqa: B023 (called here, at once)
+            picks[dtype, i] = router(x)[2].sort(-1).values
     assert all(torch.equal(picks[torch.float64, i], picks[torch.bfloat16, i]) for i in range(2))
 
 
