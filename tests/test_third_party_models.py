@@ -224,3 +224,28 @@ def test_the_third_party_suites_run_when_named_not_in_a_plain_run():
     assert named == ["hf"]
     by_op, _ = select_suites([], ["titan.parallelize"], {})
     assert "titan" in by_op and "hf" not in by_op
+
+
+@needs_hf
+def test_a_users_moe_config_takes_no_bfloat16_and_a_users_mixtral_no_float64(tmp_path):
+    """--model-config: routers that are the user's (no margin) leave bfloat16 out with experts, and Mixtral's router
+    (float32 routing weights in a float64 model) leaves float64 out; a dense model takes the three dtypes."""
+    import transformers
+
+    from shardcheck.suites import _model_config
+
+    small = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, hidden_size=16)
+    configs = {
+        "llama": transformers.LlamaConfig(**small),
+        "qwen3_moe": transformers.Qwen3MoeConfig(**small, num_experts=4),
+        "mixtral": transformers.MixtralConfig(**small, num_local_experts=4),
+    }
+    dtypes = {}
+    for name, cfg in configs.items():
+        cfg.save_pretrained(tmp_path / name)
+        dtypes[name] = {c.dtypes for c in _model_config.cases(str(tmp_path / name))}
+    assert dtypes == {
+        "llama": {("float64", "float32", "bfloat16")},
+        "qwen3_moe": {("float64", "float32")},
+        "mixtral": {("float32",)},
+    }
