@@ -24,6 +24,7 @@ needs_titan = pytest.mark.skipif(
 )
 ROUTER = BROKEN / "hf_ep_plan" / "router_grad_not_reduced.py"
 COLWISE = BROKEN / "titan_plan" / "colwise_output_into_norm.py"
+FSDP_AVERAGED = BROKEN / "titan_plan" / "fsdp_head_averaged.py"
 
 
 @needs_hf
@@ -154,6 +155,21 @@ def test_a_colwise_output_left_sharded_into_the_norm_is_one_error_at_tp_2(run_sh
     bad = rows[rows["status"] != "pass"]
     assert set(bad["tp"]) == {2} and (bad["status"] == "error").all()
     assert len(run.causes) == 1 and "Partial(avg)" in bad.iloc[0]["error_message"]
+
+
+@needs_titan
+def test_torchtitans_fsdp_unit_that_averages_under_its_sum_loss_is_one_finding_naming_norm_and_head(run_shardcheck):
+    run = run_shardcheck(
+        "run", "--suite-path", str(FSDP_AVERAGED), "--topology", "dp=2,cp=1,tp=1", "--dtype", "float32"
+    )
+    assert run.returncode == 1
+    cause = run.causes.iloc[0]
+    assert len(run.causes) == 1 and cause.checks.startswith("first diverging: parameter norm.weight (gradient)")
+    failed = run.failed()
+    assert set(failed["check"]) == {f"forward:{k}:{p}.weight" for k in ("dparam", "step") for p in ("norm", "lm_head")}
+    norm = failed[failed["check"] == "forward:dparam:norm.weight"].iloc[0]["message"]
+    got, want = (float(v) for v in re.search(r"expected (\S+), got (\S+);", norm).groups()[::-1])
+    assert got / want == pytest.approx(0.5, rel=1e-5)  # averaged over dp 2 where torchtitan's loss wants the sum
 
 
 def test_without_the_extras_every_case_is_skipped_with_the_reason(monkeypatch):
