@@ -12,11 +12,11 @@ module (docs/model-cases.md), at world sizes 1, 2, 4:
   ranks (ep = dp_shard x tp: EP borrowed from FSDP).  torchtitan's trainer's convention: FSDP's gradient division
   off, each rank's loss its token sum over the global token count (`loss_layout=Layout(dp=Partial())`).
 
-Dtypes: float32 and bfloat16 (the MoE model float32 only).  float64 is left out: torchtitan's RoPE computes in float32
-whatever the model's dtype (`query.float()`, torchtitan/models/common/rope.py), so a float64 step is float32-accurate
-from the first attention on, and the sharded and single-device steps differ there by a float32 ulp
-(docs/third-party-models.md).  bfloat16 is left out of the MoE model: a router's top-k, a discrete choice, flips
-between two correct runs that round differently.
+Dtypes: float32 and bfloat16.  float64 is left out: torchtitan's RoPE computes in float32 whatever the model's dtype
+(`query.float()`, torchtitan/models/common/rope.py), so a float64 step is float32-accurate from the first attention
+on, and the sharded and single-device steps differ there by a float32 ulp (docs/third-party-models.md).  The MoE
+model's routers route every token of the case's inputs with a margin (suites/_routing.py), so no top-k flips between
+two correct bfloat16 runs that round differently.
 
 Needs the optional extra `pip install -e .[titan]`; without it every case is recorded `skip` with the reason.
 Third-party models: docs/third-party-models.md.
