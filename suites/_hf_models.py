@@ -1,14 +1,15 @@
 """hf suite: Hugging Face Transformers' own models under their own tensor- and expert-parallel plans.
 
-The model is Transformers' class (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3MoeForCausalLM) built from a tiny
-config with random weights; the plan is the one `from_pretrained(..., distributed_config=DistributedConfig(...))`
-applies: `PreTrainedModel.maybe_distribute_model` (Transformers' `base_model_tp_plan` / `base_model_ep_plan`, the
-model's `_tp_plan` for the head), called here on meshes cut from the harness's (dp, cp, tp) mesh rather than on the
-world (a topology may run on part of a launch).  Needs the optional extra `pip install -e .[hf]`; without it every
-case is recorded `skip` with the reason.
+The model is Transformers' class (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM) built
+from a tiny config with random weights; the plan is the one `from_pretrained(...,
+distributed_config=DistributedConfig(...))` applies: `PreTrainedModel.maybe_distribute_model` (Transformers'
+`base_model_tp_plan` / `base_model_ep_plan`, the model's `_tp_plan` for the head), called here on meshes cut from the
+harness's (dp, cp, tp) mesh rather than on the world (a topology may run on part of a launch).  Needs the optional
+extra `pip install -e .[hf]`; without it every case is recorded `skip` with the reason.
 
 Topology -> Transformers' degrees (`degrees`): tp_size = tp, fsdp_size = dp, ep_size = tp where the case is
-expert-parallel (EP on the TP ranks: Transformers' "ep == tp" layout, efsdp = fsdp), cp always 1.
+expert-parallel (EP on the TP ranks: Transformers' "ep == tp" layout, efsdp = fsdp; or ep_size = dp, at tp 1, where EP
+is borrowed from FSDP: efsdp 1), cp always 1.
 """
 
 from __future__ import annotations
@@ -21,10 +22,17 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from shardcheck.suites import _routing as routing
+
 BATCH, SEQ = 4, 8  # BATCH: every DP size up to 4
 DTYPES = ("float64", "float32", "bfloat16")
-MOE_MODELS = ("qwen3_moe",)
-MOE_DTYPES = ("float64", "float32")  # bfloat16 flips a router's top-k between two correct runs (suites/hf.py)
+MOE_MODELS = ("qwen3_moe", "mixtral")
+# a MoE model whose routers have no margin (a user's config, suites/_model_config.py): bfloat16 would flip a top-k
+MOE_DTYPES = ("float64", "float32")
+# The built-in MoE models' routers route with a margin (widen_routing), so bfloat16 flips no top-k.  Mixtral's router
+# hands the experts float32 routing weights whatever the model's dtype (no cast back, unlike Qwen3-MoE's router), so a
+# float64 step is float32-accurate from its first MoE layer on: no float64 (as torchtitan's RoPE, suites/titan.py).
+MODEL_DTYPES = {"mixtral": ("float32", "bfloat16")}
 
 
 def hf_missing() -> str | None:
@@ -44,10 +52,11 @@ class Degrees:
     ep: int
 
 
-def degrees(topology, expert_parallel: bool) -> Degrees:
+def degrees(topology, expert_parallel: bool, ep_from_dp: bool = False) -> Degrees:
     """The topology -> parallel degrees mapping: TP on the mesh's tp dim, FSDP on dp, EP (when the case uses it) on
-    the TP ranks."""
-    return Degrees(tp=topology.tp, fsdp=topology.dp, ep=topology.tp if expert_parallel else 1)
+    the TP ranks, or `ep_from_dp`: on the dp ranks (at tp 1; ep == fsdp, efsdp 1: every expert whole on one rank)."""
+    ep = (topology.dp if ep_from_dp else topology.tp) if expert_parallel else 1
+    return Degrees(tp=topology.tp, fsdp=topology.dp, ep=ep)
 
 
 # ---- the tiny configs --------------------------------------------------------------------------------------------
@@ -66,7 +75,7 @@ COMMON = dict(
 
 
 def config(model: str, layers: int | None = None):
-    """The tiny config of `model` ("llama", "qwen2", "qwen3_moe")."""
+    """The tiny config of `model` ("llama", "qwen2", "qwen3_moe", "mixtral")."""
     import transformers
 
     kw = dict(COMMON)
@@ -84,6 +93,11 @@ def config(model: str, layers: int | None = None):
             **kw, head_dim=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, decoder_sparse_step=1
         )
         cfg._experts_implementation = "eager"
+    elif model == "mixtral":
+        # the same experts as qwen3_moe's: 4 of 16 (Mixtral's experts take intermediate_size), top 2, every layer MoE
+        kw["intermediate_size"] = 16
+        cfg = transformers.MixtralConfig(**kw, num_local_experts=4, num_experts_per_tok=2)
+        cfg._experts_implementation = "eager"
     else:
         raise ValueError(f"unknown Transformers model {model!r}")
     cfg._attn_implementation = attn
@@ -98,9 +112,18 @@ def build(model: str):
         cfg = config(model)
         net = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float64)
         fill_weights(net, gen)
+        if model in MOE_MODELS:  # every token routes with a margin: no dtype flips a top-k (suites/_routing.py)
+            redraws = torch.Generator().manual_seed(int(torch.randint(2**62, (), generator=gen)))
+            tokens = make_inputs(routing.peek(gen))["input_ids"]
+            routing.widen_routing(lambda: net(input_ids=tokens), routers(net), net.config.num_experts_per_tok, redraws)
         return net
 
     return full_model
+
+
+def routers(net: torch.nn.Module) -> list[torch.nn.Module]:
+    """The MoE layers' routers (`mlp.gate`: logits = x @ weight.T), first layer first."""
+    return [m for name, m in net.named_modules() if name.endswith("mlp.gate")]
 
 
 def fill_weights(net: torch.nn.Module, gen: torch.Generator) -> None:
@@ -128,10 +151,11 @@ def loss(out, inputs: dict, ctx) -> torch.Tensor:
 # ---- the plan ----------------------------------------------------------------------------------------------------
 
 
-def meshes(ctx):
+def meshes(ctx, ep_from_dp: bool = False):
     """Transformers' mesh manager on this topology's ranks: the dense mesh (pp, dp_replicate, fsdp, tp) and the
-    expert mesh (pp, dp_replicate, efsdp, ep), here with ep == tp, made of the harness's own groups
-    (`DeviceMesh.from_group`: no collective, so spare ranks of a larger launch are not waited for)."""
+    expert mesh (pp, dp_replicate, efsdp, ep), with ep == tp (efsdp == fsdp), or `ep_from_dp` (tp 1): ep == fsdp,
+    efsdp 1; made of the harness's own groups (`DeviceMesh.from_group`: no collective, so spare ranks of a larger
+    launch are not waited for; cp is 1, so its group is this rank alone)."""
     from torch.distributed.device_mesh import DeviceMesh
     from transformers.distributed.utils import TransformersDeviceMesh
 
@@ -142,13 +166,16 @@ def meshes(ctx):
     dense = DeviceMesh.from_group(
         [one, one, fsdp, tp_group], kind, mesh=ranks, mesh_dim_names=("pp", "dp_replicate", "fsdp", "tp")
     )
+    expert_groups, expert_ranks = [one, one, fsdp, tp_group], ranks
+    if ep_from_dp:
+        expert_groups, expert_ranks = [one, one, one, fsdp], ranks.reshape(1, 1, 1, dp)
     expert = DeviceMesh.from_group(
-        [one, one, fsdp, tp_group], kind, mesh=ranks, mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep")
+        expert_groups, kind, mesh=expert_ranks, mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep")
     )
     return TransformersDeviceMesh(dense, expert)
 
 
-def parallelize(expert_parallel: bool, ep_implementation: str = "auto", before=None):
+def parallelize(expert_parallel: bool, ep_implementation: str = "auto", before=None, ep_from_dp: bool = False):
     def plan(model: torch.nn.Module, ctx) -> torch.nn.Module:
         """Transformers' own plan at this topology's degrees, as from_pretrained applies it after init."""
         from transformers.distributed.configuration_utils import DistributedConfig
@@ -156,11 +183,11 @@ def parallelize(expert_parallel: bool, ep_implementation: str = "auto", before=N
         if before is not None:
             before()
 
-        d = degrees(ctx.topology, expert_parallel)
+        d = degrees(ctx.topology, expert_parallel, ep_from_dp)
         kw = {"ep_size": d.ep, "ep_implementation": ep_implementation} if expert_parallel and d.ep > 1 else {}
         cfg = DistributedConfig(tp_size=d.tp, fsdp_size=d.fsdp, **kw)
         if d.tp * d.fsdp == 1:
             return model
-        return type(model).maybe_distribute_model(model, cfg, meshes(ctx))
+        return type(model).maybe_distribute_model(model, cfg, meshes(ctx, ep_from_dp))
 
     return plan

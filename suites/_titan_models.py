@@ -11,11 +11,13 @@ of the plan):
   backward: every layer's inner attention is torchtitan's `ScaledDotProductAttention` (causal, no mask);
 - RoPE: Llama 3's complex RoPE cache is a buffer that `Module.to(float32)` turns real (the harness casts the model
   to each item's dtype): a forward pre-hook recomputes it where it is not complex;
-- FSDP: not applied (torchtitan's `parallelize_llama` always wraps in FSDP with bf16/fp32 parameters): the cases
-  are TP / SP / EP at dp = 1.
+- FSDP: the dp = 1 cases apply `model.parallelize` alone (TP / SP / EP); the FSDP cases torchtitan's whole
+  parallelize function (`parallelize_llama`, `parallelize_qwen3`: FSDP2 / HSDP after it), its mixed-precision
+  parameter dtype the item's (torchtitan's default is bfloat16 parameters over float32 masters).
 
-Topology -> torchtitan's degrees (`degrees`): tensor_parallel_degree = tp, data_parallel_shard_degree = dp,
-expert_parallel_degree = tp where the case is expert-parallel (EP on the TP ranks), cp = 1.  torchtitan builds its
+Topology -> torchtitan's degrees (`degrees`): tensor_parallel_degree = tp, data_parallel_shard_degree = dp /
+dp_replicate, data_parallel_replicate_degree = dp_replicate, expert_parallel_degree = dp_shard x tp where the case is
+expert-parallel (EP over the FSDP and TP ranks, efsdp 1; ep == tp at dp 1), cp = 1.  torchtitan builds its
 own DeviceMesh over the world (`ParallelDims.build_mesh`), so the cases run only in a launch of exactly their size
 (`world_group`); its mesh dims are not dp/cp/tp, so its DTensors are gathered and judged whole.
 """
@@ -32,11 +34,13 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Shard
 
-VOCAB, DIM, LAYERS, HEADS, HIDDEN, BATCH, SEQ = 32, 16, 2, 4, 32, 2, 8
+from shardcheck.suites import _routing as routing
+
+VOCAB, DIM, LAYERS, HEADS, HIDDEN, BATCH, SEQ = 32, 16, 2, 4, 32, 4, 8  # BATCH: every DP size up to 4
 EXPERTS, TOP_K, EXPERT_HIDDEN = 4, 2, 16
 MOE_MODELS = ("qwen3_moe",)
 DTYPES = ("float32", "bfloat16")  # not float64: torchtitan's RoPE computes in float32 (suites/titan.py)
-MOE_DTYPES = ("float32",)  # bfloat16 flips a router's top-k between two correct runs
+MOE_DTYPES = DTYPES  # every router routes with a margin (suites/_routing.py): bfloat16 flips no top-k
 
 
 def titan_missing() -> str | None:
@@ -53,10 +57,15 @@ class Degrees:
     tp: int
     dp_shard: int
     ep: int
+    dp_replicate: int = 1
 
 
 def degrees(topology, expert_parallel: bool) -> Degrees:
-    return Degrees(tp=topology.tp, dp_shard=topology.dp, ep=topology.tp if expert_parallel else 1)
+    """Expert-parallel cases put EP on every rank of the data-sharded and TP dims (ep = dp_shard x tp, efsdp 1:
+    torchtitan's EP borrowed from FSDP and TP); at dp 1 that is ep == tp."""
+    dp_shard = topology.dp // topology.dp_replicate
+    ep = dp_shard * topology.tp if expert_parallel else 1
+    return Degrees(tp=topology.tp, dp_shard=dp_shard, ep=ep, dp_replicate=topology.dp_replicate)
 
 
 def parallelism(d: Degrees, sequence_parallel: bool, backend: str):
@@ -65,6 +74,7 @@ def parallelism(d: Degrees, sequence_parallel: bool, backend: str):
     return ParallelismConfig(
         tensor_parallel_degree=d.tp,
         data_parallel_shard_degree=d.dp_shard,
+        data_parallel_replicate_degree=d.dp_replicate,
         expert_parallel_degree=d.ep,
         enable_sequence_parallel=sequence_parallel,
         spmd_backend=backend,
@@ -194,9 +204,18 @@ def build(model: str):
     def full_model(gen: torch.Generator) -> torch.nn.Module:
         net = instantiate(configured(model, Degrees(1, 1, 1), False, "spmd_types"))
         fill_weights(net, gen)
+        if model in MOE_MODELS:  # every token routes with a margin: no dtype flips a top-k (suites/_routing.py)
+            redraws = torch.Generator().manual_seed(int(torch.randint(2**62, (), generator=gen)))
+            tokens = make_inputs(routing.peek(gen))["tokens"]
+            routing.widen_routing(lambda: net(tokens), gates(net), TOP_K, redraws)
         return net
 
     return full_model
+
+
+def gates(net: torch.nn.Module) -> list[torch.nn.Module]:
+    """The MoE layers' router gates (`moe.router.gate`, a Linear: logits = x @ weight.T), first layer first."""
+    return [m for name, m in net.named_modules() if name.endswith("moe.router.gate")]
 
 
 def make_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -205,14 +224,18 @@ def make_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
 
 
 def loss(logits, inputs: dict, ctx) -> torch.Tensor:
-    """Mean next-token cross-entropy in float32 at least; vocab-sharded logits made whole (a DTensor's own placements;
-    spmd_types' plain local shard: its vocabulary slice over TP, gathered with DTensor so the backward slices)."""
+    """Next-token cross-entropy in float32 at least, torchtitan's trainer's way: this rank's token sum over the global
+    token count (its summand of the global mean; FSDP sums the gradients, `loss_layout=Layout(dp=Partial())`).
+    Vocab-sharded logits made whole (a DTensor's own placements; spmd_types' plain local shard: its vocabulary slice
+    over TP, gathered with DTensor so the backward slices)."""
     if isinstance(logits, DTensor):
         logits = logits.full_tensor()
     elif ctx is not None and logits.shape[-1] != VOCAB:
         logits = DTensor.from_local(logits, ctx.mesh["tp"], [Shard(logits.dim() - 1)]).full_tensor()
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    return F.cross_entropy(logits.flatten(0, 1), inputs["labels"].flatten())
+    labels = inputs["labels"].flatten()
+    ranks = 1 if ctx is None else ctx.size("dp")
+    return F.cross_entropy(logits.flatten(0, 1), labels, reduction="sum") / (labels.numel() * ranks)
 
 
 # ---- the plan ----------------------------------------------------------------------------------------------------
@@ -241,13 +264,60 @@ def declared_layouts(model: torch.nn.Module) -> dict:
     return layouts
 
 
+def whole_parallelize(name: str, model: torch.nn.Module, dims, parallelism_config) -> None:
+    """torchtitan's own parallelize function of the model (its trainer's call): TP / EP by `model.parallelize`, then
+    FSDP2 over the data dims (`apply_fsdp_to_decoder`: HSDP where dp_replicate > 1), gradient division off (its
+    loss is each rank's token sum over the global token count).  No activation checkpointing, no compile; FSDP's
+    mixed-precision parameter dtype is the item's (the harness casts the model), reductions in float32 at least."""
+    from torchtitan.config import CompileConfig, TrainingConfig
+
+    dtype = next(model.parameters()).dtype
+    reduce = torch.promote_types(dtype, torch.float32)
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float64: "float64"}
+    training = TrainingConfig(mixed_precision_param=names[dtype], mixed_precision_reduce=names[reduce])
+    PARALLELIZE[name]()(
+        model,
+        parallel_dims=dims,
+        training=training,
+        parallelism=parallelism_config,
+        compile_config=CompileConfig(enable=False, components=[]),
+        ac_config=None,
+        dump_folder="",
+    )
+
+
+def _parallelize_llama():
+    from torchtitan.models.llama3 import parallelize_llama
+
+    return parallelize_llama
+
+
+def _parallelize_qwen3():
+    from torchtitan.models.qwen3 import parallelize_qwen3
+
+    return parallelize_qwen3
+
+
+PARALLELIZE = {"llama3": _parallelize_llama, "qwen3_moe": _parallelize_qwen3}
+
+
 class Plan:
     """torchtitan's plan for one case: the model rebuilt with the topology's sharding config (the harness's weights
     go in after), then `model.parallelize(parallel_dims)`; `step_context` enters torchtitan's SPMD context."""
 
-    def __init__(self, model: str, expert_parallel: bool, sequence_parallel: bool, backend: str, edit=None):
+    def __init__(
+        self,
+        model: str,
+        expert_parallel: bool,
+        sequence_parallel: bool,
+        backend: str,
+        edit=None,
+        data_parallel: bool = False,
+    ):
         self.model, self.expert_parallel = model, expert_parallel
         self.sequence_parallel, self.backend, self.edit = sequence_parallel, backend, edit
+        # torchtitan's whole parallelize function (TP/EP, then FSDP / HSDP over the data dims), not the TP part alone
+        self.data_parallel = data_parallel
         self.parallel_dims = None
         # the ModelCase's param_layouts: filled from the plan's own sharding configs once it is applied (plain local
         # parameters under spmd_types; DTensor parameters need none)
@@ -263,7 +333,7 @@ class Plan:
         model = instantiate(config).to(next(full.parameters()).dtype)
         _complex_rope(model, ())  # before parallelize distributes the cache
         dims = ParallelDims(
-            dp_replicate=1,
+            dp_replicate=d.dp_replicate,
             dp_shard=d.dp_shard,
             cp=1,
             tp=d.tp,
@@ -274,7 +344,10 @@ class Plan:
         )
         dims.build_mesh()
         with spmd_backend(self.backend):
-            model.parallelize(dims)
+            if self.data_parallel:
+                whole_parallelize(self.model, model, dims, parallelism(d, self.sequence_parallel, self.backend))
+            else:
+                model.parallelize(dims)
         self.parallel_dims = dims
         self.layouts.clear()
         self.layouts.update(declared_layouts(model))

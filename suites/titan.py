@@ -1,18 +1,22 @@
 """titan suite: torchtitan's Llama 3 and Qwen3-MoE under torchtitan's own `model.parallelize(parallel_dims)`.
 
-One training step of each model (tiny random config: 2 layers, dim 16, 4 heads, vocab 32, batch 2, sequence 8; MoE 4
+One training step of each model (tiny random config: 2 layers, dim 16, 4 heads, vocab 32, batch 4, sequence 8; MoE 4
 experts, top 2; suites/_titan_models.py) under torchtitan's plan, against the same model on one device, module by
-module (docs/model-cases.md), in float64, float32 and bfloat16 at world sizes 1, 2, 4:
+module (docs/model-cases.md), at world sizes 1, 2, 4:
 
 - `llama3-tp` / `llama3-tp-sp`: tensor parallel without / with sequence parallelism (torchtitan's default);
 - `qwen3_moe-tp-sp`: Qwen3-MoE, experts tensor-parallel (ep 1);
-- `qwen3_moe-ep-sp`: Qwen3-MoE, experts expert-parallel on the TP ranks (ep == tp).
+- `qwen3_moe-ep-sp`: Qwen3-MoE, experts expert-parallel on the TP ranks (ep == tp);
+- `llama3-fsdp-tp-sp`, `qwen3_moe-fsdp-ep-sp`: the same under torchtitan's whole parallelize function, FSDP2 over
+  dp 2 or 4 (HSDP at `--topology dp=4,dp_replicate=2`), alone and with TP; the MoE model's EP over the FSDP and TP
+  ranks (ep = dp_shard x tp: EP borrowed from FSDP).  torchtitan's trainer's convention: FSDP's gradient division
+  off, each rank's loss its token sum over the global token count (`loss_layout=Layout(dp=Partial())`).
 
-Dtypes: float32 and bfloat16 (the MoE model float32 only).  float64 is left out: torchtitan's RoPE computes in float32
-whatever the model's dtype (`query.float()`, torchtitan/models/common/rope.py), so a float64 step is float32-accurate
-from the first attention on, and the sharded and single-device steps differ there by a float32 ulp
-(docs/third-party-models.md).  bfloat16 is left out of the MoE model: a router's top-k, a discrete choice, flips
-between two correct runs that round differently.
+Dtypes: float32 and bfloat16.  float64 is left out: torchtitan's RoPE computes in float32 whatever the model's dtype
+(`query.float()`, torchtitan/models/common/rope.py), so a float64 step is float32-accurate from the first attention
+on, and the sharded and single-device steps differ there by a float32 ulp (docs/third-party-models.md).  The MoE
+model's routers route every token of the case's inputs with a margin (suites/_routing.py), so no top-k flips between
+two correct bfloat16 runs that round differently.
 
 Needs the optional extra `pip install -e .[titan]`; without it every case is recorded `skip` with the reason.
 Third-party models: docs/third-party-models.md.
@@ -20,7 +24,7 @@ Third-party models: docs/third-party-models.md.
 
 from __future__ import annotations
 
-from shardcheck import Layout, ModelCase, Partial
+from shardcheck import Layout, ModelCase, Partial, Shard
 from shardcheck.suites import _titan_models as titan
 
 FAMILY = "titan"
@@ -45,6 +49,11 @@ def _no_dp(t) -> bool:
     return t.dp == 1 and t.cp == 1 and titan.HEADS % t.tp == 0
 
 
+def _with_dp(t) -> bool:
+    """FSDP (or HSDP, dp_replicate > 1) over dp 2 or 4, with or without TP; no CP."""
+    return t.dp > 1 and t.cp == 1 and titan.HEADS % t.tp == 0 and titan.BATCH % t.dp == 0
+
+
 def case(
     model: str,
     expert_parallel: bool,
@@ -52,10 +61,14 @@ def case(
     case_id: str | None = None,
     edit=None,
     backend: str = BACKEND,
+    fsdp: bool = False,
 ):
-    plan = titan.Plan(model, expert_parallel, sequence_parallel, backend, edit)
-    name = f"{model}-{'ep' if expert_parallel else 'tp'}{'-sp' if sequence_parallel else ''}"
+    """`fsdp`: torchtitan's whole parallelize function, FSDP2 (HSDP at dp_replicate > 1) over the batch split on dp,
+    each rank's loss its summand of the global mean (torchtitan's trainer: gradient division off)."""
+    plan = titan.Plan(model, expert_parallel, sequence_parallel, backend, edit, data_parallel=fsdp)
+    name = f"{model}-{'fsdp-' if fsdp else ''}{'ep' if expert_parallel else 'tp'}{'-sp' if sequence_parallel else ''}"
     name += "" if backend == BACKEND else f"-{backend}"
+    batch = {"tokens": Layout(dp=Shard(0)), "labels": Layout(dp=Shard(0))}
     moe = model in titan.MOE_MODELS
     return ModelCase(
         op=f"{FAMILY}.parallelize",
@@ -73,13 +86,17 @@ def case(
         loss=titan.loss,
         step_context=plan.step_context,
         world_group=True,
-        supports=_no_dp,
+        supports=_with_dp if fsdp else _no_dp,
+        hsdp=fsdp,
+        input_layouts=batch if fsdp else {},
+        loss_layout=Layout(dp=Partial()),
         skip_reason=titan.titan_missing(),
         params={
             "model": model,
             "expert_parallel": expert_parallel,
             "sequence_parallel": sequence_parallel,
             "backend": backend,
+            "fsdp": fsdp,
         },
     )
 
@@ -92,4 +109,6 @@ def cases(quick: bool = False) -> list[ModelCase]:
         case("llama3", False, True),
         case("qwen3_moe", False, True),
         case("qwen3_moe", True, True),
+        case("llama3", False, True, fsdp=True),
+        case("qwen3_moe", True, True, fsdp=True),
     ]

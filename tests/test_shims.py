@@ -210,7 +210,7 @@ def test_torch_cp_cp_utils_passes_with_the_shims(run_shardcheck):
         assert {2, 4} <= set(steps[steps["case_id"].str.contains(rotate)]["cp"]), rotate
     assert "float64" in set(steps["dtype"])
     meta = json.loads((run.out / "run.json").read_text())
-    # (and, where torchtitan is installed, its three stand-ins: lazy, never reached by this run)
+    # (and, where torchtitan is installed, its four stand-ins: lazy, never reached by this run)
     assert meta["shims"] == [torch_cp_attention.NAME, te_thd_partition.NAME] + [
         s.NAME for s in shims.select("cpu")[0] if s not in (torch_cp_attention, te_thd_partition)
     ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from helpers import BROKEN, FIXTURES
 
-from shardcheck.harness.rank.shims import titan_grouped_experts, triton_import
+from shardcheck.harness.rank.shims import titan_fsdp_sum, titan_grouped_experts, triton_import
 
 needs_hf = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None, reason="transformers is not installed (pip install -e .[hf])"
@@ -23,6 +24,7 @@ needs_titan = pytest.mark.skipif(
 )
 ROUTER = BROKEN / "hf_ep_plan" / "router_grad_not_reduced.py"
 COLWISE = BROKEN / "titan_plan" / "colwise_output_into_norm.py"
+FSDP_AVERAGED = BROKEN / "titan_plan" / "fsdp_head_averaged.py"
 
 
 @needs_hf
@@ -41,19 +43,93 @@ def test_transformers_llama_under_its_own_tp_plan_passes_module_by_module(run_sh
 
 
 @needs_titan
-def test_torchtitan_llama3_under_its_own_parallelize_passes_and_the_shims_are_recorded(run_shardcheck):
+def test_torchtitan_llama3_under_its_own_parallelize_with_tp_and_with_fsdp_passes_and_the_shims_are_recorded(
+    run_shardcheck,
+):
+    """One launch of 2 ranks: Llama 3 under TP + SP (model.parallelize) at tp 2, and under torchtitan's whole
+    parallelize_llama (FSDP2, its gradient division off, each rank's loss its token sum over the global count) at dp 2:
+    FSDP's reduction on gloo takes the titan_fsdp_sum shim (gloo refuses PREMUL_SUM)."""
     run = run_shardcheck(
-        "run", "--suite", "titan", "--case", "llama3-tp-sp", "--topology", "dp=1,cp=1,tp=2", "--dtype", "float32"
+        "run",
+        "--suite",
+        "titan",
+        "--case",
+        "llama3-tp-sp",
+        "--case",
+        "llama3-fsdp-tp-sp",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--topology",
+        "dp=2,cp=1,tp=1",
+        "--dtype",
+        "float32",
     )
     assert run.returncode == 0, run.stdout[-3000:]
     rows = run.rows
     assert (rows["status"] == "pass").all()
-    checks = set(rows["check"])
-    assert {"forward:dparam:layers.0.attention_norm.weight", "forward:step:lm_head.weight"} <= checks
+    assert set(zip(rows["case_id"], rows["dp"], rows["tp"])) == {("llama3-tp-sp", 1, 2), ("llama3-fsdp-tp-sp", 2, 1)}
+    for case in ("llama3-tp-sp", "llama3-fsdp-tp-sp"):
+        checks = set(rows[rows["case_id"] == case]["check"])
+        assert {"forward:dparam:layers.0.attention_norm.weight", "forward:step:lm_head.weight"} <= checks
     meta = json.loads((run.out / "run.json").read_text())
     used = [n for n in meta["shim_notes"] if n.startswith("used ")]
     assert any(triton_import.NAME in n for n in used) or not triton_import.wanted()
     assert any("torchtitan's device type" in n for n in used), meta["shim_notes"]
+    assert any(titan_fsdp_sum.NAME in n for n in used), meta["shim_notes"]
+
+
+@needs_hf
+def test_transformers_ep_borrowed_from_fsdp_in_float64_is_the_fsdp2_double_division_known_failure(run_shardcheck):
+    """qwen3_moe-fsdp-ep-from-dp at dp 2 (ep 2, efsdp 1) in float64: the experts' gradients come out halved by torch
+    2.13's FSDP2 (tests/fixtures/upstream/fsdp2_double_divide.py): xfail rows, not failures, and the run passes."""
+    run = run_shardcheck(
+        "run",
+        "--suite",
+        "hf",
+        "--case",
+        "qwen3_moe-fsdp-ep-from-dp",
+        "--topology",
+        "dp=2,cp=1,tp=1",
+        "--dtype",
+        "float64",
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    rows = run.rows
+    known = rows[rows["status"] == "xfail"]
+    assert (rows[rows["status"] != "xfail"]["status"] == "pass").all()
+    assert set(known["check"]) == {
+        f"forward:{kind}:model.layers.{layer}.mlp.experts.{weight}"
+        for kind in ("dparam", "step")
+        for layer in (0, 1)
+        for weight in ("gate_up_proj", "down_proj")
+    }
+    got, want = (float(v) for v in re.search(r"expected (\S+), got (\S+);", known.iloc[0]["message"]).groups()[::-1])
+    assert got / want == pytest.approx(0.5, rel=1e-9)  # the known factor: divided by 2 twice
+    assert "FSDP2 divides the experts' gradients twice" in run.stdout
+
+
+@needs_hf
+def test_a_moe_router_of_the_hf_suite_routes_every_token_with_a_margin_so_bfloat16_keeps_its_top_k():
+    """widen_routing: every MoE layer's router, on the very tokens the case draws, has its k-th logit MIN_MARGIN above
+    the (k+1)-th, so the bfloat16 model picks the float64 model's experts for every token."""
+    from shardcheck.suites import _hf_models as hf
+    from shardcheck.suites import _routing as routing
+
+    gen = torch.Generator().manual_seed(0)
+    net = hf.build("qwen3_moe")(gen)
+    tokens = hf.make_inputs(gen)["input_ids"]  # what the case's inputs are: drawn after the weights
+    routers = hf.routers(net)
+    assert len(routers) == 2
+    for router in routers:
+        x = routing.router_input(lambda: net(input_ids=tokens), router)
+        assert routing.routing_margin(x @ router.weight.T, 2) >= routing.MIN_MARGIN
+    picks = {}
+    for dtype in (torch.float64, torch.bfloat16):
+        run = net.to(dtype)
+        for i, router in enumerate(routers):
+            x = routing.router_input(lambda: run(input_ids=tokens), router)  # noqa: B023 (called here, at once)
+            picks[dtype, i] = router(x)[2].sort(-1).values
+    assert all(torch.equal(picks[torch.float64, i], picks[torch.bfloat16, i]) for i in range(2))
 
 
 @needs_hf
@@ -79,6 +155,21 @@ def test_a_colwise_output_left_sharded_into_the_norm_is_one_error_at_tp_2(run_sh
     bad = rows[rows["status"] != "pass"]
     assert set(bad["tp"]) == {2} and (bad["status"] == "error").all()
     assert len(run.causes) == 1 and "Partial(avg)" in bad.iloc[0]["error_message"]
+
+
+@needs_titan
+def test_torchtitans_fsdp_unit_that_averages_under_its_sum_loss_is_one_finding_naming_norm_and_head(run_shardcheck):
+    run = run_shardcheck(
+        "run", "--suite-path", str(FSDP_AVERAGED), "--topology", "dp=2,cp=1,tp=1", "--dtype", "float32"
+    )
+    assert run.returncode == 1
+    cause = run.causes.iloc[0]
+    assert len(run.causes) == 1 and cause.checks.startswith("first diverging: parameter norm.weight (gradient)")
+    failed = run.failed()
+    assert set(failed["check"]) == {f"forward:{k}:{p}.weight" for k in ("dparam", "step") for p in ("norm", "lm_head")}
+    norm = failed[failed["check"] == "forward:dparam:norm.weight"].iloc[0]["message"]
+    got, want = (float(v) for v in re.search(r"expected (\S+), got (\S+);", norm).groups()[::-1])
+    assert got / want == pytest.approx(0.5, rel=1e-5)  # averaged over dp 2 where torchtitan's loss wants the sum
 
 
 def test_without_the_extras_every_case_is_skipped_with_the_reason(monkeypatch):
@@ -149,3 +240,28 @@ def test_the_third_party_suites_run_when_named_not_in_a_plain_run():
     assert named == ["hf"]
     by_op, _ = select_suites([], ["titan.parallelize"], {})
     assert "titan" in by_op and "hf" not in by_op
+
+
+@needs_hf
+def test_a_users_moe_config_takes_no_bfloat16_and_a_users_mixtral_no_float64(tmp_path):
+    """--model-config: routers that are the user's (no margin) leave bfloat16 out with experts, and Mixtral's router
+    (float32 routing weights in a float64 model) leaves float64 out; a dense model takes the three dtypes."""
+    import transformers
+
+    from shardcheck.suites import _model_config
+
+    small = dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, hidden_size=16)
+    configs = {
+        "llama": transformers.LlamaConfig(**small),
+        "qwen3_moe": transformers.Qwen3MoeConfig(**small, num_experts=4),
+        "mixtral": transformers.MixtralConfig(**small, num_local_experts=4),
+    }
+    dtypes = {}
+    for name, cfg in configs.items():
+        cfg.save_pretrained(tmp_path / name)
+        dtypes[name] = {c.dtypes for c in _model_config.cases(str(tmp_path / name))}
+    assert dtypes == {
+        "llama": {("float64", "float32", "bfloat16")},
+        "qwen3_moe": {("float64", "float32")},
+        "mixtral": {("float32",)},
+    }

@@ -15,6 +15,8 @@ anything on a CPU machine, and its real bugs stay unseen.  Each shim lives in it
   is installed.
 - `titan_grouped_experts`: torchtitan's grouped-experts forward as one matmul per expert in the input's dtype
   (`torch._grouped_mm` is a bfloat16 CUDA kernel); installed on CPU where torchtitan is installed.
+- `titan_fsdp_sum`: torchtitan's FSDP modules on FSDP2's SUM path (its divide factor 1.0 is otherwise a
+  PREMUL_SUM, which gloo refuses); installed on CPU where torchtitan is installed.
 
 The worker installs them on every rank before any case runs, and `shardcheck run` in its own process
 before it imports the module under test (`--no-shims`: none); the run records them in run.json
@@ -27,6 +29,7 @@ from __future__ import annotations
 from shardcheck.harness.rank.shims import (
     te_thd_partition,
     titan_device,
+    titan_fsdp_sum,
     titan_grouped_experts,
     torch_cp_attention,
     triton_import,
@@ -47,7 +50,7 @@ def select(device: str) -> tuple[list, list[str]]:
     if triton_import.wanted():
         chosen.append(triton_import)
     if device == "cpu" and titan_device.wanted():
-        chosen += [titan_device, titan_grouped_experts]
+        chosen += [titan_device, titan_grouped_experts, titan_fsdp_sum]
     return chosen, unavailable
 
 
@@ -73,7 +76,7 @@ def describe(device: str, enabled: bool) -> dict:
     return {"shims": names, "shim_notes": notes + [f"not installed: {reason}" for reason in unavailable]}
 
 
-ALL = (torch_cp_attention, te_thd_partition, triton_import, titan_device, titan_grouped_experts)
+ALL = (torch_cp_attention, te_thd_partition, triton_import, titan_device, titan_grouped_experts, titan_fsdp_sum)
 
 
 def calls() -> dict[str, int]:
