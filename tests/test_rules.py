@@ -337,8 +337,9 @@ def _case_of(suite: str, op: str, **params) -> Case:
 def test_uneven_vocab_shards_are_the_seeds_at_one_tp_and_ours_at_another_per_op():
     """Issue 42: a rule source that depends on the topology and the op.  V = 33 is the seed's own shape at TP 1 for
     every op; at TP 2 it is outside the seed of an op whose seed states `vocab_size//TP`
-    (from_parallel_logits_to_logprobs) and still the seed's for one handed a per-rank range (ChunkedDistributedGatherLogprob),
-    whose rule turns ours only where a TP rank holds no vocab entries (V = 1 at TP 2)."""
+    (from_parallel_logits_to_logprobs) and still the seed's for one handed a per-rank range
+    (ChunkedDistributedGatherLogprob), whose rule turns ours only where a TP rank holds no vocab entries (V = 1 at TP
+    2)."""
     tp1, tp2 = Topology(1, 1, 1), Topology(1, 1, 2)
     even = _case_of("model_utils_cp", "from_parallel_logits_to_logprobs", V=33, temperature=1.0, masked=None)
     assert even.rule_of("forward", topology=tp1).source == RuleSource.SEED
@@ -372,3 +373,34 @@ def test_input_outside_the_seed_must_be_judged_under_a_rule_of_ours():
     at_tp2 = OutsideSeed("V = 3", ours("docs/ops/model_utils.md#uneven-vocab-shards"), lambda t: t.tp == 2)
     assert at_tp2.holds_at(Topology(1, 1, 2)) and not at_tp2.holds_at(Topology(1, 1, 1))
     assert not at_tp2.holds_at(None)  # without a topology, only what holds everywhere
+
+
+def test_rows_cite_the_rule_of_their_topology(run_shardcheck):
+    """End to end: the ranks judge each row under the rule of its own topology.  V = 37 is the seed's shape at TP 1
+    and outside it at TP 2 for _compute_distributed_log_softmax ('vocab_size//TP'); masked targets are ours at both."""
+    run = run_shardcheck(
+        "run",
+        "--op",
+        "model_utils._compute_distributed_log_softmax",
+        "--op",
+        "model_utils.DistributedLogprob",
+        "--case",
+        "b4s6v37*",
+        "--world-sizes",
+        "1,2",
+        "--topology",
+        "dp=1,cp=1,tp=1",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--dtype",
+        "float64",
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    rows = run.rows[run.rows["check"].isin(["forward", "grad:logits"])]
+    cited = {(r.op.split(".")[1], r.tp, r.rule_cite) for r in rows.itertuples()}
+    assert cited == {
+        ("_compute_distributed_log_softmax", 1, DOCUMENTED_RESULT.cite),
+        ("_compute_distributed_log_softmax", 2, UNEVEN_VOCAB.cite),
+        ("DistributedLogprob", 1, OUTSIDE_VOCAB.cite),
+        ("DistributedLogprob", 2, OUTSIDE_VOCAB.cite),
+    }, cited
