@@ -1,0 +1,78 @@
+"""Roots that span ops whatever each op's own symptoms say (shardcheck.harness.findings.causes, module docstring 4):
+a rule of ours that input outside the seed brought in, and an environment without the accelerator the code needs.
+
+- **A rule of ours, one line.**  Under `--impl`, a wrong answer on input only our rule describes (targets outside
+  [0, V), a temperature the seed leaves to the caller, a vocab TP does not split where the seed's split is even:
+  core/citations.py `OutsideSeed`) is a failure, as any silent wrong answer; but what it shows is our opinion of
+  that input, the same in every op that took it.  Such rows are kept apart from the op's seed-rule rows (never merged
+  with a defect the seed's rules find) and one line per rule names every op (the float64-in-float32 warning does the
+  same for a precision rule).
+- **The environment.**  An exception saying the process has no CUDA device, driver or pinned-memory allocator (a
+  `pin_memory=True` buffer, a `.cuda()` call on a CPU run) is one root whatever its type and line: code written for
+  a GPU run on a CPU box.  It stays an error (the run did not check those paths), on one line naming the ops.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from shardcheck.harness.core.citations import RuleSource
+from shardcheck.harness.core.modules import is_ours
+from shardcheck.harness.core.records import Status
+
+OURS_RULE_PREFIX = "wrong on input only our rule describes: "  # a merged ours-rule line's kind begins so
+ENVIRONMENT_PREFIX = "needs a GPU, the run has none: "  # an environment line's kind begins so
+
+# What an exception says when the process lacks the accelerator the code asks for (torch's own messages).
+NO_ACCELERATOR = (
+    "not compiled with cuda enabled",
+    "requires a cuda or other accelerator backend",
+    "no pinned memory allocator",
+    "no cuda gpus are available",
+    "found no nvidia driver",
+)
+
+
+def ours_rule_of(bad: pd.DataFrame) -> list[str]:
+    """Per non-passing row, the cite of the rule of ours it failed under as a silent wrong answer of a module under
+    --impl ("" for every other row: seed rules, our own implementations, errors, warnings, consequences of a crash)."""
+    if "rule_source" not in bad or "rule_cite" not in bad or "impl" not in bad:
+        return [""] * len(bad)
+    return [
+        str(r["rule_cite"])
+        if r["_status"] == Status.FAIL
+        and r["rule_source"] == RuleSource.OURS
+        and isinstance(r["impl"], str)
+        and not is_ours(r["impl"])
+        else ""
+        for r in bad[["_status", "rule_source", "rule_cite", "impl"]].to_dict("records")
+    ]
+
+
+def by_rule(symptoms: list[dict]) -> tuple[list[dict], dict[str, list[dict]]]:
+    """`symptoms` of one op split: those judged under the seed's rules, and per rule of ours the others."""
+    ours: dict[str, list[dict]] = {}
+    for s in symptoms:
+        if s["ours_rule"]:
+            ours.setdefault(s["ours_rule"], []).append(s)
+    return [s for s in symptoms if not s["ours_rule"]], ours
+
+
+def is_environment(error_key) -> bool:
+    """Whether an exception (type, file, message) says the process lacks the accelerator the code asks for."""
+    return error_key is not None and any(text in str(error_key[-1]).lower() for text in NO_ACCELERATOR)
+
+
+def shared_key(c: dict):
+    """The key of a line that is one root with other ops' lines of the same key (None: none of these roots)."""
+    if c["status"] == Status.FAIL and c.get("ours_rule"):
+        return ("ours rule", c["ours_rule"])
+    if c["status"] == Status.ERROR and is_environment(c.get("error_key")):
+        return ("environment",)
+    return None
+
+
+def worded(kind: str, key) -> str:
+    """A merged line's kind, saying which of these roots it is."""
+    prefix = OURS_RULE_PREFIX if key[0] == "ours rule" else ENVIRONMENT_PREFIX
+    return kind if kind.startswith(prefix) else prefix + kind
