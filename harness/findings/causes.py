@@ -169,15 +169,16 @@ def _demoted(c: dict, bad: pd.DataFrame, seed_items: set, unrun: set = frozenset
 
 
 def _seed_items(df: pd.DataFrame) -> set:
-    """(op, *ITEM) of the items whose values or gradients were judged by a rule of the seed's."""
+    """(op, *ITEM) of the items whose values or gradients were judged by a rule of the seed's: a precision warning (it
+    cites our precision rule) counts where its case's checks cite the seed's at that topology in another dtype."""
     if "rule_source" not in df:
         return set()
-    judged = df[
-        (df["rule_source"] == RuleSource.SEED)
-        & df["check"].astype(str).str.match(r"forward|grad:")
-        & ~df["status"].isin([Status.SKIP, Status.XFAIL])
-    ]
-    return set(map(tuple, judged[["op", *ITEM]].astype(str).values))
+    ran = df[df["check"].astype(str).str.match(r"forward|grad:") & ~df["status"].isin([Status.SKIP, Status.XFAIL])]
+    seed = ran["rule_source"] == RuleSource.SEED
+    case = ["op", *ITEM[:-1]]  # an item less its dtype: a rule of the seed's there holds in every dtype
+    in_seed_case = ran[case].astype(str).apply(tuple, axis=1).isin(set(map(tuple, ran[seed][case].astype(str).values)))
+    precision = ran["symptom"].astype(str).str.startswith("precision:") if "symptom" in ran else seed & False
+    return set(map(tuple, ran[seed | (precision & in_seed_case)][["op", *ITEM]].astype(str).values))
 
 
 def _table(df: pd.DataFrame) -> list[dict]:
@@ -350,10 +351,8 @@ def _condition(symptom: dict, all_rows: pd.DataFrame, passing: pd.DataFrame, unk
 
 def _rules(rows: pd.DataFrame) -> dict:
     """The rules a cause's rows were judged under ((source, cite) -> None, in order): where each comes from."""
-    if "rule_source" not in rows or "rule_cite" not in rows:
-        return {}
-    pairs = rows[["rule_source", "rule_cite"]].dropna().drop_duplicates()
-    return dict.fromkeys(map(tuple, pairs.values))
+    pairs = rows[["rule_source", "rule_cite"]].dropna() if {"rule_source", "rule_cite"} <= set(rows) else rows.iloc[:0]
+    return dict.fromkeys(map(tuple, pairs.drop_duplicates().values))
 
 
 def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -> dict:
