@@ -291,3 +291,45 @@ def test_code_that_needs_a_gpu_is_one_environment_line_whatever_the_exception():
     assert (
         len(gpu) == 1 and gpu.iloc[0]["ops"] == ("model_utils.A", "model_utils.B") and gpu.iloc[0]["status"] == "error"
     )
+
+
+def test_a_nan_under_one_trigger_of_the_mesh_in_two_ops_is_one_line_another_trigger_is_another():
+    """gather_logits_at_global_indices and get_distillation_topk_logprobs_from_logits (which calls it) return NaN
+    exactly at tp ≥ 2 on −inf logits: one root, one line; a NaN of a third op under another trigger keeps its own."""
+    nan = dict(symptom=Symptom.NONFINITE, message="NaN where the golden is finite")
+    rows = []
+    for op, check in (("model_utils.G", "forward"), ("model_utils.D", "forward:student"), ("model_utils.E", "forward")):
+        for tp in (1, 2):
+            for case, draw in (("neg", {"neg_inf": 0.3}), ("plain", {})):
+                failing = tp == 2 and case == "neg" if op != "model_utils.E" else case == "plain" and tp == 1
+                rows += [_row(check, "fail" if failing else "pass", op=op, case_id=case, tp=tp, params=draw, **nan)]
+    table = causes(pd.DataFrame(rows))
+    lines = finding_lines(table)
+    assert len(table) == 2, lines
+    shared = table[table["ops"].apply(len) == 2].iloc[0]
+    assert shared["ops"] == ("model_utils.G", "model_utils.D") and "at tp ≥ 2" in shared["condition"], lines
+
+
+def test_a_crash_on_input_only_our_rule_feeds_and_a_seed_wrong_answer_are_two_lines():
+    """An op raising on a rank holding no vocab entries (ours) and returning NaN on −inf logits (the seed's): one
+    condition covers both items ("at tp ≥ 2, when chunk_size ≤ 3"), but they are two roots, so the wrong answer keeps a
+    line of its own (it was folded into the crash's line as "one bug, two faces")."""
+    seed_rule = "the op's documented result (its docstring and signature)"
+    uneven = "docs/ops/model_utils.md#uneven-vocab-shards"
+    raised = dict(symptom=Symptom.EXCEPTION, error_type="IndexError", error_message="amax(): empty", phase="forward")
+    params = {"v1": {"V": 1, "chunk_size": 3}, "neg": {"V": 24, "chunk_size": 1}, "big": {"V": 48, "chunk_size": 64}}
+    rows = [
+        _judged(c, "error", "ours", uneven, case_id="v1", tp=2, params=params["v1"], **raised) for c in ("forward",)
+    ]
+    rows += [
+        _judged(
+            "forward", "fail", "seed", seed_rule, case_id="neg", tp=2, params=params["neg"], symptom=Symptom.NONFINITE
+        )
+    ]
+    rows += [
+        _judged("forward", "pass", "seed", seed_rule, case_id=k, tp=t, params=params[k])
+        for k, t in (("v1", 1), ("neg", 1), ("big", 1), ("big", 2))
+    ]
+    table = causes(pd.DataFrame(rows))
+    assert len(table) == 2, finding_lines(table)
+    assert set(table["status"]) == {"warn", "fail"}, finding_lines(table)  # the crash demoted, the NaN a failure

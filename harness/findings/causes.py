@@ -71,7 +71,7 @@ from shardcheck.harness.findings import model_order
 from shardcheck.harness.findings.common_factor import factor_text
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
 from shardcheck.harness.findings.hang_skips import not_run, skipped_by_hangs, skipped_like
-from shardcheck.harness.findings.shared_roots import by_rule, ours_rule_of, shared_key, worded
+from shardcheck.harness.findings.shared_roots import by_rule, ours_rule_of, same_rules, shared_key, worded
 from shardcheck.harness.findings.wording import (
     CRASHES,
     ERRORS,
@@ -409,7 +409,7 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
     crashes = [s for s in failing if _is_crash(s)]
     wrong = [s for s in failing if not _is_crash(s)]
     warnings += [line for group in ours.values() for line in _wrong_answers(group, rows, passing, bad, crashes)]
-    if len(crashes) == 1 and wrong:  # one trigger on the items for a crash and wrong answers: one bug, two faces
+    if len(crashes) == 1 and wrong and same_rules(crashes + wrong):  # one trigger for a crash and wrong answers
         ran = rows[(rows["check"] != SIGNATURE_CHECK) & ~rows["status"].isin([Status.SKIP, Status.XFAIL])]
         item_rows = ran.drop_duplicates(ITEM)
         item_key = item_rows[ITEM].astype(str).apply(tuple, axis=1)
