@@ -333,3 +333,16 @@ def test_a_crash_on_input_only_our_rule_feeds_and_a_seed_wrong_answer_are_two_li
     table = causes(pd.DataFrame(rows))
     assert len(table) == 2, finding_lines(table)
     assert set(table["status"]) == {"warn", "fail"}, finding_lines(table)  # the crash demoted, the NaN a failure
+
+
+def test_a_wrong_answer_on_our_input_in_a_check_the_seeds_cases_get_wrong_too_stays_with_the_seeds_line():
+    """An averaged gradient is wrong on masked targets and on plain ones alike: the op's one defect, one line, never
+    split into an opinion of ours (the masked case's rows) beside it."""
+    seed_rule = "the op's documented result (its docstring and signature)"
+    wrong = dict(symptom=Symptom.VALUES, message="|err| 0.9 > budget")
+    rows = [_judged("grad:logits", "fail", "ours", MASKED, case_id="masked", cp=2, params={"masked": 0.2}, **wrong)]
+    rows += [_judged("grad:logits", "fail", "seed", seed_rule, case_id="plain", cp=2, **wrong)]
+    rows += [_judged("grad:logits", "pass", "seed", seed_rule, case_id=k, cp=1) for k in ("masked", "plain")]
+    table = causes(pd.DataFrame(rows))
+    assert len(table) == 1 and table.iloc[0]["count"] == 2, finding_lines(table)
+    assert not table.iloc[0]["kind"].startswith(OURS_RULE_PREFIX)

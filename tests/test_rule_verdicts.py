@@ -221,7 +221,10 @@ def test_a_module_refusing_negative_targets_warns_naming_our_rule_and_exits_0(ru
         "ValueError: target holds N negative id(s)"
     ), lines
     assert "exactly with masked" in lines[0] or "exactly when masked" in lines[0], lines
-    assert lines[0].endswith("[rule: ours, docs/ops/README.md#conventions-shared-by-every-family]"), lines
+    assert lines[0].endswith(  # the input's rule, and the communication contract's (the raise is on both rows)
+        "[rule: ours, docs/ops/README.md#ids-outside-the-vocab; "
+        "rule: ours, docs/ops/README.md#conventions-shared-by-every-family]"
+    ), lines
     rows = run.rows
     assert Status.ERROR not in set(rows["status"]) and (rows["demoted_from"] == "error").sum() == 6
     assert set(rows[rows["case_id"] == "b4s8v32"]["status"]) == {Status.PASS}
