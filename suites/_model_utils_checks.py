@@ -213,7 +213,7 @@ EVEN_VOCAB_OPS = {
 
 
 def _empty_vocab_shard(v: int, tp: int) -> bool:
-    """Whether V split over TP as torch.chunk splits leaves a TP rank no entries (V = 33 at TP 8: 5 each, the last 0)."""
+    """Whether V split over TP as torch.chunk does leaves a TP rank nothing (V = 33 at TP 8: 5 each, the last 0)."""
     per_rank = -(-v // tp)
     return -(-v // per_rank) < tp
 
