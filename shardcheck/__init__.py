@@ -35,6 +35,8 @@ and compares every rank's outputs and input gradients with its piece of the gold
     RuleSource      seed (the seed says so) or ours (docs/ops/<family>.md#<section> fixes what the seed leaves open)
     seed            seed("quoted sentence"): a Rule the seed states
     ours            ours("docs/ops/x.md#section"): a Rule of ours, where the seed leaves the behaviour open
+    OutsideSeed     Case.outside_seed: input the seed does not describe (everywhere, or at some topologies), judged
+                    under a rule of ours there
     cite            cite(cases, rules, bad_input=rule): a suite's rules per check-name pattern, given to its cases
     batch_invariance  batch_invariance(run, inputs): Case.properties checking a row's result does not depend on
                     its place in the batch or on the other rows (permuted and split, bit for bit)
@@ -68,7 +70,7 @@ _SOURCES = {
         name: "shardcheck.harness.core.layout"
         for name in ("REPLICATED", "Layout", "HeadTail", "PackedHeadTail", "Permuted")
     },
-    **{name: "shardcheck.harness.core.citations" for name in ("Rule", "RuleSource", "seed", "ours")},
+    **{name: "shardcheck.harness.core.citations" for name in ("Rule", "RuleSource", "OutsideSeed", "seed", "ours")},
     "GradSum": "shardcheck.harness.core.grad_sum",
     "GradConvention": "shardcheck.harness.core.grad_convention",
     "BadInput": "shardcheck.harness.core.bad_input",
@@ -102,6 +104,7 @@ __all__ = [
     "ModelCase",
     "Rule",
     "RuleSource",
+    "OutsideSeed",
     "seed",
     "ours",
     "cite",
@@ -115,7 +118,7 @@ if TYPE_CHECKING:
     from shardcheck.harness.core.bad_input import BadInput
     from shardcheck.harness.core.batch_invariance import batch_invariance
     from shardcheck.harness.core.case import Case, Property, cite
-    from shardcheck.harness.core.citations import Rule, RuleSource, ours, seed
+    from shardcheck.harness.core.citations import OutsideSeed, Rule, RuleSource, ours, seed
     from shardcheck.harness.core.fuzz_space import FuzzSpace
     from shardcheck.harness.core.grad_convention import GradConvention
     from shardcheck.harness.core.grad_sum import GradSum

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from shardcheck import Case, Property, Rule, cite, ours, seed
+from shardcheck import Case, OutsideSeed, Property, Rule, cite, ours, seed
 from shardcheck.reference import model_utils as ref
 from shardcheck.suites._model_utils_inputs import BATCH, Sampling, tie_straddles
 
@@ -178,7 +178,11 @@ def topk_ids_valid(got, expected, full, local, ctx):
 # ---- where the rules come from --------------------------------------------------------------------------------
 
 DOC = "docs/ops/model_utils.md"
-OUTSIDE_VOCAB = ours("docs/ops/README.md#conventions-shared-by-every-family")  # ids outside [0, V): -100, V+3
+OUTSIDE_VOCAB = ours("docs/ops/README.md#ids-outside-the-vocab")  # ids outside [0, V): -100, V+3
+UNEVEN_VOCAB = ours(f"{DOC}#uneven-vocab-shards")  # V that TP does not split evenly, where the seed's is even
+TEMPERATURE = ours(f"{DOC}#sampling-temperature")  # the op divides by sampling_params.temperature
+TOP_K_ZERO = ours(f"{DOC}#top-k--top-p-filtering")  # top_k = 0 disables filtering ("None or -1" in the seed)
+CHUNK_ROWS = ours(f"{DOC}#sampling-log-probs-top-k--top-p")  # a chunk's rows that TP does not divide: rounded up
 # Where each property's rule comes from (docs/ops/model_utils.md#rules-seed-or-ours lists them).
 RULES = {
     # chunking bounds memory and changes nothing else
@@ -192,12 +196,66 @@ RULES = {
 }
 
 
+# The ops whose seed states the local vocab as an even split (quoted in docs/ops/model_utils.md#uneven-vocab-shards:
+# `vocab_size//TP`, `vocab_size/tp_size`), or that derive their range from `vocab_parallel_rank` with no shapes stated:
+# a V that TP does not divide is outside their seed.  The others take each rank's [vocab_start_index,
+# vocab_end_index) and state no evenness: uneven shards are the seed's there, a rank holding none is not.
+EVEN_VOCAB_OPS = {
+    "model_utils._compute_distributed_log_softmax",
+    "model_utils._compute_distributed_softmax",
+    "model_utils.from_parallel_logits_to_logprobs",
+    "model_utils.from_parallel_logits_to_logprobs_packed_sequences",
+    "model_utils.dtensor_from_parallel_logits_to_logprobs",
+    "model_utils.get_logprobs_from_vocab_parallel_logits",
+    "model_utils.get_next_token_logprobs_from_logits",
+    "model_utils.get_distillation_topk_logprobs_from_logits",
+}
+
+
+def _empty_vocab_shard(v: int, tp: int) -> bool:
+    """Whether V split over TP as torch.chunk does leaves a TP rank nothing (V = 33 at TP 8: 5 each, the last 0)."""
+    per_rank = -(-v // tp)
+    return -(-v // per_rank) < tp
+
+
+def outside_seed(case: Case) -> tuple[OutsideSeed, ...]:
+    """What of `case`'s input the seed does not describe, and where (docs/ops/model_utils.md#rules-seed-or-ours)."""
+    p = case.params
+    out = []
+    if p.get("masked"):
+        out.append(OutsideSeed("targets outside [0, V)", OUTSIDE_VOCAB))
+    if p.get("temperature", 1.0) != 1.0:
+        out.append(OutsideSeed("temperature ≠ 1 in sampling_params", TEMPERATURE))
+    if p.get("top_k") is not None and p["top_k"] not in (-1,) and p["top_k"] <= 0:
+        out.append(OutsideSeed("top_k = 0 (the seed disables with None or -1)", TOP_K_ZERO))
+    v = p.get("V")
+    if isinstance(v, int) and v > 0:
+        if case.op in EVEN_VOCAB_OPS:
+            out.append(OutsideSeed("V that TP does not divide", UNEVEN_VOCAB, lambda t, v=v: v % t.tp != 0))
+        else:
+            empty = OutsideSeed(
+                "a TP rank holding no vocab entries", UNEVEN_VOCAB, lambda t, v=v: _empty_vocab_shard(v, t.tp)
+            )
+            out.append(empty)
+    chunk, b = p.get("chunk_size"), p.get("B")
+    if (p.get("top_k") or 0) > 0 or (p.get("top_p") or 1.0) < 1.0:  # through the sampling op's chunks
+        if isinstance(chunk, int) and chunk > 0 and isinstance(b, int):
+            rows = OutsideSeed("chunk rows (B·chunk_size) that TP does not divide", CHUNK_ROWS, _rows_split(b, chunk))
+            out.append(rows)
+    return tuple(out)
+
+
+def _rows_split(b: int, chunk: int):
+    """At which topologies a chunk's rows (the local batch times chunk_size) do not split over TP."""
+    return lambda t: (max(b // t.dp, 1) * chunk) % t.tp != 0
+
+
 def cited(cases: list[Case], bad_input: Rule) -> list[Case]:
     """A model_utils suite's cases, each testing TP ranks that hold no vocab entries (`empty_pieces`), with the
-    family's rules; a case with targets outside [0, V) is judged under our rule (the seed says nothing of them)."""
+    family's rules; input the seed does not describe (targets outside [0, V), a temperature, V that TP does not divide
+    where the seed's split is even, ...) is judged under our rule where it is so (`outside_seed`)."""
     out = cite([replace(c, empty_pieces=("tp",)) for c in cases], RULES, bad_input=bad_input)
     for case in out:
-        if case.params.get("masked") and case.bad_input is None:  # the input decides, whatever the check
-            case.rule = OUTSIDE_VOCAB
-            case.rules = dict.fromkeys(case.rules, OUTSIDE_VOCAB)  # its properties too (issue 42, item 2)
+        if case.bad_input is None:  # a bad input is judged under its own rule
+            case.outside_seed = outside_seed(case)
     return out

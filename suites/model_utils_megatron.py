@@ -51,6 +51,7 @@ from shardcheck.suites._megatron_model import (
     param_layouts,
     sharded_params,
 )
+from shardcheck.suites._model_utils_checks import outside_seed
 from shardcheck.suites._model_utils_comm import merge
 from shardcheck.suites._model_utils_megatron_gpt import gpt_model_case, patched_forward
 
@@ -364,9 +365,11 @@ def cases(quick: bool = False) -> list[Case]:
         + [flag_off_case(tied, skip) for tied in ((True,) if quick else (True, False))]
         + bad_input_cases(skip)
     )
-    return cite(out, RULES, bad_input=ours(f"{DOC}#megatron-core-gptmodel-fusion")) + [
-        gpt_model_case(tied) for tied in ((False,) if quick else (False, True))
-    ]
+    out = cite(out, RULES, bad_input=ours(f"{DOC}#megatron-core-gptmodel-fusion"))
+    for case in out:
+        if case.bad_input is None:  # labels outside [0, V) are ours, as in the other model_utils suites
+            case.outside_seed = outside_seed(case)
+    return out + [gpt_model_case(tied) for tied in ((False,) if quick else (False, True))]
 
 
 DOC = "docs/ops/model_utils.md"

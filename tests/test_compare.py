@@ -144,3 +144,15 @@ def test_a_precision_warning_on_some_ranks_only_is_a_failure():
     assert row["status"] == "warn"
     row = merge_ranks([_rank(0, "pass"), _rank(1, "warn", 5.0, **warn)], expected_ranks=[0, 1])
     assert row["status"] == "fail" and "only some ranks are off" in row["message"]
+
+
+def test_a_row_cites_the_rule_of_the_rank_whose_finding_it_reports():
+    """A float64 gradient within float32's budget on rank 0 (the precision rule, ours) and wrong on rank 1 (the case's
+    rule, here ids outside [0, V)): the row is rank 1's failure and cites its rule, never the precision rule."""
+    precise = dict(rule_source="ours", rule_cite="docs/ops/README.md#conventions-shared-by-every-family")
+    masked = dict(rule_source="ours", rule_cite="docs/ops/README.md#ids-outside-the-vocab")
+    warn = _rank(0, "warn", 0.3, symptom="precision:float32", message="float64 computed in float32", **precise)
+    row = merge_ranks([warn, _rank(1, "fail", 5e8, symptom="values", message="|err| 0.9", **masked)], [0, 1])
+    assert row["status"] == "fail" and row["rule_cite"] == masked["rule_cite"]
+    row = merge_ranks([_rank(0, "pass", **masked), _rank(1, "pass", **masked)], [0, 1])
+    assert row["rule_cite"] == masked["rule_cite"]

@@ -37,7 +37,9 @@ def test_an_implementation_following_either_convention_passes_and_says_which(tmp
     run = shardcheck("run", *FRONT_END, *extra, out=tmp_path)  # --strict: not even a warning
     assert run.returncode == 0, run.stdout[-3000:]
     grads = _grad_rows(run)
-    assert len(grads) == 4 and (grads["status"] == "pass").all()
+    assert (
+        len(grads) == 6 and (grads["status"] == "pass").all()
+    )  # 3 cases (seq_index, Shard(1) masked or not), 2 dtypes
     assert set(grads["grad_convention"]) == {str(convention)}
 
 
@@ -46,7 +48,7 @@ def test_a_gradient_matching_neither_convention_fails_naming_both(tmp_path):
     run = shardcheck("run", *FRONT_END[:-1], "float64", "--impl", f"model_utils={impl}", out=tmp_path)
     assert run.returncode == 1, run.stdout[-3000:]
     bad = run.failed()
-    assert set(bad["check"]) == {"grad:logits"} and (bad["status"] == "fail").all() and len(bad) == 2
+    assert set(bad["check"]) == {"grad:logits"} and (bad["status"] == "fail").all() and len(bad) == 3
     for message in bad["message"]:
         assert "matches no accepted gradient convention" in message
         assert GradConvention.SUMMED.words in message and GradConvention.OWN.words in message

@@ -9,6 +9,7 @@ from helpers import BROKEN, IMPLS, shardcheck
 
 from shardcheck.harness.core.records import SIGNATURE_CHECK, Symptom
 from shardcheck.harness.findings.causes import causes
+from shardcheck.harness.findings.shared_roots import ENVIRONMENT_PREFIX, OURS_RULE_PREFIX
 from shardcheck.harness.findings.wording import finding_lines
 
 
@@ -192,3 +193,156 @@ def test_one_unhandled_input_reaching_several_lines_of_a_module_is_one_line():
     rows += [_row("forward", "error", op="model_utils.C", case_id="c", error_where="torch/other.py:9", **mixed)]
     rows += [_row("forward", "pass", op="model_utils.C", case_id="plain")]
     assert len(causes(pd.DataFrame(rows))) == 2
+
+
+THEIRS = "their_model_utils.py"  # an --impl module: a rule of ours weighs
+MASKED = "docs/ops/README.md#ids-outside-the-vocab"
+
+
+def _judged(check: str, status: str, source: str, cite: str, **fields) -> dict:
+    return _row(check, status, impl=THEIRS, rule_source=source, rule_cite=cite, **fields)
+
+
+def test_wrong_answers_under_one_rule_of_ours_are_one_line_across_ops_apart_from_the_seeds():
+    """Issue 42: the gradient at masked targets (an opinion of ours: the seed says nothing of ids outside [0, V)) wrong
+    in three ops is one FAIL line naming them, never merged with a wrong value the seed's rule finds in one of them;
+    a second rule of ours (a temperature) is a line of its own."""
+    seed_rule = "the op's documented result (its docstring and signature)"
+    wrong = dict(symptom=Symptom.VALUES, message="|err| 0.9 > budget")
+    rows = []
+    for op in ("model_utils.A", "model_utils.B", "model_utils.C"):
+        rows += [
+            _judged("grad:logits", "fail", "ours", MASKED, op=op, case_id="masked", params={"masked": 0.2}, **wrong)
+        ]
+        rows += [_judged("forward", "pass", "ours", MASKED, op=op, case_id="masked", params={"masked": 0.2})]
+        rows += [_judged(c, "pass", "seed", seed_rule, op=op, case_id="plain") for c in ("forward", "grad:logits")]
+    rows += [_judged("forward", "fail", "seed", seed_rule, op="model_utils.A", case_id="ties", tp=2, **wrong)]
+    rows += [_judged("forward", "pass", "seed", seed_rule, op="model_utils.A", case_id="ties")]
+    hot = "docs/ops/model_utils.md#sampling-temperature"
+    rows += [
+        _judged("forward", "fail", "ours", hot, op="model_utils.B", case_id="hot", params={"temperature": 0.7}, **wrong)
+    ]
+    table = causes(pd.DataFrame(rows))
+    lines = finding_lines(table)
+    assert len(table) == 3, lines
+    masked = table[table["rule"].str.contains(MASKED, regex=False)]
+    assert len(masked) == 1 and masked.iloc[0]["ops"] == ("model_utils.A", "model_utils.B", "model_utils.C"), lines
+    assert masked.iloc[0]["status"] == "fail" and masked.iloc[0]["kind"].startswith(OURS_RULE_PREFIX)
+    assert masked.iloc[0]["count"] == 3
+    seed_line = table[table["rule"].str.contains("seed")]
+    assert len(seed_line) == 1 and seed_line.iloc[0]["ops"] == ("model_utils.A",) and seed_line.iloc[0]["count"] == 1
+    assert "tp ≥ 2" in seed_line.iloc[0]["condition"], lines
+    assert len(table[table["rule"].str.contains(hot, regex=False)]) == 1
+
+
+def test_our_own_implementations_wrong_under_a_rule_of_ours_keep_their_lines_per_op():
+    """Our implementations are held to our rules: their wrong answers are defects of each op, not one opinion."""
+    wrong = dict(symptom=Symptom.VALUES, message="|err| 0.9 > budget", rule_source="ours", rule_cite=MASKED)
+    rows = [
+        _row("grad:logits", "fail", op=op, case_id="masked", impl=None, **wrong)
+        for op in ("model_utils.A", "model_utils.B")
+    ]
+    rows += [
+        _row("grad:logits", "pass", op=op, case_id="plain", impl=None) for op in ("model_utils.A", "model_utils.B")
+    ]
+    assert len(causes(pd.DataFrame(rows))) == 2
+
+
+def test_code_that_needs_a_gpu_is_one_environment_line_whatever_the_exception():
+    """A pinned-memory buffer and a `.cuda()` call on a CPU run: two exceptions, two lines of the module, one root
+    (the machine has no GPU), one ERROR line naming both ops; another exception stays its own line."""
+    rows = [
+        _row(
+            "forward",
+            "error",
+            op="model_utils.A",
+            case_id="a",
+            symptom=Symptom.EXCEPTION,
+            error_type="RuntimeError",
+            error_message="pin_memory=True requires a CUDA or other accelerator backend; no pinned memory allocator "
+            "is available on this system.",
+            error_where=f"{THEIRS}:1170",
+        ),
+        _row(
+            "forward",
+            "error",
+            op="model_utils.B",
+            case_id="b",
+            symptom=Symptom.EXCEPTION,
+            error_type="AssertionError",
+            error_message="Torch not compiled with CUDA enabled",
+            error_where="torch/cuda/__init__.py:403",
+        ),
+        _row(
+            "forward",
+            "error",
+            op="model_utils.B",
+            case_id="c",
+            symptom=Symptom.EXCEPTION,
+            error_type="KeyError",
+            error_message="'x'",
+            error_where=f"{THEIRS}:9",
+        ),
+    ]
+    rows += [_row("forward", "pass", op=op, case_id="plain") for op in ("model_utils.A", "model_utils.B")]
+    table = causes(pd.DataFrame(rows))
+    assert len(table) == 2, finding_lines(table)
+    gpu = table[table["kind"].str.startswith(ENVIRONMENT_PREFIX)]
+    assert (
+        len(gpu) == 1 and gpu.iloc[0]["ops"] == ("model_utils.A", "model_utils.B") and gpu.iloc[0]["status"] == "error"
+    )
+
+
+def test_a_nan_under_one_trigger_of_the_mesh_in_two_ops_is_one_line_another_trigger_is_another():
+    """gather_logits_at_global_indices and get_distillation_topk_logprobs_from_logits (which calls it) return NaN
+    exactly at tp ≥ 2 on −inf logits: one root, one line; a NaN of a third op under another trigger keeps its own."""
+    nan = dict(symptom=Symptom.NONFINITE, message="NaN where the golden is finite")
+    rows = []
+    for op, check in (("model_utils.G", "forward"), ("model_utils.D", "forward:student"), ("model_utils.E", "forward")):
+        for tp in (1, 2):
+            for case, draw in (("neg", {"neg_inf": 0.3}), ("plain", {})):
+                failing = tp == 2 and case == "neg" if op != "model_utils.E" else case == "plain" and tp == 1
+                rows += [_row(check, "fail" if failing else "pass", op=op, case_id=case, tp=tp, params=draw, **nan)]
+    table = causes(pd.DataFrame(rows))
+    lines = finding_lines(table)
+    assert len(table) == 2, lines
+    shared = table[table["ops"].apply(len) == 2].iloc[0]
+    assert shared["ops"] == ("model_utils.G", "model_utils.D") and "at tp ≥ 2" in shared["condition"], lines
+
+
+def test_a_crash_on_input_only_our_rule_feeds_and_a_seed_wrong_answer_are_two_lines():
+    """An op raising on a rank holding no vocab entries (ours) and returning NaN on −inf logits (the seed's): one
+    condition covers both items ("at tp ≥ 2, when chunk_size ≤ 3"), but they are two roots, so the wrong answer keeps a
+    line of its own (it was folded into the crash's line as "one bug, two faces")."""
+    seed_rule = "the op's documented result (its docstring and signature)"
+    uneven = "docs/ops/model_utils.md#uneven-vocab-shards"
+    raised = dict(symptom=Symptom.EXCEPTION, error_type="IndexError", error_message="amax(): empty", phase="forward")
+    params = {"v1": {"V": 1, "chunk_size": 3}, "neg": {"V": 24, "chunk_size": 1}, "big": {"V": 48, "chunk_size": 64}}
+    rows = [
+        _judged(c, "error", "ours", uneven, case_id="v1", tp=2, params=params["v1"], **raised) for c in ("forward",)
+    ]
+    rows += [
+        _judged(
+            "forward", "fail", "seed", seed_rule, case_id="neg", tp=2, params=params["neg"], symptom=Symptom.NONFINITE
+        )
+    ]
+    rows += [
+        _judged("forward", "pass", "seed", seed_rule, case_id=k, tp=t, params=params[k])
+        for k, t in (("v1", 1), ("neg", 1), ("big", 1), ("big", 2))
+    ]
+    table = causes(pd.DataFrame(rows))
+    assert len(table) == 2, finding_lines(table)
+    assert set(table["status"]) == {"warn", "fail"}, finding_lines(table)  # the crash demoted, the NaN a failure
+
+
+def test_a_wrong_answer_on_our_input_in_a_check_the_seeds_cases_get_wrong_too_stays_with_the_seeds_line():
+    """An averaged gradient is wrong on masked targets and on plain ones alike: the op's one defect, one line, never
+    split into an opinion of ours (the masked case's rows) beside it."""
+    seed_rule = "the op's documented result (its docstring and signature)"
+    wrong = dict(symptom=Symptom.VALUES, message="|err| 0.9 > budget")
+    rows = [_judged("grad:logits", "fail", "ours", MASKED, case_id="masked", cp=2, params={"masked": 0.2}, **wrong)]
+    rows += [_judged("grad:logits", "fail", "seed", seed_rule, case_id="plain", cp=2, **wrong)]
+    rows += [_judged("grad:logits", "pass", "seed", seed_rule, case_id=k, cp=1) for k in ("masked", "plain")]
+    table = causes(pd.DataFrame(rows))
+    assert len(table) == 1 and table.iloc[0]["count"] == 2, finding_lines(table)
+    assert not table.iloc[0]["kind"].startswith(OURS_RULE_PREFIX)

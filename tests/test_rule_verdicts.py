@@ -112,6 +112,19 @@ def test_without_a_seed_rule_case_that_ran_clean_there_the_line_stays_an_error()
     assert causes(no_seed_at_tp2).iloc[0]["status"] == Status.ERROR
 
 
+def test_a_seed_rule_case_whose_float64_item_warns_of_float32_math_is_evidence_there():
+    """The module computes in float32: the seed-rule case's float64 item passes with a precision warning, which cites
+    our precision rule.  It ran without the exception all the same (its checks cite the seed's rule in float32), so the
+    line is demoted; without that float32 item nothing says the case was the seed's, and the line stays an error."""
+    rows = _rows()
+    plain = rows["case_id"] == "plain"
+    precise = dict(status=Status.WARN, symptom="precision:float32", rule_source=OURS[0], rule_cite=OURS[1])
+    warned = rows.assign(**{k: rows[k].where(~plain, v) for k, v in precise.items()})
+    f32 = rows[plain].assign(dtype="float32")
+    assert causes(pd.concat([warned, f32], ignore_index=True)).iloc[0]["status"] == Status.WARN
+    assert causes(warned).iloc[0]["status"] == Status.ERROR
+
+
 def test_where_a_hang_budget_left_the_seed_rule_case_unrun_the_evidence_elsewhere_decides():
     """At tp 2 the seed-rule case never ran (a hang's budget skipped it): that topology neither clears nor convicts
     the input; the clean seed-rule case at tp 1 is the evidence, and the line is a warn (issue 42)."""
@@ -208,7 +221,10 @@ def test_a_module_refusing_negative_targets_warns_naming_our_rule_and_exits_0(ru
         "ValueError: target holds N negative id(s)"
     ), lines
     assert "exactly with masked" in lines[0] or "exactly when masked" in lines[0], lines
-    assert lines[0].endswith("[rule: ours, docs/ops/README.md#conventions-shared-by-every-family]"), lines
+    assert lines[0].endswith(  # the input's rule, and the communication contract's (the raise is on both rows)
+        "[rule: ours, docs/ops/README.md#ids-outside-the-vocab; "
+        "rule: ours, docs/ops/README.md#conventions-shared-by-every-family]"
+    ), lines
     rows = run.rows
     assert Status.ERROR not in set(rows["status"]) and (rows["demoted_from"] == "error").sum() == 6
     assert set(rows[rows["case_id"] == "b4s8v32"]["status"]) == {Status.PASS}

@@ -11,12 +11,23 @@ import pytest
 
 from shardcheck.harness.core.bad_input import BAD_INPUT_CHECK
 from shardcheck.harness.core.case import Case, Property
-from shardcheck.harness.core.citations import DOCUMENTED_RESULT, SIGNATURE_RULE, Rule, RuleSource, ours, seed
+from shardcheck.harness.core.citations import (
+    DOCUMENTED_RESULT,
+    SIGNATURE_RULE,
+    OutsideSeed,
+    Rule,
+    RuleSource,
+    ours,
+    seed,
+)
+from shardcheck.harness.core.model_case import StepCase
 from shardcheck.harness.core.records import Status, Symptom
 from shardcheck.harness.core.rules import under_rule
+from shardcheck.harness.core.topology import Topology
 from shardcheck.harness.findings.causes import causes
 from shardcheck.harness.findings.wording import finding_lines
 from shardcheck.harness.rank.suite_loader import suite_cases
+from shardcheck.suites._model_utils_checks import CHUNK_ROWS, OUTSIDE_VOCAB, TEMPERATURE, TOP_K_ZERO, UNEVEN_VOCAB
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = [
@@ -278,14 +289,9 @@ def test_docs_ops_tags_every_rule_of_its_family_seed_or_ours(family, suites):
             for pattern, rule in case.rules.items():
                 # the row naming this case (a rule of its own), else the pattern's row for every case
                 rows = [ln for ln in table.splitlines() if ln.startswith(f"| `{pattern}` |")]
-                # a case with targets outside [0, V) (masked): the row for every such case (issue 42, item 2)
-                masked = [ln for ln in rows if "targets outside [0, V)" in ln.split("|")[2]]
                 line = next(
                     (ln for ln in rows if f"[{case.case_id}]" in ln),
-                    next(
-                        iter(masked if case.params.get("masked") and case.bad_input is None else []),
-                        next((ln for ln in rows if ln.split("|")[2].strip() == ""), None),
-                    ),
+                    next((ln for ln in rows if ln.split("|")[2].strip() == ""), None),
                 )
                 where = f"{family}.md: {pattern} ({rule.source}) for {case.op}[{case.case_id}]"
                 assert line is not None and f"| {rule.source} |" in line, where
@@ -293,17 +299,108 @@ def test_docs_ops_tags_every_rule_of_its_family_seed_or_ours(family, suites):
                 assert cited in line, f"{where}: the table does not cite {rule.cite}"
             if case.bad_input is not None:
                 assert f"[{case.case_id}]" in table and case.bad_input.rule.source in ("seed", "ours")
+            for outside in case.outside_seed:  # input the seed does not describe: a row per kind, naming its rule
+                line = next((ln for ln in table.splitlines() if f"| {outside.what}" in ln), None)
+                where = f"{family}.md: {outside.what} for {case.op}[{case.case_id}]"
+                assert line is not None and "| ours |" in line, where
+                assert f"#{outside.rule.cite.partition('#')[2]})" in line, f"{where}: the table does not cite it"
 
 
 def test_targets_outside_the_vocab_are_judged_under_our_rule():
     """The seed says nothing of ids outside [0, V) (−100, V+3): the values and gradients of cases that feed them are
-    judged under our convention (a wrong answer there stays a failure, noting the input is outside the seed's)."""
-    for suite in ("model_utils", "model_utils_cp"):
-        cases = suite_cases(suite, False)
-        masked = [c for c in cases if c.params.get("masked") and c.bad_input is None]
-        assert masked and all(c.rule_of("forward").source == RuleSource.OURS for c in masked)
-        assert all(
-            c.rule_of("forward").source == RuleSource.SEED
-            for c in cases
-            if not c.params.get("masked") and c.bad_input is None
+    judged under our convention at every topology (a wrong answer there stays a failure, noting the input is outside
+    the seed's)."""
+    tp1, tp2 = Topology(1, 1, 1), Topology(1, 1, 2)
+    for suite in ("model_utils", "model_utils_cp", "model_utils_megatron"):
+        cases = [c for c in suite_cases(suite, False) if c.bad_input is None and not isinstance(c, StepCase)]
+        masked = [c for c in cases if c.params.get("masked")]
+        assert masked and all(
+            c.rule_of("forward", topology=t).cite == OUTSIDE_VOCAB.cite for c in masked for t in (tp1, tp2)
         )
+    plain = [
+        c
+        for c in suite_cases("model_utils", False)
+        if c.bad_input is None and not any(o.holds_at(tp2) for o in c.outside_seed)
+    ]
+    assert plain and all(c.rule_of("forward", topology=tp2).source == RuleSource.SEED for c in plain)
+
+
+def _case_of(suite: str, op: str, **params) -> Case:
+    """The first case of `suite` for `op` whose parameters include `params`."""
+    return next(
+        c
+        for c in suite_cases(suite, False)
+        if c.op == f"model_utils.{op}" and c.bad_input is None and all(c.params.get(k) == x for k, x in params.items())
+    )
+
+
+def test_uneven_vocab_shards_are_the_seeds_at_one_tp_and_ours_at_another_per_op():
+    """Issue 42: a rule source that depends on the topology and the op.  V = 33 is the seed's own shape at TP 1 for
+    every op; at TP 2 it is outside the seed of an op whose seed states `vocab_size//TP`
+    (from_parallel_logits_to_logprobs) and still the seed's for one handed a per-rank range
+    (ChunkedDistributedGatherLogprob), whose rule turns ours only where a TP rank holds no vocab entries (V = 1 at TP
+    2)."""
+    tp1, tp2 = Topology(1, 1, 1), Topology(1, 1, 2)
+    even = _case_of("model_utils_cp", "from_parallel_logits_to_logprobs", V=33, temperature=1.0, masked=None)
+    assert even.rule_of("forward", topology=tp1).source == RuleSource.SEED
+    assert even.rule_of("grad:logits", topology=tp2) == UNEVEN_VOCAB
+    ranged = _case_of("model_utils", "ChunkedDistributedGatherLogprob", V=33, masked=None)
+    assert ranged.rule_of("forward", topology=tp2).source == RuleSource.SEED
+    assert ranged.rule_of("forward", topology=Topology(1, 1, 8)) == UNEVEN_VOCAB  # 33 at TP 8: the last rank holds 0
+    one = _case_of("model_utils", "ChunkedDistributedGatherLogprob", V=1)
+    assert one.rule_of("forward", topology=tp1).source == RuleSource.SEED
+    assert one.rule_of("forward", topology=tp2) == UNEVEN_VOCAB
+    assert one.rule_of("property:chunked_equals_unchunked", topology=tp2) == UNEVEN_VOCAB  # whatever the check
+    assert one.rule_of("property:comm", topology=tp2).cite != UNEVEN_VOCAB.cite  # the harness's own keeps its rule
+
+
+def test_a_temperature_top_k_zero_and_a_chunk_tp_does_not_split_are_ours():
+    """The seed names 'temperature scaling' among the sampling parameters' uses but not who scales, says top_k 'None
+    or -1 to disable', and states no constraint on a chunk's rows: cases feeding such input cite our rule, the chunk
+    only at the TP sizes that do not divide B·chunk_size."""
+    tp2 = Topology(1, 1, 2)
+    hot = _case_of("model_utils", "from_parallel_logits_to_logprobs", temperature=0.7, masked=None)
+    assert hot.rule_of("forward", topology=tp2) == TEMPERATURE
+    assert _case_of("model_utils", "DistributedLogprobWithSampling", top_k=0).rule_of("forward") == TOP_K_ZERO
+    chunked = _case_of("model_utils", "ChunkedDistributedLogprobWithSampling", B=4, chunk_size=3, masked=None)
+    assert chunked.rule_of("forward", topology=Topology(1, 1, 8)) == CHUNK_ROWS  # 4·3 rows over TP 8
+    assert chunked.rule_of("forward", topology=Topology(1, 1, 4)).source == RuleSource.SEED  # 12 over 4
+
+
+def test_input_outside_the_seed_must_be_judged_under_a_rule_of_ours():
+    with pytest.raises(ValueError, match="rule of ours"):
+        OutsideSeed("anything", seed("'a sentence'"))
+    at_tp2 = OutsideSeed("V = 3", ours("docs/ops/model_utils.md#uneven-vocab-shards"), lambda t: t.tp == 2)
+    assert at_tp2.holds_at(Topology(1, 1, 2)) and not at_tp2.holds_at(Topology(1, 1, 1))
+    assert not at_tp2.holds_at(None)  # without a topology, only what holds everywhere
+
+
+def test_rows_cite_the_rule_of_their_topology(run_shardcheck):
+    """End to end: the ranks judge each row under the rule of its own topology.  V = 37 is the seed's shape at TP 1
+    and outside it at TP 2 for _compute_distributed_log_softmax ('vocab_size//TP'); masked targets are ours at both."""
+    run = run_shardcheck(
+        "run",
+        "--op",
+        "model_utils._compute_distributed_log_softmax",
+        "--op",
+        "model_utils.DistributedLogprob",
+        "--case",
+        "b4s6v37*",
+        "--world-sizes",
+        "1,2",
+        "--topology",
+        "dp=1,cp=1,tp=1",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--dtype",
+        "float64",
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    rows = run.rows[run.rows["check"].isin(["forward", "grad:logits"])]
+    cited = {(r.op.split(".")[1], r.tp, r.rule_cite) for r in rows.itertuples()}
+    assert cited == {
+        ("_compute_distributed_log_softmax", 1, DOCUMENTED_RESULT.cite),
+        ("_compute_distributed_log_softmax", 2, UNEVEN_VOCAB.cite),
+        ("DistributedLogprob", 1, OUTSIDE_VOCAB.cite),
+        ("DistributedLogprob", 2, OUTSIDE_VOCAB.cite),
+    }, cited

@@ -25,7 +25,7 @@ import torch
 from torch.distributed.tensor import Replicate
 
 from shardcheck.harness.core.bad_input import BAD_INPUT_CHECK, BadInput
-from shardcheck.harness.core.citations import COMM_RULE, DOCUMENTED_RESULT, SIGNATURE_RULE, Rule
+from shardcheck.harness.core.citations import COMM_RULE, DOCUMENTED_RESULT, SIGNATURE_RULE, OutsideSeed, Rule
 from shardcheck.harness.core.compare import BudgetScope
 from shardcheck.harness.core.grad_convention import GradConvention
 from shardcheck.harness.core.known_failure import KnownFailure
@@ -168,6 +168,10 @@ class Case:
     # pattern ("property:padding_mask", "property:reassembled:*", "forward:ids"), unless a Property carries its own.
     rule: Rule = DOCUMENTED_RESULT
     rules: dict[str, Rule] = field(default_factory=dict)
+    # Input the seed does not describe, everywhere or at some topologies (targets outside [0, V); V = 37 at TP 2 where
+    # the seed's shard is vocab_size//TP): where one holds, the case's checks are judged under its rule of ours, the
+    # first that holds (rule_of).  The harness's own checks and a bad input's rule keep theirs.
+    outside_seed: tuple[OutsideSeed, ...] = ()
     # ---- parameters: recorded with every row, and what `run` (and every other callable given a ctx) reads
     # as `ctx.params`
     params: dict = field(default_factory=dict)
@@ -204,16 +208,20 @@ class Case:
                     f"{where}: the layout of {name!r} is {layout!r}; expected a Layout, e.g. Layout(tp=Shard(-1))"
                 )
 
-    def rule_of(self, check: str, prop: Property | None = None) -> Rule | None:
-        """Where the rule of `check` comes from (None: nobody cited it, a suite of someone else's)."""
-        if prop is not None and prop.rule is not None:
-            return prop.rule
+    def rule_of(self, check: str, prop: Property | None = None, topology: Topology | None = None) -> Rule | None:
+        """Where the rule of `check` comes from at `topology` (None: the rules that hold at every topology; None
+        returned: nobody cited it, a suite of someone else's)."""
         if check == BAD_INPUT_CHECK and self.bad_input is not None and self.bad_input.rule is not None:
             return self.bad_input.rule
         if check == "property:comm":  # the harness's own checks, whatever a suite's catch-all pattern says
             return COMM_RULE
         if check == SIGNATURE_CHECK:
             return SIGNATURE_RULE
+        outside = next((o.rule for o in self.outside_seed if o.holds_at(topology)), None)
+        if outside is not None:  # the input decides, whatever the check
+            return outside
+        if prop is not None and prop.rule is not None:
+            return prop.rule
         for pattern, rule in self.rules.items():
             if check != "property:properties" and fnmatch.fnmatchcase(check, pattern):
                 return rule

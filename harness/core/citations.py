@@ -5,7 +5,10 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from shardcheck.harness.core.topology import Topology
 
 
 class RuleSource(enum.StrEnum):
@@ -35,6 +38,28 @@ class Rule:
 
     def __str__(self) -> str:
         return f"rule: ours, {self.cite}" if self.source == RuleSource.OURS else f"rule: seed: {self.cite}"
+
+
+@dataclass(frozen=True)
+class OutsideSeed:
+    """Input of a case that the seed does not describe, everywhere or at some topologies only (`at`): there every
+    check of the case but the harness's own (the communication contract, the signature, a bad input's own rule) is
+    judged under `rule`, a rule of ours.  The input decides, not the check: ids outside [0, V) everywhere; V = 37
+    split over TP 2 where the op's seed states its shard as `vocab_size//TP` (at TP 1 it is the seed's own shape)."""
+
+    what: str  # the input, in words ("targets outside [0, V)", "V not divisible by TP")
+    rule: Rule
+    at: Callable[[Topology], bool] | None = None  # the topologies where the input is outside the seed (None: all)
+
+    def __post_init__(self):
+        if self.rule.source != RuleSource.OURS:
+            raise ValueError(f"input outside the seed ({self.what}) is judged under a rule of ours, got {self.rule}")
+
+    def holds_at(self, topology: Topology | None) -> bool:
+        """Whether the input is outside the seed at `topology` (None: at every topology, whatever it is)."""
+        if self.at is None:
+            return True
+        return topology is not None and bool(self.at(topology))
 
 
 def seed(cite: str) -> Rule:

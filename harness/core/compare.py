@@ -257,8 +257,10 @@ def merge_ranks(per_rank: list[dict], expected_ranks: list[int]) -> dict:
         ],
     }
     row.update(cause_fields(bad, missing))
-    # where the check's rule comes from (shardcheck.harness.core.rules): the same on every rank
-    row.update({k: next((r[k] for r in per_rank if r.get(k)), None) for k in ("rule_source", "rule_cite")})
+    # where the check's rule comes from (shardcheck.harness.core.rules): the worst rank's, whose finding the row
+    # reports (a rank within float32's budget of a float64 item cites the precision rule; its wrong peer, the check's)
+    ruled = [r for r in bad + per_rank if r.get("rule_source")]
+    row.update({k: ruled[0][k] if ruled else None for k in ("rule_source", "rule_cite")})
     # the gradient convention every rank matched (Case.grad_conventions), where a case accepts more than one
     conventions = {r.get("grad_convention") for r in per_rank}
     if conventions - {None}:

@@ -34,9 +34,10 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    and the TypeError of every call passing it (harness/rank/signatures.py calls by the seed's names) are one line.
 4. Causes across ops: one root is one line naming its ops: the same exception type and message, numbers blanked,
    raised in the same file (a helper several ops share, one unhandled input reaching several of its lines; one line
-   raising two messages is two roots), the
-   same warning over the module (float64 computed in float32 in every op), ranks dying of crash signals
-   (SIGSEGV, SIGABRT, SIGBUS, ...) in a shared phase (an op and its wrapper: each op's condition may differ).
+   raising two messages is two roots), the same warning over the module (float64 computed in float32 in every op),
+   ranks dying of crash signals (SIGSEGV, SIGABRT, SIGBUS, ...) in a shared phase (an op and its wrapper: each op's
+   condition may differ), wrong answers under one rule of ours on input outside the seed (kept apart from the op's
+   seed-rule symptoms), exceptions saying the machine has no GPU (findings/shared_roots.py).
 5. Whose rule, per line: under `--impl`, a line whose exception shows only on rows judged by rules of ours (every
    row of the line, its consequences included, has rule_source "ours") is a `warn`: "raises on input only our rule
    feeds: ..." (loud on input the seed leaves open is acceptable, loud or right), where the evidence says that the
@@ -70,6 +71,7 @@ from shardcheck.harness.findings import model_order
 from shardcheck.harness.findings.common_factor import factor_text
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
 from shardcheck.harness.findings.hang_skips import not_run, skipped_by_hangs, skipped_like
+from shardcheck.harness.findings.shared_roots import by_rule, ours_rule_of, same_rules, shared_key, worded
 from shardcheck.harness.findings.wording import (
     CRASHES,
     ERRORS,
@@ -167,15 +169,16 @@ def _demoted(c: dict, bad: pd.DataFrame, seed_items: set, unrun: set = frozenset
 
 
 def _seed_items(df: pd.DataFrame) -> set:
-    """(op, *ITEM) of the items whose values or gradients were judged by a rule of the seed's."""
+    """(op, *ITEM) of the items whose values or gradients were judged by a rule of the seed's: a precision warning (it
+    cites our precision rule) counts where its case's checks cite the seed's at that topology in another dtype."""
     if "rule_source" not in df:
         return set()
-    judged = df[
-        (df["rule_source"] == RuleSource.SEED)
-        & df["check"].astype(str).str.match(r"forward|grad:")
-        & ~df["status"].isin([Status.SKIP, Status.XFAIL])
-    ]
-    return set(map(tuple, judged[["op", *ITEM]].astype(str).values))
+    ran = df[df["check"].astype(str).str.match(r"forward|grad:") & ~df["status"].isin([Status.SKIP, Status.XFAIL])]
+    seed = ran["rule_source"] == RuleSource.SEED
+    case = ["op", *ITEM[:-1]]  # an item less its dtype: a rule of the seed's there holds in every dtype
+    in_seed_case = ran[case].astype(str).apply(tuple, axis=1).isin(set(map(tuple, ran[seed][case].astype(str).values)))
+    precision = ran["symptom"].astype(str).str.startswith("precision:") if "symptom" in ran else seed & False
+    return set(map(tuple, ran[seed | (precision & in_seed_case)][["op", *ITEM]].astype(str).values))
 
 
 def _table(df: pd.DataFrame) -> list[dict]:
@@ -197,12 +200,13 @@ def _table(df: pd.DataFrame) -> list[dict]:
     )
     bad = bad.assign(_status=bad["status"], _crash=bad["_symptom"].isin(CRASHES) & (bad["status"] == Status.ERROR))
     bad = _consequences(bad)
+    bad = bad.assign(_rule=ours_rule_of(bad))  # a wrong answer under a rule of ours: apart from the seed's (4)
     passing = df[df["status"] == Status.PASS]
     passing_of = {op: rows for op, rows in passing.groupby("op", sort=False)}
     empty = df.iloc[:0]
     skipped_of = skipped_by_hangs(df)
     symptoms = []
-    for (op, status, kind, _), rows in bad.groupby(["op", "_status", "_kind", "_part"], sort=False):
+    for (op, status, kind, _, _), rows in bad.groupby(["op", "_status", "_kind", "_part", "_rule"], sort=False):
         rows = rows.sort_values("_crash", ascending=False, kind="stable")  # the crash itself names the line
         stale = status == Status.XPASS  # a stale mark is judged where it ran; a hang's skips say nothing of it
         unknown = None if stale else skipped_like(rows, skipped_of.get(op))
@@ -314,6 +318,7 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, all_rows: pd.D
         "all_checks": list(all_rows["check"].unique()),
         "rules": _rules(all_rows),
         "members": list(all_rows.index),
+        "ours_rule": str(all_rows["_rule"].iloc[0]) if "_rule" in all_rows else "",
         # one root per exception type and message (numbers blanked) raised in one file: a line that raises on two
         # inputs for two reasons is two roots, one unhandled input reaching several lines of the module is one
         "error_key": (
@@ -346,10 +351,8 @@ def _condition(symptom: dict, all_rows: pd.DataFrame, passing: pd.DataFrame, unk
 
 def _rules(rows: pd.DataFrame) -> dict:
     """The rules a cause's rows were judged under ((source, cite) -> None, in order): where each comes from."""
-    if "rule_source" not in rows or "rule_cite" not in rows:
-        return {}
-    pairs = rows[["rule_source", "rule_cite"]].dropna().drop_duplicates()
-    return dict.fromkeys(map(tuple, pairs.values))
+    pairs = rows[["rule_source", "rule_cite"]].dropna() if {"rule_source", "rule_cite"} <= set(rows) else rows.iloc[:0]
+    return dict.fromkeys(map(tuple, pairs.drop_duplicates().values))
 
 
 def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -> dict:
@@ -389,6 +392,7 @@ def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -
         "rows": [i for s in group for i in s["rows"]],
         "items": set().union(*(s["items"] for s in group)),
         "error_key": first["error_key"] if all(s["error_key"] == first["error_key"] for s in group) else None,
+        "ours_rule": first["ours_rule"] if all(s["ours_rule"] == first["ours_rule"] for s in group) else "",
     }
 
 
@@ -400,11 +404,12 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
     """The causes of one op from its symptoms (module docstring, 3).  A crash (an exception at one line, a death, a
     hang) is a line of its own with the checks it caused; it never takes in a check that failed where it did not
     cause the failure, and two different crashes stay two lines."""
-    failing = [s for s in symptoms if s["status"] in (Status.FAIL, Status.ERROR)]
+    failing, ours = by_rule([s for s in symptoms if s["status"] in (Status.FAIL, Status.ERROR)])  # (docstring, 4)
     warnings = _same_items([s for s in symptoms if s["status"] not in (Status.FAIL, Status.ERROR)], passing, bad)
     crashes = [s for s in failing if _is_crash(s)]
     wrong = [s for s in failing if not _is_crash(s)]
-    if len(crashes) == 1 and wrong:  # one trigger on the items for a crash and wrong answers: one bug, two faces
+    warnings += [line for group in ours.values() for line in _wrong_answers(group, rows, passing, bad, crashes)]
+    if len(crashes) == 1 and wrong and same_rules(crashes + wrong):  # one trigger for a crash and wrong answers
         ran = rows[(rows["check"] != SIGNATURE_CHECK) & ~rows["status"].isin([Status.SKIP, Status.XFAIL])]
         item_rows = ran.drop_duplicates(ITEM)
         item_key = item_rows[ITEM].astype(str).apply(tuple, axis=1)
@@ -542,10 +547,6 @@ def _around_everywhere(
     return [host] + own
 
 
-def _two_crashes(s: dict, t: dict) -> bool:
-    return _is_crash(s) and _is_crash(t) and s["kind"] != t["kind"]
-
-
 def _death_phases(c: dict, table: list[dict]) -> frozenset:
     """The phases of the deaths of `table` linked to `c`'s by a shared phase (an op and its wrapper killing the
     process in the backward, one of them in the forward too, are one root)."""
@@ -564,6 +565,8 @@ def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> 
     a rank dying under the same condition, in several ops."""
 
     def key(c: dict):
+        if shared_key(c) is not None:  # a rule of ours, the environment (findings/shared_roots.py)
+            return shared_key(c)
         if len(c["ops"]) != 1 or len(c["symptoms"]) != 1:
             return None
         symptom = next(iter(c["symptoms"]))
@@ -579,7 +582,9 @@ def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> 
     for c in table:
         groups.setdefault(key(c) or ("own", id(c)), []).append(c)
     out = []
-    for group in groups.values():
+    for k, group in groups.items():
+        if shared_key(group[0]) is not None:
+            group = [{**c, "kind": worded(c["kind"], k)} for c in group]
         if len(group) == 1:
             out.append(group[0])
             continue

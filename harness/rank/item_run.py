@@ -90,7 +90,7 @@ class ItemRun:
     def emit(self, check: str, status: str, prop=None, **fields) -> None:
         """One check's row for this rank, under the check's rule (Case.rule_of; what a rule of ours weighs)."""
         if self.case is not None:
-            status, fields = under_rule(self.case.rule_of(check, prop), status, fields, self.third_party)
+            status, fields = under_rule(self.case.rule_of(check, prop, self.topo), status, fields, self.third_party)
         self.loaded.events.checked(self.item.id, check=check, status=status, coords=self.coords, **fields)
         self.emitted.add(check)
         if status == Status.ERROR and not fields.get("secondary"):

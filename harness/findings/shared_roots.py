@@ -1,0 +1,119 @@
+"""Roots that span ops whatever each op's own symptoms say (shardcheck.harness.findings.causes, module docstring 4):
+a rule of ours that input outside the seed brought in, and an environment without the accelerator the code needs.
+
+- **A rule of ours, one line.**  Under `--impl`, a wrong answer on input only our rule describes (targets outside
+  [0, V), a temperature the seed leaves to the caller, a vocab TP does not split where the seed's split is even:
+  core/citations.py `OutsideSeed`) is a failure, as any silent wrong answer; but what it shows is our opinion of
+  that input, the same in every op that took it.  Such rows are kept apart from the op's seed-rule rows (never merged
+  with a defect the seed's rules find) and one line per rule names every op (the float64-in-float32 warning does the
+  same for a precision rule).
+- **A NaN under one trigger.**  Non-finite values where the golden has none, in several ops, exactly under the same
+  condition on the mesh and the inputs (the checks aside: "at tp ≥ 2, when neg_inf ≥ 0.3"), are one root: a helper
+  the ops share (gather_logits_at_global_indices inside get_distillation_topk_logprobs_from_logits).  Only a trigger
+  that names a mesh dim counts; a line that no condition separates is never merged so.
+- **The environment.**  An exception saying the process has no CUDA device, driver or pinned-memory allocator (a
+  `pin_memory=True` buffer, a `.cuda()` call on a CPU run) is one root whatever its type and line: code written for
+  a GPU run on a CPU box.  It stays an error (the run did not check those paths), on one line naming the ops.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from shardcheck.harness.core.citations import RuleSource
+from shardcheck.harness.core.modules import is_ours
+from shardcheck.harness.core.records import Status, Symptom
+from shardcheck.harness.findings.wording import blank_numbers
+
+OURS_RULE_PREFIX = "wrong on input only our rule describes: "  # a merged ours-rule line's kind begins so
+ENVIRONMENT_PREFIX = "needs a GPU, the run has none: "  # an environment line's kind begins so
+EXACTLY = "exactly "  # a separating condition begins so (findings/conditions.py)
+MESH = re.compile(r"at [a-z_·]+ [≥≤=≠<>]")  # a predicate on the mesh ("at tp ≥ N", "at dp·cp ≥ N")
+CHECK_PREDICATES = ("in forward", "in grad:", "in the gradients", "in the outputs", "in property:")
+
+# What an exception says when the process lacks the accelerator the code asks for (torch's own messages).
+NO_ACCELERATOR = (
+    "not compiled with cuda enabled",
+    "requires a cuda or other accelerator backend",
+    "no pinned memory allocator",
+    "no cuda gpus are available",
+    "found no nvidia driver",
+)
+
+
+def ours_rule_of(bad: pd.DataFrame) -> list[str]:
+    """Per non-passing row, the cite of the rule of ours it failed under as a silent wrong answer of a module under
+    --impl ("" for every other row: seed rules, our own implementations, errors, warnings, consequences of a crash)."""
+    if "rule_source" not in bad or "rule_cite" not in bad or "impl" not in bad:
+        return [""] * len(bad)
+    return [
+        str(r["rule_cite"])
+        if r["_status"] == Status.FAIL
+        and r["rule_source"] == RuleSource.OURS
+        and isinstance(r["impl"], str)
+        and not is_ours(r["impl"])
+        else ""
+        for r in bad[["_status", "rule_source", "rule_cite", "impl"]].to_dict("records")
+    ]
+
+
+def by_rule(symptoms: list[dict]) -> tuple[list[dict], dict[str, list[dict]]]:
+    """`symptoms` of one op split: those judged under the seed's rules, and per rule of ours the others.  A wrong
+    answer under a rule of ours in a check the seed's cases get wrong the same way too stays with the seed's: the
+    op's defect, shown on our input as well (an averaged gradient, wrong on masked targets and on plain ones)."""
+    seed = [s for s in symptoms if not s["ours_rule"]]
+    seen = {(s["kind"], check) for s in seed for check in s["all_checks"]}
+    ours: dict[str, list[dict]] = {}
+    for s in symptoms:
+        if s["ours_rule"] and not any((s["kind"], check) in seen for check in s["all_checks"]):
+            ours.setdefault(s["ours_rule"], []).append(s)
+        elif s["ours_rule"]:
+            seed.append({**s, "ours_rule": ""})  # (never merged across ops as an opinion)
+    return seed, ours
+
+
+def same_rules(lines: list[dict]) -> bool:
+    """Whether `lines` are all judged under rules of ours alone, or none is: a crash on input only our rule feeds and
+    a wrong answer the seed's rules find are two roots, however one condition covers their items."""
+    return len({all(source == RuleSource.OURS for source, _ in c["rules"]) for c in lines}) == 1
+
+
+def _trigger(condition: str) -> tuple[str, ...]:
+    """A condition's predicates but the checks it names, numbers blanked ("exactly in forward:student, at tp ≥ 2,
+    when neg_inf ≥ 0.3" -> ("at tp ≥ N", "when neg_inf ≥ N")); () where it does not separate."""
+    if not condition.startswith(EXACTLY):
+        return ()
+    words = re.sub(r",? at (every topology )?\(?dp\d[^;]*", "", condition[len(EXACTLY) :])  # where, not a trigger
+    parts = [p.strip() for p in words.split(";")[0].split(",")]
+    return tuple(blank_numbers(p) for p in parts if p and not p.startswith(CHECK_PREDICATES))
+
+
+def is_environment(error_key) -> bool:
+    """Whether an exception (type, file, message) says the process lacks the accelerator the code asks for."""
+    return error_key is not None and any(text in str(error_key[-1]).lower() for text in NO_ACCELERATOR)
+
+
+def shared_key(c: dict):
+    """The key of a line that is one root with other ops' lines of the same key (None: none of these roots)."""
+    if c["status"] == Status.FAIL and c.get("ours_rule"):
+        return ("ours rule", c["ours_rule"])
+    if c["status"] == Status.ERROR and is_environment(c.get("error_key")):
+        return ("environment",)
+    trigger = _trigger(c["condition"])
+    if (
+        c["status"] == Status.FAIL
+        and c["symptoms"] == {Symptom.NONFINITE}
+        and any(p.startswith("at ") for p in trigger)
+    ):
+        return ("non-finite", trigger)  # a NaN under one trigger of the mesh in several ops: a helper they share
+    return None
+
+
+def worded(kind: str, key) -> str:
+    """A merged line's kind, saying which of these roots it is."""
+    if key[0] == "non-finite":
+        return kind
+    prefix = OURS_RULE_PREFIX if key[0] == "ours rule" else ENVIRONMENT_PREFIX
+    return kind if kind.startswith(prefix) else prefix + kind
