@@ -52,6 +52,7 @@ def test_the_api_is_one_documented_place():
         "ModelCase",
         "Rule",
         "RuleSource",
+        "OutsideSeed",
         "cite",
         "seed",
         "ours",
