@@ -40,8 +40,21 @@ def uses_lines(df: pd.DataFrame) -> list[str]:
     ]
 
 
+_TOPOLOGY_COLUMNS = ("dp", "cp", "tp", "ep", "dp_replicate")
+
+
 def _topology(df: pd.DataFrame) -> pd.Series:
-    return pd.Series([topology_label(row) for row in df.to_dict("records")], index=df.index, dtype=str)
+    """Each row's topology label (topology_label), worked out once per distinct mesh: a run has tens of thousands of
+    rows over a dozen meshes, and `to_dict("records")` of every column cost seconds of the report."""
+    columns = [df[c].tolist() if c in df else [None] * len(df) for c in _TOPOLOGY_COLUMNS]
+    labels: dict[tuple, str] = {}
+    out = []
+    for key in zip(*columns):
+        label = labels.get(key)
+        if label is None:
+            label = labels[key] = topology_label(dict(zip(_TOPOLOGY_COLUMNS, key)))
+        out.append(label)
+    return pd.Series(out, index=df.index, dtype=str)
 
 
 def _worst(statuses: pd.Series) -> str:

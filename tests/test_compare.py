@@ -27,6 +27,23 @@ def test_compare_finds_worst_element_and_its_values():
     assert stats["nonfinite"] is None
 
 
+@pytest.mark.parametrize("shape", [(), (7,), (3, 1, 5), (2, 3, 4, 5)])
+def test_the_worst_element_and_worst_ratio_are_at_torchs_index_of_the_flat_argmax(shape):
+    gen = _gen()
+    expected = torch.randn(shape, generator=gen, dtype=torch.float64)
+    got = expected + torch.randn(shape, generator=gen, dtype=torch.float64) * 1e-3
+    limit = torch.rand(shape, generator=gen, dtype=torch.float64) + 0.1
+    stats = compare(got, expected, limit)
+    diff = (got - expected).abs()
+    by_err = [int(i) for i in torch.unravel_index(diff.argmax(), shape)]
+    by_ratio = [int(i) for i in torch.unravel_index((diff / limit).argmax(), shape)]
+    assert stats["max_abs_err"] == float(diff.max())
+    assert stats["worst"]["local_index"] == by_ratio
+    assert stats["budget"] == float(limit[tuple(by_ratio)])
+    assert compare(got, expected)["worst"]["local_index"] == by_err
+    assert stats["nonfinite"] is None
+
+
 def test_nonfinite_positions_and_signs_must_match():
     expected = torch.tensor([0.5, -math.inf, math.nan, 1.0], dtype=torch.float64)
     assert compare(expected.clone(), expected)["nonfinite"] is None  # same -inf, same NaN: fine

@@ -110,3 +110,27 @@ def test_a_golden_that_cannot_be_left_sends_the_peers_to_work_it_out_at_once(tmp
     started = time.time()
     peer = GoldenCache(share, rank=1, timeout=30).get(case, _item(), 2)
     assert time.time() - started < 10 and len(calls) == 4 and peer.outputs[0].shape == (3,)
+
+
+def test_a_goldens_budgets_are_worked_out_once_per_tensor_and_dtype_and_equal_the_budget(monkeypatch):
+    from shardcheck.harness.core.compare import BudgetScope, budget
+    from shardcheck.harness.rank import judge
+
+    golden = GoldenCache().get(_case([]), _item("bfloat16"), 2)
+    worked = []
+    monkeypatch.setattr(judge, "budget", lambda *a: worked.append(a) or budget(*a))
+    gold, ref = golden.grads["x"], golden.naive_grads["x"]
+    first = judge.Budget(gold, ref, torch.bfloat16, BudgetScope.ROW, golden.grad_scale(), kept=golden.budgets)
+    again = judge.Budget(gold, ref, torch.bfloat16, BudgetScope.ROW, golden.grad_scale(), kept=golden.budgets)
+    limit, err_naive = first.full()
+    assert again.full()[0] is limit and len(worked) == 1  # the next topology's item: the same budgets, not redone
+    expected = budget(gold, ref, torch.bfloat16, BudgetScope.ROW, golden.grad_scale())
+    assert torch.equal(limit, expected[0]) and torch.equal(err_naive, expected[1])
+    as_float32 = judge.Budget(gold, ref, torch.float32, BudgetScope.ROW, golden.grad_scale(), kept=golden.budgets)
+    assert torch.equal(as_float32.full()[0], budget(gold, ref, torch.float32, BudgetScope.ROW, golden.grad_scale())[0])
+    other = judge.Budget(gold, golden.naive_outputs[1], torch.bfloat16, BudgetScope.TENSOR, 1.0, kept=golden.budgets)
+    other.full()
+    assert len(worked) == 3  # another dtype, another reference tensor: worked out each
+    unkept = judge.Budget(gold, ref, torch.bfloat16, BudgetScope.ROW, golden.grad_scale())
+    unkept.full()
+    assert len(worked) == 4

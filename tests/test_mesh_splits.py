@@ -72,3 +72,34 @@ def test_a_hang_budget_skips_its_ops_items_at_its_whole_topology_only():
     left = _hang_budget(world, collector, hung, "hung", [same, plain, hsdp])
     assert left == [plain, hsdp] and list(skipped) == [1]
     assert "at dp4-ep2-cp1-tp1;" in skipped[1]
+
+
+def test_the_reports_topology_of_each_row_names_ep_and_dp_replicate_only_where_set():
+    import pandas as pd
+
+    from shardcheck.reports.report import _topology
+
+    rows = pd.DataFrame(
+        {
+            "dp": [4, 4, 4, 1, 4],
+            "cp": [1, 1, 1, 2, 1],
+            "tp": [2, 2, 1, 1, 2],
+            "ep": [2, float("nan"), 1, 1, 2],
+            "dp_replicate": [1, 1, 2, 1, 1],
+        },
+        index=[10, 11, 12, 13, 14],
+    )
+    assert _topology(rows).to_dict() == {
+        10: "dp4-ep2-cp1-tp2",
+        11: "dp4-cp1-tp2",  # NaN: a row made before expert parallelism
+        12: "dp4r2-cp1-tp1",
+        13: "dp1-cp2-tp1",
+        14: "dp4-ep2-cp1-tp2",
+    }
+    assert _topology(rows[["dp", "cp", "tp"]]).tolist() == [
+        "dp4-cp1-tp2",
+        "dp4-cp1-tp2",
+        "dp4-cp1-tp1",
+        "dp1-cp2-tp1",
+        "dp4-cp1-tp2",
+    ]

@@ -40,6 +40,7 @@ class Golden:
         self._precision_runs: dict[str, tuple] = {}
         self._kind_scales: dict[object, float] = {}
         self._kinds: list | None = None  # each output's kind (_output_kinds), worked out once
+        self.budgets: dict = {}  # the budgets of its tensors, worked out once (judge.Budget.full)
         if state is not None:
             self.inputs, self.upstream = state["inputs"], state["upstream"]
             self.outputs, self.grads = state["outputs"], state["grads"]

@@ -370,7 +370,9 @@ class ItemRun:
         got_dtype = got.dtype
         got = out.layout.reduce_partial(got, self.mesh)
         scale = golden.output_scale(out.index)
-        budget = Budget(out.gold, out.naive, out.naive.dtype, case.budget_scope, scale, case.compute_dtype)
+        budget = Budget(
+            out.gold, out.naive, out.naive.dtype, case.budget_scope, scale, case.compute_dtype, golden.budgets
+        )
         place = Placement(out.layout, self.mesh, golden.inputs)
         self._emit_verdict(self._measure(Comparison(out.check, got, expected, budget, place, got_dtype)), precision)
 
@@ -413,7 +415,12 @@ class ItemRun:
             if convention == GradConvention.OWN:
                 golden = golden.own_summand(_summand_index(case, self.mesh))
             budget = Budget(
-                golden.grads[name], golden.naive_grads[name], x.dtype, case.budget_scope, golden.grad_scale()
+                golden.grads[name],
+                golden.naive_grads[name],
+                x.dtype,
+                case.budget_scope,
+                golden.grad_scale(),
+                kept=golden.budgets,
             )
             comparison = Comparison(check, x.grad, place.local(golden.grads[name]), budget, place, x.grad.dtype)
             verdict = self._measure(comparison) if not tried else measure(comparison)[0]
@@ -451,7 +458,7 @@ class ItemRun:
             expected = place.local(gold)
             reduced = lay.reduce_partial(got, self.mesh)
             scale = golden.output_scale(index)
-            budget = Budget(gold, naive, naive.dtype, case.budget_scope, scale, case.compute_dtype)
+            budget = Budget(gold, naive, naive.dtype, case.budget_scope, scale, case.compute_dtype, golden.budgets)
             comparison = Comparison(case.forward_checks[index], reduced, expected, budget, place, got.dtype)
             call.verdicts[index] = self._measure(comparison, arriving=True)
         except Exception as exc:  # raised as the harness's own error once the run is over, not as the model's

@@ -45,6 +45,20 @@ class Budget:
     scope: BudgetScope
     kind_scale: float  # the item's largest golden magnitude among tensors of this one's kind (Golden.output_scale)
     compute_dtype: torch.dtype | None = None  # the budget's dtype where the math ran below `dtype` (Case.compute_dtype)
+    kept: dict | None = dataclasses.field(default=None, compare=False, repr=False)  # its golden's (Golden.budgets)
+
+    def full(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """compare.budget of the whole tensor, worked out once per golden where `kept` is the golden's: every
+        topology of a launch judges the same golden tensors (GoldenCache keeps the golden across them)."""
+        dtype = self.compute_dtype or self.dtype
+        if self.kept is None:
+            return budget(self.gold_full, self.ref_full, dtype, self.scope, self.kind_scale)
+        key = (id(self.gold_full), id(self.ref_full), dtype, self.scope, self.kind_scale)
+        hit = self.kept.get(key)  # holds its tensors: their ids are not reused while it is kept
+        if hit is None or hit[0] is not self.gold_full or hit[1] is not self.ref_full:
+            limits = budget(self.gold_full, self.ref_full, dtype, self.scope, self.kind_scale)
+            hit = self.kept[key] = (self.gold_full, self.ref_full, limits)
+        return hit[2]
 
 
 @dataclass(frozen=True)
@@ -101,7 +115,7 @@ class PrecisionRun:
 
 def judge_tensor(got: torch.Tensor, expected: torch.Tensor, b: Budget, place: Placement) -> tuple:
     """(stats, status, err/budget, this rank's budgets) of a local tensor against its slice of the golden."""
-    b_full, naive_err_full = budget(b.gold_full, b.ref_full, b.compute_dtype or b.dtype, b.scope, b.kind_scale)
+    b_full, naive_err_full = b.full()
     limit = place.local(b_full)
     err_naive = place.local(naive_err_full) if naive_err_full is not None else None
     stats = compare(got, expected, limit, err_naive)
