@@ -61,13 +61,14 @@ def ours_rule_of(bad: pd.DataFrame) -> list[str]:
 
 def by_rule(symptoms: list[dict]) -> tuple[list[dict], dict[str, list[dict]]]:
     """`symptoms` of one op split: those judged under the seed's rules, and per rule of ours the others.  A wrong
-    answer under a rule of ours in a check the seed's cases get wrong the same way too stays with the seed's: the
-    op's defect, shown on our input as well (an averaged gradient, wrong on masked targets and on plain ones)."""
+    answer under a rule of ours in a check the seed's cases get wrong too stays with the seed's: the op's defect,
+    shown on our input as well (an averaged gradient, wrong on masked targets and on plain ones; CP chunks swapped,
+    wrong values on plain ids and NaN where masked ids meet the swapped rows)."""
     seed = [s for s in symptoms if not s["ours_rule"]]
-    seen = {(s["kind"], check) for s in seed for check in s["all_checks"]}
+    seen = {check for s in seed for check in s["all_checks"]}
     ours: dict[str, list[dict]] = {}
     for s in symptoms:
-        if s["ours_rule"] and not any((s["kind"], check) in seen for check in s["all_checks"]):
+        if s["ours_rule"] and not any(check in seen for check in s["all_checks"]):
             ours.setdefault(s["ours_rule"], []).append(s)
         elif s["ours_rule"]:
             seed.append({**s, "ours_rule": ""})  # (never merged across ops as an opinion)

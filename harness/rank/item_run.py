@@ -458,7 +458,9 @@ class ItemRun:
             expected = place.local(gold)
             reduced = lay.reduce_partial(got, self.mesh)
             scale = golden.output_scale(index)
-            budget = Budget(gold, naive, naive.dtype, case.budget_scope, scale, case.compute_dtype, golden.budgets)
+            # No budget kept with the golden here: judged as they arrive, a model's activations keep one tensor's
+            # budget at a time (tests/test_model_case_cost.py), not one per module.
+            budget = Budget(gold, naive, naive.dtype, case.budget_scope, scale, case.compute_dtype)
             comparison = Comparison(case.forward_checks[index], reduced, expected, budget, place, got.dtype)
             call.verdicts[index] = self._measure(comparison, arriving=True)
         except Exception as exc:  # raised as the harness's own error once the run is over, not as the model's
