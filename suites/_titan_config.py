@@ -53,13 +53,14 @@ def is_job_config(spec: str) -> bool:
 def _quiet():
     """torchtitan's loading prints warnings (a missing tokenizer folder ...) and tyro its usage: none of it ours."""
     out = io.StringIO()
-    logging.disable(logging.WARNING)
+    disabled = logging.root.manager.disable
+    logging.disable(max(disabled, logging.WARNING))
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield out
     finally:
-        logging.disable(logging.NOTSET)
+        logging.disable(disabled)
 
 
 def _tyro_message(text: str) -> str:
