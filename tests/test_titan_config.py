@@ -184,3 +184,25 @@ def test_a_users_llama_job_passes_at_its_tp_and_its_rerun_line_names_the_job(run
     args = shlex.split(rerun_command(plan, item))
     assert args[args.index("--model-config") + 1] == DEBUG_TP2  # the job again, not this run's generated suite
     assert "--suite-path" not in args and args[args.index("--topology") + 1] == "dp=1,cp=1,tp=2"
+
+
+def test_a_job_selects_its_own_topology_and_says_what_it_reduced(titan_config, tmp_path, capsys):
+    import argparse
+
+    from shardcheck.harness.driver.model_config import add_model_config_suite
+
+    spec = f"{LLAMA_8B} --parallelism.tensor_parallel_degree 8"
+    args = argparse.Namespace(model_config=spec, topology=None, suite_path=None, suite=None)
+    add_model_config_suite(args, tmp_path)
+    assert args.topology == ["dp=2,cp=1,tp=2"] and args.model_config == spec
+    (suite,) = args.suite_path
+    assert f"CONFIG = {spec!r}" in open(suite).read()
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [
+        "shardcheck: torchtitan job: llama3 at dp=2,cp=1,tp=2 (tensor_parallel_degree 8 -> 2; "
+        "data_parallel_shard_degree -1 (the rest of the world) -> 2; "
+        "spmd_backend spmd_types -> partial_dtensor (the backend the titan suite checks))"
+    ]
+    given = argparse.Namespace(model_config=spec, topology=["dp=1,cp=1,tp=2"], suite_path=None, suite=["titan"])
+    add_model_config_suite(given, tmp_path)
+    assert given.topology == ["dp=1,cp=1,tp=2"] and given.suite == ["titan", MODEL_CONFIG_SUITE]  # the run's own
