@@ -74,15 +74,17 @@ def case(
     name += "" if backend == BACKEND else f"-{backend}"
     batch = {"tokens": Layout(dp=Shard(0)), "labels": Layout(dp=Shard(0))}
     moe = model in titan.MOE_MODELS
+    # the experts' rows under FSDP (EP or not) are this rank's batch's tokens sorted by expert: no layout maps them
+    whole_rows = not (expert_parallel or fsdp)
     return ModelCase(
         op=f"{FAMILY}.parallelize",
         case_id=case_id or name,
         dtypes=titan.MOE_DTYPES if moe else titan.DTYPES,
-        # the experts' rows: under TP each rank's summand (the hidden dim split), under EP the tokens routed to this
-        # rank's experts (no layout maps them; the routed experts' output is compared)
+        # the experts' rows: under TP each rank's summand (the hidden dim split), under EP or FSDP the tokens routed to
+        # this rank's experts (no layout maps them; the routed experts' output is compared)
         param_layouts=plan.layouts,
-        activation_layouts={} if expert_parallel else {EXPERTS: Layout(tp=Partial())},
-        unchecked_modules=(EXPERTS,) if expert_parallel else (),
+        activation_layouts={EXPERTS: Layout(tp=Partial())} if whole_rows else {},
+        unchecked_modules=() if whole_rows else (EXPERTS,),
         build=titan.build(model, arch),
         parallelize=plan,
         make_inputs=titan.make_inputs,

@@ -206,3 +206,26 @@ def test_a_job_selects_its_own_topology_and_says_what_it_reduced(titan_config, t
     given = argparse.Namespace(model_config=spec, topology=["dp=1,cp=1,tp=2"], suite_path=None, suite=["titan"])
     add_model_config_suite(given, tmp_path)
     assert given.topology == ["dp=1,cp=1,tp=2"] and given.suite == ["titan", MODEL_CONFIG_SUITE]  # the run's own
+
+
+def test_a_users_moe_job_under_fsdp_passes_with_the_experts_rows_unchecked(run_shardcheck, titan_config):
+    """qwen3_moe_debug (64 experts, top 8; routers without a margin: float32) under FSDP 2, experts not
+    expert-parallel: each rank's experts see its own batch's tokens, which no layout maps (unchecked), and every
+    other activation, gradient and parameter is compared."""
+    from shardcheck.suites import titan
+
+    spec = (
+        "--module qwen3 --config qwen3_moe_debug "
+        "--parallelism.data_parallel_shard_degree 2 --training.disable_cuda_graphs"
+    )
+    (case,) = titan_config.cases(spec)
+    assert case.case_id == "qwen3_moe-fsdp-tp-sp" and case.unchecked_modules == (titan.EXPERTS,)
+    assert case.dtypes == ("float32",)
+    run = run_shardcheck("run", "--model-config", spec)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    rows = run.rows
+    assert (rows["status"] == "pass").all() and set(rows["dp"]) == {2} and set(rows["dtype"]) == {"float32"}
+    checks = set(rows["check"])
+    assert any("layers.1.moe.routed_experts" in c and ":act" in c for c in checks)  # the experts' output compared
+    assert any(c.endswith("inner_experts.w2_EDF") for c in checks)  # their gradient and stepped weight too
+    assert not any(c.endswith(":layers.0.moe.routed_experts.inner_experts") for c in checks)
