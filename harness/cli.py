@@ -223,7 +223,8 @@ def _run(args) -> int:
             if args.model_config is not None:
                 from shardcheck.harness.driver.model_config import add_model_config_suite
 
-                add_model_config_suite(args, run_dir)
+                add_model_config_suite(args, run_dir)  # a torchtitan job names its topology where the run does not
+                topologies = [Topology.parse(t) for t in args.topology or []]
             plan = _plan(args, pool, run_id, topologies)
             plan.model_config = args.model_config or ""
             from shardcheck.harness.driver.launch import run_plan

@@ -61,9 +61,10 @@ def _add_run_parser(sub) -> None:
     run.add_argument("--world-sizes", type=_int_list, help="world sizes to launch, e.g. 1,2,4")
     run.add_argument(
         "--model-config",
-        metavar="DIR",
-        help="a Transformers model directory (config.json, as save_pretrained writes; no weights): the same "
-        "architecture at a small size, random weights, under Transformers' TP plan (docs/third-party-models.md)",
+        metavar="DIR|JOB",
+        help="a Transformers model directory (config.json, as save_pretrained writes; no weights), or a torchtitan "
+        "job's arguments ('--module llama3 --config llama3_8b --parallelism.tensor_parallel_degree 8'): the same "
+        "model at a small size, random weights, under the framework's own plan (docs/third-party-models.md)",
     )
     run.add_argument("--out", type=Path, help="run directory (default shardcheck-runs/<run-id>)")
     run.add_argument("--bench", action="store_true", help="measure time, memory and collectives (benchmark cases)")

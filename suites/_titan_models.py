@@ -25,6 +25,7 @@ own DeviceMesh over the world (`ParallelDims.build_mesh`), so the cases run only
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import math
 from dataclasses import dataclass
@@ -36,11 +37,37 @@ from torch.distributed.tensor import DTensor, Shard
 
 from shardcheck.suites import _routing as routing
 
-VOCAB, DIM, LAYERS, HEADS, HIDDEN, BATCH, SEQ = 32, 16, 2, 4, 32, 4, 8  # BATCH: every DP size up to 4
-EXPERTS, TOP_K, EXPERT_HIDDEN = 4, 2, 16
+VOCAB, DIM, LAYERS, HEADS, BATCH, SEQ = 32, 16, 2, 4, 4, 8  # BATCH: every DP size up to 4; MLP hidden 2 x DIM
+EXPERTS, TOP_K = 4, 2  # each expert's hidden dim DIM
 MOE_MODELS = ("qwen3_moe",)
 DTYPES = ("float32", "bfloat16")  # not float64: torchtitan's RoPE computes in float32 (suites/titan.py)
 MOE_DTYPES = DTYPES  # every router routes with a margin (suites/_routing.py): bfloat16 flips no top-k
+HEAD_DIM = DIM // HEADS
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What a tiny config keeps of a model: its head counts (dim = heads x HEAD_DIM, MLP hidden 2 x dim, each expert's
+    hidden dim), experts and top-k, RoPE.  The default is the suite's own; a user's job config gives its own
+    (suites/_titan_config.py)."""
+
+    heads: int = HEADS
+    kv_heads: int = HEADS
+    experts: int = EXPERTS
+    top_k: int = TOP_K
+    rope: object = None  # a torchtitan RoPE config (its dim and max_seq_len set here); None: the suite's
+
+    @property
+    def dim(self) -> int:
+        return self.heads * HEAD_DIM
+
+    def rope_config(self, default):
+        if self.rope is None:
+            return default
+        return dataclasses.replace(self.rope, dim=HEAD_DIM, max_seq_len=SEQ)
+
+
+ARCH = Arch()
 
 
 def titan_missing() -> str | None:
@@ -91,22 +118,24 @@ def _sdpa_attention(config) -> None:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
 
 
-def llama3_config(layers: int = LAYERS):
+def llama3_config(arch: Arch = ARCH, layers: int = LAYERS):
     from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
     from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
 
+    dim = arch.dim
     config = Llama3Model.Config(
-        dim=DIM,
+        dim=dim,
         vocab_size=VOCAB,
-        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM),
-        norm=RMSNorm.Config(normalized_shape=DIM),
-        lm_head=Linear.Config(in_features=DIM, out_features=VOCAB),
+        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=dim),
+        norm=RMSNorm.Config(normalized_shape=dim),
+        lm_head=Linear.Config(in_features=dim, out_features=VOCAB),
         layers=_build_llama3_layers(
             n_layers=layers,
-            dim=DIM,
-            n_heads=HEADS,
-            hidden_dim=HIDDEN,
-            rope=ComplexRoPE.Config(dim=DIM // HEADS, max_seq_len=SEQ, theta=10000.0, scaling="none"),
+            dim=dim,
+            n_heads=arch.heads,
+            n_kv_heads=arch.kv_heads,
+            hidden_dim=2 * dim,
+            rope=arch.rope_config(ComplexRoPE.Config(dim=HEAD_DIM, max_seq_len=SEQ, theta=10000.0, scaling="none")),
             attn_backend="flex",
         ),
     )
@@ -114,27 +143,28 @@ def llama3_config(layers: int = LAYERS):
     return config
 
 
-def qwen3_moe_config(layers: int = LAYERS):
+def qwen3_moe_config(arch: Arch = ARCH, layers: int = LAYERS):
     from torchtitan.models.common import CosSinRoPE, Embedding, Linear
     from torchtitan.models.qwen3 import Qwen3Model, _build_qwen3_moe_layers, _qwen3_norm
 
+    dim = arch.dim
     config = Qwen3Model.Config(
         vocab_size=VOCAB,
-        dim=DIM,
-        norm=_qwen3_norm(DIM),
-        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM),
-        lm_head=Linear.Config(in_features=DIM, out_features=VOCAB),
+        dim=dim,
+        norm=_qwen3_norm(dim),
+        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=dim),
+        lm_head=Linear.Config(in_features=dim, out_features=VOCAB),
         layers=_build_qwen3_moe_layers(
             n_layers=layers,
-            dim=DIM,
-            n_heads=HEADS,
-            n_kv_heads=HEADS,
-            head_dim=DIM // HEADS,
-            moe_hidden_dim=EXPERT_HIDDEN,
-            num_experts=EXPERTS,
-            top_k=TOP_K,
+            dim=dim,
+            n_heads=arch.heads,
+            n_kv_heads=arch.kv_heads,
+            head_dim=HEAD_DIM,
+            moe_hidden_dim=dim,
+            num_experts=arch.experts,
+            top_k=arch.top_k,
             attn_backend="flex",
-            rope=CosSinRoPE.Config(dim=DIM // HEADS, max_seq_len=SEQ, theta=10000.0),
+            rope=arch.rope_config(CosSinRoPE.Config(dim=HEAD_DIM, max_seq_len=SEQ, theta=10000.0)),
             moe_comm_backend="standard",
         ),
     )
@@ -145,8 +175,8 @@ def qwen3_moe_config(layers: int = LAYERS):
 CONFIGS = {"llama3": llama3_config, "qwen3_moe": qwen3_moe_config}
 
 
-def configured(model: str, d: Degrees, sequence_parallel: bool, backend: str):
-    config = CONFIGS[model]()
+def configured(model: str, d: Degrees, sequence_parallel: bool, backend: str, arch: Arch = ARCH):
+    config = CONFIGS[model](arch)
     config.update_from_config(config=SimpleNamespace(parallelism=parallelism(d, sequence_parallel, backend)))
     return config
 
@@ -200,14 +230,16 @@ def fill_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
             p.copy_(1 + 0.1 * noise if p.dim() == 1 else noise / math.sqrt(p.shape[-1]))
 
 
-def build(model: str):
+def build(model: str, arch: Arch = ARCH, margin: bool = True):
+    """`margin`: the MoE routers redrawn for a routing margin (a user's 128 experts, top 8, find none: no bfloat16)."""
+
     def full_model(gen: torch.Generator) -> torch.nn.Module:
-        net = instantiate(configured(model, Degrees(1, 1, 1), False, "spmd_types"))
+        net = instantiate(configured(model, Degrees(1, 1, 1), False, "spmd_types", arch))
         fill_weights(net, gen)
-        if model in MOE_MODELS:  # every token routes with a margin: no dtype flips a top-k (suites/_routing.py)
+        if margin and model in MOE_MODELS:  # every token routes with a margin: no dtype flips a top-k (_routing.py)
             redraws = torch.Generator().manual_seed(int(torch.randint(2**62, (), generator=gen)))
             tokens = make_inputs(routing.peek(gen))["tokens"]
-            routing.widen_routing(lambda: net(tokens), gates(net), TOP_K, redraws)
+            routing.widen_routing(lambda: net(tokens), gates(net), arch.top_k, redraws)
         return net
 
     return full_model
@@ -313,8 +345,9 @@ class Plan:
         backend: str,
         edit=None,
         data_parallel: bool = False,
+        arch: Arch = ARCH,
     ):
-        self.model, self.expert_parallel = model, expert_parallel
+        self.model, self.expert_parallel, self.arch = model, expert_parallel, arch
         self.sequence_parallel, self.backend, self.edit = sequence_parallel, backend, edit
         # torchtitan's whole parallelize function (TP/EP, then FSDP / HSDP over the data dims), not the TP part alone
         self.data_parallel = data_parallel
@@ -327,7 +360,7 @@ class Plan:
         from torchtitan.distributed import ParallelDims
 
         d = degrees(ctx.topology, self.expert_parallel)
-        config = configured(self.model, d, self.sequence_parallel, self.backend)
+        config = configured(self.model, d, self.sequence_parallel, self.backend, self.arch)
         if self.edit is not None:
             self.edit(config)
         model = instantiate(config).to(next(full.parameters()).dtype)

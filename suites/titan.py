@@ -62,31 +62,37 @@ def case(
     edit=None,
     backend: str = BACKEND,
     fsdp: bool = False,
+    arch: titan.Arch = titan.ARCH,
+    supports=None,
+    params: dict | None = None,
 ):
     """`fsdp`: torchtitan's whole parallelize function, FSDP2 (HSDP at dp_replicate > 1) over the batch split on dp,
-    each rank's loss its summand of the global mean (torchtitan's trainer: gradient division off)."""
-    plan = titan.Plan(model, expert_parallel, sequence_parallel, backend, edit, data_parallel=fsdp)
+    each rank's loss its summand of the global mean (torchtitan's trainer: gradient division off).  `arch`, `supports`
+    and `params`: a user's job config's architecture, topology and what the case records of it (_titan_config.py)."""
+    plan = titan.Plan(model, expert_parallel, sequence_parallel, backend, edit, data_parallel=fsdp, arch=arch)
     name = f"{model}-{'fsdp-' if fsdp else ''}{'ep' if expert_parallel else 'tp'}{'-sp' if sequence_parallel else ''}"
     name += "" if backend == BACKEND else f"-{backend}"
     batch = {"tokens": Layout(dp=Shard(0)), "labels": Layout(dp=Shard(0))}
     moe = model in titan.MOE_MODELS
+    # the experts' rows under FSDP (EP or not) are this rank's batch's tokens sorted by expert: no layout maps them
+    whole_rows = not (expert_parallel or fsdp)
     return ModelCase(
         op=f"{FAMILY}.parallelize",
         case_id=case_id or name,
         dtypes=titan.MOE_DTYPES if moe else titan.DTYPES,
-        # the experts' rows: under TP each rank's summand (the hidden dim split), under EP the tokens routed to this
-        # rank's experts (no layout maps them; the routed experts' output is compared)
+        # the experts' rows: under TP each rank's summand (the hidden dim split), under EP or FSDP the tokens routed to
+        # this rank's experts (no layout maps them; the routed experts' output is compared)
         param_layouts=plan.layouts,
-        activation_layouts={} if expert_parallel else {EXPERTS: Layout(tp=Partial())},
-        unchecked_modules=(EXPERTS,) if expert_parallel else (),
-        build=titan.build(model),
+        activation_layouts={EXPERTS: Layout(tp=Partial())} if whole_rows else {},
+        unchecked_modules=() if whole_rows else (EXPERTS,),
+        build=titan.build(model, arch),
         parallelize=plan,
         make_inputs=titan.make_inputs,
         model_inputs=("tokens",),
         loss=titan.loss,
         step_context=plan.step_context,
         world_group=True,
-        supports=_with_dp if fsdp else _no_dp,
+        supports=supports or (_with_dp if fsdp else _no_dp),
         hsdp=fsdp,
         input_layouts=batch if fsdp else {},
         loss_layout=Layout(dp=Partial()),
@@ -97,6 +103,7 @@ def case(
             "sequence_parallel": sequence_parallel,
             "backend": backend,
             "fsdp": fsdp,
+            **(params or {}),
         },
     )
 
