@@ -371,7 +371,14 @@ class ItemRun:
         got = out.layout.reduce_partial(got, self.mesh)
         scale = golden.output_scale(out.index)
         budget = Budget(
-            out.gold, out.naive, out.naive.dtype, case.budget_scope, scale, case.compute_dtype, golden.budgets
+            out.gold,
+            out.naive,
+            out.naive.dtype,
+            case.budget_scope,
+            scale,
+            case.compute_dtype,
+            golden.budgets,
+            golden.input_scale(gradient=False),
         )
         place = Placement(out.layout, self.mesh, golden.inputs)
         self._emit_verdict(self._measure(Comparison(out.check, got, expected, budget, place, got_dtype)), precision)
@@ -421,6 +428,7 @@ class ItemRun:
                 case.budget_scope,
                 golden.grad_scale(),
                 kept=golden.budgets,
+                input_scale=golden.input_scale(gradient=True),
             )
             comparison = Comparison(check, x.grad, place.local(golden.grads[name]), budget, place, x.grad.dtype)
             verdict = self._measure(comparison) if not tried else measure(comparison)[0]
@@ -458,7 +466,16 @@ class ItemRun:
             expected = place.local(gold)
             reduced = lay.reduce_partial(got, self.mesh)
             scale = golden.output_scale(index)
-            budget = Budget(gold, naive, naive.dtype, case.budget_scope, scale, case.compute_dtype, golden.budgets)
+            budget = Budget(
+                gold,
+                naive,
+                naive.dtype,
+                case.budget_scope,
+                scale,
+                case.compute_dtype,
+                golden.budgets,
+                golden.input_scale(gradient=False),
+            )
             comparison = Comparison(case.forward_checks[index], reduced, expected, budget, place, got.dtype)
             call.verdicts[index] = self._measure(comparison, arriving=True)
         except Exception as exc:  # raised as the harness's own error once the run is over, not as the model's
