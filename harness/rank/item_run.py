@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from shardcheck.harness.core.bad_input import BAD_INPUT_CHECK
-from shardcheck.harness.core.case import Case, as_tuple
+from shardcheck.harness.core.case import Case, PrecisionOnly, as_tuple
 from shardcheck.harness.core.grad_convention import GradConvention
 from shardcheck.harness.core.layout import REPLICATED, Layout
 from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
@@ -356,9 +356,13 @@ class ItemRun:
         expected = out.layout.local(out.gold, self.mesh, golden.inputs)
         if out.name in case.output_checks:
             try:
-                ok, msg = case.output_checks[out.name](out.got, expected, golden.inputs, call.local, call.ctx)
+                result = case.output_checks[out.name](out.got, expected, golden.inputs, call.local, call.ctx)
             except Exception as exc:
-                ok, msg = False, f"{type(exc).__name__}: {exc}"
+                result = False, f"{type(exc).__name__}: {exc}"
+            if isinstance(result, PrecisionOnly):  # right values in a lower dtype: our precision rule's warning
+                self.emit(out.check, Status.WARN, message=result.message, symptom=result.symptom)
+                return
+            ok, msg = result
             self.emit(
                 out.check, Status.PASS if ok else Status.FAIL, message=msg, symptom=None if ok else Symptom.VALUES
             )
