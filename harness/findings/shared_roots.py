@@ -150,9 +150,19 @@ def one_line_per_input_rule(table: list[dict], merge: Callable[[list[dict]], dic
     out = []
     for group in groups.values():
         if len(group) == 1:
-            out.append(group[0])
+            out.append({**group[0], "kind": _said_once(group[0]["kind"])} if input_rule(group[0]) else group[0])
             continue
         group = sorted(group, key=lambda c: -Status(c["status"]).order)  # the failure's words first
         demoted = [i for c in group if c.get("demoted") for i in c.get("demoted_members", c["members"])]
-        out.append({**merge(group), "demoted": bool(demoted), "demoted_members": demoted})
+        merged = merge(group)
+        out.append({**merged, "kind": _said_once(merged["kind"]), "demoted": bool(demoted), "demoted_members": demoted})
     return out
+
+
+def _said_once(kind: str) -> str:
+    """A wrong-answer line of a rule of ours in words: the prefix once, each symptom once ("...: wrong values;
+    non-finite values differ"), where merging lines of several ops repeated them."""
+    if not kind.startswith(OURS_RULE_PREFIX):
+        return kind
+    parts = [p[len(OURS_RULE_PREFIX) :] if p.startswith(OURS_RULE_PREFIX) else p for p in kind.split("; ")]
+    return OURS_RULE_PREFIX + "; ".join(dict.fromkeys(parts))
