@@ -528,15 +528,20 @@ def _to_thd(batch, padding_token_id: int, seq_lens_padding_value: int) -> dict:
 
 
 def _shard_thd_chunk_for_te(batch, cp_mesh, qkv_format, seq_lens_padding_value, padding_token_id):
-    """One chunk of rows in THD format, this CP rank's tokens of every packed sequence."""
+    """One THD chunk, as make_cp_batch_for_te converted a group of rows (tokens [T], cu_seqlens, cu_seqlens_padded
+    with any sentinel entries, max_seqlen): this CP rank's tokens of every packed sequence."""
     if qkv_format != "thd":
         raise ValueError(f"qkv_format must be 'thd', got {qkv_format!r}")
-    thd = _to_thd(batch, padding_token_id, seq_lens_padding_value)
+    if "cu_seqlens_padded" not in batch:
+        raise KeyError("_shard_thd_chunk_for_te takes a THD batch: 'cu_seqlens_padded' is missing")
+    thd = {**batch, "qkv_format": "thd"}
     if cp_mesh is None or cp_mesh.size() <= 1:
         return thd
-    index = _thd_partition_index(thd["cu_seqlens_padded"], cp_mesh.size(), cp_mesh.get_local_rank())
+    bounds = thd["cu_seqlens_padded"]
+    index = _thd_partition_index(bounds[bounds != seq_lens_padding_value], cp_mesh.size(), cp_mesh.get_local_rank())
     for key in ("input_ids", "labels", "position_ids", "padding_mask"):
-        thd[key] = thd[key].index_select(0, index)
+        if key in thd:
+            thd[key] = thd[key].index_select(0, index)
     return thd
 
 
@@ -558,14 +563,15 @@ def make_cp_batch_for_te(
             raise KeyError(f"make_cp_batch_for_te needs {key!r} in the batch")
     rows = batch["input_ids"].shape[0]
     if num_chunks <= 1:
-        return _shard_thd_chunk_for_te(batch, cp_mesh, qkv_format, seq_lens_padding_value, padding_token_id)
+        thd = _to_thd(batch, padding_token_id, seq_lens_padding_value)
+        return _shard_thd_chunk_for_te(thd, cp_mesh, qkv_format, seq_lens_padding_value, padding_token_id)
     if rows % num_chunks:
         raise ValueError(f"batch size {rows} is not divisible by num_chunks = {num_chunks}")
     per = rows // num_chunks
     keys = [k for k in ("input_ids", "labels", "position_ids", "seq_lens", "seq_lens_padded") if k in batch]
     parts = [
         _shard_thd_chunk_for_te(
-            {k: batch[k][i * per : (i + 1) * per] for k in keys},
+            _to_thd({k: batch[k][i * per : (i + 1) * per] for k in keys}, padding_token_id, seq_lens_padding_value),
             cp_mesh,
             qkv_format,
             seq_lens_padding_value,

@@ -30,6 +30,7 @@ and compares every rank's outputs and input gradients with its piece of the gold
     GradConvention  Case.grad_conventions: SUMMED (the sum of the ranks' upstream gradients) and/or OWN (each its own)
     GradSum         GradSum.apply(x, groups): identity whose backward sums the gradient over groups (DDP's role)
     Property        the result of one `property:<name>` check on one rank (Case.properties returns a list)
+    PrecisionOnly   what an output check returns for the golden's values rounded exactly to a lower dtype: a warn
     BadInput        Case.bad_input: input outside the op's contract, judged "loud or right"
     Rule            where a check's rule comes from: Rule(RuleSource.SEED | RuleSource.OURS, cite) (Case.rule, .rules)
     RuleSource      seed (the seed says so) or ours (docs/ops/<family>.md#<section> fixes what the seed leaves open)
@@ -65,7 +66,7 @@ _SOURCES = {
     "Shard": "torch.distributed.tensor",
     "Topology": "shardcheck.harness.core.topology",
     "ModelCase": "shardcheck.harness.core.model_case",
-    **{name: "shardcheck.harness.core.case" for name in ("Case", "Property", "cite")},
+    **{name: "shardcheck.harness.core.case" for name in ("Case", "Property", "PrecisionOnly", "cite")},
     **{
         name: "shardcheck.harness.core.layout"
         for name in ("REPLICATED", "Layout", "HeadTail", "PackedHeadTail", "Permuted")
@@ -95,6 +96,7 @@ __all__ = [
     "GradSum",
     "GradConvention",
     "Property",
+    "PrecisionOnly",
     "BadInput",
     "RankContext",
     "Topology",
@@ -117,7 +119,7 @@ if TYPE_CHECKING:
 
     from shardcheck.harness.core.bad_input import BadInput
     from shardcheck.harness.core.batch_invariance import batch_invariance
-    from shardcheck.harness.core.case import Case, Property, cite
+    from shardcheck.harness.core.case import Case, PrecisionOnly, Property, cite
     from shardcheck.harness.core.citations import OutsideSeed, Rule, RuleSource, ours, seed
     from shardcheck.harness.core.fuzz_space import FuzzSpace
     from shardcheck.harness.core.grad_convention import GradConvention

@@ -546,7 +546,7 @@ class ThdSpec:
     num_chunks: int = 1
     positions: bool = False  # position_ids given in the batch
     embeds: int = 0  # input_ids as [B, S, embeds] floats
-    direct: bool = False  # _shard_thd_chunk_for_te instead of make_cp_batch_for_te
+    direct: bool = False  # _shard_thd_chunk_for_te on the batch converted to THD, instead of make_cp_batch_for_te
     use_te: bool = False  # through make_cp_batch_and_ctx(use_te=True) (at cp > 1: at cp 1 it is a no-op)
 
     @property
@@ -609,8 +609,9 @@ def _thd_run(spec: ThdSpec):
                 seq_lens_padding_value=SENTINEL,
             )
             return out
-        if spec.direct:
-            return impl._shard_thd_chunk_for_te(_thd_batch(x), cp_mesh, "thd", SENTINEL, spec.padding_token_id)
+        if spec.direct:  # handed a THD batch, as make_cp_batch_for_te hands it one (the conversion's output)
+            thd = ref.thd_batch(_thd_batch(x), spec.padding_token_id, 1, SENTINEL)
+            return impl._shard_thd_chunk_for_te(thd, cp_mesh, "thd", SENTINEL, spec.padding_token_id)
         return impl.make_cp_batch_for_te(
             cp_mesh,
             _thd_batch(x),

@@ -58,3 +58,40 @@ def test_a_correct_gpt2_block_passes_strict_and_a_wrong_key_bias_gradient_fails(
     wrong = off[off["check"] == "forward:dparam:k.bias"]
     assert len(wrong) == 4 and (wrong["status"] == "fail").all() and (wrong["err_ratio"] > 100).all(), wrong
     assert set(off[off["status"] != "pass"]["check"]) == {"forward:dparam:k.bias", "forward:step:k.bias"}
+
+
+def _one_entry_vocab_gradient() -> tuple[torch.Tensor, torch.Tensor]:
+    """(upstream gradient, float32 d/dlogits of the log-probs of K ids gathered from a one-entry vocab): the ids'
+    upstream gradients scattered onto the entry minus softmax (exactly 1) times their sum, two float32 sums of the
+    same K terms in two orders.  Exactly 0 in exact arithmetic; off by round-off of the upstream gradient's scale."""
+    gen = torch.Generator().manual_seed(7)
+    upstream = torch.randn(2, 4, 4, generator=gen, dtype=torch.float64)  # [B, S, K]
+    g = upstream.float()
+    scattered = g[..., 3] + (g[..., 2] + (g[..., 1] + g[..., 0]))  # scatter_add, one id after another
+    summed = (g[..., 0] + g[..., 1]) + (g[..., 2] + g[..., 3])  # the sum's pairwise order
+    return upstream, (scattered - 1.0 * summed).double()[..., None]
+
+
+def test_a_golden_of_exact_zeros_throughout_gets_a_floor_from_its_inputs_scale_and_a_wrong_zero_still_fails():
+    """Issue 42, item 5: ChunkedDistributedGatherLogprob at V = 1 returned a float32 residue of 1.2e-7 where the golden
+    and the reference are exact zeros (a cancellation at the upstream gradient's scale) and failed against budget 0."""
+    upstream, got = _one_entry_vocab_gradient()
+    assert 0 < float(got.abs().max()) < 1e-5  # the residue this floor is for (float32 round-off of g - g·1)
+    golden = torch.zeros_like(got)
+    scale = float(upstream.abs().max())
+    without, _ = budget(golden, golden.float(), torch.float32, kind_scale=0.0)
+    assert _status(got, golden, without) == "fail"  # the old budget: 0
+    limit, _ = budget(golden, golden.float(), torch.float32, kind_scale=0.0, input_scale=scale)
+    assert _status(got, golden, limit) == "pass"
+    assert float(limit.max()) == SCALE_FLOOR_ULPS * torch.finfo(torch.float32).eps * scale
+    wrong = golden.clone()
+    wrong[1, 2, 0] = 1e-3 * scale  # a wrong zero: a thousandth of the upstream gradient leaking in
+    assert _status(wrong, golden, limit) == "fail"
+    # float64 items get float64's ulps of the same scale: the float32 residue is not float64-accurate
+    limit64, _ = budget(golden, None, torch.float64, input_scale=scale)
+    assert _status(got, golden, limit64) == "fail" and _status(golden, golden, limit64) == "pass"
+    # a row of zeros beside nonzero rows (a masked target's gradient) keeps budget 0 whatever the inputs' scale
+    masked = golden.clone()
+    masked[0] = 0.25
+    kept, _ = budget(masked, masked.float(), torch.float32, kind_scale=0.25, input_scale=scale)
+    assert float(kept[1].max()) == 0.0

@@ -33,6 +33,25 @@ def test_head_tail_index_rejects_lengths_not_divisible_by_2cp():
         impl._head_tail_index(10, 2, 0)
 
 
+def test_the_thd_helper_is_handed_a_thd_batch_as_its_callers_hand_it_one():
+    """Issue 42: the suite handed _shard_thd_chunk_for_te the BSHD batch; upstream's (and ours) takes the batch
+    make_cp_batch_for_te converted to THD (tokens [T], cu_seqlens_padded), as every caller of it does."""
+    from types import SimpleNamespace
+
+    from shardcheck.suites import cp_utils as suite
+
+    spec = next(s for s in suite.THD_SPECS if s.direct)
+    x = suite._thd_inputs(spec)(torch.Generator().manual_seed(0))
+    handed = []
+    stub = SimpleNamespace(_shard_thd_chunk_for_te=lambda batch, *args: handed.append(batch) or batch)
+    suite._thd_run(spec)(stub, SimpleNamespace(mesh={"cp": None}), x)
+    batch = handed[0]
+    assert batch["input_ids"].dim() == 1 and "cu_seqlens_padded" in batch and "seq_lens" not in batch, batch.keys()
+    assert torch.equal(batch["input_ids"], ref.thd_batch(x, spec.padding_token_id, 1, SENTINEL)["input_ids"])
+    # ours keeps its rank's tokens of such a batch (one CP rank: all of them) and says its format
+    assert impl._shard_thd_chunk_for_te(batch, None, "thd", SENTINEL, 0)["qkv_format"] == "thd"
+
+
 def test_thd_partition_is_head_tail_per_sequence():
     cu_padded = torch.tensor([0, 8, 24, 32], dtype=torch.int32)
     got = impl._thd_partition_index(cu_padded, 2, 1)

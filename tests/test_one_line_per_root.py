@@ -4,13 +4,19 @@ returned in the wrong dtype is a wrong value, so the float64 rows of an op wrong
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pandas as pd
+import torch
 from helpers import BROKEN, IMPLS, shardcheck
 
+from shardcheck import PrecisionOnly
 from shardcheck.harness.core.records import SIGNATURE_CHECK, Symptom
 from shardcheck.harness.findings.causes import causes
 from shardcheck.harness.findings.shared_roots import ENVIRONMENT_PREFIX, OURS_RULE_PREFIX
+from shardcheck.harness.findings.verdicts import demote
 from shardcheck.harness.findings.wording import finding_lines
+from shardcheck.suites._model_utils_checks import topk_values_exact
 
 
 def test_a_wrong_value_in_the_wrong_dtype_is_one_line_with_the_other_dtypes(tmp_path):
@@ -346,3 +352,84 @@ def test_a_wrong_answer_on_our_input_in_a_check_the_seeds_cases_get_wrong_too_st
     table = causes(pd.DataFrame(rows))
     assert len(table) == 1 and table.iloc[0]["count"] == 2, finding_lines(table)
     assert not table.iloc[0]["kind"].startswith(OURS_RULE_PREFIX)
+
+
+def test_lines_under_one_rule_of_ours_are_one_line_across_ops_whether_they_answer_wrong_or_raise():
+    """Issue 42: ids outside [0, V) answered wrong by one op (a FAIL) and raised on by another (a warn: loud is
+    acceptable there) show one opinion of ours on one input: one FAIL line naming both ops, the raise's rows still
+    written `warn`.  A raise under another rule of ours, and a wrong answer the seed's rule finds, keep their lines."""
+    seed_rule = "the op's documented result (its docstring and signature)"
+    top_k = "docs/ops/model_utils.md#top-k--top-p-filtering"
+    raised = dict(symptom=Symptom.EXCEPTION, error_type="IndexError", error_where=f"{THEIRS}:52")
+    masked = dict(case_id="masked", params={"masked": 0.2})
+    rows = [
+        _judged("grad:logits", "fail", "ours", MASKED, op="model_utils.A", symptom=Symptom.VALUES, **masked),
+        _judged(
+            "forward", "error", "ours", MASKED, op="model_utils.B", error_message="index 7 out of bounds", **raised
+        ),
+        _judged("forward", "error", "ours", top_k, op="model_utils.C", case_id="k0", error_message="size", **raised),
+        _judged("forward", "fail", "seed", seed_rule, op="model_utils.D", case_id="ties", symptom=Symptom.VALUES),
+    ]
+    rows[1].update(masked)
+    for op in ("model_utils.A", "model_utils.B", "model_utils.C", "model_utils.D"):
+        rows += [_judged(c, "pass", "seed", seed_rule, op=op, case_id="plain") for c in ("forward", "grad:logits")]
+    df = pd.DataFrame(rows)
+    table = causes(df)
+    lines = finding_lines(table)
+    assert len(table) == 3, lines
+    ours = table[table["rule"].str.contains(MASKED, regex=False)].iloc[0]
+    assert ours["ops"] == ("model_utils.A", "model_utils.B") and ours["status"] == "fail", lines
+    assert (
+        ours["kind"].startswith(OURS_RULE_PREFIX) and "raises on input only our rule feeds: IndexError" in ours["kind"]
+    )
+    assert table[table["ops"] == ("model_utils.C",)].iloc[0]["status"] == "warn", lines  # another rule of ours
+    assert table[table["ops"] == ("model_utils.D",)].iloc[0]["status"] == "fail", lines
+    settled = demote(df)
+    assert list(settled["status"][:4]) == ["fail", "warn", "warn", "fail"], settled
+
+
+def test_topk_values_rounded_exactly_to_float32_are_a_precision_finding_a_wrong_value_is_not():
+    """distributed_vocab_topk's seed states no dtype for the values: float64 values returned as their exact float32
+    roundings are our precision rule's finding (PrecisionOnly), a value off by a float32 ulp a wrong value."""
+    logits = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    expected = torch.topk(logits, 4, dim=-1).values
+    ctx = SimpleNamespace(dtype=torch.float64)
+    found = topk_values_exact(expected.float(), expected, {}, {}, ctx)
+    assert isinstance(found, PrecisionOnly) and found.symptom == Symptom.PRECISION_FLOAT32, found
+    off = expected.float()
+    off[1, 2, 3] = torch.nextafter(off[1, 2, 3], torch.tensor(float("inf")))
+    ok, message = topk_values_exact(off, expected, {}, {}, ctx)
+    assert not ok and "got torch.float32" in message, message
+    assert topk_values_exact(expected, expected, {}, {}, ctx) == (True, "values equal torch.topk exactly")
+
+
+def test_topk_values_in_float32_warn_under_our_precision_rule_and_a_wrong_one_fails(tmp_path):
+    args = (
+        "run",
+        "--suite",
+        "model_utils",
+        "--op",
+        "model_utils.distributed_vocab_topk",
+        "--case",
+        "b4s6v16-ties-k10",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--dtype",
+        "float64",
+    )
+    warned = shardcheck(
+        *args, "--impl", f"model_utils={IMPLS / 'topk_values_float32_model_utils.py'}", out=tmp_path / "w", strict=False
+    )
+    assert warned.returncode == 0, warned.stdout
+    assert len(warned.causes) == 1, warned.causes.to_string()
+    line = warned.causes.iloc[0]
+    assert (line["status"], line["kind"], line["checks"]) == ("warn", "float64 computed in float32", "forward:values")
+    assert line["rule"] == "rule: ours, docs/ops/README.md#conventions-shared-by-every-family", line["rule"]
+    off = shardcheck(
+        *args, "--impl", f"model_utils={BROKEN / 'model_utils' / 'topk_values_float32_off.py'}", out=tmp_path / "f"
+    )
+    assert off.returncode == 1, off.stdout
+    assert len(off.causes) == 1, off.causes.to_string()
+    line = off.causes.iloc[0]
+    assert (line["status"], line["kind"]) == ("fail", "wrong values") and "rule: seed" in line["rule"], line
+    assert "rank 0" in line["worst"] and "forward:values" in line["checks"], line["worst"]

@@ -43,6 +43,7 @@ def test_the_api_is_one_documented_place():
         "GradSum",
         "GradConvention",
         "Property",
+        "PrecisionOnly",
         "BadInput",
         "RankContext",
         "Topology",

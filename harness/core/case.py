@@ -32,7 +32,7 @@ from shardcheck.harness.core.known_failure import KnownFailure
 from shardcheck.harness.core.layout import REPLICATED, Layout, Tensors
 from shardcheck.harness.core.memory_model import MemoryModel
 from shardcheck.harness.core.rank_context import RankContext
-from shardcheck.harness.core.records import SIGNATURE_CHECK
+from shardcheck.harness.core.records import SIGNATURE_CHECK, Symptom
 from shardcheck.harness.core.topology import MESH_DIMS, Topology
 
 
@@ -61,8 +61,30 @@ class Property:
 RunFn = Callable[[ModuleType, RankContext, Tensors], Any]
 # properties(ctx, full_inputs, local_inputs, local_outputs) -> list of Property
 PropertiesFn = Callable[[RankContext, Tensors, Tensors, tuple], list[Property]]
-# comparator for one output: (got_local, golden_local, full_inputs, local_inputs, ctx) -> (passed, message)
-OutputCheck = Callable[[torch.Tensor, torch.Tensor, Tensors, Tensors, RankContext], tuple[bool, str]]
+
+
+@dataclass(frozen=True)
+class PrecisionOnly:
+    """What an output check returns where the values are the golden's rounded exactly to the lower dtype the op
+    returned (`returned`: float64 values returned as float32): a `warn` under our precision rule (core/rules.py), the
+    finding the numeric check calls "float64 computed in float32" (a bfloat16 return: "bfloat16 math"), where the
+    seed may state no dtype for the output.  A wrong value is (False, message), a failure under any rule."""
+
+    returned: torch.dtype
+    message: str
+
+    def __post_init__(self):
+        if self.returned not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"PrecisionOnly names the lower dtype returned (float32, bfloat16), got {self.returned}")
+
+    @property
+    def symptom(self) -> Symptom:
+        return Symptom.PRECISION_FLOAT32 if self.returned == torch.float32 else Symptom.PRECISION_BFLOAT16
+
+
+# comparator for one output: (got_local, golden_local, full_inputs, local_inputs, ctx) -> (passed, message), or a
+# PrecisionOnly finding
+OutputCheck = Callable[[torch.Tensor, torch.Tensor, Tensors, Tensors, RankContext], "tuple[bool, str] | PrecisionOnly"]
 
 
 @dataclass(kw_only=True)

@@ -26,7 +26,11 @@ Scale floor (every dtype): no budget falls below SCALE_FLOOR_ULPS ulps of the ma
 float32 and bfloat16) at the largest golden magnitude among the item's tensors of the same kind (Golden.output_scale,
 Golden.grad_scale), except rows of exact zeros in golden and reference: a GPT-2 key bias gradient, exactly 0 in exact
 arithmetic, held ~1e-16 of round-off in float64 and got a budget of 1e-26, so the correct plan was warned "float64
-computed in float32".
+computed in float32".  A tensor whose golden is exact zeros throughout (its kind's scale may be 0 too) is a
+cancellation of terms at the scale of the inputs that made it (Golden.input_scale: a gradient's upstream gradients, an
+output's inputs): its floor is SCALE_FLOOR_ULPS ulps of that scale (a one-entry vocab's log-softmax gradient, g - g·1,
+left 1.2e-7 of float32 round-off against a budget of 0), while rows of zeros beside nonzero ones (a masked target's
+gradient) keep budget 0, and a wrong zero of any size the inputs' scale makes still fails.
 
 Statuses: pass < skip < xfail < warn < xpass < fail < error.  `warn` is a finding that is not a sharding
 bug: a float64 result within the float32 budget (float64 computed in float32), a bfloat16 result within
@@ -96,16 +100,19 @@ def budget(
     out_dtype: torch.dtype,
     scope: BudgetScope = BudgetScope.ROW,
     kind_scale: float = 0.0,
+    input_scale: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-element budgets for a tensor whose golden is `golden` (float64): (largest acceptable |err|
     at each element, the reference's error in that element's row (or tensor, `scope`) or None), both float64 in the
     golden's shape (expanded views: slice them with the output's Layout like the golden).  `kind_scale`: the largest
     golden magnitude among the item's tensors of the same kind; no budget falls below scale_floor of it, but a row
-    whose golden and reference are both exact zeros keeps budget 0."""
+    whose golden and reference are both exact zeros keeps budget 0.  `input_scale`: the largest magnitude among the
+    inputs that made the tensor; a golden of exact zeros throughout gets no budget below scale_floor of it."""
     g = golden.detach().double()
     if not out_dtype.is_floating_point or g.numel() == 0:  # ids, masks, layouts: exact
         return torch.zeros_like(g), None
-    floor = scale_floor(out_dtype, kind_scale)
+    all_zeros = input_scale > 0 and not bool(g.any())  # exact zeros throughout: a cancellation at the inputs' scale
+    floor = scale_floor(out_dtype, max(kind_scale, input_scale) if all_zeros else kind_scale)
     if out_dtype == torch.float64 or naive is None:
         return torch.full_like(g, max(RTOL_FLOAT64 * max(_finite_max_abs(g), 1e-30), floor)), None
     if scope == BudgetScope.TENSOR:
@@ -118,7 +125,7 @@ def budget(
     err_naive = torch.where(both, (n - rows).abs(), 0.0).amax(-1, keepdim=True)
     limit = KAPPA[out_dtype] * err_naive + FLOOR_ULPS[out_dtype] * torch.finfo(out_dtype).eps * scale
     exact_zeros = (scale == 0) & (err_naive == 0)  # a masked target's gradient: correct code gives exact zeros
-    limit = torch.where(exact_zeros, 0.0, limit.clamp_min(floor))
+    limit = limit.clamp_min(floor) if all_zeros else torch.where(exact_zeros, 0.0, limit.clamp_min(floor))
     return limit.expand(rows.shape).reshape(g.shape), err_naive.expand(rows.shape).reshape(g.shape)
 
 

@@ -67,7 +67,7 @@ from shardcheck.harness.core.citations import RuleSource
 from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, Phase, Status, Symptom, with_mesh_splits
-from shardcheck.harness.findings import model_order
+from shardcheck.harness.findings import model_order, shared_roots
 from shardcheck.harness.findings.common_factor import factor_text
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
 from shardcheck.harness.findings.hang_skips import not_run, skipped_by_hangs, skipped_like
@@ -129,7 +129,8 @@ def demoted_lines(df: pd.DataFrame) -> list[tuple[list, str]]:
 
 
 def _demoted_of(table: list[dict]) -> list[tuple[list, str]]:
-    return [(c["members"], rule_text(c["rules"])) for c in table if c.get("demoted")]
+    # a line merged by its rule of ours (shared_roots.one_line_per_input_rule) demotes its raises' rows alone
+    return [(c.get("demoted_members", c["members"]), rule_text(c["rules"])) for c in table if c.get("demoted")]
 
 
 def _as_judged(df: pd.DataFrame) -> pd.DataFrame:
@@ -221,9 +222,10 @@ def _table(df: pd.DataFrame) -> list[dict]:
         table += _signature_and_its_calls(_per_op(of_op, df[df["op"] == op], passing_of.get(op, empty), bad))
     seed_items = _seed_items(df)
     unrun = {tuple(map(str, key)) for rows in skipped_of.values() for key in rows[WHERE].values}
-    return [
-        _demoted(c, bad, seed_items, unrun) for c in _across_ops(table, bad, passing)
-    ]  # one root per line, then whose rule
+    judged = [_demoted(c, bad, seed_items, unrun) for c in _across_ops(table, bad, passing)]  # one root, whose rule
+    return shared_roots.one_line_per_input_rule(
+        judged, lambda group: _merge(group, _group_condition(group, bad, passing), bad)
+    )
 
 
 KEYWORD_CALLS = "rank/signatures.py"  # the file where a call by the seed's parameter names raises (KeywordCalls)
@@ -585,15 +587,14 @@ def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> 
     for k, group in groups.items():
         if shared_key(group[0]) is not None:
             group = [{**c, "kind": worded(c["kind"], k)} for c in group]
-        if len(group) == 1:
-            out.append(group[0])
-            continue
-        conditions = {c["condition"] for c in group}
-        ops = [op for c in group for op in c["ops"]]
-        condition = (
-            conditions.pop()
-            if len(conditions) == 1
-            else separating_condition(bad.loc[[i for c in group for i in c["rows"]]], passing[passing["op"].isin(ops)])
-        )
-        out.append(_merge(group, condition, bad))
+        out.append(group[0] if len(group) == 1 else _merge(group, _group_condition(group, bad, passing), bad))
     return out
+
+
+def _group_condition(group: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> str:
+    """The condition of lines of several ops made one: theirs where they share it, else that of all their rows."""
+    conditions = {c["condition"] for c in group}
+    if len(conditions) == 1:
+        return conditions.pop()
+    ops = [op for c in group for op in c["ops"]]
+    return separating_condition(bad.loc[[i for c in group for i in c["rows"]]], passing[passing["op"].isin(ops)])

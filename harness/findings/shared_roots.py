@@ -11,6 +11,12 @@ a rule of ours that input outside the seed brought in, and an environment withou
   condition on the mesh and the inputs (the checks aside: "at tp ≥ 2, when neg_inf ≥ 0.3"), are one root: a helper
   the ops share (gather_logits_at_global_indices inside get_distillation_topk_logprobs_from_logits).  Only a trigger
   that names a mesh dim counts; a line that no condition separates is never merged so.
+- **One rule of ours, one line, whatever each op did.**  Once each line's rule is weighed (causes.py, module
+  docstring 5), the lines judged under one rule of ours alone (beside the harness's own: the communication contract,
+  the precision of each dtype) are one line across ops: the wrong answers on that input (FAIL, as any silent wrong
+  answer) and the raises on it that the evidence demoted (`warn` rows, loud being acceptable there).  What they show
+  is one opinion of ours on one input the seed does not describe (ids outside [0, V): some ops raise, some answer
+  wrong); no line with a rule of the seed's is ever merged so.
 - **The environment.**  An exception saying the process has no CUDA device, driver or pinned-memory allocator (a
   `pin_memory=True` buffer, a `.cuda()` call on a CPU run) is one root whatever its type and line: code written for
   a GPU run on a CPU box.  It stays an error (the run did not check those paths), on one line naming the ops.
@@ -19,10 +25,11 @@ a rule of ours that input outside the seed brought in, and an environment withou
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import pandas as pd
 
-from shardcheck.harness.core.citations import RuleSource
+from shardcheck.harness.core.citations import COMM_RULE, PRECISION_RULE, RuleSource
 from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.records import Status, Symptom
 from shardcheck.harness.findings.wording import blank_numbers
@@ -118,3 +125,45 @@ def worded(kind: str, key) -> str:
         return kind
     prefix = OURS_RULE_PREFIX if key[0] == "ours rule" else ENVIRONMENT_PREFIX
     return kind if kind.startswith(prefix) else prefix + kind
+
+
+HARNESS_RULES = {(str(r.source), r.cite) for r in (COMM_RULE, PRECISION_RULE)}  # beside any input's rule
+
+
+def input_rule(c: dict) -> str:
+    """The one rule of ours a line is judged under beside the harness's own ("" if none, or if it has a rule of the
+    seed's): a wrong answer on input only that rule describes, or a raise on it demoted to `warn`."""
+    if c["status"] == Status.FAIL and c.get("ours_rule") and c["kind"].startswith(OURS_RULE_PREFIX):
+        return c["ours_rule"]
+    if not c.get("demoted"):
+        return ""
+    rules = {(str(source), cite) for source, cite in c["rules"]} - HARNESS_RULES
+    sources = {source for source, _ in rules}
+    return next(iter(rules))[1] if len(rules) == 1 and sources == {str(RuleSource.OURS)} else ""
+
+
+def one_line_per_input_rule(table: list[dict], merge: Callable[[list[dict]], dict]) -> list[dict]:
+    """`table` with the lines of each rule of ours (`input_rule`) merged into one by `merge` (module docstring): its
+    status the worst of them, its demoted raises' rows (`demoted_members`) still written `warn`."""
+    groups: dict = {}
+    for c in table:
+        groups.setdefault(input_rule(c) or id(c), []).append(c)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append({**group[0], "kind": _said_once(group[0]["kind"])} if input_rule(group[0]) else group[0])
+            continue
+        group = sorted(group, key=lambda c: -Status(c["status"]).order)  # the failure's words first
+        demoted = [i for c in group if c.get("demoted") for i in c.get("demoted_members", c["members"])]
+        merged = merge(group)
+        out.append({**merged, "kind": _said_once(merged["kind"]), "demoted": bool(demoted), "demoted_members": demoted})
+    return out
+
+
+def _said_once(kind: str) -> str:
+    """A wrong-answer line of a rule of ours in words: the prefix once, each symptom once ("...: wrong values;
+    non-finite values differ"), where merging lines of several ops repeated them."""
+    if not kind.startswith(OURS_RULE_PREFIX):
+        return kind
+    parts = [p[len(OURS_RULE_PREFIX) :] if p.startswith(OURS_RULE_PREFIX) else p for p in kind.split("; ")]
+    return OURS_RULE_PREFIX + "; ".join(dict.fromkeys(parts))

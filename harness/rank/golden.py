@@ -101,6 +101,19 @@ class Golden:
             self._kind_scales["grad"] = max(map(finite_max_abs, self.grads.values()), default=0.0)
         return self._kind_scales["grad"]
 
+    def input_scale(self, gradient: bool) -> float:
+        """The scale of the inputs that made an output (`gradient` False: the float inputs) or an input's gradient (the
+        upstream gradients, each summand's and their sum): the largest finite magnitude among them.  A golden of exact
+        zeros throughout is a cancellation at this scale (compare.budget's floor)."""
+        key = ("input", gradient)
+        if key not in self._kind_scales:
+            if gradient:
+                ups = [u for g in self.upstream if g is not None for u in (g, g.sum(0))]
+                self._kind_scales[key] = max(map(finite_max_abs, ups), default=0.0)
+            else:
+                self._kind_scales[key] = max(map(finite_max_abs, self.inputs.values()), default=0.0)
+        return self._kind_scales[key]
+
     def _output_kinds(self) -> list:
         # Once per golden: asked for every output judged, and a model case has hundreds (a regex match each).
         if self._kinds is None:
@@ -129,7 +142,8 @@ class Golden:
             limits = []
             for i, (gold, alt) in enumerate(zip(self.outputs, outs)):
                 both = gold is not None and alt is not None
-                b = budget(gold, alt, dtype, BudgetScope.TENSOR, self.output_scale(i))[0] if both else None
+                scales = (self.output_scale(i), self.input_scale(gradient=False))
+                b = budget(gold, alt, dtype, BudgetScope.TENSOR, *scales)[0] if both else None
                 limits.append(None if b is None else float(b.reshape(-1)[0]) if b.numel() else 0.0)
             self._precision_runs[key] = (tuple(limits), {})
         return self._precision_runs[key]

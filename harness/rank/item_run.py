@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from shardcheck.harness.core.bad_input import BAD_INPUT_CHECK
-from shardcheck.harness.core.case import Case, as_tuple
+from shardcheck.harness.core.case import Case, PrecisionOnly, as_tuple
 from shardcheck.harness.core.grad_convention import GradConvention
 from shardcheck.harness.core.layout import REPLICATED, Layout
 from shardcheck.harness.core.measure import CommCounter, comm_violations, group_dims, split_comm
@@ -356,9 +356,13 @@ class ItemRun:
         expected = out.layout.local(out.gold, self.mesh, golden.inputs)
         if out.name in case.output_checks:
             try:
-                ok, msg = case.output_checks[out.name](out.got, expected, golden.inputs, call.local, call.ctx)
+                result = case.output_checks[out.name](out.got, expected, golden.inputs, call.local, call.ctx)
             except Exception as exc:
-                ok, msg = False, f"{type(exc).__name__}: {exc}"
+                result = False, f"{type(exc).__name__}: {exc}"
+            if isinstance(result, PrecisionOnly):  # right values in a lower dtype: our precision rule's warning
+                self.emit(out.check, Status.WARN, message=result.message, symptom=result.symptom)
+                return
+            ok, msg = result
             self.emit(
                 out.check, Status.PASS if ok else Status.FAIL, message=msg, symptom=None if ok else Symptom.VALUES
             )
@@ -371,7 +375,14 @@ class ItemRun:
         got = out.layout.reduce_partial(got, self.mesh)
         scale = golden.output_scale(out.index)
         budget = Budget(
-            out.gold, out.naive, out.naive.dtype, case.budget_scope, scale, case.compute_dtype, golden.budgets
+            out.gold,
+            out.naive,
+            out.naive.dtype,
+            case.budget_scope,
+            scale,
+            case.compute_dtype,
+            golden.budgets,
+            golden.input_scale(gradient=False),
         )
         place = Placement(out.layout, self.mesh, golden.inputs)
         self._emit_verdict(self._measure(Comparison(out.check, got, expected, budget, place, got_dtype)), precision)
@@ -421,6 +432,7 @@ class ItemRun:
                 case.budget_scope,
                 golden.grad_scale(),
                 kept=golden.budgets,
+                input_scale=golden.input_scale(gradient=True),
             )
             comparison = Comparison(check, x.grad, place.local(golden.grads[name]), budget, place, x.grad.dtype)
             verdict = self._measure(comparison) if not tried else measure(comparison)[0]
@@ -458,9 +470,18 @@ class ItemRun:
             expected = place.local(gold)
             reduced = lay.reduce_partial(got, self.mesh)
             scale = golden.output_scale(index)
-            # No budget kept with the golden here: judged as they arrive, a model's activations keep one tensor's
-            # budget at a time (tests/test_model_case_cost.py), not one per module.
-            budget = Budget(gold, naive, naive.dtype, case.budget_scope, scale, case.compute_dtype)
+            # No budget kept with the golden here (kept=None): judged as they arrive, a model's activations keep one
+            # tensor's budget at a time (tests/test_model_case_cost.py), not one per module.
+            budget = Budget(
+                gold,
+                naive,
+                naive.dtype,
+                case.budget_scope,
+                scale,
+                case.compute_dtype,
+                None,
+                golden.input_scale(gradient=False),
+            )
             comparison = Comparison(case.forward_checks[index], reduced, expected, budget, place, got.dtype)
             call.verdicts[index] = self._measure(comparison, arriving=True)
         except Exception as exc:  # raised as the harness's own error once the run is over, not as the model's

@@ -46,17 +46,18 @@ class Budget:
     kind_scale: float  # the item's largest golden magnitude among tensors of this one's kind (Golden.output_scale)
     compute_dtype: torch.dtype | None = None  # the budget's dtype where the math ran below `dtype` (Case.compute_dtype)
     kept: dict | None = dataclasses.field(default=None, compare=False, repr=False)  # its golden's (Golden.budgets)
+    input_scale: float = 0.0  # the largest magnitude of the inputs that made it (Golden.input_scale): an all-zero floor
 
     def full(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """compare.budget of the whole tensor, worked out once per golden where `kept` is the golden's: every
         topology of a launch judges the same golden tensors (GoldenCache keeps the golden across them)."""
         dtype = self.compute_dtype or self.dtype
         if self.kept is None:
-            return budget(self.gold_full, self.ref_full, dtype, self.scope, self.kind_scale)
-        key = (id(self.gold_full), id(self.ref_full), dtype, self.scope, self.kind_scale)
+            return budget(self.gold_full, self.ref_full, dtype, self.scope, self.kind_scale, self.input_scale)
+        key = (id(self.gold_full), id(self.ref_full), dtype, self.scope, self.kind_scale, self.input_scale)
         hit = self.kept.get(key)  # holds its tensors: their ids are not reused while it is kept
         if hit is None or hit[0] is not self.gold_full or hit[1] is not self.ref_full:
-            limits = budget(self.gold_full, self.ref_full, dtype, self.scope, self.kind_scale)
+            limits = budget(self.gold_full, self.ref_full, dtype, self.scope, self.kind_scale, self.input_scale)
             hit = self.kept[key] = (self.gold_full, self.ref_full, limits)
         return hit[2]
 

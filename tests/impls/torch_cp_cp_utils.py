@@ -189,16 +189,17 @@ def _to_thd(batch, seq_lens_padding_value: int) -> dict:
 
 
 def _shard_thd_chunk_for_te(batch, cp_mesh, qkv_format, seq_lens_padding_value, padding_token_id):
-    """One group of rows in THD format; with CP, this rank's tokens of every packed sequence, by TE's
-    thd_get_partitioned_indices."""
+    """One group of rows already in THD format (_to_thd's); with CP, this rank's tokens of every packed sequence, by
+    TE's thd_get_partitioned_indices."""
     if qkv_format != "thd":
         raise ValueError(f"qkv_format must be 'thd', got {qkv_format!r}")
-    thd = _to_thd(batch, seq_lens_padding_value)
+    thd = {**batch, "qkv_format": "thd"}
     if cp_mesh is None or cp_mesh.size() <= 1:
         return thd
     import transformer_engine_torch as tex
 
     cu_padded, n = thd["cu_seqlens_padded"], 2 * cp_mesh.size()
+    cu_padded = cu_padded[cu_padded != seq_lens_padding_value]
     lengths = (cu_padded[1:] - cu_padded[:-1]).tolist()
     if any(length % n for length in lengths):  # TE checks this only in a device-side assert
         raise ValueError(f"padded sequence lengths {lengths} must be divisible by 2·CP = {n}")
@@ -224,14 +225,17 @@ def make_cp_batch_for_te(
     if missing:
         raise KeyError(f"make_cp_batch_for_te needs {missing} in the batch")
     if num_chunks <= 1:
-        return _shard_thd_chunk_for_te(batch, cp_mesh, qkv_format, seq_lens_padding_value, padding_token_id)
+        return _shard_thd_chunk_for_te(_to_thd(batch, seq_lens_padding_value), cp_mesh, qkv_format,
+                                       seq_lens_padding_value, padding_token_id)
     rows = batch["input_ids"].shape[0]
     if rows % num_chunks:
         raise ValueError(f"batch size {rows} is not divisible by num_chunks {num_chunks}")
     per = rows // num_chunks
     keys = [k for k in ("input_ids", "labels", "position_ids", "seq_lens", "seq_lens_padded") if k in batch]
-    groups = [_shard_thd_chunk_for_te({k: batch[k][i * per:(i + 1) * per] for k in keys}, cp_mesh, qkv_format,
-                                      seq_lens_padding_value, padding_token_id) for i in range(num_chunks)]
+    groups = [_shard_thd_chunk_for_te(_to_thd({k: batch[k][i * per:(i + 1) * per] for k in keys},
+                                              seq_lens_padding_value),
+                                      cp_mesh, qkv_format, seq_lens_padding_value, padding_token_id)
+              for i in range(num_chunks)]
     fills = {"input_ids": padding_token_id, "labels": -100, "position_ids": 0, "padding_mask": True,
              "cu_seqlens": seq_lens_padding_value, "cu_seqlens_padded": seq_lens_padding_value}
     out = {}
