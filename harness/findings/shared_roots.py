@@ -68,18 +68,41 @@ def ours_rule_of(bad: pd.DataFrame) -> list[str]:
 
 def by_rule(symptoms: list[dict]) -> tuple[list[dict], dict[str, list[dict]]]:
     """`symptoms` of one op split: those judged under the seed's rules, and per rule of ours the others.  A wrong
-    answer under a rule of ours in a check the seed's cases get wrong too stays with the seed's: the op's defect,
-    shown on our input as well (an averaged gradient, wrong on masked targets and on plain ones; CP chunks swapped,
-    wrong values on plain ids and NaN where masked ids meet the swapped rows)."""
+    answer under a rule of ours stays with the seed's where the seed's cases get that check wrong the same way (an
+    averaged gradient, wrong on masked targets and on plain ones), or where it never shows on one rank and the seed's
+    cases get that check wrong at every topology where it shows (CP chunks swapped: wrong values on plain ids and NaN
+    where masked ids meet the swapped rows, both at cp 2 alone): the op's sharding defect, shown on our input as
+    well.  An opinion of ours on an input shows on one rank too, where nothing is sharded."""
     seed = [s for s in symptoms if not s["ours_rule"]]
-    seen = {check for s in seed for check in s["all_checks"]}
+    seen = {(s["kind"], check) for s in seed for check in s["all_checks"]}
+    where: dict[str, set] = {}  # per check, the topologies where the seed's cases get it wrong
+    for s in seed:
+        for check in s["all_checks"]:
+            where.setdefault(check, set()).update(_topologies(s))
     ours: dict[str, list[dict]] = {}
     for s in symptoms:
-        if s["ours_rule"] and not any(check in seen for check in s["all_checks"]):
-            ours.setdefault(s["ours_rule"], []).append(s)
-        elif s["ours_rule"]:
+        if not s["ours_rule"]:
+            continue
+        topologies = _topologies(s)
+        same_way = any((s["kind"], check) in seen for check in s["all_checks"])
+        sharded_only = not any(_one_rank(t) for t in topologies)
+        same_place = sharded_only and any(topologies <= where.get(check, set()) for check in s["all_checks"])
+        if same_way or same_place:
             seed.append({**s, "ours_rule": ""})  # (never merged across ops as an opinion)
+        else:
+            ours.setdefault(s["ours_rule"], []).append(s)
     return seed, ours
+
+
+def _topologies(symptom: dict) -> set[tuple]:
+    """The mesh coordinates of a symptom's items (conditions.ITEM: case, the mesh dims, dtype)."""
+    return {item[1:-1] for item in symptom["items"]}
+
+
+def _one_rank(topology: tuple) -> bool:
+    """Whether no mesh dim of a topology is over 1 (the items hold them as strings: "1.0", "nan" where a dim was
+    not recorded, "0" on a row of no item)."""
+    return all(not size.replace(".", "", 1).isdigit() or float(size) <= 1 for size in topology)
 
 
 def same_rules(lines: list[dict]) -> bool:
