@@ -51,14 +51,13 @@ class Budget:
     def full(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """compare.budget of the whole tensor, worked out once per golden where `kept` is the golden's: every
         topology of a launch judges the same golden tensors (GoldenCache keeps the golden across them)."""
-        dtype = self.compute_dtype or self.dtype
+        args = (self.gold_full, self.ref_full, self.compute_dtype or self.dtype, self.scope, self.kind_scale)
         if self.kept is None:
-            return budget(self.gold_full, self.ref_full, dtype, self.scope, self.kind_scale, self.input_scale)
-        key = (id(self.gold_full), id(self.ref_full), dtype, self.scope, self.kind_scale, self.input_scale)
+            return budget(*args, self.input_scale)
+        key = (id(self.gold_full), id(self.ref_full), *args[2:], self.input_scale)
         hit = self.kept.get(key)  # holds its tensors: their ids are not reused while it is kept
         if hit is None or hit[0] is not self.gold_full or hit[1] is not self.ref_full:
-            limits = budget(self.gold_full, self.ref_full, dtype, self.scope, self.kind_scale, self.input_scale)
-            hit = self.kept[key] = (self.gold_full, self.ref_full, limits)
+            hit = self.kept[key] = (self.gold_full, self.ref_full, budget(*args, self.input_scale))
         return hit[2]
 
 
