@@ -234,12 +234,18 @@ def test_every_feature_at_once_passes_on_hsdp_2_by_2(run_shardcheck):
         "dp=4,dp_replicate=2",
         "--case",
         "hsdp-steps",
+        "--case",
+        "hsdp-mixed-precision",
         "--dtype",
         "float64,float32",
     )
     assert run.returncode == 0, run.stdout[-3000:]
     rows = run.rows
     assert set(rows["status"]) == {"pass"} and set(rows["dtype"]) == {"float64", "float32"}
+    # the policy's case (not float64: its golden is the step without the policy) has every check the other has
+    by_case = rows.groupby("case_id")
+    assert set(by_case.get_group("hsdp-mixed-precision")["dtype"]) == {"float32"}
+    assert set(by_case.get_group("hsdp-mixed-precision")["check"]) == set(by_case.get_group("hsdp-steps")["check"])
     assert {"forward:grad_norm@step3", "forward:state:blocks.0.up.weight.exp_avg@step3", "forward:loss@mb2"} <= set(
         rows["check"]
     )

@@ -30,13 +30,13 @@ def parallelize(model: nn.Module, ctx, mp_policy: MixedPrecisionPolicy | None = 
     return model
 
 
-def parallelize_hsdp(model: nn.Module, ctx) -> nn.Module:
+def parallelize_hsdp(model: nn.Module, ctx, mp_policy: MixedPrecisionPolicy | None = None) -> nn.Module:
     """HSDP: `fully_shard` on the 2-D data mesh (replicated over "dp_replicate", sharded over "dp_shard"), gradients
     summed over both (each rank's loss is its summand); no TP (the data mesh is the whole of a dp-only topology)."""
     mesh = ctx.data_mesh()
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, mp_policy=mp_policy or MixedPrecisionPolicy())
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy or MixedPrecisionPolicy())
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
@@ -47,6 +47,11 @@ def parallelize_hsdp(model: nn.Module, ctx) -> nn.Module:
 def parallelize_mixed_precision(model: nn.Module, ctx) -> nn.Module:
     """The same plan under FSDP2's mixed precision: bf16 parameters in the forward and backward, fp32 reduction."""
     return parallelize(model, ctx, MIXED_PRECISION)
+
+
+def parallelize_hsdp_mixed_precision(model: nn.Module, ctx) -> nn.Module:
+    """HSDP under FSDP2's mixed precision: every feature of the step at once on the 2-D data mesh."""
+    return parallelize_hsdp(model, ctx, MIXED_PRECISION)
 
 
 def loss(logits: torch.Tensor, inputs: dict, ctx) -> torch.Tensor:

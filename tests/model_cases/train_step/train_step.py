@@ -6,7 +6,8 @@ uneven token counts, clipping by the global norm, three AdamW steps (the plan's 
 
 Cases: `plain` (one micro-batch, one SGD step: the step every model case ran before), `steps` (micro-batches,
 clipping, three AdamW steps, checkpointing), `mixed-precision` (the same under FSDP2's MixedPrecisionPolicy),
-`hsdp-steps` (the same as `steps` on HSDP's replicate x shard data mesh: `--topology dp=4,dp_replicate=2` only).
+`hsdp-steps` (the same as `steps` on HSDP's replicate x shard data mesh: `--topology dp=4,dp_replicate=2` only),
+`hsdp-mixed-precision` (every feature at once on that mesh: `mixed-precision`'s policy too).
 Broken plans (each one finding): tests/broken/train_step/."""
 
 from __future__ import annotations
@@ -81,4 +82,13 @@ def cases(quick: bool = False) -> list[ModelCase]:
         ),
         # every feature at once on HSDP's 2-D data mesh (--topology dp=4,dp_replicate=2)
         case("hsdp-steps", "parallelize_hsdp", checkpointed=True, hsdp=True, supports=_hsdp_only, **STEP),
+        case(
+            "hsdp-mixed-precision",
+            "parallelize_hsdp_mixed_precision",
+            checkpointed=True,
+            hsdp=True,
+            supports=_hsdp_only,
+            mixed_precision=MIXED_PRECISION,
+            **STEP,
+        ),
     ]
