@@ -24,7 +24,7 @@ Third-party models: docs/third-party-models.md.
 
 from __future__ import annotations
 
-from shardcheck import Layout, ModelCase, Partial, Shard
+from shardcheck import HeadTail, Layout, ModelCase, Partial, Shard
 from shardcheck.suites import _titan_models as titan
 
 FAMILY = "titan"
@@ -54,6 +54,13 @@ def _with_dp(t) -> bool:
     return t.dp > 1 and t.cp == 1 and titan.HEADS % t.tp == 0 and titan.BATCH % t.dp == 0
 
 
+def _with_cp(t) -> bool:
+    """CP over cp 2 or 4 (two head-tail chunks per rank: SEQ % 2cp), with or without TP (sequence-parallel: each rank's
+    SEQ / cp tokens split over tp) and FSDP (or HSDP) over dp."""
+    heads_and_batch = titan.HEADS % t.tp == 0 and titan.BATCH % t.dp == 0
+    return t.cp > 1 and titan.SEQ % (2 * t.cp) == 0 and (titan.SEQ // t.cp) % t.tp == 0 and heads_and_batch
+
+
 def case(
     model: str,
     expert_parallel: bool,
@@ -65,14 +72,22 @@ def case(
     arch: titan.Arch = titan.ARCH,
     supports=None,
     params: dict | None = None,
+    context_parallel: bool = False,
 ):
     """`fsdp`: torchtitan's whole parallelize function, FSDP2 (HSDP at dp_replicate > 1) over the batch split on dp,
-    each rank's loss its summand of the global mean (torchtitan's trainer: gradient division off).  `arch`, `supports`
-    and `params`: a user's job config's architecture, topology and what the case records of it (_titan_config.py)."""
+    each rank's loss its summand of the global mean (torchtitan's trainer: gradient division off).
+    `context_parallel`: the same function with CP over cp (torchtitan's SDPA under torch's ring attention, FSDP over
+    dp x cp), the batch and its positions head-tail over cp.  `arch`, `supports` and `params`: a user's job config's
+    architecture, topology and what the case records of it (_titan_config.py)."""
+    fsdp = fsdp or context_parallel  # torchtitan's CP gradients are reduced over cp by FSDP (its mesh: dp_shard x cp)
     plan = titan.Plan(model, expert_parallel, sequence_parallel, backend, edit, data_parallel=fsdp, arch=arch)
-    name = f"{model}-{'fsdp-' if fsdp else ''}{'ep' if expert_parallel else 'tp'}{'-sp' if sequence_parallel else ''}"
+    kind = "cp-" if context_parallel else "fsdp-" if fsdp else ""
+    name = f"{model}-{kind}{'ep' if expert_parallel else 'tp'}{'-sp' if sequence_parallel else ''}"
     name += "" if backend == BACKEND else f"-{backend}"
-    batch = {"tokens": Layout(dp=Shard(0)), "labels": Layout(dp=Shard(0))}
+    # torchtitan's prepare_context_parallel_input: tokens, labels and positions head-tail over cp (its default
+    # "headtail" load balancer, torch's _HeadTailLoadBalancer: HeadTail's chunks)
+    rows = Layout(dp=Shard(0), cp=HeadTail(1)) if context_parallel else Layout(dp=Shard(0))
+    batch = {"tokens": rows, "labels": rows} | ({"positions": rows} if context_parallel else {})
     moe = model in titan.MOE_MODELS
     # the experts' rows under FSDP (EP or not) are this rank's batch's tokens sorted by expert: no layout maps them
     whole_rows = not (expert_parallel or fsdp)
@@ -87,15 +102,15 @@ def case(
         unchecked_modules=() if whole_rows else (EXPERTS,),
         build=titan.build(model, arch),
         parallelize=plan,
-        make_inputs=titan.make_inputs,
-        model_inputs=("tokens",),
+        make_inputs=titan.make_inputs_with_positions if context_parallel else titan.make_inputs,
+        model_inputs=("tokens", "positions") if context_parallel else ("tokens",),
         loss=titan.loss,
         step_context=plan.step_context,
         world_group=True,
-        supports=supports or (_with_dp if fsdp else _no_dp),
+        supports=supports or (_with_cp if context_parallel else _with_dp if fsdp else _no_dp),
         hsdp=fsdp,
         input_layouts=batch if fsdp else {},
-        loss_layout=Layout(dp=Partial()),
+        loss_layout=Layout(dp=Partial(), cp=Partial()),
         skip_reason=titan.titan_missing(),
         params={
             "model": model,
@@ -103,6 +118,7 @@ def case(
             "sequence_parallel": sequence_parallel,
             "backend": backend,
             "fsdp": fsdp,
+            "context_parallel": context_parallel,
             **(params or {}),
         },
     )
@@ -118,4 +134,5 @@ def cases(quick: bool = False) -> list[ModelCase]:
         case("qwen3_moe", True, True),
         case("llama3", False, True, fsdp=True),
         case("qwen3_moe", True, True, fsdp=True),
+        case("llama3", False, True, context_parallel=True),
     ]
