@@ -135,4 +135,5 @@ def cases(quick: bool = False) -> list[ModelCase]:
         case("llama3", False, True, fsdp=True),
         case("qwen3_moe", True, True, fsdp=True),
         case("llama3", False, True, context_parallel=True),
+        case("qwen3_moe", True, True, context_parallel=True),
     ]
