@@ -290,3 +290,19 @@ def test_a_users_moe_config_takes_no_bfloat16_and_a_users_mixtral_no_float64(tmp
         "qwen3_moe": {("float64", "float32")},
         "mixtral": {("float32",)},
     }
+
+
+@needs_titan
+def test_torchtitans_spmd_types_parameters_are_plain_and_torchs_fsdp_with_dp_mesh_dims_refuses_them():
+    """Why the titan suite checks no spmd_types case under FSDP (docs/third-party-models.md, *Backends*): torchtitan's
+    spmd_types backend leaves its parameters plain local tensors, and torch 2.13's fully_shard with `dp_mesh_dims`
+    (what torchtitan passes it under spmd_types) takes only DTensors.  When torch's FSDP takes them, this test fails:
+    add the spmd_types FSDP case then."""
+    import subprocess
+
+    script = FIXTURES / "upstream" / "titan_spmd_types_fsdp.py"
+    done = subprocess.run([sys.executable, "-P", str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    params, refused = done.stdout.splitlines()[-2:]
+    assert re.fullmatch(r"params \d+ plain, 0 DTensor", params) and not params.startswith("params 0 "), params
+    assert refused.startswith("fully_shard ValueError: When dp_mesh_dims is provided, all parameters must be DTensors")
