@@ -16,10 +16,10 @@ of the plan):
   parameter dtype the item's (torchtitan's default is bfloat16 parameters over float32 masters).
 
 Topology -> torchtitan's degrees (`degrees`): tensor_parallel_degree = tp, data_parallel_shard_degree = dp /
-dp_replicate, data_parallel_replicate_degree = dp_replicate, expert_parallel_degree = dp_shard x tp where the case is
-expert-parallel (EP over the FSDP and TP ranks, efsdp 1; ep == tp at dp 1), cp = 1.  torchtitan builds its
-own DeviceMesh over the world (`ParallelDims.build_mesh`), so the cases run only in a launch of exactly their size
-(`world_group`); its mesh dims are not dp/cp/tp, so its DTensors are gathered and judged whole.
+dp_replicate, data_parallel_replicate_degree = dp_replicate, context_parallel_degree = cp, expert_parallel_degree =
+dp_shard x cp x tp where the case is expert-parallel (EP over the FSDP and TP ranks, efsdp 1; ep == tp at dp 1, cp 1).
+torchtitan builds its own DeviceMesh over the world (`ParallelDims.build_mesh`), so the cases run only in a launch of
+exactly their size (`world_group`); its mesh dims are not dp/cp/tp, so its DTensors are gathered and judged whole.
 """
 
 from __future__ import annotations

@@ -10,7 +10,11 @@ module (docs/model-cases.md), at world sizes 1, 2, 4:
 - `llama3-fsdp-tp-sp`, `qwen3_moe-fsdp-ep-sp`: the same under torchtitan's whole parallelize function, FSDP2 over
   dp 2 or 4 (HSDP at `--topology dp=4,dp_replicate=2`), alone and with TP; the MoE model's EP over the FSDP and TP
   ranks (ep = dp_shard x tp: EP borrowed from FSDP).  torchtitan's trainer's convention: FSDP's gradient division
-  off, each rank's loss its token sum over the global token count (`loss_layout=Layout(dp=Partial())`).
+  off, each rank's loss its token sum over the global token count (`loss_layout=Layout(dp=Partial(), cp=Partial())`);
+- `llama3-cp-tp-sp`, `qwen3_moe-cp-ep-sp`: the same functions with context parallelism over cp 2 or 4 (torchtitan's
+  SDPA CP path: q/k/v as cp-sharded DTensors under torch's ring attention, on CPU through shardcheck's shim), alone,
+  with TP or with FSDP; FSDP over dp x cp reduces the gradients over cp too.  The batch and its positions are
+  head-tail over cp as torchtitan's `prepare_context_parallel_input` shards them (`HeadTail(1)`).
 
 Dtypes: float32 and bfloat16.  float64 is left out: torchtitan's RoPE computes in float32 whatever the model's dtype
 (`query.float()`, torchtitan/models/common/rope.py), so a float64 step is float32-accurate from the first attention
@@ -33,7 +37,8 @@ IMPLEMENTATION = __file__
 RUN_BY_DEFAULT = False
 # DTensor parameters and activations.  Not spmd_types (torchtitan's default, plain local tensors): under it the
 # sequence-parallel norms' weight gradients are left to FSDP to all-reduce over TP ("pending BWD AR handled by
-# FSDP", torchtitan/models/common/decoder_sharding.py), which these dp = 1 cases do not apply.
+# FSDP", torchtitan/models/common/decoder_sharding.py), and torch 2.13's FSDP2 refuses its plain parameters
+# (tests/fixtures/upstream/titan_spmd_types_fsdp.py, docs/third-party-models.md).
 BACKEND = "partial_dtensor"
 
 
