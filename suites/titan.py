@@ -14,7 +14,9 @@ module (docs/model-cases.md), at world sizes 1, 2, 4:
 - `llama3-cp-tp-sp`, `qwen3_moe-cp-ep-sp`: the same functions with context parallelism over cp 2 or 4 (torchtitan's
   SDPA CP path: q/k/v as cp-sharded DTensors under torch's ring attention, on CPU through shardcheck's shim), alone,
   with TP or with FSDP; FSDP over dp x cp reduces the gradients over cp too.  The batch and its positions are
-  head-tail over cp as torchtitan's `prepare_context_parallel_input` shards them (`HeadTail(1)`).
+  head-tail over cp as torchtitan's `prepare_context_parallel_input` shards them (`HeadTail(1)`);
+- `llama3-tp-spmd_types`: `llama3-tp` under torchtitan's default backend, spmd_types (the gradient at the final
+  norm's output unchecked: each rank's summand over TP there).
 
 Dtypes: float32 and bfloat16.  float64 is left out: torchtitan's RoPE computes in float32 whatever the model's dtype
 (`query.float()`, torchtitan/models/common/rope.py), so a float64 step is float32-accurate from the first attention
@@ -35,10 +37,10 @@ FAMILY = "titan"
 IMPLEMENTATION = __file__
 # Minutes of a run on CPU ranks, and an optional extra: run when named (--suite, --op), not by a plain `shardcheck run`.
 RUN_BY_DEFAULT = False
-# DTensor parameters and activations.  Not spmd_types (torchtitan's default, plain local tensors): under it the
-# sequence-parallel norms' weight gradients are left to FSDP to all-reduce over TP ("pending BWD AR handled by
-# FSDP", torchtitan/models/common/decoder_sharding.py), and torch 2.13's FSDP2 refuses its plain parameters
-# (tests/fixtures/upstream/titan_spmd_types_fsdp.py, docs/third-party-models.md).
+# DTensor parameters and activations.  spmd_types (torchtitan's default, plain local tensors) only in
+# `llama3-tp-spmd_types`: under it the sequence-parallel norms' weight gradients are left to FSDP to all-reduce over
+# TP ("pending BWD AR handled by FSDP", torchtitan/models/common/decoder_sharding.py), and torch 2.13's FSDP2 refuses
+# its plain parameters (tests/fixtures/upstream/titan_spmd_types_fsdp.py, docs/third-party-models.md).
 BACKEND = "partial_dtensor"
 
 
@@ -48,6 +50,7 @@ def parallelize(model, ctx):
 
 
 EXPERTS = "*.routed_experts.inner_experts"
+SPMD_NORM = "norm"  # the final norm: under spmd_types the gradient at its output is a summand over TP
 
 
 def _no_dp(t) -> bool:
@@ -78,12 +81,14 @@ def case(
     supports=None,
     params: dict | None = None,
     context_parallel: bool = False,
+    unchecked: tuple[str, ...] = (),
 ):
     """`fsdp`: torchtitan's whole parallelize function, FSDP2 (HSDP at dp_replicate > 1) over the batch split on dp,
     each rank's loss its summand of the global mean (torchtitan's trainer: gradient division off).
     `context_parallel`: the same function with CP over cp (torchtitan's SDPA under torch's ring attention, FSDP over
     dp x cp), the batch and its positions head-tail over cp.  `arch`, `supports` and `params`: a user's job config's
-    architecture, topology and what the case records of it (_titan_config.py)."""
+    architecture, topology and what the case records of it (_titan_config.py).  `unchecked`: more modules whose output
+    (and the gradient at it) no layout maps."""
     fsdp = fsdp or context_parallel  # torchtitan's CP gradients are reduced over cp by FSDP (its mesh: dp_shard x cp)
     plan = titan.Plan(model, expert_parallel, sequence_parallel, backend, edit, data_parallel=fsdp, arch=arch)
     kind = "cp-" if context_parallel else "fsdp-" if fsdp else ""
@@ -104,7 +109,7 @@ def case(
         # this rank's experts (no layout maps them; the routed experts' output is compared)
         param_layouts=plan.layouts,
         activation_layouts={EXPERTS: Layout(tp=Partial())} if whole_rows else {},
-        unchecked_modules=() if whole_rows else (EXPERTS,),
+        unchecked_modules=unchecked + (() if whole_rows else (EXPERTS,)),
         build=titan.build(model, arch),
         parallelize=plan,
         make_inputs=titan.make_inputs_with_positions if context_parallel else titan.make_inputs,
@@ -141,4 +146,10 @@ def cases(quick: bool = False) -> list[ModelCase]:
         case("qwen3_moe", True, True, fsdp=True),
         case("llama3", False, True, context_parallel=True),
         case("qwen3_moe", True, True, context_parallel=True),
+        # torchtitan's default backend, where it runs whole on torch 2.13: TP without SP (under SP the norms' weight
+        # gradients wait for FSDP's all-reduce, and torch 2.13's FSDP2 refuses its plain parameters).  The gradient
+        # at the final norm's output is each rank's summand over TP there (the norm's own output redistribution
+        # all-reduces it): unchecked; norm.weight's gradient and every gradient below it are judged
+        # (docs/third-party-models.md)
+        case("llama3", False, False, backend="spmd_types", unchecked=(SPMD_NORM,)),
     ]

@@ -49,9 +49,10 @@ def test_torchtitan_llama3_under_its_own_parallelize_with_tp_fsdp_and_cp_passes_
 ):
     """One launch of 2 ranks: Llama 3 under TP + SP (model.parallelize) at tp 2, and under torchtitan's whole
     parallelize_llama (FSDP2, its gradient division off, each rank's loss its token sum over the global count) at dp 2
-    and with context parallelism at cp 2 (its SDPA under torch's ring attention, the batch and positions head-tail):
+    and with context parallelism at cp 2 (its SDPA under torch's ring attention, the batch and positions head-tail),
+    and TP under torchtitan's default backend spmd_types at tp 2:
     FSDP's reduction on gloo takes the titan_fsdp_sum shim (gloo refuses PREMUL_SUM), CP's attention the CPU ring."""
-    cases = ("llama3-tp-sp", "llama3-fsdp-tp-sp", "llama3-cp-tp-sp")
+    cases = ("llama3-tp-sp", "llama3-fsdp-tp-sp", "llama3-cp-tp-sp", "llama3-tp-spmd_types")
     topologies = ("dp=1,cp=1,tp=2", "dp=2,cp=1,tp=1", "dp=1,cp=2,tp=1")
     run = run_shardcheck(
         "run",
@@ -69,6 +70,7 @@ def test_torchtitan_llama3_under_its_own_parallelize_with_tp_fsdp_and_cp_passes_
         ("llama3-tp-sp", 1, 1, 2),
         ("llama3-fsdp-tp-sp", 2, 1, 1),
         ("llama3-cp-tp-sp", 1, 2, 1),
+        ("llama3-tp-spmd_types", 1, 1, 2),  # torchtitan's default backend: plain local parameters
     }
     for case in cases:
         checks = set(rows[rows["case_id"] == case]["check"])
@@ -78,6 +80,8 @@ def test_torchtitan_llama3_under_its_own_parallelize_with_tp_fsdp_and_cp_passes_
     for module in ("layers.0.attention.rope", "layers.1.attention.inner_attention"):
         kinds = {re.match(r"forward:([a-z]+)\d+:", c).group(1) for c in cp_checks if c.endswith(f":{module}")}
         assert kinds == {"act", "dact"}, module
+    spmd = set(rows[rows["case_id"] == "llama3-tp-spmd_types"]["check"])
+    assert not any(c.endswith(":norm") for c in spmd) and "forward:dparam:norm.weight" in spmd  # its one unchecked
     meta = json.loads((run.out / "run.json").read_text())
     used = [n for n in meta["shim_notes"] if n.startswith("used ")]
     assert any("torch context parallelism" in n for n in used), meta["shim_notes"]
