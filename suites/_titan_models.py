@@ -89,8 +89,8 @@ class Degrees:
 
 
 def degrees(topology, expert_parallel: bool) -> Degrees:
-    """Expert-parallel cases put EP on every rank of the data-sharded and TP dims (ep = dp_shard x tp, efsdp 1:
-    torchtitan's EP borrowed from FSDP and TP); at dp 1 that is ep == tp."""
+    """Expert-parallel cases put EP on every rank of the data-sharded (FSDP: dp_shard x cp) and TP dims (ep = dp_shard
+    x cp x tp, efsdp 1: torchtitan's EP borrowed from FSDP and TP); at dp 1, cp 1 that is ep == tp."""
     dp_shard = topology.dp // topology.dp_replicate
     ep = dp_shard * topology.cp * topology.tp if expert_parallel else 1
     return Degrees(tp=topology.tp, dp_shard=dp_shard, ep=ep, dp_replicate=topology.dp_replicate, cp=topology.cp)
