@@ -9,9 +9,9 @@ exactly that.  From the loaded config the case takes:
   count and top-k (`arch`); everything else is the titan suite's tiny config (2 layers, head dim 4, vocab 32; weights
   random: suites/_titan_models.py);
 - the parallelism (`scale`): tensor_parallel_degree, data_parallel_shard_degree, data_parallel_replicate_degree,
-  expert_parallel_degree and enable_sequence_parallel; each degree reduced to a power of two dividing it where the
-  world would exceed MAX_WORLD, context and pipeline parallelism dropped, the SPMD backend the suite's.  Each
-  reduction is a note the command prints.
+  context_parallel_degree, expert_parallel_degree and enable_sequence_parallel; each degree reduced to a power of two
+  dividing it where the world would exceed MAX_WORLD, pipeline parallelism dropped, the SPMD backend the suite's.
+  Each reduction is a note the command prints.
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ from shardcheck.suites._model_config import ModelConfigError
 
 MAX_WORLD = 4
 FAMILY = "model_config"  # the generated suite's (harness/driver/model_config.py)
-# the data dims torchtitan's ParallelismConfig names, in the order they keep ranks when the world must shrink
+# the dims torchtitan's ParallelismConfig names, in the order they keep ranks when the world must shrink (cp before
+# dp_shard: a job's dp_shard is mostly -1, the rest of the world, and its CP is what it asks to be checked)
 DEGREES = (
     ("tensor_parallel_degree", "tp"),
+    ("context_parallel_degree", "cp"),
     ("data_parallel_shard_degree", "dp_shard"),
     ("data_parallel_replicate_degree", "dp_replicate"),
 )
@@ -143,11 +145,11 @@ class Mapping:
     def topology(self) -> str:
         """The harness's topology of these degrees (`--topology`)."""
         d = self.degrees
-        return f"dp={self.dp},cp=1,tp={d.tp}" + (f",dp_replicate={d.dp_replicate}" if d.dp_replicate > 1 else "")
+        return f"dp={self.dp},cp={d.cp},tp={d.tp}" + (f",dp_replicate={d.dp_replicate}" if d.dp_replicate > 1 else "")
 
     def fits(self, t) -> bool:
         d = self.degrees
-        return (t.dp, t.cp, t.tp, t.dp_replicate) == (self.dp, 1, d.tp, d.dp_replicate)
+        return (t.dp, t.cp, t.tp, t.dp_replicate) == (self.dp, d.cp, d.tp, d.dp_replicate)
 
 
 def _fit(value: int, budget: int) -> int:
@@ -158,7 +160,7 @@ def _fit(value: int, budget: int) -> int:
 
 
 def _data_degrees(p) -> tuple[dict[str, int], list[str]]:
-    """tp, dp_shard, dp_replicate scaled: the first two dims in use keep ranks (two of them: 2 x 2 = MAX_WORLD)."""
+    """tp, cp, dp_shard, dp_replicate scaled: the first two dims in use keep ranks (two of them: 2 x 2 = MAX_WORLD)."""
     used = [(field, short) for field, short in DEGREES if getattr(p, field) == -1 or getattr(p, field) > 1]
     budget = MAX_WORLD if len(used) <= 1 else MAX_WORLD // 2
     scaled, notes = {short: 1 for _, short in DEGREES}, []
@@ -167,7 +169,7 @@ def _data_degrees(p) -> tuple[dict[str, int], list[str]]:
         scaled[short] = _fit(value, budget) if i < 2 else 1
         if scaled[short] != value:
             why = " (the rest of the world)" if value == -1 else ""
-            why += f" (world size {MAX_WORLD} at most: two of tp, dp_shard, dp_replicate fit)" if i >= 2 else ""
+            why += f" (world size {MAX_WORLD} at most: two of tp, cp, dp_shard, dp_replicate fit)" if i >= 2 else ""
             notes.append(f"{field} {value}{why} -> {scaled[short]}")
     return scaled, notes
 
@@ -175,17 +177,21 @@ def _data_degrees(p) -> tuple[dict[str, int], list[str]]:
 def scale(p, model: str, arch: titan.Arch) -> Mapping:
     """The ParallelismConfig `p` of a job on CPU ranks (the module docstring says what changes)."""
     scaled, notes = _data_degrees(p)
-    for field, what in (("context_parallel_degree", "context"), ("pipeline_parallel_degree", "pipeline")):
-        if getattr(p, field) > 1:
-            notes.append(f"{field} {getattr(p, field)} -> 1 (not run: the titan suite has no {what} parallelism)")
-    wanted, ep = p.expert_parallel_degree, scaled["dp_shard"] * scaled["tp"]
+    balancer = getattr(p, "context_parallel_load_balancer", "headtail")
+    if scaled["cp"] > 1 and balancer != "headtail":  # the suite's SDPA ring attention is torch's head-tail one
+        notes.append(f"context_parallel_load_balancer {balancer} -> headtail (the suite's attention is SDPA)")
+    if p.pipeline_parallel_degree > 1:
+        notes.append(f"pipeline_parallel_degree {p.pipeline_parallel_degree} -> 1 (not run: the titan suite has no PP)")
+    wanted, ep = p.expert_parallel_degree, scaled["dp_shard"] * scaled["cp"] * scaled["tp"]
     expert_parallel = model in titan.MOE_MODELS and wanted > 1 and ep > 1 and arch.experts % ep == 0
     if wanted > 1 and model not in titan.MOE_MODELS:
         notes.append(f"expert_parallel_degree {wanted} -> 1 (the model has no experts)")
     elif wanted > 1 and not expert_parallel:
-        notes.append(f"expert_parallel_degree {wanted} -> 1 (no dp_shard x tp ranks dividing {arch.experts} experts)")
+        notes.append(
+            f"expert_parallel_degree {wanted} -> 1 (no dp_shard x cp x tp ranks dividing {arch.experts} experts)"
+        )
     elif expert_parallel and wanted != ep:
-        notes.append(f"expert_parallel_degree {wanted} -> {ep} (EP over the dp_shard x tp ranks, efsdp 1)")
+        notes.append(f"expert_parallel_degree {wanted} -> {ep} (EP over the dp_shard x cp x tp ranks, efsdp 1)")
     if p.spmd_backend != titan_suite.BACKEND:
         notes.append(f"spmd_backend {p.spmd_backend} -> {titan_suite.BACKEND} (the backend the titan suite checks)")
     degrees = titan.Degrees(
@@ -193,6 +199,7 @@ def scale(p, model: str, arch: titan.Arch) -> Mapping:
         dp_shard=scaled["dp_shard"],
         ep=ep if expert_parallel else 1,
         dp_replicate=scaled["dp_replicate"],
+        cp=scaled["cp"],
     )
     return Mapping(degrees, expert_parallel, p.enable_sequence_parallel, tuple(notes))
 
@@ -225,6 +232,7 @@ def cases(spec: str) -> list:
         m.expert_parallel,
         m.sequence_parallel,
         fsdp=m.dp > 1,
+        context_parallel=m.degrees.cp > 1,
         arch=arch,
         supports=m.fits,
         params={"titan_config": spec, "degrees": m.topology, "reduced": "; ".join(m.notes)},

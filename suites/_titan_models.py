@@ -16,10 +16,10 @@ of the plan):
   parameter dtype the item's (torchtitan's default is bfloat16 parameters over float32 masters).
 
 Topology -> torchtitan's degrees (`degrees`): tensor_parallel_degree = tp, data_parallel_shard_degree = dp /
-dp_replicate, data_parallel_replicate_degree = dp_replicate, expert_parallel_degree = dp_shard x tp where the case is
-expert-parallel (EP over the FSDP and TP ranks, efsdp 1; ep == tp at dp 1), cp = 1.  torchtitan builds its
-own DeviceMesh over the world (`ParallelDims.build_mesh`), so the cases run only in a launch of exactly their size
-(`world_group`); its mesh dims are not dp/cp/tp, so its DTensors are gathered and judged whole.
+dp_replicate, data_parallel_replicate_degree = dp_replicate, context_parallel_degree = cp, expert_parallel_degree =
+dp_shard x cp x tp where the case is expert-parallel (EP over the FSDP and TP ranks, efsdp 1; ep == tp at dp 1, cp 1).
+torchtitan builds its own DeviceMesh over the world (`ParallelDims.build_mesh`), so the cases run only in a launch of
+exactly their size (`world_group`); its mesh dims are not dp/cp/tp, so its DTensors are gathered and judged whole.
 """
 
 from __future__ import annotations
@@ -85,14 +85,15 @@ class Degrees:
     dp_shard: int
     ep: int
     dp_replicate: int = 1
+    cp: int = 1
 
 
 def degrees(topology, expert_parallel: bool) -> Degrees:
-    """Expert-parallel cases put EP on every rank of the data-sharded and TP dims (ep = dp_shard x tp, efsdp 1:
-    torchtitan's EP borrowed from FSDP and TP); at dp 1 that is ep == tp."""
+    """Expert-parallel cases put EP on every rank of the data-sharded (FSDP: dp_shard x cp) and TP dims (ep = dp_shard
+    x cp x tp, efsdp 1: torchtitan's EP borrowed from FSDP and TP); at dp 1, cp 1 that is ep == tp."""
     dp_shard = topology.dp // topology.dp_replicate
-    ep = dp_shard * topology.tp if expert_parallel else 1
-    return Degrees(tp=topology.tp, dp_shard=dp_shard, ep=ep, dp_replicate=topology.dp_replicate)
+    ep = dp_shard * topology.cp * topology.tp if expert_parallel else 1
+    return Degrees(tp=topology.tp, dp_shard=dp_shard, ep=ep, dp_replicate=topology.dp_replicate, cp=topology.cp)
 
 
 def parallelism(d: Degrees, sequence_parallel: bool, backend: str):
@@ -103,6 +104,7 @@ def parallelism(d: Degrees, sequence_parallel: bool, backend: str):
         data_parallel_shard_degree=d.dp_shard,
         data_parallel_replicate_degree=d.dp_replicate,
         expert_parallel_degree=d.ep,
+        context_parallel_degree=d.cp,
         enable_sequence_parallel=sequence_parallel,
         spmd_backend=backend,
     )
@@ -255,9 +257,18 @@ def make_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
     return {"tokens": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous()}
 
 
+def make_inputs_with_positions(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """The batch and each token's position in its sequence, as torchtitan's dataloader hands them to its trainer:
+    under CP its `prepare_context_parallel_input` shards all three head-tail over cp, so RoPE reads each rank's
+    tokens' global positions."""
+    inputs = make_inputs(gen)
+    return inputs | {"positions": torch.arange(SEQ).expand(BATCH, SEQ).contiguous()}
+
+
 def loss(logits, inputs: dict, ctx) -> torch.Tensor:
     """Next-token cross-entropy in float32 at least, torchtitan's trainer's way: this rank's token sum over the global
-    token count (its summand of the global mean; FSDP sums the gradients, `loss_layout=Layout(dp=Partial())`).
+    token count (its summand of the global mean; FSDP over dp x cp sums the gradients, `loss_layout=Layout(dp=Partial(),
+    cp=Partial())`).
     Vocab-sharded logits made whole (a DTensor's own placements; spmd_types' plain local shard: its vocabulary slice
     over TP, gathered with DTensor so the backward slices)."""
     if isinstance(logits, DTensor):
@@ -266,7 +277,7 @@ def loss(logits, inputs: dict, ctx) -> torch.Tensor:
         logits = DTensor.from_local(logits, ctx.mesh["tp"], [Shard(logits.dim() - 1)]).full_tensor()
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     labels = inputs["labels"].flatten()
-    ranks = 1 if ctx is None else ctx.size("dp")
+    ranks = 1 if ctx is None else ctx.size("dp") * ctx.size("cp")  # each rank's piece of the batch
     return F.cross_entropy(logits.flatten(0, 1), labels, reduction="sum") / (labels.numel() * ranks)
 
 
@@ -368,7 +379,7 @@ class Plan:
         dims = ParallelDims(
             dp_replicate=d.dp_replicate,
             dp_shard=d.dp_shard,
-            cp=1,
+            cp=d.cp,
             tp=d.tp,
             pp=1,
             ep=d.ep,

@@ -25,6 +25,7 @@ needs_titan = pytest.mark.skipif(
 ROUTER = BROKEN / "hf_ep_plan" / "router_grad_not_reduced.py"
 COLWISE = BROKEN / "titan_plan" / "colwise_output_into_norm.py"
 FSDP_AVERAGED = BROKEN / "titan_plan" / "fsdp_head_averaged.py"
+CP_POSITIONS = BROKEN / "titan_plan" / "cp_positions_dropped.py"
 
 
 @needs_hf
@@ -43,36 +44,47 @@ def test_transformers_llama_under_its_own_tp_plan_passes_module_by_module(run_sh
 
 
 @needs_titan
-def test_torchtitan_llama3_under_its_own_parallelize_with_tp_and_with_fsdp_passes_and_the_shims_are_recorded(
+def test_torchtitan_llama3_under_its_own_parallelize_with_tp_fsdp_and_cp_passes_and_the_shims_are_recorded(
     run_shardcheck,
 ):
     """One launch of 2 ranks: Llama 3 under TP + SP (model.parallelize) at tp 2, and under torchtitan's whole
-    parallelize_llama (FSDP2, its gradient division off, each rank's loss its token sum over the global count) at dp 2:
-    FSDP's reduction on gloo takes the titan_fsdp_sum shim (gloo refuses PREMUL_SUM)."""
+    parallelize_llama (FSDP2, its gradient division off, each rank's loss its token sum over the global count) at dp 2
+    and with context parallelism at cp 2 (its SDPA under torch's ring attention, the batch and positions head-tail),
+    and TP under torchtitan's default backend spmd_types at tp 2:
+    FSDP's reduction on gloo takes the titan_fsdp_sum shim (gloo refuses PREMUL_SUM), CP's attention the CPU ring."""
+    cases = ("llama3-tp-sp", "llama3-fsdp-tp-sp", "llama3-cp-tp-sp", "llama3-tp-spmd_types")
+    topologies = ("dp=1,cp=1,tp=2", "dp=2,cp=1,tp=1", "dp=1,cp=2,tp=1")
     run = run_shardcheck(
         "run",
         "--suite",
         "titan",
-        "--case",
-        "llama3-tp-sp",
-        "--case",
-        "llama3-fsdp-tp-sp",
-        "--topology",
-        "dp=1,cp=1,tp=2",
-        "--topology",
-        "dp=2,cp=1,tp=1",
+        *(a for c in cases for a in ("--case", c)),
+        *(a for t in topologies for a in ("--topology", t)),
         "--dtype",
         "float32",
     )
     assert run.returncode == 0, run.stdout[-3000:]
     rows = run.rows
     assert (rows["status"] == "pass").all()
-    assert set(zip(rows["case_id"], rows["dp"], rows["tp"])) == {("llama3-tp-sp", 1, 2), ("llama3-fsdp-tp-sp", 2, 1)}
-    for case in ("llama3-tp-sp", "llama3-fsdp-tp-sp"):
+    assert set(zip(rows["case_id"], rows["dp"], rows["cp"], rows["tp"])) == {
+        ("llama3-tp-sp", 1, 1, 2),
+        ("llama3-fsdp-tp-sp", 2, 1, 1),
+        ("llama3-cp-tp-sp", 1, 2, 1),
+        ("llama3-tp-spmd_types", 1, 1, 2),  # torchtitan's default backend: plain local parameters
+    }
+    for case in cases:
         checks = set(rows[rows["case_id"] == case]["check"])
         assert {"forward:dparam:layers.0.attention_norm.weight", "forward:step:lm_head.weight"} <= checks
+    cp_checks = set(rows[rows["case_id"] == "llama3-cp-tp-sp"]["check"])
+    # under CP each rank's rotation and ring attention judged at its head-tail rows, forward and backward
+    for module in ("layers.0.attention.rope", "layers.1.attention.inner_attention"):
+        kinds = {re.match(r"forward:([a-z]+)\d+:", c).group(1) for c in cp_checks if c.endswith(f":{module}")}
+        assert kinds == {"act", "dact"}, module
+    spmd = set(rows[rows["case_id"] == "llama3-tp-spmd_types"]["check"])
+    assert not any(c.endswith(":norm") for c in spmd) and "forward:dparam:norm.weight" in spmd  # its one unchecked
     meta = json.loads((run.out / "run.json").read_text())
     used = [n for n in meta["shim_notes"] if n.startswith("used ")]
+    assert any("torch context parallelism" in n for n in used), meta["shim_notes"]
     assert any(triton_import.NAME in n for n in used) or not triton_import.wanted()
     assert any("torchtitan's device type" in n for n in used), meta["shim_notes"]
     assert any(titan_fsdp_sum.NAME in n for n in used), meta["shim_notes"]
@@ -172,6 +184,23 @@ def test_torchtitans_fsdp_unit_that_averages_under_its_sum_loss_is_one_finding_n
     assert got / want == pytest.approx(0.5, rel=1e-5)  # averaged over dp 2 where torchtitan's loss wants the sum
 
 
+@needs_titan
+def test_torchtitan_under_cp_called_without_its_positions_is_one_finding_at_the_rotation(run_shardcheck):
+    """torchtitan's trainer hands the model the positions it shards head-tail with the batch under CP; without them each
+    CP rank rotates its tokens by the cache's first positions: first diverging at the rotation, on both ranks (rank 0's
+    tail chunk, all of rank 1's tokens), everything before it right."""
+    run = run_shardcheck("run", "--suite-path", str(CP_POSITIONS), "--topology", "dp=1,cp=2,tp=1", "--dtype", "float32")
+    assert run.returncode == 1
+    cause = run.causes.iloc[0]
+    assert len(run.causes) == 1, run.causes
+    assert cause.checks.startswith("first diverging: module layers.0.attention.rope (output, forward)"), cause.checks
+    rows = run.rows
+    before = rows[rows["check"].str.match(r"forward:act0[0-3]:")]
+    assert len(before) == 4 and (before["status"] == "pass").all()
+    rope = rows[rows["check"] == "forward:act04:layers.0.attention.rope"].iloc[0]
+    assert rope["status"] == "fail" and "failing rank(s): 0, 1" in rope["message"]
+
+
 def test_without_the_extras_every_case_is_skipped_with_the_reason(monkeypatch):
     from shardcheck.suites import _hf_models, _titan_models, hf, titan
 
@@ -265,3 +294,19 @@ def test_a_users_moe_config_takes_no_bfloat16_and_a_users_mixtral_no_float64(tmp
         "qwen3_moe": {("float64", "float32")},
         "mixtral": {("float32",)},
     }
+
+
+@needs_titan
+def test_torchtitans_spmd_types_parameters_are_plain_and_torchs_fsdp_with_dp_mesh_dims_refuses_them():
+    """Why the titan suite checks no spmd_types case under FSDP (docs/third-party-models.md, *Backends*): torchtitan's
+    spmd_types backend leaves its parameters plain local tensors, and torch 2.13's fully_shard with `dp_mesh_dims`
+    (what torchtitan passes it under spmd_types) takes only DTensors.  When torch's FSDP takes them, this test fails:
+    add the spmd_types FSDP case then."""
+    import subprocess
+
+    script = FIXTURES / "upstream" / "titan_spmd_types_fsdp.py"
+    done = subprocess.run([sys.executable, "-P", str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    params, refused = done.stdout.splitlines()[-2:]
+    assert re.fullmatch(r"params \d+ plain, 0 DTensor", params) and not params.startswith("params 0 "), params
+    assert refused.startswith("fully_shard ValueError: When dp_mesh_dims is provided, all parameters must be DTensors")

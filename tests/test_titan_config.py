@@ -58,12 +58,12 @@ def test_a_jobs_degrees_scale_onto_four_ranks_and_each_reduction_is_said(titan_c
     from shardcheck.suites import _titan_models as titan
 
     dense = titan.Arch(heads=32, kv_heads=8)
-    m = titan_config.scale(parallelism(tensor_parallel_degree=8, context_parallel_degree=2), "llama3", dense)
+    m = titan_config.scale(parallelism(tensor_parallel_degree=8, pipeline_parallel_degree=2), "llama3", dense)
     assert (m.degrees.tp, m.degrees.dp_shard, m.degrees.dp_replicate, m.topology) == (2, 2, 1, "dp=2,cp=1,tp=2")
     assert m.notes == (
         "tensor_parallel_degree 8 -> 2",
         "data_parallel_shard_degree -1 (the rest of the world) -> 2",
-        "context_parallel_degree 2 -> 1 (not run: the titan suite has no context parallelism)",
+        "pipeline_parallel_degree 2 -> 1 (not run: the titan suite has no PP)",
         "spmd_backend spmd_types -> partial_dtensor (the backend the titan suite checks)",
     )
     alone = titan_config.scale(parallelism(spmd_backend="partial_dtensor"), "llama3", dense)  # FSDP over the rest
@@ -78,7 +78,7 @@ def test_a_jobs_degrees_scale_onto_four_ranks_and_each_reduction_is_said(titan_c
     )
     assert hsdp.topology == "dp=2,cp=1,tp=2"  # tp and dp_shard keep their ranks, the third dim does not fit
     assert (
-        "data_parallel_replicate_degree 2 (world size 4 at most: two of tp, dp_shard, dp_replicate fit) -> 1"
+        "data_parallel_replicate_degree 2 (world size 4 at most: two of tp, cp, dp_shard, dp_replicate fit) -> 1"
         in hsdp.notes
     )
     odd = titan_config.scale(parallelism(tensor_parallel_degree=3, data_parallel_shard_degree=1), "llama3", dense)
@@ -89,13 +89,41 @@ def test_a_jobs_degrees_scale_onto_four_ranks_and_each_reduction_is_said(titan_c
     assert replicate.topology == "dp=2,cp=1,tp=1,dp_replicate=2"
 
 
+def test_a_jobs_context_parallel_degree_maps_onto_cp_before_dp_shard(titan_config):
+    """CP keeps its ranks before dp_shard (a job's dp_shard is mostly -1, the rest of the world); the case is the titan
+    suite's CP case at that topology."""
+    from shardcheck.suites import _titan_models as titan
+
+    dense = titan.Arch(heads=32, kv_heads=8)
+    m = titan_config.scale(parallelism(tensor_parallel_degree=8, context_parallel_degree=2), "llama3", dense)
+    assert (m.degrees.tp, m.degrees.cp, m.degrees.dp_shard, m.topology) == (2, 2, 1, "dp=1,cp=2,tp=2")
+    assert m.notes[:2] == (
+        "tensor_parallel_degree 8 -> 2",
+        "data_parallel_shard_degree -1 (the rest of the world) (world size 4 at most: two of tp, cp, dp_shard, "
+        "dp_replicate fit) -> 1",
+    )
+    alone = titan_config.scale(parallelism(context_parallel_degree=8, data_parallel_shard_degree=1), "llama3", dense)
+    assert alone.topology == "dp=1,cp=4,tp=1" and "context_parallel_degree 8 -> 4" in alone.notes
+    with_dp = titan_config.scale(parallelism(context_parallel_degree=2), "llama3", dense)
+    assert with_dp.topology == "dp=2,cp=2,tp=1"
+    moe = titan.Arch(heads=32, kv_heads=4, experts=128, top_k=8)
+    ep = titan_config.scale(parallelism(context_parallel_degree=2, expert_parallel_degree=8), "qwen3_moe", moe)
+    assert ep.expert_parallel and (ep.degrees.ep, ep.degrees.dp_shard, ep.degrees.cp) == (4, 2, 2)
+    (case,) = titan_config.cases(f"{LLAMA_8B} --parallelism.context_parallel_degree 2")
+    assert (case.case_id, case.params["degrees"], case.params["context_parallel"]) == (
+        "llama3-cp-tp-sp",
+        "dp=2,cp=2,tp=1",
+        True,
+    )
+
+
 def test_expert_parallelism_goes_over_the_dp_shard_and_tp_ranks(titan_config):
     from shardcheck.suites import _titan_models as titan
 
     moe = titan.Arch(heads=32, kv_heads=4, experts=128, top_k=8)
     m = titan_config.scale(parallelism(expert_parallel_degree=8, tensor_parallel_degree=2), "qwen3_moe", moe)
     assert m.expert_parallel and (m.degrees.ep, m.degrees.dp_shard, m.degrees.tp) == (4, 2, 2)
-    assert "expert_parallel_degree 8 -> 4 (EP over the dp_shard x tp ranks, efsdp 1)" in m.notes
+    assert "expert_parallel_degree 8 -> 4 (EP over the dp_shard x cp x tp ranks, efsdp 1)" in m.notes
     tp_experts = titan_config.scale(parallelism(tensor_parallel_degree=2), "qwen3_moe", moe)
     assert not tp_experts.expert_parallel and tp_experts.degrees.ep == 1
     dense = titan_config.scale(parallelism(expert_parallel_degree=2), "llama3", titan.Arch())
