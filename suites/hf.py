@@ -27,8 +27,8 @@ one, in bfloat16) could send a token to different experts.  The MoE models' rout
 the case's inputs routes with a margin (`_hf_models.widen_routing`), so the MoE cases run in bfloat16 too.
 
 Inside the experts the activation function is called once per local expert: under TP its output is split by columns
-(declared), under EP the k-th call is another expert on each rank, so it is not compared there; the experts' output,
-and every gradient, is.
+(declared), under EP the k-th call is another expert on each rank and under FSDP each dp rank's own tokens, so it is
+not compared there; the experts' output, and every gradient, is.
 
 Needs the optional extra `pip install -e .[hf]`; without it every case is recorded `skip` with the reason.
 Third-party models: docs/third-party-models.md.
@@ -97,6 +97,9 @@ def case(
     1, or the whole dp x tp)."""
     batch = {"input_ids": Layout(dp=Shard(0)), "labels": Layout(dp=Shard(0))}
     supports = SUPPORTS_WITH_DP[ep_ranks] if fsdp else _tp_only
+    # The k-th call of an expert's activation holds the tokens routed to it on this rank: under EP another expert on
+    # each rank, under FSDP (TP experts too) each dp rank's own tokens, in neither a split of the single device's rows.
+    experts_unmapped = expert_parallel or (fsdp and model in hf.MOE_MODELS)
     return ModelCase(
         op=f"{FAMILY}.parallelize",
         case_id=case_id or f"{model}-{'ep' if expert_parallel else 'tp'}",
@@ -105,8 +108,8 @@ def case(
         make_inputs=hf.make_inputs,
         model_inputs=("input_ids",),
         loss=hf.loss,
-        activation_layouts={} if expert_parallel else {EXPERT_ACT: Layout(tp=Shard(-1))},
-        unchecked_modules=(EXPERT_ACT,) if expert_parallel else (),
+        activation_layouts={} if experts_unmapped else {EXPERT_ACT: Layout(tp=Shard(-1))},
+        unchecked_modules=(EXPERT_ACT,) if experts_unmapped else (),
         supports=supports,
         input_layouts=batch if fsdp else {},
         loss_layout=Layout(dp=Partial("avg")) if fsdp else Layout(),
