@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
@@ -198,15 +199,15 @@ def meshes(ctx, d: Degrees, ep_ranks: ExpertRanks = ExpertRanks.TP):
     return TransformersDeviceMesh(dense, expert)
 
 
-_EXPERT_GROUPS: dict[tuple[int, ...], object] = {}  # this rank's EP group over dp x tp, made once per rank set
+_EXPERT_GROUPS: dict[
+    tuple[int, ...], dist.ProcessGroup
+] = {}  # this rank's EP group over dp x tp, made once per rank set
 
 
-def expert_group(rows: torch.Tensor):
+def expert_group(rows: torch.Tensor) -> dist.ProcessGroup:
     """A process group over the row of `rows` ([dp_replicate, fsdp x tp] global ranks) holding this rank: made by
     those ranks alone (`use_local_synchronization`: the rest of the world, spare ranks of a larger launch and the
     other replicas, is not waited for), once per rank set."""
-    import torch.distributed as dist
-
     me = dist.get_rank()
     row = next(tuple(r.tolist()) for r in rows if me in r.tolist())
     if row not in _EXPERT_GROUPS:
