@@ -53,6 +53,7 @@ class ExpertRanks(Enum):
     TP = "tp"  # ep == tp: efsdp == fsdp, the experts FSDP-sharded as the dense layers are
     DP = "dp"  # ep == fsdp at tp 1, EP borrowed from FSDP: efsdp 1, every expert whole on one rank
     DP_TP = "dp x tp"  # ep == fsdp x tp: efsdp 1, the all-to-all over the whole dp x tp
+    EP_AXIS = "ep"  # ep == the topology's ep, part of dp (tp 1; `--topology dp=4,ep=2`): efsdp = the harness's edp
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,12 @@ def degrees(topology, expert_parallel: bool, ep_ranks: ExpertRanks = ExpertRanks
     """The topology -> parallel degrees mapping: TP on the mesh's tp dim, FSDP on dp (HSDP: dp_replicate x fsdp, shard
     innermost), EP (when the case uses it) on the ranks `ep_ranks` names."""
     fsdp = topology.dp // topology.dp_replicate
-    ep = {ExpertRanks.TP: topology.tp, ExpertRanks.DP: fsdp, ExpertRanks.DP_TP: fsdp * topology.tp}[ep_ranks]
+    ep = {
+        ExpertRanks.TP: topology.tp,
+        ExpertRanks.DP: fsdp,
+        ExpertRanks.DP_TP: fsdp * topology.tp,
+        ExpertRanks.EP_AXIS: topology.ep,
+    }[ep_ranks]
     return Degrees(tp=topology.tp, fsdp=fsdp, ep=ep if expert_parallel else 1, dp_replicate=topology.dp_replicate)
 
 
@@ -191,6 +197,9 @@ def meshes(ctx, d: Degrees, ep_ranks: ExpertRanks = ExpertRanks.TP):
     expert_groups, expert_ranks = [one, replicate, shard, tp_group], ranks
     if ep_ranks is ExpertRanks.DP:
         expert_groups, expert_ranks = [one, replicate, one, shard], ranks.reshape(1, d.dp_replicate, 1, d.fsdp)
+    elif ep_ranks is ExpertRanks.EP_AXIS:  # the harness's (edp, ep) split of dp, ep innermost as Transformers'
+        expert_ranks = ranks.reshape(1, 1, d.fsdp // d.ep, d.ep)
+        expert_groups = [one, one, ctx.group("edp"), ctx.group("ep")]
     elif ep_ranks is ExpertRanks.DP_TP:
         expert_ranks = ranks.reshape(1, d.dp_replicate, 1, d.fsdp * d.tp)
         expert_groups = [one, replicate, one, expert_group(expert_ranks.reshape(d.dp_replicate, -1))]

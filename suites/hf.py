@@ -69,7 +69,17 @@ def _ep_over_dp_tp(t) -> bool:
     return _with_dp(t) and t.tp > 1 and hf.EXPERTS % (t.dp * t.tp) == 0
 
 
-SUPPORTS_WITH_DP = {ExpertRanks.TP: _with_dp, ExpertRanks.DP: _ep_from_dp, ExpertRanks.DP_TP: _ep_over_dp_tp}
+def _ep_part_of_dp(t) -> bool:
+    """EP on the topology's ep axis, part of dp (1 < ep < dp; ep == dp is `_ep_from_dp`), tp 1: dp 4, ep 2."""
+    return _with_dp(t) and t.tp == 1 and 1 < t.ep < t.dp
+
+
+SUPPORTS_WITH_DP = {
+    ExpertRanks.TP: _with_dp,
+    ExpertRanks.DP: _ep_from_dp,
+    ExpertRanks.DP_TP: _ep_over_dp_tp,
+    ExpertRanks.EP_AXIS: _ep_part_of_dp,
+}
 
 
 def _tp_only(t) -> bool:
@@ -117,7 +127,8 @@ def case(
         skip_reason=hf.hf_missing(),
         xfail=xfail,
         hsdp=hsdp,
-        params={"model": model, "expert_parallel": expert_parallel, "ep_ranks": ep_ranks.value},
+        expert_parallel=ep_ranks is ExpertRanks.EP_AXIS,  # runs the topologies with ep > 1 (`dp=4,ep=2`)
+        params={"model": model, "expert_parallel": expert_parallel, "ep_ranks": ep_ranks.value, "experts": hf.EXPERTS},
     )
 
 
@@ -168,6 +179,13 @@ def cases(quick: bool = False) -> list[ModelCase]:
             fsdp=True,
             ep_ranks=ExpertRanks.DP,
             xfail=FSDP2_DOUBLE_DIVIDE,
+        ),
+        case(
+            "qwen3_moe",
+            expert_parallel=True,
+            case_id="qwen3_moe-fsdp-ep-part-of-dp",
+            fsdp=True,
+            ep_ranks=ExpertRanks.EP_AXIS,
         ),
         case(
             "qwen3_moe",
