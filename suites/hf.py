@@ -14,6 +14,8 @@ float32 and bfloat16 at world sizes 1, 2, 4:
   loss the mean of its rows and gradients averaged, as Transformers trains (`loss_layout=Layout(dp=Partial("avg"))`);
 - `qwen3_moe-fsdp-ep-from-dp`: EP borrowed from FSDP (tp 1, ep == fsdp, efsdp 1): in float64 torch 2.13's FSDP2
   divides the experts' gradients twice, a `KnownFailure` (FSDP2_DOUBLE_DIVIDE);
+- `qwen3_moe-fsdp-ep-part-of-dp`: EP on part of the dp ranks, the topology's ep axis (`--topology dp=4,ep=2`: ep 2,
+  efsdp 2, tp 1);
 - `qwen3_moe-fsdp-ep-over-dp-tp`: EP over the whole dp x tp (dp 2 x tp 2: ep 4, efsdp 1), the dense layers under
   FSDP and TP; the same double division in float64;
 - `qwen3_moe-ep-allreduce`: the same plan with `ep_implementation="all_reduce"` (each rank runs its experts on the
