@@ -7,9 +7,10 @@ distributed_config=DistributedConfig(...))` applies: `PreTrainedModel.maybe_dist
 harness's (dp, cp, tp) mesh rather than on the world (a topology may run on part of a launch).  Needs the optional
 extra `pip install -e .[hf]`; without it every case is recorded `skip` with the reason.
 
-Topology -> Transformers' degrees (`degrees`): tp_size = tp, fsdp_size = dp, ep_size = tp where the case is
-expert-parallel (EP on the TP ranks: Transformers' "ep == tp" layout, efsdp = fsdp; or ep_size = dp, at tp 1, where EP
-is borrowed from FSDP: efsdp 1), cp always 1.
+Topology -> Transformers' degrees (`degrees`): tp_size = tp, fsdp_size = dp / dp_replicate, dp_replicate_size =
+the topology's dp_replicate (HSDP), ep_size where the case is expert-parallel by `ExpertRanks`: = tp (Transformers' "ep
+== tp" layout, efsdp = fsdp), = fsdp at tp 1 (EP borrowed from FSDP: efsdp 1), or = fsdp x tp (EP over the whole dp x
+tp: efsdp 1), cp always 1.
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ from __future__ import annotations
 import importlib.util
 import math
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from shardcheck.suites import _routing as routing
 
 BATCH, SEQ = 4, 8  # BATCH: every DP size up to 4
+EXPERTS = 4  # the MoE configs' experts: every EP size up to 4 holds at least one
 DTYPES = ("float64", "float32", "bfloat16")
 MOE_MODELS = ("qwen3_moe", "mixtral")
 # a MoE model whose routers have no margin (a user's config, suites/_model_config.py): bfloat16 would flip a top-k
@@ -43,6 +47,15 @@ def hf_missing() -> str | None:
     return None
 
 
+class ExpertRanks(Enum):
+    """The ranks an expert-parallel case spreads its experts over (Transformers' ep_size; efsdp = fsdp x tp / ep)."""
+
+    TP = "tp"  # ep == tp: efsdp == fsdp, the experts FSDP-sharded as the dense layers are
+    DP = "dp"  # ep == fsdp at tp 1, EP borrowed from FSDP: efsdp 1, every expert whole on one rank
+    DP_TP = "dp x tp"  # ep == fsdp x tp: efsdp 1, the all-to-all over the whole dp x tp
+    EP_AXIS = "ep"  # ep == the topology's ep, part of dp (tp 1; `--topology dp=4,ep=2`): efsdp = the harness's edp
+
+
 @dataclass(frozen=True)
 class Degrees:
     """Transformers' DistributedConfig degrees of one topology."""
@@ -50,13 +63,20 @@ class Degrees:
     tp: int
     fsdp: int
     ep: int
+    dp_replicate: int = 1
 
 
-def degrees(topology, expert_parallel: bool, ep_from_dp: bool = False) -> Degrees:
-    """The topology -> parallel degrees mapping: TP on the mesh's tp dim, FSDP on dp, EP (when the case uses it) on
-    the TP ranks, or `ep_from_dp`: on the dp ranks (at tp 1; ep == fsdp, efsdp 1: every expert whole on one rank)."""
-    ep = (topology.dp if ep_from_dp else topology.tp) if expert_parallel else 1
-    return Degrees(tp=topology.tp, fsdp=topology.dp, ep=ep)
+def degrees(topology, expert_parallel: bool, ep_ranks: ExpertRanks = ExpertRanks.TP) -> Degrees:
+    """The topology -> parallel degrees mapping: TP on the mesh's tp dim, FSDP on dp (HSDP: dp_replicate x fsdp, shard
+    innermost), EP (when the case uses it) on the ranks `ep_ranks` names."""
+    fsdp = topology.dp // topology.dp_replicate
+    ep = {
+        ExpertRanks.TP: topology.tp,
+        ExpertRanks.DP: fsdp,
+        ExpertRanks.DP_TP: fsdp * topology.tp,
+        ExpertRanks.EP_AXIS: topology.ep,
+    }[ep_ranks]
+    return Degrees(tp=topology.tp, fsdp=fsdp, ep=ep if expert_parallel else 1, dp_replicate=topology.dp_replicate)
 
 
 # ---- the tiny configs --------------------------------------------------------------------------------------------
@@ -90,13 +110,18 @@ def config(model: str, layers: int | None = None):
         # 4 experts of 16, top 2: every EP size up to 4 holds at least one expert; decoder_sparse_step 1: every
         # layer is MoE; "eager" experts: the grouped matmul has no float64 on CPU
         cfg = transformers.Qwen3MoeConfig(
-            **kw, head_dim=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, decoder_sparse_step=1
+            **kw,
+            head_dim=4,
+            num_experts=EXPERTS,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            decoder_sparse_step=1,
         )
         cfg._experts_implementation = "eager"
     elif model == "mixtral":
         # the same experts as qwen3_moe's: 4 of 16 (Mixtral's experts take intermediate_size), top 2, every layer MoE
         kw["intermediate_size"] = 16
-        cfg = transformers.MixtralConfig(**kw, num_local_experts=4, num_experts_per_tok=2)
+        cfg = transformers.MixtralConfig(**kw, num_local_experts=EXPERTS, num_experts_per_tok=2)
         cfg._experts_implementation = "eager"
     else:
         raise ValueError(f"unknown Transformers model {model!r}")
@@ -151,31 +176,57 @@ def loss(out, inputs: dict, ctx) -> torch.Tensor:
 # ---- the plan ----------------------------------------------------------------------------------------------------
 
 
-def meshes(ctx, ep_from_dp: bool = False):
+def meshes(ctx, d: Degrees, ep_ranks: ExpertRanks = ExpertRanks.TP):
     """Transformers' mesh manager on this topology's ranks: the dense mesh (pp, dp_replicate, fsdp, tp) and the
-    expert mesh (pp, dp_replicate, efsdp, ep), with ep == tp (efsdp == fsdp), or `ep_from_dp` (tp 1): ep == fsdp,
-    efsdp 1; made of the harness's own groups (`DeviceMesh.from_group`: no collective, so spare ranks of a larger
-    launch are not waited for; cp is 1, so its group is this rank alone)."""
+    expert mesh (pp, dp_replicate, efsdp, ep) (`ExpertRanks`), made of the harness's own groups
+    (`DeviceMesh.from_group`: no collective, so spare ranks of a larger launch are not waited for; cp is 1, so its group
+    is this rank alone).  HSDP: the replicate and shard groups of `ctx.data_mesh()`.  EP over dp x tp: a group of those
+    ranks (`expert_group`)."""
     from torch.distributed.device_mesh import DeviceMesh
     from transformers.distributed.utils import TransformersDeviceMesh
 
-    dp, tp = ctx.size("dp"), ctx.size("tp")
-    ranks = ctx.mesh.mesh.reshape(1, 1, dp, tp)
-    one, fsdp, tp_group = ctx.group("cp"), ctx.group("dp"), ctx.group("tp")
+    one, tp_group = ctx.group("cp"), ctx.group("tp")
+    replicate, shard = one, ctx.group("dp")
+    if d.dp_replicate > 1:
+        data = ctx.data_mesh()
+        replicate, shard = data["dp_replicate"].get_group(), data["dp_shard"].get_group()
+    ranks = ctx.mesh.mesh.reshape(1, d.dp_replicate, d.fsdp, d.tp)
     kind = ctx.device.type
-    dense = DeviceMesh.from_group(
-        [one, one, fsdp, tp_group], kind, mesh=ranks, mesh_dim_names=("pp", "dp_replicate", "fsdp", "tp")
-    )
-    expert_groups, expert_ranks = [one, one, fsdp, tp_group], ranks
-    if ep_from_dp:
-        expert_groups, expert_ranks = [one, one, one, fsdp], ranks.reshape(1, 1, 1, dp)
-    expert = DeviceMesh.from_group(
-        expert_groups, kind, mesh=expert_ranks, mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep")
-    )
+    names = ("pp", "dp_replicate", "fsdp", "tp")
+    dense = DeviceMesh.from_group([one, replicate, shard, tp_group], kind, mesh=ranks, mesh_dim_names=names)
+    expert_groups, expert_ranks = [one, replicate, shard, tp_group], ranks
+    if ep_ranks is ExpertRanks.DP:
+        expert_groups, expert_ranks = [one, replicate, one, shard], ranks.reshape(1, d.dp_replicate, 1, d.fsdp)
+    elif ep_ranks is ExpertRanks.EP_AXIS:  # the harness's (edp, ep) split of dp, ep innermost as Transformers'
+        expert_ranks = ranks.reshape(1, 1, d.fsdp // d.ep, d.ep)
+        expert_groups = [one, one, ctx.group("edp"), ctx.group("ep")]
+    elif ep_ranks is ExpertRanks.DP_TP:
+        expert_ranks = ranks.reshape(1, d.dp_replicate, 1, d.fsdp * d.tp)
+        expert_groups = [one, replicate, one, expert_group(expert_ranks.reshape(d.dp_replicate, -1))]
+    names = ("pp", "dp_replicate", "efsdp", "ep")
+    expert = DeviceMesh.from_group(expert_groups, kind, mesh=expert_ranks, mesh_dim_names=names)
     return TransformersDeviceMesh(dense, expert)
 
 
-def parallelize(expert_parallel: bool, ep_implementation: str = "auto", before=None, ep_from_dp: bool = False):
+_EXPERT_GROUPS: dict[
+    tuple[int, ...], dist.ProcessGroup
+] = {}  # this rank's EP group over dp x tp, made once per rank set
+
+
+def expert_group(rows: torch.Tensor) -> dist.ProcessGroup:
+    """A process group over the row of `rows` ([dp_replicate, fsdp x tp] global ranks) holding this rank: made by
+    those ranks alone (`use_local_synchronization`: the rest of the world, spare ranks of a larger launch and the
+    other replicas, is not waited for), once per rank set."""
+    me = dist.get_rank()
+    row = next(tuple(r.tolist()) for r in rows if me in r.tolist())
+    if row not in _EXPERT_GROUPS:
+        _EXPERT_GROUPS[row] = dist.new_group(list(row), use_local_synchronization=True)
+    return _EXPERT_GROUPS[row]
+
+
+def parallelize(
+    expert_parallel: bool, ep_implementation: str = "auto", before=None, ep_ranks: ExpertRanks = ExpertRanks.TP
+):
     def plan(model: torch.nn.Module, ctx) -> torch.nn.Module:
         """Transformers' own plan at this topology's degrees, as from_pretrained applies it after init."""
         from transformers.distributed.configuration_utils import DistributedConfig
@@ -183,11 +234,11 @@ def parallelize(expert_parallel: bool, ep_implementation: str = "auto", before=N
         if before is not None:
             before()
 
-        d = degrees(ctx.topology, expert_parallel, ep_from_dp)
-        kw = {"ep_size": d.ep, "ep_implementation": ep_implementation} if expert_parallel and d.ep > 1 else {}
-        cfg = DistributedConfig(tp_size=d.tp, fsdp_size=d.fsdp, **kw)
-        if d.tp * d.fsdp == 1:
+        d = degrees(ctx.topology, expert_parallel, ep_ranks)
+        kw = {"ep_size": d.ep, "ep_implementation": ep_implementation} if d.ep > 1 else {}
+        cfg = DistributedConfig(tp_size=d.tp, fsdp_size=d.fsdp, dp_replicate_size=d.dp_replicate, **kw)
+        if d.tp * d.fsdp * d.dp_replicate == 1:
             return model
-        return type(model).maybe_distribute_model(model, cfg, meshes(ctx, ep_from_dp))
+        return type(model).maybe_distribute_model(model, cfg, meshes(ctx, d, ep_ranks))
 
     return plan

@@ -121,6 +121,46 @@ def test_transformers_ep_borrowed_from_fsdp_in_float64_is_the_fsdp2_double_divis
 
 
 @needs_hf
+def test_transformers_hsdp_and_ep_over_the_whole_dp_x_tp_and_over_part_of_dp_pass_module_by_module(run_shardcheck):
+    """One launch of 4 ranks in float32: Llama under Transformers' FSDP as HSDP (dp_replicate_size 2 x fsdp_size 2:
+    its dense mesh's dp_replicate dim from ctx.data_mesh()); Qwen3-MoE with EP over the whole dp 2 x tp 2 (ep 4,
+    efsdp 1: the EP group is a process group of the four ranks) and its dense layers under FSDP and TP; and with EP
+    on part of dp 4 (the topology's ep 2: efsdp 2, the experts FSDP-sharded over the harness's edp group)."""
+    from shardcheck.harness.core.topology import Topology
+    from shardcheck.suites import _hf_models as hf
+
+    hsdp, dp_tp = Topology(dp=4, dp_replicate=2), Topology(dp=2, tp=2)
+    assert hf.degrees(hsdp, expert_parallel=False) == hf.Degrees(tp=1, fsdp=2, ep=1, dp_replicate=2)
+    assert hf.degrees(dp_tp, True, hf.ExpertRanks.DP_TP) == hf.Degrees(tp=2, fsdp=2, ep=4, dp_replicate=1)
+    assert hf.degrees(Topology(dp=4, ep=2), True, hf.ExpertRanks.EP_AXIS) == hf.Degrees(tp=1, fsdp=4, ep=2)
+    moe_cases = ("qwen3_moe-fsdp-ep-over-dp-tp", "qwen3_moe-fsdp-ep-part-of-dp")
+    run = run_shardcheck(
+        "run",
+        "--suite",
+        "hf",
+        "--case",
+        "llama-fsdp-tp",
+        *("--case", moe_cases[0], "--case", moe_cases[1]),
+        *("--topology", "dp=4,cp=1,tp=1,dp_replicate=2", "--topology", "dp=2,cp=1,tp=2", "--topology", "dp=4,ep=2"),
+        "--dtype",
+        "float32",
+    )
+    assert run.returncode == 0, run.stdout[-3000:]
+    rows = run.rows
+    assert (rows["status"] == "pass").all()
+    items = set(zip(rows["case_id"], rows["dp"], rows["tp"], rows["dp_replicate"], rows["ep"]))
+    assert items == {
+        ("llama-fsdp-tp", 4, 1, 2, 1),
+        ("llama-fsdp-tp", 2, 2, 1, 1),
+        (moe_cases[0], 2, 2, 1, 1),
+        (moe_cases[1], 4, 1, 1, 2),
+    }
+    experts = {"forward:dparam:model.layers.0.mlp.experts.down_proj", "forward:dparam:model.layers.1.mlp.gate.weight"}
+    for case in moe_cases:
+        assert experts <= set(rows[rows["case_id"] == case]["check"])
+
+
+@needs_hf
 def test_a_moe_router_of_the_hf_suite_routes_every_token_with_a_margin_so_bfloat16_keeps_its_top_k():
     """widen_routing: every MoE layer's router, on the very tokens the case draws, has its k-th logit MIN_MARGIN above
     the (k+1)-th, so the bfloat16 model picks the float64 model's experts for every token."""
