@@ -173,3 +173,45 @@ def test_killed_rank_is_named_with_its_signal_and_the_run_goes_on(tmp_path):
     chunked = rows[rows["op"] == "model_utils.ChunkedDistributedLogprob"]
     assert len(chunked) and (chunked["status"] == "pass").all()
     assert "rerun: shardcheck run --suite model_utils --op model_utils.DistributedLogprob" in stdout
+
+
+def test_a_driver_killed_outright_takes_its_ranks_with_it_mid_item(tmp_path):
+    """A CI job cancelled with SIGKILL cannot end its ranks: each rank watches its driver and ends within a few
+    seconds, even mid-item (here rank 1 in a 30 s sleep, rank 0 waiting on it in a collective), not after the rest
+    of its plan or PEER_WAIT's hour."""
+    import subprocess
+    import sys
+
+    impl = FIXTURES / "model_utils" / "sleeps_in_forward.py"
+    out = tmp_path / "run"
+    args = ["--impl", f"model_utils={impl}", "--op", "model_utils.DistributedLogprob", "--case", "b2s5*"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shardcheck.harness.cli", "run", *args, "--topology", "tp=2", *FLOAT64_QUICK]
+        + ["--timeout", "120", "--out", str(out), "--no-progress"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        events = out / "workers" / "w2-launch0" / "plan0" / "rank1.jsonl"
+        deadline = time.time() + 120
+        while time.time() < deadline and not (events.is_file() and '"phase": "forward"' in events.read_text()):
+            time.sleep(0.2)
+        pids = [_worker_pid(out, rank) for rank in (0, 1)]
+        assert all(pids), "the ranks never reached the forward"
+        proc.kill()
+        proc.wait(timeout=30)
+        gone_by = time.time() + 10  # the watch polls once a second; the sleep has ~30 s left
+        while time.time() < gone_by and any(_running(pid) for pid in pids):
+            time.sleep(0.2)
+        assert not any(_running(pid) for pid in pids), f"ranks {pids} outlived their driver"
+    finally:
+        proc.kill()
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a zombie, ended and waiting for its parent, has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2][:1] != "Z"
+    except OSError:
+        return False

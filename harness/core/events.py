@@ -23,6 +23,8 @@ PIECES = "pieces"  # per launch: pieces/item<id>/rank<R>.pt, written by the work
 # A worker's exit code when it ends because a peer is stuck or dead: a consequence, never counted as that
 # rank's death (shardcheck.harness.driver.pool.Launch.deaths).
 EXIT_PEER_STUCK = 3
+# A rank whose driver died (killed outright, no teardown): nobody reads its results, so it ends at once
+EXIT_DRIVER_GONE = 4
 
 STOP = "stop"  # a plan file holding only this ends a launch: its ranks exit 0 (shardcheck.harness.rank.worker.serve)
 

@@ -29,6 +29,7 @@ import itertools
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -37,7 +38,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from shardcheck.harness.core.events import EXIT_PEER_STUCK, PIECES, STOP, Events, events_path, stack_path
+from shardcheck.harness.core.events import (
+    EXIT_DRIVER_GONE,
+    EXIT_PEER_STUCK,
+    PIECES,
+    STOP,
+    Events,
+    events_path,
+    stack_path,
+)
 from shardcheck.harness.core.measure import group_dims
 from shardcheck.harness.core.model_case import step_order
 from shardcheck.harness.core.options import PEER_WAIT, STORE_CONNECT_WAIT
@@ -294,7 +303,23 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)  # signal 0: only whether the process exists
     except (ProcessLookupError, PermissionError):  # (PermissionError: another user's process took the pid)
         return False
-    return True
+    try:  # a zombie (dead, not yet reaped by its parent) still answers signal 0
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2][:1] != "Z"
+    except OSError:  # no /proc (not Linux)
+        return True
+
+
+def _exit_with_the_driver(driver: int) -> None:
+    """End this rank once its driver is gone, whatever the rank is doing: a driver killed outright (SIGKILL, a CI
+    job's cancel) cannot end its ranks, and one mid-item (computing the rest of its plan, or blocked in a collective
+    whose peer is gone, under PEER_WAIT's hour) would otherwise outlive it by minutes."""
+
+    def watch() -> None:
+        while _alive(driver):
+            time.sleep(1.0)
+        os._exit(EXIT_DRIVER_GONE)
+
+    threading.Thread(target=watch, name="shardcheck-driver-watch", daemon=True).start()
 
 
 def _wait_for(path: Path, seconds: float, driver: int) -> bool:
@@ -318,6 +343,7 @@ def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, use_shi
     driver = int(os.environ.get("SHARDCHECK_DRIVER_PID", os.getppid()))
     # (forked ranks all show the fork server's command line: this names the process of each rank)
     (launch_dir / f"rank{rank}.pid").write_text(str(os.getpid()))
+    _exit_with_the_driver(driver)
     # Every thread's Python stack on SIGUSR1, written by faulthandler's C handler: it runs while this rank is
     # blocked in C++ (a gloo wait) or spinning in Python; the driver asks before it ends a hung launch.
     stacks = open(stack_path(launch_dir, rank), "a")
