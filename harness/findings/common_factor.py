@@ -15,6 +15,8 @@ import math
 from shardcheck.harness.core.model_case import step_order
 from shardcheck.harness.core.topology import topology_label
 
+SCALED_BY_MESH = "wrong values, a mesh size times the right ones"  # a line's kind (wording.group_kind)
+
 # How closely a tensor's elements must share one scale, per dtype: its rounding, twice over.
 _TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 2e-2}
 _ITEM = ("case_id", "dp", "cp", "tp", "dtype", "ep", "dp_replicate")  # dp4 and dp4-ep2 are two items
@@ -49,6 +51,23 @@ def _mesh_names(f: float, row: dict, tol: float) -> list[str]:
         sizes.update(ep=int(ep), edp=int(row["dp"]) // int(ep))
     names = [n for n, s in sizes.items() if abs(f - s) <= tol * s]
     return names or [f"1/{n}" for n, s in sizes.items() if abs(f - 1 / s) <= tol / s]
+
+
+def scaled_by_mesh(row: dict) -> bool:
+    """An op's tensor (not a model step's: `factor_text` reads those by item) that is exactly a mesh size, or its
+    inverse, times its golden: a gradient reduced twice or never, a root of its own apart from other wrong values of
+    the same check and condition (an upstream loss's ×TP gradient beside its teacher gradient's other error)."""
+    if step_order(str(row.get("check"))) is not None:
+        return False
+    f = _scale(row)
+    return f is not None and bool(_mesh_names(f, row, _TOLERANCE.get(str(row.get("dtype")), 1e-5)))
+
+
+def apart_by_scale(symptoms: list[dict]) -> list[list[dict]]:
+    """An op's wrong answers as two groups to read apart, those exactly a mesh size times the right ones and the
+    others (a gradient reduced twice is a root of its own beside another bug of the same check and condition)."""
+    scaled = [s for s in symptoms if s["kind"] == SCALED_BY_MESH]
+    return [g for g in (scaled, [s for s in symptoms if s["kind"] != SCALED_BY_MESH]) if g]
 
 
 def _item_scale(rows: list[dict]) -> float | None:
