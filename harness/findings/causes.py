@@ -68,7 +68,7 @@ from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, Phase, Status, Symptom, with_mesh_splits
 from shardcheck.harness.findings import model_order, shared_roots
-from shardcheck.harness.findings.common_factor import SCALED_BY_MESH, apart_by_scale, factor_text
+from shardcheck.harness.findings.common_factor import SCALED_BY_MESH, apart_by_scale, factor_text, scaled_by_mesh
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
 from shardcheck.harness.findings.hang_skips import not_run, skipped_by_hangs, skipped_like
 from shardcheck.harness.findings.shared_roots import by_rule, ours_rule_of, same_rules, shared_key, worded
@@ -194,8 +194,9 @@ def _table(df: pd.DataFrame) -> list[dict]:
     bad = df[df["status"].isin(NOT_PASSING)]
     if not len(bad):
         return []
+    records = bad.to_dict("records")
     bad = bad.assign(
-        _kind=[group_kind(r) for r in bad.to_dict("records")],
+        _kind=[SCALED_BY_MESH if scaled else group_kind(r) for r, scaled in zip(records, scaled_by_mesh(records))],
         _part=[check_part(r) for r in bad.to_dict("records")],
         _symptom=[symptom_of(r) for r in bad.to_dict("records")],
     )

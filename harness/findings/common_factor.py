@@ -24,7 +24,7 @@ _ITEM = ("case_id", "dp", "cp", "tp", "dtype", "ep", "dp_replicate")  # dp4 and 
 
 def _scale(row: dict, whole_tensor: bool = True) -> float | None:
     """f where the row's tensor is f times its golden (f != 1), else None; without `whole_tensor`, f where its worst
-    element is (a float32 or bfloat16 tensor's largest relative error may sit on a golden near zero, its rounding)."""
+    element is."""
     mismatch = row.get("mismatch") if isinstance(row.get("mismatch"), dict) else None
     if mismatch is None or row.get("symptom") != "values":
         return None
@@ -56,15 +56,30 @@ def _mesh_names(f: float, row: dict, tol: float) -> list[str]:
     return names or [f"1/{n}" for n, s in sizes.items() if abs(f - 1 / s) <= tol / s]
 
 
-def scaled_by_mesh(row: dict) -> bool:
-    """An op's tensor (not a model step's: `factor_text` reads those by item) that is exactly a mesh size, or its
-    inverse, times its golden (in float64 every element, in float32 and bfloat16 its worst one): a gradient reduced
-    twice or never, a root of its own apart from other wrong values of the same check and condition (an upstream
-    loss's ×TP gradient beside its teacher gradient's other error)."""
+def _mesh_scale_names(row: dict) -> set[str]:
+    """The mesh sizes (or inverses) an op's tensor is times its golden at its worst element, to float32's rounding or
+    bfloat16's (an op may compute float64 in float32; its largest relative error may sit on a golden near zero); not a
+    model step's tensor: `factor_text` reads those by item."""
     if step_order(str(row.get("check"))) is not None:
-        return False
-    f = _scale(row, whole_tensor=str(row.get("dtype")) == "float64")
-    return f is not None and bool(_mesh_names(f, row, _TOLERANCE.get(str(row.get("dtype")), 1e-5)))
+        return set()
+    f = _scale(row, whole_tensor=False)
+    tol = max(_TOLERANCE["float32"], _TOLERANCE.get(str(row.get("dtype")), 0.0))
+    return set(_mesh_names(f, row, tol)) if f is not None else set()
+
+
+def scaled_by_mesh(rows: list[dict]) -> list[bool]:
+    """For each failing row, whether its values are exactly a mesh size times the right ones, as every other wrong
+    value of its op's check is, by one mesh dim: a gradient reduced twice or never, a root of its own apart from other
+    wrong values of the same check and condition (an upstream loss's ×TP gradient beside its teacher gradient's
+    error).  A factor that does not hold on every wrong row of the check, or is another mesh dim's elsewhere, is no
+    mesh size's (a temperature of 0.5 where T² was meant: ×2 at tp 2, ×2 at tp 1 too)."""
+    names = [_mesh_scale_names(r) if r.get("symptom") in ("values", "nonfinite") else None for r in rows]
+    common: dict[tuple, set[str]] = {}
+    for r, n in zip(rows, names):
+        if n is not None:
+            key = (r.get("op"), r.get("check"))
+            common[key] = common[key] & n if key in common else n
+    return [bool(n) and bool(common[(r.get("op"), r.get("check"))]) for r, n in zip(rows, names)]
 
 
 def apart_by_scale(symptoms: list[dict]) -> list[list[dict]]:

@@ -12,7 +12,6 @@ import pandas as pd
 from shardcheck.harness.core.records import SIGNATURE_CHECK, SYMPTOMS, Status, Symptom
 from shardcheck.harness.core.topology import topology_label
 from shardcheck.harness.findings import model_order
-from shardcheck.harness.findings.common_factor import SCALED_BY_MESH, scaled_by_mesh
 from shardcheck.harness.findings.conditions import ITEM
 
 ERRORS = (Symptom.EXCEPTION, Symptom.REFERENCE)  # symptoms named by an exception
@@ -80,11 +79,8 @@ def kind_of(row) -> str:
 
 
 def group_kind(row) -> str:
-    """kind_of, except that wrong and non-finite values of one check are one symptom (the numbers are wrong), and
-    values that are exactly a mesh size times the right ones another (common_factor.scaled_by_mesh)."""
-    if symptom_of(row) not in (Symptom.VALUES, Symptom.NONFINITE):
-        return kind_of(row)
-    return SCALED_BY_MESH if symptom_of(row) == Symptom.VALUES and scaled_by_mesh(row) else Symptom.VALUES.words
+    """kind_of, except that wrong and non-finite values of one check are one symptom (the numbers are wrong)."""
+    return Symptom.VALUES.words if symptom_of(row) in (Symptom.VALUES, Symptom.NONFINITE) else kind_of(row)
 
 
 def check_part(row) -> str:
