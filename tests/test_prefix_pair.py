@@ -102,6 +102,8 @@ def test_a_pre_fix_gradient_reduced_twice_is_a_line_of_its_own_beside_another_wr
         "--case",
         "group-b4s6v37-T1-nbltensor-chunk0-masked-tgrad",
         "--topology",
+        "dp=1,cp=1,tp=1",  # where tp is 1 the student's gradient is right: the ×2 at tp 2 is the mesh size's
+        "--topology",
         "dp=1,cp=1,tp=2",
         "--dtype",
         "float64",

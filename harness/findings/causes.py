@@ -194,9 +194,9 @@ def _table(df: pd.DataFrame) -> list[dict]:
     bad = df[df["status"].isin(NOT_PASSING)]
     if not len(bad):
         return []
-    records = bad.to_dict("records")
+    records, passed = bad.to_dict("records"), df[df["status"] == Status.PASS].to_dict("records")
     bad = bad.assign(
-        _kind=[SCALED_BY_MESH if scaled else group_kind(r) for r, scaled in zip(records, scaled_by_mesh(records))],
+        _kind=[SCALED_BY_MESH if on else group_kind(r) for r, on in zip(records, scaled_by_mesh(records, passed))],
         _part=[check_part(r) for r in bad.to_dict("records")],
         _symptom=[symptom_of(r) for r in bad.to_dict("records")],
     )

@@ -67,18 +67,23 @@ def _mesh_scale_names(row: dict) -> set[str]:
     return set(_mesh_names(f, row, tol)) if f is not None else set()
 
 
-def scaled_by_mesh(rows: list[dict]) -> list[bool]:
+def scaled_by_mesh(rows: list[dict], passing: list[dict]) -> list[bool]:
     """For each failing row, whether its values are exactly a mesh size times the right ones, as every other wrong
-    value of its op's check is, by one mesh dim: a gradient reduced twice or never, a root of its own apart from other
-    wrong values of the same check and condition (an upstream loss's ×TP gradient beside its teacher gradient's
-    error).  A factor that does not hold on every wrong row of the check, or is another mesh dim's elsewhere, is no
-    mesh size's (a temperature of 0.5 where T² was meant: ×2 at tp 2, ×2 at tp 1 too)."""
+    value of its op's check is, by one mesh dim, and the check passes somewhere that dim is 1: a gradient reduced
+    twice or never, a root of its own apart from other wrong values of the same check and condition (an upstream
+    loss's ×TP gradient beside its teacher gradient's error).  Otherwise the factor is no mesh size's (a temperature
+    of 0.5 where T² was meant, a mean over 16 tokens of which 8 count: ×2 or ×1/2 at tp 2, and at tp 1 too)."""
     names = [_mesh_scale_names(r) if r.get("symptom") in ("values", "nonfinite") else None for r in rows]
     common: dict[tuple, set[str]] = {}
     for r, n in zip(rows, names):
         if n is not None:
             key = (r.get("op"), r.get("check"))
             common[key] = common[key] & n if key in common else n
+    unit: dict[tuple, set[str]] = {}  # the mesh dims of size 1 where the op's check passed
+    for r in passing:
+        unit.setdefault((r.get("op"), r.get("check")), set()).update(d for d in ("dp", "cp", "tp") if int(r[d]) == 1)
+    for key, found in common.items():
+        common[key] = {n for n in found if set(n.removeprefix("1/").split("·")) <= unit.get(key, set())}
     return [bool(n) and bool(common[(r.get("op"), r.get("check"))]) for r, n in zip(rows, names)]
 
 
