@@ -85,3 +85,41 @@ def test_a_pre_fix_copy_wrong_in_every_dtype_is_one_line_its_float32_fix_does_no
     before, after = _lines(pre), _lines(fixed)
     assert before == {"fail model_utils._compute_distributed_log_softmax: wrong values"}, before
     assert after == {"warn model_utils._compute_distributed_log_softmax: float64 computed in float32"}, after
+
+
+def test_a_pre_fix_gradient_reduced_twice_is_a_line_of_its_own_beside_another_wrong_gradient(tmp_path):
+    """Issue 42, the pre-fix copies: an upstream distillation loss whose per-token loss went through an autograd
+    all-reduce (the student's gradient ×TP) also had a teacher gradient wrong at TP ≥ 2, which its fix kept.  Both
+    fail in the same items under the same condition and rule, so they were one "wrong values" line in both versions
+    and the fix changed nothing a user could diff.  Values exactly a mesh size times the right ones are a root of
+    their own ("wrong values, a mesh size times the right ones"): the pre-fix copy prints it, the fixed one does not."""
+    args = (
+        "run",
+        "--suite",
+        "kd_loss",
+        "--op",
+        "kd_loss.KDLoss",
+        "--case",
+        "group-b4s6v37-T1-nbltensor-chunk0-masked-tgrad",
+        "--topology",
+        "dp=1,cp=1,tp=1",  # where tp is 1 the student's gradient is right: the ×2 at tp 2 is the mesh size's
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--dtype",
+        "float64",
+    )
+    pre = shardcheck(
+        *args, "--impl", f"kd_loss={BROKEN / 'kd_loss' / 'student_grad_reduced_twice.py'}", out=tmp_path / "p"
+    )
+    fixed = shardcheck(
+        *args, "--impl", f"kd_loss={BROKEN / 'kd_loss' / 'teacher_grad_off_at_tp.py'}", out=tmp_path / "f"
+    )
+    assert pre.returncode == 1 and fixed.returncode == 1, pre.stdout + fixed.stdout
+    before, after = _lines(pre), _lines(fixed)
+    teacher = "fail kd_loss.KDLoss: wrong values"
+    assert after == {teacher}, after
+    assert before == {teacher, "fail kd_loss.KDLoss: wrong values, a mesh size times the right ones"}, before
+    scaled = pre.causes[pre.causes["kind"].str.contains("mesh size")].iloc[0]
+    assert scaled["checks"] == "grad:student_logits" and "rule: seed" in scaled["rule"], scaled
+    assert "expected" in scaled["worst"] and "rank" in scaled["worst"], scaled["worst"]
+    assert pre.causes[pre.causes["kind"] == "wrong values"].iloc[0]["checks"] == "grad:teacher_logits"

@@ -68,7 +68,7 @@ from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, Phase, Status, Symptom, with_mesh_splits
 from shardcheck.harness.findings import model_order, shared_roots
-from shardcheck.harness.findings.common_factor import factor_text
+from shardcheck.harness.findings.common_factor import SCALED_BY_MESH, apart_by_scale, factor_text, scaled_by_mesh
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
 from shardcheck.harness.findings.hang_skips import not_run, skipped_by_hangs, skipped_like
 from shardcheck.harness.findings.shared_roots import by_rule, ours_rule_of, same_rules, shared_key, worded
@@ -194,8 +194,9 @@ def _table(df: pd.DataFrame) -> list[dict]:
     bad = df[df["status"].isin(NOT_PASSING)]
     if not len(bad):
         return []
+    records, passed = bad.to_dict("records"), df[df["status"] == Status.PASS].to_dict("records")
     bad = bad.assign(
-        _kind=[group_kind(r) for r in bad.to_dict("records")],
+        _kind=[SCALED_BY_MESH if on else group_kind(r) for r, on in zip(records, scaled_by_mesh(records, passed))],
         _part=[check_part(r) for r in bad.to_dict("records")],
         _symptom=[symptom_of(r) for r in bad.to_dict("records")],
     )
@@ -286,7 +287,7 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, all_rows: pd.D
     records = rows.to_dict("records")
     symptom = records[0]["_symptom"]
     found = set(rows["_symptom"])
-    if found <= {Symptom.VALUES, Symptom.NONFINITE}:
+    if found <= {Symptom.VALUES, Symptom.NONFINITE} and kind != SCALED_BY_MESH:
         kind = "; ".join(x.words for x in (Symptom.VALUES, Symptom.NONFINITE) if x in found)
     signals = (
         {how.strip() for r in records for how in str(r.get("error_type")).split(",")}
@@ -398,18 +399,14 @@ def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -
     }
 
 
-def _is_crash(s: dict) -> bool:
-    return bool(s["symptoms"] & set(CRASHES))
-
-
 def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad: pd.DataFrame) -> list[dict]:
     """The causes of one op from its symptoms (module docstring, 3).  A crash (an exception at one line, a death, a
     hang) is a line of its own with the checks it caused; it never takes in a check that failed where it did not
     cause the failure, and two different crashes stay two lines."""
     failing, ours = by_rule([s for s in symptoms if s["status"] in (Status.FAIL, Status.ERROR)])  # (docstring, 4)
     warnings = _same_items([s for s in symptoms if s["status"] not in (Status.FAIL, Status.ERROR)], passing, bad)
-    crashes = [s for s in failing if _is_crash(s)]
-    wrong = [s for s in failing if not _is_crash(s)]
+    crashes = [s for s in failing if s["symptoms"] & set(CRASHES)]
+    wrong = [s for s in failing if not s["symptoms"] & set(CRASHES)]
     warnings += [line for group in ours.values() for line in _wrong_answers(group, rows, passing, bad, crashes)]
     if len(crashes) == 1 and wrong and same_rules(crashes + wrong):  # one trigger for a crash and wrong answers
         ran = rows[(rows["check"] != SIGNATURE_CHECK) & ~rows["status"].isin([Status.SKIP, Status.XFAIL])]
@@ -422,7 +419,8 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
             condition = separating_condition(item_rows[item_key.isin(union)], clean, by_check=False)
             if condition.startswith("exactly"):
                 return [_merge(failing, condition, bad)] + warnings
-    return crashes + _wrong_answers(wrong, rows, passing, bad, crashes) + warnings
+    answers = [x for group in apart_by_scale(wrong) for x in _wrong_answers(group, rows, passing, bad, crashes)]
+    return crashes + answers + warnings
 
 
 def _same_items(warnings: list[dict], passing: pd.DataFrame, bad: pd.DataFrame) -> list[dict]:

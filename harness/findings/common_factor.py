@@ -15,13 +15,16 @@ import math
 from shardcheck.harness.core.model_case import step_order
 from shardcheck.harness.core.topology import topology_label
 
+SCALED_BY_MESH = "wrong values, a mesh size times the right ones"  # a line's kind (wording.group_kind)
+
 # How closely a tensor's elements must share one scale, per dtype: its rounding, twice over.
 _TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 2e-2}
 _ITEM = ("case_id", "dp", "cp", "tp", "dtype", "ep", "dp_replicate")  # dp4 and dp4-ep2 are two items
 
 
-def _scale(row: dict) -> float | None:
-    """f where the row's tensor is f times its golden (f != 1), else None."""
+def _scale(row: dict, whole_tensor: bool = True) -> float | None:
+    """f where the row's tensor is f times its golden (f != 1), else None; without `whole_tensor`, f where its worst
+    element is."""
     mismatch = row.get("mismatch") if isinstance(row.get("mismatch"), dict) else None
     if mismatch is None or row.get("symptom") != "values":
         return None
@@ -31,7 +34,9 @@ def _scale(row: dict) -> float | None:
     f = got / expected
     tol = _TOLERANCE.get(str(row.get("dtype")), 1e-5)
     rel = row.get("max_rel_err")
-    if f <= 0 or abs(f - 1) <= tol or not isinstance(rel, float) or abs(rel - abs(f - 1)) > tol * max(1.0, f):
+    if f <= 0 or abs(f - 1) <= tol:
+        return None
+    if whole_tensor and (not isinstance(rel, float) or abs(rel - abs(f - 1)) > tol * max(1.0, f)):
         return None
     return f
 
@@ -49,6 +54,44 @@ def _mesh_names(f: float, row: dict, tol: float) -> list[str]:
         sizes.update(ep=int(ep), edp=int(row["dp"]) // int(ep))
     names = [n for n, s in sizes.items() if abs(f - s) <= tol * s]
     return names or [f"1/{n}" for n, s in sizes.items() if abs(f - 1 / s) <= tol / s]
+
+
+def _mesh_scale_names(row: dict) -> set[str]:
+    """The mesh sizes (or inverses) an op's tensor is times its golden at its worst element, to float32's rounding or
+    bfloat16's (an op may compute float64 in float32; its largest relative error may sit on a golden near zero); not a
+    model step's tensor: `factor_text` reads those by item."""
+    if step_order(str(row.get("check"))) is not None:
+        return set()
+    f = _scale(row, whole_tensor=False)
+    tol = max(_TOLERANCE["float32"], _TOLERANCE.get(str(row.get("dtype")), 0.0))
+    return set(_mesh_names(f, row, tol)) if f is not None else set()
+
+
+def scaled_by_mesh(rows: list[dict], passing: list[dict]) -> list[bool]:
+    """For each failing row, whether its values are exactly a mesh size times the right ones, as every other wrong
+    value of its op's check is, by one mesh dim, and the check passes somewhere that dim is 1: a gradient reduced
+    twice or never, a root of its own apart from other wrong values of the same check and condition (an upstream
+    loss's ×TP gradient beside its teacher gradient's error).  Otherwise the factor is no mesh size's (a temperature
+    of 0.5 where T² was meant, a mean over 16 tokens of which 8 count: ×2 or ×1/2 at tp 2, and at tp 1 too)."""
+    names = [_mesh_scale_names(r) if r.get("symptom") in ("values", "nonfinite") else None for r in rows]
+    common: dict[tuple, set[str]] = {}
+    for r, n in zip(rows, names):
+        if n is not None:
+            key = (r.get("op"), r.get("check"))
+            common[key] = common[key] & n if key in common else n
+    unit: dict[tuple, set[str]] = {}  # the mesh dims of size 1 where the op's check passed
+    for r in passing:
+        unit.setdefault((r.get("op"), r.get("check")), set()).update(d for d in ("dp", "cp", "tp") if int(r[d]) == 1)
+    for key, found in common.items():
+        common[key] = {n for n in found if set(n.removeprefix("1/").split("·")) <= unit.get(key, set())}
+    return [bool(n) and bool(common[(r.get("op"), r.get("check"))]) for r, n in zip(rows, names)]
+
+
+def apart_by_scale(symptoms: list[dict]) -> list[list[dict]]:
+    """An op's wrong answers as two groups to read apart, those exactly a mesh size times the right ones and the
+    others (a gradient reduced twice is a root of its own beside another bug of the same check and condition)."""
+    scaled = [s for s in symptoms if s["kind"] == SCALED_BY_MESH]
+    return [g for g in (scaled, [s for s in symptoms if s["kind"] != SCALED_BY_MESH]) if g]
 
 
 def _item_scale(rows: list[dict]) -> float | None:
