@@ -35,8 +35,9 @@ MOE_MODELS = ("qwen3_moe", "mixtral")
 MOE_DTYPES = ("float64", "float32")
 # The built-in MoE models' routers route with a margin (widen_routing), so bfloat16 flips no top-k.  Mixtral's router
 # hands the experts float32 routing weights whatever the model's dtype (no cast back, unlike Qwen3-MoE's router), so a
-# float64 step is float32-accurate from its first MoE layer on: no float64 (as torchtitan's RoPE, suites/titan.py).
-MODEL_DTYPES = {"mixtral": ("float32", "bfloat16")}
+# float64 step is float32-accurate from its first MoE layer on: its float64 items get float32's budgets
+# (ModelCase.compute_dtype; as torchtitan's RoPE, suites/titan.py).
+COMPUTE_DTYPES = {"mixtral": torch.float32}
 
 
 def hf_missing() -> str | None:

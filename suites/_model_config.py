@@ -122,8 +122,9 @@ def cases(path: str) -> list[ModelCase]:
     def ep_fits(t) -> bool:
         return tp_fits(t) and experts % t.tp == 0
 
-    # routers without a margin: no bfloat16 with experts; a type whose float64 step is float32-accurate: no float64
-    dtypes = tuple(d for d in (hf.MOE_DTYPES if experts else hf.DTYPES) if d in hf.MODEL_DTYPES.get(cfg.model_type, d))
+    # routers without a margin: no bfloat16 with experts; a type whose float64 step is float32-accurate: float64 items
+    # judged with float32's budgets
+    dtypes = hf.MOE_DTYPES if experts else hf.DTYPES
 
     def case(expert_parallel: bool) -> ModelCase:
         return ModelCase(
@@ -139,6 +140,7 @@ def cases(path: str) -> list[ModelCase]:
             unchecked_modules=(EXPERT_ACT,) if expert_parallel else (),
             supports=ep_fits if expert_parallel else tp_fits,
             dtypes=dtypes,
+            compute_dtype=hf.COMPUTE_DTYPES.get(cfg.model_type),
             params={"model_config": str(Path(path).expanduser().resolve()), "model_type": cfg.model_type},
         )
 

@@ -40,8 +40,11 @@ from shardcheck.suites import _routing as routing
 VOCAB, DIM, LAYERS, HEADS, BATCH, SEQ = 32, 16, 2, 4, 4, 8  # BATCH: every DP size up to 4; MLP hidden 2 x DIM
 EXPERTS, TOP_K = 4, 2  # each expert's hidden dim DIM
 MOE_MODELS = ("qwen3_moe",)
-DTYPES = ("float32", "bfloat16")  # not float64: torchtitan's RoPE computes in float32 (suites/titan.py)
-MOE_DTYPES = DTYPES  # every router routes with a margin (suites/_routing.py): bfloat16 flips no top-k
+DTYPES = ("float64", "float32", "bfloat16")
+COMPUTE_DTYPE = torch.float32  # torchtitan's RoPE computes in float32: a float64 item gets float32's budgets
+# Under FSDP torchtitan takes its parameter dtype by name from TORCH_DTYPE_MAP (training.mixed_precision_param), which
+# has no float64: its FSDP (and CP, reduced by FSDP) layouts run in float32 and bfloat16.
+FSDP_DTYPES = ("float32", "bfloat16")
 HEAD_DIM = DIM // HEADS
 
 

@@ -20,9 +20,9 @@ float32 and bfloat16 at world sizes 1, 2, 4:
   FSDP and TP; the same double division in float64;
 - `qwen3_moe-ep-allreduce`: the same plan with `ep_implementation="all_reduce"` (each rank runs its experts on the
   shared batch, outputs summed; the router weights' gradient summed over EP in the backward);
-- `mixtral-tp`, `mixtral-ep`: Mixtral under the same two plans (its experts as Qwen3-MoE's: 4 of 16, top 2), in float32
-  and bfloat16: its router hands the experts float32 routing weights whatever the model's dtype, so a float64 step
-  is float32-accurate (`MODEL_DTYPES`).
+- `mixtral-tp`, `mixtral-ep`: Mixtral under the same two plans (its experts as Qwen3-MoE's: 4 of 16, top 2): its
+  router hands the experts float32 routing weights whatever the model's dtype, so a float64 step is float32-accurate
+  and judged with float32's budgets (`COMPUTE_DTYPES`).
 
 A router's top-k is a discrete choice: two correct runs that round differently (the sharded one and the single-device
 one, in bfloat16) could send a token to different experts.  The MoE models' routers are drawn so that every token of
@@ -125,7 +125,8 @@ def case(
         supports=supports,
         input_layouts=batch if fsdp else {},
         loss_layout=Layout(dp=Partial("avg")) if fsdp else Layout(),
-        dtypes=hf.MODEL_DTYPES.get(model, hf.DTYPES),
+        dtypes=hf.DTYPES,
+        compute_dtype=hf.COMPUTE_DTYPES.get(model),
         skip_reason=hf.hf_missing(),
         xfail=xfail,
         hsdp=hsdp,

@@ -18,9 +18,11 @@ module (docs/model-cases.md), at world sizes 1, 2, 4:
 - `llama3-tp-spmd_types`: `llama3-tp` under torchtitan's default backend, spmd_types (the gradient at the final
   norm's output unchecked: each rank's summand over TP there).
 
-Dtypes: float32 and bfloat16.  float64 is left out: torchtitan's RoPE computes in float32 whatever the model's dtype
+Dtypes: float64, float32 and bfloat16.  torchtitan's RoPE computes in float32 whatever the model's dtype
 (`query.float()`, torchtitan/models/common/rope.py), so a float64 step is float32-accurate from the first attention
-on, and the sharded and single-device steps differ there by a float32 ulp (docs/third-party-models.md).  The MoE
+on, and the sharded and single-device steps differ there by a float32 ulp: float64 items are judged with float32's
+budgets (`ModelCase(compute_dtype=torch.float32)`, docs/third-party-models.md).  The FSDP and CP cases run in float32
+and bfloat16 only: torchtitan names FSDP's parameter dtype from a map without float64.  The MoE
 model's routers route every token of the case's inputs with a margin (suites/_routing.py), so no top-k flips between
 two correct bfloat16 runs that round differently.
 
@@ -98,13 +100,13 @@ def case(
     # "headtail" load balancer, torch's _HeadTailLoadBalancer: HeadTail's chunks)
     rows = Layout(dp=Shard(0), cp=HeadTail(1)) if context_parallel else Layout(dp=Shard(0))
     batch = {"tokens": rows, "labels": rows} | ({"positions": rows} if context_parallel else {})
-    moe = model in titan.MOE_MODELS
     # the experts' rows under FSDP (EP or not) are this rank's batch's tokens sorted by expert: no layout maps them
     whole_rows = not (expert_parallel or fsdp)
     return ModelCase(
         op=f"{FAMILY}.parallelize",
         case_id=case_id or name,
-        dtypes=titan.MOE_DTYPES if moe else titan.DTYPES,
+        dtypes=titan.FSDP_DTYPES if fsdp else titan.DTYPES,  # (every MoE router routes with a margin: _routing.py)
+        compute_dtype=titan.COMPUTE_DTYPE,
         # the experts' rows: under TP each rank's summand (the hidden dim split), under EP or FSDP the tokens routed to
         # this rank's experts (no layout maps them; the routed experts' output is compared)
         param_layouts=plan.layouts,

@@ -61,7 +61,7 @@ def test_torchtitan_llama3_under_its_own_parallelize_with_tp_fsdp_and_cp_passes_
         *(a for c in cases for a in ("--case", c)),
         *(a for t in topologies for a in ("--topology", t)),
         "--dtype",
-        "float32",
+        "float64,float32",
     )
     assert run.returncode == 0, run.stdout[-3000:]
     rows = run.rows
@@ -72,6 +72,10 @@ def test_torchtitan_llama3_under_its_own_parallelize_with_tp_fsdp_and_cp_passes_
         ("llama3-cp-tp-sp", 1, 2, 1),
         ("llama3-tp-spmd_types", 1, 1, 2),  # torchtitan's default backend: plain local parameters
     }
+    # float64 under float32's budgets (torchtitan's RoPE rounds to float32) where torchtitan takes float64: not under
+    # FSDP, whose parameter dtype it names from a map without float64
+    float64 = set(rows[rows["dtype"] == "float64"]["case_id"])
+    assert float64 == {"llama3-tp-sp", "llama3-tp-spmd_types"}, float64
     for case in cases:
         checks = set(rows[rows["case_id"] == case]["check"])
         assert {"forward:dparam:layers.0.attention_norm.weight", "forward:step:lm_head.weight"} <= checks
@@ -312,9 +316,10 @@ def test_the_third_party_suites_run_when_named_not_in_a_plain_run():
 
 
 @needs_hf
-def test_a_users_moe_config_takes_no_bfloat16_and_a_users_mixtral_no_float64(tmp_path):
+def test_a_users_moe_config_takes_no_bfloat16_and_a_users_mixtral_float32_budgets(tmp_path):
     """--model-config: routers that are the user's (no margin) leave bfloat16 out with experts, and Mixtral's router
-    (float32 routing weights in a float64 model) leaves float64 out; a dense model takes the three dtypes."""
+    (float32 routing weights in a float64 model) gives its float64 items float32's budgets; a dense model takes the
+    three dtypes with their own."""
     import transformers
 
     from shardcheck.suites import _model_config
@@ -328,11 +333,11 @@ def test_a_users_moe_config_takes_no_bfloat16_and_a_users_mixtral_no_float64(tmp
     dtypes = {}
     for name, cfg in configs.items():
         cfg.save_pretrained(tmp_path / name)
-        dtypes[name] = {c.dtypes for c in _model_config.cases(str(tmp_path / name))}
+        dtypes[name] = {(c.dtypes, c.compute_dtype) for c in _model_config.cases(str(tmp_path / name))}
     assert dtypes == {
-        "llama": {("float64", "float32", "bfloat16")},
-        "qwen3_moe": {("float64", "float32")},
-        "mixtral": {("float32",)},
+        "llama": {(("float64", "float32", "bfloat16"), None)},
+        "qwen3_moe": {(("float64", "float32"), None)},
+        "mixtral": {(("float64", "float32"), torch.float32)},
     }
 
 

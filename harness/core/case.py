@@ -143,7 +143,8 @@ class Case:
     # What one low-precision budget covers: a row of each output and gradient (the last dim), or the whole tensor.
     budget_scope: BudgetScope = BudgetScope.ROW
     # The dtype the outputs are computed in where it is below theirs (a model step under a mixed-precision policy: bf16
-    # work, float32 gradients and parameters): their budgets are that dtype's.  None: each output's own dtype.
+    # work, float32 gradients and parameters; a model whose RoPE rounds to float32): their budgets are that dtype's
+    # where it is the narrower (judge.Budget.budget_dtype).  None: each output's own dtype.
     compute_dtype: torch.dtype | None = None
 
     # ---- where it runs

@@ -170,6 +170,9 @@ class ModelCase:
     # runs under it too (train_step._low_precision), every budget is param_dtype's (Case.compute_dtype), and float64
     # items are left out.
     mixed_precision: MixedPrecisionPolicy | None = None
+    # The dtype the model's own math rounds to somewhere, whatever the item's (torchtitan's RoPE computes in float32):
+    # an item in a wider dtype is judged with this one's budgets (Case.compute_dtype), narrower items with their own.
+    compute_dtype: torch.dtype | None = None
     dtypes: tuple[str, ...] = ("float64", "float32", "bfloat16")
     supports: Callable[[Topology], bool] = lambda topology: True
     context_parallel: bool | None = None
@@ -212,7 +215,7 @@ class ModelCase:
             output_names=("loss",),
             output_layouts=(REPLICATED,),
             budget_scope=BudgetScope.TENSOR,
-            compute_dtype=self.mixed_precision.param_dtype if self.mixed_precision is not None else None,
+            compute_dtype=self.mixed_precision.param_dtype if self.mixed_precision is not None else self.compute_dtype,
             dtypes=self._dtypes(),
             supports=self.supports,
             context_parallel=self._uses_cp(),

@@ -48,10 +48,18 @@ class Budget:
     kept: dict | None = dataclasses.field(default=None, compare=False, repr=False)  # its golden's (Golden.budgets)
     input_scale: float = 0.0  # the largest magnitude of the inputs that made it (Golden.input_scale): an all-zero floor
 
+    @property
+    def budget_dtype(self) -> torch.dtype:
+        """The item's dtype, or the compute dtype where it is the narrower (a bfloat16 item under a float32 compute
+        dtype keeps bfloat16's budget)."""
+        if self.compute_dtype is None or torch.finfo(self.compute_dtype).eps <= torch.finfo(self.dtype).eps:
+            return self.dtype
+        return self.compute_dtype
+
     def full(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """compare.budget of the whole tensor, worked out once per golden where `kept` is the golden's: every
         topology of a launch judges the same golden tensors (GoldenCache keeps the golden across them)."""
-        args = (self.gold_full, self.ref_full, self.compute_dtype or self.dtype, self.scope, self.kind_scale)
+        args = (self.gold_full, self.ref_full, self.budget_dtype, self.scope, self.kind_scale)
         if self.kept is None:
             return budget(*args, self.input_scale)
         key = (id(self.gold_full), id(self.ref_full), *args[2:], self.input_scale)
