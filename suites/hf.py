@@ -62,8 +62,9 @@ def _with_dp(t) -> bool:
 
 
 def _ep_from_dp(t) -> bool:
-    """EP borrowed from FSDP: ep == fsdp over dp (2 or 4), tp 1 (efsdp 1: each expert whole on one rank)."""
-    return _with_dp(t) and t.tp == 1
+    """EP borrowed from FSDP: ep == fsdp over dp (2 or 4; under HSDP the shard group's dp / dp_replicate, at least 2),
+    tp 1 (efsdp 1: each expert whole on one rank)."""
+    return _with_dp(t) and t.tp == 1 and t.dp // t.dp_replicate > 1
 
 
 def _ep_over_dp_tp(t) -> bool:
@@ -180,6 +181,7 @@ def cases(quick: bool = False) -> list[ModelCase]:
             expert_parallel=True,
             case_id="qwen3_moe-fsdp-ep-from-dp",
             fsdp=True,
+            hsdp=True,
             ep_ranks=ExpertRanks.DP,
             xfail=FSDP2_DOUBLE_DIVIDE,
         ),

@@ -129,7 +129,8 @@ def test_transformers_hsdp_and_ep_over_the_whole_dp_x_tp_and_over_part_of_dp_pas
     """One launch of 4 ranks in float32: Llama under Transformers' FSDP as HSDP (dp_replicate_size 2 x fsdp_size 2:
     its dense mesh's dp_replicate dim from ctx.data_mesh()); Qwen3-MoE with EP over the whole dp 2 x tp 2 (ep 4,
     efsdp 1: the EP group is a process group of the four ranks) and its dense layers under FSDP and TP; and with EP
-    on part of dp 4 (the topology's ep 2: efsdp 2, the experts FSDP-sharded over the harness's edp group)."""
+    on part of dp 4 (the topology's ep 2: efsdp 2, the experts FSDP-sharded over the harness's edp group); and EP
+    borrowed from FSDP under HSDP (dp_replicate 2 x fsdp 2: ep 2 over each shard group, efsdp 1)."""
     from shardcheck.harness.core.topology import Topology
     from shardcheck.suites import _hf_models as hf
 
@@ -137,14 +138,15 @@ def test_transformers_hsdp_and_ep_over_the_whole_dp_x_tp_and_over_part_of_dp_pas
     assert hf.degrees(hsdp, expert_parallel=False) == hf.Degrees(tp=1, fsdp=2, ep=1, dp_replicate=2)
     assert hf.degrees(dp_tp, True, hf.ExpertRanks.DP_TP) == hf.Degrees(tp=2, fsdp=2, ep=4, dp_replicate=1)
     assert hf.degrees(Topology(dp=4, ep=2), True, hf.ExpertRanks.EP_AXIS) == hf.Degrees(tp=1, fsdp=4, ep=2)
-    moe_cases = ("qwen3_moe-fsdp-ep-over-dp-tp", "qwen3_moe-fsdp-ep-part-of-dp")
+    assert hf.degrees(hsdp, True, hf.ExpertRanks.DP) == hf.Degrees(tp=1, fsdp=2, ep=2, dp_replicate=2)
+    moe_cases = ("qwen3_moe-fsdp-ep-over-dp-tp", "qwen3_moe-fsdp-ep-part-of-dp", "qwen3_moe-fsdp-ep-from-dp")
     run = run_shardcheck(
         "run",
         "--suite",
         "hf",
         "--case",
         "llama-fsdp-tp",
-        *("--case", moe_cases[0], "--case", moe_cases[1]),
+        *(a for case in moe_cases for a in ("--case", case)),
         *("--topology", "dp=4,cp=1,tp=1,dp_replicate=2", "--topology", "dp=2,cp=1,tp=2", "--topology", "dp=4,ep=2"),
         "--dtype",
         "float32",
@@ -158,6 +160,7 @@ def test_transformers_hsdp_and_ep_over_the_whole_dp_x_tp_and_over_part_of_dp_pas
         ("llama-fsdp-tp", 2, 2, 1, 1),
         (moe_cases[0], 2, 2, 1, 1),
         (moe_cases[1], 4, 1, 1, 2),
+        (moe_cases[2], 4, 1, 2, 1),  # (ep is Transformers' own here, not the topology's)
     }
     experts = {"forward:dparam:model.layers.0.mlp.experts.down_proj", "forward:dparam:model.layers.1.mlp.gate.weight"}
     for case in moe_cases:
