@@ -312,7 +312,9 @@ def _alive(pid: int) -> bool:
 def _exit_with_the_driver(driver: int) -> None:
     """End this rank once its driver is gone, whatever the rank is doing: a driver killed outright (SIGKILL, a CI
     job's cancel) cannot end its ranks, and one mid-item (computing the rest of its plan, or blocked in a collective
-    whose peer is gone, under PEER_WAIT's hour) would otherwise outlive it by minutes."""
+    whose peer is gone, under PEER_WAIT's hour) or waiting for its next plan would otherwise outlive it by minutes.
+    (The driver, not the parent: a forked rank's parent is the fork server, which lives as long as any process it
+    forked.)"""
 
     def watch() -> None:
         while _alive(driver):
@@ -322,14 +324,12 @@ def _exit_with_the_driver(driver: int) -> None:
     threading.Thread(target=watch, name="shardcheck-driver-watch", daemon=True).start()
 
 
-def _wait_for(path: Path, seconds: float, driver: int) -> bool:
-    """Whether `path` appeared within `seconds` while the driver (pid `driver`) lived: a rank orphaned by a driver
-    killed outright does not wait out the rest.  (The driver, not the parent: a forked rank's parent is the fork
-    server, which lives as long as any process it forked.)"""
+def _wait_for(path: Path, seconds: float) -> bool:
+    """Whether `path` appeared within `seconds` (a rank whose driver died meanwhile is ended by its driver watch)."""
     start = time.time()
     while not path.exists():
         waited = time.time() - start
-        if waited > seconds or not _alive(driver):
+        if waited > seconds:
             return False
         # 10 ms while a plan is due (the driver writes the next at once), 50 ms for a launch kept idle in a pool
         time.sleep(0.01 if waited < 1.0 else 0.05)
@@ -356,7 +356,7 @@ def serve(launch_dir: Path, plan_wait: float, device: str, backend: str, use_shi
     profile = None
     for k in itertools.count():
         path = launch_dir / f"plan{k}.json"
-        if not _wait_for(path, plan_wait, driver):
+        if not _wait_for(path, plan_wait):
             break
         text = path.read_text()
         if text == STOP:
