@@ -123,3 +123,37 @@ def test_a_pre_fix_gradient_reduced_twice_is_a_line_of_its_own_beside_another_wr
     assert scaled["checks"] == "grad:student_logits" and "rule: seed" in scaled["rule"], scaled
     assert "expected" in scaled["worst"] and "rank" in scaled["worst"], scaled["worst"]
     assert pre.causes[pre.causes["kind"] == "wrong values"].iloc[0]["checks"] == "grad:teacher_logits"
+
+
+def test_a_pre_fix_loss_without_its_temperature_factor_is_a_line_of_its_own(tmp_path):
+    """Issue 42, the pre-fix copies: the first upstream distillation loss had no T² factor (its loss and gradients
+    exactly 1/T² of the right ones at T != 1); its fixed copy kept another wrong gradient.  Both printed one "wrong
+    values" line.  Values exactly a power of a case parameter times the right ones, where the check passes at that
+    parameter's 1, are a root of their own ("wrong values, 1/temperature² times the right ones")."""
+    args = (
+        "run",
+        "--suite",
+        "kd_loss",
+        "--op",
+        "kd_loss.KDLoss",
+        "--case",
+        "group-b4s6v37-T[12]-nbltensor-chunk[04]-masked-tgrad",  # T = 1 shows the loss right, T = 2 its factor
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--dtype",
+        "float64",
+    )
+    pre = shardcheck(
+        *args, "--impl", f"kd_loss={BROKEN / 'kd_loss' / 'no_t2_teacher_grad_off_at_tp.py'}", out=tmp_path / "p"
+    )
+    fixed = shardcheck(
+        *args, "--impl", f"kd_loss={BROKEN / 'kd_loss' / 'teacher_grad_off_at_tp.py'}", out=tmp_path / "f"
+    )
+    assert pre.returncode == 1 and fixed.returncode == 1, pre.stdout + fixed.stdout
+    before, after = _lines(pre), _lines(fixed)
+    teacher = "fail kd_loss.KDLoss: wrong values"
+    assert after == {teacher}, after
+    assert before == {teacher, "fail kd_loss.KDLoss: wrong values, 1/temperature² times the right ones"}, before
+    scaled = pre.causes[pre.causes["kind"].str.contains("temperature")].iloc[0]
+    assert "grad:student_logits" in scaled["checks"] and "forward" in scaled["checks"], scaled
+    assert "rule: seed" in scaled["rule"] and "T2" in scaled["worst"], scaled["worst"]

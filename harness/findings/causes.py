@@ -68,7 +68,7 @@ from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, Phase, Status, Symptom, with_mesh_splits
 from shardcheck.harness.findings import model_order, shared_roots
-from shardcheck.harness.findings.common_factor import SCALED_BY_MESH, apart_by_scale, factor_text, scaled_by_mesh
+from shardcheck.harness.findings.common_factor import apart_by_scale, factor_text, is_scaled, scale_kinds
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
 from shardcheck.harness.findings.hang_skips import not_run, skipped_by_hangs, skipped_like
 from shardcheck.harness.findings.shared_roots import by_rule, ours_rule_of, same_rules, shared_key, worded
@@ -196,7 +196,7 @@ def _table(df: pd.DataFrame) -> list[dict]:
         return []
     records, passed = bad.to_dict("records"), df[df["status"] == Status.PASS].to_dict("records")
     bad = bad.assign(
-        _kind=[SCALED_BY_MESH if on else group_kind(r) for r, on in zip(records, scaled_by_mesh(records, passed))],
+        _kind=[scaled or group_kind(r) for r, scaled in zip(records, scale_kinds(records, passed))],
         _part=[check_part(r) for r in bad.to_dict("records")],
         _symptom=[symptom_of(r) for r in bad.to_dict("records")],
     )
@@ -287,7 +287,7 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, all_rows: pd.D
     records = rows.to_dict("records")
     symptom = records[0]["_symptom"]
     found = set(rows["_symptom"])
-    if found <= {Symptom.VALUES, Symptom.NONFINITE} and kind != SCALED_BY_MESH:
+    if found <= {Symptom.VALUES, Symptom.NONFINITE} and not is_scaled(kind):
         kind = "; ".join(x.words for x in (Symptom.VALUES, Symptom.NONFINITE) if x in found)
     signals = (
         {how.strip() for r in records for how in str(r.get("error_type")).split(",")}

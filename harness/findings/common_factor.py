@@ -16,6 +16,7 @@ from shardcheck.harness.core.model_case import step_order
 from shardcheck.harness.core.topology import topology_label
 
 SCALED_BY_MESH = "wrong values, a mesh size times the right ones"  # a line's kind (wording.group_kind)
+SCALED_BY_PARAMETER = "wrong values, {} times the right ones"  # a case parameter's power: '1/temperature²'
 
 # How closely a tensor's elements must share one scale, per dtype: its rounding, twice over.
 _TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "bfloat16": 2e-2}
@@ -87,11 +88,74 @@ def scaled_by_mesh(rows: list[dict], passing: list[dict]) -> list[bool]:
     return [bool(n) and bool(common[(r.get("op"), r.get("check"))]) for r, n in zip(rows, names)]
 
 
+def _parameter_names(f: float, row: dict, tol: float) -> set[str]:
+    """The powers of the row's numeric case parameters (p, 1/p, p², 1/p²; p > 0, p != 1) that f equals."""
+    params = row.get("params") if isinstance(row.get("params"), dict) else {}
+    names = set()
+    for name, p in params.items():
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not p > 0 or p == 1:
+            continue
+        for label, v in ((name, p), (f"1/{name}", 1 / p), (f"{name}²", p * p), (f"1/{name}²", 1 / (p * p))):
+            if abs(f - v) <= tol * v:
+                names.add(label)
+    return names
+
+
+def _parameter_of(label: str) -> str:
+    return label.removeprefix("1/").removesuffix("²")
+
+
+def scaled_by_parameter(rows: list[dict], passing: list[dict]) -> list[str | None]:
+    """For each failing row, the power of a case parameter its values are exactly times the right ones
+    ('1/temperature²'), as every other wrong value of its op's check is, where the check passes in an item of that
+    parameter at 1: a scale the op applies wrongly or not at all (a distillation loss without its T² factor), a root
+    of its own beside other wrong values of the same check.  None for the others."""
+    names = []
+    for r in rows:  # an op may compute float64 in float32: float32's rounding at least (as _mesh_scale_names)
+        f = _scale(r, whole_tensor=False) if r.get("symptom") == "values" else None
+        tol = max(_TOLERANCE["float32"], _TOLERANCE.get(str(r.get("dtype")), 0.0))
+        names.append(_parameter_names(f, r, tol) if f is not None else None)
+    common: dict[tuple, set[str] | None] = {}
+    for r, n in zip(rows, names):
+        if r.get("symptom") not in ("values", "nonfinite"):
+            continue
+        key = (r.get("op"), r.get("check"))
+        found = n if n is not None else set()
+        common[key] = common[key] & found if key in common else found
+    unit: dict[tuple, set[str]] = {}  # the parameters at 1 in an item where the op's check passed
+    for r in passing:
+        params = r.get("params") if isinstance(r.get("params"), dict) else {}
+        at_one = {k for k, v in params.items() if not isinstance(v, bool) and isinstance(v, (int, float)) and v == 1}
+        unit.setdefault((r.get("op"), r.get("check")), set()).update(at_one)
+    out = []
+    for r, n in zip(rows, names):
+        key = (r.get("op"), r.get("check"))
+        found = {x for x in common.get(key) or set() if _parameter_of(x) in unit.get(key, set())}
+        out.append(SCALED_BY_PARAMETER.format(sorted(found)[0]) if n and found else None)
+    return out
+
+
+def scale_kinds(rows: list[dict], passing: list[dict]) -> list[str | None]:
+    """For each failing row, its kind when its values are exactly a mesh size (SCALED_BY_MESH) or a case parameter's
+    power (SCALED_BY_PARAMETER) times the right ones, else None."""
+    by_parameter = scaled_by_parameter(rows, passing)
+    return [SCALED_BY_MESH if on else kind for on, kind in zip(scaled_by_mesh(rows, passing), by_parameter)]
+
+
+def is_scaled(kind: str) -> bool:
+    """Whether a line's kind is values exactly a mesh size's or a case parameter's power times the right ones."""
+    prefix, suffix = SCALED_BY_PARAMETER.split("{}")
+    return kind == SCALED_BY_MESH or (kind.startswith(prefix) and kind.endswith(suffix))
+
+
 def apart_by_scale(symptoms: list[dict]) -> list[list[dict]]:
-    """An op's wrong answers as two groups to read apart, those exactly a mesh size times the right ones and the
-    others (a gradient reduced twice is a root of its own beside another bug of the same check and condition)."""
-    scaled = [s for s in symptoms if s["kind"] == SCALED_BY_MESH]
-    return [g for g in (scaled, [s for s in symptoms if s["kind"] != SCALED_BY_MESH]) if g]
+    """An op's wrong answers as groups to read apart: those exactly a mesh size times the right ones, those exactly one
+    power of a case parameter times them (one group each), and the others (a gradient reduced twice, a missing T²: a
+    root of its own beside another bug of the same check and condition)."""
+    groups: dict[str, list[dict]] = {}
+    for s in symptoms:
+        groups.setdefault(s["kind"] if is_scaled(s["kind"]) else "", []).append(s)
+    return [groups[k] for k in sorted(groups, key=lambda k: (k == "", k))]
 
 
 def _item_scale(rows: list[dict]) -> float | None:
