@@ -164,6 +164,25 @@ def _dtensor(ctx, local: torch.Tensor, full_shape) -> DTensor:
     )
 
 
+# KDLoss's documented defaults (the seed's signature): a caller leaves them out.
+SEED_DEFAULTS = {"ignore_index": -100, "temperature": 1.0, "fp32_upcast": True, "tp_group": None, "chunk_size": 0}
+
+
+def _constructor_kwargs(spec: Spec, tp_group) -> dict:
+    """KDLoss's arguments as its callers pass them: those the case sets away from the seed's defaults.  A version
+    without a later parameter (chunk_size, tp_group) is then judged on the values of every case that does not use
+    it, and the cases that do raise on the signature's line (a missing T² in a version older than chunk_size was
+    hidden behind the TypeError of passing chunk_size=0)."""
+    given = {
+        "ignore_index": spec.ignore_index,
+        "temperature": spec.temperature,
+        "fp32_upcast": spec.fp32_upcast,
+        "tp_group": tp_group,
+        "chunk_size": spec.chunk,
+    }
+    return {name: value for name, value in given.items() if value != SEED_DEFAULTS[name]}
+
+
 def _run(spec: Spec):
     def run(impl, ctx, x):
         student, teacher = x["student_logits"], x["teacher_logits"]
@@ -173,13 +192,7 @@ def _run(spec: Spec):
             teacher = _dtensor(ctx, teacher, ctx.full_shapes["teacher_logits"])
         elif spec.mode == "group":
             tp_group = ctx.group("tp")
-        loss_fn = impl.KDLoss(
-            ignore_index=spec.ignore_index,
-            temperature=spec.temperature,
-            fp32_upcast=spec.fp32_upcast,
-            tp_group=tp_group,
-            chunk_size=spec.chunk,
-        )
+        loss_fn = impl.KDLoss(**_constructor_kwargs(spec, tp_group))
         nbl = x.get("num_batch_labels")
         if spec.nbl == "int":
             nbl = int(nbl)

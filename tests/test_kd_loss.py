@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import BROKEN, IMPLS
+from helpers import BROKEN, IMPLS, shardcheck
 
 from shardcheck.reference import kd_loss as ref
 
@@ -220,6 +220,38 @@ def test_broken_t_not_t2(run_shardcheck):
     assert row["mismatch"]["got"] == pytest.approx(row["mismatch"]["expected"] / 2, rel=1e-9)  # T instead of T²
     dp_sum = _row(rows, "dtensor-b4s6v37-T2", "property:dp_sum", 2, 2)
     assert dp_sum["status"] == "fail"
+
+
+def test_an_older_api_is_called_as_its_callers_call_it(tmp_path):
+    """Issue 42, the pre-fix copies: KDLoss is built with the arguments a case sets away from the seed's defaults
+    only, so a version older than `chunk_size` (upstream's first KD losses) is judged on the values of every case
+    without chunking; passing chunk_size=0 made each of its calls a TypeError and hid its missing T² factor."""
+    run = shardcheck(
+        "run",
+        "--suite",
+        "kd_loss",
+        "--op",
+        "kd_loss.KDLoss",
+        "--case",
+        "plain-b4s6v37-T1-nbltensor-chunk0-masked",
+        "--case",
+        "plain-b4s6v37-T1-nbltensor-chunk3-masked-teacher-inf",
+        "--topology",
+        "dp=1,cp=1,tp=1",
+        "--dtype",
+        "float64",
+        "--impl",
+        f"kd_loss={BROKEN / 'kd_loss' / 'before_chunk_size.py'}",
+        out=tmp_path / "run",
+    )
+    assert run.returncode == 1, run.stdout
+    rows = run.rows
+    judged = rows[rows["case_id"] == "plain-b4s6v37-T1-nbltensor-chunk0-masked"]
+    assert len(judged) and (judged["status"] == "pass").all(), judged[["check", "status", "message"]]
+    chunked = rows[rows["case_id"] == "plain-b4s6v37-T1-nbltensor-chunk3-masked-teacher-inf"]
+    assert (chunked[chunked["check"] == "forward"]["status"] == "error").all()
+    assert "unexpected keyword argument 'chunk_size'" in chunked.iloc[0]["error_message"]
+    assert any("missing parameter(s) chunk_size" in k for k in run.causes["kind"]), run.causes["kind"]
 
 
 def test_broken_mean_includes_ignored(run_shardcheck):
