@@ -105,23 +105,36 @@ def _parameter_of(label: str) -> str:
     return label.removeprefix("1/").removesuffix("²")
 
 
+def _parameter_evidence(row: dict) -> set[str] | None:
+    """The case parameter powers a failing row's values are times the right ones at its worst element (an empty set: a
+    wrong value of no such scale); None where the row holds no tensor to read (a property, a loss judged by a
+    message).  An op may compute float64 in float32: float32's rounding at least (as _mesh_scale_names)."""
+    if row.get("symptom") == "nonfinite":
+        return set()
+    mismatch = row.get("mismatch") if isinstance(row.get("mismatch"), dict) else {}
+    if row.get("symptom") != "values" or not all(isinstance(mismatch.get(k), float) for k in ("expected", "got")):
+        return None
+    f = _scale(row, whole_tensor=False)
+    tol = max(_TOLERANCE["float32"], _TOLERANCE.get(str(row.get("dtype")), 0.0))
+    return _parameter_names(f, row, tol) if f is not None else set()
+
+
+def _item_of(row: dict) -> tuple:
+    return (row.get("op"), *(str(row.get(k)) for k in _ITEM))
+
+
 def scaled_by_parameter(rows: list[dict], passing: list[dict]) -> list[str | None]:
     """For each failing row, the power of a case parameter its values are exactly times the right ones
     ('1/temperature²'), as every other wrong value of its op's check is, where the check passes in an item of that
     parameter at 1: a scale the op applies wrongly or not at all (a distillation loss without its T² factor), a root
-    of its own beside other wrong values of the same check.  None for the others."""
-    names = []
-    for r in rows:  # an op may compute float64 in float32: float32's rounding at least (as _mesh_scale_names)
-        f = _scale(r, whole_tensor=False) if r.get("symptom") == "values" else None
-        tol = max(_TOLERANCE["float32"], _TOLERANCE.get(str(r.get("dtype")), 0.0))
-        names.append(_parameter_names(f, r, tol) if f is not None else None)
-    common: dict[tuple, set[str] | None] = {}
+    of its own beside other wrong values of the same check.  A failing row with no tensor to read (property:dp_sum)
+    in an item so scaled is of that root too.  None for the others."""
+    names = [_parameter_evidence(r) for r in rows]
+    common: dict[tuple, set[str]] = {}
     for r, n in zip(rows, names):
-        if r.get("symptom") not in ("values", "nonfinite"):
-            continue
-        key = (r.get("op"), r.get("check"))
-        found = n if n is not None else set()
-        common[key] = common[key] & found if key in common else found
+        if n is not None:
+            key = (r.get("op"), r.get("check"))
+            common[key] = common[key] & n if key in common else n
     unit: dict[tuple, set[str]] = {}  # the parameters at 1 in an item where the op's check passed
     for r in passing:
         params = r.get("params") if isinstance(r.get("params"), dict) else {}
@@ -130,9 +143,13 @@ def scaled_by_parameter(rows: list[dict], passing: list[dict]) -> list[str | Non
     out = []
     for r, n in zip(rows, names):
         key = (r.get("op"), r.get("check"))
-        found = {x for x in common.get(key) or set() if _parameter_of(x) in unit.get(key, set())}
+        found = {x for x in common.get(key, set()) if _parameter_of(x) in unit.get(key, set())}
         out.append(SCALED_BY_PARAMETER.format(sorted(found)[0]) if n and found else None)
-    return out
+    by_item = {_item_of(r): kind for r, kind in zip(rows, out) if kind}
+    return [
+        kind or (by_item.get(_item_of(r)) if n is None and r.get("status") == "fail" else None)
+        for r, n, kind in zip(rows, names, out)
+    ]
 
 
 def scale_kinds(rows: list[dict], passing: list[dict]) -> list[str | None]:
