@@ -24,6 +24,7 @@ ON_TIME_TIMEOUT_S = 5.0  # for barriers every rank reaches at once: returns as s
 SLACK_S = 2.0  # scheduling slack on a loaded machine, on top of a timeout
 BLOCK_S = 0.2  # time a rank spends inside a FirstRankPerNode block
 STAGGER_S = 0.3  # rank r arrives at barrier_and_log r·STAGGER_S late
+FAILURE = "failure inside"  # the words of the exception a FirstRankPerNode block raises
 
 
 # ---- scenarios --------------------------------------------------------------------------------
@@ -34,7 +35,7 @@ def first_rank_scenario(proc: RankProcess, impl_ref: str, raising_rank: int) -> 
     with impl.FirstRankPerNode() as first:
         proc.event("enter", first=first)
         if proc.rank == raising_rank:
-            raise RuntimeError(f"failure inside the FirstRankPerNode block on rank {proc.rank}")
+            raise RuntimeError(f"{FAILURE} the FirstRankPerNode block on rank {proc.rank}")
         time.sleep(BLOCK_S)
         proc.event("leave")
     proc.event("after", process_group=dist.is_initialized())
@@ -166,10 +167,17 @@ def judge_first_rank_order(run: ProcessRun) -> list[Property]:
     ]
 
 
+def _logged_error(r: RankOutcome) -> str | None:
+    """The first error this rank logged that names the block's exception: an op that ends the job with a bare
+    SystemExit after logging the exception (upstream's fix of its `quit(1)`) still names what failed."""
+    return next((rec.message for rec in r.logs if rec.level in ("ERROR", "CRITICAL") and FAILURE in rec.message), None)
+
+
 def judge_first_rank_raise(run: ProcessRun, raising_rank: int) -> list[Property]:
     survivors = [r for r in run.ranks if r.killed or r.exitcode == 0]
     origin = run.origin()
-    named = origin is not None and origin.rank == raising_rank and "failure inside" in (origin.error or "")
+    logged = _logged_error(origin) if origin is not None else None
+    named = origin is not None and origin.rank == raising_rank and (FAILURE in (origin.error or "") or bool(logged))
     went_on = [r.rank for r in run.ranks if r.event("after") is not None]
     return [
         Property(
@@ -188,7 +196,9 @@ def judge_first_rank_raise(run: ProcessRun, raising_rank: int) -> list[Property]
             "error_names_rank",
             named,
             None,
-            f"origin: {origin.describe() if origin else 'none'} (expected rank {raising_rank}'s RuntimeError)",
+            f"origin: {origin.describe() if origin else 'none'}"
+            + (f", logged {logged!r}" if logged else ", nothing logged")
+            + f" (expected rank {raising_rank}'s RuntimeError)",
         ),
     ]
 

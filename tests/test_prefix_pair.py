@@ -123,3 +123,35 @@ def test_a_pre_fix_gradient_reduced_twice_is_a_line_of_its_own_beside_another_wr
     assert scaled["checks"] == "grad:student_logits" and "rule: seed" in scaled["rule"], scaled
     assert "expected" in scaled["worst"] and "rank" in scaled["worst"], scaled["worst"]
     assert pre.causes[pre.causes["kind"] == "wrong values"].iloc[0]["checks"] == "grad:teacher_logits"
+
+
+def test_a_pre_fix_quit_on_rank_0_is_a_line_its_logged_exit_does_not_print(tmp_path):
+    """Issue 42, the pre-fix copies (distributed_utils): upstream's FirstRankPerNode ended rank 0 with `quit(1)` when
+    its block raised, losing the exception; its fix logs it first, then raises SystemExit(1) from it.  Both end the
+    rank with a bare SystemExit, so the fixed version was judged as losing the error too and the two printed the same
+    lines.  A rank that logged the block's exception names it: only the pre-fix copy prints the error_names_rank
+    line."""
+    args = (
+        "run",
+        "--suite",
+        "distributed_utils",
+        "--op",
+        "distributed_utils.FirstRankPerNode",
+        "--case",
+        "raises-on-rank-0",
+        "--topology",
+        "dp=1,cp=1,tp=1",
+    )
+    broken = BROKEN / "distributed_utils"
+    pre = shardcheck(*args, "--impl", f"distributed_utils={broken / 'quit_when_rank0_raises.py'}", out=tmp_path / "p")
+    fixed = shardcheck(
+        *args, "--impl", f"distributed_utils={broken / 'exit_logged_when_rank0_raises.py'}", out=tmp_path / "f"
+    )
+    assert pre.returncode == 1, pre.stdout  # a warn under a rule of ours: --strict
+    before, after = _lines(pre), _lines(fixed)
+    lost = "warn distributed_utils.FirstRankPerNode: property:error_names_rank does not hold"
+    assert before - after == {lost}, (before, after)
+    line = pre.causes[pre.causes["kind"].str.contains("error_names_rank")].iloc[0]
+    assert "SystemExit: 1, nothing logged (expected rank 0's RuntimeError)" in line["worst"], line["worst"]
+    named = fixed.rows[fixed.rows["check"] == "property:error_names_rank"]
+    assert len(named) and (named["status"] == "pass").all(), named
