@@ -9,6 +9,9 @@ killed and reported.
 
 from __future__ import annotations
 
+import builtins
+import os
+import re
 import time
 from datetime import timedelta
 
@@ -16,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from shardcheck import Property
+from shardcheck.harness.core.peer_failure import is_peer_failure
 from shardcheck.harness.core.processes import ProcessRun, RankOutcome, RankProcess, load_module
 
 PROCESS_DEADLINE_S = 20.0  # a fresh rank still running then is killed: a hang costs this much
@@ -99,6 +103,34 @@ def barrier_log_scenario(proc: RankProcess, impl_ref: str) -> None:
     proc.event("arrive")
     impl.barrier_and_log(LOG_MESSAGE)
     proc.event("return")
+
+
+# ---- a rank's own exception where the case raises nothing -------------------------------------
+
+
+_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+)', re.MULTILINE)
+
+
+def raise_what_a_rank_raised(run: ProcessRun, impl_file: str | None) -> ProcessRun:
+    """`run` where no rank's block is meant to raise; else the first rank's own exception (not a peer's closed
+    connection, a kill or a bare death) raised here as the case's error, at its line in the module under test: a
+    line of its own in the findings, split by its message, where the properties it made fail would fold two such
+    raises into one line (issue 42: a pre-fix FirstRankPerNode that cannot create its group, in a job and in a
+    single process)."""
+    origin = run.origin()
+    if origin is None or not origin.error or not origin.traceback or is_peer_failure(origin.error):
+        return run
+    name, _, message = origin.error.partition(": ")
+    frames = [(m["file"], int(m["line"])) for m in _FRAME.finditer(origin.traceback)]
+    ours = [f for f in frames if impl_file and os.path.samefile(f[0], impl_file)] if impl_file else []
+    where = (ours or frames or [("<rank>", 1)])[-1]
+    error_type = getattr(builtins, name, None)
+    if not (isinstance(error_type, type) and issubclass(error_type, Exception)):
+        error_type = type(name, (Exception,), {})  # a type of the module under test's: its name is what we show
+    # Raised from code compiled at the rank's file and line, so that the error row names where the rank raised.
+    code = compile("\n" * (where[1] - 1) + "raise error", where[0], "exec")
+    exec(code, {"error": error_type(f"{message} [fresh rank {origin.rank} of {len(run.ranks)}]")})
+    return run  # not reached: the code raises
 
 
 # ---- properties -------------------------------------------------------------------------------

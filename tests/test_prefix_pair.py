@@ -155,3 +155,38 @@ def test_a_pre_fix_quit_on_rank_0_is_a_line_its_logged_exit_does_not_print(tmp_p
     assert "SystemExit: 1, nothing logged (expected rank 0's RuntimeError)" in line["worst"], line["worst"]
     named = fixed.rows[fixed.rows["check"] == "property:error_names_rank"]
     assert len(named) and (named["status"] == "pass").all(), named
+
+
+def test_a_pre_fix_group_bootstrap_raise_is_a_line_per_message_not_folded_into_properties(tmp_path):
+    """Issue 42, the pre-fix copies (distributed_utils): an early FirstRankPerNode bootstrapped a process group it
+    could not create, raising on every rank of a job without a group and in a single process, where its fix made the
+    single process a plain block and created the job's group.  The properties those raises made fail were one line
+    with the copies' shared defect.  A rank's own exception where the case raises nothing is the case's error, at the
+    rank's line in the module under test: a line per message, which the fixed version (here ours) does not print."""
+    args = (
+        "run",
+        "--suite",
+        "distributed_utils",
+        "--op",
+        "distributed_utils.FirstRankPerNode",
+        "--case",
+        "2-nodes-of-2",
+        "--case",
+        "no-distributed",
+        "--topology",
+        "dp=1,cp=1,tp=1",
+    )
+    impl = f"distributed_utils={BROKEN / 'distributed_utils' / 'group_bootstrap_raises.py'}"
+    pre = shardcheck(*args, "--impl", impl, out=tmp_path / "p")
+    fixed = shardcheck(*args, out=tmp_path / "f")
+    assert pre.returncode == 1 and fixed.returncode == 0, pre.stdout + fixed.stdout
+    assert _lines(pre) == {
+        "error distributed_utils.FirstRankPerNode: ValueError: Default process group has not been initialized, please "
+        "make sure to call init_process_group. [fresh rank N of N]",
+        "error distributed_utils.FirstRankPerNode: ValueError: Error initializing torch.distributed using env:// "
+        "rendezvous: environment variable MASTER_ADDR expected, but not set [fresh rank N of N]",
+    }, _lines(pre)
+    where = {row.case_id: row.error_where for row in pre.rows.itertuples()}
+    assert where["2-nodes-of-2"].endswith("group_bootstrap_raises.py:24"), where
+    assert where["no-distributed"].endswith("group_bootstrap_raises.py:26"), where
+    assert _lines(fixed) == set()
