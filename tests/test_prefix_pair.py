@@ -190,3 +190,33 @@ def test_a_pre_fix_group_bootstrap_raise_is_a_line_per_message_not_folded_into_p
     assert where["2-nodes-of-2"].endswith("group_bootstrap_raises.py:24"), where
     assert where["no-distributed"].endswith("group_bootstrap_raises.py:26"), where
     assert _lines(fixed) == set()
+
+
+def test_a_pre_fix_copy_that_does_not_pad_warns_under_our_rule_not_the_seeds(tmp_path):
+    """Issue 42, the pre-fix copies (cp_utils): before make_cp_batch_and_ctx padded a sequence 2·CP does not divide,
+    torch's context_parallel sharded it in contiguous chunks with load balancing off (attention exact), and loss_mask
+    stayed the caller's.  Its layout rows failed citing the seed's "accordingly sharded" for what our rules choose (the
+    padding, loss_mask in the batch): an opinion labelled as the seed's.  They warn now, under our rule."""
+    run = shardcheck(
+        "run",
+        "--suite",
+        "cp_utils",
+        "--op",
+        "cp_utils.make_cp_batch_and_ctx",
+        "--case",
+        "layout-b2s10-pad-masks",
+        "--topology",
+        "dp=1,cp=2,tp=1",
+        "--dtype",
+        "float64",
+        "--impl",
+        f"cp_utils={BROKEN / 'cp_utils' / 'unpadded_contiguous.py'}",
+        out=tmp_path / "p",
+    )
+    assert run.returncode == 1, run.stdout  # --strict: a warning
+    bad = run.rows[run.rows["status"] != "pass"]
+    assert set(bad["status"]) == {"warn"} and set(bad["rule_source"]) == {"ours"}, bad[["check", "status"]]
+    assert {"property:inside:input_ids", "property:inside:loss_mask"} <= set(bad["check"])
+    ids = bad[bad["check"] == "property:inside:input_ids"].iloc[0]["message"]
+    assert "torch's contiguous chunk of the unpadded sequence" in ids, ids
+    assert [line.split(":")[0] for line in _lines(run)] == ["warn cp_utils.make_cp_batch_and_ctx"], _lines(run)
