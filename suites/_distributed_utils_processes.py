@@ -9,6 +9,9 @@ killed and reported.
 
 from __future__ import annotations
 
+import builtins
+import os
+import re
 import time
 from datetime import timedelta
 
@@ -16,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from shardcheck import Property
+from shardcheck.harness.core.peer_failure import is_peer_failure
 from shardcheck.harness.core.processes import ProcessRun, RankOutcome, RankProcess, load_module
 
 PROCESS_DEADLINE_S = 20.0  # a fresh rank still running then is killed: a hang costs this much
@@ -24,6 +28,7 @@ ON_TIME_TIMEOUT_S = 5.0  # for barriers every rank reaches at once: returns as s
 SLACK_S = 2.0  # scheduling slack on a loaded machine, on top of a timeout
 BLOCK_S = 0.2  # time a rank spends inside a FirstRankPerNode block
 STAGGER_S = 0.3  # rank r arrives at barrier_and_log r·STAGGER_S late
+FAILURE = "failure inside"  # the words of the exception a FirstRankPerNode block raises
 
 
 # ---- scenarios --------------------------------------------------------------------------------
@@ -34,7 +39,7 @@ def first_rank_scenario(proc: RankProcess, impl_ref: str, raising_rank: int) -> 
     with impl.FirstRankPerNode() as first:
         proc.event("enter", first=first)
         if proc.rank == raising_rank:
-            raise RuntimeError(f"failure inside the FirstRankPerNode block on rank {proc.rank}")
+            raise RuntimeError(f"{FAILURE} the FirstRankPerNode block on rank {proc.rank}")
         time.sleep(BLOCK_S)
         proc.event("leave")
     proc.event("after", process_group=dist.is_initialized())
@@ -98,6 +103,34 @@ def barrier_log_scenario(proc: RankProcess, impl_ref: str) -> None:
     proc.event("arrive")
     impl.barrier_and_log(LOG_MESSAGE)
     proc.event("return")
+
+
+# ---- a rank's own exception where the case raises nothing -------------------------------------
+
+
+_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+)', re.MULTILINE)
+
+
+def raise_what_a_rank_raised(run: ProcessRun, impl_file: str | None) -> ProcessRun:
+    """`run` where no rank's block is meant to raise; else the first rank's own exception (not a peer's closed
+    connection, a kill or a bare death) raised here as the case's error, at its line in the module under test: a
+    line of its own in the findings, split by its message, where the properties it made fail would fold two such
+    raises into one line (issue 42: a pre-fix FirstRankPerNode that cannot create its group, in a job and in a
+    single process)."""
+    origin = run.origin()
+    if origin is None or not origin.error or not origin.traceback or is_peer_failure(origin.error):
+        return run
+    name, _, message = origin.error.partition(": ")
+    frames = [(m["file"], int(m["line"])) for m in _FRAME.finditer(origin.traceback)]
+    ours = [f for f in frames if impl_file and os.path.samefile(f[0], impl_file)] if impl_file else []
+    where = (ours or frames or [("<rank>", 1)])[-1]
+    error_type = getattr(builtins, name, None)
+    if not (isinstance(error_type, type) and issubclass(error_type, Exception)):
+        error_type = type(name, (Exception,), {})  # a type of the module under test's: its name is what we show
+    # Raised from code compiled at the rank's file and line, so that the error row names where the rank raised.
+    code = compile("\n" * (where[1] - 1) + "raise error", where[0], "exec")
+    exec(code, {"error": error_type(f"{message} [fresh rank {origin.rank} of {len(run.ranks)}]")})
+    return run  # not reached: the code raises
 
 
 # ---- properties -------------------------------------------------------------------------------
@@ -166,10 +199,17 @@ def judge_first_rank_order(run: ProcessRun) -> list[Property]:
     ]
 
 
+def _logged_error(r: RankOutcome) -> str | None:
+    """The first error this rank logged that names the block's exception: an op that ends the job with a bare
+    SystemExit after logging the exception (upstream's fix of its `quit(1)`) still names what failed."""
+    return next((rec.message for rec in r.logs if rec.level in ("ERROR", "CRITICAL") and FAILURE in rec.message), None)
+
+
 def judge_first_rank_raise(run: ProcessRun, raising_rank: int) -> list[Property]:
     survivors = [r for r in run.ranks if r.killed or r.exitcode == 0]
     origin = run.origin()
-    named = origin is not None and origin.rank == raising_rank and "failure inside" in (origin.error or "")
+    logged = _logged_error(origin) if origin is not None else None
+    named = origin is not None and origin.rank == raising_rank and (FAILURE in (origin.error or "") or bool(logged))
     went_on = [r.rank for r in run.ranks if r.event("after") is not None]
     return [
         Property(
@@ -188,7 +228,9 @@ def judge_first_rank_raise(run: ProcessRun, raising_rank: int) -> list[Property]
             "error_names_rank",
             named,
             None,
-            f"origin: {origin.describe() if origin else 'none'} (expected rank {raising_rank}'s RuntimeError)",
+            f"origin: {origin.describe() if origin else 'none'}"
+            + (f", logged {logged!r}" if logged else ", nothing logged")
+            + f" (expected rank {raising_rank}'s RuntimeError)",
         ),
     ]
 

@@ -400,7 +400,8 @@ def _batch_layout_properties(ctx, full, local, outs):
     for k in ("input_ids", "labels", "position_ids", "loss_mask", "padding_mask"):
         expected = padded[k].expand(full["input_ids"].shape[0], -1) if k == "position_ids" else padded[k]
         where = f" (head-tail positions {index.tolist()} of {s_pad})"
-        props.append(_equal(f"inside:{k}", res["inside"].get(k), expected.index_select(1, index), where))
+        inside = _equal(f"inside:{k}", res["inside"].get(k), expected.index_select(1, index), where)
+        props.append(_ours_if_unpadded(inside, res["inside"].get(k), full, k, ctx))
         after = expected if k == "position_ids" else expected.index_select(1, index)  # only position_ids restored
         prop = _equal(f"after:{k}", res["after"].get(k), after, " after exit")
         got = res["after"].get(k)
@@ -408,6 +409,28 @@ def _batch_layout_properties(ctx, full, local, outs):
             prop.rule = _SHARDED  # restored or not as ours says, wrong values: the seed's, as inside the context
         props.append(prop)
     return props
+
+
+def _ours_if_unpadded(prop: Property, got, full: dict, key: str, ctx) -> Property:
+    """A buffer inside the context that is not the padded head-tail piece may still be what the seed asks: torch's
+    context_parallel itself, given a sequence not divisible by 2·CP, turns load balancing off and shards it in
+    contiguous chunks, attention exact (torch/distributed/tensor/experimental/_context_parallel/_load_balancer.py,
+    _create_default_load_balancer).  That piece, or loss_mask (an argument, not the batch) missing from the batch, is
+    the padding and the batch key of our rule: ours, not the seed's "accordingly sharded" (issue 42)."""
+    if prop.passed:
+        return prop
+    cp, r = ctx.size("cp"), ctx.rank("cp")
+    if got is None and key == "loss_mask":
+        prop.rule = ours(f"{DOC}#make_cp_batch_and_ctx")
+        prop.message += " (the loss_mask argument not returned in the batch: our rule returns it there)"
+        return prop
+    whole = full[key] if key != "position_ids" else torch.arange(full["input_ids"].shape[1])[None]
+    chunks = whole.chunk(cp, dim=1)
+    balanced = whole.shape[1] % (2 * cp) == 0  # then torch balances (head-tail): a contiguous chunk is wrong
+    if not balanced and r < len(chunks) and isinstance(got, torch.Tensor) and _equal(prop.name, got, chunks[r]).passed:
+        prop.rule = ours(f"{DOC}#make_cp_batch_and_ctx")
+        prop.message += " (got torch's contiguous chunk of the unpadded sequence, load balancing off: our rule pads)"
+    return prop
 
 
 def _ctx_layout_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:

@@ -54,6 +54,7 @@ from shardcheck.suites._distributed_utils_processes import (
     judge_late_rank,
     judge_no_distributed,
     late_rank_scenario,
+    raise_what_a_rank_raised,
 )
 from shardcheck.suites._fuzz_draws import topology as fuzz_topology
 
@@ -553,7 +554,8 @@ RAISING_RANKS = (2, 0)
 
 def process_cases() -> list[Case]:
     def first_rank_nodes(impl, ctx, x):
-        return run_ranks(first_rank_scenario, 4, nodes=2, args=(module_ref(impl), -1), deadline=PROCESS_DEADLINE_S)
+        run = run_ranks(first_rank_scenario, 4, nodes=2, args=(module_ref(impl), -1), deadline=PROCESS_DEADLINE_S)
+        return raise_what_a_rank_raised(run, getattr(impl, "__file__", None))
 
     def first_rank_raises(raising_rank: int):
         return lambda impl, ctx, x: run_ranks(
@@ -566,9 +568,10 @@ def process_cases() -> list[Case]:
         )
 
     def first_rank_single(impl, ctx, x):
-        return run_ranks(
+        run = run_ranks(
             first_rank_scenario, 1, args=(module_ref(impl), -1), distributed_env=False, deadline=PROCESS_DEADLINE_S
         )
+        return raise_what_a_rank_raised(run, getattr(impl, "__file__", None))
 
     def late_rank(impl, ctx, x):
         return run_ranks(

@@ -157,3 +157,100 @@ def test_a_pre_fix_loss_without_its_temperature_factor_is_a_line_of_its_own(tmp_
     scaled = pre.causes[pre.causes["kind"].str.contains("temperature")].iloc[0]
     assert "grad:student_logits" in scaled["checks"] and "forward" in scaled["checks"], scaled
     assert "rule: seed" in scaled["rule"] and "T2" in scaled["worst"], scaled["worst"]
+
+
+def test_a_pre_fix_quit_on_rank_0_is_a_line_its_logged_exit_does_not_print(tmp_path):
+    """Issue 42, the pre-fix copies (distributed_utils): upstream's FirstRankPerNode ended rank 0 with `quit(1)` when
+    its block raised, losing the exception; its fix logs it first, then raises SystemExit(1) from it.  Both end the
+    rank with a bare SystemExit, so the fixed version was judged as losing the error too and the two printed the same
+    lines.  A rank that logged the block's exception names it: only the pre-fix copy prints the error_names_rank
+    line."""
+    args = (
+        "run",
+        "--suite",
+        "distributed_utils",
+        "--op",
+        "distributed_utils.FirstRankPerNode",
+        "--case",
+        "raises-on-rank-0",
+        "--topology",
+        "dp=1,cp=1,tp=1",
+    )
+    broken = BROKEN / "distributed_utils"
+    pre = shardcheck(*args, "--impl", f"distributed_utils={broken / 'quit_when_rank0_raises.py'}", out=tmp_path / "p")
+    fixed = shardcheck(
+        *args, "--impl", f"distributed_utils={broken / 'exit_logged_when_rank0_raises.py'}", out=tmp_path / "f"
+    )
+    assert pre.returncode == 1, pre.stdout  # a warn under a rule of ours: --strict
+    before, after = _lines(pre), _lines(fixed)
+    lost = "warn distributed_utils.FirstRankPerNode: property:error_names_rank does not hold"
+    assert before - after == {lost}, (before, after)
+    line = pre.causes[pre.causes["kind"].str.contains("error_names_rank")].iloc[0]
+    assert "SystemExit: 1, nothing logged (expected rank 0's RuntimeError)" in line["worst"], line["worst"]
+    named = fixed.rows[fixed.rows["check"] == "property:error_names_rank"]
+    assert len(named) and (named["status"] == "pass").all(), named
+
+
+def test_a_pre_fix_group_bootstrap_raise_is_a_line_per_message_not_folded_into_properties(tmp_path):
+    """Issue 42, the pre-fix copies (distributed_utils): an early FirstRankPerNode bootstrapped a process group it
+    could not create, raising on every rank of a job without a group and in a single process, where its fix made the
+    single process a plain block and created the job's group.  The properties those raises made fail were one line
+    with the copies' shared defect.  A rank's own exception where the case raises nothing is the case's error, at the
+    rank's line in the module under test: a line per message, which the fixed version (here ours) does not print."""
+    args = (
+        "run",
+        "--suite",
+        "distributed_utils",
+        "--op",
+        "distributed_utils.FirstRankPerNode",
+        "--case",
+        "2-nodes-of-2",
+        "--case",
+        "no-distributed",
+        "--topology",
+        "dp=1,cp=1,tp=1",
+    )
+    impl = f"distributed_utils={BROKEN / 'distributed_utils' / 'group_bootstrap_raises.py'}"
+    pre = shardcheck(*args, "--impl", impl, out=tmp_path / "p")
+    fixed = shardcheck(*args, out=tmp_path / "f")
+    assert pre.returncode == 1 and fixed.returncode == 0, pre.stdout + fixed.stdout
+    assert _lines(pre) == {
+        "error distributed_utils.FirstRankPerNode: ValueError: Default process group has not been initialized, please "
+        "make sure to call init_process_group. [fresh rank N of N]",
+        "error distributed_utils.FirstRankPerNode: ValueError: Error initializing torch.distributed using env:// "
+        "rendezvous: environment variable MASTER_ADDR expected, but not set [fresh rank N of N]",
+    }, _lines(pre)
+    where = {row.case_id: row.error_where for row in pre.rows.itertuples()}
+    assert where["2-nodes-of-2"].endswith("group_bootstrap_raises.py:24"), where
+    assert where["no-distributed"].endswith("group_bootstrap_raises.py:26"), where
+    assert _lines(fixed) == set()
+
+
+def test_a_pre_fix_copy_that_does_not_pad_warns_under_our_rule_not_the_seeds(tmp_path):
+    """Issue 42, the pre-fix copies (cp_utils): before make_cp_batch_and_ctx padded a sequence 2·CP does not divide,
+    torch's context_parallel sharded it in contiguous chunks with load balancing off (attention exact), and loss_mask
+    stayed the caller's.  Its layout rows failed citing the seed's "accordingly sharded" for what our rules choose (the
+    padding, loss_mask in the batch): an opinion labelled as the seed's.  They warn now, under our rule."""
+    run = shardcheck(
+        "run",
+        "--suite",
+        "cp_utils",
+        "--op",
+        "cp_utils.make_cp_batch_and_ctx",
+        "--case",
+        "layout-b2s10-pad-masks",
+        "--topology",
+        "dp=1,cp=2,tp=1",
+        "--dtype",
+        "float64",
+        "--impl",
+        f"cp_utils={BROKEN / 'cp_utils' / 'unpadded_contiguous.py'}",
+        out=tmp_path / "p",
+    )
+    assert run.returncode == 1, run.stdout  # --strict: a warning
+    bad = run.rows[run.rows["status"] != "pass"]
+    assert set(bad["status"]) == {"warn"} and set(bad["rule_source"]) == {"ours"}, bad[["check", "status"]]
+    assert {"property:inside:input_ids", "property:inside:loss_mask"} <= set(bad["check"])
+    ids = bad[bad["check"] == "property:inside:input_ids"].iloc[0]["message"]
+    assert "torch's contiguous chunk of the unpadded sequence" in ids, ids
+    assert [line.split(":")[0] for line in _lines(run)] == ["warn cp_utils.make_cp_batch_and_ctx"], _lines(run)
