@@ -405,10 +405,8 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
     cause the failure, and two different crashes stay two lines."""
     failing, ours = by_rule([s for s in symptoms if s["status"] in (Status.FAIL, Status.ERROR)])  # (docstring, 4)
     warnings = _same_items([s for s in symptoms if s["status"] not in (Status.FAIL, Status.ERROR)], passing, bad)
-    # the signature is of the module, found before any case ran: never one root with what a case computed
-    signature = [s for s in failing if s["symptoms"] == {Symptom.SIGNATURE}]
-    failing = [s for s in failing if s not in signature]
-    warnings = signature + warnings
+    signature = [s for s in failing if s["symptoms"] == {Symptom.SIGNATURE}]  # of the module: apart from any case's
+    failing, warnings = [s for s in failing if s not in signature], signature + warnings
     crashes = [s for s in failing if s["symptoms"] & set(CRASHES)]
     wrong = [s for s in failing if not s["symptoms"] & set(CRASHES)]
     warnings += [line for group in ours.values() for line in _wrong_answers(group, rows, passing, bad, crashes)]
