@@ -206,3 +206,14 @@ def test_an_older_signature_is_called_with_its_own_names_and_without_the_default
     )
     with pytest.raises(TypeError, match="chunk_size"):
         call(x, ids, 3, 6, tp_group="tp", chunk_size=4)
+
+    # a parameter the signature calls renamed but whose default differs is another parameter (NeMo-RL baa4caa's
+    # shift_and_slice=True where the seed has cp_group=None): the seed's default is left out, not passed to it
+    def older(
+        vocab_parallel_logits, target, vocab_start_index, vocab_end_index, group, inference_only=False, shift=True
+    ):
+        return (group, shift)
+
+    module = type("M", (), {"from_parallel_logits_to_logprobs": staticmethod(older)})
+    call = KeywordCalls(module, seed_mod).from_parallel_logits_to_logprobs
+    assert call(x, ids, 3, 6, tp_group="tp", cp_group=None) == ("tp", True)

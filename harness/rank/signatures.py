@@ -258,7 +258,12 @@ def _names_in(seed: inspect.Signature, impl: inspect.Signature | None) -> dict[s
     or takes **kwargs)."""
     if impl is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in impl.parameters.values()):
         return {n: n for n in seed.parameters}
-    renamed = renamed_parameters(seed, impl)
+    renamed = {  # taken as the same parameter only with the same default (required both, or equal defaults)
+        old: new
+        for old, new in renamed_parameters(seed, impl).items()
+        if _at_default(impl.parameters[new].default, seed.parameters[old])
+        or seed.parameters[old].default is impl.parameters[new].default is inspect.Parameter.empty
+    }
     return {n: renamed.get(n, n if n in impl.parameters else None) for n in seed.parameters}
 
 
