@@ -11,7 +11,9 @@ seed lacks or makes optional.  Extra optional parameters after the seed's serve 
 finding.
 
 The worker then calls a foreign module's ops by keyword wherever the seed names the parameter
-(`KeywordCalls`), so a re-ordered signature costs one finding, not a TypeError per item.
+(`KeywordCalls`), so a re-ordered signature costs one finding, not a TypeError per item; a renamed parameter
+(with the seed's default) goes by the module's name, and one the module lacks is left out where the call passes
+its default, so an older signature (a pre-fix copy's) is judged on its values.
 """
 
 from __future__ import annotations
