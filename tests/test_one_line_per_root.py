@@ -161,6 +161,15 @@ def test_a_rank_dying_of_one_signal_in_one_phase_is_one_line_across_ops_whatever
     table = causes(pd.DataFrame(rows))
     assert len(table) == 1, finding_lines(table)
     assert table.iloc[0]["kind"] == "a rank died (SIGABRT)" and set(table.iloc[0]["ops"]) == {op, wrapper}
+    # the wrapper's float32 item dying while judging, after its backward returned (the heap the in-place all_reduce
+    # corrupted; NeMo-RL's AllGatherCPTensor once its backward runs on a CPU machine): the same root, one line
+    judged = [
+        {**r, "phase": "judging", "error_type": "SIGSEGV"}
+        for r in rows
+        if r["op"] == wrapper and r["status"] == "error"
+    ]
+    table = causes(pd.DataFrame([r for r in rows if r["op"] != wrapper or r["status"] != "error"] + judged))
+    assert len(table) == 1 and set(table.iloc[0]["ops"]) == {op, wrapper}, finding_lines(table)
     # a death in another phase is another root
     rows += [died("model_utils.Forward", 2, 0, phase="forward"), passed("model_utils.Forward", 1, 0)]
     assert len(causes(pd.DataFrame(rows))) == 2

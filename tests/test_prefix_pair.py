@@ -239,6 +239,24 @@ def test_a_pre_fix_copy_that_does_not_pad_warns_under_our_rule_not_the_seeds(tmp
         "cp_utils.make_cp_batch_and_ctx",
         "--case",
         "layout-b2s10-pad-masks",
+def test_a_cp_gradient_cut_at_the_local_length_in_an_older_gpu_module_is_a_line_its_fix_does_not_print(tmp_path):
+    """Issue 42, the pre-fix copies: NeMo-RL's model_utils before a fix (anubhutivyas/RL 4f316ae, fixed in 0dfa998)
+    zeroed the CP all-gather's gradient past this rank's local length, so at cp ≥ 2 the tail chunks got none.  Both
+    copies name the TP group `group`, lack chunk_size and sampling_params, and read a pinned index tensor through
+    `.cuda()` in that backward: the calls by the seed's names raised TypeError and the backward raised on a CPU
+    machine, so both printed the same signature line and nothing else.  Called as a caller leaving those at their
+    defaults does, the GPU-only calls kept on the CPU (shims/cuda_calls.py) and the signature line kept apart from
+    the values, the pre-fix copy prints the zeroed gradient as a line of its own."""
+    args = (
+        "run",
+        "--suite",
+        "model_utils_cp",
+        "--op",
+        "model_utils.from_parallel_logits_to_logprobs",
+        "--case",
+        "cp-b2s16v33-target13-nofilter-chunkNone-scale300.0",
+        "--topology",
+        "dp=1,cp=1,tp=1",
         "--topology",
         "dp=1,cp=2,tp=1",
         "--dtype",
@@ -254,3 +272,16 @@ def test_a_pre_fix_copy_that_does_not_pad_warns_under_our_rule_not_the_seeds(tmp
     ids = bad[bad["check"] == "property:inside:input_ids"].iloc[0]["message"]
     assert "torch's contiguous chunk of the unpadded sequence" in ids, ids
     assert [line.split(":")[0] for line in _lines(run)] == ["warn cp_utils.make_cp_batch_and_ctx"], _lines(run)
+    )
+    cp = BROKEN / "model_utils_cp"
+    pre = shardcheck(*args, "--impl", f"model_utils={cp / 'gather_grad_cut_at_local_length.py'}", out=tmp_path / "p")
+    fixed = shardcheck(*args, "--impl", f"model_utils={cp / 'gather_grad_whole.py'}", out=tmp_path / "f")
+    assert pre.returncode == 1 and fixed.returncode == 1, pre.stdout + fixed.stdout  # the older signature fails
+    before, after = _lines(pre), _lines(fixed)
+    assert len(after) == 1 and next(iter(after)).startswith(
+        "fail model_utils.from_parallel_logits_to_logprobs: signature: parameter tp_group renamed group"
+    ), after
+    assert before - after == {"fail model_utils.from_parallel_logits_to_logprobs: wrong values"}, before
+    cut = pre.causes[pre.causes["kind"] == "wrong values"].iloc[0]
+    assert cut["checks"] == "grad:logits" and cut["condition"] == "exactly in grad:logits, at cp ≥ 2", cut
+    assert "rule: seed" in cut["rule"] and ", got 0;" in cut["worst"] and "rank" in cut["worst"], cut["worst"]

@@ -6,6 +6,7 @@ the shims and without them; its broken variant caught."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -303,3 +304,29 @@ def test_torch_cp_broken_load_balancing_is_a_silent_wrong_answer(run_shardcheck)
     assert "head-tail positions [0, 1, 2, 9, 10, 11] of 12" in row["message"]
     # attention over contiguous chunks is still exact: the step's values and gradients pass
     assert (rows[rows["case_id"].str.startswith("batch-")]["status"] == "pass").all()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the shim is for machines without CUDA")
+def test_cuda_only_tensor_calls_keep_the_tensor_on_the_cpu_and_are_counted():
+    """Issue 42: `torch.tensor(..., pin_memory=True).cuda(non_blocking=True)` (NeMo-RL's CP all-gather backward) raises
+    on a CPU machine before the backward computes anything; with the shim it is the tensor itself, counted.  Run in
+    a fresh interpreter: the shim patches torch for the whole process."""
+    code = (
+        "import torch\n"
+        "from shardcheck.harness.rank import shims\n"
+        "from shardcheck.harness.rank.shims import cuda_calls\n"
+        "try:\n"
+        "    torch.tensor([1, 2], pin_memory=True).cuda()\n"
+        "    raise SystemExit('no error without the shim')\n"
+        "except (RuntimeError, AssertionError):\n"
+        "    pass\n"
+        "assert cuda_calls in shims.select('cpu')[0] and cuda_calls not in shims.select('cuda')[0]\n"
+        "cuda_calls.install()\n"
+        "t = torch.tensor([1, 2], device='cpu', pin_memory=True).cuda(non_blocking=True)\n"
+        "z = torch.zeros(3, pin_memory=True).pin_memory()\n"
+        "assert t.device.type == 'cpu' and t.tolist() == [1, 2] and z.tolist() == [0.0, 0.0, 0.0]\n"
+        "assert cuda_calls.CALLS == 4, cuda_calls.CALLS\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr

@@ -181,3 +181,39 @@ def test_the_seed_is_quoted_by_names_and_defaults_never_by_our_implementations_t
     assert seed_part.startswith("from_parallel_hidden_states_to_logprobs(tensor_parallel_hidden_states, "), seed_part
     assert ":" not in seed_part and "Any" not in seed_part and "inference_only=False" in seed_part
     assert "output_weight_layer:" in message.split(", under test ", 1)[1]  # the module under test with its own types
+
+
+def test_an_older_signature_is_called_with_its_own_names_and_without_the_defaults_it_lacks():
+    """Issue 42 (pre-fix copies): a module whose TP group is `group` and which lacks chunk_size and sampling_params
+    is called as a caller of the seed API leaving those at their defaults calls it; a call that sets one of them
+    still raises the TypeError that names it (the signature row has the difference)."""
+    seed_mod = seed_module("model_utils")
+
+    def from_parallel_logits_to_logprobs(
+        vocab_parallel_logits, target, vocab_start_index, vocab_end_index, group, inference_only=False, cp_group=None
+    ):
+        return (vocab_start_index, vocab_end_index, group, inference_only, cp_group)
+
+    module = type("M", (), {"from_parallel_logits_to_logprobs": staticmethod(from_parallel_logits_to_logprobs)})
+    call = KeywordCalls(module, seed_mod).from_parallel_logits_to_logprobs
+    x, ids = torch.zeros(1, 2, 3), torch.zeros(1, 2, dtype=torch.long)
+    assert call(x, ids, 3, 6, tp_group="tp", cp_group="cp", chunk_size=None, sampling_params=None) == (
+        3,
+        6,
+        "tp",
+        False,
+        "cp",
+    )
+    with pytest.raises(TypeError, match="chunk_size"):
+        call(x, ids, 3, 6, tp_group="tp", chunk_size=4)
+
+    # a parameter the signature calls renamed but whose default differs is another parameter (NeMo-RL baa4caa's
+    # shift_and_slice=True where the seed has cp_group=None): the seed's default is left out, not passed to it
+    def older(
+        vocab_parallel_logits, target, vocab_start_index, vocab_end_index, group, inference_only=False, shift=True
+    ):
+        return (group, shift)
+
+    module = type("M", (), {"from_parallel_logits_to_logprobs": staticmethod(older)})
+    call = KeywordCalls(module, seed_mod).from_parallel_logits_to_logprobs
+    assert call(x, ids, 3, 6, tp_group="tp", cp_group=None) == ("tp", True)

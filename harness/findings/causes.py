@@ -405,6 +405,8 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
     cause the failure, and two different crashes stay two lines."""
     failing, ours = by_rule([s for s in symptoms if s["status"] in (Status.FAIL, Status.ERROR)])  # (docstring, 4)
     warnings = _same_items([s for s in symptoms if s["status"] not in (Status.FAIL, Status.ERROR)], passing, bad)
+    signature = [s for s in failing if s["symptoms"] == {Symptom.SIGNATURE}]  # of the module: apart from any case's
+    failing, warnings = [s for s in failing if s not in signature], signature + warnings
     crashes = [s for s in failing if s["symptoms"] & set(CRASHES)]
     wrong = [s for s in failing if not s["symptoms"] & set(CRASHES)]
     warnings += [line for group in ours.values() for line in _wrong_answers(group, rows, passing, bad, crashes)]
@@ -548,13 +550,13 @@ def _around_everywhere(
 
 
 def _death_phases(c: dict, table: list[dict]) -> frozenset:
-    """The phases of the deaths of `table` linked to `c`'s by a shared phase (an op and its wrapper killing the
-    process in the backward, one of them in the forward too, are one root)."""
+    """The phases of the deaths of `table` linked to `c`'s by a shared phase (an op and its wrapper dying in the
+    backward, one in the forward too, are one root; one dying while judging, after its code returned, shares both)."""
     deaths = [d["error_key"][1] for d in table if d["symptoms"] == {Symptom.DIED} and d["error_key"] is not None]
-    phases = set(c["error_key"][1])
+    phases, ran = set(c["error_key"][1]), lambda p: p | ({"forward", "backward"} if "judging" in p else set())
     grown = True
     while grown:
-        linked = [p for p in deaths if p & phases and not p <= phases]
+        linked = [p for p in deaths if ran(p) & ran(phases) and not p <= phases]
         grown = bool(linked)
         phases |= set().union(*linked) if linked else set()
     return frozenset(phases)

@@ -69,23 +69,30 @@ def ours_rule_of(bad: pd.DataFrame) -> list[str]:
 def by_rule(symptoms: list[dict]) -> tuple[list[dict], dict[str, list[dict]]]:
     """`symptoms` of one op split: those judged under the seed's rules, and per rule of ours the others.  A wrong
     answer under a rule of ours stays with the seed's where the seed's cases get that check wrong the same way (an
-    averaged gradient, wrong on masked targets and on plain ones), or where it never shows on one rank and the seed's
+    averaged gradient, wrong on masked targets and on plain ones; where it shows on one rank, only if theirs does too:
+    a CP gradient zeroed at cp ≥ 2 and a masked target's gradient wrong on every mesh are two roots), or where it
+    never shows on one rank and the seed's
     cases get that check wrong at every topology where it shows (CP chunks swapped: wrong values on plain ids and NaN
     where masked ids meet the swapped rows, both at cp 2 alone): the op's sharding defect, shown on our input as
     well.  An opinion of ours on an input shows on one rank too, where nothing is sharded."""
     seed = [s for s in symptoms if not s["ours_rule"]]
-    seen = {(s["kind"], check) for s in seed for check in s["all_checks"]}
+    seen: dict[tuple, set] = {}  # per (kind, check), the topologies where the seed's cases get it wrong so
     where: dict[str, set] = {}  # per check, the topologies where the seed's cases get it wrong
     for s in seed:
         for check in s["all_checks"]:
+            seen.setdefault((s["kind"], check), set()).update(_topologies(s))
             where.setdefault(check, set()).update(_topologies(s))
     ours: dict[str, list[dict]] = {}
     for s in symptoms:
         if not s["ours_rule"]:
             continue
         topologies = _topologies(s)
-        same_way = any((s["kind"], check) in seen for check in s["all_checks"])
         sharded_only = not any(_one_rank(t) for t in topologies)
+        # the same kind on the same check, and on one rank only where the seed's cases are wrong on one rank too
+        same_way = any(
+            (s["kind"], check) in seen and (sharded_only or any(map(_one_rank, seen[(s["kind"], check)])))
+            for check in s["all_checks"]
+        )
         same_place = sharded_only and any(topologies <= where.get(check, set()) for check in s["all_checks"])
         if same_way or same_place:
             seed.append({**s, "ours_rule": ""})  # (never merged across ops as an opinion)

@@ -11,7 +11,9 @@ seed lacks or makes optional.  Extra optional parameters after the seed's serve 
 finding.
 
 The worker then calls a foreign module's ops by keyword wherever the seed names the parameter
-(`KeywordCalls`), so a re-ordered signature costs one finding, not a TypeError per item.
+(`KeywordCalls`), so a re-ordered signature costs one finding, not a TypeError per item; a renamed parameter
+(with the seed's default) goes by the module's name, and one the module lacks is left out where the call passes
+its default, so an older signature (a pre-fix copy's) is judged on its values.
 """
 
 from __future__ import annotations
@@ -104,10 +106,7 @@ def differences(seed: inspect.Signature, impl: inspect.Signature) -> tuple[str, 
     takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in impl.parameters.values())
     seed_pos = [n for n, p in s.items() if p.kind in _POSITIONAL]
     impl_pos = [n for n, p in i.items() if p.kind in _POSITIONAL]
-    # A seed parameter absent by name whose position holds a parameter the seed lacks: renamed.
-    renamed = {
-        n: impl_pos[k] for k, n in enumerate(seed_pos) if n not in i and k < len(impl_pos) and impl_pos[k] not in s
-    }
+    renamed = renamed_parameters(seed, impl)
     as_seed = {new: old for old, new in renamed.items()}
     i = {as_seed.get(n, n): p for n, p in i.items()}
     impl_pos = [as_seed.get(n, n) for n in impl_pos]
@@ -153,6 +152,15 @@ def differences(seed: inspect.Signature, impl: inspect.Signature) -> tuple[str, 
     if required:
         fails.append("extra required parameter(s) " + ", ".join(required))
     return (Status.FAIL, fails) if fails else (Status.PASS, [])
+
+
+def renamed_parameters(seed: inspect.Signature, impl: inspect.Signature) -> dict[str, str]:
+    """{seed name: impl name} of each seed parameter absent by name whose position holds a parameter the seed lacks."""
+    s = {n for n, p in seed.parameters.items() if p.kind not in _VARIADIC}
+    i = {n for n, p in impl.parameters.items() if p.kind not in _VARIADIC}
+    seed_pos = [n for n, p in seed.parameters.items() if p.kind in _POSITIONAL]
+    impl_pos = [n for n, p in impl.parameters.items() if p.kind in _POSITIONAL]
+    return {n: impl_pos[k] for k, n in enumerate(seed_pos) if n not in i and k < len(impl_pos) and impl_pos[k] not in s}
 
 
 def _untyped(sig: inspect.Signature) -> inspect.Signature:
@@ -237,10 +245,37 @@ def signature_rows(plan, meta: dict) -> list[dict]:
     return rows
 
 
-def _by_keyword(fn: Callable, seed: inspect.Signature) -> Callable:
-    """fn called with the arguments of a seed-API call passed by the seed's parameter names."""
+def _at_default(value: Any, parameter: inspect.Parameter) -> bool:
+    """Whether a call passes `parameter` its own default (None, False, a number or string equal to it)."""
+    default = parameter.default
+    if default is inspect.Parameter.empty:
+        return False
+    return value is default or (
+        type(value) is type(default) and isinstance(value, (bool, int, float, str)) and value == default
+    )
+
+
+def _names_in(seed: inspect.Signature, impl: inspect.Signature | None) -> dict[str, str | None]:
+    """{seed name: the name `impl` takes it by, None where it lacks it} (the seed's own names where impl is unknown
+    or takes **kwargs)."""
+    if impl is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in impl.parameters.values()):
+        return {n: n for n in seed.parameters}
+    renamed = {  # taken as the same parameter only with the same default (required both, or equal defaults)
+        old: new
+        for old, new in renamed_parameters(seed, impl).items()
+        if _at_default(impl.parameters[new].default, seed.parameters[old])
+        or seed.parameters[old].default is impl.parameters[new].default is inspect.Parameter.empty
+    }
+    return {n: renamed.get(n, n if n in impl.parameters else None) for n in seed.parameters}
+
+
+def _by_keyword(fn: Callable, seed: inspect.Signature, impl: inspect.Signature | None = None) -> Callable:
+    """fn called with the arguments of a seed-API call passed by the seed's parameter names: a renamed one by the
+    name `impl` gives it, and one `impl` lacks left out where the call passes its default (what a caller that omits
+    it means), so that an older signature is judged on its values; the signature row has the difference."""
     if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in seed.parameters.values()):
         return fn
+    names = _names_in(seed, impl)
 
     def call(*args, **kwargs):
         try:
@@ -250,12 +285,14 @@ def _by_keyword(fn: Callable, seed: inspect.Signature) -> Callable:
         positional, keywords = [], {}
         for name, value in bound.arguments.items():
             kind = seed.parameters[name].kind
+            if names[name] is None and _at_default(value, seed.parameters[name]):
+                continue
             if kind is inspect.Parameter.POSITIONAL_ONLY:
                 positional.append(value)
             elif kind is inspect.Parameter.VAR_KEYWORD:
                 keywords.update(value)
             else:
-                keywords[name] = value
+                keywords[names[name] or name] = value
         return fn(*positional, **keywords)
 
     call.__wrapped__ = fn  # the function itself, for whoever needs its globals (harness/core/restore.py)
@@ -267,7 +304,7 @@ class _FunctionByKeyword:
 
     def __init__(self, function: type, seed: inspect.Signature):
         self._function = function
-        self.apply = _by_keyword(function.apply, seed)
+        self.apply = _by_keyword(function.apply, seed, call_signature(function))
 
     def __getattr__(self, name: str):
         return getattr(self._function, name)
@@ -299,5 +336,5 @@ class KeywordCalls:
         if inspect.isclass(value) and issubclass(value, torch.autograd.Function):
             return _FunctionByKeyword(value, seed_sig)
         if inspect.isfunction(value):
-            return _by_keyword(value, seed_sig)
+            return _by_keyword(value, seed_sig, call_signature(value))
         return value

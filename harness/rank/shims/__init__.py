@@ -17,6 +17,8 @@ anything on a CPU machine, and its real bugs stay unseen.  Each shim lives in it
   (`torch._grouped_mm` is a bfloat16 CUDA kernel); installed on CPU where torchtitan is installed.
 - `titan_fsdp_sum`: torchtitan's FSDP modules on FSDP2's SUM path (its divide factor 1.0 is otherwise a
   PREMUL_SUM, which gloo refuses); installed on CPU where torchtitan is installed.
+- `cuda_calls`: `Tensor.cuda()`, `Tensor.pin_memory()` and `pin_memory=True` leave the tensor on the CPU; installed
+  on CPU where torch has no CUDA.
 
 The worker installs them on every rank before any case runs, and `shardcheck run` in its own process
 before it imports the module under test (`--no-shims`: none); the run records them in run.json
@@ -27,6 +29,7 @@ item, and the run's notes say whether a shim was *used* (its calls on the ranks)
 from __future__ import annotations
 
 from shardcheck.harness.rank.shims import (
+    cuda_calls,
     te_thd_partition,
     titan_device,
     titan_fsdp_sum,
@@ -51,6 +54,8 @@ def select(device: str) -> tuple[list, list[str]]:
         chosen.append(triton_import)
     if device == "cpu" and titan_device.wanted():
         chosen += [titan_device, titan_grouped_experts, titan_fsdp_sum]
+    if device == "cpu" and cuda_calls.wanted():
+        chosen.append(cuda_calls)
     return chosen, unavailable
 
 
@@ -76,7 +81,15 @@ def describe(device: str, enabled: bool) -> dict:
     return {"shims": names, "shim_notes": notes + [f"not installed: {reason}" for reason in unavailable]}
 
 
-ALL = (torch_cp_attention, te_thd_partition, triton_import, titan_device, titan_grouped_experts, titan_fsdp_sum)
+ALL = (
+    torch_cp_attention,
+    te_thd_partition,
+    triton_import,
+    titan_device,
+    titan_grouped_experts,
+    titan_fsdp_sum,
+    cuda_calls,
+)
 
 
 def calls() -> dict[str, int]:
