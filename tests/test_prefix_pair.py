@@ -239,6 +239,23 @@ def test_a_pre_fix_copy_that_does_not_pad_warns_under_our_rule_not_the_seeds(tmp
         "cp_utils.make_cp_batch_and_ctx",
         "--case",
         "layout-b2s10-pad-masks",
+        "--topology",
+        "dp=1,cp=2,tp=1",
+        "--dtype",
+        "float64",
+        "--impl",
+        f"cp_utils={BROKEN / 'cp_utils' / 'unpadded_contiguous.py'}",
+        out=tmp_path / "p",
+    )
+    assert run.returncode == 1, run.stdout  # --strict: a warning
+    bad = run.rows[run.rows["status"] != "pass"]
+    assert set(bad["status"]) == {"warn"} and set(bad["rule_source"]) == {"ours"}, bad[["check", "status"]]
+    assert {"property:inside:input_ids", "property:inside:loss_mask"} <= set(bad["check"])
+    ids = bad[bad["check"] == "property:inside:input_ids"].iloc[0]["message"]
+    assert "torch's contiguous chunk of the unpadded sequence" in ids, ids
+    assert [line.split(":")[0] for line in _lines(run)] == ["warn cp_utils.make_cp_batch_and_ctx"], _lines(run)
+
+
 def test_a_cp_gradient_cut_at_the_local_length_in_an_older_gpu_module_is_a_line_its_fix_does_not_print(tmp_path):
     """Issue 42, the pre-fix copies: NeMo-RL's model_utils before a fix (anubhutivyas/RL 4f316ae, fixed in 0dfa998)
     zeroed the CP all-gather's gradient past this rank's local length, so at cp ≥ 2 the tail chunks got none.  Both
@@ -261,17 +278,6 @@ def test_a_cp_gradient_cut_at_the_local_length_in_an_older_gpu_module_is_a_line_
         "dp=1,cp=2,tp=1",
         "--dtype",
         "float64",
-        "--impl",
-        f"cp_utils={BROKEN / 'cp_utils' / 'unpadded_contiguous.py'}",
-        out=tmp_path / "p",
-    )
-    assert run.returncode == 1, run.stdout  # --strict: a warning
-    bad = run.rows[run.rows["status"] != "pass"]
-    assert set(bad["status"]) == {"warn"} and set(bad["rule_source"]) == {"ours"}, bad[["check", "status"]]
-    assert {"property:inside:input_ids", "property:inside:loss_mask"} <= set(bad["check"])
-    ids = bad[bad["check"] == "property:inside:input_ids"].iloc[0]["message"]
-    assert "torch's contiguous chunk of the unpadded sequence" in ids, ids
-    assert [line.split(":")[0] for line in _lines(run)] == ["warn cp_utils.make_cp_batch_and_ctx"], _lines(run)
     )
     cp = BROKEN / "model_utils_cp"
     pre = shardcheck(*args, "--impl", f"model_utils={cp / 'gather_grad_cut_at_local_length.py'}", out=tmp_path / "p")
