@@ -189,6 +189,7 @@ OUTSIDE_VOCAB = ours("docs/ops/README.md#ids-outside-the-vocab")  # ids outside 
 UNEVEN_VOCAB = ours(f"{DOC}#uneven-vocab-shards")  # V that TP does not split evenly, where the seed's is even
 TEMPERATURE = ours(f"{DOC}#sampling-temperature")  # the op divides by sampling_params.temperature
 TOP_K_ZERO = ours(f"{DOC}#top-k--top-p-filtering")  # top_k = 0 disables filtering ("None or -1" in the seed)
+INT32_IDS = ours(f"{DOC}#index-dtype")  # int32 ids, where the seed states no index dtype: taken as the int64 ones
 CHUNK_ROWS = ours(f"{DOC}#sampling-log-probs-top-k--top-p")  # a chunk's rows that TP does not divide: rounded up
 # Where each property's rule comes from (docs/ops/model_utils.md#rules-seed-or-ours lists them).
 RULES = {
@@ -231,6 +232,8 @@ def outside_seed(case: Case) -> tuple[OutsideSeed, ...]:
     out = []
     if p.get("masked"):
         out.append(OutsideSeed("targets outside [0, V)", OUTSIDE_VOCAB))
+    if p.get("ids_int32"):
+        out.append(OutsideSeed("int32 ids (the seed states no index dtype)", INT32_IDS))
     if p.get("temperature", 1.0) != 1.0:
         out.append(OutsideSeed("temperature ≠ 1 in sampling_params", TEMPERATURE))
     if p.get("top_k") is not None and p["top_k"] not in (-1,) and p["top_k"] <= 0:

@@ -36,6 +36,7 @@ class Draw:
     tie_choice: bool = False  # sampling: tied logits top-p keeps in part (any tied survivor is right)
     masked: float = 0.0  # this fraction of the targets -100, a quarter as many V+3 (both outside [0, V))
     top_gap: float | None = None  # sampling inputs: each row's runner-up at most this far below its max
+    ids_int32: bool = False  # gather inputs: the ids int32, as an inference engine hands back top-k ids
 
     @property
     def extra(self) -> dict:
@@ -233,7 +234,8 @@ def make_indices(gen, b: int, s: int, k: int, v: int, dup: bool = True, masked: 
 def gather_inputs(gen, b: int, s: int, v: int, k: int, draw: Draw = Draw()) -> dict[str, torch.Tensor]:
     """Logits [B, S, V] and K ids per position (duplicates included, `draw.masked` of them outside [0, V))."""
     logits = make_logits(gen, (b, s, v), draw.scale, draw.ties, draw.neg_inf)
-    return {"logits": logits, "indices": make_indices(gen, b, s, k, v, dup=True, masked=draw.masked)}
+    ids = make_indices(gen, b, s, k, v, dup=True, masked=draw.masked)
+    return {"logits": logits, "indices": ids.int() if draw.ids_int32 else ids}
 
 
 def distill_inputs(gen, b: int, s: int, v: int, k: int, draw: Draw = Draw()) -> dict[str, torch.Tensor]:

@@ -484,6 +484,7 @@ GATHER_LOGPROB_SPECS = (
     GatherSpec(2, 8, 20, 5, chunk=64),  # a single chunk
     # V = 1: every id repeats and the softmax is exactly 1, so the gradient is exactly 0 (TP ranks > 0: empty shards)
     GatherSpec(2, 4, 1, 4, chunk=3),
+    GatherSpec(2, 4, 24, 3, Draw(ids_int32=True), chunk=3),  # int32 ids (our rule: the seed states no index dtype)
 )
 QUICK_GATHER_LOGPROB = (GATHER_LOGPROB_SPECS[0], GATHER_LOGPROB_SPECS[4])
 
@@ -518,6 +519,7 @@ GATHER_LOGITS_SPECS = (
     GatherSpec(4, 6, 37, 5, Draw(neg_inf=0.3)),
     # V = 6: TP rank 3 of 4 holds an empty shard; its zeros must still carry the gradient (an empty one)
     GatherSpec(2, 4, 6, 3),
+    GatherSpec(2, 4, 24, 3, Draw(ids_int32=True)),  # int32 ids (our rule: the seed states no index dtype)
 )
 QUICK_GATHER_LOGITS = (GATHER_LOGITS_SPECS[0], GATHER_LOGITS_SPECS[2], GATHER_LOGITS_SPECS[3])
 
