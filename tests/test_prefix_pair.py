@@ -291,3 +291,39 @@ def test_a_cp_gradient_cut_at_the_local_length_in_an_older_gpu_module_is_a_line_
     cut = pre.causes[pre.causes["kind"] == "wrong values"].iloc[0]
     assert cut["checks"] == "grad:logits" and cut["condition"] == "exactly in grad:logits, at cp ≥ 2", cut
     assert "rule: seed" in cut["rule"] and ", got 0;" in cut["worst"] and "rank" in cut["worst"], cut["worst"]
+
+
+def test_a_top_k_gather_raising_on_int32_ids_warns_under_our_rule_and_its_long_fix_prints_nothing(tmp_path):
+    """Issue 42, the pre-fix copies: NeMo-RL's ChunkedDistributedGatherLogprob took `.long()` of its local ids later
+    (operagxoksana/RL 708e114 → ARC-Mission/RL 6ec62f4): int32 top-k ids, as an inference engine returns them, raised
+    in an op that took int64 indices only.  The seed states no index dtype, so only our rule feeds int32 ids: the raise
+    is a warning labelled ours, a line of its own the fixed version does not print.  (Upstream the op was torch.gather,
+    which accepts int32 since torch 2.8; these modules use one_hot, which still does not.)  Without the int32 case
+    neither version prints anything."""
+    args = (
+        "run",
+        "--suite",
+        "model_utils",
+        "--op",
+        "model_utils.ChunkedDistributedGatherLogprob",
+        "--case",
+        "b2s8v48-k6-dup-chunk3",  # int64 ids under the seed's rules: the raise is the input's, not the op's
+        "--case",
+        "b2s4v24-ids_int32-k3-dup-chunk3",
+        "--topology",
+        "dp=1,cp=1,tp=2",
+        "--dtype",
+        "float64",
+    )
+    broken = BROKEN / "model_utils"
+    pre = shardcheck(*args, "--impl", f"model_utils={broken / 'topk_gather_int32_kept.py'}", out=tmp_path / "p")
+    fixed = shardcheck(*args, "--impl", f"model_utils={broken / 'topk_gather_int32_long.py'}", out=tmp_path / "f")
+    assert pre.returncode == 1 and fixed.returncode == 0, pre.stdout + fixed.stdout  # --strict: the warning fails
+    assert _lines(pre) == {
+        "warn model_utils.ChunkedDistributedGatherLogprob: raises on input only our rule feeds: RuntimeError: one_hot "
+        "is only applicable to index tensor of type LongTensor."
+    }, _lines(pre)
+    assert _lines(fixed) == set()
+    line = pre.causes.iloc[0]
+    assert line["rule"] == "rule: ours, docs/ops/model_utils.md#index-dtype", line["rule"]
+    assert "ids_int32" in line["condition"] and "[b2s4v24-ids_int32-k3-dup-chunk3]" in line["worst"], line
