@@ -47,7 +47,7 @@ def _names_taken_from_the_module(path: Path) -> set[str]:
             and isinstance(node.args[1], ast.Constant)
         ):
             names.add(node.args[1].value)
-    return names
+    return {n for n in names if not (n.startswith("__") and n.endswith("__"))}  # every module has __file__, __name__
 
 
 # Seed names that no case has as its op, called inside other ops' cases.
