@@ -33,15 +33,18 @@ def _lines(run) -> set[str]:
     return {f"{c.status} {c.op}: {re.sub(r' [(][^()]*[.]py:[0-9]+[)]$', '', c.kind)}" for c in run.causes.itertuples()}
 
 
+def _pair(tmp_path, args, family: str, pre, fixed):
+    """The runs of the pre-fix module and of the fixed one (None: our own implementation) on one selection."""
+    return [
+        shardcheck(*args, *(("--impl", f"{family}={module}") if module else ()), out=tmp_path / name)
+        for name, module in (("pre", pre), ("fixed", fixed))
+    ]
+
+
 def test_the_pre_fix_copy_prints_its_bug_as_a_line_the_fixed_one_does_not(tmp_path):
-    pre = shardcheck(
-        *ARGS, "--impl", f"cp_utils={BROKEN / 'cp_utils' / 'thd_prefix_mask_by_token_id.py'}", out=tmp_path / "pre"
-    )
-    fixed = shardcheck(
-        *ARGS,
-        "--impl",
-        f"cp_utils={BROKEN / 'cp_utils' / 'thd_fixed_requires_position_ids.py'}",
-        out=tmp_path / "fixed",
+    cp = BROKEN / "cp_utils"
+    pre, fixed = _pair(
+        tmp_path, ARGS, "cp_utils", cp / "thd_prefix_mask_by_token_id.py", cp / "thd_fixed_requires_position_ids.py"
     )
     assert pre.returncode == 1 and fixed.returncode == 1, pre.stdout + fixed.stdout
     before, after = _lines(pre), _lines(fixed)
@@ -75,11 +78,9 @@ def test_a_pre_fix_copy_wrong_in_every_dtype_is_one_line_its_float32_fix_does_no
         "--dtype",
         "float64,float32",
     )
-    pre = shardcheck(
-        *args, "--impl", f"model_utils={BROKEN / 'model_utils' / 'float32_log_softmax_no_sum.py'}", out=tmp_path / "p"
-    )
-    fixed = shardcheck(
-        *args, "--impl", f"model_utils={BROKEN / 'model_utils' / 'float32_log_softmax_fixed.py'}", out=tmp_path / "f"
+    mu = BROKEN / "model_utils"
+    pre, fixed = _pair(
+        tmp_path, args, "model_utils", mu / "float32_log_softmax_no_sum.py", mu / "float32_log_softmax_fixed.py"
     )
     assert pre.returncode == 1 and fixed.returncode == 1, pre.stdout + fixed.stdout  # --strict: the warning fails
     before, after = _lines(pre), _lines(fixed)
@@ -108,11 +109,9 @@ def test_a_pre_fix_gradient_reduced_twice_is_a_line_of_its_own_beside_another_wr
         "--dtype",
         "float64",
     )
-    pre = shardcheck(
-        *args, "--impl", f"kd_loss={BROKEN / 'kd_loss' / 'student_grad_reduced_twice.py'}", out=tmp_path / "p"
-    )
-    fixed = shardcheck(
-        *args, "--impl", f"kd_loss={BROKEN / 'kd_loss' / 'teacher_grad_off_at_tp.py'}", out=tmp_path / "f"
+    kd = BROKEN / "kd_loss"
+    pre, fixed = _pair(
+        tmp_path, args, "kd_loss", kd / "student_grad_reduced_twice.py", kd / "teacher_grad_off_at_tp.py"
     )
     assert pre.returncode == 1 and fixed.returncode == 1, pre.stdout + fixed.stdout
     before, after = _lines(pre), _lines(fixed)
@@ -143,11 +142,9 @@ def test_a_pre_fix_loss_without_its_temperature_factor_is_a_line_of_its_own(tmp_
         "--dtype",
         "float64",
     )
-    pre = shardcheck(
-        *args, "--impl", f"kd_loss={BROKEN / 'kd_loss' / 'no_t2_teacher_grad_off_at_tp.py'}", out=tmp_path / "p"
-    )
-    fixed = shardcheck(
-        *args, "--impl", f"kd_loss={BROKEN / 'kd_loss' / 'teacher_grad_off_at_tp.py'}", out=tmp_path / "f"
+    kd = BROKEN / "kd_loss"
+    pre, fixed = _pair(
+        tmp_path, args, "kd_loss", kd / "no_t2_teacher_grad_off_at_tp.py", kd / "teacher_grad_off_at_tp.py"
     )
     assert pre.returncode == 1 and fixed.returncode == 1, pre.stdout + fixed.stdout
     before, after = _lines(pre), _lines(fixed)
@@ -177,9 +174,12 @@ def test_a_pre_fix_quit_on_rank_0_is_a_line_its_logged_exit_does_not_print(tmp_p
         "dp=1,cp=1,tp=1",
     )
     broken = BROKEN / "distributed_utils"
-    pre = shardcheck(*args, "--impl", f"distributed_utils={broken / 'quit_when_rank0_raises.py'}", out=tmp_path / "p")
-    fixed = shardcheck(
-        *args, "--impl", f"distributed_utils={broken / 'exit_logged_when_rank0_raises.py'}", out=tmp_path / "f"
+    pre, fixed = _pair(
+        tmp_path,
+        args,
+        "distributed_utils",
+        broken / "quit_when_rank0_raises.py",
+        broken / "exit_logged_when_rank0_raises.py",
     )
     assert pre.returncode == 1, pre.stdout  # a warn under a rule of ours: --strict
     before, after = _lines(pre), _lines(fixed)
@@ -210,9 +210,9 @@ def test_a_pre_fix_group_bootstrap_raise_is_a_line_per_message_not_folded_into_p
         "--topology",
         "dp=1,cp=1,tp=1",
     )
-    impl = f"distributed_utils={BROKEN / 'distributed_utils' / 'group_bootstrap_raises.py'}"
-    pre = shardcheck(*args, "--impl", impl, out=tmp_path / "p")
-    fixed = shardcheck(*args, out=tmp_path / "f")
+    pre, fixed = _pair(
+        tmp_path, args, "distributed_utils", BROKEN / "distributed_utils" / "group_bootstrap_raises.py", None
+    )
     assert pre.returncode == 1 and fixed.returncode == 0, pre.stdout + fixed.stdout
     assert _lines(pre) == {
         "error distributed_utils.FirstRankPerNode: ValueError: Default process group has not been initialized, please "
@@ -280,8 +280,9 @@ def test_a_cp_gradient_cut_at_the_local_length_in_an_older_gpu_module_is_a_line_
         "float64",
     )
     cp = BROKEN / "model_utils_cp"
-    pre = shardcheck(*args, "--impl", f"model_utils={cp / 'gather_grad_cut_at_local_length.py'}", out=tmp_path / "p")
-    fixed = shardcheck(*args, "--impl", f"model_utils={cp / 'gather_grad_whole.py'}", out=tmp_path / "f")
+    pre, fixed = _pair(
+        tmp_path, args, "model_utils", cp / "gather_grad_cut_at_local_length.py", cp / "gather_grad_whole.py"
+    )
     assert pre.returncode == 1 and fixed.returncode == 1, pre.stdout + fixed.stdout  # the older signature fails
     before, after = _lines(pre), _lines(fixed)
     assert len(after) == 1 and next(iter(after)).startswith(
@@ -316,8 +317,9 @@ def test_a_top_k_gather_raising_on_int32_ids_warns_under_our_rule_and_its_long_f
         "float64",
     )
     broken = BROKEN / "model_utils"
-    pre = shardcheck(*args, "--impl", f"model_utils={broken / 'topk_gather_int32_kept.py'}", out=tmp_path / "p")
-    fixed = shardcheck(*args, "--impl", f"model_utils={broken / 'topk_gather_int32_long.py'}", out=tmp_path / "f")
+    pre, fixed = _pair(
+        tmp_path, args, "model_utils", broken / "topk_gather_int32_kept.py", broken / "topk_gather_int32_long.py"
+    )
     assert pre.returncode == 1 and fixed.returncode == 0, pre.stdout + fixed.stdout  # --strict: the warning fails
     assert _lines(pre) == {
         "warn model_utils.ChunkedDistributedGatherLogprob: raises on input only our rule feeds: RuntimeError: one_hot "
