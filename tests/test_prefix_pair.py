@@ -226,6 +226,28 @@ def test_a_pre_fix_group_bootstrap_raise_is_a_line_per_message_not_folded_into_p
     assert _lines(fixed) == set()
 
 
+def test_a_pre_fix_barrier_ignoring_its_group_is_a_line_apart_from_another_scenarios_failure(tmp_path):
+    """Issue 42, the pre-fix copies (distributed_utils): upstream _barrier_with_timeout barriered a new gloo group over
+    all ranks whatever `group` it was given, so a group's members calling it alone hung; its fix barriers on `group`.
+    Both copies also fail the late-rank case, and with every item of the op failing somewhere the sub-group's failure
+    was folded into the late-rank line (a longer version of the line the fixed copy prints).  Checks never judged in
+    a common item are a line each (findings/checks_apart.py): the pre-fix side prints the sub-group line of its own.
+    Our pair: a short timeout returning True (the late-rank case) on both sides, the group ignored on the pre side."""
+    args = ("run", "--suite", "distributed_utils", "--op", "distributed_utils._barrier_with_timeout")
+    broken = BROKEN / "distributed_utils"
+    pre = shardcheck(*args, "--impl", f"distributed_utils={broken / 'barrier_ignores_group.py'}", out=tmp_path / "p")
+    fixed = shardcheck(
+        *args, "--impl", f"distributed_utils={broken / 'barrier_short_timeout_true.py'}", out=tmp_path / "f"
+    )
+    assert pre.returncode == 1 and fixed.returncode == 1, pre.stdout + fixed.stdout
+    before, after = _lines(pre), _lines(fixed)
+    group = "fail distributed_utils._barrier_with_timeout: property:group_members_true does not hold"
+    assert before - after == {group}, (before, after)
+    assert after <= before and len(after) == 1 and "late_rank_false" in next(iter(after)), after
+    line = pre.causes[pre.causes["kind"] == "property:group_members_true does not hold"].iloc[0]
+    assert "rank 0: False" in line["worst"] and "rank 1: False" in line["worst"], line["worst"]
+
+
 def test_a_pre_fix_copy_that_does_not_pad_warns_under_our_rule_not_the_seeds(tmp_path):
     """Issue 42, the pre-fix copies (cp_utils): before make_cp_batch_and_ctx padded a sequence 2·CP does not divide,
     torch's context_parallel sharded it in contiguous chunks with load balancing off (attention exact), and loss_mask
