@@ -324,7 +324,7 @@ def judge_subgroup_barrier(run: ProcessRun) -> list[Property]:
             "group_members_true",
             not bad,
             run.wall_s,
-            f"deadline {run.deadline_s:g}s: " + "; ".join(bad)
+            "; ".join(bad) + (f" (deadline {run.deadline_s:g}s)" if any(r.killed for r in run.ranks) else "")
             if bad
             else f"True on ranks {SUBGROUP} (the group's), rank {run.world_size - 1} not taking part, every rank ended",
         )
