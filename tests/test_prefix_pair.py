@@ -226,25 +226,30 @@ def test_a_pre_fix_group_bootstrap_raise_is_a_line_per_message_not_folded_into_p
     assert _lines(fixed) == set()
 
 
-def test_a_pre_fix_barrier_ignoring_its_group_is_a_line_apart_from_another_scenarios_failure(tmp_path):
+def test_a_pre_fix_barrier_ignoring_its_group_fails_the_sub_group_case_its_fix_passes(tmp_path):
     """Issue 42, the pre-fix copies (distributed_utils): upstream _barrier_with_timeout barriered a new gloo group over
     all ranks whatever `group` it was given, so a group's members calling it alone hung; its fix barriers on `group`.
-    Both copies also fail the late-rank case, and with every item of the op failing somewhere the sub-group's failure
-    was folded into the late-rank line (a longer version of the line the fixed copy prints).  Checks never judged in
-    a common item are a line each (findings/checks_apart.py): the pre-fix side prints the sub-group line of its own.
-    Our pair: a short timeout returning True (the late-rank case) on both sides, the group ignored on the pre side."""
-    args = ("run", "--suite", "distributed_utils", "--op", "distributed_utils._barrier_with_timeout")
-    broken = BROKEN / "distributed_utils"
-    pre = shardcheck(*args, "--impl", f"distributed_utils={broken / 'barrier_ignores_group.py'}", out=tmp_path / "p")
-    fixed = shardcheck(
-        *args, "--impl", f"distributed_utils={broken / 'barrier_short_timeout_true.py'}", out=tmp_path / "f"
+    No case called it with a group of some ranks: the two copies printed the same lines.  The sub-group case
+    (group-of-2-in-3) fails a barrier that ignores its group (ours: the world's barrier, False after the timeout
+    where upstream's hung) and passes ours."""
+    args = (
+        "run",
+        "--suite",
+        "distributed_utils",
+        "--op",
+        "distributed_utils._barrier_with_timeout",
+        "--case",
+        "group-of-2-in-3",
+        "--topology",
+        "dp=1,cp=1,tp=1",
     )
-    assert pre.returncode == 1 and fixed.returncode == 1, pre.stdout + fixed.stdout
-    before, after = _lines(pre), _lines(fixed)
+    impl = f"distributed_utils={BROKEN / 'distributed_utils' / 'barrier_ignores_group.py'}"
+    pre = shardcheck(*args, "--impl", impl, out=tmp_path / "p")
+    fixed = shardcheck(*args, out=tmp_path / "f")
+    assert pre.returncode == 1 and fixed.returncode == 0, pre.stdout + fixed.stdout
     group = "fail distributed_utils._barrier_with_timeout: property:group_members_true does not hold"
-    assert before - after == {group}, (before, after)
-    assert after <= before and len(after) == 1 and "late_rank_false" in next(iter(after)), after
-    line = pre.causes[pre.causes["kind"] == "property:group_members_true does not hold"].iloc[0]
+    assert _lines(pre) == {group} and _lines(fixed) == set(), (_lines(pre), _lines(fixed))
+    line = pre.causes.iloc[0]
     assert "rank 0: False" in line["worst"] and "rank 1: False" in line["worst"], line["worst"]
 
 

@@ -67,7 +67,7 @@ from shardcheck.harness.core.citations import RuleSource
 from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, Phase, Status, Symptom, with_mesh_splits
-from shardcheck.harness.findings import checks_apart, model_order, shared_roots
+from shardcheck.harness.findings import model_order, shared_roots
 from shardcheck.harness.findings.common_factor import apart_by_scale, factor_text, is_scaled, scale_kinds
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
 from shardcheck.harness.findings.hang_skips import not_run, skipped_by_hangs, skipped_like
@@ -282,7 +282,8 @@ def _consequences(bad: pd.DataFrame) -> pd.DataFrame:
 
 
 def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, all_rows: pd.DataFrame) -> dict:
-    """One symptom from its rows, its condition set later (`_condition`); `all_rows`: its consequences' checks too."""
+    """One symptom from its rows, its condition to be set (`_condition`); `all_rows` adds the checks failing as its
+    consequences (counted, listed)."""
     records = rows.to_dict("records")
     symptom = records[0]["_symptom"]
     found = set(rows["_symptom"])
@@ -420,8 +421,7 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
             condition = separating_condition(item_rows[item_key.isin(union)], clean, by_check=False)
             if condition.startswith("exactly"):
                 return [_merge(failing, condition, bad)] + warnings
-    apart = [part for group in apart_by_scale(wrong) for part in checks_apart.judged_apart(group, rows)]
-    answers = [x for group in apart for x in _wrong_answers(group, rows, passing, bad, crashes)]
+    answers = [x for group in apart_by_scale(wrong) for x in _wrong_answers(group, rows, passing, bad, crashes)]
     return crashes + answers + warnings
 
 
