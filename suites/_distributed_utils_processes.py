@@ -28,6 +28,7 @@ ON_TIME_TIMEOUT_S = 5.0  # for barriers every rank reaches at once: returns as s
 SLACK_S = 2.0  # scheduling slack on a loaded machine, on top of a timeout
 BLOCK_S = 0.2  # time a rank spends inside a FirstRankPerNode block
 STAGGER_S = 0.3  # rank r arrives at barrier_and_log r·STAGGER_S late
+SUBGROUP = [0, 1]  # the group of the subgroup barrier case; its world has one rank more
 FAILURE = "failure inside"  # the words of the exception a FirstRankPerNode block raises
 
 
@@ -74,6 +75,18 @@ def late_rank_scenario(proc: RankProcess, impl_ref: str) -> dict:
     dist.all_reduce(gloo_sum, group=gloo)
     again = timed_barrier("after", ON_TIME_TIMEOUT_S, group=gloo)
     return {"world_sum": world_sum.item(), "gloo_sum": gloo_sum.item(), "barrier_after": again}
+
+
+def subgroup_barrier_scenario(proc: RankProcess, impl_ref: str) -> None:
+    """A barrier on a group of ranks 0 and 1 (every rank creates it, as new_group requires); only its members call
+    the op, as a model-local group's caller does: rank 2 has no part in it and goes on."""
+    impl = load_module(impl_ref)
+    group = dist.new_group(ranks=SUBGROUP, backend="gloo")
+    dist.barrier()  # everyone here: the group exists, its members reach the barrier on time
+    if proc.rank not in SUBGROUP:
+        return
+    proc.event("call:group")
+    proc.event("return:group", value=impl._barrier_with_timeout(timedelta(seconds=ON_TIME_TIMEOUT_S), group=group))
 
 
 def gloo_group_scenario(proc: RankProcess, impl_ref: str) -> dict:
@@ -293,6 +306,28 @@ def judge_late_rank(run: ProcessRun) -> list[Property]:
             if after_bad
             else "all-reduce on the default and the gloo group right, and a barrier on the gloo group True",
         ),
+    ]
+
+
+def judge_subgroup_barrier(run: ProcessRun) -> list[Property]:
+    """One property: the scenario's only step is the barrier, so a member that hangs in it (killed at the deadline)
+    and one that returns anything but True are the same failure; rank 2 only has to end."""
+    bad = []
+    for r in run.ranks:
+        took, value = elapsed(r, "group")
+        if r.rank in SUBGROUP and (value is not True or took > ON_TIME_TIMEOUT_S + SLACK_S):
+            bad.append(f"rank {r.rank}: {value!r}" + (f" after {took:.2f}s" if took is not None else ""))
+        if r.killed or r.exitcode != 0:
+            bad.append(r.describe())
+    return [
+        Property(
+            "group_members_true",
+            not bad,
+            run.wall_s,
+            "; ".join(bad) + (f" (deadline {run.deadline_s:g}s)" if any(r.killed for r in run.ranks) else "")
+            if bad
+            else f"True on ranks {SUBGROUP} (the group's), rank {run.world_size - 1} not taking part, every rank ended",
+        )
     ]
 
 

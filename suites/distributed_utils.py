@@ -53,8 +53,10 @@ from shardcheck.suites._distributed_utils_processes import (
     judge_gloo_group,
     judge_late_rank,
     judge_no_distributed,
+    judge_subgroup_barrier,
     late_rank_scenario,
     raise_what_a_rank_raised,
+    subgroup_barrier_scenario,
 )
 from shardcheck.suites._fuzz_draws import topology as fuzz_topology
 
@@ -578,6 +580,11 @@ def process_cases() -> list[Case]:
             late_rank_scenario, 3, args=(module_ref(impl),), init_process_group=True, deadline=PROCESS_DEADLINE_S
         )
 
+    def subgroup_barrier(impl, ctx, x):
+        return run_ranks(
+            subgroup_barrier_scenario, 3, args=(module_ref(impl),), init_process_group=True, deadline=PROCESS_DEADLINE_S
+        )
+
     def gloo_group(impl, ctx, x):
         return {
             "world": run_ranks(
@@ -634,6 +641,14 @@ def process_cases() -> list[Case]:
                 "late_rank": "arrives after the others returned",
                 "deadline_s": PROCESS_DEADLINE_S,
             },
+        ),
+        _process_case(
+            "_barrier_with_timeout",
+            "group-of-2-in-3",
+            subgroup_barrier,
+            judge_subgroup_barrier,
+            {"world_size": 3, "group": "ranks 0, 1 (rank 2 does not call)", "deadline_s": PROCESS_DEADLINE_S},
+            ends=False,  # group_members_true says whether its ranks end: the barrier is the scenario's only step
         ),
         _process_case("_create_gloo_group", "all-ranks", gloo_group, judge_gloo_group, {"world_size": 3}),
         _process_case(
@@ -726,6 +741,12 @@ RULES = {
         "barrier operations while keeping the main NCCL backend for training "
         "operations.'; 'Returns: True if barrier completed successfully, False if "
         "timeout occurred'"
+    ),
+    # a group of some ranks: only its members take part (a model-local group's caller); the historical copy that
+    # barriered a new gloo group over all ranks whatever `group` was hung its members (issue 42, pre-fix copies)
+    "property:group_members_true": seed(
+        "_barrier_with_timeout: 'group: Process group for the barrier operation'; "
+        "'Returns: True if barrier completed successfully, False if timeout occurred'"
     ),
     "property:gloo_group_over_all_ranks": seed(
         "_create_gloo_group: 'Create a Gloo process group for barrier operations.'"

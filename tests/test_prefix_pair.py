@@ -226,6 +226,33 @@ def test_a_pre_fix_group_bootstrap_raise_is_a_line_per_message_not_folded_into_p
     assert _lines(fixed) == set()
 
 
+def test_a_pre_fix_barrier_ignoring_its_group_fails_the_sub_group_case_its_fix_passes(tmp_path):
+    """Issue 42, the pre-fix copies (distributed_utils): upstream _barrier_with_timeout barriered a new gloo group over
+    all ranks whatever `group` it was given, so a group's members calling it alone hung; its fix barriers on `group`.
+    No case called it with a group of some ranks: the two copies printed the same lines.  The sub-group case
+    (group-of-2-in-3) fails a barrier that ignores its group (ours: the world's barrier, False after the timeout
+    where upstream's hung) and passes ours."""
+    args = (
+        "run",
+        "--suite",
+        "distributed_utils",
+        "--op",
+        "distributed_utils._barrier_with_timeout",
+        "--case",
+        "group-of-2-in-3",
+        "--topology",
+        "dp=1,cp=1,tp=1",
+    )
+    impl = f"distributed_utils={BROKEN / 'distributed_utils' / 'barrier_ignores_group.py'}"
+    pre = shardcheck(*args, "--impl", impl, out=tmp_path / "p")
+    fixed = shardcheck(*args, out=tmp_path / "f")
+    assert pre.returncode == 1 and fixed.returncode == 0, pre.stdout + fixed.stdout
+    group = "fail distributed_utils._barrier_with_timeout: property:group_members_true does not hold"
+    assert _lines(pre) == {group} and _lines(fixed) == set(), (_lines(pre), _lines(fixed))
+    line = pre.causes.iloc[0]
+    assert "rank 0: False" in line["worst"] and "rank 1: False" in line["worst"], line["worst"]
+
+
 def test_a_pre_fix_copy_that_does_not_pad_warns_under_our_rule_not_the_seeds(tmp_path):
     """Issue 42, the pre-fix copies (cp_utils): before make_cp_batch_and_ctx padded a sequence 2·CP does not divide,
     torch's context_parallel sharded it in contiguous chunks with load balancing off (attention exact), and loss_mask
