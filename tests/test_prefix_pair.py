@@ -243,9 +243,9 @@ def test_a_pre_fix_barrier_ignoring_its_group_fails_the_sub_group_case_its_fix_p
         "--topology",
         "dp=1,cp=1,tp=1",
     )
-    impl = f"distributed_utils={BROKEN / 'distributed_utils' / 'barrier_ignores_group.py'}"
-    pre = shardcheck(*args, "--impl", impl, out=tmp_path / "p")
-    fixed = shardcheck(*args, out=tmp_path / "f")
+    pre, fixed = _pair(
+        tmp_path, args, "distributed_utils", BROKEN / "distributed_utils" / "barrier_ignores_group.py", None
+    )
     assert pre.returncode == 1 and fixed.returncode == 0, pre.stdout + fixed.stdout
     group = "fail distributed_utils._barrier_with_timeout: property:group_members_true does not hold"
     assert _lines(pre) == {group} and _lines(fixed) == set(), (_lines(pre), _lines(fixed))
