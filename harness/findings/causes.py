@@ -194,16 +194,15 @@ def _table(df: pd.DataFrame) -> list[dict]:
     bad = df[df["status"].isin(NOT_PASSING)]
     if not len(bad):
         return []
-    records, passed = bad.to_dict("records"), df[df["status"] == Status.PASS].to_dict("records")
+    passing, records = df[df["status"] == Status.PASS], bad.to_dict("records")
     bad = bad.assign(
-        _kind=[scaled or group_kind(r) for r, scaled in zip(records, scale_kinds(records, passed))],
-        _part=[check_part(r) for r in bad.to_dict("records")],
-        _symptom=[symptom_of(r) for r in bad.to_dict("records")],
+        _kind=[scaled or group_kind(r) for r, scaled in zip(records, scale_kinds(records, passing.to_dict("records")))],
+        _part=[check_part(r) for r in records],
+        _symptom=[symptom_of(r) for r in records],
     )
     bad = bad.assign(_status=bad["status"], _crash=bad["_symptom"].isin(CRASHES) & (bad["status"] == Status.ERROR))
     bad = _consequences(bad)
     bad = bad.assign(_rule=ours_rule_of(bad))  # a wrong answer under a rule of ours: apart from the seed's (4)
-    passing = df[df["status"] == Status.PASS]
     passing_of = {op: rows for op, rows in passing.groupby("op", sort=False)}
     empty = df.iloc[:0]
     skipped_of = skipped_by_hangs(df)
