@@ -10,17 +10,17 @@ killed and reported.
 from __future__ import annotations
 
 import builtins
-import os
 import re
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from shardcheck import Property
 from shardcheck.harness.core.peer_failure import is_peer_failure
-from shardcheck.harness.core.processes import ProcessRun, RankOutcome, RankProcess, load_module
+from shardcheck.harness.core.processes import RAISED_AT, ProcessRun, RankOutcome, RankProcess, load_module
 
 PROCESS_DEADLINE_S = 20.0  # a fresh rank still running then is killed: a hang costs this much
 BARRIER_TIMEOUT_S = 1.0  # the timeout a late rank misses
@@ -135,15 +135,14 @@ def raise_what_a_rank_raised(run: ProcessRun, impl_file: str | None) -> ProcessR
         return run
     name, _, message = origin.error.partition(": ")
     frames = [(m["file"], int(m["line"])) for m in _FRAME.finditer(origin.traceback)]
-    ours = [f for f in frames if impl_file and os.path.samefile(f[0], impl_file)] if impl_file else []
+    ours = [f for f in frames if impl_file and Path(f[0]).resolve() == Path(impl_file).resolve()]
     where = (ours or frames or [("<rank>", 1)])[-1]
     error_type = getattr(builtins, name, None)
     if not (isinstance(error_type, type) and issubclass(error_type, Exception)):
         error_type = type(name, (Exception,), {})  # a type of the module under test's: its name is what we show
-    # Raised from code compiled at the rank's file and line, so that the error row names where the rank raised.
-    code = compile("\n" * (where[1] - 1) + "raise error", where[0], "exec")
-    exec(code, {"error": error_type(f"{message} [fresh rank {origin.rank} of {len(run.ranks)}]")})
-    return run  # not reached: the code raises
+    error = error_type(f"{message} [fresh rank {origin.rank} of {len(run.ranks)}]")
+    setattr(error, RAISED_AT, where)  # the error row names where the rank raised, not this line
+    raise error
 
 
 # ---- properties -------------------------------------------------------------------------------

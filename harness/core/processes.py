@@ -57,6 +57,9 @@ import torch.distributed as dist
 from shardcheck.harness.core.modules import resolve_impl
 from shardcheck.harness.core.peer_failure import is_peer_failure
 
+# An exception's attribute naming where a fresh rank raised it, (path, line), for an exception re-raised in the
+# process that judges the rank's run: its traceback is another process's text (harness/rank/errors.raising_location).
+RAISED_AT = "__shardcheck_raised_at__"
 HOST = "127.0.0.1"
 # Variables a launcher sets: removed in every fresh rank (it may have been forked from a worker
 # started by torchrun), then set again for the simulated job.

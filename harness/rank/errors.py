@@ -14,6 +14,7 @@ import shardcheck.harness
 import shardcheck.reference
 import shardcheck.suites
 from shardcheck.harness.core.peer_failure import is_peer_failure
+from shardcheck.harness.core.processes import RAISED_AT
 from shardcheck.harness.core.records import Symptom
 
 # Frames of the harness, the suites, the references, torch and the standard library: not the code under test.
@@ -32,7 +33,10 @@ _NOT_UNDER_TEST = tuple(
 def raising_location(exc: BaseException) -> str:
     """path:line where `exc` was raised: the innermost frame of the code under test (the module under test or
     what it calls, not torch nor the harness), else the innermost frame.  Paths inside the working directory are
-    relative to it."""
+    relative to it.  An exception marked RAISED_AT (a fresh rank's, raised again where its run is judged) was raised
+    there."""
+    if (at := getattr(exc, RAISED_AT, None)) is not None:
+        return relative_location(*at)
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return "?:0"
