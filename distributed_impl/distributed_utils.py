@@ -19,7 +19,6 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
-from torch.nn.parallel import DistributedDataParallel
 
 logger = logging.getLogger(__name__)
 
@@ -103,14 +102,16 @@ def dp_eval_sample_shard(distributed_config: Any, dp_rank: int, dp_size: int) ->
 def get_sync_ctx(model, is_optim_step, defer_fsdp_grad_sync: bool):
     """The context to run one micro-batch's forward and backward in.
 
-    DDP: `model.no_sync()` except on the optimizer step, so gradients are all-reduced once, on the
-    last micro-batch.  FSDP2: gradient sync switched to `is_optim_step` when deferring (fewer
-    reduce-scatters, unsharded gradients held meanwhile), else on; a null context.  Anything else:
-    a null context."""
-    if isinstance(model, DistributedDataParallel):
-        return nullcontext() if is_optim_step else model.no_sync()
+    FSDP2: gradient sync switched to `is_optim_step` when deferring (fewer reduce-scatters, unsharded
+    gradients held meanwhile), else on; a null context.  DDP, or any wrapper with a `no_sync()`
+    (Megatron-FSDP's, not a DDP subclass): `model.no_sync()` except on the optimizer step, so
+    gradients are reduced once, on the last micro-batch.  Anything else: a null context."""
     if isinstance(model, FSDPModule):
         model.set_requires_gradient_sync(bool(is_optim_step) if defer_fsdp_grad_sync else True)
+        return nullcontext()
+    no_sync = getattr(model, "no_sync", None)
+    if callable(no_sync) and not is_optim_step:
+        return no_sync()
     return nullcontext()
 
 

@@ -34,7 +34,20 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from shardcheck import REPLICATED, BadInput, Case, FuzzSpace, Layout, Partial, Property, Shard, cite, ours, seed
+from shardcheck import (
+    REPLICATED,
+    BadInput,
+    Case,
+    FuzzSpace,
+    Layout,
+    OutsideSeed,
+    Partial,
+    Property,
+    Shard,
+    cite,
+    ours,
+    seed,
+)
 from shardcheck.harness.core.measure import CommCounter, group_dims
 from shardcheck.harness.core.processes import module_ref, run_ranks
 from shardcheck.reference import distributed_utils as ref
@@ -62,6 +75,7 @@ from shardcheck.suites._fuzz_draws import topology as fuzz_topology
 
 FAMILY = "distributed_utils"
 OP = FAMILY + "."
+DOC = "docs/ops/distributed_utils.md"
 
 DP_SHARDED = Layout(dp=Shard(0))
 DP_SUM = Layout(dp=Partial())  # the full value is the sum of the DP ranks' values
@@ -421,7 +435,27 @@ def eval_bad_input_cases() -> list[Case]:
 # ---- get_sync_ctx -----------------------------------------------------------------------------
 
 MICRO_BATCHES, BATCH, FEATURES, HIDDEN, OUT = 3, 8, 6, 5, 2
-MODEL_KINDS = ("ddp", "fsdp2-deferred", "fsdp2-every-step", "plain")
+MODEL_KINDS = ("ddp", "fsdp2-deferred", "fsdp2-every-step", "no-sync-wrapper", "plain")
+# The seed names no wrapper; a data-parallel wrapper that is no DDP but has `no_sync()` (Megatron-FSDP's, as upstream's
+# get_sync_ctx says since NVIDIA-NeMo/Automodel 147726c) skips its sync off the optimizer step under our rule.
+NO_SYNC_WRAPPER = OutsideSeed(
+    "a wrapper with no_sync() that is no DDP (the seed names no wrapper)", ours(f"{DOC}#no-sync-wrapper")
+)
+
+
+class NoSyncWrapper(torch.nn.Module):
+    """A data-parallel wrapper that is not a `DistributedDataParallel` but exposes `no_sync()`, as Megatron-FSDP's
+    does: the DDP it holds all-reduces the gradients, except inside `no_sync()`."""
+
+    def __init__(self, module: torch.nn.Module, process_group):
+        super().__init__()
+        self.ddp = torch.nn.parallel.DistributedDataParallel(module, process_group=process_group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ddp(x)
+
+    def no_sync(self):
+        return self.ddp.no_sync()
 
 
 def _sync_inputs(micro_batches: int = MICRO_BATCHES, batch: int = BATCH):
@@ -457,6 +491,8 @@ def _sync_run(kind: str):
         dp = ctx.size("dp")
         if kind == "ddp":
             model = torch.nn.parallel.DistributedDataParallel(model, process_group=ctx.group("dp"))
+        elif kind == "no-sync-wrapper":
+            model = NoSyncWrapper(model, ctx.group("dp"))
         elif kind.startswith("fsdp2"):
             from torch.distributed.fsdp import fully_shard
 
@@ -528,6 +564,7 @@ def sync_case(kind: str, micro_batches: int = MICRO_BATCHES, batch: int = BATCH)
         properties=_sync_properties(kind),
         dtypes=("float64", "float32"),
         supports=lambda t: _dp_only(t) and batch % t.dp == 0,
+        outside_seed=(NO_SYNC_WRAPPER,) if kind == "no-sync-wrapper" else (),
     )
 
 
@@ -683,7 +720,6 @@ def cases(quick: bool = False) -> list[Case]:
     return cite(out + process_cases(), RULES, bad_input=ours(f"{DOC}#reduce_loss"))
 
 
-DOC = "docs/ops/distributed_utils.md"
 _FIRST = "FirstRankPerNode: "
 _BARRIER = "_barrier_with_timeout: 'Returns: True if barrier completed successfully, False if timeout occurred'"
 _LOG = "barrier_and_log: 'Perform a distributed barrier and then log a message on rank 0.'"

@@ -253,6 +253,37 @@ def test_a_pre_fix_barrier_ignoring_its_group_fails_the_sub_group_case_its_fix_p
     assert "rank 0: False" in line["worst"] and "rank 1: False" in line["worst"], line["worst"]
 
 
+def test_a_pre_fix_sync_context_that_knows_only_ddp_warns_on_a_wrapper_with_no_sync(tmp_path):
+    """Issue 42, the pre-fix copies (distributed_utils): upstream get_sync_ctx gave `no_sync()` to a DDP instance only,
+    so a wrapper that has one and is no DDP (Megatron-FSDP's) synced its gradients on every micro-batch; its fix
+    (NVIDIA-NeMo/Automodel 147726c) calls any wrapper's `no_sync()`.  The seed names no wrapper: the case
+    no-sync-wrapper is judged under our rule, a warning only the pre-fix copy prints (the values stay right)."""
+    args = (
+        "run",
+        "--suite",
+        "distributed_utils",
+        "--op",
+        "distributed_utils.get_sync_ctx",
+        "--case",
+        "no-sync-wrapper-3-micro-batches",
+        "--case",
+        "ddp-3-micro-batches",
+        "--topology",
+        "dp=2,cp=1,tp=1",
+    )
+    pre, fixed = _pair(
+        tmp_path, args, "distributed_utils", BROKEN / "distributed_utils" / "no_sync_only_on_ddp.py", None
+    )
+    assert pre.returncode == 1 and fixed.returncode == 0, pre.stdout + fixed.stdout
+    synced = "warn distributed_utils.get_sync_ctx: property:no_grad_sync_before_optim_step does not hold"
+    assert _lines(pre) == {synced} and _lines(fixed) == set(), (_lines(pre), _lines(fixed))
+    line = pre.causes.iloc[0]
+    assert "no-sync-wrapper" in line["worst"] and "micro-batch 1: {'all_reduce@dp'" in line["worst"], line["worst"]
+    assert line["rule"].startswith("rule: ours, docs/ops/distributed_utils.md#no-sync-wrapper"), line["rule"]
+    values = pre.rows[pre.rows["check"].str.startswith(("forward", "grad:"))]
+    assert len(values) and (values["status"] == "pass").all(), values
+
+
 def test_a_pre_fix_copy_that_does_not_pad_warns_under_our_rule_not_the_seeds(tmp_path):
     """Issue 42, the pre-fix copies (cp_utils): before make_cp_batch_and_ctx padded a sequence 2·CP does not divide,
     torch's context_parallel sharded it in contiguous chunks with load balancing off (attention exact), and loss_mask

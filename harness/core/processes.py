@@ -284,6 +284,9 @@ def _rank_main(launch: RankLaunch, rank: int) -> None:
     try:
         if launch.init_process_group:
             dist.init_process_group(launch.backend, timeout=timedelta(seconds=launch.pg_timeout))
+            # Every rank has joined before any runs fn: a rank that raises at once in fn tears its group down,
+            # and a peer still connecting to it (gloo's full mesh) would fail in setup instead of in the op.
+            dist.barrier()
         result = launch.fn(proc, *launch.args)
         store.set(f"{KEY}result/{rank}", pickle.dumps(result))
     except BaseException as exc:  # noqa: BLE001  whatever escaped fn is the outcome

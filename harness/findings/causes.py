@@ -71,7 +71,7 @@ from shardcheck.harness.findings import model_order, shared_roots
 from shardcheck.harness.findings.common_factor import apart_by_scale, factor_text, is_scaled, scale_kinds
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
 from shardcheck.harness.findings.hang_skips import not_run, skipped_by_hangs, skipped_like
-from shardcheck.harness.findings.shared_roots import by_rule, ours_rule_of, same_rules, shared_key, worded
+from shardcheck.harness.findings.shared_roots import by_rule, ours_rule_of, same_rules, shared_key, warn_twins, worded
 from shardcheck.harness.findings.wording import (
     CRASHES,
     ERRORS,
@@ -404,6 +404,8 @@ def _per_op(symptoms: list[dict], rows: pd.DataFrame, passing: pd.DataFrame, bad
     cause the failure, and two different crashes stay two lines."""
     failing, ours = by_rule([s for s in symptoms if s["status"] in (Status.FAIL, Status.ERROR)])  # (docstring, 4)
     warnings = _same_items([s for s in symptoms if s["status"] not in (Status.FAIL, Status.ERROR)], passing, bad)
+    twins, warnings = warn_twins(failing, warnings)
+    failing = [_joined([s, *twins[id(s)]], passing, bad) if id(s) in twins else s for s in failing]
     signature = [s for s in failing if s["symptoms"] == {Symptom.SIGNATURE}]  # of the module: apart from any case's
     failing, warnings = [s for s in failing if s not in signature], signature + warnings
     crashes = [s for s in failing if s["symptoms"] & set(CRASHES)]
@@ -432,12 +434,11 @@ def _same_items(warnings: list[dict], passing: pd.DataFrame, bad: pd.DataFrame) 
     for s in warnings:
         key = (frozenset(s["items"]),) if s["status"] == Status.WARN and s["symptoms"] == {Symptom.PROPERTY} else id(s)
         groups.setdefault(key, []).append(s)
-    return [
-        g[0]
-        if len(g) == 1
-        else _merge(g, separating_condition(bad.loc[[i for s in g for i in s["rows"]]], passing), bad)
-        for g in groups.values()
-    ]
+    return [g[0] if len(g) == 1 else _joined(g, passing, bad) for g in groups.values()]
+
+
+def _joined(group: list[dict], passing: pd.DataFrame, bad: pd.DataFrame) -> dict:
+    return _merge(group, separating_condition(bad.loc[[i for s in group for i in s["rows"]]], passing), bad)
 
 
 def _wrong_answers(

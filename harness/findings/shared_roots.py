@@ -101,6 +101,24 @@ def by_rule(symptoms: list[dict]) -> tuple[list[dict], dict[str, list[dict]]]:
     return seed, ours
 
 
+def warn_twins(failing: list[dict], warnings: list[dict]) -> tuple[dict[int, list[dict]], list[dict]]:
+    """Per failing symptom (by `id`), the warnings that are its twins, and the warnings left.  A property that only
+    warns because its rule is ours alone (an input the seed does not describe: core/rules.py) where the same property
+    fails the same way under the seed's rule on another case of the op is one root (a DDP and a wrapper with
+    `no_sync()` both syncing on every micro-batch): one line, listing both rules, at the failure's status."""
+    failed = {s["kind"]: s for s in failing if s["status"] == Status.FAIL and s["symptoms"] == {Symptom.PROPERTY}}
+    twins: dict[int, list[dict]] = {}
+    left = []
+    for w in warnings:
+        ours = bool(w["rules"]) and all(source == RuleSource.OURS for source, _ in w["rules"])
+        twin = failed.get(w["kind"]) if w["status"] == Status.WARN and w["symptoms"] == {Symptom.PROPERTY} else None
+        if twin is not None and ours:
+            twins.setdefault(id(twin), []).append(w)
+        else:
+            left.append(w)
+    return twins, left
+
+
 def _topologies(symptom: dict) -> set[tuple]:
     """The mesh coordinates of a symptom's items (conditions.ITEM: case, the mesh dims, dtype)."""
     return {item[1:-1] for item in symptom["items"]}
