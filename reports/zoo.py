@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from shardcheck.harness.core.records import Status
+from shardcheck.harness.core.records import Status, load
 from shardcheck.harness.core.zoo_bug import BROKEN, FIXED, FIXED_DTYPES, Bug
 from shardcheck.harness.findings.causes import causes
-from shardcheck.harness.findings.verdicts import read_settled
 
 CAUGHT = {Status.FAIL, Status.ERROR}
 FALSE_ALARM = {Status.FAIL, Status.ERROR, Status.WARN, Status.XPASS}
@@ -124,7 +123,7 @@ def recall_of(name: str, bug: Bug, rows: pd.DataFrame) -> Recall:
 
 def recall(run_dir: Path | None, bugs: dict[str, Bug]) -> list[Recall]:
     """The table of `bugs` (entry name -> Bug) from the run in `run_dir` (None: no pair ran)."""
-    rows = read_settled(run_dir).rows if run_dir is not None and (run_dir / "results.jsonl").is_file() else None
+    rows = load(run_dir) if run_dir is not None and (run_dir / "results.jsonl").is_file() else None  # as settled
     if rows is None or rows.empty:
         rows = pd.DataFrame(columns=["family", "case_id", "status", "dtype"])
     return [recall_of(name, bug, rows) for name, bug in bugs.items()]

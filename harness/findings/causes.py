@@ -67,7 +67,7 @@ from shardcheck.harness.core.citations import RuleSource
 from shardcheck.harness.core.compare import NOT_PASSING, STATUS_ORDER
 from shardcheck.harness.core.modules import is_ours
 from shardcheck.harness.core.records import PHASES, SIGNATURE_CHECK, Phase, Status, Symptom, with_mesh_splits
-from shardcheck.harness.findings import model_order, shared_roots
+from shardcheck.harness.findings import frames, model_order, shared_roots
 from shardcheck.harness.findings.common_factor import apart_by_scale, factor_text, is_scaled, scale_kinds
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
 from shardcheck.harness.findings.hang_skips import not_run, skipped_by_hangs, skipped_like
@@ -205,13 +205,13 @@ def _table(df: pd.DataFrame) -> list[dict]:
     bad = bad.assign(_rule=ours_rule_of(bad))  # a wrong answer under a rule of ours: apart from the seed's (4)
     passing_of = {op: rows for op, rows in passing.groupby("op", sort=False)}
     empty = df.iloc[:0]
-    skipped_of = skipped_by_hangs(df)
+    skipped_of, as_dicts = skipped_by_hangs(df), frames.RowDicts(bad)
     symptoms = []
     for (op, status, kind, _, _), rows in bad.groupby(["op", "_status", "_kind", "_part", "_rule"], sort=False):
         rows = rows.sort_values("_crash", ascending=False, kind="stable")  # the crash itself names the line
         stale = status == Status.XPASS  # a stale mark is judged where it ran; a hang's skips say nothing of it
         unknown = None if stale else skipped_like(rows, skipped_of.get(op))
-        symptom = _symptom(op, status, kind, rows[rows["_crash"]] if rows["_crash"].any() else rows, rows)
+        symptom = _symptom(op, status, kind, rows[rows["_crash"]] if rows["_crash"].any() else rows, rows, as_dicts)
         symptom["condition"] = _condition(symptom, rows, passing_of.get(op, empty), unknown)
         if not stale:
             symptom["condition"] += not_run(rows, skipped_of.get(op))
@@ -280,10 +280,10 @@ def _consequences(bad: pd.DataFrame) -> pd.DataFrame:
     return bad.assign(_status=status, _kind=kind, _part=part)
 
 
-def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, all_rows: pd.DataFrame) -> dict:
+def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, all_rows: pd.DataFrame, as_dicts) -> dict:
     """One symptom from its rows, its condition to be set (`_condition`); `all_rows` adds the checks failing as its
-    consequences (counted, listed)."""
-    records = rows.to_dict("records")
+    consequences (counted, listed).  `as_dicts`: the rows as dicts (frames.RowDicts of the frame they are from)."""
+    records, all_records = as_dicts(rows), as_dicts(all_rows)
     symptom = records[0]["_symptom"]
     found = set(rows["_symptom"])
     if found <= {Symptom.VALUES, Symptom.NONFINITE} and not is_scaled(kind):
@@ -310,7 +310,7 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, all_rows: pd.D
         "kind": kind,
         "symptoms": found,
         "signals": signals,
-        "checks": checks_text(list(all_rows["check"].unique()), status, factor_text(all_rows.to_dict("records"))),
+        "checks": checks_text(list(all_rows["check"].unique()), status, factor_text(all_records)),
         "count": len(all_rows),
         "condition": "",
         "worst": worst_text(worst, status),
@@ -318,7 +318,7 @@ def _symptom(op: str, status: str, kind: str, rows: pd.DataFrame, all_rows: pd.D
         "rows": list(rows.index),
         "items": set(map(tuple, rows[ITEM].astype(str).values)),
         "all_checks": list(all_rows["check"].unique()),
-        "rules": _rules(all_rows),
+        "rules": frames.rules_of(all_records),
         "members": list(all_rows.index),
         "ours_rule": str(all_rows["_rule"].iloc[0]) if "_rule" in all_rows else "",
         # one root per exception type and message (numbers blanked) raised in one file: a line that raises on two
@@ -349,12 +349,6 @@ def _condition(symptom: dict, all_rows: pd.DataFrame, passing: pd.DataFrame, unk
     if symptom["status"] == Status.XPASS:  # where the mark no longer holds, rather than what separates it from passing
         return f"in {item_count(rows)} item(s) {where_text(rows)}"
     return separating_condition(rows if unknown is None else pd.concat([rows, unknown]), passing)
-
-
-def _rules(rows: pd.DataFrame) -> dict:
-    """The rules a cause's rows were judged under ((source, cite) -> None, in order): where each comes from."""
-    pairs = rows[["rule_source", "rule_cite"]].dropna() if {"rule_source", "rule_cite"} <= set(rows) else rows.iloc[:0]
-    return dict.fromkeys(map(tuple, pairs.drop_duplicates().values))
 
 
 def _merge(group: list[dict], condition: str, bad: pd.DataFrame | None = None) -> dict:

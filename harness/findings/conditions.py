@@ -97,6 +97,20 @@ def _distinct(df: pd.DataFrame) -> dict[str, list[tuple[object, int]]]:
     return out
 
 
+_PASSING: dict[int, tuple[pd.DataFrame, dict]] = {}  # id -> (the frame, held so its id stays its own; _distinct's)
+
+
+def _distinct_of_passing(passing: pd.DataFrame) -> dict[str, list[tuple[object, int]]]:
+    """`_distinct(passing)`, computed once per frame: every symptom of an op is separated from the same passing rows
+    (thousands of them in a model case), and frames are not changed in place here."""
+    kept = _PASSING.get(id(passing))
+    if kept is None or kept[0] is not passing:
+        if len(_PASSING) >= 16:
+            _PASSING.pop(next(iter(_PASSING)))
+        kept = _PASSING[id(passing)] = (passing, _distinct(passing))
+    return kept[1]
+
+
 def _item_keys(df: pd.DataFrame, key: list[str]) -> list[tuple]:
     return list(zip(*(df[c].to_numpy(dtype=object).astype(str) for c in key)))
 
@@ -105,7 +119,8 @@ def _topologies(df: pd.DataFrame) -> list[str]:
     """The topologies of `df`'s rows; a signature row has none (it is of the module, found before any rank ran)."""
     ran = df[df["check"] != SIGNATURE_CHECK] if "check" in df else df
     ran = ran if len(ran) else df
-    return sorted({topology_label(row) for row in ran.to_dict("records")})
+    dims = [c for c in ("dp", "dp_replicate", "ep", "cp", "tp") if c in ran]
+    return sorted({topology_label(dict(zip(dims, mesh))) for mesh in set(zip(*(ran[c].tolist() for c in dims)))})
 
 
 def _bits(indices: list[int], n: int) -> int:
@@ -137,7 +152,7 @@ def separating_condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: boo
 
 def _condition(bad: pd.DataFrame, passing: pd.DataFrame, by_check: bool) -> tuple[str, bool]:
     """(words, whether they separate `bad` from every row of `passing`): the smallest exact conjunction."""
-    bad_values, passing_values = _distinct(bad), _distinct(passing)
+    bad_values, passing_values = _distinct(bad), _distinct_of_passing(passing)
     values = {f: [v for v, _ in bad_values[f]] + [v for v, _ in passing_values[f]] for f in FIELDS}
     candidates = []
     for words, order, field, test in _predicates(values, by_check):

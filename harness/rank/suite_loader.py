@@ -10,6 +10,7 @@ from the same absolute paths (`Plan.suite_paths`).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import pkgutil
@@ -30,13 +31,29 @@ BUILTIN_DIR = Path(suites.__file__).resolve().parent
 CONFIG_KEYS = ("suite-paths", "fuzz-corpus")
 
 
+@functools.cache  # the package's files do not change while a process runs
+def _builtin_suite_names() -> tuple[str, ...]:
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith("_")))
+
+
 def builtin_suite_names() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(suites.__path__) if not m.name.startswith("_"))
+    return list(_builtin_suite_names())
+
+
+def _stamp(given: str) -> int | None:
+    path = Path(given).expanduser()
+    return path.stat().st_mtime_ns if path.exists() else None
 
 
 def external_suite_files(suite_paths: Sequence[str]) -> dict[str, Path]:
     """{suite name: absolute file} of the external suites under `suite_paths` (.py files, or folders whose .py
-    files not starting with `_` are suites).  A name taken twice, or a built-in suite's, is a UsageError."""
+    files not starting with `_` are suites).  A name taken twice, or a built-in suite's, is a UsageError.  Read once
+    per state of the paths (a folder's mtime moves when a file is added or removed): planning asks it per item."""
+    return dict(_external_suite_files(tuple(suite_paths), tuple(map(_stamp, suite_paths))))
+
+
+@functools.lru_cache(maxsize=64)
+def _external_suite_files(suite_paths: tuple[str, ...], stamps: tuple) -> dict[str, Path]:
     builtin = set(builtin_suite_names())
     found: dict[str, Path] = {}
     for given in suite_paths:
