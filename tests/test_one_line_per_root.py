@@ -133,6 +133,12 @@ def test_a_missing_seed_parameter_and_the_typeerror_of_every_call_passing_it_are
     # a TypeError the module raises itself is its own root
     own = [{**r, "error_where": "their_model_utils.py:9"} if r["status"] == "error" else r for r in rows]
     assert len(causes(pd.DataFrame(own))) == 2
+    # a suite building the op by that name (a class's constructor) is a call by the seed's names too; the module
+    # under test (--impl) calling it so is not
+    tested = [{**r, "impl": "their_model_utils.py"} for r in own]
+    assert len(causes(pd.DataFrame(tested))) == 2
+    by_suite = [{**r, "error_where": "suites/model_utils.py:70"} if r["status"] == "error" else r for r in tested]
+    assert len(causes(pd.DataFrame(by_suite))) == 1
 
 
 def test_a_rank_dying_of_one_signal_in_one_phase_is_one_line_across_ops_whatever_their_conditions():

@@ -76,6 +76,7 @@ from shardcheck.harness.findings.wording import (
     CRASHES,
     ERRORS,
     blank_numbers,
+    call_by_seed_names,
     check_part,
     checks_text,
     display,
@@ -219,7 +220,7 @@ def _table(df: pd.DataFrame) -> list[dict]:
     table = []
     for op in dict.fromkeys(s["ops"][0] for s in symptoms):
         of_op = [s for s in symptoms if s["ops"] == (op,)]
-        table += _signature_and_its_calls(_per_op(of_op, df[df["op"] == op], passing_of.get(op, empty), bad))
+        table += _signature_and_its_calls(_per_op(of_op, df[df["op"] == op], passing_of.get(op, empty), bad), bad)
     seed_items = _seed_items(df)
     unrun = {tuple(map(str, key)) for rows in skipped_of.values() for key in rows[WHERE].values}
     judged = [_demoted(c, bad, seed_items, unrun) for c in _across_ops(table, bad, passing)]  # one root, whose rule
@@ -228,18 +229,13 @@ def _table(df: pd.DataFrame) -> list[dict]:
     )
 
 
-KEYWORD_CALLS = "rank/signatures.py"  # the file where a call by the seed's parameter names raises (KeywordCalls)
-
-
-def _signature_and_its_calls(lines: list[dict]) -> list[dict]:
+def _signature_and_its_calls(lines: list[dict], bad: pd.DataFrame) -> list[dict]:
     """An op's signature line and the TypeError every call by the seed's parameter names then raises (a seed
     parameter the module lacks): one root, one line, under the signature's condition (of the module)."""
     signature = [c for c in lines if c["symptoms"] == {Symptom.SIGNATURE}]
-    calls = [
-        c
-        for c in lines
-        if c["error_key"] is not None and c["error_key"][0] == "TypeError" and KEYWORD_CALLS in str(c["error_key"][1])
-    ]
+    said = signature[0]["kind"] if len(signature) == 1 else ""
+    tested = set(bad.loc[[i for c in lines for i in c["rows"]], "impl"]) if "impl" in bad and said else set()
+    calls = [c for c in lines if c["error_key"] is not None and call_by_seed_names(c["error_key"], said, tested)]
     if len(signature) != 1 or not calls:
         return lines
     merged = _merge(signature + calls, signature[0]["condition"])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from shardcheck.harness.core.modules import is_path
 from shardcheck.harness.core.records import SIGNATURE_CHECK, SYMPTOMS, Status, Symptom
 from shardcheck.harness.core.topology import topology_label
 from shardcheck.harness.findings import model_order
@@ -41,6 +42,26 @@ _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 def blank_numbers(text: str) -> str:
     """`text` with its numbers (ranks, shapes, sizes, seconds) written N, so alike messages compare equal."""
     return _NUMBER.sub("N", str(text or ""))
+
+
+KEYWORD_CALLS = "rank/signatures.py"  # the file where a call by the seed's parameter names raises (KeywordCalls)
+_UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
+
+
+def call_by_seed_names(error_key: tuple, signature: str, tested: set) -> bool:
+    """Whether an error (its causes.py key: type, file, message) is a call by the seed's parameter names that the
+    module's signature line (`signature`, its kind) explains: a TypeError where the harness calls by those names, or,
+    for a keyword the line names missing or renamed, outside the modules under test (`tested`: their --impl paths; a
+    suite building a class): the module's own call raising it is a root of its own."""
+    if error_key[0] != "TypeError":
+        return False
+    if KEYWORD_CALLS in str(error_key[1]):
+        return True
+    unexpected = _UNEXPECTED.search(str(error_key[2]))
+    named = unexpected is not None and re.search(rf"\b{unexpected[1]}\b", signature.split(" (seed ")[0]) is not None
+    paths = [Path(str(spec)).resolve() for spec in tested if isinstance(spec, str) and is_path(spec)]
+    outside = bool(paths) and len(paths) == len(tested) and Path(str(error_key[1])).resolve() not in paths
+    return named and outside
 
 
 def symptom_of(row) -> str | None:
