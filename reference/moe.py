@@ -164,7 +164,7 @@ MIN_MARGIN = 0.5  # router logits: k-th best minus (k+1)-th, for every token id 
 
 def routing_margin(logits: torch.Tensor, top_k: int) -> float:
     """The smallest gap between a row's k-th and (k+1)-th largest logits."""
-    top = logits.topk(top_k + 1, dim=-1).values
+    top = logits.detach().topk(top_k + 1, dim=-1).values  # a number, not part of any graph
     return float((top[:, top_k - 1] - top[:, top_k]).min())
 
 

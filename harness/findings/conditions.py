@@ -4,6 +4,7 @@ docstring, 2): the smallest conjunction of predicates over the check, dtype, mes
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -97,17 +98,17 @@ def _distinct(df: pd.DataFrame) -> dict[str, list[tuple[object, int]]]:
     return out
 
 
-_PASSING: dict[int, tuple[pd.DataFrame, dict]] = {}  # id -> (the frame, held so its id stays its own; _distinct's)
+# id of a live frame -> (a weak reference to it, its `_distinct`); an entry leaves with its frame
+_PASSING: dict[int, tuple[weakref.ref, dict]] = {}
 
 
 def _distinct_of_passing(passing: pd.DataFrame) -> dict[str, list[tuple[object, int]]]:
-    """`_distinct(passing)`, computed once per frame: every symptom of an op is separated from the same passing rows
-    (thousands of them in a model case), and frames are not changed in place here."""
-    kept = _PASSING.get(id(passing))
-    if kept is None or kept[0] is not passing:
-        if len(_PASSING) >= 16:
-            _PASSING.pop(next(iter(_PASSING)))
-        kept = _PASSING[id(passing)] = (passing, _distinct(passing))
+    """`_distinct(passing)`, computed once per frame while it lives: every symptom of an op is separated from the same
+    passing rows (thousands of them in a model case), and frames are not changed in place here."""
+    key = id(passing)
+    kept = _PASSING.get(key)
+    if kept is None or kept[0]() is not passing:
+        kept = _PASSING[key] = (weakref.ref(passing, lambda _, key=key: _PASSING.pop(key, None)), _distinct(passing))
     return kept[1]
 
 
