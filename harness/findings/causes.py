@@ -195,9 +195,9 @@ def _table(df: pd.DataFrame) -> list[dict]:
     bad = df[df["status"].isin(NOT_PASSING)]
     if not len(bad):
         return []
-    passing, records = df[df["status"] == Status.PASS], bad.to_dict("records")
+    passing, records = df[df["status"] == Status.PASS], frames.records(bad)
     bad = bad.assign(
-        _kind=[scaled or group_kind(r) for r, scaled in zip(records, scale_kinds(records, passing.to_dict("records")))],
+        _kind=[scaled or group_kind(r) for r, scaled in zip(records, scale_kinds(records, frames.records(passing)))],
         _part=[check_part(r) for r in records],
         _symptom=[symptom_of(r) for r in records],
     )

@@ -120,7 +120,7 @@ def _topologies(df: pd.DataFrame) -> list[str]:
     """The topologies of `df`'s rows; a signature row has none (it is of the module, found before any rank ran)."""
     ran = df[df["check"] != SIGNATURE_CHECK] if "check" in df else df
     ran = ran if len(ran) else df
-    dims = [c for c in ("dp", "dp_replicate", "ep", "cp", "tp") if c in ran]
+    dims = [c for c in ITEM[1:-1] if c in ran]  # the mesh dims topology_label reads
     return sorted({topology_label(dict(zip(dims, mesh))) for mesh in set(zip(*(ran[c].tolist() for c in dims)))})
 
 

@@ -40,9 +40,11 @@ def builtin_suite_names() -> list[str]:
     return list(_builtin_suite_names())
 
 
-def _stamp(given: str) -> int | None:
-    path = Path(given).expanduser()
-    return path.stat().st_mtime_ns if path.exists() else None
+def _stamp(given: str) -> tuple[str, int | None]:
+    """What a suite path names now: the resolved path (a relative one moves with the working directory) and its
+    mtime (None: absent)."""
+    path = Path(given).expanduser().resolve()
+    return str(path), path.stat().st_mtime_ns if path.exists() else None
 
 
 def external_suite_files(suite_paths: Sequence[str]) -> dict[str, Path]:
