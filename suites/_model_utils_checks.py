@@ -191,6 +191,7 @@ TEMPERATURE = ours(f"{DOC}#sampling-temperature")  # the op divides by sampling_
 TOP_K_ZERO = ours(f"{DOC}#top-k--top-p-filtering")  # top_k = 0 disables filtering ("None or -1" in the seed)
 INT32_IDS = ours(f"{DOC}#index-dtype")  # int32 ids, where the seed states no index dtype: taken as the int64 ones
 CHUNK_ROWS = ours(f"{DOC}#sampling-log-probs-top-k--top-p")  # a chunk's rows that TP does not divide: rounded up
+CP_LAYOUT_OPEN = ours(f"{DOC}#cp-layouts-the-seed-leaves-open")  # CP input whose layout the seed does not state
 # Where each property's rule comes from (docs/ops/model_utils.md#rules-seed-or-ours lists them).
 RULES = {
     # chunking bounds memory and changes nothing else
@@ -247,6 +248,12 @@ def outside_seed(case: Case) -> tuple[OutsideSeed, ...]:
                 "a TP rank holding no vocab entries", UNEVEN_VOCAB, lambda t, v=v: _empty_vocab_shard(v, t.tp)
             )
             out.append(empty)
+    # CP inputs the seed leaves open (the seed gives a seq_index with CP-sharded logits; its plain path is non-parallel)
+    if p.get("variant") == "shard1":
+        out.append(OutsideSeed("CP-sharded DTensor logits without seq_index", CP_LAYOUT_OPEN, lambda t: t.cp > 1))
+    if p.get("variant") == "plain" and case.op.endswith(".get_next_token_logprobs_from_logits"):
+        plain = "context_parallel_group with plain full-vocab logits"
+        out.append(OutsideSeed(plain, CP_LAYOUT_OPEN, lambda t: t.cp > 1))
     chunk, b = p.get("chunk_size"), p.get("B")
     if (p.get("top_k") or 0) > 0 or (p.get("top_p") or 1.0) < 1.0:  # through the sampling op's chunks
         if isinstance(chunk, int) and chunk > 0 and isinstance(b, int):

@@ -378,12 +378,15 @@ FRONT_END_SPECS = (
         "shard1",
         NextTokenSpec(4, 24, Sampling(top_p=0.8), draw=Draw(masked=0.2)),
     ),
-    # the DTensor's own Shard(1) without seq_index on ids in [0, V) (a seed-rule case): a module that refuses the
-    # missing seq_index refuses here too, so its line is never read as "raises on input only our rule feeds"
+    # the DTensor's own Shard(1) without seq_index on ids in [0, V): a CP layout the seed leaves open (it gives a
+    # seq_index with CP-sharded logits), judged under our rule at CP ≥ 2 as the masked case above is
     FrontEndSpec("get_logprobs_from_vocab_parallel_logits", "shard1", NextTokenSpec(2, 32)),
     FrontEndSpec(
         "get_next_token_logprobs_from_logits", "vocab_parallel_group", NextTokenSpec(2, 32, draw=Draw(masked=0.2))
     ),
+    # ids in [0, V), no sampling: the seed's own input at CP, beside which a raise on the other variants' input (masked
+    # ids, a temperature, plain logits with a CP group) reads as a raise on input only our rule feeds
+    FrontEndSpec("get_next_token_logprobs_from_logits", "vocab_parallel_group", NextTokenSpec(2, 32)),
     FrontEndSpec(
         "get_next_token_logprobs_from_logits", "plain", NextTokenSpec(2, 24, Sampling(top_k=4, temperature=1.3))
     ),

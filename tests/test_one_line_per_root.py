@@ -356,6 +356,30 @@ def test_a_crash_on_input_only_our_rule_feeds_and_a_seed_wrong_answer_are_two_li
     assert set(table["status"]) == {"warn", "fail"}, finding_lines(table)  # the crash demoted, the NaN a failure
 
 
+def test_a_wrong_answer_on_uneven_shards_and_a_seed_nan_on_minus_inf_logits_at_one_tp_are_two_lines():
+    """Issue 42: at TP 2 a distillation op is wrong on V = 37 (uneven shards: our rule) and NaN on −inf logits (the
+    seed's, "when neg_inf ≥ 0.3"). They show in one check at one topology, but the seed's trigger is an input, not
+    the mesh: two roots, the wrong answer an opinion of ours on a line of its own."""
+    seed_rule = "the op's documented result (its docstring and signature)"
+    uneven = "docs/ops/model_utils.md#uneven-vocab-shards"
+    params = {"v37": {"V": 37, "K": 5}, "inf": {"V": 24, "K": 5, "neg_inf": 0.3}, "v24": {"V": 24, "K": 4}}
+    rows = [
+        _judged("forward:student", "fail", "ours", uneven, case_id="v37", tp=2, params=params["v37"], symptom="values"),
+        _judged(
+            "forward:student", "fail", "seed", seed_rule, case_id="inf", tp=2, params=params["inf"], symptom="nonfinite"
+        ),
+    ]
+    rows += [
+        _judged("forward:student", "pass", "seed", seed_rule, case_id=k, tp=t, params=params[k])
+        for k, t in (("v37", 1), ("inf", 1), ("v24", 1), ("v24", 2))
+    ]
+    table = causes(pd.DataFrame(rows))
+    lines = finding_lines(table)
+    assert len(table) == 2, lines
+    assert any(line.startswith("FAIL model_utils.F: wrong on input only our rule describes") for line in lines), lines
+    assert any("non-finite" in line and "when neg_inf ≥ 0.3" in line for line in lines), lines
+
+
 def test_a_wrong_answer_on_our_input_in_a_check_the_seeds_cases_get_wrong_too_stays_with_the_seeds_line():
     """An averaged gradient is wrong on masked targets and on plain ones alike: the op's one defect, one line, never
     split into an opinion of ours (the masked case's rows) beside it."""

@@ -158,6 +158,35 @@ def test_the_same_exception_on_a_seed_rule_case_too_stays_one_error_line():
     assert len(table) == 1 and table.iloc[0]["status"] == Status.ERROR, finding_lines(table)
 
 
+def test_alike_raises_at_other_lines_of_the_file_on_seed_and_on_our_input_are_two_roots():
+    """Issue 42: two ops raise torch's same shape error at lines of their own in one file: the distillation op on a
+    CP case the seed describes, the next-token op on plain logits handed a CP group (input only our rule feeds). Two
+    roots, two lines: the first an error, the second a warn (they were one error line, the warn inside it)."""
+    shape = "Size does not match at dimension 1 expected index [4, 16, 3] to be no larger than self [4, 8, 24]"
+    distill = [
+        {**_raised("cp-plain", 1, c, SEED, op="model_utils.Distill", where="m.py:1644"), "error_message": shape}
+        for c in ("forward", "grad:logits")
+    ]
+    next_token = [
+        {**_raised("cp-plain", 1, c, OURS, op="model_utils.NextToken", where="m.py:1395"), "error_message": shape}
+        for c in ("forward", "grad:logits")
+    ]
+    passed = [
+        {**_passed("cp-group", 1, "forward"), "op": op} for op in ("model_utils.Distill", "model_utils.NextToken")
+    ]
+    for row in distill + next_token + passed:
+        row["error_type"] = "RuntimeError" if row.get("error_type") else None
+    table = causes(pd.DataFrame(distill + next_token + passed))
+    assert len(table) == 2, finding_lines(table)
+    status = dict(zip(table["op"], table["status"]))
+    assert status == {"model_utils.Distill": Status.ERROR, "model_utils.NextToken": Status.WARN}, finding_lines(table)
+    # at one line they share (a helper both call) they stay one root, an error
+    for row in next_token:
+        row["error_where"] = "m.py:1644"
+    table = causes(pd.DataFrame(distill + next_token + passed))
+    assert len(table) == 1 and table.iloc[0]["status"] == Status.ERROR, finding_lines(table)
+
+
 def test_one_raising_line_with_two_messages_is_two_roots_and_each_is_judged_on_its_own():
     """Issue 42, items 2 and 3: one line of the module raises an index error on masked ids (our rule) and a DTensor
     mix-up on DTensor ids (a type the seed documents, here on a seed-rule case): two lines, the first a warn, the

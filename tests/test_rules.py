@@ -27,7 +27,14 @@ from shardcheck.harness.core.topology import Topology
 from shardcheck.harness.findings.causes import causes
 from shardcheck.harness.findings.wording import finding_lines
 from shardcheck.harness.rank.suite_loader import suite_cases
-from shardcheck.suites._model_utils_checks import CHUNK_ROWS, OUTSIDE_VOCAB, TEMPERATURE, TOP_K_ZERO, UNEVEN_VOCAB
+from shardcheck.suites._model_utils_checks import (
+    CHUNK_ROWS,
+    CP_LAYOUT_OPEN,
+    OUTSIDE_VOCAB,
+    TEMPERATURE,
+    TOP_K_ZERO,
+    UNEVEN_VOCAB,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = [
@@ -334,6 +341,31 @@ def _case_of(suite: str, op: str, **params) -> Case:
         for c in suite_cases(suite, False)
         if c.op == f"model_utils.{op}" and c.bad_input is None and all(c.params.get(k) == x for k, x in params.items())
     )
+
+
+def test_cp_layouts_the_seed_leaves_open_are_ours_at_cp_2_and_the_seeds_at_cp_1():
+    """Issue 42: DTensor logits sharded over CP with no seq_index (the seed gives one with CP-sharded logits), and plain
+    full-vocab logits handed a CP group (the seed's third path is 'Non-parallel'): our reading at CP ≥ 2, so a module
+    that refuses them is loud (a warn), not an error the seed's rule finds. At CP 1 they are the seed's input."""
+    cp1, cp2 = Topology(1, 1, 1), Topology(1, 2, 1)
+    shard1 = [
+        c
+        for c in suite_cases("model_utils_cp", False)
+        if c.params.get("variant") == "shard1" and not c.params.get("masked")
+    ]
+    plain = _case_of("model_utils_cp", "get_next_token_logprobs_from_logits", variant="plain")
+    assert shard1 and all(c.rule_of("forward", topology=cp2).cite == CP_LAYOUT_OPEN.cite for c in shard1)
+    assert all(c.rule_of("forward", topology=cp1).source == RuleSource.SEED for c in shard1)
+    assert any(o.rule == CP_LAYOUT_OPEN and o.holds_at(cp2) and not o.holds_at(cp1) for o in plain.outside_seed)
+    # the seed's own input at CP beside them, so that a refusal reads as one on our input only
+    group = [
+        c
+        for c in suite_cases("model_utils_cp", False)
+        if c.op.endswith(".get_next_token_logprobs_from_logits")
+        and c.params.get("variant") == "vocab_parallel_group"
+        and not c.params.get("masked")
+    ]
+    assert group and all(c.rule_of("forward", topology=cp2).source == RuleSource.SEED for c in group)
 
 
 def test_uneven_vocab_shards_are_the_seeds_at_one_tp_and_ours_at_another_per_op():

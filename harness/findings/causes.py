@@ -71,7 +71,15 @@ from shardcheck.harness.findings import frames, model_order, shared_roots
 from shardcheck.harness.findings.common_factor import apart_by_scale, factor_text, is_scaled, scale_kinds
 from shardcheck.harness.findings.conditions import ITEM, separating_condition
 from shardcheck.harness.findings.hang_skips import not_run, skipped_by_hangs, skipped_like
-from shardcheck.harness.findings.shared_roots import by_rule, ours_rule_of, same_rules, shared_key, warn_twins, worded
+from shardcheck.harness.findings.shared_roots import (
+    apart_by_rule,
+    by_rule,
+    ours_rule_of,
+    same_rules,
+    shared_key,
+    warn_twins,
+    worded,
+)
 from shardcheck.harness.findings.wording import (
     CRASHES,
     ERRORS,
@@ -577,7 +585,8 @@ def _across_ops(table: list[dict], bad: pd.DataFrame, passing: pd.DataFrame) -> 
     for k, group in groups.items():
         if shared_key(group[0]) is not None:
             group = [{**c, "kind": worded(c["kind"], k)} for c in group]
-        out.append(group[0] if len(group) == 1 else _merge(group, _group_condition(group, bad, passing), bad))
+        for part in apart_by_rule(group, bad) if k[0] == "raised" else [group]:
+            out.append(part[0] if len(part) == 1 else _merge(part, _group_condition(part, bad, passing), bad))
     return out
 
 

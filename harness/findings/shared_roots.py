@@ -79,9 +79,12 @@ def by_rule(symptoms: list[dict]) -> tuple[list[dict], dict[str, list[dict]]]:
     seen: dict[tuple, set] = {}  # per (kind, check), the topologies where the seed's cases get it wrong so
     where: dict[str, set] = {}  # per check, the topologies where the seed's cases get it wrong
     for s in seed:
+        # a seed symptom whose trigger is a case parameter (a −inf logit) is not where a sharding defect shows
+        mesh_only = all(MESH.match(p) for p in _trigger(s["condition"]))
         for check in s["all_checks"]:
             seen.setdefault((s["kind"], check), set()).update(_topologies(s))
-            where.setdefault(check, set()).update(_topologies(s))
+            if mesh_only:
+                where.setdefault(check, set()).update(_topologies(s))
     ours: dict[str, list[dict]] = {}
     for s in symptoms:
         if not s["ours_rule"]:
@@ -130,10 +133,34 @@ def _one_rank(topology: tuple) -> bool:
     return all(not size.replace(".", "", 1).isdigit() or float(size) <= 1 for size in topology)
 
 
+def ours_only(line: dict) -> bool:
+    """Whether every row of a line is judged under rules of ours alone."""
+    return all(source == RuleSource.OURS for source, _ in line["rules"])
+
+
+def apart_by_rule(lines: list[dict], bad: pd.DataFrame) -> list[list[dict]]:
+    """One exception's lines across ops (one message, one file) as roots: an op's line on input only our rules feed
+    stays apart from another op's line on the seed's raising at other lines of the file, however alike their
+    messages; one op's lines stay together, and so do lines raising at a line they share (a helper they call)."""
+    raised_at = bad["error_where"].astype(str) if "error_where" in bad else pd.Series("", index=bad.index)
+    where = {id(c): set(raised_at.loc[c["rows"]]) for c in lines}
+    parts: list[list[dict]] = []
+    for line in lines:
+        near = [
+            p
+            for p in parts
+            if any(
+                q["op"] == line["op"] or ours_only(q) == ours_only(line) or where[id(q)] & where[id(line)] for q in p
+            )
+        ]
+        parts = [p for p in parts if p not in near] + [[q for p in near for q in p] + [line]]
+    return sorted(parts, key=lambda p: min(lines.index(q) for q in p))
+
+
 def same_rules(lines: list[dict]) -> bool:
     """Whether `lines` are all judged under rules of ours alone, or none is: a crash on input only our rule feeds and
     a wrong answer the seed's rules find are two roots, however one condition covers their items."""
-    return len({all(source == RuleSource.OURS for source, _ in c["rules"]) for c in lines}) == 1
+    return len({ours_only(c) for c in lines}) == 1
 
 
 def _trigger(condition: str) -> tuple[str, ...]:
