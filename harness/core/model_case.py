@@ -34,11 +34,12 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from shardcheck.harness.core.activation_layouts import gradient_over_batch, layout_by_shape
 from shardcheck.harness.core.case import Case
 from shardcheck.harness.core.compare import BudgetScope
+from shardcheck.harness.core.dtensor_piece import DTensorPiece
 from shardcheck.harness.core.known_failure import KnownFailure
 from shardcheck.harness.core.layout import REPLICATED, Layout, Tensors
 from shardcheck.harness.core.model_batch_invariance import BatchInvariance, model_batch_invariance
@@ -351,6 +352,10 @@ class ModelCase:
             # Judged as it comes (the harness keeps a summary, and the tensors of the first divergence only), so that
             # the rank never holds every module's output and gradient at once; else a copy, returned below.
             judged = ctx.judge_output is not None and ctx.judge_output(name, step.tensor, layout)
+            if not judged and isinstance(layout, DTensorPiece):  # judged after the run, as a Layout says: whole
+                whole = made.tensor.full_tensor().detach()
+                whole = whole / scale if step.kind == "dact" and scale != 1 else whole
+                step, layout = StepTensor(step.kind, step.key, whole, REPLICATED), REPLICATED
             got[name] = (None if judged else step.tensor.clone(), layout)
 
         run_step(self, model, microbatches(self, data, full_shapes), ctx, arrive)
@@ -427,9 +432,7 @@ class ModelCase:
                     p, sizes
                 ):  # FSDP over a flattened mesh, a TP shard sharded again
                     target = p.to_local()
-                    piece = distribute_tensor(
-                        full.to(target.dtype), p.device_mesh, p.placements, src_data_rank=None
-                    ).to_local()
+                    piece = DTensorPiece(p.device_mesh, tuple(p.placements)).local(full.to(target.dtype))
                     if tuple(piece.shape) != tuple(target.shape):
                         raise ModelCaseError(
                             f"parameter {name!r}: local shape {tuple(target.shape)}, its placements "
@@ -537,8 +540,12 @@ def _step_tensor(kind: str, key: str, t: torch.Tensor, absent: Layout, sizes: di
     mesh dims its mesh lacks; `sizes`: the harness's mesh dims), a plain tensor and None."""
     if isinstance(t, DTensor) and not _mapped(t, sizes):
         # FSDP2's parameters and gradients on the flattened dp x cp mesh (and a TP shard sharded again over it,
-        # _StridedShard): no Layout of the (dp, cp, tp) mesh describes them, so the full tensor is judged
-        return StepTensor(kind, key, t.full_tensor().detach(), REPLICATED)
+        # _StridedShard): no Layout of the (dp, cp, tp) mesh describes them; the piece is judged where it is, laid
+        # out as the DTensor is (a partial sum: the full tensor)
+        piece = DTensorPiece.of(t)
+        if piece is None:
+            return StepTensor(kind, key, t.full_tensor().detach(), REPLICATED)
+        return StepTensor(kind, key, t.to_local().detach(), piece)
     if isinstance(t, DTensor):
         return StepTensor(kind, key, t.to_local().detach(), _dtensor_layout(t, absent))
     return StepTensor(kind, key, t.detach(), None)
