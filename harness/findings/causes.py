@@ -34,7 +34,8 @@ of the messages; only an exception's own message has its numbers blanked, so ali
    and the TypeError of every call passing it (harness/rank/signatures.py calls by the seed's names) are one line.
 4. Causes across ops: one root is one line naming its ops: the same exception type and message, numbers blanked,
    raised in the same file (a helper several ops share, one unhandled input reaching several of its lines; one line
-   raising two messages is two roots), the same warning over the module (float64 computed in float32 in every op),
+   raising two messages is two roots, and so are raises at lines two ops do not share, one on input only our rules
+   feed: shared_roots.apart_by_rule), the same warning over the module (float64 computed in float32 in every op),
    ranks dying of crash signals (SIGSEGV, SIGABRT, SIGBUS, ...) in a shared phase (an op and its wrapper: each op's
    condition may differ), wrong answers under one rule of ours on input outside the seed (kept apart from the op's
    seed-rule symptoms), exceptions saying the machine has no GPU (findings/shared_roots.py).

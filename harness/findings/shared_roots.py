@@ -74,7 +74,10 @@ def by_rule(symptoms: list[dict]) -> tuple[list[dict], dict[str, list[dict]]]:
     never shows on one rank and the seed's
     cases get that check wrong at every topology where it shows (CP chunks swapped: wrong values on plain ids and NaN
     where masked ids meet the swapped rows, both at cp 2 alone): the op's sharding defect, shown on our input as
-    well.  An opinion of ours on an input shows on one rank too, where nothing is sharded."""
+    well.  An opinion of ours on an input shows on one rank too, where nothing is sharded.  A seed symptom whose
+    trigger is an input (a −inf logit: "when neg_inf ≥ 0.3") says nothing of where the sharding is wrong: the place
+    is read from those whose trigger is the mesh alone (uneven shards wrong at TP 2 beside a NaN on −inf logits at TP
+    2 are two roots)."""
     seed = [s for s in symptoms if not s["ours_rule"]]
     seen: dict[tuple, set] = {}  # per (kind, check), the topologies where the seed's cases get it wrong so
     where: dict[str, set] = {}  # per check, the topologies where the seed's cases get it wrong
