@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 from torch.distributed.tensor.placement_types import Placement
 
 
@@ -39,16 +39,14 @@ class DTensorPiece:
         return local  # (no Partial placement: `of`)
 
     def mesh_indices(self, full_shape: Sequence[int], mesh: object = None, inputs: object = None) -> list[torch.Tensor]:
-        """Per dim, the global indices of this rank's piece along it (a piece is a product of one index set per dim,
-        as a Layout's is)."""
+        """Per dim, the global indices of this rank's piece along it: a piece is a product of one index set per dim
+        (as a Layout's is), so each is the piece of that dim's range under the placements that shard that dim alone
+        (a check judges every tensor's worst element: this runs once per check, on a few short ranges)."""
         out = []
         for dim, size in enumerate(full_shape):
             along = torch.arange(size).view([size if d == dim else 1 for d in range(len(full_shape))])
-            piece = self.local(along.expand(*full_shape).contiguous())
-            if piece.numel() == 0:
-                out.append(torch.empty(0, dtype=torch.long))
-                continue
-            out.append(piece[tuple(slice(None) if d == dim else 0 for d in range(len(full_shape)))])
+            placements = [p if _sharded_dim(p, len(full_shape)) == dim else Replicate() for p in self.placements]
+            out.append(distribute_tensor(along, self.mesh, placements, src_data_rank=None).to_local().reshape(-1))
         return out
 
     def global_index(
@@ -56,3 +54,9 @@ class DTensorPiece:
     ) -> tuple[int, ...]:
         idx = self.mesh_indices(full_shape)
         return tuple(int(ix[i]) for ix, i in zip(idx, local_index))
+
+
+def _sharded_dim(placement: Placement, ndim: int) -> int | None:
+    """The tensor dim a Shard or _StridedShard splits (None: a Replicate)."""
+    dim = getattr(placement, "dim", None)
+    return None if dim is None else dim % ndim
