@@ -19,12 +19,14 @@ import matplotlib
 matplotlib.use("Agg")  # headless: CI and laptops without a display
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.font_manager import FontProperties  # noqa: E402
 
 from shardcheck.harness.core.compare import FAILING  # noqa: E402
 from shardcheck.harness.core.model_case import CHECK  # noqa: E402
 from shardcheck.harness.core.records import with_mesh_splits  # noqa: E402
 from shardcheck.harness.core.topology import topology_name  # noqa: E402
 from shardcheck.harness.findings import model_order  # noqa: E402
+from shardcheck.reports.label_space import text_width  # noqa: E402
 
 ITEM_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "ep", "dp_replicate"]
 FLOOR = 1e-6  # an exact match (err/budget 0) is drawn here
@@ -33,7 +35,7 @@ TITLES = {
     "backward": "backward: the gradient at each module's output, in backward order",
     "parameters": "parameters: each gradient, then each value after the optimizer step",
 }
-# failing items charted per report (the first ones, in run order): a chart costs seconds of matplotlib layout, a run
+# failing items charted per report (the first ones, in run order): a chart costs most of a second of drawing, a run
 # of a broken plan fails every item, and their charts tell the same story; each item's rerun line charts it alone
 MAX_CHARTS = 3
 
@@ -83,13 +85,37 @@ def first_divergence(rows: pd.DataFrame) -> str | None:
     return model_order.first_check(list(rows.loc[rows["status"].isin(FAILING), "check"].map(str)))
 
 
+# The chart's geometry, in inches: each panel's plot area, and the room around it (the panel's title above; the
+# y label and its ticks left; a "first divergence" note at the last point right; the figure's two-line title on
+# top); the module names below each panel take their width, and Agg draws text ~8 % wider than its outline's metrics.
+PANEL_HEIGHT, TITLE_ROOM, LEFT, RIGHT, SUPTITLE_ROOM, MARGIN, AGG_WIDER = 2.6, 0.35, 0.85, 0.9, 0.55, 0.1, 1.1
+_TICK_FONT = FontProperties(size=6)
+
+
+def _figure(parts: list[pd.DataFrame]) -> tuple[plt.Figure, list[plt.Axes]]:
+    """Three panels stacked, each as high as PANEL_HEIGHT plus the room of its module names (rotated 90°): the
+    picture constrained layout gave, laid out from the labels' widths."""
+    width = max(8.0, 0.22 * max(len(p) for p in parts) + 4)
+    below = [AGG_WIDER * text_width(p["module"], _TICK_FONT) + 0.15 for p in parts]
+    height = SUPTITLE_ROOM + sum(TITLE_ROOM + PANEL_HEIGHT + b for b in below) + MARGIN
+    fig = plt.figure(figsize=(width, height))
+    axes, top = [], height - SUPTITLE_ROOM
+    for b in below:
+        top -= TITLE_ROOM + PANEL_HEIGHT
+        box = (LEFT / width, top / height, (width - LEFT - RIGHT) / width, PANEL_HEIGHT / height)
+        axes.append(fig.add_axes(box))
+        top -= b
+    return fig, axes
+
+
 def draw(rows: pd.DataFrame, path: Path, title: str) -> pd.DataFrame:
     """The chart of one item's rows at `path`; returns its data (profile)."""
     data = profile(rows)
     first = first_divergence(rows)
-    fig, axes = plt.subplots(3, 1, figsize=(max(8.0, 0.22 * len(data) / 3 + 4), 12), layout="constrained")
-    for ax, direction in zip(axes, ("forward", "backward", "parameters")):
-        part = data[data["direction"] == direction].reset_index(drop=True)
+    directions = ("forward", "backward", "parameters")
+    parts = [data[data["direction"] == d].reset_index(drop=True) for d in directions]
+    fig, axes = _figure(parts)
+    for ax, direction, part in zip(axes, directions, parts):
         y = part["err_ratio"].fillna(FLOOR).clip(lower=FLOOR)
         top = max(10.0, float(y[y != math.inf].max()) * 10 if (y != math.inf).any() else 10.0)
         y = y.where(y != math.inf, top)  # no ratio (wrong shape): at the top
@@ -99,7 +125,7 @@ def draw(rows: pd.DataFrame, path: Path, title: str) -> pd.DataFrame:
         ax.axhline(1.0, color="#b00", ls="--", lw=0.8)
         ax.set_yscale("log")
         ax.set_ylabel("err / budget (worst rank)")
-        ax.set_title(TITLES[direction], fontsize=9)
+        ax.set_title(TITLES[direction], fontsize=9, y=1.0)  # placed, not worked out from the ticks: no layout pass
         ax.set_xticks(range(len(part)), part["module"], rotation=90, fontsize=6)
         ax.grid(alpha=0.3)
         for i in part.index[part["first"]]:
@@ -108,7 +134,7 @@ def draw(rows: pd.DataFrame, path: Path, title: str) -> pd.DataFrame:
                 "first divergence", (i, y[i]), xytext=(5, 5), textcoords="offset points", color="#b00", fontsize=8
             )
     where = model_order.summary([first]) if first else "every check within its budget"
-    fig.suptitle(f"{title}\n{where}", fontsize=9)
+    fig.suptitle(f"{title}\n{where}", fontsize=9, y=1 - MARGIN / fig.get_size_inches()[1], va="top")
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return data

@@ -13,7 +13,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.font_manager import FontProperties  # noqa: E402
-from matplotlib.textpath import text_to_path  # noqa: E402
 
 from shardcheck.harness.core.compare import FAILING, STATUS_ORDER  # noqa: E402
 from shardcheck.harness.core.records import SIGNATURE_CHECK, Status, with_mesh_splits  # noqa: E402
@@ -23,6 +22,7 @@ from shardcheck.harness.findings.verdicts import SettledRun, read_settled  # noq
 from shardcheck.harness.findings.wording import finding_lines  # noqa: E402
 from shardcheck.reports import benchmark_json  # noqa: E402
 from shardcheck.reports.error_map import draw_artefact  # noqa: E402
+from shardcheck.reports.label_space import text_width  # noqa: E402
 from shardcheck.reports.model_chart import model_charts  # noqa: E402
 
 HEATMAP = "agreement_heatmap.png"
@@ -320,19 +320,13 @@ _TICK_FONT = FontProperties(size=8)
 _MARGIN = 0.15  # inches around the plot's outer texts
 
 
-def _text_width(labels) -> float:
-    """The widest of `labels` at the tick font, in inches."""
-    widths = [text_to_path.get_text_width_height_descent(str(t), _TICK_FONT, ismath=False)[0] / 72 for t in labels]
-    return max(widths, default=0.0)
-
-
 def _heatmap_figure(grid: pd.DataFrame) -> tuple[plt.Figure, plt.Axes, plt.Axes]:
     """A figure whose margins are worked out from its labels' widths: the same picture as a constrained layout
     gave, without its layout passes (~0.1-0.3 s a report)."""
     rows, columns = grid.shape
     slant = np.radians(30)  # the topology labels' rotation
-    x_label = _text_width(grid.columns)
-    left = _MARGIN + max(_text_width(grid.index) + 0.1, x_label * np.cos(slant) - 0.55)
+    x_label = text_width(grid.columns, _TICK_FONT)
+    left = _MARGIN + max(text_width(grid.index, _TICK_FONT) + 0.1, x_label * np.cos(slant) - 0.55)
     bottom = _MARGIN + x_label * np.sin(slant) + 0.15
     top, right = 0.6, 1.0  # the title's three lines; the colour bar, its ticks and its label
     width, height = max(1.1 * columns, 3.6), 0.45 * rows
