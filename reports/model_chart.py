@@ -95,7 +95,7 @@ _TICK_FONT = FontProperties(size=6)
 def _figure(parts: list[pd.DataFrame]) -> tuple[plt.Figure, list[plt.Axes]]:
     """Three panels stacked, each as high as PANEL_HEIGHT plus the room of its module names (rotated 90°): the
     picture constrained layout gave, laid out from the labels' widths."""
-    width = max(8.0, 0.22 * max(len(p) for p in parts) + 4)
+    width = max(8.0, 0.22 * sum(len(p) for p in parts) / 3 + 4)  # (the width constrained layout was given)
     below = [AGG_WIDER * text_width(p["module"], _TICK_FONT) + 0.15 for p in parts]
     height = SUPTITLE_ROOM + sum(TITLE_ROOM + PANEL_HEIGHT + b for b in below) + MARGIN
     fig = plt.figure(figsize=(width, height))
