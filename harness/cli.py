@@ -468,13 +468,17 @@ def cmd_list(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from shardcheck.reports.report import build
+    from shardcheck.harness.core.records import load
+    from shardcheck.reports.report import REPORT_COLUMNS, build
 
     for d in args.dirs:
         if not (d / "results.jsonl").is_file():
             raise UsageError(f"{d}: no results.jsonl (not a shardcheck run directory)")
         if not (d / "results.jsonl").read_text().strip():
             raise UsageError(f"{d}: results.jsonl holds no result rows (the run recorded no check)")
+        lacking = [c for c in REPORT_COLUMNS if c not in load(d)]
+        if lacking:
+            raise UsageError(f"{d}: results.jsonl rows lack {', '.join(lacking)} (rows `shardcheck run` did not write)")
     for d in args.dirs:
         for path in build(d):
             print(path)

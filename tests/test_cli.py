@@ -151,6 +151,19 @@ def test_report_of_a_run_without_rows_is_one_line_and_exit_2(capsys, tmp_path):
     assert err == [f"shardcheck: error: {tmp_path}: results.jsonl holds no result rows (the run recorded no check)"]
 
 
+def test_report_of_rows_lacking_what_the_pages_read_is_one_line_and_exit_2(capsys, tmp_path):
+    row = {"run_id": "r", "op": "model_utils.DistributedLogprob", "case_id": "c", "dp": 1, "cp": 1, "tp": 2}
+    row |= {"dtype": "float32", "check": "forward", "status": "fail", "err_ratio": 3.0}  # made by hand: no message
+    (tmp_path / "results.jsonl").write_text(json.dumps(row) + "\n")
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"shardcheck: error: {tmp_path}: results.jsonl rows lack message (rows `shardcheck run` did not write)"
+    ]
+    (tmp_path / "results.jsonl").write_text(json.dumps(row | {"message": "off by one"}) + "\n")
+    assert main(["report", str(tmp_path)]) == 0 and (tmp_path / "report.html").is_file()
+
+
 def test_list_says_which_cases_run_expert_parallel_or_hsdp_topologies(capsys):
     train_step = ROOT / "tests" / "model_cases" / "train_step" / "train_step.py"
     assert main(["list", "--suite-path", str(train_step)]) == 0
