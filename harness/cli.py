@@ -474,9 +474,10 @@ def cmd_report(args) -> int:
     for d in args.dirs:
         if not (d / "results.jsonl").is_file():
             raise UsageError(f"{d}: no results.jsonl (not a shardcheck run directory)")
-        if not (d / "results.jsonl").read_text().strip():
+        rows = load(d)
+        if rows.empty:
             raise UsageError(f"{d}: results.jsonl holds no result rows (the run recorded no check)")
-        lacking = [c for c in REPORT_COLUMNS if c not in load(d)]
+        lacking = [c for c in REPORT_COLUMNS if c not in rows]
         if lacking:
             raise UsageError(f"{d}: results.jsonl rows lack {', '.join(lacking)} (rows `shardcheck run` did not write)")
     for d in args.dirs:

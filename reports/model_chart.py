@@ -126,7 +126,7 @@ def draw(rows: pd.DataFrame, path: Path, title: str) -> pd.DataFrame:
         ax.set_yscale("log")
         ax.set_ylabel("err / budget (worst rank)")
         ax.set_title(TITLES[direction], fontsize=9, y=1.0)  # placed, not worked out from the ticks: no layout pass
-        ax.set_xticks(range(len(part)), part["module"], rotation=90, fontsize=6)
+        ax.set_xticks(range(len(part)), part["module"], rotation=90, fontproperties=_TICK_FONT)  # as _figure measured
         ax.grid(alpha=0.3)
         for i in part.index[part["first"]]:
             ax.axvline(i, color="#b00", lw=1.5, alpha=0.6)

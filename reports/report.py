@@ -26,9 +26,9 @@ from shardcheck.reports.label_space import text_width  # noqa: E402
 from shardcheck.reports.model_chart import model_charts  # noqa: E402
 
 HEATMAP = "agreement_heatmap.png"
+HEATMAP_LEGEND = "grey: planned, not judged (skip, XFAIL: known failure)\nwhite: not planned at that topology"
 # The fields of a result row the pages read; every row `shardcheck run` writes has them (records.ROW_FIELDS).
 REPORT_COLUMNS = ("op", "case_id", "dp", "cp", "tp", "dtype", "check", "status", "err_ratio", "message")
-HEATMAP_LEGEND = "grey: planned, not judged (skip, XFAIL: known failure)\nwhite: not planned at that topology"
 
 
 def uses_lines(df: pd.DataFrame) -> list[str]:
