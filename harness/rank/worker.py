@@ -52,7 +52,7 @@ from shardcheck.harness.core.model_case import step_order
 from shardcheck.harness.core.options import PEER_WAIT, STORE_CONNECT_WAIT
 from shardcheck.harness.core.plan_data import Item, Plan
 from shardcheck.harness.core.topology import Topology, build_mesh
-from shardcheck.harness.rank import flight_recorder, shims
+from shardcheck.harness.rank import flight_recorder, gloo_device, shims
 from shardcheck.harness.rank.bench import run_bench_item
 from shardcheck.harness.rank.golden import GoldenCache, share_folder
 from shardcheck.harness.rank.item_run import ItemRun
@@ -84,6 +84,7 @@ class Worker:
             self.device = torch.device("cuda", torch.cuda.current_device())
         # (a launch serves plans of any --timeout: the plan's timeout ends a hung item, PEER_WAIT is a backstop)
         pg_timeout = timedelta(seconds=PEER_WAIT)
+        gloo_device.install()  # one event loop for all the rank's gloo groups, not one per group
         if store is None:  # torchrun's environment
             dist.init_process_group(backend, timeout=pg_timeout)
         else:
