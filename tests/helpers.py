@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -34,10 +34,25 @@ class Run:
     stdout: str
     stderr: str
     out: Path
+    # What was read of results.jsonl, kept while the file is unchanged: tests ask a run for its rows and its causes
+    # many times (a model run's causes take ~0.6 CPU-s each time).  Each caller gets a copy of its own.
+    _read: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def _kept(self, what: str, make) -> pd.DataFrame:
+        results = self.out / "results.jsonl"
+        stamp = (results.stat().st_mtime_ns, results.stat().st_size) if results.is_file() else None
+        if stamp is None or self._read.get("stamp") != stamp:
+            self._read.clear()
+            if stamp is None:  # (a directory of runs, or none yet: read afresh every time)
+                return make()
+            self._read["stamp"] = stamp
+        if what not in self._read:
+            self._read[what] = make()
+        return self._read[what].copy()
 
     @property
     def rows(self) -> pd.DataFrame:
-        return load(self.out)
+        return self._kept("rows", lambda: load(self.out))
 
     def failed(self) -> pd.DataFrame:
         """Every row that does not pass: warnings (strict runs fail on them), failures, errors."""
@@ -46,7 +61,7 @@ class Run:
 
     @property
     def causes(self) -> pd.DataFrame:
-        return causes(self.rows)
+        return self._kept("causes", lambda: causes(self.rows))
 
 
 _POOL: WorkerPool | None = None
