@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import BROKEN, FIXTURES, Run, assert_one_cause, shardcheck
 
-# The longest files first (their serial wall seconds, 2026-11-29, docs/performance.md): the two test processes take
+# The longest files first (their serial wall seconds, 2026-11-29, docs/performance.md): the test processes take
 # files in collection order (`--no-loadscope-reorder`, pyproject.toml), so the long ones do not meet at the end with
 # one process idle, and the hang tests' waits start beside other files' computing.  A file not listed runs after
 # these, in pytest's order; a stale list costs time, never a test.
