@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,9 +39,10 @@ class Run:
     # many times (a model run's causes take ~0.6 CPU-s each time).  Each caller gets a copy of its own.
     _read: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def _kept(self, what: str, make) -> pd.DataFrame:
+    def _kept(self, what: str, make: Callable[[], pd.DataFrame]) -> pd.DataFrame:
         results = self.out / "results.jsonl"
-        stamp = (results.stat().st_mtime_ns, results.stat().st_size) if results.is_file() else None
+        info = results.stat() if results.is_file() else None
+        stamp = (info.st_mtime_ns, info.st_size) if info else None
         if stamp is None or self._read.get("stamp") != stamp:
             self._read.clear()
             if stamp is None:  # (a directory of runs, or none yet: read afresh every time)
