@@ -19,6 +19,17 @@ def _gathering() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def _all_gather_single(out: torch.Tensor, t: torch.Tensor) -> None:
+    # torch 2.13 names it all_gather_single (all_gather_into_tensor warns there as deprecated); older torch has only
+    # all_gather_into_tensor.  Looked up at each call: whatever wraps the module's collectives is seen.
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, t)
+
+
+def _reduce_scatter_single(out: torch.Tensor, t: torch.Tensor) -> None:
+    # as _all_gather_single: reduce_scatter_single from torch 2.13, reduce_scatter_tensor before
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, t)
+
+
 class _GatherWithGrad(torch.autograd.Function):
     """All-gather along dim 0; backward: reduce-scatter (sum) of the gradient of the gathered tensor,
     i.e. rank r gets the sum over all ranks of the gradient of its own slice."""
@@ -26,13 +37,13 @@ class _GatherWithGrad(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t: torch.Tensor) -> torch.Tensor:
         out = t.new_empty((dist.get_world_size() * t.shape[0], *t.shape[1:]))
-        dist.all_gather_single(out, t.contiguous())
+        _all_gather_single(out, t.contiguous())
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         grad_local = grad.new_empty((grad.shape[0] // dist.get_world_size(), *grad.shape[1:]))
-        dist.reduce_scatter_single(grad_local, grad.contiguous())
+        _reduce_scatter_single(grad_local, grad.contiguous())
         return grad_local
 
 

@@ -138,8 +138,10 @@ def topk_values_exact(got, expected, full, local, ctx):
     """Values: exactly torch.topk of the full logits, in the compute dtype.  The seed states no dtype for them: values
     exactly torch.topk's rounded to a lower dtype are a precision warning (ours), a wrong value a failure."""
     want_dtype = torch.promote_types(ctx.dtype, torch.float32)
+    if isinstance(got, torch.Tensor):
+        got = got.detach().cpu()  # the expected values are the golden's, on the CPU (got: on the run's device)
     lower = isinstance(got, torch.Tensor) and got.dtype == LOWER_DTYPES.get(want_dtype)
-    if lower and got.shape == expected.shape and torch.equal(got.detach().cpu(), expected.to(got.dtype)):
+    if lower and got.shape == expected.shape and torch.equal(got, expected.to(got.dtype)):
         return PrecisionOnly(got.dtype, f"values torch.topk's rounded to {got.dtype} exactly, expected {want_dtype}")
     if not isinstance(got, torch.Tensor) or got.dtype != want_dtype or got.shape != expected.shape:
         what = f"{got.dtype} {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__

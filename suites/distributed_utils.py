@@ -476,9 +476,8 @@ def _sync_inputs(micro_batches: int = MICRO_BATCHES, batch: int = BATCH):
 
 
 def _model(x: dict, dtype: torch.dtype) -> torch.nn.Sequential:
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUT)).to(
-        dtype
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.Tanh(), torch.nn.Linear(HIDDEN, OUT))
+    model.to(x["w1"].device, dtype)  # the rank's device (its GPU on a CUDA run), as DDP and fully_shard expect
     with torch.no_grad():
         for param, name in zip(model.parameters(), ("w1", "b1", "w2", "b2")):
             param.copy_(x[name])
@@ -568,7 +567,9 @@ def sync_case(kind: str, micro_batches: int = MICRO_BATCHES, batch: int = BATCH)
     )
 
 
-def _process_case(op: str, case_id: str, run, properties, params: dict, ends: bool = True) -> Case:
+def _process_case(
+    op: str, case_id: str, run, properties, params: dict, ends: bool = True, skip_reason: str | None = None
+) -> Case:
     """`ends`: its properties include property:ranks_end (every rank ends by itself), cited per op (RANKS_END)."""
     return Case(
         op=OP + op,
@@ -583,7 +584,19 @@ def _process_case(op: str, case_id: str, run, properties, params: dict, ends: bo
         dtypes=("float64",),
         supports=lambda t: t.size == 1,
         rules={"property:ranks_end": RANKS_END[op]} if ends else {},
+        skip_reason=skip_reason,
     )
+
+
+def _gpus_short_of(fresh_ranks: int) -> str | None:
+    """Why a case whose op makes its own process group on `fresh_ranks` fresh ranks cannot run on this machine:
+    where CUDA is there the op picks NCCL, which needs a GPU per rank (fewer fail with NCCL's "invalid usage")."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() >= fresh_ranks:
+        return None
+    gpus = torch.cuda.device_count()
+    return f"the op's own NCCL group needs a GPU per fresh rank ({fresh_ranks}); this machine has {gpus}"
 
 
 # node 1's first rank (its node-mate waits in the barrier for it), and rank 0, node 0's: code that handles rank 0's
@@ -650,6 +663,7 @@ def process_cases() -> list[Case]:
             first_rank_nodes,
             judge_first_rank_order,
             {**nodes, "block_s": BLOCK_S, "process_group": "created by the op", "raises": "no rank"},
+            skip_reason=_gpus_short_of(nodes["world_size"]),
         ),
         *[
             _process_case(

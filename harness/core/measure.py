@@ -267,8 +267,13 @@ def group_dims(mesh) -> dict[str, str]:
     the dims share: torch gives a dim that spans the whole world the default group)."""
     shared: dict[str, list[str]] = {}
     groups = mesh_dims(mesh).groups
+    world = torch.distributed.distributed_c10d._get_default_group()
     for d in MESH_DIMS:
         shared.setdefault(groups[d].group_name, []).append(d)
+        if groups[d].group_name != world.group_name and groups[d].size() == world.size():
+            # torch 2.11 gave a dim spanning the world a group of its own (seen on a GPU machine): code that talks
+            # on the default group talks over that dim all the same
+            shared.setdefault(world.group_name, []).append(d)
     for d in EXPERT_DIMS:  # ep and edp where they are groups of their own (not dp's, nor the world's)
         if d in groups and groups[d].group_name not in shared:
             shared[groups[d].group_name] = [d]

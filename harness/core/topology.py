@@ -188,8 +188,9 @@ def build_mesh(topology: Topology, world_size: int, device_type: str) -> DeviceM
     full = DeviceMesh(device_type, ranks, mesh_dim_names=("replica",) + MESH_DIMS)
     mesh = full[MESH_DIMS]
     # dp split into (edp, ep), ep innermost (torchtitan's dp_shard_mod_ep x dp_shard_in_ep); at ep = 1 the ep group
-    # is each rank alone and edp is dp (a few milliseconds: torch makes the two groups)
-    experts = mesh._unflatten("dp", (topology.dp // topology.ep, topology.ep), ("edp", "ep"))
+    # is each rank alone and edp is dp (a few milliseconds: torch makes the two groups).  dp by its index: torch
+    # 2.11's `_unflatten` raises on a dim name that is there (pytorch/pytorch#176443)
+    experts = mesh._unflatten(MESH_DIMS.index("dp"), (topology.dp // topology.ep, topology.ep), ("edp", "ep"))
     _EXPERT_MESHES[id(mesh)] = (mesh, experts)  # the mesh kept alive: its id is never reused
     if topology.dp_replicate > 1:  # HSDP's 2-D data mesh: built here, as every rank of the world must build it
         shard = topology.dp // topology.dp_replicate

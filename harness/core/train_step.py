@@ -283,11 +283,15 @@ class _ModuleHooks:
 
 def make_optimizer(case: StepFields, params: list[nn.Parameter], ctx: RankContext | None) -> torch.optim.Optimizer:
     """The case's optimizer over `params`: torch's SGD or AdamW at `case.lr`, or the plan's own
-    (`optimizer(params, lr, ctx)`, ctx None on the single device, where it makes the reference's)."""
+    (`optimizer(params, lr, ctx)`, ctx None on the single device, where it makes the reference's).
+
+    SGD and AdamW step one parameter at a time (`foreach=False`, CPU's default): on a GPU torch's default batches
+    them into foreach kernels, which raise on a list mixing DTensor and plain parameters (a TP plan that leaves its
+    norms unsharded has one; seen on an H200)."""
     if callable(case.optimizer):
         return case.optimizer(params, case.lr, ctx)
     optimizer = torch.optim.SGD if case.optimizer == "sgd" else torch.optim.AdamW
-    return optimizer(params, lr=case.lr)
+    return optimizer(params, lr=case.lr, foreach=False)
 
 
 def first_float(out) -> torch.Tensor | None:

@@ -44,9 +44,11 @@ _C10D = {
     "reduce": ("reduce", "tensor"),
     "all_gather": ("all_gather", "tensor"),
     "all_gather_into_tensor": ("all_gather", "input_tensor"),
+    "all_gather_single": ("all_gather", "input_tensor"),  # torch 2.13's name (all_gather_into_tensor calls it)
     "_all_gather_base": ("all_gather", "input_tensor"),
     "reduce_scatter": ("reduce_scatter", "output"),
     "reduce_scatter_tensor": ("reduce_scatter", "input"),
+    "reduce_scatter_single": ("reduce_scatter", "input"),  # torch 2.13's name (reduce_scatter_tensor calls it)
     "_reduce_scatter_base": ("reduce_scatter", "input"),
     "all_to_all_single": ("all_to_all", None),
     "all_to_all": ("all_to_all", None),
