@@ -105,7 +105,9 @@ def skip_reason_lines(df: pd.DataFrame, limit: int | None = None) -> list[str]:
     """'12 checks (4 items) skipped: <reason>' per distinct skip reason; past `limit` lines one that counts the rest."""
     table = skip_reasons(df)
     shown = table if limit is None else table.head(limit)
-    lines = [f"{r.checks} checks ({r.items} items) skipped: {r.reason}" for r in shown.itertuples()]
+    lines = [
+        f"{r.checks} checks ({r.items} items) skipped: {r.reason.removeprefix('skipped: ')}" for r in shown.itertuples()
+    ]
     if len(table) > len(shown):
         rest = table.iloc[len(shown) :]
         lines.append(f"... {rest['checks'].sum()} checks skipped for {len(rest)} other reasons (see report.md)")

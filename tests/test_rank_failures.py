@@ -124,3 +124,34 @@ def test_a_rank_that_skipped_a_collective_is_named_whether_or_not_the_blocked_ra
     assert forward["status"] == "error" and forward["mismatch"]["rank"] == 1, forward["message"]
     assert forward["message"].startswith("rank 1 (dp=0, cp=0, tp=1): |err| 294")
     assert "rank(s) 0 did not finish the case within 5s" in forward["message"]
+
+
+def test_a_topology_whose_device_mesh_cannot_be_built_is_one_error_and_its_other_items_skipped(run_shardcheck):
+    """Every rank raises building the mesh of dp1-cp1-tp2 (tests/fixtures/environment/: as torch 2.11's
+    `_unflatten` raised on every mesh of the first GPU run): one error names the exception and where; the
+    topology's other items, of every op, are skipped in the same launch's stead, not each run into it on a launch of
+    its own; dp2's items run and pass."""
+    fixture = FIXTURES / "environment" / "mesh_fails_at_tp2.py"
+    ops = (
+        "model_utils.DistributedLogprob",
+        "model_utils._compute_distributed_log_softmax",
+        "model_utils.all_to_all_sq2vp",
+    )
+    run = run_shardcheck(
+        "run", "--impl", f"model_utils={fixture}", *[a for op in ops for a in ("--op", op)], "--quick",
+        "--world-sizes", "2", "--topology", "dp=1,cp=1,tp=2", "--topology", "dp=2,cp=1,tp=1", "--dtype", "float64",
+        fresh=True,  # the fixture's patch stays in its ranks' torch
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    rows = run.rows
+    tp2, dp2 = rows[rows["tp"] == 2], rows[rows["dp"] == 2]
+    errors = tp2[tp2["status"] == "error"]
+    assert errors[["op", "case_id"]].drop_duplicates().shape[0] == 1  # the topology's first item
+    assert (errors["phase"] == "mesh").all()
+    assert "ValueError: this torch builds no mesh with a TP dim of 2" in errors["message"].iloc[0]
+    skipped = tp2[tp2["status"] == "skip"]
+    assert set(skipped["op"]) == set(ops) and len(skipped) + len(errors) == len(tp2)
+    assert skipped["message"].str.contains("the device mesh of dp1-cp1-tp2 was not built").all()
+    assert len(dp2) and (dp2["status"] == "pass").all() and set(dp2["op"]) == set(ops)
+    assert sorted(p.name for p in (run.out / "workers").iterdir()) == ["w2-launch0", "w2-launch1"]
+    assert "skipped: skipped" not in run.stdout

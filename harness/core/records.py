@@ -97,6 +97,7 @@ SYMPTOMS = {
 class Phase(StrEnum):
     """Where in a case a rank was, in the order a case runs them."""
 
+    MESH = "mesh"  # the rank builds the topology's device mesh (shardcheck's, before any code of the case)
     SETUP = "setup"
     FORWARD = "forward"
     BACKWARD = "backward"

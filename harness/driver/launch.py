@@ -28,7 +28,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from shardcheck.harness.core.plan_data import Item, Plan
-from shardcheck.harness.core.records import RecordWriter
+from shardcheck.harness.core.records import Phase, RecordWriter
 from shardcheck.harness.driver import postmortem
 from shardcheck.harness.driver.collect import Collector
 from shardcheck.harness.driver.last_words import EXCEPTION_LINE
@@ -333,6 +333,8 @@ def _after_launch(world: _World, launch: Launch, collector: Collector, ending: _
     cause = collector.abort(failed, watchdog_reason, deaths=deaths, evidence=evidence if failed is in_flight else None)
     world.progress.done([failed])
     remaining = [i for i in unfinished if i.id != failed.id]
+    if Phase.MESH in collector.state[failed.id].phase.values():  # every item at the topology would end so
+        return _skip_topology(world, collector, failed, cause, remaining)
     return _hang_budget(world, collector, failed, cause, remaining) if world.hang_budget else remaining
 
 
@@ -349,6 +351,20 @@ def _launch_failed(
     for item in unfinished:
         collector.abort(item, f"worker launch failed: {why} (logs: {launch.dir}/rank*.log)")
         world.progress.done([item])
+
+
+def _skip_topology(world: _World, collector: Collector, failed: Item, cause: str, remaining: list[Item]) -> list[Item]:
+    """A rank died or hung building the topology's device mesh: the topology's other items, of every op, are
+    skipped, not each run into the same end (a launch each: seconds apiece for CUDA ranks); the items still to run."""
+    reason = (
+        f"skipped: the device mesh of {failed.full_topology} was not built ({failed.op} {cause} in case "
+        f"{failed.case_id} {failed.dtype}); no item at this topology can run"
+    )
+    for item in remaining:
+        if item.full_topology == failed.full_topology:
+            collector.skip(item, reason)
+            world.progress.done([item])
+    return [i for i in remaining if i.id not in collector.finished]
 
 
 def _hang_budget(world: _World, collector: Collector, failed: Item, cause: str, remaining: list[Item]) -> list[Item]:

@@ -51,6 +51,7 @@ from shardcheck.harness.core.measure import group_dims
 from shardcheck.harness.core.model_case import step_order
 from shardcheck.harness.core.options import PEER_WAIT, STORE_CONNECT_WAIT
 from shardcheck.harness.core.plan_data import Item, Plan
+from shardcheck.harness.core.records import Phase
 from shardcheck.harness.core.topology import Topology, build_mesh
 from shardcheck.harness.rank import flight_recorder, gloo_device, shims
 from shardcheck.harness.rank.bench import run_bench_item
@@ -173,7 +174,12 @@ class Worker:
         if self.dump_stacks_to is not None:
             faulthandler.dump_traceback_later(loaded.plan.timeout, file=self.dump_stacks_to)
         topo = item.full_topology
+        new_mesh = topo not in self.meshes  # (one that fails fails the topology: the driver skips its other items)
+        if new_mesh:
+            loaded.events.phase(item.id, Phase.MESH)
         mesh = self.mesh(topo)
+        if new_mesh:
+            loaded.events.phase(item.id, Phase.SETUP)
         if self.recorder is not None:
             self.recorder.begin_item(self.plans_loaded - 1, item.id, group_dims(mesh))
         if self.rank >= topo.size:
