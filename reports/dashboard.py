@@ -34,6 +34,7 @@ from shardcheck.harness.core.records import (  # noqa: E402
     with_mesh_splits,
 )
 from shardcheck.harness.core.topology import topology_name  # noqa: E402
+from shardcheck.reports import png  # noqa: E402
 from shardcheck.reports.regression import PASSED, change_notes, status_diff  # noqa: E402
 
 DASHBOARD = "dashboard.html"
@@ -172,8 +173,7 @@ def machines_html(runs: pd.DataFrame, rows: pd.DataFrame) -> str:
 
 def _png(fig) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
+    png.save(fig, buf, dpi=90)
     return base64.b64encode(buf.getvalue()).decode()
 
 

@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from shardcheck.harness.core.topology import MESH_DIMS, topology_label  # noqa: E402
+from shardcheck.reports import png  # noqa: E402
 
 DP_PARTS = ("ep", "edp", "dp_replicate", "dp_shard")  # dp's coordinates where a topology splits dp
 
@@ -218,8 +219,7 @@ def draw_error_map(
         pad=28 if col_dim is not None and _segment_stats(col_dim, shards, ratio, dims) else 6,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    png.save(fig, path, dpi=100)
     return path
 
 

@@ -20,12 +20,14 @@ matplotlib.use("Agg")  # headless: CI and laptops without a display
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.font_manager import FontProperties  # noqa: E402
+from matplotlib.ticker import FuncFormatter, NullLocator  # noqa: E402
 
 from shardcheck.harness.core.compare import FAILING  # noqa: E402
 from shardcheck.harness.core.model_case import CHECK  # noqa: E402
 from shardcheck.harness.core.records import with_mesh_splits  # noqa: E402
 from shardcheck.harness.core.topology import topology_name  # noqa: E402
 from shardcheck.harness.findings import model_order  # noqa: E402
+from shardcheck.reports import png  # noqa: E402
 from shardcheck.reports.label_space import text_width  # noqa: E402
 
 ITEM_KEY = ["op", "case_id", "dp", "cp", "tp", "dtype", "ep", "dp_replicate"]
@@ -92,6 +94,15 @@ PANEL_HEIGHT, TITLE_ROOM, LEFT, RIGHT, SUPTITLE_ROOM, MARGIN, AGG_WIDER = 2.6, 0
 _TICK_FONT = FontProperties(size=6)
 
 
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _power_of_ten(value: float, _position) -> str:
+    """A log axis's tick label as plain text (10⁻⁶): matplotlib's own is mathtext, parsed at every draw."""
+    exponent = round(math.log10(value)) if value > 0 else 0
+    return "1" if exponent == 0 else f"10{str(exponent).translate(_SUPERSCRIPT)}"
+
+
 def _figure(parts: list[pd.DataFrame]) -> tuple[plt.Figure, list[plt.Axes]]:
     """Three panels stacked, each as high as PANEL_HEIGHT plus the room of its module names (rotated 90°): the
     picture constrained layout gave, laid out from the labels' widths."""
@@ -124,6 +135,8 @@ def draw(rows: pd.DataFrame, path: Path, title: str) -> pd.DataFrame:
         ax.scatter(range(len(part)), y, c=colours, s=18, zorder=2)
         ax.axhline(1.0, color="#b00", ls="--", lw=0.8)
         ax.set_yscale("log")
+        ax.yaxis.set_minor_locator(NullLocator())  # (the decades are the scale; minor ticks were ~a tenth of the draw)
+        ax.yaxis.set_major_formatter(FuncFormatter(_power_of_ten))
         ax.set_ylabel("err / budget (worst rank)")
         ax.set_title(TITLES[direction], fontsize=9, y=1.0)  # placed, not worked out from the ticks: no layout pass
         ax.set_xticks(range(len(part)), part["module"], rotation=90, fontproperties=_TICK_FONT)  # as _figure measured
@@ -135,8 +148,7 @@ def draw(rows: pd.DataFrame, path: Path, title: str) -> pd.DataFrame:
             )
     where = model_order.summary([first]) if first else "every check within its budget"
     fig.suptitle(f"{title}\n{where}", fontsize=9, y=1 - MARGIN / fig.get_size_inches()[1], va="top")
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    png.save(fig, path, dpi=90)
     return data
 
 

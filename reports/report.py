@@ -20,7 +20,7 @@ from shardcheck.harness.core.topology import topology_label, topology_name  # no
 from shardcheck.harness.findings.known import known_failure_text  # noqa: E402
 from shardcheck.harness.findings.verdicts import SettledRun, read_settled  # noqa: E402
 from shardcheck.harness.findings.wording import finding_lines  # noqa: E402
-from shardcheck.reports import benchmark_json  # noqa: E402
+from shardcheck.reports import benchmark_json, png  # noqa: E402
 from shardcheck.reports.error_map import draw_artefact  # noqa: E402
 from shardcheck.reports.label_space import text_width  # noqa: E402
 from shardcheck.reports.model_chart import model_charts  # noqa: E402
@@ -364,8 +364,7 @@ def heatmap(df: pd.DataFrame, path: Path) -> None:
     ax.set_yticks(range(len(grid.index)), grid.index, fontsize=8)
     ax.set_title(f"worst err / budget (≤ 1 passes)\n{HEATMAP_LEGEND}", fontsize=8)
     fig.colorbar(im, cax=bar, label="log10(err / budget)")
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    png.save(fig, path, dpi=90)
 
 
 def bench_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -491,8 +490,7 @@ def sweep_plots(df: pd.DataFrame, run_dir: Path) -> list[Path]:
         ax_m.legend(fontsize=7)
         fig.suptitle(f"scaling with {axis}", fontsize=10)
         path = run_dir / f"sweep_{axis}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        png.save(fig, path, dpi=100)
         paths.append(path)
     return paths
 
