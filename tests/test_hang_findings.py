@@ -61,10 +61,10 @@ def test_a_rank_spinning_in_a_python_loop_is_named_running_in_its_function_and_l
     assert forward["status"] == "error" and forward["symptom"] == "hung"
     assert forward["culprit_ranks"] == [1] and forward["blocked_ranks"] == [0]
     assert forward["mismatch"]["rank"] == 1, forward["message"]
-    assert forward["error_where"] == f"{FIX}/spins_in_forward.py:17"
+    assert forward["error_where"] == f"{FIX}/spins_in_forward.py:19"
     message = forward["message"]
     assert (
-        f"rank 1: running in {FIX}/spins_in_forward.py:17 _count_up_to ← {FIX}/spins_in_forward.py:24 forward"
+        f"rank 1: running in {FIX}/spins_in_forward.py:19 _count_up_to ← {FIX}/spins_in_forward.py:29 forward"
         in message
     )
     assert "rank 0: waiting in all_reduce #1 on tp at distributed_impl/model_utils.py:" in message
@@ -240,7 +240,7 @@ def test_without_the_flight_recorder_a_hang_still_has_the_stacks_and_says_no_col
     assert forward["symptom"] == "hung" and forward["culprit_ranks"] == [1]
     assert forward["item_seconds"] < TIMEOUT + 10, forward["item_seconds"]
     message = forward["message"]
-    assert f"rank 1: running in {FIX}/spins_in_forward.py:17 _count_up_to" in message
+    assert f"rank 1: running in {FIX}/spins_in_forward.py:19 _count_up_to" in message
     assert "rank 0: waiting in all_reduce at distributed_impl/model_utils.py:" in message  # (no record: no #number)
     assert "no collectives recorded (SHARDCHECK_FLIGHT_RECORDER=0)" in message and "never entered" not in message
     assert not list((run.out / "workers").rglob("*.collectives*"))
@@ -323,7 +323,7 @@ def test_a_hang_under_a_hand_written_torchrun_names_where_each_rank_was_and_the_
     assert forward["item_seconds"] < HANG_TIMEOUT + 10, forward["item_seconds"]
     assert seconds < HANG_TIMEOUT + 90, seconds  # (the start-up of a torchrun on a loaded machine included)
     assert (
-        f"rank 1: running in {FIX}/spins_in_forward.py:17 _count_up_to ← {FIX}/spins_in_forward.py:24 forward"
+        f"rank 1: running in {FIX}/spins_in_forward.py:19 _count_up_to ← {FIX}/spins_in_forward.py:29 forward"
         in forward["message"]
     )
     assert "rank 0: waiting in all_reduce #1 on tp at distributed_impl/model_utils.py:" in forward["message"]
@@ -355,7 +355,7 @@ def test_a_hand_launched_rank_0_stuck_holding_the_gil_is_named_by_the_rank_that_
     message = forward["message"]
     assert (
         "rank 0: running in re/__init__.py:" in message
-        and f"fullmatch ← {FIX}/rank0_holds_the_gil.py:18 _parse_shard_table" in message
+        and f"fullmatch ← {FIX}/rank0_holds_the_gil.py:20 _parse_shard_table" in message
     ), message
     assert "rank 1: waiting in all_reduce #1 on tp at distributed_impl/model_utils.py:" in message
     assert "rank 0 never entered all_reduce #1 on tp (the others did" in message
