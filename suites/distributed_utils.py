@@ -591,8 +591,6 @@ def _process_case(
 def _gpus_short_of(fresh_ranks: int) -> str | None:
     """Why a case whose op makes its own process group on `fresh_ranks` fresh ranks cannot run on this machine:
     where CUDA is there the op picks NCCL, which needs a GPU per rank (fewer fail with NCCL's "invalid usage")."""
-    import torch
-
     if not torch.cuda.is_available() or torch.cuda.device_count() >= fresh_ranks:
         return None
     gpus = torch.cuda.device_count()
