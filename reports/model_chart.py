@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -90,8 +91,9 @@ def first_divergence(rows: pd.DataFrame) -> str | None:
 # The chart's geometry, in inches: each panel's plot area, and the room around it (the panel's title above; the
 # y label and its ticks left; a "first divergence" note at the last point right; the figure's two-line title on
 # top); the module names below each panel take their width, and Agg draws text ~8 % wider than its outline's metrics.
-PANEL_HEIGHT, TITLE_ROOM, LEFT, RIGHT, SUPTITLE_ROOM, MARGIN, AGG_WIDER = 2.6, 0.35, 0.85, 0.9, 0.55, 0.1, 1.1
-_TICK_FONT = FontProperties(size=6)
+PANEL_HEIGHT, TITLE_ROOM, LEFT, RIGHT, MARGIN, AGG_WIDER = 2.6, 0.35, 0.85, 0.9, 0.1, 1.1
+SUPTITLE_LINE, SUPTITLE_PAD = 0.2, 0.15  # the figure's title: each line of it, and the room under it
+_TICK_FONT, _SUPTITLE_FONT = FontProperties(size=6), FontProperties(size=9)
 
 
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -103,14 +105,30 @@ def _power_of_ten(value: float, _position) -> str:
     return "1" if exponent == 0 else f"10{str(exponent).translate(_SUPERSCRIPT)}"
 
 
-def _figure(parts: list[pd.DataFrame]) -> tuple[plt.Figure, list[plt.Axes]]:
-    """Three panels stacked, each as high as PANEL_HEIGHT plus the room of its module names (rotated 90°): the
-    picture constrained layout gave, laid out from the labels' widths."""
-    width = max(8.0, 0.22 * sum(len(p) for p in parts) / 3 + 4)  # (the width constrained layout was given)
+def figure_width(parts: list[pd.DataFrame]) -> float:
+    """The chart's width in inches: more modules, wider (the width constrained layout was given)."""
+    return max(8.0, 0.22 * sum(len(p) for p in parts) / 3 + 4)
+
+
+def title_lines(text: str, width: float) -> list[str]:
+    """The figure's title, each of its lines wrapped at spaces to fit a figure `width` inches wide (a findings line
+    naming many parameters is longer than any chart is wide)."""
+    room = (width - 2 * MARGIN) / AGG_WIDER
+    lines = []
+    for line in text.splitlines():
+        per_char = text_width([line], _SUPTITLE_FONT) / max(len(line), 1)
+        lines += textwrap.wrap(line, max(20, int(room / per_char)), break_long_words=False) or [""]
+    return lines
+
+
+def _figure(parts: list[pd.DataFrame], width: float, title_rows: int) -> tuple[plt.Figure, list[plt.Axes]]:
+    """Three panels stacked under a title of `title_rows` lines, each as high as PANEL_HEIGHT plus the room of its
+    module names (rotated 90°): the picture constrained layout gave, laid out from the labels' widths."""
     below = [AGG_WIDER * text_width(p["module"], _TICK_FONT) + 0.15 for p in parts]
-    height = SUPTITLE_ROOM + sum(TITLE_ROOM + PANEL_HEIGHT + b for b in below) + MARGIN
+    heading = SUPTITLE_PAD + SUPTITLE_LINE * title_rows
+    height = heading + sum(TITLE_ROOM + PANEL_HEIGHT + b for b in below) + MARGIN
     fig = plt.figure(figsize=(width, height))
-    axes, top = [], height - SUPTITLE_ROOM
+    axes, top = [], height - heading
     for b in below:
         top -= TITLE_ROOM + PANEL_HEIGHT
         box = (LEFT / width, top / height, (width - LEFT - RIGHT) / width, PANEL_HEIGHT / height)
@@ -125,7 +143,10 @@ def draw(rows: pd.DataFrame, path: Path, title: str) -> pd.DataFrame:
     first = first_divergence(rows)
     directions = ("forward", "backward", "parameters")
     parts = [data[data["direction"] == d].reset_index(drop=True) for d in directions]
-    fig, axes = _figure(parts)
+    width = figure_width(parts)
+    where = model_order.summary([first]) if first else "every check within its budget"
+    heading = title_lines(f"{title}\n{where}", width)
+    fig, axes = _figure(parts, width, len(heading))
     for ax, direction, part in zip(axes, directions, parts):
         y = part["err_ratio"].fillna(FLOOR).clip(lower=FLOOR)
         top = max(10.0, float(y[y != math.inf].max()) * 10 if (y != math.inf).any() else 10.0)
@@ -146,8 +167,7 @@ def draw(rows: pd.DataFrame, path: Path, title: str) -> pd.DataFrame:
             ax.annotate(
                 "first divergence", (i, y[i]), xytext=(5, 5), textcoords="offset points", color="#b00", fontsize=8
             )
-    where = model_order.summary([first]) if first else "every check within its budget"
-    fig.suptitle(f"{title}\n{where}", fontsize=9, y=1 - MARGIN / fig.get_size_inches()[1], va="top")
+    fig.suptitle("\n".join(heading), fontsize=9, y=1 - MARGIN / fig.get_size_inches()[1], va="top")
     png.save(fig, path, dpi=90)
     return data
 

@@ -10,7 +10,19 @@ import numpy as np
 import pandas as pd
 from helpers import BROKEN, ROOT
 
-from shardcheck.reports.model_chart import MAX_CHARTS, chart_name, first_divergence, model_charts, profile
+from shardcheck.reports.label_space import text_width
+from shardcheck.reports.model_chart import (
+    _SUPTITLE_FONT,
+    AGG_WIDER,
+    MARGIN,
+    MAX_CHARTS,
+    chart_name,
+    figure_width,
+    first_divergence,
+    model_charts,
+    profile,
+    title_lines,
+)
 
 DECODER = ROOT / "examples" / "decoder_tp"
 
@@ -118,3 +130,15 @@ def test_only_the_first_few_failing_items_are_charted(tmp_path):
         "model_parallelize_mha_dp1-cp1-tp2_float32.png",
     ]
     assert len(list(tmp_path.glob("*.png"))) == MAX_CHARTS == 3
+
+
+def test_a_long_findings_line_is_wrapped_to_the_charts_width():
+    """A findings line naming many parameters was wider than the chart, its ends cut off."""
+    params = ", ".join(f"layers.{i}.attention_norm.weight" for i in range(12))
+    where = f"first diverging: parameter layers.0.attention_norm.weight (gradient); wrong parameters: {params}"
+    title = "model decoder_tp.parallelize [mha] dp1-cp1-tp2 float64: err/budget by module"
+    width = figure_width([pd.DataFrame({"m": range(3)})] * 3)  # a small model: the narrowest chart
+    lines = title_lines(f"{title}\n{where}", width)
+    assert lines[0] == title and len(lines) >= 3
+    assert " ".join(lines[1:]).split() == where.split()  # every word kept, in order
+    assert max(text_width([line], _SUPTITLE_FONT) for line in lines) * AGG_WIDER <= width - 2 * MARGIN
