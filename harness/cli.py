@@ -47,14 +47,20 @@ def _check_writable_file(path: Path, option: str) -> None:
         raise UsageError(f"{option} {path}: directory {parent} is not writable")
 
 
+def _needs_rows(run_dir: Path) -> None:
+    """One clear line (a UsageError) for a folder that holds no run's result rows."""
+    results = run_dir / "results.jsonl"
+    if not results.is_file():
+        raise UsageError(f"{run_dir}: no results.jsonl (not a shardcheck run directory)")
+    if not results.read_text().strip():
+        raise UsageError(f"{run_dir}: results.jsonl holds no result rows (the run recorded no check)")
+
+
 def cmd_compare(args) -> int:
     from shardcheck.reports.regression import compare_runs, machine_note
 
     for d in (args.base, args.new):
-        if not (d / "results.jsonl").is_file():
-            raise UsageError(f"{d}: no results.jsonl (not a shardcheck run directory)")
-        if not (d / "results.jsonl").read_text().strip():
-            raise UsageError(f"{d}: results.jsonl holds no result rows (the run recorded no check)")
+        _needs_rows(d)
     try:
         result = compare_runs(args.base, args.new, args.max_slowdown, args.max_memory_growth)
     except (OSError, ValueError) as exc:
@@ -472,8 +478,7 @@ def cmd_report(args) -> int:
     from shardcheck.reports.report import REPORT_COLUMNS, build
 
     for d in args.dirs:
-        if not (d / "results.jsonl").is_file():
-            raise UsageError(f"{d}: no results.jsonl (not a shardcheck run directory)")
+        _needs_rows(d)
         rows = load(d)
         if rows.empty:
             raise UsageError(f"{d}: results.jsonl holds no result rows (the run recorded no check)")
@@ -490,10 +495,7 @@ def cmd_dashboard(args) -> int:
     from shardcheck.reports.dashboard import build_dashboard
 
     for d in args.runs:
-        if not (d / "results.jsonl").is_file():
-            raise UsageError(f"{d}: no results.jsonl (not a shardcheck run directory)")
-        if not (d / "results.jsonl").read_text().strip():
-            raise UsageError(f"{d}: results.jsonl holds no result rows (the run recorded no check)")
+        _needs_rows(d)
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
