@@ -54,7 +54,7 @@ def test_a_hang_budget_skips_its_ops_items_at_its_whole_topology_only():
     from types import SimpleNamespace
 
     from shardcheck.harness.core.plan_data import Item
-    from shardcheck.harness.driver.launch import _hang_budget
+    from shardcheck.harness.driver.launch import _skip_after
 
     def item(i: int, **split) -> Item:
         return Item(i, "moe", "moe.dispatch", "c", "float64", (4, 1, 1), 4, 0, ["forward"], **split)
@@ -69,7 +69,7 @@ def test_a_hang_budget_skips_its_ops_items_at_its_whole_topology_only():
     collector.skip = skip
     world = SimpleNamespace(progress=SimpleNamespace(done=lambda items: None))
     hung, same, plain, hsdp = item(0, ep=2), item(1, ep=2), item(2), item(3, dp_replicate=2)
-    left = _hang_budget(world, collector, hung, "hung", [same, plain, hsdp])
+    left = _skip_after(world, collector, hung, "hung", [same, plain, hsdp], mesh_failed=False)
     assert left == [plain, hsdp] and list(skipped) == [1]
     assert "at dp4-ep2-cp1-tp1;" in skipped[1]
 

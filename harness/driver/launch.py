@@ -333,9 +333,12 @@ def _after_launch(world: _World, launch: Launch, collector: Collector, ending: _
     cause = collector.abort(failed, watchdog_reason, deaths=deaths, evidence=evidence if failed is in_flight else None)
     world.progress.done([failed])
     remaining = [i for i in unfinished if i.id != failed.id]
-    if Phase.MESH in collector.state[failed.id].phase.values():  # every item at the topology would end so
-        return _skip_topology(world, collector, failed, cause, remaining)
-    return _hang_budget(world, collector, failed, cause, remaining) if world.hang_budget else remaining
+    mesh_failed = Phase.MESH in collector.state[failed.id].phase.values()  # every item at the topology would end so
+    return (
+        _skip_after(world, collector, failed, cause, remaining, mesh_failed)
+        if mesh_failed or world.hang_budget
+        else remaining
+    )
 
 
 def _launch_failed(
@@ -353,29 +356,25 @@ def _launch_failed(
         world.progress.done([item])
 
 
-def _skip_topology(world: _World, collector: Collector, failed: Item, cause: str, remaining: list[Item]) -> list[Item]:
-    """A rank died or hung building the topology's device mesh: the topology's other items, of every op, are
-    skipped, not each run into the same end (a launch each: seconds apiece for CUDA ranks); the items still to run."""
-    reason = (
-        f"skipped: the device mesh of {failed.full_topology} was not built ({failed.op} {cause} in case "
-        f"{failed.case_id} {failed.dtype}); no item at this topology can run"
-    )
-    for item in remaining:
-        if item.full_topology == failed.full_topology:
-            collector.skip(item, reason)
-            world.progress.done([item])
-    return [i for i in remaining if i.id not in collector.finished]
-
-
-def _hang_budget(world: _World, collector: Collector, failed: Item, cause: str, remaining: list[Item]) -> list[Item]:
-    """The hang budget: the failed op's other items at its topology are skipped, not run (one timeout per topology,
-    not one per item); the items still to run."""
-    reason = (
-        f"skipped: {failed.op} {cause} in case {failed.case_id} {failed.dtype} at {failed.full_topology}; "
-        f"its other items at this topology are not run (--no-hang-budget runs them)"
-    )
+def _skip_after(
+    world: _World, collector: Collector, failed: Item, cause: str, remaining: list[Item], mesh_failed: bool
+) -> list[Item]:
+    """The items `failed`'s ending makes pointless, skipped; the items still to run.  The hang budget: the failed
+    op's other items at its topology (one timeout per topology, not one per item).  A mesh that was not built
+    (`mesh_failed`): the topology's other items, of every op, each of which would end the same way on a launch of its
+    own (seconds apiece for CUDA ranks)."""
+    if mesh_failed:
+        reason = (
+            f"skipped: the device mesh of {failed.full_topology} was not built ({failed.op} {cause} in case "
+            f"{failed.case_id} {failed.dtype}); no item at this topology can run"
+        )
+    else:
+        reason = (
+            f"skipped: {failed.op} {cause} in case {failed.case_id} {failed.dtype} at {failed.full_topology}; "
+            f"its other items at this topology are not run (--no-hang-budget runs them)"
+        )
     for item in remaining:  # the whole topology: a hang at dp4-ep2 does not skip dp4's items
-        if (item.op, item.full_topology) == (failed.op, failed.full_topology):
+        if item.full_topology == failed.full_topology and (mesh_failed or item.op == failed.op):
             collector.skip(item, reason)
             world.progress.done([item])
     return [i for i in remaining if i.id not in collector.finished]
