@@ -89,8 +89,9 @@ def first_divergence(rows: pd.DataFrame) -> str | None:
 
 
 # The chart's geometry, in inches: each panel's plot area, and the room around it (the panel's title above; the
-# y label and its ticks left; a "first divergence" note at the last point right; the figure's two-line title on
-# top); the module names below each panel take their width, and Agg draws text ~8 % wider than its outline's metrics.
+# y label and its ticks left; a "first divergence" note at the last point right; the figure's title on top, a line at
+# a time: title_lines); the module names below each panel take their width, and Agg draws text ~8 % wider than its
+# outline's metrics.
 PANEL_HEIGHT, TITLE_ROOM, LEFT, RIGHT, MARGIN, AGG_WIDER = 2.6, 0.35, 0.85, 0.9, 0.1, 1.1
 SUPTITLE_LINE, SUPTITLE_PAD = 0.2, 0.15  # the figure's title: each line of it, and the room under it
 _TICK_FONT, _SUPTITLE_FONT = FontProperties(size=6), FontProperties(size=9)

@@ -2,8 +2,8 @@
 
 matplotlib hints every glyph by default (its autohinter); a report's figures are mostly text (module names, tick
 labels, titles), and unhinted they draw 18-25 % faster on a CPU (a model chart 0.72 -> 0.54 CPU-s, a heatmap 0.099
--> 0.080, an error map 0.079 -> 0.065: docs/performance.md, "The GPU path"'s next section), the glyphs' shapes all
-but the same at these sizes."""
+-> 0.080, an error map 0.079 -> 0.065: docs/performance.md, "The tests after the GPU mends"), the glyphs' shapes
+all but the same at these sizes."""
 
 from __future__ import annotations
 
